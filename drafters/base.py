@@ -1,0 +1,100 @@
+"""The drafter seam: what a drafter sees, what it returns, and the registry it plugs into.
+
+A draft tree for one sequence is ``tokens[N]``, ``parents[N]`` (int64), optional ``scores[N]`` (log-probability of
+the path, drafter's own) and optional ``draft_probs[N, V]``. Node 0 is the root: the last committed token, whose
+target logits predict the depth-1 children. ``parents[0] == -1`` and ``parents[i] < i`` (see DESIGN.md, "Trees").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+class DrafterError(ValueError):
+    """A drafter name or setting that cannot be used; the message is meant for the user."""
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """How large a tree a drafter may propose: ``depth`` levels below the root, ``topk`` children per expanded
+    node, and at most ``budget`` draft nodes in all (the root not counted). ``depth == 0`` means no draft."""
+
+    depth: int
+    topk: int = 1
+    budget: int = 0  # 0: depth * topk for a chain-of-branches, i.e. no extra limit
+
+    def __post_init__(self) -> None:
+        if self.depth < 0:
+            raise DrafterError(f"tree depth must be >= 0, got {self.depth}")
+        if self.topk < 1:
+            raise DrafterError(f"tree topk must be >= 1, got {self.topk}")
+        if self.budget < 0:
+            raise DrafterError(f"tree budget must be >= 0, got {self.budget}")
+
+    @property
+    def max_nodes(self) -> int:
+        """Draft nodes at most, root excluded."""
+        full = self.depth * self.topk if self.topk > 1 else self.depth
+        return min(self.budget, full) if self.budget else full
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    tokens: torch.Tensor  # [N] int64, tokens[0] = root (last committed token)
+    parents: torch.Tensor  # [N] int64, parents[0] = -1, parents[i] < i
+    scores: torch.Tensor | None = None  # [N] float32, drafter log-prob of the root-to-node path
+    draft_probs: torch.Tensor | None = None  # [N, V] distribution each node was drawn from (None: deterministic)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def num_draft(self) -> int:
+        return self.num_nodes - 1
+
+    @staticmethod
+    def root_only(token: int) -> DraftTree:
+        return DraftTree(tokens=torch.tensor([token], dtype=torch.long), parents=torch.tensor([-1], dtype=torch.long))
+
+
+@dataclass
+class DraftContext:
+    """What the decoder hands a drafter each step. ``tokens`` is every committed token, prompt included; its last
+    entry is the root of the next tree. ``target`` is the target wrapper (for drafters that reuse its layers or
+    features); ``last_hidden`` the target's final hidden state at the last verified node ([H], may be None)."""
+
+    tokens: list[int]
+    prompt_len: int
+    target: Any = None
+    last_hidden: torch.Tensor | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """What verification told the drafters after a step: the tokens committed (accepted drafts + bonus) and the
+    target logits of the verified tree's nodes on the accepted path ([S, V]; None when not kept)."""
+
+    committed: Sequence[int]
+    tree: DraftTree
+    path_logits: torch.Tensor | None = None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+    exact_replay: bool  # True when the proposal depends only on the committed tokens (replays exactly)
+
+    def reset(self, ctx: DraftContext) -> None:
+        """Start a new sequence (the prompt is ``ctx.tokens``)."""
+
+    def propose(self, ctx: DraftContext, shape: TreeShape) -> DraftTree:
+        """A draft tree rooted at ``ctx.tokens[-1]`` that fits ``shape``."""
+
+    def observe(self, ctx: DraftContext, feedback: Feedback) -> None:
+        """Learn from the verified step (optional state update)."""

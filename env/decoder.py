@@ -1,0 +1,177 @@
+"""The decoder loop: prefill, then speculation steps chosen by a policy over an arm menu, until end of sequence
+or ``max_new_tokens``. ``SpeculativeDecoder.generate`` is what people call to generate text faster; the
+autoregressive mode (the single arm "none") is our own baseline loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from drafters import TreeShape
+from env.engine import NO_DRAFT, Arm, Engine, Sampling, StepResult
+from env.model import LoadedModel
+from env.target import PromptError, Target
+
+
+class ArmChooser(Protocol):
+    """What the decoder needs of a policy (policies.Policy satisfies it)."""
+
+    def act(self, obs: Any) -> int: ...
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    new_tokens: int
+    steps: int
+    tau: float  # committed tokens / verification steps, bonus included (plain decoding = 1.00)
+    accepted: int
+    drafted: int
+    tokens_per_s: float
+    wall_s: float  # start of prefill to last token, model loading excluded
+    prefill_s: float
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def as_dict(self) -> dict[str, float | int]:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["acceptance_rate"] = self.acceptance_rate
+        return out
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    token_ids: list[int]  # the generated ids only
+    prompt_ids: list[int]
+    stats: GenerationStats
+    arms: list[str] = field(default_factory=list)  # the arm of each step after prefill
+
+
+def chat_prompt(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` as one user turn, through the model's chat template when it has one."""
+    if not text or not text.strip():
+        raise PromptError("the prompt is empty")
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    return [int(i) for i in tokenizer(text)["input_ids"]]
+
+
+class SpeculativeDecoder:
+    """Greedy or sampled speculative decoding of one target with a menu of arms.
+
+    With one arm the decoder is static; with a policy it asks ``policy.act(obs)`` for an arm index every step.
+    ``arms=[NO_DRAFT]`` is the plain autoregressive loop.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        arms: list[Arm] | None = None,
+        *,
+        policy: ArmChooser | None = None,
+        drafter_options: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        self.loaded = loaded
+        self.target = Target(loaded)
+        self.arms = list(arms or [default_arm()])
+        self.policy = policy
+        self.drafter_options = drafter_options or {}
+        if policy is None and len(self.arms) != 1:
+            raise ValueError("several arms need a policy to choose between them")
+
+    def _engine(self, sampling: Sampling, seed: int) -> Engine:
+        from drafters import make_drafter
+
+        names = sorted({a.drafter for a in self.arms if a.drafter is not None})
+        drafters = {n: make_drafter(n, **self.drafter_options.get(n, {})) for n in names}
+        return Engine(self.target, drafters, sampling, torch.Generator().manual_seed(seed))
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        *,
+        max_new_tokens: int = 128,
+        sampling: Sampling = Sampling(),
+        seed: int = 0,
+        chat: bool = True,
+    ) -> Generation:
+        """Generate up to ``max_new_tokens`` after ``prompt`` (text through the chat template, or token ids)."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        tok = self.loaded.tokenizer
+        if isinstance(prompt, str):
+            prompt_ids = chat_prompt(tok, prompt) if chat else [int(i) for i in tok(prompt)["input_ids"]]
+        else:
+            prompt_ids = [int(i) for i in prompt]
+        if not prompt_ids:
+            raise PromptError("the prompt is empty")
+        engine = self._engine(sampling, seed)
+        if self.policy is not None and hasattr(self.policy, "reset"):
+            self.policy.reset()
+        t0 = time.perf_counter()
+        seq, first = engine.start(prompt_ids)
+        prefill_s = time.perf_counter() - t0
+        out = list(first.committed)
+        steps, accepted, drafted, arms = 1, 0, 0, []
+        eos = self.target.eos_ids
+        while not (out[-1] in eos or len(out) >= max_new_tokens):
+            if self.target.room(seq.state) < 1:
+                break  # the context is full
+            arm = self._choose(engine, seq)
+            res: StepResult = engine.step(seq, arm)
+            steps += 1
+            accepted += res.accepted
+            drafted += res.drafted
+            arms.append(arm.name)
+            if self.policy is not None and hasattr(self.policy, "update"):
+                self.policy.update(None, self.arms.index(arm), float(res.tokens), {"step": res})
+            out.extend(res.committed)
+        wall = time.perf_counter() - t0
+        out = truncate(out, eos, max_new_tokens)
+        stats = GenerationStats(
+            new_tokens=len(out),
+            steps=steps,
+            tau=len(out) / steps,
+            accepted=accepted,
+            drafted=drafted,
+            tokens_per_s=len(out) / wall if wall > 0 else 0.0,
+            wall_s=wall,
+            prefill_s=prefill_s,
+        )
+        text = tok.decode(out, skip_special_tokens=True)
+        return Generation(text=text, token_ids=out, prompt_ids=prompt_ids, stats=stats, arms=arms)
+
+    def _choose(self, engine: Engine, seq) -> Arm:
+        if self.policy is None:
+            return self.arms[0]
+        idx = int(self.policy.act(None))
+        if not 0 <= idx < len(self.arms):
+            raise ValueError(f"policy chose arm {idx}; valid arms are 0..{len(self.arms) - 1}")
+        return self.arms[idx]
+
+
+def truncate(tokens: list[int], eos: frozenset[int], max_new_tokens: int) -> list[int]:
+    """Cut at the first end-of-sequence token (kept) and at ``max_new_tokens``."""
+    for i, t in enumerate(tokens[:max_new_tokens]):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens[:max_new_tokens]
+
+
+def default_arm() -> Arm:
+    """The best static arm the project knows for the embedded model (see README's benchmark)."""
+    return Arm("ngram", TreeShape(depth=8, topk=1))
+
+
+__all__ = ["NO_DRAFT", "Arm", "Generation", "GenerationStats", "Sampling", "SpeculativeDecoder", "chat_prompt"]

@@ -1,0 +1,101 @@
+"""Pure tensor functions for speculative decoding: tree buffers, tree verification, KV-cache compaction.
+
+Each function has a torch reference (`kernels.reference`, `kernels.reference_tree`) and a fused Triton kernel
+(`kernels.triton_verify`, `kernels.triton_tree`, `kernels.triton_kv`). The dispatchers below pick Triton when
+the tensors are on CUDA, or when TRITON_INTERPRET=1 is set (CPU interpreter, for tests), and triton is
+installed; the torch reference otherwise. Both give the same results. Triton is imported lazily, on the first
+dispatched call, never at import time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+from torch import Tensor
+
+from kernels.common import TreeBuffers, Verdict, draw_coins
+from kernels.reference import argmax_lastdim, inverse_cdf, process_logits, verify_reference
+from kernels.reference_tree import compact_kv_reference, tree_buffers_reference
+
+__all__ = [
+    "TreeBuffers",
+    "Verdict",
+    "argmax_lastdim",
+    "compact_kv_",
+    "compact_kv_reference",
+    "draw_coins",
+    "inverse_cdf",
+    "process_logits",
+    "tree_buffers",
+    "tree_buffers_reference",
+    "triton_enabled",
+    "verify",
+    "verify_reference",
+]
+
+
+def triton_enabled(t: Tensor) -> bool:
+    """Whether the dispatchers route a call on tensor `t` to Triton."""
+    on = t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return on and importlib.util.find_spec("triton") is not None
+
+
+def verify(
+    tokens: Tensor,
+    parents: Tensor,
+    logits: Tensor,
+    *,
+    num_nodes: Tensor | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    draft_probs: Tensor | None = None,
+    coins: Tensor | None = None,
+    final_coins: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """Verify a batch of padded draft trees against the target logits (DESIGN.md "Verification semantics").
+
+    tokens, parents: int64 [B, N]; logits: [B, N, V] fp32 or bf16 (row i = target logits after node i);
+    num_nodes: int64 [B] (padding nodes are never accepted); temperature <= 0 is greedy; draft_probs: [B, N, V]
+    or None for deterministic drafts; coins: [B, N] and final_coins: [B] uniforms in [0, 1), drawn from
+    `generator` (coins first) when not given. Returns a Verdict (path, accept_len, next_token, accepted,
+    node_prob).
+    """
+    kwargs = dict(
+        num_nodes=num_nodes,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        draft_probs=draft_probs,
+        coins=coins,
+        final_coins=final_coins,
+        generator=generator,
+    )
+    if triton_enabled(logits):
+        from kernels.triton_verify import verify_triton
+
+        return verify_triton(tokens, parents, logits, **kwargs)
+    return verify_reference(tokens, parents, logits, **kwargs)
+
+
+def tree_buffers(parents: Tensor, num_nodes: Tensor | None = None) -> TreeBuffers:
+    """Index tables of padded trees: depth, ancestor mask, first child, next sibling, root-to-leaf paths.
+    parents: int64 [B, N]; num_nodes: int64 [B] or None."""
+    if triton_enabled(parents):
+        from kernels.triton_tree import tree_buffers_triton
+
+        return tree_buffers_triton(parents, num_nodes)
+    return tree_buffers_reference(parents, num_nodes)
+
+
+def compact_kv_(kv: Tensor, start: int, path: Tensor) -> int:
+    """In place: kv[:, :, start + k] = kv[:, :, start + path[k]] for k < S; returns start + S.
+    kv: [B, H, L, D]; path: int64 [S], increasing node indices relative to `start`."""
+    if triton_enabled(kv):
+        from kernels.triton_kv import compact_kv_triton
+
+        return compact_kv_triton(kv, start, path)
+    return compact_kv_reference(kv, start, path)

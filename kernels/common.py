@@ -1,0 +1,103 @@
+"""Result types and small helpers shared by the torch reference and the Triton kernels.
+
+Trees follow DESIGN.md "Trees": node 0 is the root (the last committed token), `parents[0] = -1`,
+`parents[i] < i`, children are tried in increasing node index, batched trees pad to a common N and carry
+`num_nodes[B]`. Nothing here imports triton.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class Verdict:
+    """Outcome of verifying a batch of draft trees (DESIGN.md "Verification semantics")."""
+
+    path: Tensor
+    """int64 [B, S]: node indices of the accepted path from the root (root 0 first), -1 padded."""
+    accept_len: Tensor
+    """int64 [B]: accepted draft tokens, bonus excluded (= number of non -1 entries in `path` minus 1)."""
+    next_token: Tensor
+    """int64 [B]: the bonus / correction token after the last accepted node."""
+    accepted: Tensor
+    """bool [B, N]: node lies on the accepted path (the root counts as accepted; padding never)."""
+    node_prob_source: Tensor | Callable[[], Tensor] = field(repr=False)
+    """float32 [B, N], or a thunk computing it; read it through `node_prob`."""
+
+    @functools.cached_property
+    def node_prob(self) -> Tensor:
+        """float32 [B, N]: target probability of each node's token under its parent's processed
+        distribution (greedy: softmax at T=1 of the raw logits); root 1.0, padding 0.0.
+
+        The greedy torch path computes it on first access (one softmax over [B, N, V] costs more than the
+        whole greedy verification on CPU)."""
+        src = self.node_prob_source
+        return src() if callable(src) else src
+
+
+@dataclass(frozen=True, eq=False)
+class TreeBuffers:
+    """Index tables of a batch of padded trees (DESIGN.md "Trees")."""
+
+    depth: Tensor
+    """int64 [B, N]: root 0; padding nodes 0."""
+    ancestor_mask: Tensor
+    """bool [B, N, N]: row i is True at j if j is an ancestor of i or i itself; padding rows only themselves."""
+    first_child: Tensor
+    """int64 [B, N]: smallest child index, -1 for leaves and padding."""
+    next_sibling: Tensor
+    """int64 [B, N]: next larger node index with the same parent, -1 where none."""
+    paths: Tensor
+    """int64 [B, L, Dmax + 1]: root-to-leaf node indices, one row per leaf in increasing leaf index, -1 padded."""
+    num_leaves: Tensor
+    """int64 [B]."""
+
+
+def valid_mask(num_nodes: Tensor | None, B: int, N: int, device: torch.device) -> Tensor:
+    """bool [B, N]: node i of sequence b is real (i < num_nodes[b])."""
+    ar = torch.arange(N, device=device)
+    if num_nodes is None:
+        return torch.ones(B, N, dtype=torch.bool, device=device)
+    return ar[None, :] < num_nodes.to(device)[:, None]
+
+
+def draw_coins(
+    B: int,
+    N: int,
+    device: torch.device,
+    coins: Tensor | None,
+    final_coins: Tensor | None,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor]:
+    """Uniforms for the acceptance tests ([B, N]) and the final draw ([B]); missing ones come from `generator`,
+    coins first, so that every implementation sees the same numbers for the same generator state."""
+    if coins is None:
+        coins = torch.rand(B, N, generator=generator, device=device)
+    if final_coins is None:
+        final_coins = torch.rand(B, generator=generator, device=device)
+    return coins.to(device=device, dtype=torch.float32), final_coins.to(device=device, dtype=torch.float32)
+
+
+def verdict_from_accepted(
+    accepted: Tensor, next_token: Tensor, node_prob: Tensor | Callable[[], Tensor]
+) -> Verdict:
+    """Build a Verdict from the per-node accepted flags (a root-to-node chain; indices grow with depth)."""
+    B, N = accepted.shape
+    count = accepted.sum(-1)  # [B], root included
+    S = int(count.max()) if B > 0 else 1
+    ar = torch.arange(N, device=accepted.device)
+    order = torch.where(accepted, ar, N).sort(-1).values[:, :S]  # [B, S]
+    path = torch.where(order == N, -1, order)
+    return Verdict(
+        path=path,
+        accept_len=count - 1,
+        next_token=next_token.to(torch.int64),
+        accepted=accepted,
+        node_prob_source=node_prob,
+    )

@@ -1,0 +1,241 @@
+"""Torch reference for tree verification: the oracle for the Triton kernels and the CPU path.
+
+Lossless multi-draft rejection sampling over a token tree:
+  SpecInfer (Miao et al. 2023, arXiv 2305.09781), Sec. 4 "multi-step speculative sampling";
+  EAGLE (Li et al. 2024, arXiv 2401.15077), tree verification with draft distributions.
+Semantics are fixed by DESIGN.md "Verification semantics"; symbols: p = target distribution (processed),
+q = draft distribution, x = a child's token, r = current residual.
+
+Logit processing follows Hugging Face's warper order: temperature, top-k, top-p, softmax. Ties: top-k keeps every
+token equal to the k-th largest scaled logit; top-p keeps token t iff the probability mass of tokens with a strictly
+larger scaled logit is < top_p (tied tokens are kept or dropped together; HF keeps an arbitrary subset).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kernels.common import Verdict, draw_coins, valid_mask, verdict_from_accepted
+
+_ARGMAX_CHUNK = 1024
+_SMALL_WALK = 2048  # B * N up to which the greedy walk runs in plain Python on CPU
+
+
+def process_logits(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Processed target distribution: softmax(top_p(top_k(logits / T))) in fp32, over the last dim.
+
+    logits: [..., V] (any float dtype); returns float32 [..., V]. temperature <= 0 means greedy: the one-hot
+    of the (first) argmax. Also the sampler for plain autoregressive steps.
+    """
+    V = logits.shape[-1]
+    if temperature <= 0:
+        return torch.nn.functional.one_hot(argmax_lastdim(logits), V).to(torch.float32)
+    z = logits.float() * (1.0 / temperature)  # z: [..., V]; times fp32(1/T), exactly as the Triton kernel
+    if 0 < top_k < V:
+        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]  # [..., 1]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if top_p < 1.0:
+        zs, order = z.sort(dim=-1, descending=True)  # zs: [..., V]
+        ps = torch.softmax(z, dim=-1).gather(-1, order)
+        # before: mass strictly before each sorted position
+        before = torch.cat([torch.zeros_like(ps[..., :1]), torch.cumsum(ps, dim=-1)[..., :-1]], dim=-1)
+        pos = torch.arange(V, device=z.device).expand_as(zs)
+        is_start = torch.ones_like(zs, dtype=torch.bool)
+        is_start[..., 1:] = zs[..., 1:] != zs[..., :-1]
+        start = torch.where(is_start, pos, 0).cummax(dim=-1).values  # first position of each tie group
+        keep_sorted = (before.gather(-1, start) < top_p) | (start == 0)
+        keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
+        z = z.masked_fill(~keep, float("-inf"))
+    return torch.softmax(z, dim=-1)
+
+
+def argmax_lastdim(x: Tensor) -> Tensor:
+    """torch.argmax(x, -1) (first index of the maximum), faster on CPU for long rows: torch's argmax is not
+    vectorized there, amax is, so take block maxima and search only the first block holding the row maximum."""
+    V = x.shape[-1]
+    if x.device.type != "cpu" or V < 4 * _ARGMAX_CHUNK or x.numel() == 0:
+        return x.argmax(-1)
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, V).contiguous()  # rows: [R, V]
+    R = rows.shape[0]
+    nb = V // _ARGMAX_CHUNK
+    blocks = rows.as_strided((R, nb, _ARGMAX_CHUNK), (V, _ARGMAX_CHUNK, 1))  # [R, nb, C]
+    bmax = blocks.amax(-1)  # [R, nb]
+    tail = rows[:, nb * _ARGMAX_CHUNK :]  # [R, V % C]
+    rmax = bmax.amax(-1)
+    if tail.shape[-1] > 0:
+        rmax = torch.maximum(rmax, tail.amax(-1))
+    hit = bmax == rmax[:, None]  # [R, nb]
+    in_blocks = hit.any(-1)
+    b = hit.to(torch.uint8).argmax(-1)  # first block holding the maximum
+    r = torch.arange(R, device=x.device)
+    idx = blocks[r, b].argmax(-1) + b * _ARGMAX_CHUNK
+    if tail.shape[-1] > 0 and not bool(in_blocks.all()):
+        idx = torch.where(in_blocks, idx, tail.argmax(-1) + nb * _ARGMAX_CHUNK)
+    return idx.reshape(lead)
+
+
+def verify_reference(
+    tokens: Tensor,
+    parents: Tensor,
+    logits: Tensor,
+    *,
+    num_nodes: Tensor | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    draft_probs: Tensor | None = None,
+    coins: Tensor | None = None,
+    final_coins: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """Verify a batch of padded draft trees (DESIGN.md "Verification semantics").
+
+    tokens, parents: int64 [B, N]; logits: [B, N, V] (row i predicts the token after node i);
+    draft_probs: [B, N, V] or None (deterministic drafts); coins: [B, N], final_coins: [B] uniforms in [0, 1),
+    drawn from `generator` (coins first) when not given; greedy draws none.
+    """
+    B, N = tokens.shape
+    device = logits.device
+    valid = valid_mask(num_nodes, B, N, device)  # [B, N]
+    par = parents.clamp(min=0)  # [B, N], root points at itself
+    if temperature <= 0:
+        return _verify_greedy(tokens, par, logits, valid)
+    coins, final_coins = draw_coins(B, N, device, coins, final_coins, generator)
+    return _verify_sampling(tokens, par, logits, valid, temperature, top_k, top_p, draft_probs, coins, final_coins)
+
+
+def _verify_greedy(tokens: Tensor, par: Tensor, logits: Tensor, valid: Tensor) -> Verdict:
+    B, N, V = logits.shape
+    am = argmax_lastdim(logits)  # am: [B, N], argmax of each row
+    small = logits.device.type == "cpu" and B * N <= _SMALL_WALK
+    if small:
+        path, accept_len, next_token, accepted = greedy_walk_lists(tokens, par, am, valid)
+    else:
+        ok = (tokens == am.gather(1, par)) & valid  # node's token is its parent's argmax
+        accepted = first_ok_chain(ok, par)
+        last = torch.where(accepted, torch.arange(N, device=logits.device), 0).amax(-1)  # [B]
+        next_token = am.gather(1, last[:, None])[:, 0]
+
+    def node_prob() -> Tensor:
+        x = logits.float()  # x: [B, N, V]
+        m = x.amax(-1)  # [B, N]
+        s = torch.exp(x - m[..., None]).sum(-1)
+        flat = (torch.arange(B, device=x.device)[:, None] * N + par) * V + tokens.clamp(0, V - 1)
+        lx = x.reshape(-1)[flat]  # [B, N]: logit of each node's token under its parent row
+        p = torch.exp(lx - m.gather(1, par)) / s.gather(1, par)
+        p[:, 0] = 1.0
+        return torch.where(valid, p, 0.0)
+
+    if small:
+        return Verdict(path, accept_len, next_token, accepted, node_prob)
+    return verdict_from_accepted(accepted, next_token, node_prob)
+
+
+def greedy_walk_lists(tokens: Tensor, par: Tensor, am: Tensor, valid: Tensor) -> tuple[Tensor, ...]:
+    """Greedy tree walk in plain Python for small CPU batches (a few torch ops cost more than the walk).
+    Scans nodes in index order: node i is tried iff its parent is the current node. Returns (path [B, S],
+    accept_len [B], next_token [B], accepted [B, N]); same result as `first_ok_chain`."""
+    B, N = tokens.shape
+    tok_l, par_l, am_l, n_l = tokens.tolist(), par.tolist(), am.tolist(), valid.sum(-1).tolist()
+    paths: list[list[int]] = []
+    nxt: list[int] = []
+    for b in range(B):
+        tok_b, par_b, am_b = tok_l[b], par_l[b], am_l[b]
+        cur, path = 0, [0]
+        for i in range(1, n_l[b]):
+            if par_b[i] == cur and tok_b[i] == am_b[cur]:
+                cur = i
+                path.append(i)
+        paths.append(path)
+        nxt.append(am_b[cur])
+    S = max(len(p) for p in paths)
+    path_t = torch.tensor([p + [-1] * (S - len(p)) for p in paths], dtype=torch.int64)
+    accepted = torch.zeros(B, N, dtype=torch.bool)
+    accepted[[b for b, p in enumerate(paths) for _ in p], [i for p in paths for i in p]] = True
+    accept_len = torch.tensor([len(p) - 1 for p in paths], dtype=torch.int64)
+    return path_t, accept_len, torch.tensor(nxt, dtype=torch.int64), accepted
+
+
+def first_ok_chain(ok: Tensor, par: Tensor) -> Tensor:
+    """bool [B, N]: nodes on the accepted path when node i would be accepted on its own iff ok[i] (greedy:
+    token == argmax of the parent row). A node is accepted iff its parent is, it is ok, and no earlier sibling
+    is ok (siblings are tried in increasing index and the first ok one wins). Vectorized over B."""
+    B, N = ok.shape
+    ar = torch.arange(N, device=ok.device)
+    # earlier_ok[b, i]: some j < i with the same parent is ok. same: [B, N, N] over (i, j)
+    same = (par[:, :, None] == par[:, None, :]) & (ar[None, :] < ar[:, None])[None]
+    earlier_ok = (same & ok[:, None, :]).any(-1)
+    good = ok & ~earlier_ok
+    good[:, 0] = True
+    # pointer jumping: accepted[i] = AND of good over i and its ancestors
+    acc, ptr = good, par
+    for _ in range(max(1, (N - 1).bit_length())):
+        acc = acc & acc.gather(1, ptr)
+        ptr = ptr.gather(1, ptr)
+    return acc
+
+
+def _verify_sampling(
+    tokens: Tensor,
+    par: Tensor,
+    logits: Tensor,
+    valid: Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    draft_probs: Tensor | None,
+    coins: Tensor,
+    final_coins: Tensor,
+) -> Verdict:
+    B, N, V = logits.shape
+    device = logits.device
+    rows = torch.arange(B, device=device)
+    probs = process_logits(logits, temperature, top_k, top_p)  # p: [B, N, V]
+    node_prob = probs[rows[:, None], par, tokens.clamp(0, V - 1)]  # [B, N]
+    node_prob[:, 0] = 1.0
+    node_prob = torch.where(valid, node_prob, 0.0)
+
+    # Scan nodes in index order: node i is tried iff its parent is the current node (children of the current
+    # node come in increasing index, and every child of an accepted node has a larger index than it).
+    cur = torch.zeros(B, dtype=torch.int64, device=device)
+    r = probs[:, 0].clone()  # residual at the current node, normalized: [B, V]
+    accepted = torch.zeros(B, N, dtype=torch.bool, device=device)
+    accepted[:, 0] = True
+    for i in range(1, N):
+        tried = (par[:, i] == cur) & valid[:, i]  # [B]
+        if not bool(tried.any()):
+            continue
+        x = tokens[:, i].clamp(0, V - 1)[:, None]  # [B, 1]
+        rx = r.gather(1, x)[:, 0]
+        if draft_probs is None:  # q = onehot(x): accept iff coin <= p[x]
+            acc = tried & (coins[:, i] <= rx) & (rx > 0)
+            nr = r.scatter(1, x, 0.0)  # p[x] = 0
+        else:  # accept iff coin <= p[x] / q[x]; residual max(p - q, 0)
+            q = draft_probs[:, i].float()  # q: [B, V]
+            qx = q.gather(1, x)[:, 0]
+            acc = tried & (coins[:, i] <= rx / qx) & (rx > 0)
+            nr = (r - q).clamp(min=0.0)
+        rej = tried & ~acc
+        if bool(rej.any()):
+            s = nr.sum(-1, keepdim=True)  # [B, 1]
+            upd = rej[:, None] & (s > 0)  # an all-zero residual (rounding) keeps the old one
+            r = torch.where(upd, nr / s, r)
+        if bool(acc.any()):
+            cur = torch.where(acc, i, cur)
+            r = torch.where(acc[:, None], probs[:, i], r)
+            accepted[:, i] = acc
+    next_token = inverse_cdf(r, final_coins)
+    return verdict_from_accepted(accepted, next_token, node_prob)
+
+
+def inverse_cdf(r: Tensor, u: Tensor) -> Tensor:
+    """min{t : sum_{j<=t} r_j > u * sum(r)} per row (token-id order); if rounding leaves no such t, the last
+    token with r_t > 0. r: [B, V] non-negative, u: [B] in [0, 1). Returns int64 [B]."""
+    V = r.shape[-1]
+    cs = torch.cumsum(r, dim=-1)  # [B, V]
+    thr = u * cs[:, -1]
+    idx = (cs <= thr[:, None]).sum(-1)
+    last_pos = V - 1 - (r > 0).flip(-1).to(torch.uint8).argmax(-1)
+    return torch.where(idx >= V, last_pos, idx)

@@ -1,0 +1,329 @@
+"""Fused Triton tree verification: greedy, sampling with deterministic drafts, sampling with draft_probs.
+
+Lossless multi-draft rejection sampling over a token tree:
+  SpecInfer (Miao et al. 2023, arXiv 2305.09781), Sec. 4 "multi-step speculative sampling";
+  EAGLE (Li et al. 2024, arXiv 2401.15077), tree verification with draft distributions.
+Same contract and results as `kernels.reference.verify_reference` (DESIGN.md "Verification semantics").
+
+Two launches, no [B, N, V] probability tensor:
+  1. `_row_stats_kernel`, one program per (sequence, node) row: fuses temperature, top-k and top-p into three
+     numbers per row (max m, normaliser s, and a threshold on the order-preserving integer key of z = l / T),
+     so that p(t) = [key(z_t) >= thr] * exp(z_t - m) / s anywhere later; greedy keeps the argmax and the T=1
+     softmax statistics. Top-k / top-p thresholds are found by bisection over the 2^32 keys (exact, ties kept
+     together as in the reference), each step a blocked pass over V.
+  2. `_walk_kernel`, one program per sequence: scans nodes in index order (node i is tried iff its parent is the
+     current node), tests each child with its coin, keeps the draft_probs residual max(r - q, 0) in a per-sequence
+     [2, V] fp32 scratch (ping-pong), and draws the bonus token by a blocked inverse CDF with `final_coin`.
+Symbols: p target (processed), q draft, x child token, r residual.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.common import Verdict, draw_coins, valid_mask, verdict_from_accepted
+
+_GREEDY, _DETERMINISTIC, _DRAFT_PROBS = 0, 1, 2
+
+
+@triton.jit
+def _key(z):
+    """Order-preserving int32 key of fp32 values (a < b iff key(a) < key(b), -0.0 just below +0.0)."""
+    bits = z.to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def _count_ge(row_ptr, V, inv_t, t, BLOCK_V: tl.constexpr):
+    """Number of tokens with key(z) >= t."""
+    offs = tl.arange(0, BLOCK_V)
+    cnt = tl.zeros((), tl.int64)
+    for v0 in range(0, V, BLOCK_V):
+        mask = v0 + offs < V
+        z = tl.load(row_ptr + v0 + offs, mask=mask, other=0.0).to(tl.float32) * inv_t
+        cnt += tl.sum(((_key(z) >= t) & mask).to(tl.int64), axis=0)
+    return cnt
+
+
+@triton.jit
+def _mass_above(row_ptr, V, inv_t, m, s, thr_k, t, BLOCK_V: tl.constexpr):
+    """Probability mass (after top-k) of tokens with key(z) > t."""
+    offs = tl.arange(0, BLOCK_V)
+    acc = tl.zeros((), tl.float32)
+    for v0 in range(0, V, BLOCK_V):
+        mask = v0 + offs < V
+        z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+        k = _key(z)
+        p = tl.where(mask & (k >= thr_k) & (k > t), tl.exp(z - m), 0.0)
+        acc += tl.sum(p, axis=0)
+    return acc / s
+
+
+@triton.jit
+def _row_stats_kernel(
+    logits_ptr, num_nodes_ptr, m_ptr, s_ptr, thr_ptr, am_ptr,
+    N, V, inv_t, top_k, top_p,
+    GREEDY: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    b = row // N
+    i = row % N
+    n = tl.load(num_nodes_ptr + b)
+    if i < n:
+        row_ptr = logits_ptr + row.to(tl.int64) * V  # logits: [B, N, V]
+        offs = tl.arange(0, BLOCK_V)
+        # online max / argmax / sum of exp(z - m) over all tokens
+        m = tl.full((), float("-inf"), tl.float32)
+        s = tl.zeros((), tl.float32)
+        best = tl.zeros((), tl.int64)
+        kmin = tl.full((), 2147483647, tl.int64)
+        for v0 in range(0, V, BLOCK_V):
+            mask = v0 + offs < V
+            z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t  # inv_t = 1 for greedy
+            bm = tl.max(z, axis=0)
+            bi = tl.argmax(z, axis=0).to(tl.int64) + v0
+            best = tl.where(bm > m, bi, best)  # strict: the earliest block keeps ties
+            m_new = tl.maximum(m, bm)
+            s = s * tl.exp(m - m_new) + tl.sum(tl.where(mask, tl.exp(z - m_new), 0.0), axis=0)
+            m = m_new
+            kmin = tl.minimum(kmin, tl.min(tl.where(mask, _key(z), 2147483647), axis=0).to(tl.int64))
+        thr = kmin
+        if not GREEDY:
+            kmax = _key(m).to(tl.int64)
+            if USE_TOP_K:  # largest t with count(key >= t) >= k: the k-th largest key
+                lo = kmin
+                hi = kmax
+                while lo < hi:
+                    mid = lo + (hi - lo + 1) // 2
+                    if _count_ge(row_ptr, V, inv_t, mid, BLOCK_V) >= top_k:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                thr = lo
+                s = tl.zeros((), tl.float32)
+                for v0 in range(0, V, BLOCK_V):
+                    mask = v0 + offs < V
+                    z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+                    s += tl.sum(tl.where(mask & (_key(z) >= thr), tl.exp(z - m), 0.0), axis=0)
+            if USE_TOP_P:  # smallest t with mass(key > t) < top_p; keep key >= t
+                lo = thr - 1
+                hi = kmax
+                while lo < hi:
+                    mid = lo + (hi - lo) // 2
+                    if _mass_above(row_ptr, V, inv_t, m, s, thr, mid, BLOCK_V) < top_p:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                thr = tl.maximum(thr, lo)
+                s = tl.zeros((), tl.float32)
+                for v0 in range(0, V, BLOCK_V):
+                    mask = v0 + offs < V
+                    z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+                    s += tl.sum(tl.where(mask & (_key(z) >= thr), tl.exp(z - m), 0.0), axis=0)
+        tl.store(m_ptr + row, m)
+        tl.store(s_ptr + row, s)
+        tl.store(thr_ptr + row, thr)
+        tl.store(am_ptr + row, best)
+
+
+@triton.jit
+def _p_block(row_ptr, offs, mask, inv_t, m, s, thr):
+    """Processed target probabilities p(t) of one row at token ids `offs`."""
+    z = tl.load(row_ptr + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+    return tl.where(mask & (_key(z) >= thr), tl.exp(z - m) / s, 0.0)
+
+
+@triton.jit
+def _walk_kernel(
+    tokens_ptr, parents_ptr, num_nodes_ptr, logits_ptr, dp_ptr, coins_ptr, fcoins_ptr,
+    m_ptr, s_ptr, thr_ptr, am_ptr, scratch_ptr, acc_ptr, nprob_ptr, next_ptr,
+    N, V, inv_t,
+    MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    n = tl.load(num_nodes_ptr + b).to(tl.int32)
+    base = b.to(tl.int64) * N  # row index of (b, 0)
+    offs_n = tl.arange(0, BLOCK_N)
+    nmask = offs_n < n
+    tok = tl.load(tokens_ptr + base + offs_n, mask=nmask, other=0)  # [BLOCK_N]
+    par = tl.load(parents_ptr + base + offs_n, mask=nmask & (offs_n > 0), other=0)
+    # node_prob[i] = p_{parent(i)}(token_i)
+    prow = base + par
+    lx = tl.load(logits_ptr + prow * V + tok, mask=nmask, other=0.0).to(tl.float32)
+    pm = tl.load(m_ptr + prow, mask=nmask, other=0.0)
+    ps = tl.load(s_ptr + prow, mask=nmask, other=1.0)
+    if MODE == 0:
+        prob = tl.exp(lx - pm) / ps
+    else:
+        z = lx * inv_t
+        pthr = tl.load(thr_ptr + prow, mask=nmask, other=0)
+        prob = tl.where(_key(z) >= pthr, tl.exp(z - pm) / ps, 0.0)
+    prob = tl.where(offs_n == 0, 1.0, prob)
+    tl.store(nprob_ptr + base + offs_n, tl.where(nmask, prob, 0.0), mask=offs_n < N)
+    tl.store(acc_ptr + base, 1)
+
+    offs_v = tl.arange(0, BLOCK_V)
+    cur = tl.zeros((), tl.int64)
+    if MODE == 0:
+        am_cur = tl.load(am_ptr + base)
+        for i in range(1, n):
+            ok = (tl.load(parents_ptr + base + i) == cur) & (tl.load(tokens_ptr + base + i) == am_cur)
+            tl.store(acc_ptr + base + i, 1, mask=ok)
+            cur = tl.where(ok, i, cur)
+            am_cur = tl.where(ok, tl.load(am_ptr + base + i), am_cur)
+        tl.store(next_ptr + b, am_cur)
+    else:
+        m = tl.load(m_ptr + base)
+        s = tl.load(s_ptr + base)
+        thr = tl.load(thr_ptr + base)
+        removed = tl.zeros((), tl.float32)  # deterministic drafts: mass of the rejected tokens at cur
+        fresh = tl.full((), 1, tl.int1)  # draft_probs: residual is still p_cur (not in scratch)
+        S = tl.full((), 1.0, tl.float32)  # draft_probs: normaliser of the residual held in scratch
+        buf = tl.zeros((), tl.int64)
+        scr = scratch_ptr + b.to(tl.int64) * 2 * V  # scratch: [B, 2, V]
+        for i in range(1, n):
+            tried = tl.load(parents_ptr + base + i) == cur
+            x = tl.load(tokens_ptr + base + i)
+            coin = tl.load(coins_ptr + base + i)
+            cur_row = logits_ptr + (base + cur) * V
+            zx = tl.load(cur_row + x).to(tl.float32) * inv_t
+            px = tl.where(_key(zx) >= thr, tl.exp(zx - m) / s, 0.0)
+            if MODE == 1:  # q = onehot(x): p[x] = 0 and renormalise on reject
+                dup = tl.sum(((offs_n < i) & (offs_n > 0) & (par == cur) & (tok == x)).to(tl.int32), axis=0) > 0
+                rx = tl.where(dup, 0.0, px / (1.0 - removed))
+                acc = tried & (coin <= rx) & (rx > 0)
+                removed = tl.where(tried & ~acc & ~dup, removed + px, removed)
+            else:  # accept iff coin <= r[x] / q[x]; on reject r = normalize(max(r - q, 0))
+                q_row = dp_ptr + (base + i) * V
+                qx = tl.load(q_row + x).to(tl.float32)
+                rx = tl.where(fresh, px, tl.load(scr + buf * V + x) / S)
+                acc = tried & (coin <= rx / qx) & (rx > 0)
+                if tried & ~acc:
+                    total = tl.zeros((), tl.float32)
+                    for v0 in range(0, V, BLOCK_V):
+                        vm = v0 + offs_v < V
+                        r_old = tl.load(scr + buf * V + v0 + offs_v, mask=vm, other=0.0) / S
+                        r_old = tl.where(fresh, _p_block(cur_row, v0 + offs_v, vm, inv_t, m, s, thr), r_old)
+                        q = tl.load(q_row + v0 + offs_v, mask=vm, other=0.0).to(tl.float32)
+                        nr = tl.where(vm, tl.maximum(r_old - q, 0.0), 0.0)
+                        tl.store(scr + (1 - buf) * V + v0 + offs_v, nr, mask=vm)
+                        total += tl.sum(nr, axis=0)
+                    tl.debug_barrier()
+                    if total > 0:  # an all-zero residual (rounding) keeps the old one
+                        buf = 1 - buf
+                        S = total
+                        fresh = tl.zeros((), tl.int1)
+            tl.store(acc_ptr + base + i, 1, mask=acc)
+            cur = tl.where(acc, i, cur)
+            m = tl.where(acc, tl.load(m_ptr + base + i), m)
+            s = tl.where(acc, tl.load(s_ptr + base + i), s)
+            thr = tl.where(acc, tl.load(thr_ptr + base + i), thr)
+            removed = tl.where(acc, 0.0, removed)
+            fresh = fresh | acc
+        # final draw from the residual at cur: next = min{t : cumsum_t > u * total}
+        cur_row = logits_ptr + (base + cur) * V
+        ctok = tl.where(nmask & (offs_n > 0) & (par == cur), tok, -1)  # rejected children of cur
+        total = tl.zeros((), tl.float32)
+        last_pos = tl.full((), -1, tl.int64)
+        for v0 in range(0, V, BLOCK_V):
+            r = _residual_block(cur_row, scr + buf * V, v0 + offs_v, V, inv_t, m, s, thr, S, fresh, ctok, MODE)
+            total += tl.sum(r, axis=0)
+            last_pos = tl.maximum(last_pos, tl.max(tl.where(r > 0, v0 + offs_v, -1), axis=0).to(tl.int64))
+        target = tl.load(fcoins_ptr + b) * total
+        count = tl.zeros((), tl.int64)
+        carry = tl.zeros((), tl.float32)
+        for v0 in range(0, V, BLOCK_V):
+            vm = v0 + offs_v < V
+            r = _residual_block(cur_row, scr + buf * V, v0 + offs_v, V, inv_t, m, s, thr, S, fresh, ctok, MODE)
+            cs = tl.cumsum(r, axis=0) + carry
+            count += tl.sum(((cs <= target) & vm).to(tl.int64), axis=0)
+            carry = tl.max(tl.where(vm, cs, carry), axis=0)
+        tl.store(next_ptr + b, tl.where(count >= V, last_pos, count))
+
+
+@triton.jit
+def _residual_block(cur_row, scr_row, offs, V, inv_t, m, s, thr, S, fresh, ctok, MODE: tl.constexpr):
+    """Residual r(t) at the current node for token ids `offs` (all children of the node were rejected)."""
+    vm = offs < V
+    p = _p_block(cur_row, offs, vm, inv_t, m, s, thr)
+    if MODE == 1:
+        excl = tl.sum((offs[:, None] == ctok[None, :]).to(tl.int32), axis=1) > 0  # [BLOCK_V]
+        r = tl.where(excl, 0.0, p)
+    else:
+        r = tl.where(fresh, p, tl.load(scr_row + offs, mask=vm, other=0.0) / S)
+    return r
+
+
+def verify_triton(
+    tokens: Tensor,
+    parents: Tensor,
+    logits: Tensor,
+    *,
+    num_nodes: Tensor | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    draft_probs: Tensor | None = None,
+    coins: Tensor | None = None,
+    final_coins: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """Triton twin of `kernels.reference.verify_reference` (same signature, same results)."""
+    B, N, V = logits.shape
+    device = logits.device
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    if interpret and logits.dtype not in (torch.float32, torch.float16):
+        logits = logits.float()  # the interpreter has no bf16
+    logits = logits.contiguous()
+    tokens = tokens.to(device=device, dtype=torch.int64).contiguous()
+    parents = parents.to(device=device, dtype=torch.int64).contiguous()
+    if num_nodes is None:
+        num_nodes = torch.full((B,), N, dtype=torch.int64, device=device)
+    num_nodes = num_nodes.to(device=device, dtype=torch.int64).contiguous()
+    greedy = temperature <= 0
+    if greedy:
+        mode = _GREEDY
+        coins = torch.zeros(B, N, device=device)
+        final_coins = torch.zeros(B, device=device)
+    else:
+        mode = _DETERMINISTIC if draft_probs is None else _DRAFT_PROBS
+        coins, final_coins = draw_coins(B, N, device, coins, final_coins, generator)
+        coins, final_coins = coins.contiguous(), final_coins.contiguous()
+    if mode == _DRAFT_PROBS:
+        dp = draft_probs.to(device).contiguous()
+        if interpret and dp.dtype != torch.float32:
+            dp = dp.float()
+        scratch = torch.empty(B, 2, V, dtype=torch.float32, device=device)
+    else:
+        dp = logits  # unused
+        scratch = torch.empty(1, dtype=torch.float32, device=device)
+    inv_t = 1.0 if greedy else 1.0 / temperature
+    use_top_k = (not greedy) and 0 < top_k < V
+    use_top_p = (not greedy) and top_p < 1.0
+
+    m = torch.zeros(B, N, dtype=torch.float32, device=device)
+    s = torch.ones(B, N, dtype=torch.float32, device=device)
+    thr = torch.zeros(B, N, dtype=torch.int64, device=device)
+    am = torch.zeros(B, N, dtype=torch.int64, device=device)
+    _row_stats_kernel[(B * N,)](
+        logits, num_nodes, m, s, thr, am, N, V, inv_t, int(top_k), float(top_p),
+        GREEDY=greedy, USE_TOP_K=use_top_k, USE_TOP_P=use_top_p, BLOCK_V=1024,
+    )  # fmt: skip
+
+    block_n = max(16, triton.next_power_of_2(N))
+    block_v = max(64, min(1024, 16384 // block_n))
+    accepted = torch.zeros(B, N, dtype=torch.int8, device=device)
+    node_prob = torch.empty(B, N, dtype=torch.float32, device=device)
+    next_token = torch.empty(B, dtype=torch.int64, device=device)
+    _walk_kernel[(B,)](
+        tokens, parents, num_nodes, logits, dp, coins, final_coins,
+        m, s, thr, am, scratch, accepted, node_prob, next_token,
+        N, V, inv_t, MODE=mode, BLOCK_N=block_n, BLOCK_V=block_v,
+    )  # fmt: skip
+    valid = valid_mask(num_nodes, B, N, device)
+    return verdict_from_accepted(accepted.bool() & valid, next_token, node_prob)
