@@ -169,3 +169,23 @@ class Engine:
         )
         seq.history.append(result)
         return result
+
+
+def parse_arm(name: str) -> Arm:
+    """Inverse of ``Arm.name``: ``none`` | ``{drafter}-d{depth}[-k{topk}][-b{budget}]`` (e.g. ``ngram-d8-k3-b16``)."""
+    from drafters import DrafterError
+
+    if name in ("none", "ar"):
+        return NO_DRAFT
+    drafter, *parts = name.split("-")
+    vals = {"d": None, "k": 1, "b": 0}
+    for part in parts:
+        key, num = part[:1], part[1:]
+        if key not in vals or not num.lstrip("-").isdigit():
+            raise DrafterError(f"cannot read arm {name!r}; expected none or DRAFTER-dDEPTH[-kTOPK][-bBUDGET]")
+        vals[key] = int(num)
+    if vals["d"] is None:
+        raise DrafterError(f"arm {name!r} has no depth; expected DRAFTER-dDEPTH[-kTOPK][-bBUDGET]")
+    if vals["d"] <= 0:
+        raise DrafterError(f"arm {name!r}: depth must be >= 1 (use 'none' for no draft)")
+    return Arm(drafter, TreeShape(depth=vals["d"], topk=vals["k"], budget=vals["b"]))

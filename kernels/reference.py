@@ -99,7 +99,7 @@ def verify_reference(
     B, N = tokens.shape
     device = logits.device
     valid = valid_mask(num_nodes, B, N, device)  # [B, N]
-    par = parents.clamp(min=0)  # [B, N], root points at itself
+    par = torch.where(valid, parents, 0).clamp(min=0)  # [B, N]; root and padding point at the root
     if temperature <= 0:
         return _verify_greedy(tokens, par, logits, valid)
     coins, final_coins = draw_coins(B, N, device, coins, final_coins, generator)
@@ -165,7 +165,7 @@ def first_ok_chain(ok: Tensor, par: Tensor) -> Tensor:
     B, N = ok.shape
     ar = torch.arange(N, device=ok.device)
     # earlier_ok[b, i]: some j < i with the same parent is ok. same: [B, N, N] over (i, j)
-    same = (par[:, :, None] == par[:, None, :]) & (ar[None, :] < ar[:, None])[None]
+    same = (par[:, :, None] == par[:, None, :]) & ((ar[None, :] < ar[:, None]) & (ar[None, :] > 0))[None]
     earlier_ok = (same & ok[:, None, :]).any(-1)
     good = ok & ~earlier_ok
     good[:, 0] = True

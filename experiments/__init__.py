@@ -1,0 +1,1 @@
+"""Configs, the ``draftgym`` command line, runners (bench, run, train, sweep, report), plots."""

@@ -1,0 +1,189 @@
+"""``draftgym bench``: methods side by side on the same prompts, interleaved, in one run.
+
+Methods: ``hf_greedy`` (Hugging Face ``generate``, greedy), ``hf_pld`` (its prompt lookup,
+``prompt_lookup_num_tokens``), ``ar`` (our autoregressive loop) and any arm name of ours (``ngram-d8``,
+``ngram-d12-k3-b24``, ...). For each prompt every method runs once, in an order rotated from prompt to prompt so
+that slow drifts of the machine spread evenly. Records are appended to ``records.jsonl`` as they finish; a
+re-run with the same ``--out`` skips what is done.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from env.decoder import SpeculativeDecoder, chat_prompt
+from env.engine import parse_arm
+from env.metrics import speedup, throughput
+from env.model import LoadedModel
+from env.workloads import Prompt
+from experiments.provenance import provenance
+
+HF_METHODS = ("hf_greedy", "hf_pld")
+DEFAULT_METHODS = ("hf_greedy", "hf_pld", "ar", "ngram-d8", "ngram-d12-k4-b24")
+
+
+@dataclass(frozen=True)
+class Record:
+    method: str
+    prompt_id: str
+    category: str
+    prompt_tokens: int
+    new_tokens: int
+    wall_s: float
+    steps: int
+    tau: float | None
+    token_ids: list[int]
+
+
+class HFRunner:
+    """Hugging Face ``generate`` as a baseline: greedy, or with its prompt lookup."""
+
+    def __init__(self, loaded: LoadedModel, prompt_lookup_num_tokens: int = 0) -> None:
+        self.loaded = loaded
+        self.pld = prompt_lookup_num_tokens
+
+    @torch.no_grad()
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
+        model = self.loaded.model
+        ids = torch.tensor([prompt_ids], device=self.loaded.device)
+        kwargs: dict[str, Any] = dict(
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=model.generation_config.eos_token_id,
+        )
+        if self.pld:
+            kwargs["prompt_lookup_num_tokens"] = self.pld
+        t0 = time.perf_counter()
+        out = model.generate(ids, **kwargs)
+        wall = time.perf_counter() - t0
+        return [int(t) for t in out[0, ids.shape[1] :].tolist()], wall
+
+
+def run_method(
+    method: str, loaded: LoadedModel, decoders: dict[str, Any], prompt_ids: list[int], max_new_tokens: int
+) -> tuple[list[int], float, int, float | None]:
+    """Generate with one method; returns (token_ids, wall_s, steps, tau)."""
+    if method in HF_METHODS:
+        runner = decoders.setdefault(method, HFRunner(loaded, 10 if method == "hf_pld" else 0))
+        ids, wall = runner.run(prompt_ids, max_new_tokens)
+        return ids, wall, len(ids) if method == "hf_greedy" else 0, 1.0 if method == "hf_greedy" else None
+    dec = decoders.get(method)
+    if dec is None:
+        dec = decoders[method] = SpeculativeDecoder(loaded, [parse_arm(method)])
+    g = dec.generate(prompt_ids, max_new_tokens=max_new_tokens)
+    return g.token_ids, g.stats.wall_s, g.stats.steps, g.stats.tau
+
+
+def load_done(path: Path) -> list[Record]:
+    """Records of an earlier (possibly killed) run; a torn last line is dropped."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(Record(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError):
+            continue
+    return out
+
+
+def run_bench(
+    loaded: LoadedModel,
+    prompts: list[Prompt],
+    methods: list[str],
+    *,
+    max_new_tokens: int,
+    out_dir: Path,
+    settings: dict[str, Any],
+    progress: bool = True,
+) -> dict[str, Any]:
+    for m in methods:
+        if m not in HF_METHODS:
+            parse_arm(m)  # fail before any work on a bad method name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rec_path = out_dir / "records.jsonl"
+    records = load_done(rec_path)
+    done = {(r.method, r.prompt_id) for r in records}
+    decoders: dict[str, Any] = {}
+    todo = [(i, p) for i, p in enumerate(prompts) if any((m, p.prompt_id) not in done for m in methods)]
+    if todo:  # warm-up: the first call of each method pays for lazy initialisation; untimed
+        warm_ids = chat_prompt(loaded.tokenizer, "Say hello.")
+        for m in methods:
+            run_method(m, loaded, decoders, warm_ids, 4)
+    bar = tqdm(total=len(prompts) * len(methods), initial=len(done), desc="bench", disable=not progress)
+    with rec_path.open("a") as fh:
+        for i, p in todo:
+            prompt_ids = chat_prompt(loaded.tokenizer, p.text)
+            order = methods[i % len(methods) :] + methods[: i % len(methods)]
+            for m in order:
+                if (m, p.prompt_id) in done:
+                    continue
+                ids, wall, steps, tau = run_method(m, loaded, decoders, prompt_ids, max_new_tokens)
+                rec = Record(m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids)
+                fh.write(json.dumps(asdict(rec)) + "\n")
+                fh.flush()
+                records.append(rec)
+                bar.update(1)
+    bar.close()
+    keep = {p.prompt_id for p in prompts}
+    records = [r for r in records if r.prompt_id in keep and r.method in methods]
+    summary = summarize(records, methods)
+    result = {"settings": settings, "provenance": provenance(), "summary": summary}
+    (out_dir / "bench.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def summarize(records: list[Record], methods: list[str]) -> list[dict[str, Any]]:
+    """Per category (and overall) and method: tokens/s, tau, speedup over HF greedy and over our AR loop."""
+    by: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in records:
+        by[(r.category, r.method)].append(r)
+        by[("overall", r.method)].append(r)
+    cats = sorted({c for c, _ in by if c != "overall"}) + ["overall"]
+    rows = []
+    for cat in cats:
+        tps = {m: throughput([r.new_tokens for r in by[(cat, m)]], [r.wall_s for r in by[(cat, m)]]) for m in methods}
+        for m in methods:
+            rs = by[(cat, m)]
+            if not rs:
+                continue
+            steps = sum(r.steps for r in rs)
+            row = {
+                "category": cat,
+                "method": m,
+                "prompts": len(rs),
+                "tokens": sum(r.new_tokens for r in rs),
+                "tokens_per_s": tps[m],
+                "tau": (sum(r.new_tokens for r in rs) / steps) if steps and m != "hf_pld" else None,
+                "speedup_vs_hf": speedup(tps[m], tps["hf_greedy"]) if "hf_greedy" in tps else None,
+                "speedup_vs_ar": speedup(tps[m], tps["ar"]) if "ar" in tps else None,
+            }
+            rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    def f(x: Any, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+
+    head = f"{'category':<15}{'method':<20}{'prompts':>8}{'tokens':>8}{'tok/s':>8}{'tau':>7}{'x HF':>7}{'x AR':>7}"
+    lines = [head, "-" * len(head)]
+    last = None
+    for r in rows:
+        if last is not None and r["category"] != last:
+            lines.append("")
+        last = r["category"]
+        lines.append(
+            f"{r['category']:<15}{r['method']:<20}{r['prompts']:>8}{r['tokens']:>8}{r['tokens_per_s']:>8.2f}"
+            f"{f(r['tau'], '.2f'):>7}{f(r['speedup_vs_hf'], '.2f'):>7}{f(r['speedup_vs_ar'], '.2f'):>7}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,47 @@
+"""What every result carries beside its numbers: command, library versions, machine, time."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import sys
+
+_LIBS = ("draftgym", "torch", "transformers", "gymnasium", "stable-baselines3", "scikit-learn", "optuna", "triton")
+
+
+def library_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in _LIBS:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def machine() -> dict[str, object]:
+    import torch
+
+    info: dict[str, object] = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cuda": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def provenance() -> dict[str, object]:
+    return {
+        "command": " ".join(["draftgym", *sys.argv[1:]]),
+        "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "versions": library_versions(),
+        "machine": machine(),
+    }

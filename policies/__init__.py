@@ -1,0 +1,1 @@
+"""Policies choose an arm (drafter + tree shape) each step."""
