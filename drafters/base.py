@@ -47,7 +47,9 @@ class DraftTree:
     tokens: torch.Tensor  # [N] int64, tokens[0] = root (last committed token)
     parents: torch.Tensor  # [N] int64, parents[0] = -1, parents[i] < i
     scores: torch.Tensor | None = None  # [N] float32, drafter log-prob of the root-to-node path
-    draft_probs: torch.Tensor | None = None  # [N, V] distribution each node was drawn from (None: deterministic)
+    draft_probs: torch.Tensor | None = (
+        None  # [N, V] distribution each node was drawn from (None: deterministic)
+    )
 
     @property
     def num_nodes(self) -> int:
@@ -59,7 +61,9 @@ class DraftTree:
 
     @staticmethod
     def root_only(token: int) -> DraftTree:
-        return DraftTree(tokens=torch.tensor([token], dtype=torch.long), parents=torch.tensor([-1], dtype=torch.long))
+        return DraftTree(
+            tokens=torch.tensor([token], dtype=torch.long), parents=torch.tensor([-1], dtype=torch.long)
+        )
 
 
 @dataclass

@@ -9,7 +9,7 @@ SAM decoding (arXiv 2411.10666) for suffix matching over the context.
 from __future__ import annotations
 
 from drafters.base import DraftContext, DraftTree, Feedback, TreeShape
-from drafters.trees import trie
+from drafters.trees import prune, trie
 
 
 class NGramDrafter:
@@ -17,17 +17,32 @@ class NGramDrafter:
 
     An index maps every n-gram (``min_ngram <= n <= max_ngram``) to the positions where it ends, appended as the
     context grows, so a lookup is O(1) per n and a step costs O(new tokens * max_ngram) to update.
+
+    Every proposal is ``prune(largest, shape)`` (``drafters.trees.prune``), where ``largest`` is the trie of the
+    first ``max_topk`` distinct continuations of length ``max_depth`` (``max_shape``). A recorded trace stores
+    ``largest`` per position, so replay of any arm within ``max_shape`` is exact. A chain (``topk == 1``) is the
+    best continuation cut to ``depth``; a tree keeps the first ``topk`` children of each node.
     """
 
     name = "ngram"
     exact_replay = True
 
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_matches: int = 8) -> None:
+    def __init__(
+        self,
+        max_ngram: int = 4,
+        min_ngram: int = 1,
+        max_matches: int = 8,
+        max_depth: int = 16,
+        max_topk: int = 8,
+    ) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"ngram sizes need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        if max_depth < 1 or max_topk < 1:
+            raise ValueError(f"max_depth and max_topk must be >= 1, got {max_depth}, {max_topk}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.max_matches = max_matches
+        self.max_shape = TreeShape(depth=max_depth, topk=max_topk)
         self._index: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0  # n-grams ending before this position are in the index
         self._tokens: list[int] = []
@@ -77,8 +92,10 @@ class NGramDrafter:
         root = ctx.tokens[-1]
         if shape.depth == 0:
             return DraftTree.root_only(root)
-        conts = self.continuations(ctx.tokens, shape.depth, shape.topk)
-        return trie(root, conts, shape.max_nodes)
+        big = self.max_shape  # shapes beyond it grow the largest tree (and leave exact replay's range)
+        depth, topk = max(big.depth, shape.depth), max(big.topk, shape.topk)
+        largest = trie(root, self.continuations(ctx.tokens, depth, topk), depth * topk)
+        return prune(largest, shape)
 
     def observe(self, ctx: DraftContext, feedback: Feedback) -> None:
         pass  # the index catches up lazily from ctx.tokens at the next proposal

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from drafters.base import DraftTree
+from drafters.base import DraftTree, TreeShape
 
 
 def chain(root: int, tokens: Sequence[int], scores: Sequence[float] | None = None) -> DraftTree:
@@ -42,7 +42,9 @@ def trie(root: int, sequences: Sequence[Sequence[int]], budget: int) -> DraftTre
                 parents.append(cur)
                 children[(cur, tok)] = node
             cur = node
-    return DraftTree(tokens=torch.tensor(tokens, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long))
+    return DraftTree(
+        tokens=torch.tensor(tokens, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long)
+    )
 
 
 def dynamic_tree(
@@ -88,4 +90,63 @@ def rerank(tokens: list[int], parents: list[int], scores: list[float], budget: i
         tokens=torch.tensor([tokens[i] for i in keep], dtype=torch.long),
         parents=torch.tensor(new_parents, dtype=torch.long),
         scores=torch.tensor([scores[i] for i in keep], dtype=torch.float32),
+    )
+
+
+def prune_indices(
+    parents: Sequence[int], shape: TreeShape, scores: Sequence[float] | None = None
+) -> list[int]:
+    """The nodes (increasing indices, root first) that ``prune`` keeps; pure, on plain integer sequences, so that
+    trace replay (numpy) and the drafters (torch) share one rule.
+
+    1. nodes deeper than ``shape.depth`` go;
+    2. every node keeps its first ``shape.topk`` children, in node order (children are tried in that order);
+    3. of the survivors, the first ``shape.max_nodes`` draft nodes in node order stay, or, when the tree carries
+       ``scores``, the highest-scoring ones (ties by node order; a node whose parent is not kept is skipped).
+    Steps 1-2 compose: pruning a pruned tree to a smaller shape equals pruning the original to it.
+    """
+    n = len(parents)
+    depth = [0] * n
+    rank = [0] * n  # children seen so far, per node
+    alive = [False] * n
+    alive[0] = True
+    survivors = []
+    for i in range(1, n):
+        p = int(parents[i])
+        depth[i] = depth[p] + 1
+        r = rank[p]
+        rank[p] = r + 1
+        if alive[p] and depth[i] <= shape.depth and r < shape.topk:
+            alive[i] = True
+            survivors.append(i)
+    budget = shape.max_nodes
+    if len(survivors) <= budget:
+        return [0, *survivors]
+    if scores is None:
+        return [0, *survivors[:budget]]
+    kept = {0}
+    for i in sorted(survivors, key=lambda j: (-float(scores[j]), j)):
+        if int(parents[i]) in kept:
+            kept.add(i)
+            if len(kept) > budget:
+                break
+    return sorted(kept)
+
+
+def prune(tree: DraftTree, shape: TreeShape) -> DraftTree:
+    """The tree cut down to ``shape`` (rules in ``prune_indices``), renumbered with parents before children."""
+    if shape.depth == 0:
+        return DraftTree.root_only(int(tree.tokens[0]))
+    scores = None if tree.scores is None else tree.scores.tolist()
+    keep = prune_indices(tree.parents.tolist(), shape, scores)
+    if len(keep) == tree.num_nodes:
+        return tree
+    remap = {old: new for new, old in enumerate(keep)}
+    parents = tree.parents.tolist()
+    idx = torch.tensor(keep, dtype=torch.long)
+    return DraftTree(
+        tokens=tree.tokens[idx],
+        parents=torch.tensor([-1] + [remap[parents[i]] for i in keep[1:]], dtype=torch.long),
+        scores=None if tree.scores is None else tree.scores[idx],
+        draft_probs=None if tree.draft_probs is None else tree.draft_probs[idx],
     )

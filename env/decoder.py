@@ -174,4 +174,12 @@ def default_arm() -> Arm:
     return Arm("ngram", TreeShape(depth=8, topk=1))
 
 
-__all__ = ["NO_DRAFT", "Arm", "Generation", "GenerationStats", "Sampling", "SpeculativeDecoder", "chat_prompt"]
+__all__ = [
+    "NO_DRAFT",
+    "Arm",
+    "Generation",
+    "GenerationStats",
+    "Sampling",
+    "SpeculativeDecoder",
+    "chat_prompt",
+]

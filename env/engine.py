@@ -62,6 +62,7 @@ class StepResult:
     draft_s: float
     verify_s: float
     node_prob: torch.Tensor | None = None  # [N] target prob of each node's token (diagnostics)
+    parents: torch.Tensor | None = None  # [N] the verified tree's parents (its shape: chain or branching)
 
     @property
     def tokens(self) -> int:
@@ -97,7 +98,9 @@ class Engine:
         self.generator = generator
 
     @classmethod
-    def build(cls, target: Target, names: list[str], sampling: Sampling = Sampling(), seed: int = 0) -> Engine:
+    def build(
+        cls, target: Target, names: list[str], sampling: Sampling = Sampling(), seed: int = 0
+    ) -> Engine:
         drafters = {n: make_drafter(n) for n in names if n != "none"}
         return cls(target, drafters, sampling, torch.Generator().manual_seed(seed))
 
@@ -152,6 +155,7 @@ class Engine:
         path = path[path >= 0]
         committed = self.target.commit(seq.state, tree, path, int(verdict.next_token[0]))
         seq.state.last_hidden = out.hidden[int(path[-1])]
+        seq.state.last_logits = out.logits[int(path[-1])].clone()  # a copy: frees the tree's [N, V] logits
         seq.ctx.last_hidden = seq.state.last_hidden
         if self.drafters:
             feedback = Feedback(committed=committed, tree=tree, path_logits=out.logits[path])
@@ -166,6 +170,7 @@ class Engine:
             draft_s=t1 - t0,
             verify_s=t2 - t1,
             node_prob=verdict.node_prob[0],
+            parents=tree.parents,
         )
         seq.history.append(result)
         return result

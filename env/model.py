@@ -57,7 +57,12 @@ def cpu_has_bf16() -> bool:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """``auto`` = bf16 on CUDA and on CPUs with native bf16, fp32 otherwise."""
-    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
+    table = {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp32": torch.float32,
+        "float32": torch.float32,
+    }
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" or cpu_has_bf16() else torch.float32
     if name not in table:
@@ -125,11 +130,18 @@ def load_model(model: str | None = None, *, dtype: str = "auto", device: str = "
             raise ModelError(f"model path {model} does not exist or is not a folder")
         if not (folder / "config.json").is_file():
             raise ModelError(f"model path {model} has no config.json (not a Hugging Face model folder)")
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a one-second load needs no progress bar
     try:
         net = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa")
         tok = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as err:
         raise ModelError(f"cannot load model from {folder}: {str(err).splitlines()[0]}") from err
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     net.to(dev).eval()
     net.requires_grad_(False)
     return LoadedModel(model=net, tokenizer=tok, model_id=model_id, dtype=torch_dtype, device=dev)

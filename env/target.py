@@ -32,6 +32,7 @@ class TargetState:
     prompt_len: int
     cache: DynamicCache
     last_hidden: torch.Tensor | None = None  # [H] final-norm hidden state that predicted the root
+    last_logits: torch.Tensor | None = None  # [V] target logits that predicted the root (observation features)
 
     @property
     def past_len(self) -> int:
@@ -83,8 +84,11 @@ class Target:
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         pos = torch.arange(len(prompt_ids), device=self.device)[None]
         hidden = self._forward(ids, cache, pos, None)[-1]
-        state = TargetState(tokens=list(prompt_ids), prompt_len=len(prompt_ids), cache=cache, last_hidden=hidden)
-        return state, self.logits(hidden)
+        state = TargetState(
+            tokens=list(prompt_ids), prompt_len=len(prompt_ids), cache=cache, last_hidden=hidden
+        )
+        state.last_logits = self.logits(hidden)
+        return state, state.last_logits
 
     @staticmethod
     def append_root(state: TargetState, token: int) -> None:

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-MT_BENCH = frozenset({"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"})
+MT_BENCH = frozenset(
+    {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+)
 BUILTIN = "builtin"
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from env.decoder import SpeculativeDecoder, chat_prompt
-from env.engine import parse_arm
+from env.engine import Sampling, parse_arm
 from env.metrics import speedup, throughput
 from env.model import LoadedModel
 from env.workloads import Prompt
@@ -41,6 +41,7 @@ class Record:
     steps: int
     tau: float | None
     token_ids: list[int]
+    arms: list[str] = field(default_factory=list)  # the arm of each step after prefill (our decoders only)
 
 
 class HFRunner:
@@ -69,24 +70,39 @@ class HFRunner:
 
 
 def run_method(
-    method: str, loaded: LoadedModel, decoders: dict[str, Any], prompt_ids: list[int], max_new_tokens: int
-) -> tuple[list[int], float, int, float | None]:
-    """Generate with one method; returns (token_ids, wall_s, steps, tau)."""
+    method: str,
+    loaded: LoadedModel,
+    decoders: dict[str, Any],
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    *,
+    sampling: Sampling = Sampling(),
+    seed: int = 0,
+) -> tuple[list[int], float, int, float | None, list[str]]:
+    """Generate with one method; returns (token_ids, wall_s, steps, tau, arm of each step).
+
+    ``decoders`` caches a decoder per method; put a ``SpeculativeDecoder`` with a policy there to run a policy."""
     if method in HF_METHODS:
         runner = decoders.setdefault(method, HFRunner(loaded, 10 if method == "hf_pld" else 0))
         ids, wall = runner.run(prompt_ids, max_new_tokens)
-        return ids, wall, len(ids) if method == "hf_greedy" else 0, 1.0 if method == "hf_greedy" else None
+        steps, tau = (len(ids), 1.0) if method == "hf_greedy" else (0, None)
+        return ids, wall, steps, tau, []
     dec = decoders.get(method)
     if dec is None:
         dec = decoders[method] = SpeculativeDecoder(loaded, [parse_arm(method)])
-    g = dec.generate(prompt_ids, max_new_tokens=max_new_tokens)
-    return g.token_ids, g.stats.wall_s, g.stats.steps, g.stats.tau
+    g = dec.generate(prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+    return g.token_ids, g.stats.wall_s, g.stats.steps, g.stats.tau, list(g.arms)
 
 
 def load_done(path: Path) -> list[Record]:
-    """Records of an earlier (possibly killed) run; a torn last line is dropped."""
+    """Records of an earlier (possibly killed) run; a torn last line is dropped (and cut from the file, so that
+    the next append starts on a fresh line)."""
     if not path.is_file():
         return []
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as fh:
+            fh.truncate(data.rfind(b"\n") + 1)
     out = []
     for line in path.read_text().splitlines():
         try:
@@ -127,8 +143,8 @@ def run_bench(
             for m in order:
                 if (m, p.prompt_id) in done:
                     continue
-                ids, wall, steps, tau = run_method(m, loaded, decoders, prompt_ids, max_new_tokens)
-                rec = Record(m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids)
+                ids, wall, steps, tau, arms = run_method(m, loaded, decoders, prompt_ids, max_new_tokens)
+                rec = Record(m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids, arms)
                 fh.write(json.dumps(asdict(rec)) + "\n")
                 fh.flush()
                 records.append(rec)
@@ -151,7 +167,10 @@ def summarize(records: list[Record], methods: list[str]) -> list[dict[str, Any]]
     cats = sorted({c for c, _ in by if c != "overall"}) + ["overall"]
     rows = []
     for cat in cats:
-        tps = {m: throughput([r.new_tokens for r in by[(cat, m)]], [r.wall_s for r in by[(cat, m)]]) for m in methods}
+        tps = {
+            m: throughput([r.new_tokens for r in by[(cat, m)]], [r.wall_s for r in by[(cat, m)]])
+            for m in methods
+        }
         for m in methods:
             rs = by[(cat, m)]
             if not rs:

@@ -15,7 +15,7 @@ EXIT_USAGE = 2
 
 # Modules that add subcommands: each defines ``register(subparsers)`` and sets ``func`` on its parsers, which
 # return an exit code and raise ``UserError`` (or another error named in ``USER_ERRORS``) for bad input.
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = ["experiments.agreement", "experiments.runner", "experiments.sweep"]
 
 
 class UserError(Exception):
@@ -33,13 +33,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="local Hugging Face model folder (default: embedded SmolLM2-135M)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"], help="auto: bf16 where supported")
+    p.add_argument(
+        "--model", default=None, help="local Hugging Face model folder (default: embedded SmolLM2-135M)"
+    )
+    p.add_argument(
+        "--dtype", default="auto", choices=["auto", "bf16", "fp32"], help="auto: bf16 where supported"
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
 
 
 def _arm_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafter", default=None, help="ngram or none (autoregressive); default: the project's best")
+    p.add_argument(
+        "--drafter", default=None, help="ngram or none (autoregressive); default: the project's best"
+    )
     p.add_argument("--depth", type=int, default=None, help="draft tree depth (>= 1)")
     p.add_argument("--topk", type=int, default=1, help="branches per node (1: a chain)")
     p.add_argument("--budget", type=int, default=0, help="draft nodes at most (0: depth * topk)")
@@ -69,7 +75,9 @@ def _arm_from_args(args: argparse.Namespace):
     if name == "none":
         return NO_DRAFT
     if name not in DRAFTERS:
-        raise DrafterError(f"unknown drafter {name!r}; known drafters: {', '.join(sorted([*DRAFTERS, 'none']))}")
+        raise DrafterError(
+            f"unknown drafter {name!r}; known drafters: {', '.join(sorted([*DRAFTERS, 'none']))}"
+        )
     depth = default_arm().shape.depth if args.depth is None else args.depth
     if depth <= 0:
         raise DrafterError(f"--depth must be >= 1, got {depth} (use --drafter none for no draft)")
@@ -90,9 +98,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     dec = SpeculativeDecoder(loaded, [arm])
-    g = dec.generate(text, max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, chat=not args.raw)
+    g = dec.generate(
+        text, max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, chat=not args.raw
+    )
     if args.json:
-        print(json.dumps({"text": g.text, "token_ids": g.token_ids, "arm": arm.name, "stats": g.stats.as_dict()}))
+        print(
+            json.dumps(
+                {"text": g.text, "token_ids": g.token_ids, "arm": arm.name, "stats": g.stats.as_dict()}
+            )
+        )
     else:
         print(g.text)
         s = g.stats
@@ -130,7 +144,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "methods": methods,
     }
     result = run_bench(
-        loaded, prompts, methods, max_new_tokens=args.max_new_tokens, out_dir=out, settings=settings,
+        loaded,
+        prompts,
+        methods,
+        max_new_tokens=args.max_new_tokens,
+        out_dir=out,
+        settings=settings,
         progress=not args.json,
     )
     if args.json:
@@ -142,7 +161,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="draftgym", description="Adaptive speculative decoding: decode, benchmark, train, sweep.")
+    p = _Parser(
+        prog="draftgym", description="Adaptive speculative decoding: decode, benchmark, train, sweep."
+    )
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate text with speculative decoding")
@@ -163,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workload", default=None, help="Spec-Bench JSONL file (default: the built-in set)")
     b.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
     b.add_argument("--limit", type=int, default=None, help="first N prompts in all (smoke runs)")
-    b.add_argument("--methods", default=None, help="comma list: hf_greedy,hf_pld,ar,ngram-d8,ngram-d12-k4-b24,...")
+    b.add_argument(
+        "--methods", default=None, help="comma list: hf_greedy,hf_pld,ar,ngram-d8,ngram-d12-k4-b24,..."
+    )
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--out", default=None, help="run directory (re-use it to resume a killed run)")
     _model_args(b)

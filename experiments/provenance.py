@@ -8,7 +8,16 @@ import os
 import platform
 import sys
 
-_LIBS = ("draftgym", "torch", "transformers", "gymnasium", "stable-baselines3", "scikit-learn", "optuna", "triton")
+_LIBS = (
+    "draftgym",
+    "torch",
+    "transformers",
+    "gymnasium",
+    "stable-baselines3",
+    "scikit-learn",
+    "optuna",
+    "triton",
+)
 
 
 def library_versions() -> dict[str, str | None]:

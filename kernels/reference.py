@@ -103,7 +103,9 @@ def verify_reference(
     if temperature <= 0:
         return _verify_greedy(tokens, par, logits, valid)
     coins, final_coins = draw_coins(B, N, device, coins, final_coins, generator)
-    return _verify_sampling(tokens, par, logits, valid, temperature, top_k, top_p, draft_probs, coins, final_coins)
+    return _verify_sampling(
+        tokens, par, logits, valid, temperature, top_k, top_p, draft_probs, coins, final_coins
+    )
 
 
 def _verify_greedy(tokens: Tensor, par: Tensor, logits: Tensor, valid: Tensor) -> Verdict:
@@ -237,5 +239,8 @@ def inverse_cdf(r: Tensor, u: Tensor) -> Tensor:
     cs = torch.cumsum(r, dim=-1)  # [B, V]
     thr = u * cs[:, -1]
     idx = (cs <= thr[:, None]).sum(-1)
-    last_pos = V - 1 - (r > 0).flip(-1).to(torch.uint8).argmax(-1)
-    return torch.where(idx >= V, last_pos, idx)
+    over = idx >= V
+    if bool(over.any()):
+        last_pos = V - 1 - (r > 0).flip(-1).to(torch.uint8).argmax(-1)
+        idx = torch.where(over, last_pos, idx)
+    return idx

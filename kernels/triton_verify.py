@@ -84,7 +84,9 @@ def _row_stats_kernel(
         kmin = tl.full((), 2147483647, tl.int64)
         for v0 in range(0, V, BLOCK_V):
             mask = v0 + offs < V
-            z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t  # inv_t = 1 for greedy
+            z = (
+                tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+            )  # inv_t = 1 for greedy
             bm = tl.max(z, axis=0)
             bi = tl.argmax(z, axis=0).to(tl.int64) + v0
             best = tl.where(bm > m, bi, best)  # strict: the earliest block keeps ties
@@ -194,7 +196,9 @@ def _walk_kernel(
             zx = tl.load(cur_row + x).to(tl.float32) * inv_t
             px = tl.where(_key(zx) >= thr, tl.exp(zx - m) / s, 0.0)
             if MODE == 1:  # q = onehot(x): p[x] = 0 and renormalise on reject
-                dup = tl.sum(((offs_n < i) & (offs_n > 0) & (par == cur) & (tok == x)).to(tl.int32), axis=0) > 0
+                dup = (
+                    tl.sum(((offs_n < i) & (offs_n > 0) & (par == cur) & (tok == x)).to(tl.int32), axis=0) > 0
+                )
                 rx = tl.where(dup, 0.0, px / (1.0 - removed))
                 acc = tried & (coin <= rx) & (rx > 0)
                 removed = tl.where(tried & ~acc & ~dup, removed + px, removed)
@@ -231,7 +235,9 @@ def _walk_kernel(
         total = tl.zeros((), tl.float32)
         last_pos = tl.full((), -1, tl.int64)
         for v0 in range(0, V, BLOCK_V):
-            r = _residual_block(cur_row, scr + buf * V, v0 + offs_v, V, inv_t, m, s, thr, S, fresh, ctok, MODE)
+            r = _residual_block(
+                cur_row, scr + buf * V, v0 + offs_v, V, inv_t, m, s, thr, S, fresh, ctok, MODE
+            )
             total += tl.sum(r, axis=0)
             last_pos = tl.maximum(last_pos, tl.max(tl.where(r > 0, v0 + offs_v, -1), axis=0).to(tl.int64))
         target = tl.load(fcoins_ptr + b) * total
@@ -239,7 +245,9 @@ def _walk_kernel(
         carry = tl.zeros((), tl.float32)
         for v0 in range(0, V, BLOCK_V):
             vm = v0 + offs_v < V
-            r = _residual_block(cur_row, scr + buf * V, v0 + offs_v, V, inv_t, m, s, thr, S, fresh, ctok, MODE)
+            r = _residual_block(
+                cur_row, scr + buf * V, v0 + offs_v, V, inv_t, m, s, thr, S, fresh, ctok, MODE
+            )
             cs = tl.cumsum(r, axis=0) + carry
             count += tl.sum(((cs <= target) & vm).to(tl.int64), axis=0)
             carry = tl.max(tl.where(vm, cs, carry), axis=0)

@@ -11,7 +11,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from kernels import process_logits
+from kernels import inverse_cdf, process_logits
+from kernels.common import verdict_from_accepted
 
 
 def random_trees(gen: torch.Generator, B: int, N: int, branch: float = 0.5) -> tuple[Tensor, Tensor]:
@@ -71,7 +72,11 @@ def oracle_verify(
                     p = process_logits(logits[b, cur], temperature, top_k, top_p).tolist()
                     descended = True
                     break
-                r = [v if t != x else 0.0 for t, v in enumerate(p)] if q is None else [max(a - bb, 0.0) for a, bb in zip(p, q)]
+                r = (
+                    [v if t != x else 0.0 for t, v in enumerate(p)]
+                    if q is None
+                    else [max(a - bb, 0.0) for a, bb in zip(p, q)]
+                )
                 s = sum(r)
                 if s > 0:
                     p = [v / s for v in r]
@@ -99,28 +104,62 @@ def draft_trees(
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Trees of a fixed shape rooted at `roots` [B]: tokens [B, N], target logits [B, N, V] (row i = table at
     token i) and draft_probs [B, N, V] or None. Deterministic drafts: tokens uniform (duplicates included).
-    Stochastic drafts: node c's token ~ q_c, q_c a fixed softmax table of (sibling rank, parent token)."""
+    Node c's token ~ q_c, a fixed softmax table of (sibling rank, parent token), so drafts are informative and
+    sibling duplicates occur; draft_probs carries q_c for stochastic drafts, None for deterministic ones (the
+    verifier then treats each token as a point mass, which is lossless whatever drafted it)."""
     B, V, N = roots.shape[0], table.shape[0], len(parents)
     tokens = torch.zeros(B, N, dtype=torch.int64)
     tokens[:, 0] = roots
-    q_all = None
-    if stochastic:
-        qgen = torch.Generator().manual_seed(1234)  # the draft tables are fixed; samples use `gen`
-        q_tab = torch.softmax(torch.randn(N, V, V, generator=qgen) * 1.5, -1)  # [rank, parent token, V]
-        q_all = torch.zeros(B, N, V)
+    qgen = torch.Generator().manual_seed(1234)  # the draft tables are fixed; samples use `gen`
+    q_tab = torch.softmax(torch.randn(N, V, V, generator=qgen) * 1.5, -1)  # [rank, parent token, V]
+    q_all = torch.zeros(B, N, V)
     for i in range(1, N):
-        if stochastic:
-            rank = sum(1 for j in range(1, i) if parents[j] == parents[i])
-            q = q_tab[rank][tokens[:, parents[i]]]  # [B, V]
-            q_all[:, i] = q
-            tokens[:, i] = torch.multinomial(q, 1, generator=gen)[:, 0]
-        else:
-            tokens[:, i] = torch.randint(0, V, (B,), generator=gen)
-    return tokens, table[tokens], q_all
+        rank = sum(1 for j in range(1, i) if parents[j] == parents[i])
+        q = q_tab[rank][tokens[:, parents[i]]]  # [B, V]
+        q_all[:, i] = q
+        tokens[:, i] = torch.multinomial(q, 1, generator=gen)[:, 0]
+    return tokens, table[tokens], (q_all if stochastic else None)
+
+
+def planted_verify(accept_rule: str, residual_rule: str) -> Callable:
+    """A test-local verifier with switchable rules, to show the chi-square test has power. accept_rule:
+    "p/q" (correct) or "p"; residual_rule: "max(p-q,0)" (correct) or "p" (no residual). q = onehot for
+    deterministic drafts. Same scan as the reference otherwise."""
+
+    def verify_fn(
+        tokens, parents, logits, *, draft_probs=None, generator=None, temperature=1.0, top_k=0, top_p=1.0
+    ):
+        B, N, V = logits.shape
+        coins, final = torch.rand(B, N, generator=generator), torch.rand(B, generator=generator)
+        probs = process_logits(logits, temperature, top_k, top_p)  # [B, N, V]
+        q_all = torch.nn.functional.one_hot(tokens, V).float() if draft_probs is None else draft_probs
+        cur, r = torch.zeros(B, dtype=torch.int64), probs[:, 0].clone()
+        accepted = torch.zeros(B, N, dtype=torch.bool)
+        accepted[:, 0] = True
+        for i in range(1, N):
+            tried = parents[:, i] == cur
+            x, q = tokens[:, i : i + 1], q_all[:, i]
+            rx, qx = r.gather(1, x)[:, 0], q.gather(1, x)[:, 0]
+            acc = tried & (coins[:, i] <= (rx / qx if accept_rule == "p/q" else rx)) & (rx > 0)
+            nr = (r - q).clamp(min=0) if residual_rule == "max(p-q,0)" else r
+            s = nr.sum(-1, keepdim=True)
+            r = torch.where((tried & ~acc)[:, None] & (s > 0), nr / s, r)
+            cur = torch.where(acc, i, cur)
+            r = torch.where(acc[:, None], probs[:, i], r)
+            accepted[:, i] = acc
+        return verdict_from_accepted(accepted, inverse_cdf(r, final), torch.zeros(B, N))
+
+    return verify_fn
 
 
 def first_two_tokens(
-    verify_fn: Callable, gen: torch.Generator, table: Tensor, parents: list[int], B: int, stochastic: bool, **kw
+    verify_fn: Callable,
+    gen: torch.Generator,
+    table: Tensor,
+    parents: list[int],
+    B: int,
+    stochastic: bool,
+    **kw,
 ) -> tuple[Tensor, Tensor]:
     """Decode two tokens after root token 0 with speculative steps; returns (t1 [B], t2 [B])."""
     par = torch.tensor(parents)[None].expand(B, -1)

@@ -63,5 +63,7 @@ def test_top_p_keeps_top_token_and_boundary() -> None:
 def test_greedy_is_one_hot_and_bf16_input() -> None:
     logits = torch.randn(3, 4, 11).bfloat16()
     out = process_logits(logits, 0.0)
-    assert torch.equal(out.argmax(-1), logits.float().argmax(-1)) and torch.equal(out.sum(-1), torch.ones(3, 4))
+    assert torch.equal(out.argmax(-1), logits.float().argmax(-1)) and torch.equal(
+        out.sum(-1), torch.ones(3, 4)
+    )
     torch.testing.assert_close(process_logits(logits, 1.0), torch.softmax(logits.float(), -1))

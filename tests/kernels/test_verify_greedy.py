@@ -57,7 +57,9 @@ def test_node_prob_is_softmax_of_parent_row() -> None:
     logits = torch.randn(1, 5, V, generator=gen)
     p = torch.softmax(logits, -1)
     want = [1.0] + [p[0, parents[0, i], tokens[0, i]].item() for i in range(1, 5)]
-    torch.testing.assert_close(verify(tokens, parents, logits).node_prob[0], torch.tensor(want), atol=1e-7, rtol=0)
+    torch.testing.assert_close(
+        verify(tokens, parents, logits).node_prob[0], torch.tensor(want), atol=1e-7, rtol=0
+    )
 
 
 def test_random_trees_match_oracle_and_vectorized_walk() -> None:
@@ -68,7 +70,9 @@ def test_random_trees_match_oracle_and_vectorized_walk() -> None:
         tokens = torch.randint(0, Vr, (B, N), generator=gen)
         hit = torch.rand(B, N, generator=gen) < 0.7  # make most nodes their parent's argmax
         am = logits.argmax(-1)
-        tokens = torch.where(hit, am.gather(1, torch.where(num_nodes[:, None] > torch.arange(N), parents, 0).clamp(0)), tokens)
+        tokens = torch.where(
+            hit, am.gather(1, torch.where(num_nodes[:, None] > torch.arange(N), parents, 0).clamp(0)), tokens
+        )
         v = verify_reference(tokens, parents, logits, num_nodes=num_nodes)
         want = oracle_verify(tokens, parents, logits, num_nodes, 0.0, 0, 1.0, None, None, None)
         assert [p[p >= 0].tolist() for p in v.path] == [w[0] for w in want]

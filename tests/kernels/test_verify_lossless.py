@@ -5,9 +5,9 @@ draft_probs; and planted wrong rules that the same test rejects."""
 
 import pytest
 import torch
-from kernel_cases import chi_square, first_two_tokens, markov_table
+from kernel_cases import chi_square, first_two_tokens, markov_table, planted_verify
 
-from kernels import inverse_cdf, process_logits, verify, verify_reference
+from kernels import process_logits, verify
 
 V = 6
 DRAWS = 100_000
@@ -21,7 +21,9 @@ def target_joint(table: torch.Tensor, **kw) -> tuple[torch.Tensor, torch.Tensor]
     return p[0], p[0][:, None] * p
 
 
-def lossless_stats(verify_fn, shape: list[int], stochastic: bool, seed: int, **kw) -> list[tuple[float, float]]:
+def lossless_stats(
+    verify_fn, shape: list[int], stochastic: bool, seed: int, **kw
+) -> list[tuple[float, float]]:
     table = markov_table(torch.Generator().manual_seed(100 + seed), V)
     gen = torch.Generator().manual_seed(seed)
     t1, t2 = first_two_tokens(verify_fn, gen, table, shape, DRAWS, stochastic, **kw)
@@ -45,26 +47,22 @@ def test_lossless(shape: list[int], stochastic: bool, kw: dict) -> None:
         assert stat < crit, (stat, crit)
 
 
-def accept_min_1_p(tokens, parents, logits, *, draft_probs=None, **kw):
-    """Planted wrong rule: stochastic drafts tested with min(1, p[x]) instead of min(1, p[x] / q[x]), residual
-    p with x removed instead of max(p - q, 0)."""
-    return verify_reference(tokens, parents, logits, **kw)
-
-
-def no_residual(tokens, parents, logits, *, draft_probs=None, generator=None, **kw):
-    """Planted wrong rule: after rejections, the bonus token is drawn from the fresh p, not the residual."""
-    B, N = tokens.shape
-    coins, final = torch.rand(B, N, generator=generator), torch.rand(B, generator=generator)
-    v = verify_reference(tokens, parents, logits, draft_probs=draft_probs, coins=coins, final_coins=final, **kw)
-    last = v.path.gather(1, v.accept_len[:, None])[:, 0]
-    p = process_logits(logits[torch.arange(B), last], kw["temperature"], kw.get("top_k", 0), kw.get("top_p", 1.0))
-    object.__setattr__(v, "next_token", inverse_cdf(p, final))
-    return v
+def test_planted_harness_correct_rule_passes() -> None:
+    stats = lossless_stats(planted_verify("p/q", "max(p-q,0)"), TREE, True, seed=2, temperature=1.0)
+    assert all(stat < crit for stat, crit in stats), stats
 
 
 @pytest.mark.parametrize(
-    "wrong,shape,stochastic", [(accept_min_1_p, CHAIN, True), (no_residual, TREE, False), (no_residual, CHAIN, True)]
+    "accept_rule,residual_rule,shape,stochastic",
+    [
+        ("p", "max(p-q,0)", CHAIN, True),  # acceptance min(1, p) instead of min(1, p / q)
+        ("p/q", "p", TREE, True),  # residual p instead of normalize(max(p - q, 0))
+        ("p/q", "p", TREE, False),  # deterministic drafts: the rejected token keeps its mass
+    ],
 )
-def test_planted_wrong_rule_is_rejected(wrong, shape: list[int], stochastic: bool) -> None:
-    stats = lossless_stats(wrong, shape, stochastic, seed=1, temperature=1.0)
+def test_planted_wrong_rule_is_rejected(
+    accept_rule: str, residual_rule: str, shape: list[int], stochastic: bool
+) -> None:
+    wrong = planted_verify(accept_rule, residual_rule)
+    stats = lossless_stats(wrong, shape, stochastic, seed=2, temperature=1.0)
     assert any(stat > crit for stat, crit in stats), stats

@@ -20,7 +20,9 @@ def test_random_trees_match_oracle(stochastic: bool, temperature: float, top_k: 
     tokens = torch.where(torch.rand(B, N, generator=gen) < 0.5, likely, tokens)
     q = torch.softmax(torch.randn(B, N, V, generator=gen), -1) if stochastic else None
     coins, final_coins = torch.rand(B, N, generator=gen), torch.rand(B, generator=gen)
-    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, draft_probs=q, coins=coins, final_coins=final_coins)
+    kw = dict(
+        temperature=temperature, top_k=top_k, top_p=top_p, draft_probs=q, coins=coins, final_coins=final_coins
+    )
     v = verify_reference(tokens, parents, logits, num_nodes=num_nodes, **kw)
     want = oracle_verify(tokens, parents, logits, num_nodes, temperature, top_k, top_p, q, coins, final_coins)
     assert [p[p >= 0].tolist() for p in v.path] == [w[0] for w in want]
@@ -39,7 +41,14 @@ def test_generator_draws_coins_then_final_coins() -> None:
     gen = torch.Generator().manual_seed(0)
     parents, num_nodes = random_trees(gen, 6, 8)
     logits, tokens = torch.randn(6, 8, 5, generator=gen), torch.randint(0, 5, (6, 8), generator=gen)
-    a = verify(tokens, parents, logits, num_nodes=num_nodes, temperature=1.0, generator=torch.Generator().manual_seed(7))
+    a = verify(
+        tokens,
+        parents,
+        logits,
+        num_nodes=num_nodes,
+        temperature=1.0,
+        generator=torch.Generator().manual_seed(7),
+    )
     g = torch.Generator().manual_seed(7)
     coins, final = torch.rand(6, 8, generator=g), torch.rand(6, generator=g)
     b = verify(tokens, parents, logits, num_nodes=num_nodes, temperature=1.0, coins=coins, final_coins=final)

@@ -1,0 +1,395 @@
+"""The cost model: seconds of one speculation step, as the env's reward needs them (DESIGN.md "Arms, observations,
+rewards"), calibrated by measurement on this machine (``draftgym calibrate``) and saved as JSON.
+
+A step costs ``draft(arm) + verify(N, context, chain)``:
+
+- ``verify``: the engine's verification phase (tree forward over N nodes, verification, KV commit, drafter
+  feedback) measured through ``Engine.step`` on a grid of N, for chains (causal attention) and branching trees
+  (explicit tree mask), at two context lengths. Model: a piecewise-linear curve in N at ``context_ref`` (linear
+  extrapolation past the grid) plus ``(per_context + per_node_context * N) * (context - context_ref)``;
+- ``draft``: each drafter's ``propose`` time per arm shape (median over real contexts), with a linear fit in the
+  shape's node count for shapes not measured.
+
+One autoregressive token costs ``verify(1, context, chain=True)``; the reward of a step is
+``tokens * ar_cost / step_cost`` (``env.metrics.step_reward``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from drafters import DraftContext, DraftTree, TreeShape, make_drafter
+from env.engine import Arm, Engine
+from env.model import LoadedModel
+from env.target import Target
+
+FORMAT = "draftgym-cost-model"
+CHAIN_NODES = (1, 2, 3, 5, 9, 13, 17, 25, 33)
+TREE_NODES = (3, 5, 9, 17, 25, 33, 49, 65, 97, 129)
+CONTEXTS = (128, 768)
+DRAFT_SHAPES = tuple(TreeShape(d, k) for d in (1, 2, 4, 8, 16) for k in (1, 2, 4, 8))
+
+
+class CostModelError(ValueError):
+    """A cost model file that cannot be used; the message is meant for the user."""
+
+
+class CostModel(Protocol):
+    def draft_cost(self, arm: Arm) -> float: ...
+
+    def verify_cost(self, nodes: Any, context: Any, chain: Any = True) -> Any: ...
+
+    def step_cost(self, arm: Arm, nodes: Any, context: Any, chain: Any = True) -> Any: ...
+
+    def ar_cost(self, context: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Piecewise-linear seconds over node counts, extended linearly past both ends."""
+
+    nodes: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __call__(self, n: Any) -> Any:
+        x, y = np.asarray(self.nodes, dtype=np.float64), np.asarray(self.seconds, dtype=np.float64)
+        n = np.asarray(n, dtype=np.float64)
+        out = np.interp(n, x, y)
+        if len(x) > 1:
+            hi = (y[-1] - y[-2]) / (x[-1] - x[-2])
+            out = np.where(n > x[-1], y[-1] + hi * (n - x[-1]), out)
+        return out
+
+
+@dataclass(frozen=True)
+class FittedCostModel:
+    model_id: str
+    dtype: str
+    device: str
+    chain: Curve  # verify seconds at context_ref for chains
+    tree: Curve  # ... and for branching trees
+    context_ref: int
+    per_context: float  # seconds per context token
+    per_node_context: float  # seconds per node per context token
+    drafters: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {"shapes": {arm: s}, "base_s", "per_node_s"}
+    meta: dict[str, Any] = field(default_factory=dict)  # machine, time, command, versions
+
+    def verify_cost(self, nodes: Any, context: Any, chain: Any = True) -> Any:
+        n = np.asarray(nodes, dtype=np.float64)
+        base = np.where(chain, self.chain(n), self.tree(n))
+        extra = (self.per_context + self.per_node_context * n) * (np.asarray(context, dtype=np.float64) - self.context_ref)
+        return np.maximum(base + extra, 0.25 * base)
+
+    def draft_cost(self, arm: Arm) -> float:
+        if arm.drafter is None or arm.shape.depth == 0:
+            return 0.0
+        d = self.drafters.get(arm.drafter)
+        if d is None:
+            known = ", ".join(sorted(self.drafters)) or "none"
+            raise CostModelError(
+                f"the cost model has no calibration for drafter {arm.drafter!r} (it has: {known}); "
+                f"run: draftgym calibrate --drafters {arm.drafter}"
+            )
+        if arm.name in d["shapes"]:
+            return float(d["shapes"][arm.name])
+        return float(d["base_s"] + d["per_node_s"] * arm.shape.max_nodes)
+
+    def step_cost(self, arm: Arm, nodes: Any, context: Any, chain: Any = True) -> Any:
+        return self.draft_cost(arm) + self.verify_cost(nodes, context, chain)
+
+    def ar_cost(self, context: Any) -> Any:
+        return self.verify_cost(1, context, True)
+
+    def check_model(self, model_id: str, dtype: str) -> None:
+        if (self.model_id, self.dtype) != (model_id, dtype):
+            raise CostModelError(
+                f"the cost model was calibrated for {self.model_id} ({self.dtype}), not {model_id} ({dtype}); "
+                f"run: draftgym calibrate --model ... --dtype {dtype} --out FILE and pass it as cost_model"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": 1,
+            "model_id": self.model_id,
+            "dtype": self.dtype,
+            "device": self.device,
+            "verify": {
+                "chain": {"nodes": list(self.chain.nodes), "seconds": list(self.chain.seconds)},
+                "tree": {"nodes": list(self.tree.nodes), "seconds": list(self.tree.seconds)},
+                "context_ref": self.context_ref,
+                "per_context": self.per_context,
+                "per_node_context": self.per_node_context,
+            },
+            "drafters": self.drafters,
+            "meta": self.meta,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], source: str = "cost model") -> FittedCostModel:
+        if d.get("format") != FORMAT:
+            raise CostModelError(f"{source} is not a draftgym cost model (format {d.get('format')!r})")
+        try:
+            v = d["verify"]
+            return cls(
+                model_id=d["model_id"],
+                dtype=d["dtype"],
+                device=d["device"],
+                chain=Curve(tuple(v["chain"]["nodes"]), tuple(v["chain"]["seconds"])),
+                tree=Curve(tuple(v["tree"]["nodes"]), tuple(v["tree"]["seconds"])),
+                context_ref=int(v["context_ref"]),
+                per_context=float(v["per_context"]),
+                per_node_context=float(v["per_node_context"]),
+                drafters=dict(d.get("drafters", {})),
+                meta=dict(d.get("meta", {})),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise CostModelError(f"{source} is malformed ({err!r})") from err
+
+
+def default_cost_model_path() -> Path:
+    return Path(str(resources.files("env") / "data" / "cost_model.json"))
+
+
+def load_cost_model(source: str | Path | FittedCostModel | None = None) -> FittedCostModel:
+    """``None``: the shipped model (embedded SmolLM2-135M, fp32, calibrated on the machine named in its meta)."""
+    if isinstance(source, FittedCostModel):
+        return source
+    path = default_cost_model_path() if source is None else Path(source)
+    if not path.is_file():
+        raise CostModelError(f"cost model file {path} does not exist (make one with: draftgym calibrate --out FILE)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise CostModelError(f"cost model file {path} is not JSON ({err})") from err
+    return FittedCostModel.from_json(data, str(path))
+
+
+# ---- calibration -------------------------------------------------------------------------------------------------
+
+
+class _FixedTree:
+    """A stand-in drafter proposing a tree of a given structure (random tokens): times the verify phase."""
+
+    name = "_fixed"
+    exact_replay = True
+
+    def __init__(self, vocab: int, seed: int = 0) -> None:
+        self.vocab = vocab
+        self.gen = torch.Generator().manual_seed(seed)
+        self.parents: list[int] = [-1]
+
+    def reset(self, ctx: DraftContext) -> None:
+        pass
+
+    def propose(self, ctx: DraftContext, shape: TreeShape) -> DraftTree:
+        n = len(self.parents)
+        toks = torch.randint(0, self.vocab, (n,), generator=self.gen)
+        toks[0] = ctx.tokens[-1]
+        return DraftTree(tokens=toks, parents=torch.tensor(self.parents, dtype=torch.long))
+
+    def observe(self, ctx: DraftContext, feedback: Any) -> None:
+        pass
+
+
+def tree_parents(nodes: int, chain: bool) -> list[int]:
+    """A chain of ``nodes`` nodes, or a branching tree: two children under the root, then each level's nodes
+    get two children (breadth first), the root's first branch extended until ``nodes``."""
+    if chain or nodes < 3:
+        return list(range(-1, nodes - 1))
+    parents = [-1]
+    frontier = [0]
+    while len(parents) < nodes:
+        nxt = []
+        for p in frontier:
+            for _ in range(2):
+                if len(parents) < nodes:
+                    parents.append(p)
+                    nxt.append(len(parents) - 1)
+        frontier = nxt
+    return parents
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _context_ids(tokenizer: Any, length: int) -> list[int]:
+    from env.workloads import load_workload
+
+    text = " ".join(p.text for p in load_workload())
+    ids = [int(i) for i in tokenizer(text)["input_ids"]]
+    while len(ids) < length:
+        ids = ids + ids
+    return ids[:length]
+
+
+def _time_verify(engine: Engine, fixed: _FixedTree, prompt: list[int], grid: Iterable[tuple[int, bool]], reps: int):
+    """Median verify seconds per (nodes, chain) at the context of ``prompt``: [(nodes, chain, context, s)]."""
+    seq, _ = engine.start(prompt)
+    arm = Arm("_fixed", TreeShape(depth=1))
+    fixed.parents = [-1, 0]
+    for _ in range(2):  # warm-up
+        engine.step(seq, arm)
+    out = []
+    for nodes, chain in grid:
+        fixed.parents = tree_parents(nodes, chain)
+        times, ctxs = [], []
+        for _ in range(reps):
+            ctxs.append(seq.state.past_len)
+            res = engine.step(seq, arm)
+            times.append(res.verify_s)
+        out.append((nodes, chain, statistics.mean(ctxs), statistics.median(times)))
+    return out
+
+
+def _fit_verify(rows: list[tuple[int, bool, float, float]], context_ref: int):
+    """Least squares: s = base[nodes, chain] + (a + b * nodes) * (context - ref); one base per grid cell."""
+    cells = sorted({(n, c) for n, c, _, _ in rows})
+    index = {cell: i for i, cell in enumerate(cells)}
+    x = np.zeros((len(rows), len(cells) + 2))
+    y = np.zeros(len(rows))
+    for r, (n, c, ctx, s) in enumerate(rows):
+        x[r, index[(n, c)]] = 1.0
+        x[r, -2] = ctx - context_ref
+        x[r, -1] = n * (ctx - context_ref)
+        y[r] = s
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    a, b = max(float(coef[-2]), 0.0), max(float(coef[-1]), 0.0)
+    base = {cell: float(coef[i]) for cell, i in index.items()}
+
+    def curve(chain: bool) -> Curve:
+        pts = sorted((n, s) for (n, c), s in base.items() if c == chain)
+        ns, ss = [p[0] for p in pts], list(np.maximum.accumulate([max(p[1], 1e-6) for p in pts]))
+        return Curve(tuple(ns), tuple(float(s) for s in ss))
+
+    chain_curve = curve(True)
+    tree_pts = dict(zip(curve(False).nodes, curve(False).seconds))
+    tree_pts.setdefault(1, chain_curve.seconds[0])  # a one-node "tree" is the root alone
+    tree_curve = Curve(tuple(sorted(tree_pts)), tuple(tree_pts[k] for k in sorted(tree_pts)))
+    return chain_curve, tree_curve, a, b
+
+
+def _time_drafters(engine: Engine, names: Sequence[str], options: dict[str, dict[str, Any]], prompts, shapes,
+                   positions: int) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name in names:
+        drafter = make_drafter(name, **options.get(name, {}))
+        samples: dict[str, list[float]] = {}
+        for prompt in prompts:
+            seq, _ = engine.start(prompt)
+            drafter.reset(seq.ctx)
+            for _ in range(positions):
+                for shape in shapes:
+                    arm = Arm(name, shape)
+                    t0 = time.perf_counter()
+                    drafter.propose(seq.ctx, shape)
+                    samples.setdefault(arm.name, []).append(time.perf_counter() - t0)
+                engine.step(seq, Arm(None))
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        sizes = {Arm(name, s).name: s.max_nodes for s in shapes}
+        xs = np.array([sizes[k] for k in med], dtype=np.float64)
+        ys = np.array(list(med.values()))
+        slope, icpt = np.polyfit(xs, ys, 1) if len(set(xs.tolist())) > 1 else (0.0, float(ys.mean()))
+        out[name] = {
+            "shapes": {k: float(v) for k, v in med.items()},
+            "base_s": float(max(icpt, 0.0)),
+            "per_node_s": float(max(slope, 0.0)),
+            "options": options.get(name, {}),
+        }
+    return out
+
+
+def calibrate(
+    loaded: LoadedModel,
+    drafter_names: Sequence[str] = ("ngram",),
+    *,
+    drafter_options: dict[str, dict[str, Any]] | None = None,
+    extra_shapes: Sequence[TreeShape] = (),
+    reps: int = 3,
+    contexts: Sequence[int] = CONTEXTS,
+    progress: bool = False,
+) -> FittedCostModel:
+    """Measure the verify phase on a grid of tree sizes at two contexts and each drafter's propose time, then fit.
+    About a minute for the embedded model on a 2-core CPU."""
+    t_start = time.perf_counter()
+    target = Target(loaded)
+    vocab = int(loaded.model.config.vocab_size)
+    fixed = _FixedTree(vocab)
+    engine = Engine(target, {"_fixed": fixed})
+    grid = [(n, True) for n in CHAIN_NODES] + [(n, False) for n in TREE_NODES]
+    rows = []
+    for i, ctx in enumerate(contexts):
+        if progress:
+            print(f"calibrate: verify phase at context {ctx} ({i + 1}/{len(contexts)})", flush=True)
+        rows += _time_verify(engine, fixed, _context_ids(loaded.tokenizer, ctx), grid, reps)
+    context_ref = int(contexts[0])
+    chain, tree, a, b = _fit_verify(rows, context_ref)
+    if progress:
+        print(f"calibrate: drafters {', '.join(drafter_names) or '(none)'}", flush=True)
+    from env.decoder import chat_prompt
+    from env.workloads import load_workload
+
+    prompts = [chat_prompt(loaded.tokenizer, p.text) for p in load_workload()[:3]]
+    shapes = list(dict.fromkeys([*DRAFT_SHAPES, *extra_shapes]))
+    drafters = _time_drafters(engine, [n for n in drafter_names if n != "none"], drafter_options or {}, prompts,
+                              shapes, positions=4)
+    meta = {
+        "machine": machine_info(),
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "calibration_s": round(time.perf_counter() - t_start, 1),
+        "reps": reps,
+        "contexts": list(contexts),
+        "measurements": [[n, bool(c), round(ctx, 1), s] for n, c, ctx, s in rows],
+    }
+    return FittedCostModel(
+        model_id=loaded.model_id,
+        dtype=str(loaded.dtype).removeprefix("torch."),
+        device=str(loaded.device),
+        chain=chain,
+        tree=tree,
+        context_ref=context_ref,
+        per_context=a,
+        per_node_context=b,
+        drafters=drafters,
+        meta=meta,
+    )

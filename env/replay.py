@@ -1,0 +1,278 @@
+"""Trace replay as pure functions, shared by the single env (one episode, numpy scalars) and the vector env
+(batches, numpy or torch on any device).
+
+For greedy decoding the committed text does not depend on the drafts, so one recorded trajectory serves every
+arm: an arm's tree at position g is ``prune(recorded largest tree, arm.shape)`` (``drafters.trees.prune_indices``
+rules) and its accepted length is the greedy walk of that tree along the trajectory (descend into the first child
+whose token is the next trajectory token, as ``kernels.verify`` does with the target's argmax). Replay is exact for
+drafters whose proposal *is* that pruning (``exact`` in the trace header: the n-gram drafter) and approximate for
+stateful ones.
+
+``build_tables`` evaluates every (arm, position) once, vectorized over the whole trace, into ``ReplayTables``;
+a replay step is then a handful of table lookups (``replay_step``), and the observation comes from
+``env.features.assemble`` like the live one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from drafters import TreeShape
+from drafters.trees import prune_indices
+from env.cost import FittedCostModel
+from env.engine import Arm
+from env.features import history_columns, history_update
+from env.trace import Trace, TraceError
+
+
+@dataclass(frozen=True)
+class ReplayTables:
+    """Everything a replay step reads. ``T`` positions (all prompts), ``K`` arms, ``P`` prompts."""
+
+    accept: Any  # int32 [K, T] greedy walk length of arm k's tree at position g (bonus excluded)
+    drafted: Any  # int32 [K, T] draft nodes in that tree
+    cost: Any  # float32 [K, T] seconds of the step (cost model)
+    ar_cost: Any  # float32 [T] seconds of one autoregressive token there
+    feat: Any  # float32 [T, 4 + P] position features
+    offset: Any  # int64 [P] global index of each prompt's position 0
+    length: Any  # int64 [P] positions per episode: min(trajectory length, max_new_tokens)
+    eos: Any  # bool [P] the episode ends with end of sequence (else at max_new_tokens)
+    arm_depth: Any  # int64 [K]
+    cols: Any  # int64 history columns shown in the observation
+    startable: Any  # int64 [P'] prompts with at least one step to take
+    max_new_tokens: int
+    max_tokens: int  # deepest arm + 1 (normalizes ``last_tokens``)
+    decay: float
+
+    def to(self, device: str | torch.device) -> ReplayTables:
+        """The tables as torch tensors on ``device`` (for the vector env on a GPU or in torch on CPU)."""
+        conv = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, np.ndarray):
+                conv[f.name] = torch.as_tensor(v, device=device)
+        return replace(self, **conv)
+
+
+# ---- per-tree reference (tests, and trees that carry scores) ------------------------------------------------------
+
+
+def greedy_walk(tokens: Sequence[int], parents: Sequence[int], continuation: Sequence[int]) -> int:
+    """Accepted length of a tree whose root is followed by ``continuation`` (the trajectory after the root)."""
+    cur, depth = 0, 0
+    n = len(tokens)
+    while depth < len(continuation):
+        nxt = next((c for c in range(cur + 1, n) if int(parents[c]) == cur and int(tokens[c]) == continuation[depth]), None)
+        if nxt is None:
+            break
+        cur, depth = nxt, depth + 1
+    return depth
+
+
+def replay_accept(tokens: Sequence[int], parents: Sequence[int], continuation: Sequence[int], arm: Arm) -> tuple[int, int, bool]:
+    """(accepted, draft nodes, is chain) of ``arm`` on one recorded tree: prune, then walk."""
+    if arm.drafter is None or arm.shape.depth == 0:
+        return 0, 0, True
+    keep = prune_indices(list(parents), arm.shape)
+    remap = {old: new for new, old in enumerate(keep)}
+    toks = [int(tokens[i]) for i in keep]
+    pars = [-1] + [remap[int(parents[i])] for i in keep[1:]]
+    chain = pars == list(range(-1, len(keep) - 1))
+    return greedy_walk(toks, pars, continuation), len(keep) - 1, chain
+
+
+# ---- vectorized over a whole trace ---------------------------------------------------------------------------------
+
+
+def _tree_index(trace: Trace, name: str) -> dict[str, np.ndarray]:
+    """Per node of drafter ``name``'s recorded trees: position, global parent, depth, child rank, max rank on the
+    root path, and whether its token is the trajectory's token at its depth. Cached on the trace."""
+    key = ("tree_index", name)
+    if key in trace.cache:
+        return trace.cache[key]
+    t = trace.trees[name]
+    m, npos = t.tokens.shape[0], t.off.shape[0] - 1
+    sizes = np.diff(t.off)
+    pos = np.repeat(np.arange(npos), sizes)  # [M] position of each node
+    par = t.parents.astype(np.int64)
+    gpar = np.where(par >= 0, t.off[pos] + par, -1)  # [M] global parent index
+    depth = np.zeros(m, dtype=np.int64)
+    maxrank = np.zeros(m, dtype=np.int64)
+    rank = np.zeros(m, dtype=np.int64)
+    nonroot = np.flatnonzero(par >= 0)
+    # child rank: order among the nodes sharing a global parent (nodes are in increasing index within a tree)
+    gp = gpar[nonroot]
+    # siblings are not necessarily contiguous: rank by a stable sort on the parent
+    order = np.argsort(gp, kind="stable")
+    sp = gp[order]
+    starts = np.concatenate([[0], np.flatnonzero(sp[1:] != sp[:-1]) + 1]) if sp.size else np.zeros(0, np.int64)
+    run = np.zeros(sp.size, dtype=np.int64)
+    if sp.size:
+        run[starts] = 1
+        grp = np.cumsum(run) - 1
+        r = np.arange(sp.size) - starts[grp]
+        rank[nonroot[order]] = r
+    # depth and max rank along the root path: parents precede children, so sweep level by level
+    pending = nonroot
+    done = np.zeros(m, dtype=bool)
+    done[par < 0] = True
+    while pending.size:
+        ready = pending[done[gpar[pending]]]
+        depth[ready] = depth[gpar[ready]] + 1
+        maxrank[ready] = np.maximum(maxrank[gpar[ready]], rank[ready])
+        done[ready] = True
+        pending = pending[~done[pending]]
+    # trajectory match: node at depth d of position g predicts traj[g + d] (same prompt only)
+    prompt_of_pos = np.searchsorted(trace.traj_off, np.arange(npos), side="right") - 1
+    end = trace.traj_off[prompt_of_pos + 1][pos]  # [M] end of the node's prompt trajectory
+    tgt = pos + depth
+    inside = tgt < end
+    match = np.zeros(m, dtype=bool)
+    match[inside] = t.tokens[inside] == trace.traj[tgt[inside]]
+    out = {"pos": pos, "gpar": gpar, "depth": depth, "rank": rank, "maxrank": maxrank, "match": match}
+    trace.cache[key] = out
+    return out
+
+
+def arm_columns(trace: Trace, arm: Arm) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(accepted [T], draft nodes [T], is chain [T]) of ``arm`` at every position of the trace, vectorized."""
+    npos = trace.traj.shape[0]
+    if arm.drafter is None or arm.shape.depth == 0:
+        z = np.zeros(npos, dtype=np.int32)
+        return z, z.copy(), np.ones(npos, dtype=bool)
+    if arm.drafter not in trace.trees:
+        raise TraceError(
+            f"arm {arm.name} needs drafter {arm.drafter!r}, which the trace did not record "
+            f"(it has: {', '.join(sorted(trace.trees)) or 'none'})"
+        )
+    d, k, b = trace.drafters[arm.drafter]["shape"]
+    rec = TreeShape(depth=int(d), topk=int(k), budget=int(b))
+    s = arm.shape
+    if s.depth > rec.depth or s.topk > rec.topk or (rec.budget and s.max_nodes > rec.max_nodes):
+        raise TraceError(
+            f"arm {arm.name} is larger than the trees the trace recorded for {arm.drafter} "
+            f"(depth {rec.depth}, topk {rec.topk}); record with a larger drafter shape"
+        )
+    ix = _tree_index(trace, arm.drafter)
+    t = trace.trees[arm.drafter]
+    nonroot = ix["gpar"] >= 0
+    alive = nonroot & (ix["depth"] <= s.depth) & (ix["maxrank"] < s.topk)
+    # budget: the first max_nodes surviving draft nodes of each tree, in node order
+    csum = np.cumsum(alive)
+    before = np.concatenate([[0], csum])[t.off[:-1]]  # survivors before each tree
+    alive &= (csum - before[ix["pos"]]) <= s.max_nodes
+    drafted = np.bincount(ix["pos"][alive], minlength=npos).astype(np.int32)
+    # greedy walk, one depth level at a time: on the path = alive, matching, parent on the path (root is), and the
+    # first such child of that parent
+    on = np.zeros(alive.shape[0], dtype=bool)
+    on[~nonroot] = True
+    cand = alive & ix["match"]
+    accept = np.zeros(npos, dtype=np.int32)
+    for level in range(1, s.depth + 1):
+        c = np.flatnonzero(cand & (ix["depth"] == level))
+        if not c.size:
+            break
+        c = c[on[ix["gpar"][c]]]
+        if not c.size:
+            break
+        _, first = np.unique(ix["gpar"][c], return_index=True)
+        c = c[first]
+        on[c] = True
+        accept[ix["pos"][c]] = level
+    branching = alive & (ix["rank"] > 0)
+    chain = np.bincount(ix["pos"][branching], minlength=npos) == 0
+    return accept, drafted, chain
+
+
+def build_tables(trace: Trace, arms: Sequence[Arm], cost_model: FittedCostModel, max_new_tokens: int | None = None,
+                 decay: float | None = None) -> ReplayTables:
+    """Evaluate every arm at every position of ``trace`` (cached on the trace per arm)."""
+    max_new = trace.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+    if not 2 <= max_new <= trace.max_new_tokens:
+        raise TraceError(f"max_new_tokens must be in 2..{trace.max_new_tokens} (what the trace recorded), got {max_new}")
+    npos = trace.traj.shape[0]
+    k = len(arms)
+    accept = np.zeros((k, npos), dtype=np.int32)
+    drafted = np.zeros((k, npos), dtype=np.int32)
+    cost = np.zeros((k, npos), dtype=np.float32)
+    prompt_of_pos = np.searchsorted(trace.traj_off, np.arange(npos), side="right") - 1
+    context = trace.prompt_len[prompt_of_pos] + (np.arange(npos) - trace.traj_off[prompt_of_pos])  # past length
+    for i, arm in enumerate(arms):
+        key = ("arm", arm)
+        if key not in trace.cache:
+            trace.cache[key] = arm_columns(trace, arm)
+        acc, dr, chain = trace.cache[key]
+        accept[i], drafted[i] = acc, dr
+        cost[i] = cost_model.step_cost(arm, dr + 1, context, chain)
+    lengths = np.minimum(np.diff(trace.traj_off), max_new)
+    eos_ids = np.asarray(trace.header["model"]["eos_ids"])
+    last = trace.traj[np.maximum(trace.traj_off[:-1] + lengths - 1, 0)]
+    depths = np.array([0 if a.drafter is None else a.shape.depth for a in arms], dtype=np.int64)
+    return ReplayTables(
+        accept=accept,
+        drafted=drafted,
+        cost=cost,
+        ar_cost=np.asarray(cost_model.ar_cost(context), dtype=np.float32),
+        feat=trace.feat.astype(np.float32),
+        offset=trace.traj_off[:-1].astype(np.int64),
+        length=lengths.astype(np.int64),
+        eos=np.isin(last, eos_ids) & (lengths > 0),
+        arm_depth=depths,
+        cols=history_columns(depths.tolist()),
+        startable=np.flatnonzero(lengths >= 2).astype(np.int64),
+        max_new_tokens=max_new,
+        max_tokens=int(depths.max(initial=0)) + 1,
+        decay=float(trace.spec.decay if decay is None else decay),
+    )
+
+
+# ---- one step, for one episode (numpy scalars) or a batch (numpy / torch arrays) -----------------------------------
+
+
+def _xp(x: Any):
+    return torch if isinstance(x, torch.Tensor) else np
+
+
+@dataclass(frozen=True)
+class StepOut:
+    tokens: Any  # committed tokens that count (up to end of sequence / max_new_tokens)
+    accepted: Any  # accepted draft tokens among them
+    drafted: Any
+    cost_s: Any
+    ar_cost_s: Any
+    reward: Any  # tokens * ar_cost_s / cost_s (env.metrics.step_reward)
+    pos: Any  # the new root's position
+    terminated: Any  # end of sequence committed
+    truncated: Any  # max_new_tokens reached
+
+
+def replay_step(tb: ReplayTables, prompt, pos, hist, rows, action) -> StepOut:
+    """Apply ``action`` at ``(prompt, pos)``; updates ``hist[rows]`` in place."""
+    xp = _xp(tb.accept)
+    g = tb.offset[prompt] + pos
+    raw = tb.accept[action, g]
+    drafted = tb.drafted[action, g]
+    rem = tb.length[prompt] - 1 - pos  # tokens the episode may still commit
+    tokens = xp.minimum(raw + 1, rem)
+    accepted = xp.minimum(raw, tokens)
+    cost = tb.cost[action, g]
+    ar = tb.ar_cost[g]
+    reward = tokens * ar / cost
+    history_update(hist, rows, action, accepted, drafted, tokens, tb.arm_depth, tb.max_tokens, tb.decay)
+    new_pos = pos + tokens
+    done = new_pos >= tb.length[prompt] - 1
+    ends = tb.eos[prompt]
+    return StepOut(tokens, accepted, drafted, cost, ar, reward, new_pos, done & ends, done & ~ends)
+
+
+def replay_observe(tb: ReplayTables, prompt, pos, hist_rows, out) -> Any:
+    """The observation(s) at ``(prompt, pos)`` into ``out``."""
+    from env.features import assemble
+
+    frac = (pos + 1) / tb.max_new_tokens
+    return assemble(frac, tb.feat[tb.offset[prompt] + pos], hist_rows, tb.cols, out)

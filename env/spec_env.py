@@ -1,0 +1,326 @@
+"""``SpecDecodeEnv``: speculative decoding as a Gymnasium environment (``draftgym/SpecDecode-v0``).
+
+A thin adapter: the live backend drives ``env.engine.Engine`` (the decoder's own step), the replay backend the
+pure functions of ``env.replay`` (which the vector env shares); observations come from ``env.features`` either way.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from env.arms import arm_depths, drafter_names, make_arms
+from env.cost import CostModelError, load_cost_model
+from env.engine import Arm, Sampling
+from env.features import FeatureSpec, ObservationBuilder, feature_names, observation_bounds
+from env.metrics import step_reward
+from env.replay import build_tables, replay_observe, replay_step
+from env.trace import Trace, TraceError, load_trace, model_fingerprint
+
+BACKENDS = ("replay", "live")
+COSTS = ("model", "measured")
+
+
+class EnvError(ValueError):
+    """A bad env argument or action; the message is meant for the user."""
+
+
+def is_chain(parents: Any) -> bool:
+    p = list(parents.tolist() if hasattr(parents, "tolist") else parents)
+    return p == list(range(-1, len(p) - 1))
+
+
+class SpecDecodeEnv(gym.Env):
+    """
+    ## Description
+
+    Speculative decoding of one prompt, one verification step at a time. Each step the agent picks an *arm*: a
+    drafter and a tree shape (depth, branching ``topk``, node ``budget``), or "none" (one plain autoregressive
+    step). The drafter proposes a tree, the target verifies it in one forward pass, and the accepted tokens plus
+    one bonus token are committed. A good policy drafts deep where the drafter is likely right and cheaply where
+    it is not. Greedy output never depends on the arms; only the speed does.
+
+    ## Action Space
+
+    ``Discrete(K)`` over the arm menu ``env.unwrapped.arms`` (names in ``env.unwrapped.arm_names``); arm 0 is
+    always "none". Default menu: ``env.arms.DEFAULT_ARMS``.
+
+    ## Observation Space
+
+    ``Box(float32)`` of ``len(env.unwrapped.feature_names)`` normalized features (``env.features``): position,
+    target entropy / top-1 probability / margin at the root, n-gram suffix match length, a fixed 8-dim projection
+    of the target's hidden state (in [-1, 1]), the previous step's tokens, the recent acceptance rate, and the
+    recent acceptance of each drafting arm; all others in [0, 1].
+
+    ## Rewards
+
+    The step's instantaneous speedup: ``tokens * ar_cost_s / cost_s`` (``env.metrics.step_reward``), where
+    ``tokens`` are the committed tokens (accepted drafts + bonus, cut at end of sequence / ``max_new_tokens``),
+    ``cost_s`` the step's seconds (cost model, or measured wall time with ``cost="measured"``) and ``ar_cost_s``
+    the cost-model seconds of one autoregressive token at the same context. Plain decoding earns 1.0 per step.
+    ``info``: ``tokens``, ``accepted``, ``cost_s``, ``ar_cost_s``, ``arm`` (name), ``drafted``.
+
+    ## Starting State
+
+    ``reset(seed=..., options={"prompt_id": ...})`` prefills a prompt (sampled with ``self.np_random`` unless
+    given) and commits the first token; the root is that token.
+
+    ## Episode End
+
+    Terminated when the end-of-sequence token is committed; truncated at ``max_new_tokens`` generated tokens (or
+    a full context, live).
+
+    ## Arguments
+
+    - ``backend``: ``"replay"`` (default; a recorded trace, greedy only) or ``"live"`` (the real target and
+      drafters, greedy or sampling).
+    - ``arms``: the menu: arm names (``"ngram-d8-k4-b24"``), mappings ``{drafter, depth, topk, budget}`` or ``Arm``.
+    - ``max_new_tokens``: episode length limit (replay: at most what the trace recorded; default 128).
+    - ``cost``: ``"model"`` (default) or ``"measured"`` (live only); ``cost_model``: a JSON path from
+      ``draftgym calibrate`` (default: the shipped one, embedded model, fp32).
+    - replay: ``trace`` (path or ``Trace``; default: the shipped trace of the built-in workload); ``model``
+      (optional: refuse a trace recorded for another model).
+    - live: ``model`` (``None`` = embedded, a folder, or a loaded ``LoadedModel``), ``dtype`` (``"fp32"``),
+      ``device``, ``workload`` (a Spec-Bench JSONL path, ``"builtin"`` or a list of ``Prompt``), ``sampling``
+      (``Sampling`` or dict; greedy default), ``drafter_options`` ({drafter: kwargs}).
+    - ``features``: a ``FeatureSpec`` or dict (replay: must equal the trace's).
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        backend: str = "replay",
+        *,
+        arms: Sequence[Any] | None = None,
+        max_new_tokens: int | None = None,
+        cost: str = "model",
+        cost_model: Any = None,
+        trace: str | Trace | None = None,
+        model: Any = None,
+        dtype: str = "fp32",
+        device: str = "cpu",
+        workload: Any = None,
+        sampling: Sampling | dict[str, Any] | None = None,
+        drafter_options: dict[str, dict[str, Any]] | None = None,
+        features: FeatureSpec | dict[str, Any] | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise EnvError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+        if cost not in COSTS:
+            raise EnvError(f"unknown cost {cost!r}; valid: {', '.join(COSTS)}")
+        if render_mode is not None:
+            raise EnvError(f"render_mode {render_mode!r} is not supported (this env does not render)")
+        self.backend, self.cost = backend, cost
+        self.render_mode = None
+        self.arms: tuple[Arm, ...] = make_arms(arms)
+        self.arm_names = tuple(a.name for a in self.arms)
+        self.cost_model = load_cost_model(cost_model)
+        spec = features if isinstance(features, FeatureSpec) or features is None else FeatureSpec.from_dict(features)
+        if backend == "replay":
+            self._init_replay(trace, model, spec, max_new_tokens, sampling)
+        else:
+            if trace is not None:
+                raise EnvError("trace= is for backend='replay'")
+            self._init_live(model, dtype, device, workload, spec or FeatureSpec(), max_new_tokens, sampling,
+                            drafter_options)
+        self.feature_names = tuple(feature_names(self.feature_spec, self.arm_names, arm_depths(self.arms)))
+        low, high = observation_bounds(self.feature_spec, len(self.feature_names))
+        self.observation_space = spaces.Box(low, high, dtype=np.float32)
+        self.action_space = spaces.Discrete(len(self.arms))
+        self._done = True
+
+    # ---- construction ----
+    def _init_replay(self, trace, model, spec, max_new_tokens, sampling) -> None:
+        if self.cost == "measured":
+            raise EnvError("cost='measured' needs backend='live' (replay has no wall time to measure)")
+        s = Sampling(**sampling) if isinstance(sampling, dict) else sampling
+        if s is not None and s.temperature > 0:
+            raise EnvError("replay is greedy (traces record the greedy trajectory); use backend='live' to sample")
+        self.trace = trace if isinstance(trace, Trace) else load_trace(trace)
+        if model is not None:
+            from env.model import LoadedModel, load_model
+
+            loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype="fp32", device="cpu")
+            self.trace.check_model(model_fingerprint(loaded))
+        if spec is not None and spec != self.trace.spec:
+            raise EnvError(f"features {spec} differ from the trace's {self.trace.spec}")
+        self.feature_spec = self.trace.spec
+        self.cost_model.check_model(self.trace.header["model"]["model_id"], self.trace.header["model"]["dtype"])
+        self.max_new_tokens = int(max_new_tokens or self.trace.max_new_tokens)
+        self.tables = build_tables(self.trace, self.arms, self.cost_model, self.max_new_tokens)
+        if not len(self.tables.startable):
+            raise TraceError("no prompt of the trace has a step to take (all end after one token)")
+        self.prompt_ids = self.trace.prompt_ids
+        self._hist = np.zeros((1, 2 + len(self.arms)), dtype=np.float32)
+
+    def _init_live(self, model, dtype, device, workload, spec, max_new_tokens, sampling, drafter_options) -> None:
+        from drafters import make_drafter
+        from env.engine import Engine
+        from env.model import LoadedModel, load_model
+        from env.target import Target
+        from env.workloads import load_workload
+
+        self.loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype, device=device)
+        self.cost_model.check_model(self.loaded.model_id, str(self.loaded.dtype).removeprefix("torch."))
+        self.sampling = Sampling(**sampling) if isinstance(sampling, dict) else (sampling or Sampling())
+        self.prompts = list(workload) if isinstance(workload, (list, tuple)) else load_workload(workload)
+        self.prompt_ids = [str(p.prompt_id) for p in self.prompts]
+        self.max_new_tokens = int(max_new_tokens or 128)
+        if self.max_new_tokens < 2:
+            raise EnvError(f"max_new_tokens must be >= 2, got {self.max_new_tokens}")
+        opts = drafter_options or {}
+        drafters = {n: make_drafter(n, **opts.get(n, {})) for n in drafter_names(self.arms)}
+        self.engine = Engine(Target(self.loaded), drafters, self.sampling, torch.Generator())
+        self.feature_spec = spec
+        hidden = int(self.loaded.model.config.hidden_size)
+        self.builder = ObservationBuilder(spec, self.arm_names, arm_depths(self.arms), hidden)
+        self._token_cache: dict[int, list[int]] = {}
+
+    # ---- Gymnasium API ----
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        options = options or {}
+        unknown = set(options) - {"prompt_id"}
+        if unknown:
+            raise EnvError(f"unknown reset options {sorted(unknown)}; valid: prompt_id")
+        if "prompt_id" in options:
+            pid = str(options["prompt_id"])
+            if pid not in self.prompt_ids:
+                raise EnvError(f"unknown prompt_id {pid!r}; this env has {len(self.prompt_ids)} prompts, e.g. {self.prompt_ids[:5]}")
+            p = self.prompt_ids.index(pid)
+        else:
+            p = None
+        self._done = False
+        if self.backend == "replay":
+            return self._reset_replay(p)
+        return self._reset_live(p)
+
+    def step(self, action: Any):
+        a = self._check_action(action)
+        if self._done:
+            raise EnvError("the episode has ended: call reset() before step()")
+        if self.backend == "replay":
+            return self._step_replay(a)
+        return self._step_live(a)
+
+    def _check_action(self, action: Any) -> int:
+        try:
+            a = operator.index(action)
+        except TypeError:
+            arr = np.asarray(action)
+            if arr.size != 1 or arr.dtype.kind not in "iu":
+                raise EnvError(
+                    f"action {action!r} is not an arm index (an integer in 0..{len(self.arms) - 1})"
+                ) from None
+            a = int(arr.reshape(()))
+        if not 0 <= a < len(self.arms):
+            raise EnvError(
+                f"action {a} is not a valid arm index; valid: 0..{len(self.arms) - 1} ({', '.join(self.arm_names)})"
+            )
+        return a
+
+    # ---- replay ----
+    def _reset_replay(self, p: int | None):
+        tb = self.tables
+        if p is None:
+            p = int(tb.startable[self.np_random.integers(len(tb.startable))])
+        elif tb.length[p] < 2:
+            raise EnvError(f"prompt {self.prompt_ids[p]!r} ends after its first token: nothing to decode")
+        self._p, self._pos = p, 0
+        self._hist[:] = 0.0
+        obs = replay_observe(tb, p, 0, self._hist[0], np.empty(len(self.feature_names), np.float32))
+        return obs, {"prompt_id": self.prompt_ids[p]}
+
+    def _step_replay(self, a: int):
+        tb = self.tables
+        out = replay_step(tb, self._p, self._pos, self._hist, 0, a)
+        self._pos = int(out.pos)
+        terminated, truncated = bool(out.terminated), bool(out.truncated)
+        self._done = terminated or truncated
+        obs = replay_observe(tb, self._p, self._pos, self._hist[0], np.empty(len(self.feature_names), np.float32))
+        info = {
+            "tokens": int(out.tokens),
+            "accepted": int(out.accepted),
+            "drafted": int(out.drafted),
+            "cost_s": float(out.cost_s),
+            "ar_cost_s": float(out.ar_cost_s),
+            "arm": self.arm_names[a],
+        }
+        return obs, float(out.reward), terminated, truncated, info
+
+    # ---- live ----
+    def _prompt_tokens(self, p: int) -> list[int]:
+        if p not in self._token_cache:
+            from env.decoder import chat_prompt
+
+            self._token_cache[p] = chat_prompt(self.loaded.tokenizer, self.prompts[p].text)
+        return self._token_cache[p]
+
+    def _reset_live(self, p: int | None):
+        eos = self.engine.target.eos_ids
+        for _ in range(16):
+            q = int(self.np_random.integers(len(self.prompts))) if p is None else p
+            self.engine.generator.manual_seed(int(self.np_random.integers(2**62)))
+            self._seq, first = self.engine.start(self._prompt_tokens(q))
+            if first.committed[-1] not in eos or p is not None:
+                break
+        if first.committed[-1] in eos:
+            raise EnvError(f"prompt {self.prompt_ids[q]!r} ends after its first token: nothing to decode")
+        self._p, self._generated = q, 1
+        self.builder.reset()
+        return self._observe_live(), {"prompt_id": self.prompt_ids[q]}
+
+    def _observe_live(self) -> np.ndarray:
+        st = self._seq.state
+        obs = self.builder.observe(st.last_logits, st.last_hidden, st.tokens, self._generated, self.max_new_tokens)
+        return obs.clip(self.observation_space.low, self.observation_space.high)
+
+    def _step_live(self, a: int):
+        arm = self.arms[a]
+        st = self._seq.state
+        context = st.past_len
+        res = self.engine.step(self._seq, arm)
+        eos = self.engine.target.eos_ids
+        room = self.max_new_tokens - self._generated
+        counted = []
+        for t in res.committed[:room]:
+            counted.append(t)
+            if t in eos:
+                break
+        tokens, accepted = len(counted), min(res.accepted, len(counted))
+        self._generated += tokens
+        terminated = counted[-1] in eos
+        truncated = not terminated and (self._generated >= self.max_new_tokens or self.engine.target.room(st) < 1)
+        self._done = terminated or truncated
+        ar = float(self.cost_model.ar_cost(context))
+        if self.cost == "measured":
+            cost_s = res.wall_s
+        else:
+            cost_s = float(self.cost_model.step_cost(arm, res.drafted + 1, context, is_chain(res.parents)))
+        self.builder.record(a, accepted, res.drafted, tokens)
+        info = {
+            "tokens": tokens,
+            "accepted": accepted,
+            "drafted": res.drafted,
+            "cost_s": cost_s,
+            "ar_cost_s": ar,
+            "arm": arm.name,
+            "wall_s": res.wall_s,
+        }
+        return self._observe_live(), float(step_reward(tokens, cost_s, ar)), terminated, truncated, info
+
+    def close(self) -> None:
+        for name in ("engine", "loaded", "_seq"):
+            if hasattr(self, name):
+                delattr(self, name)
+
+
+__all__ = ["CostModelError", "EnvError", "SpecDecodeEnv"]

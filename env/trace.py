@@ -1,0 +1,344 @@
+"""Recorded traces for replay (DESIGN.md "Traces and replay"): per prompt, the greedy trajectory, the position
+features of every root (``env.features``) and, for every drafter, its largest proposal tree at every position.
+
+One ``.npz`` file (compressed numpy arrays, no pickles):
+
+| array                   | shape / dtype      | what                                                            |
+|-------------------------|--------------------|-----------------------------------------------------------------|
+| ``header``              | 0-d str (JSON)     | format, model fingerprint (id, tokenizer sha256, vocab size,     |
+|                         |                    | dtype), max_new_tokens, feature spec, drafters (exact?, shape,   |
+|                         |                    | options), prompt ids and categories, provenance                  |
+| ``prompt_tokens``       | int32 [sum Lp]     | the prompts' token ids, concatenated                             |
+| ``prompt_off``          | int64 [P + 1]      | offsets into ``prompt_tokens``                                   |
+| ``traj``                | int32 [T]          | the generated tokens (greedy), concatenated; position t of a    |
+|                         |                    | prompt is the root after t + 1 generated tokens                  |
+| ``traj_off``            | int64 [P + 1]      | offsets into ``traj`` (global position g = traj_off[p] + t)      |
+| ``feat``                | float32 [T, 4 + P] | position features of each root                                  |
+| ``tree/NAME/off``       | int64 [T + 1]      | node offsets of drafter NAME's tree at each position             |
+| ``tree/NAME/tokens``    | int32 [M]          | its nodes' tokens (node 0 = the root)                            |
+| ``tree/NAME/parents``   | int16 [M]          | their parents (local indices, -1 for the root)                   |
+
+``draftgym record`` writes one part per prompt under ``OUT.parts/`` as it goes (so a killed run resumes where it
+stopped) and assembles ``OUT`` at the end.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from drafters import Drafter, DraftTree, Feedback, TreeShape, make_drafter
+from env.features import FeatureSpec, position_feature_names, position_features, projection
+
+FORMAT = "draftgym-trace"
+VERSION = 1
+RECORD_SHAPE = TreeShape(depth=16, topk=8)  # recorded for drafters that do not name their largest shape
+
+
+class TraceError(ValueError):
+    """A trace that cannot be used (missing, malformed, or recorded for another model); meant for the user."""
+
+
+@dataclass(frozen=True)
+class TreeArrays:
+    off: np.ndarray  # int64 [T + 1]
+    tokens: np.ndarray  # int32 [M]
+    parents: np.ndarray  # int16 [M]
+
+    def at(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        a, b = int(self.off[g]), int(self.off[g + 1])
+        return self.tokens[a:b], self.parents[a:b]
+
+
+@dataclass
+class Trace:
+    header: dict[str, Any]
+    prompt_tokens: np.ndarray
+    prompt_off: np.ndarray
+    traj: np.ndarray
+    traj_off: np.ndarray
+    feat: np.ndarray
+    trees: dict[str, TreeArrays]
+    cache: dict[Any, Any] = field(default_factory=dict, repr=False)  # derived arrays (env.replay)
+
+    # ---- reading ----
+    @property
+    def num_prompts(self) -> int:
+        return int(self.traj_off.shape[0] - 1)
+
+    @property
+    def prompt_ids(self) -> list[str]:
+        return list(self.header["prompts"]["ids"])
+
+    @property
+    def max_new_tokens(self) -> int:
+        return int(self.header["max_new_tokens"])
+
+    @property
+    def spec(self) -> FeatureSpec:
+        return FeatureSpec.from_dict(self.header["features"]["spec"])
+
+    @property
+    def drafters(self) -> dict[str, dict[str, Any]]:
+        return dict(self.header["drafters"])
+
+    @property
+    def prompt_len(self) -> np.ndarray:
+        return np.diff(self.prompt_off)
+
+    def prompt(self, p: int) -> list[int]:
+        return self.prompt_tokens[self.prompt_off[p] : self.prompt_off[p + 1]].tolist()
+
+    def trajectory(self, p: int) -> list[int]:
+        return self.traj[self.traj_off[p] : self.traj_off[p + 1]].tolist()
+
+    def ends_with_eos(self) -> np.ndarray:
+        eos = set(self.header["model"]["eos_ids"])
+        last = self.traj[self.traj_off[1:] - 1]
+        return np.isin(last, list(eos)) & (np.diff(self.traj_off) > 0)
+
+    def check_model(self, fingerprint: dict[str, Any], what: str = "this model") -> None:
+        """Refuse a trace recorded for another model or tokenizer."""
+        mine = self.header["model"]
+        for key in ("model_id", "vocab_size", "tokenizer_sha256"):
+            if mine.get(key) != fingerprint.get(key):
+                raise TraceError(
+                    f"the trace was recorded for model {mine.get('model_id')} (vocab {mine.get('vocab_size')}, "
+                    f"tokenizer {str(mine.get('tokenizer_sha256'))[:12]}), not for {what} "
+                    f"{fingerprint.get('model_id')} (vocab {fingerprint.get('vocab_size')}, tokenizer "
+                    f"{str(fingerprint.get('tokenizer_sha256'))[:12]}): {key} differs; record one with "
+                    f"draftgym record --model ..."
+                )
+
+    # ---- writing ----
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        arrays = {
+            "header": np.array(json.dumps(self.header)),
+            "prompt_tokens": self.prompt_tokens.astype(np.int32),
+            "prompt_off": self.prompt_off.astype(np.int64),
+            "traj": self.traj.astype(np.int32),
+            "traj_off": self.traj_off.astype(np.int64),
+            "feat": self.feat.astype(np.float32),
+        }
+        for name, t in self.trees.items():
+            arrays[f"tree/{name}/off"] = t.off.astype(np.int64)
+            arrays[f"tree/{name}/tokens"] = t.tokens.astype(np.int32)
+            arrays[f"tree/{name}/parents"] = t.parents.astype(np.int16)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez_compressed(tmp, **arrays)
+        tmp.replace(path)
+        return path
+
+
+def default_trace_path() -> Path:
+    return Path(str(resources.files("env") / "data" / "builtin_trace.npz"))
+
+
+def load_trace(path: str | Path | None = None) -> Trace:
+    """Read a trace (``None``: the one shipped with the package, recorded from the embedded model)."""
+    file = default_trace_path() if path is None else Path(path)
+    if not file.is_file():
+        raise TraceError(f"trace file {file} does not exist (record one with: draftgym record --out FILE)")
+    try:
+        with np.load(file, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+        header = json.loads(str(data["header"]))
+    except (OSError, ValueError, KeyError) as err:
+        raise TraceError(f"{file} is not a readable trace ({err})") from err
+    if header.get("format") != FORMAT:
+        raise TraceError(f"{file} is not a draftgym trace (format {header.get('format')!r})")
+    if header.get("version") != VERSION:
+        raise TraceError(f"{file} is trace version {header.get('version')}; this draftgym reads version {VERSION}")
+    trees = {
+        name: TreeArrays(data[f"tree/{name}/off"], data[f"tree/{name}/tokens"], data[f"tree/{name}/parents"])
+        for name in header["drafters"]
+    }
+    return Trace(header, data["prompt_tokens"], data["prompt_off"], data["traj"], data["traj_off"], data["feat"], trees)
+
+
+# ---- recording ----------------------------------------------------------------------------------------------------
+
+
+def model_fingerprint(loaded: Any) -> dict[str, Any]:
+    """What a trace must match: model id, vocabulary size, a hash of the tokenizer's vocabulary, eos ids, dtype."""
+    tok = loaded.tokenizer
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    sha = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+    eos = loaded.model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [tok.eos_token_id])
+    return {
+        "model_id": loaded.model_id,
+        "vocab_size": int(loaded.model.config.vocab_size),
+        "tokenizer_sha256": sha,
+        "eos_ids": [int(e) for e in eos],
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "hidden_size": int(loaded.model.config.hidden_size),
+    }
+
+
+def _largest_shape(d: Drafter) -> TreeShape:
+    return getattr(d, "max_shape", RECORD_SHAPE)
+
+
+def _drafter_header(name: str, d: Drafter, options: dict[str, Any]) -> dict[str, Any]:
+    s = _largest_shape(d)
+    exact = bool(getattr(d, "exact_replay", False)) and hasattr(d, "max_shape")
+    return {"exact": exact, "shape": [s.depth, s.topk, s.budget], "options": options}
+
+
+def record_prompt(engine: Any, probes: dict[str, Drafter], prompt_ids: list[int], max_new_tokens: int,
+                  spec: FeatureSpec, proj: np.ndarray) -> dict[str, np.ndarray]:
+    """Greedy autoregressive decoding of one prompt; at every root, its position features and each probe
+    drafter's largest proposal. Returns the arrays of one part."""
+    from env.engine import NO_DRAFT
+
+    seq, first = engine.start(prompt_ids)
+    for d in probes.values():
+        d.reset(seq.ctx)
+    state = seq.state
+    eos = engine.target.eos_ids
+    feats: list[np.ndarray] = []
+    trees: dict[str, list[DraftTree]] = {n: [] for n in probes}
+    generated = 1
+    while True:
+        feats.append(position_features(state.last_logits, state.last_hidden, state.tokens, spec, proj))
+        for name, d in probes.items():
+            trees[name].append(d.propose(seq.ctx, _largest_shape(d)))
+        if state.tokens[-1] in eos or generated >= max_new_tokens or engine.target.room(state) < 1:
+            break
+        root = state.tokens[-1]
+        res = engine.step(seq, NO_DRAFT)
+        generated += 1
+        fb = Feedback(committed=res.committed, tree=DraftTree.root_only(root), path_logits=state.last_logits[None])
+        for d in probes.values():
+            d.observe(seq.ctx, fb)
+    out = {
+        "prompt": np.asarray(prompt_ids, dtype=np.int32),
+        "traj": np.asarray(state.tokens[state.prompt_len :], dtype=np.int32),
+        "feat": np.stack(feats).astype(np.float32),
+    }
+    for name, ts in trees.items():
+        sizes = [t.num_nodes for t in ts]
+        out[f"{name}/off"] = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        out[f"{name}/tokens"] = np.concatenate([t.tokens.numpy() for t in ts]).astype(np.int32)
+        out[f"{name}/parents"] = np.concatenate([t.parents.numpy() for t in ts]).astype(np.int16)
+    assert out["traj"].shape[0] == out["feat"].shape[0]
+    return out
+
+
+def _assemble(header: dict[str, Any], parts: list[dict[str, np.ndarray]]) -> Trace:
+    def cat_off(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        off = np.concatenate([[0], np.cumsum([a.shape[0] for a in arrays])]).astype(np.int64)
+        return np.concatenate(arrays), off
+
+    prompt_tokens, prompt_off = cat_off([p["prompt"] for p in parts])
+    traj, traj_off = cat_off([p["traj"] for p in parts])
+    feat = np.concatenate([p["feat"] for p in parts])
+    trees = {}
+    for name in header["drafters"]:
+        offs, base = [np.zeros(1, dtype=np.int64)], 0
+        for p in parts:
+            offs.append(p[f"{name}/off"][1:] + base)
+            base += int(p[f"{name}/off"][-1])
+        trees[name] = TreeArrays(
+            np.concatenate(offs),
+            np.concatenate([p[f"{name}/tokens"] for p in parts]),
+            np.concatenate([p[f"{name}/parents"] for p in parts]),
+        )
+    return Trace(header, prompt_tokens, prompt_off, traj, traj_off, feat, trees)
+
+
+def record(
+    loaded: Any,
+    prompts: Sequence[Any],
+    drafter_names: Sequence[str],
+    out: str | Path,
+    *,
+    max_new_tokens: int = 128,
+    spec: FeatureSpec | None = None,
+    drafter_options: dict[str, dict[str, Any]] | None = None,
+    workload: str = "builtin",
+    progress: bool = True,
+) -> Trace:
+    """Record a trace of ``prompts`` (``env.workloads.Prompt``) into ``out``; resumes from ``out.parts/``."""
+    from tqdm import tqdm
+
+    from env.decoder import chat_prompt
+    from env.engine import Engine
+    from env.target import Target
+
+    out = Path(out)
+    spec = spec or FeatureSpec()
+    if max_new_tokens < 2:
+        raise TraceError(f"max_new_tokens must be >= 2, got {max_new_tokens}")
+    names = [n for n in dict.fromkeys(drafter_names) if n != "none"]
+    if not names:
+        raise TraceError("record needs at least one drafter (e.g. --drafters ngram)")
+    options = drafter_options or {}
+    probes = {n: make_drafter(n, **options.get(n, {})) for n in names}
+    ids = [str(p.prompt_id) for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise TraceError("the workload repeats a prompt id; a trace needs unique prompt ids")
+    header = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": model_fingerprint(loaded),
+        "sampling": "greedy",
+        "max_new_tokens": int(max_new_tokens),
+        "features": {"spec": spec.as_dict(), "names": position_feature_names(spec)},
+        "drafters": {n: _drafter_header(n, d, options.get(n, {})) for n, d in probes.items()},
+        "workload": str(workload),
+        "prompts": {"ids": ids, "categories": [str(p.category) for p in prompts]},
+    }
+    parts_dir = out.with_name(out.name + ".parts")
+    head_file = parts_dir / "header.json"
+    if parts_dir.is_dir() and head_file.is_file():
+        old = json.loads(head_file.read_text())
+        if old != header:
+            diff = sorted(k for k in header if old.get(k) != header.get(k))
+            raise TraceError(
+                f"{parts_dir} holds a partial recording with other settings ({', '.join(diff)} differ); "
+                f"delete it or choose another --out"
+            )
+    else:
+        parts_dir.mkdir(parents=True, exist_ok=True)
+        head_file.write_text(json.dumps(header))
+    engine = Engine(Target(loaded), {})
+    proj = projection(int(loaded.model.config.hidden_size), spec)
+    parts = []
+    bar = tqdm(prompts, desc="record", unit="prompt", disable=not progress)
+    for i, p in enumerate(bar):
+        part_file = parts_dir / f"{i:05d}.npz"
+        if not part_file.is_file():
+            arrays = record_prompt(engine, probes, chat_prompt(loaded.tokenizer, p.text), max_new_tokens, spec, proj)
+            tmp = parts_dir / f"{i:05d}.tmp.npz"
+            np.savez(tmp, **arrays)
+            tmp.replace(part_file)
+        with np.load(part_file, allow_pickle=False) as z:
+            parts.append({k: z[k] for k in z.files})
+    header = dict(header)
+    header["created"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    trace = _assemble(header, parts)
+    trace.save(out)
+    shutil.rmtree(parts_dir, ignore_errors=True)
+    return trace
+
+
+def part_progress(out: str | Path) -> int:
+    """How many prompts a resumable recording into ``out`` has finished."""
+    parts_dir = Path(out).with_name(Path(out).name + ".parts")
+    return len(list(parts_dir.glob("[0-9]*[0-9].npz"))) if parts_dir.is_dir() else 0
+
+
+__all__ = ["Trace", "TraceError", "default_trace_path", "load_trace", "model_fingerprint", "record"]

@@ -1,0 +1,228 @@
+"""``draftgym run CONFIG``: the workload x methods of one config, into a run directory.
+
+Reads top to bottom: config -> run directory (resolved config, provenance) -> model and decoders -> loop over
+prompts (methods interleaved, order rotated per prompt, as ``draftgym bench`` does) -> summary table -> plots.
+
+The run directory holds::
+
+    config.toml        the resolved config (file < --set), every field written out
+    provenance.jsonl   one line per start: command, library versions, machine, time
+    records.jsonl      one line per (method, prompt), appended and flushed as each finishes
+    policies/NAME.zip  the state of each online policy after its last finished prompt
+    summary.json       the summary rows (per category and overall) and the run's settings
+    summary.md         the summary table
+    plots/*.png        speedup per category, tau distribution, arm choices over the generation
+
+A run killed at any point (SIGKILL included) and started again with the same config and directory skips every
+(method, prompt) already in ``records.jsonl`` and loses nothing; a torn last line is cut off and redone. Greedy
+decoding is deterministic, so the restarted run's tokens equal an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from env.workloads import Prompt, load_workload
+from experiments.bench import Record, format_table, load_done, run_method, summarize
+from experiments.config import Config, ConfigError, diff_configs, load_config, to_toml
+from experiments.provenance import provenance
+
+
+class RunDirError(ValueError):
+    """A run directory that holds another config's results; meant for the user."""
+
+
+def select_prompts(cfg: Config) -> list[Prompt]:
+    w = cfg.workload
+    prompts = load_workload(
+        w.path, per_category=w.per_category or None, categories=list(w.categories) or None
+    )
+    return prompts[: w.limit] if w.limit else prompts
+
+
+def prepare_run_dir(cfg: Config, out: Path, ignore: tuple[str, ...] = ("sweep.",)) -> None:
+    """Write the resolved config (or check that it equals the one already there, except keys starting with an
+    ``ignore`` prefix: the sweep table does not change a run's results) and a provenance line."""
+    out.mkdir(parents=True, exist_ok=True)
+    text = to_toml(cfg, header="Resolved config of this run (file < --set). Rerun: draftgym run config.toml")
+    path = out / "config.toml"
+    if path.is_file():
+        old = load_config(path)
+        diff = diff_configs(old, cfg, ignore=ignore)
+        if diff:
+            raise RunDirError(
+                f"{out} holds a run of another config (differs in {', '.join(diff[:5])}); "
+                "rerun with the same config to resume it, or pass another --out"
+            )
+    else:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    with (out / "provenance.jsonl").open("a") as fh:
+        fh.write(json.dumps(provenance()) + "\n")
+
+
+def run(cfg: Config, out: Path, *, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) ``cfg`` into ``out``; returns the summary object also written to summary.json."""
+    from env.decoder import chat_prompt
+    from env.model import load_model
+    from experiments.methods import make_decoders, sampling_of, save_policy_states, warmup_decoders
+
+    prepare_run_dir(cfg, out)
+    prompts = select_prompts(cfg)
+    methods = list(cfg.methods)
+    rec_path = out / "records.jsonl"
+    records = load_done(rec_path)
+    done = {(r.method, r.prompt_id) for r in records}
+    todo = [(i, p) for i, p in enumerate(prompts) if any((m, p.prompt_id) not in done for m in methods)]
+
+    if todo:
+        bar = tqdm(total=1, desc="load model", disable=not progress, leave=False)
+        loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device)
+        bar.update(1)
+        bar.close()
+        state_dir = out / "policies"
+        decoders = make_decoders(cfg, loaded, state_dir)
+        sampling = sampling_of(cfg)
+        if cfg.decode.warmup:  # untimed: the first call of each arm pays for lazy initialisation
+            warm_ids = chat_prompt(loaded.tokenizer, "Say hello.")
+            warm = warmup_decoders(cfg, loaded)
+            for m in tqdm(
+                [*warm, *(m for m in methods if m.startswith("hf_"))],
+                desc="warm-up",
+                disable=not progress,
+                leave=False,
+            ):
+                run_method(m, loaded, warm, warm_ids, 4, sampling=sampling, seed=cfg.seed)
+        bar = tqdm(
+            total=len(prompts) * len(methods), initial=len(done), desc=f"run {cfg.name}", disable=not progress
+        )
+        with rec_path.open("a") as fh:
+            for i, p in todo:
+                prompt_ids = chat_prompt(loaded.tokenizer, p.text)
+                order = methods[i % len(methods) :] + methods[: i % len(methods)]
+                for m in order:
+                    if (m, p.prompt_id) in done:
+                        continue
+                    ids, wall, steps, tau, arms = run_method(
+                        m,
+                        loaded,
+                        decoders,
+                        prompt_ids,
+                        cfg.decode.max_new_tokens,
+                        sampling=sampling,
+                        seed=cfg.seed + i,
+                    )
+                    rec = Record(
+                        m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids, arms
+                    )
+                    fh.write(json.dumps(asdict(rec)) + "\n")
+                    fh.flush()
+                    save_policy_states(decoders, state_dir, m)
+                    records.append(rec)
+                    done.add((m, p.prompt_id))
+                    bar.update(1)
+        bar.close()
+    return finish(cfg, out, records, prompts)
+
+
+def finish(cfg: Config, out: Path, records: list[Record], prompts: list[Prompt]) -> dict[str, Any]:
+    """Summary table and plots from the records (also what a rerun of a finished run does)."""
+    from experiments import plots
+
+    keep = {p.prompt_id for p in prompts}
+    methods = list(cfg.methods)
+    records = [r for r in records if r.prompt_id in keep and r.method in methods]
+    rows = summarize(records, methods)
+    result = {
+        "name": cfg.name,
+        "settings": {
+            "model": cfg.model.name,
+            "dtype": cfg.model.dtype,
+            "workload": cfg.workload.path,
+            "prompts": len(prompts),
+            "max_new_tokens": cfg.decode.max_new_tokens,
+            "temperature": cfg.decode.temperature,
+            "methods": methods,
+        },
+        "records": len(records),
+        "summary": rows,
+    }
+    (out / "summary.json").write_text(json.dumps(result, indent=2))
+    table = format_table(rows)
+    (out / "summary.md").write_text(
+        f"# {cfg.name}\n\nSpeedups are ratios of aggregate tokens/s measured in this run on the same prompts.\n\n"
+        f"```\n{table}\n```\n"
+    )
+    result["plots"] = [str(p) for p in plots.run_plots(records, rows, methods, out / "plots")]
+    result["table"] = table
+    return result
+
+
+def check_results(records: list[Record], prompts: list[Prompt], methods: list[str]) -> list[str]:
+    """Problems of a finished run: missing or duplicate (method, prompt) records."""
+    seen: dict[tuple[str, str], int] = {}
+    for r in records:
+        seen[(r.method, r.prompt_id)] = seen.get((r.method, r.prompt_id), 0) + 1
+    problems = [f"duplicate {k}" for k, n in seen.items() if n > 1]
+    problems += [
+        f"missing {(m, p.prompt_id)}" for p in prompts for m in methods if (m, p.prompt_id) not in seen
+    ]
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------ command line
+
+
+def cmd_run(args: Any) -> int:
+    from experiments.cli import UserError
+
+    cfg = load_config(args.config, sets=args.set or [])
+    out = Path(args.out or f"runs/{cfg.name}")
+    result = run(cfg, out, progress=not args.json)
+    problems = check_results(load_done(out / "records.jsonl"), select_prompts(cfg), list(cfg.methods))
+    if problems:
+        raise UserError(f"run {out} is inconsistent: {'; '.join(problems[:5])}")
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "table"}))
+    else:
+        print(result["table"])
+        print(f"\nresults, plots and provenance in {out}/ (draftgym report {out})")
+    return 0
+
+
+def add_config_args(p: Any) -> None:
+    p.add_argument("config", help="a TOML config (see experiments/configs/)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set decode.max_new_tokens=16 (repeatable; wins over the file)",
+    )
+    p.add_argument("--out", default=None, help="run directory (default runs/<name>); reuse it to resume")
+    p.add_argument("--json", action="store_true", help="machine-readable output, no progress bars")
+
+
+def _policy_errors() -> list[type[Exception]]:
+    try:
+        from policies.base import PolicyError
+    except ImportError:
+        return []
+    return [PolicyError]
+
+
+def register(sub: Any) -> None:
+    from experiments import cli
+    from experiments.methods import MethodError
+
+    for err in (ConfigError, RunDirError, MethodError, *_policy_errors()):
+        if err not in cli.USER_ERRORS:
+            cli.USER_ERRORS.append(err)
+    p = sub.add_parser("run", help="run the workload x methods of a config into a run directory")
+    add_config_args(p)
+    p.set_defaults(func=cmd_run)

@@ -1,0 +1,414 @@
+"""``draftgym sweep CONFIG``: an Optuna study over the config space, on storage that any number of workers share.
+
+Config -> study (storage, seeded sampler, pruner, the config as written enqueued as trial 0) -> workers -> the
+best trial exported as a config (``best.toml``, runnable with ``draftgym run``) with a table and a plot.
+
+- **Space and converter**: ``experiments.space`` (``sample(trial)`` in well-conditioned coordinates,
+  ``to_overrides`` from parameters to config); a trial's config is file < trial < ``--set``.
+- **Objective**: ``experiments.objective`` (live decoding, the replay env, or the analytic toy); one value per
+  prompt goes to ``trial.report`` and the pruner (Wilcoxon signed-rank or median) may stop the trial there.
+- **Storage**: an embedded SQLite file in the run directory by default; ``--storage postgresql://...`` (any Optuna
+  RDB URL) for workers on several machines. Every worker writes a heartbeat; a RUNNING trial whose worker was
+  killed is failed once silent for ``sweep.grace_s`` and its slot is run again.
+- **Workers**: each loops "fail stale trials; stop when ``sweep.n_trials`` trials are finished (complete or pruned);
+  wait while the rest are running; else run one trial". A trial that finds ``n_trials`` unfailed trials ahead of it
+  (a race between workers at the end) marks itself FAIL (``surplus``) before evaluating anything, so the study
+  finishes with exactly ``n_trials`` finished trials. ``--workers N`` starts N such processes here; on another
+  machine, run the same command with the same ``--storage``. Rerunning the command resumes the study.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from experiments.config import Config, ConfigError, diff_configs, load_config, to_toml
+from experiments.space import default_params, sample, to_overrides, tuned_method
+
+FINISHED = ("COMPLETE", "PRUNED")
+
+
+class StorageError(ValueError):
+    """Storage that cannot be opened or reached; the message names the URL (password hidden)."""
+
+
+class SurplusTrial(Exception):
+    """This trial would exceed ``n_trials``; it is recorded as FAIL and not evaluated."""
+
+
+def mask(url: str) -> str:
+    """The URL with its password hidden."""
+    head, at, tail = url.rpartition("@")
+    if not at or "://" not in head:
+        return url
+    scheme, _, cred = head.partition("://")
+    user = cred.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{tail}" if ":" in cred else url
+
+
+def open_storage(url: str, cfg: Config) -> Any:
+    """An Optuna RDB storage with heartbeats; unreachable or malformed storage is one ``StorageError`` line."""
+    import optuna
+    import sqlalchemy.exc
+
+    engine: dict[str, Any] = {"pool_pre_ping": True}
+    if url.startswith("sqlite"):
+        engine["connect_args"] = {"timeout": 120}
+    elif url.startswith("postgresql"):
+        engine["connect_args"] = {"connect_timeout": 10}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                url,
+                engine_kwargs=engine,
+                heartbeat_interval=cfg.sweep.heartbeat_s,
+                grace_period=cfg.sweep.grace_s,
+            )
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise StorageError(f"cannot open storage {mask(url)}: {first}") from err
+
+
+def _sampler(cfg: Config, worker: int) -> Any:
+    import optuna
+
+    seed = cfg.sweep.seed + worker
+    if cfg.sweep.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(2, cfg.sweep.n_trials // 3)))
+
+
+def _pruner(cfg: Config) -> Any:
+    import optuna
+
+    if cfg.sweep.pruner == "wilcoxon":
+        return optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2)
+    if cfg.sweep.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1)
+    return optuna.pruners.NopPruner()
+
+
+def open_study(cfg: Config, url: str, *, worker: int = 0, create: bool = True) -> Any:
+    """Create (or load) the study; the creator enqueues the config as written and records it in the study, so
+    that a worker started with another config is refused instead of mixing results."""
+    import optuna
+
+    storage = open_storage(url, cfg)
+    name = cfg.sweep.study_name or cfg.name
+    study = optuna.create_study(
+        storage=storage,
+        study_name=name,
+        direction="maximize",
+        load_if_exists=True,
+        sampler=_sampler(cfg, worker),
+        pruner=_pruner(cfg),
+    )
+    stored = study.user_attrs.get("config")
+    if stored is None and create:
+        study.set_user_attr("config", to_toml(cfg))
+        study.enqueue_trial(default_params(cfg), user_attrs={"default": True}, skip_if_exists=True)
+    elif stored is not None:
+        diff = diff_configs(load_config(None, text=stored), cfg, ignore=("sweep.n_trials",))
+        if diff:
+            raise ConfigError(
+                f"study {name!r} in {mask(url)} was created from another config (differs in "
+                f"{', '.join(diff[:5])}); use the same config or another sweep.study_name"
+            )
+    return study
+
+
+def counts(study: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        out[t.state.name] = out.get(t.state.name, 0) + 1
+    return out
+
+
+def finished(study: Any) -> int:
+    c = counts(study)
+    return sum(c.get(s, 0) for s in FINISHED)
+
+
+# ------------------------------------------------------------------------------------------------ one worker
+
+
+def work(
+    config: str, sets: list[str], url: str, out: Path, *, worker: int = 0, progress: bool = True
+) -> None:
+    """Run trials until the study has ``sweep.n_trials`` finished ones (this worker's share is whatever is left)."""
+    import optuna
+    import sqlalchemy.exc
+
+    from experiments.objective import EVALUATORS
+
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    base = load_config(config, sets=sets)
+    n = base.sweep.n_trials
+    study = open_study(base, url, worker=worker)
+    evaluator = EVALUATORS[base.sweep.backend]()
+    me = f"{socket.gethostname()}:{os.getpid()}"
+    log = out / "trials.jsonl"
+
+    def objective(trial: Any) -> float:
+        live = (
+            optuna.trial.TrialState.COMPLETE,
+            optuna.trial.TrialState.PRUNED,
+            optuna.trial.TrialState.RUNNING,
+            optuna.trial.TrialState.WAITING,
+        )
+        ahead = sum(1 for t in study.get_trials(deepcopy=False, states=live) if t.number < trial.number)
+        if ahead >= n:
+            trial.set_user_attr("surplus", True)
+            raise SurplusTrial(f"trial {trial.number}: {n} trials are already finished or running")
+        trial.set_user_attr("worker", me)
+        params = sample(trial, base)
+        cfg = load_config(config, trial=to_overrides(base, params), sets=sets)  # file < trial < --set
+        trial.set_user_attr("method", tuned_method(cfg))
+
+        def report(step: int, value: float) -> None:
+            trial.report(value, step)
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"pruned at prompt {step}")
+
+        result = evaluator(cfg, params, report)
+        for k, v in result.items():
+            if k != "value":
+                trial.set_user_attr(k, v)
+        return float(result["value"])
+
+    def record(study_: Any, t: Any) -> None:  # after the storage has the trial's final state
+        if t.state.name in FINISHED:
+            line = {
+                "number": t.number,
+                "state": t.state.name,
+                "value": t.value,
+                "params": t.params,
+                "method": t.user_attrs.get("method"),
+                "worker": me,
+            }
+            with log.open("a") as fh:
+                fh.write(json.dumps(line) + "\n")
+        bar.n = min(n, finished(study_))
+        bar.refresh()
+
+    out.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=n, desc=f"sweep {study.study_name}", disable=not progress)
+    try:
+        while True:
+            optuna.storages.fail_stale_trials(study)
+            c = counts(study)
+            done = sum(c.get(s, 0) for s in FINISHED)
+            bar.n = min(n, done)
+            bar.refresh()
+            if done >= n:
+                break
+            if done + c.get("RUNNING", 0) >= n:
+                time.sleep(min(1.0, base.sweep.heartbeat_s))  # the rest are running (or about to be failed)
+                continue
+            study.optimize(objective, n_trials=1, catch=(SurplusTrial,), callbacks=[record])
+    except sqlalchemy.exc.OperationalError as err:
+        raise StorageError(f"lost storage {mask(url)}: {str(err).strip().splitlines()[0]}") from err
+    finally:
+        bar.close()
+
+
+# ------------------------------------------------------------------------------------------------ many workers
+
+
+def spawn(args: Any, url: str, out: Path, n_workers: int, progress: bool) -> None:
+    """Start ``n_workers`` worker processes on this machine and follow the study until they end."""
+    base = load_config(args.config, sets=args.set or [])
+    study = open_study(base, url)
+    logs = out / "workers"
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for i in range(n_workers):
+        cmd = [
+            sys.executable,
+            "-m",
+            "experiments",
+            "sweep",
+            args.config,
+            "--storage",
+            url,
+            "--out",
+            str(out),
+            "--worker-id",
+            str(i),
+        ]
+        for s in args.set or []:
+            cmd += ["--set", s]
+        with (logs / f"worker-{i}.log").open("a") as fh:
+            procs.append(subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT))
+    (out / "workers.json").write_text(json.dumps({"pids": [p.pid for p in procs], "storage": mask(url)}))
+    bar = tqdm(
+        total=base.sweep.n_trials,
+        desc=f"sweep {study.study_name} ({n_workers} workers)",
+        disable=not progress,
+    )
+    try:
+        while any(p.poll() is None for p in procs):
+            bar.n = min(base.sweep.n_trials, finished(study))
+            bar.refresh()
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        for p in procs:
+            p.terminate()
+        raise
+    finally:
+        bar.close()
+    bad = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
+    if bad and finished(study) < base.sweep.n_trials:
+        i, rc = bad[0]
+        tail = (logs / f"worker-{i}.log").read_text().strip().splitlines()[-1:] or ["(no output)"]
+        raise StorageError(
+            f"worker {i} exited with {rc}: {tail[0]} (log: {logs}/worker-{i}.log); rerun to resume"
+        )
+    for i, rc in bad:
+        print(f"draftgym sweep: worker {i} exited with {rc}; the others finished the study", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------------ results
+
+
+def export(config: str, sets: list[str], url: str, out: Path) -> dict[str, Any]:
+    """best.toml (the best trial's resolved config), sweep.json (every trial), sweep.md (table), history plot."""
+    from experiments import plots
+
+    base = load_config(config, sets=sets)
+    study = open_study(base, url, create=False)
+    trials = [_trial_row(t) for t in study.get_trials(deepcopy=False)]
+    complete = [t for t in trials if t["state"] == "COMPLETE"]
+    if not complete:
+        raise ConfigError(f"study {study.study_name!r} has no complete trial yet; nothing to export")
+    best = max(complete, key=lambda t: t["value"])
+    best_cfg = load_config(config, trial=to_overrides(base, best["params"]), sets=sets)
+    header = (
+        f"Best trial {best['number']} of study {study.study_name!r}: {base.sweep.objective} = "
+        f"{best['value']:.4f} ({base.sweep.backend} backend)\n"
+        f"Exported by: draftgym sweep {config}\nRun it: draftgym run {out / 'best.toml'}"
+    )
+    (out / "best.toml").write_text(to_toml(best_cfg, header=header))
+    table = format_trials(trials, base)
+    result = {
+        "study": study.study_name,
+        "storage": mask(url),
+        "objective": base.sweep.objective,
+        "backend": base.sweep.backend,
+        "n_trials": base.sweep.n_trials,
+        "states": counts(study),
+        "best": best,
+        "trials": trials,
+    }
+    (out / "sweep.json").write_text(json.dumps(result, indent=2))
+    (out / "sweep.md").write_text(f"# Sweep {study.study_name}\n\n```\n{table}\n```\n")
+    result["plots"] = [str(plots.sweep_history(trials, out / "plots" / "history.png"))]
+    result["table"] = table
+    return result
+
+
+def _trial_row(t: Any) -> dict[str, Any]:
+    return {
+        "number": t.number,
+        "state": t.state.name,
+        "value": t.value,
+        "params": t.params,
+        "method": t.user_attrs.get("method"),
+        "default": bool(t.user_attrs.get("default")),
+        "intermediate": [t.intermediate_values[k] for k in sorted(t.intermediate_values)],
+    }
+
+
+def format_trials(trials: list[dict[str, Any]], cfg: Config, top: int = 10) -> str:
+    """The best finished trials, best first (pruned ones after complete ones)."""
+    rows = sorted(
+        (t for t in trials if t["state"] in FINISHED and t["value"] is not None),
+        key=lambda t: (t["state"] != "COMPLETE", -t["value"]),
+    )[:top]
+    keys = list(dict.fromkeys(k for t in rows for k in t["params"]))
+    head = f"{'trial':>5}  {'state':<9}{cfg.sweep.objective:>9}  {'method':<20}" + "".join(
+        f"{k:>16}" for k in keys
+    )
+    lines = [head, "-" * len(head)]
+    for t in rows:
+        vals = "".join(f"{_fmt(t['params'].get(k)):>16}" for k in keys)
+        mark = " (config as written)" if t["default"] else ""
+        lines.append(
+            f"{t['number']:>5}  {t['state']:<9}{t['value']:>9.3f}  {str(t['method']):<20}{vals}{mark}"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+# ------------------------------------------------------------------------------------------------ command line
+
+
+def cmd_sweep(args: Any) -> int:
+    import optuna
+
+    from experiments.runner import prepare_run_dir
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sets = args.set or []
+    base = load_config(args.config, sets=sets)
+    out = Path(args.out or f"runs/sweep-{base.name}")
+    url = args.storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    progress = not args.json
+    if args.worker_id is not None:  # a worker started by --workers: run trials, nothing else
+        work(args.config, sets, url, out, worker=args.worker_id, progress=False)
+        return 0
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+    prepare_run_dir(base, out, ignore=("sweep.n_trials",))
+    if args.workers == 1:
+        work(args.config, sets, url, out, progress=progress)
+    else:
+        spawn(args, url, out, args.workers, progress)
+    result = export(args.config, sets, url, out)
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "table"}))
+    else:
+        print(result["table"])
+        print(f"\nbest config: {out / 'best.toml'} (draftgym run {out / 'best.toml'}); study in {mask(url)}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    from experiments import cli
+    from experiments.runner import add_config_args
+
+    for err in (StorageError, ConfigError):
+        if err not in cli.USER_ERRORS:
+            cli.USER_ERRORS.append(err)
+    p = sub.add_parser("sweep", help="an Optuna study over tree shapes or policy hyper-parameters")
+    add_config_args(p)
+    p.add_argument(
+        "--storage",
+        default=None,
+        help="Optuna RDB URL shared by all workers, e.g. postgresql://user:pw@host/db "
+        "(default: sqlite file study.db in the run directory)",
+    )
+    p.add_argument("--workers", type=int, default=1, help="worker processes to start on this machine")
+    p.add_argument("--worker-id", type=int, default=None, help=argparse_suppress())
+    p.set_defaults(func=cmd_sweep)
+
+
+def argparse_suppress() -> str:
+    import argparse
+
+    return argparse.SUPPRESS

@@ -1,0 +1,156 @@
+"""Benchmark of tree verification: median microseconds per `verify` call, Triton vs the torch reference.
+
+    python -m kernels.bench [--json FILE] [--dtype float32|bfloat16] [--quick]
+
+Shapes: B in {1, 8, 64}, N in {8, 32, 64}, V = 49152 (SmolLM2's vocabulary); modes greedy, sampling with
+deterministic drafts, sampling with draft_probs (T = 1). On CPU only the reference runs (Triton needs CUDA); on
+CUDA both, timed with CUDA events after synchronisation. Trees are random chain-biased trees whose tokens are the
+parent row's argmax 70% of the time, so paths are realistic. Fewer repetitions for the big shapes keep the CPU run
+to a couple of minutes. A program, not a test: it prints a table and writes JSON with its provenance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from kernels.reference import verify_reference
+
+MODES = ("greedy", "sampling", "draft_probs")
+
+
+def make_inputs(B: int, N: int, V: int, dtype: torch.dtype, device: str, stochastic: bool, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    parents = torch.full((B, N), -1, dtype=torch.int64)
+    for i in range(1, N):
+        jump = torch.rand(B, generator=gen) < 0.3
+        parents[:, i] = torch.where(jump, torch.randint(0, i, (B,), generator=gen), i - 1)
+    logits = torch.randn(B, N, V, generator=gen, dtype=torch.float32) * 3  # logits: [B, N, V]
+    am = logits.argmax(-1).gather(1, parents.clamp(min=0))  # parent row's top token per node
+    tokens = torch.where(
+        torch.rand(B, N, generator=gen) < 0.7, am, torch.randint(0, V, (B, N), generator=gen)
+    )
+    q = torch.softmax(logits, -1).to(dtype) if stochastic else None  # q: [B, N, V], a stand-in
+    return (
+        tokens.to(device),
+        parents.to(device),
+        logits.to(device, dtype),
+        None if q is None else q.to(device),
+    )
+
+
+def time_call(fn: Callable[[], object], device: str, budget_s: float, max_reps: int) -> tuple[float, int]:
+    """Median microseconds of fn over up to max_reps calls (at least 1) within about budget_s, after a warmup."""
+    fn()
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < max_reps and (spent < budget_s or not times):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            dt = start.elapsed_time(end) * 1e3
+        else:
+            t0 = time.perf_counter()
+            fn()
+            dt = (time.perf_counter() - t0) * 1e6
+        times.append(dt)
+        spent += dt / 1e6
+    return statistics.median(times), len(times)
+
+
+def run(dtype: torch.dtype, quick: bool) -> list[dict]:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    impls: dict[str, Callable] = {"torch": verify_reference}
+    if device == "cuda":
+        from kernels.triton_verify import verify_triton
+
+        impls = {"triton": verify_triton, "torch": verify_reference}
+    V = 49152
+    rows = []
+    for B in (1, 8) if quick else (1, 8, 64):
+        for N in (8, 32, 64):
+            big = B * N >= 512
+            for mode in MODES:
+                tokens, parents, logits, q = make_inputs(B, N, V, dtype, device, mode == "draft_probs")
+                T = 0.0 if mode == "greedy" else 1.0
+                gen = torch.Generator(device=device).manual_seed(0)
+                coins = torch.rand(B, N, generator=gen, device=device)
+                final = torch.rand(B, generator=gen, device=device)
+                for name, impl in impls.items():
+                    fn = functools.partial(
+                        impl,
+                        tokens,
+                        parents,
+                        logits,
+                        temperature=T,
+                        draft_probs=q,
+                        coins=coins,
+                        final_coins=final,
+                    )
+                    us, reps = time_call(fn, device, budget_s=0.3 if big else 0.5, max_reps=3 if big else 50)
+                    rows.append(dict(mode=mode, B=B, N=N, V=V, impl=name, median_us=round(us, 1), reps=reps))
+                    print(
+                        f"{mode:>12} B={B:<3} N={N:<3} {name:>6}: {us:>12.1f} us  ({reps} reps)", flush=True
+                    )
+                del tokens, parents, logits, q, fn
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    impls = sorted({r["impl"] for r in rows}, reverse=True)
+    head = "| mode | B | N | V | " + " | ".join(f"{i} µs" for i in impls) + " |"
+    lines = [head, "|" + "---|" * (4 + len(impls))]
+    keys = sorted(
+        {(r["mode"], r["B"], r["N"], r["V"]) for r in rows}, key=lambda k: (MODES.index(k[0]), k[1], k[2])
+    )
+    for k in keys:
+        cells = [next((f"{r['median_us']:.1f}" for r in rows if (r["mode"], r["B"], r["N"], r["V"]) == k
+                       and r["impl"] == i), "-") for i in impls]  # fmt: skip
+        lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", metavar="FILE", help="write rows and provenance as JSON")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="logits dtype")
+    ap.add_argument("--quick", action="store_true", help="skip B = 64")
+    args = ap.parse_args(argv)
+    rows = run(getattr(torch, args.dtype), args.quick)
+    print()
+    print(table(rows))
+    if args.json:
+        prov = dict(
+            command=" ".join(["python -m kernels.bench", *(argv if argv is not None else sys.argv[1:])]),
+            torch=torch.__version__,
+            device=torch.cuda.get_device_name()
+            if torch.cuda.is_available()
+            else platform.processor() or "cpu",
+            threads=torch.get_num_threads(),
+            dtype=args.dtype,
+        )
+        try:
+            import triton
+
+            prov["triton"] = triton.__version__
+        except ImportError:
+            prov["triton"] = None
+        with open(args.json, "w") as f:
+            json.dump(dict(provenance=prov, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

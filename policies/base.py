@@ -1,0 +1,320 @@
+"""The policy seam: what a policy is, how it is saved, and how any saved policy loads back.
+
+A policy picks an arm index each step (``act(obs) -> int``) from a fixed arm menu; online learners also take
+``update(obs, action, reward, info)`` after the step (reward = the step's instantaneous speedup, DESIGN.md "Arms,
+observations, rewards"); ``reset()`` starts an episode (a new prompt). Every policy remembers the arm menu and the
+observation size it was built for, so that a file trained for another menu or another feature set is refused at
+load instead of silently choosing the wrong arms.
+
+The saved file is a zip archive:
+
+- ``header.json``: ``format`` ("draftgym-policy"), ``format_version``, ``type`` (the registry key below),
+  ``kind`` (static | heuristic | bandit | rl | predictor | oracle), ``arms`` (arm names, in action order),
+  ``obs_size``, ``features`` (observation feature names, when known), ``params`` (the constructor's JSON
+  arguments), ``versions`` (library versions at save time), ``created`` and ``payload`` (sha256 of every other
+  member, so a truncated or altered file fails at load with a clear message);
+- payload members the policy type needs (``state.json`` for bandits, ``model.zip`` for stable-baselines3,
+  ``model.pkl`` for scikit-learn).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import importlib
+import importlib.metadata
+import io
+import json
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+FORMAT = "draftgym-policy"
+FORMAT_VERSION = 1
+KINDS = ("static", "heuristic", "bandit", "rl", "predictor", "oracle")
+
+# type -> "module:Class". Lazy, so that loading a bandit does not import torch or stable-baselines3.
+POLICY_TYPES: dict[str, str] = {
+    "static": "policies.static:StaticPolicy",
+    "hf_schedule": "policies.heuristic:HFSchedulePolicy",
+    "confidence": "policies.heuristic:ConfidencePolicy",
+    "ucb1": "policies.bandits:UCB1",
+    "thompson": "policies.bandits:ThompsonSampling",
+    "exp3": "policies.bandits:EXP3",
+    "linucb": "policies.linucb:LinUCB",
+    "sb3": "policies.rl:SB3Policy",
+    "predictor": "policies.predictor:PredictorPolicy",
+}
+
+
+class PolicyError(ValueError):
+    """A policy file, name or setting that cannot be used; the message is meant for the user."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Chooses an arm index each step. ``update`` is optional (online learners define it)."""
+
+    kind: str
+    arm_names: tuple[str, ...]
+    obs_size: int
+
+    def act(self, obs: np.ndarray | None) -> int: ...
+
+    def reset(self) -> None: ...
+
+    def save(self, path: str | Path) -> None: ...
+
+
+@runtime_checkable
+class OnlinePolicy(Policy, Protocol):
+    def update(self, obs: np.ndarray | None, action: int, reward: float, info: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Header:
+    type: str
+    kind: str
+    arms: tuple[str, ...]
+    obs_size: int
+    params: dict[str, Any] = field(default_factory=dict)
+    features: tuple[str, ...] | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)
+    created: str = ""
+    payload: dict[str, str] = field(default_factory=dict)  # member name -> sha256
+
+
+class BasePolicy:
+    """Shared plumbing: the arm menu, the observation size, ``reset``, and ``save`` through ``state()``.
+
+    Subclasses set ``type_name`` and ``kind``, and implement ``act``; stateful ones override ``state()`` (extra
+    payload members) and ``restore(files)``. ``params()`` returns the constructor's keyword arguments."""
+
+    type_name = ""
+    kind = ""
+
+    def __init__(self, arms: Sequence[str], obs_size: int = 0, features: Sequence[str] | None = None) -> None:
+        self.arm_names = tuple(str(a) for a in arms)
+        if not self.arm_names:
+            raise PolicyError("a policy needs at least one arm")
+        if len(set(self.arm_names)) != len(self.arm_names):
+            raise PolicyError(f"the arm menu lists an arm twice: {list(self.arm_names)}")
+        self.obs_size = int(obs_size)
+        self.features = tuple(features) if features is not None else None
+
+    @property
+    def num_arms(self) -> int:
+        return len(self.arm_names)
+
+    @property
+    def name(self) -> str:
+        return self.type_name
+
+    def reset(self) -> None:
+        """Start an episode; learned statistics are kept."""
+
+    def params(self) -> dict[str, Any]:
+        return {}
+
+    def state(self) -> dict[str, bytes]:
+        return {}
+
+    def restore(self, files: dict[str, bytes]) -> None:
+        """Restore what ``state()`` saved."""
+
+    @classmethod
+    def from_header(cls, header: Header, files: dict[str, bytes]) -> BasePolicy:
+        policy = cls(header.arms, header.obs_size, features=header.features, **header.params)
+        policy.restore(files)
+        return policy
+
+    def save(self, path: str | Path) -> None:
+        header = Header(
+            type=self.type_name,
+            kind=self.kind,
+            arms=self.arm_names,
+            obs_size=self.obs_size,
+            params=self.params(),
+            features=self.features,
+        )
+        write_policy(path, header, self.state())
+
+    def _check_obs(self, obs: np.ndarray | None) -> np.ndarray:
+        """The observation as a float vector of ``obs_size``; a missing or wrong-sized one is an error."""
+        if obs is None:
+            raise PolicyError(f"{self.name} needs an observation of size {self.obs_size}, got None")
+        x = np.asarray(obs, dtype=np.float64).reshape(-1)
+        if x.shape[0] != self.obs_size:
+            raise PolicyError(f"{self.name} expects an observation of size {self.obs_size}, got {x.shape[0]}")
+        return x
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(arms={list(self.arm_names)}, obs_size={self.obs_size})"
+
+
+def library_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for lib in ("draftgym", "numpy", "scikit-learn", "stable-baselines3", "gymnasium", "torch"):
+        try:
+            out[lib] = importlib.metadata.version(lib)
+        except importlib.metadata.PackageNotFoundError:
+            out[lib] = None
+    return out
+
+
+def write_policy(path: str | Path, header: Header, files: dict[str, bytes]) -> None:
+    """Write the archive atomically (a temporary file renamed into place)."""
+    if header.type not in POLICY_TYPES:
+        raise PolicyError(f"unknown policy type {header.type!r}; known: {', '.join(sorted(POLICY_TYPES))}")
+    if header.kind not in KINDS:
+        raise PolicyError(f"unknown policy kind {header.kind!r}; known: {', '.join(KINDS)}")
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "type": header.type,
+        "kind": header.kind,
+        "arms": list(header.arms),
+        "obs_size": header.obs_size,
+        "features": None if header.features is None else list(header.features),
+        "params": header.params,
+        "versions": library_versions(),
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "payload": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("header.json", json.dumps(meta, indent=2))
+        for name, data in sorted(files.items()):
+            zf.writestr(name, data)
+    tmp.replace(path)
+
+
+def read_policy(path: str | Path) -> tuple[Header, dict[str, bytes]]:
+    """Read and check an archive: every problem is a ``PolicyError`` naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise PolicyError(f"policy file {path} does not exist")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+            if "header.json" not in names:
+                raise PolicyError(f"{path} is not a draftgym policy file (no header.json)")
+            meta = json.loads(zf.read("header.json"))
+            files = {n: zf.read(n) for n in names if n != "header.json"}
+    except (zipfile.BadZipFile, EOFError, OSError, zlib_error()) as err:
+        raise PolicyError(f"{path} is not a readable draftgym policy file ({err})") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise PolicyError(f"{path}: header.json is corrupted ({err})") from err
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise PolicyError(f"{path} is not a draftgym policy file (format {meta.get('format')!r})")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise PolicyError(
+            f"{path} has policy format version {meta.get('format_version')}; this draftgym reads {FORMAT_VERSION}"
+        )
+    try:
+        header = Header(
+            type=str(meta["type"]),
+            kind=str(meta["kind"]),
+            arms=tuple(str(a) for a in meta["arms"]),
+            obs_size=int(meta["obs_size"]),
+            params=dict(meta.get("params") or {}),
+            features=None if meta.get("features") is None else tuple(meta["features"]),
+            versions=dict(meta.get("versions") or {}),
+            created=str(meta.get("created", "")),
+            payload=dict(meta.get("payload") or {}),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise PolicyError(f"{path}: header.json lacks or mangles a field ({err})") from err
+    for name, digest in header.payload.items():
+        if name not in files:
+            raise PolicyError(f"{path} is corrupted: member {name} is missing")
+        if hashlib.sha256(files[name]).hexdigest() != digest:
+            raise PolicyError(f"{path} is corrupted: member {name} does not match its checksum")
+    return header, files
+
+
+def zlib_error() -> type[Exception]:
+    import zlib
+
+    return zlib.error
+
+
+def _policy_class(type_name: str) -> type[BasePolicy]:
+    target = POLICY_TYPES.get(type_name)
+    if target is None:
+        raise PolicyError(f"unknown policy type {type_name!r}; known: {', '.join(sorted(POLICY_TYPES))}")
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def check_compatible(
+    header: Header | BasePolicy,
+    *,
+    arms: Sequence[str] | None = None,
+    obs_size: int | None = None,
+    features: Sequence[str] | None = None,
+    source: str = "the policy",
+) -> None:
+    """Refuse a policy built for another arm menu, observation size or feature set."""
+    h_arms = header.arms if isinstance(header, Header) else header.arm_names
+    if arms is not None and tuple(arms) != tuple(h_arms):
+        raise PolicyError(
+            f"{source} was trained for arms {list(h_arms)}, but this decoder/env has {list(arms)}"
+        )
+    uses_obs = header.obs_size > 0
+    if uses_obs and obs_size is not None and obs_size != header.obs_size:
+        raise PolicyError(
+            f"{source} expects observations of size {header.obs_size}, but this decoder/env gives {obs_size}"
+        )
+    if (
+        uses_obs
+        and features is not None
+        and header.features is not None
+        and tuple(features) != header.features
+    ):
+        diff = sorted(set(header.features) ^ set(features))
+        raise PolicyError(f"{source} was trained on other observation features (differ: {diff[:6]})")
+
+
+def load_policy(
+    path: str | Path,
+    *,
+    arms: Sequence[str] | None = None,
+    obs_size: int | None = None,
+    features: Sequence[str] | None = None,
+) -> BasePolicy:
+    """Restore any saved policy; with ``arms``/``obs_size``/``features`` given, refuse a mismatched one."""
+    header, files = read_policy(path)
+    check_compatible(header, arms=arms, obs_size=obs_size, features=features, source=f"policy {path}")
+    cls = _policy_class(header.type)
+    try:
+        policy = cls.from_header(header, files)
+    except PolicyError:
+        raise
+    except Exception as err:  # a payload that cannot be decoded is a corrupted file, reported in one line
+        raise PolicyError(
+            f"{path}: cannot restore the {header.type} policy ({type(err).__name__}: {err})"
+        ) from err
+    policy.source = str(path)
+    return policy
+
+
+def json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def npz_bytes(**arrays: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def read_npz(data: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}

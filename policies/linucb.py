@@ -1,0 +1,100 @@
+"""LinUCB: a contextual bandit on the observation vector (Li, Chu, Langford & Schapire, WWW 2010, "disjoint"
+model), with the discounted variant D-LinUCB (Russac, Vernade & Cappe, NeurIPS 2019) for drift.
+
+Per arm a: ``A_a = lam I + sum x x^T`` (d x d), ``b_a = sum r x``, ``theta_a = A_a^-1 b_a``; pull
+``argmax_a theta_a . x + alpha * sqrt(x^T A_a^-1 x)``. ``x`` is the observation with a constant 1 appended (a
+per-arm bias). With ``discount`` g < 1 every update first shrinks all statistics: ``A <- g A + (1 - g) lam I``,
+``b <- g b``. Rewards are divided by ``scale`` so that ``alpha`` is in reward-range units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from policies.base import BasePolicy, PolicyError, npz_bytes, read_npz
+
+
+class LinUCB(BasePolicy):
+    type_name = "linucb"
+    kind = "bandit"
+
+    def __init__(
+        self,
+        arms: Sequence[str],
+        obs_size: int = 0,
+        features: Sequence[str] | None = None,
+        *,
+        alpha: float = 1.0,
+        lam: float = 1.0,
+        scale: float = 1.0,
+        discount: float = 1.0,
+    ) -> None:
+        super().__init__(arms, obs_size, features)
+        if self.obs_size < 1:
+            raise PolicyError("LinUCB needs an observation (obs_size >= 1)")
+        if lam <= 0 or scale <= 0 or alpha < 0:
+            raise PolicyError(f"LinUCB needs lam > 0, scale > 0, alpha >= 0; got {lam}, {scale}, {alpha}")
+        if not 0 < discount <= 1:
+            raise PolicyError(f"discount must be in (0, 1], got {discount}")
+        self.alpha, self.lam, self.scale, self.discount = (
+            float(alpha),
+            float(lam),
+            float(scale),
+            float(discount),
+        )
+        self.dim = self.obs_size + 1
+        self.forget()
+
+    @property
+    def name(self) -> str:
+        return "linucb" + (f"-g{self.discount:g}" if self.discount < 1 else "")
+
+    def params(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "lam": self.lam, "scale": self.scale, "discount": self.discount}
+
+    def forget(self) -> None:
+        k, d = self.num_arms, self.dim
+        self.A = np.tile(np.eye(d) * self.lam, (k, 1, 1))  # [K, d, d]
+        self.b = np.zeros((k, d))  # [K, d]
+        self.pulls = np.zeros(k)
+
+    def _x(self, obs: np.ndarray | None) -> np.ndarray:
+        return np.append(self._check_obs(obs), 1.0)
+
+    def scores(self, obs: np.ndarray | None) -> np.ndarray:
+        """The upper confidence bound of every arm at this observation (in reward units / scale)."""
+        x = self._x(obs)
+        theta = np.linalg.solve(self.A, self.b[..., None])[..., 0]  # [K, d]
+        ainv_x = np.linalg.solve(self.A, np.broadcast_to(x, (self.num_arms, self.dim))[..., None])[..., 0]
+        width = np.sqrt(np.maximum(np.einsum("kd,d->k", ainv_x, x), 0.0))
+        return theta @ x + self.alpha * width
+
+    def act(self, obs: np.ndarray | None) -> int:
+        return int(np.argmax(self.scores(obs)))
+
+    def update(
+        self, obs: np.ndarray | None, action: int, reward: float, info: dict[str, Any] | None = None
+    ) -> None:
+        x = self._x(obs)
+        if self.discount < 1:
+            g = self.discount
+            self.A = g * self.A + (1 - g) * self.lam * np.eye(self.dim)
+            self.b *= g
+        self.A[action] += np.outer(x, x)
+        self.b[action] += (reward / self.scale) * x
+        self.pulls[action] += 1
+
+    def state(self) -> dict[str, bytes]:
+        return {"state.npz": npz_bytes(A=self.A, b=self.b, pulls=self.pulls)}
+
+    def restore(self, files: dict[str, bytes]) -> None:
+        if "state.npz" not in files:
+            raise PolicyError("LinUCB file has no state.npz")
+        s = read_npz(files["state.npz"])
+        k, d = self.num_arms, self.dim
+        if s["A"].shape != (k, d, d) or s["b"].shape != (k, d):
+            raise PolicyError(f"LinUCB state has shape {s['A'].shape}, expected {(k, d, d)}")
+        self.A, self.b, self.pulls = s["A"], s["b"], s["pulls"]

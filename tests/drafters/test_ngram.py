@@ -1,0 +1,52 @@
+from drafters import DraftContext, DrafterError, NGramDrafter, TreeShape, make_drafter
+from drafters.trees import chain, trie
+
+
+def _ctx(tokens):
+    return DraftContext(tokens=list(tokens), prompt_len=len(tokens))
+
+
+def test_longest_match_first_and_most_recent():
+    # "1 2 3" occurs twice before the suffix: the most recent continuation comes first
+    toks = [1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2, 3]
+    d = NGramDrafter(max_ngram=3)
+    d.reset(_ctx(toks))
+    assert d.continuations(toks, 3, 2) == [[7, 8, 1], [4, 5, 9]]
+    tree = d.propose(_ctx(toks), TreeShape(depth=3))
+    assert tree.tokens.tolist() == [3, 7, 8, 1]
+    assert tree.parents.tolist() == [-1, 0, 1, 2]
+
+
+def test_branches_form_a_trie_within_budget():
+    toks = [5, 1, 2, 9, 9, 1, 2, 8, 8, 1, 2]
+    d = NGramDrafter(max_ngram=2)
+    d.reset(_ctx(toks))
+    tree = d.propose(_ctx(toks), TreeShape(depth=2, topk=3, budget=3))
+    assert tree.tokens.tolist() == [2, 8, 8, 9]
+    assert tree.parents.tolist() == [-1, 0, 1, 0]
+
+
+def test_no_match_gives_root_only_and_index_follows_growth():
+    d = NGramDrafter(max_ngram=3, min_ngram=2)
+    toks = [1, 2, 3, 4]
+    d.reset(_ctx(toks))
+    assert d.propose(_ctx(toks), TreeShape(depth=4)).num_nodes == 1
+    toks = toks + [1, 2]  # now "1 2" matched at the start; continuation 3 4 1 2
+    assert d.propose(_ctx(toks), TreeShape(depth=4)).tokens.tolist() == [2, 3, 4, 1, 2]
+
+
+def test_shared_prefixes_merge():
+    tree = trie(0, [[1, 2, 3], [1, 2, 4], [5]], budget=10)
+    assert tree.tokens.tolist() == [0, 1, 2, 3, 4, 5]
+    assert tree.parents.tolist() == [-1, 0, 1, 2, 2, 0]
+    c = chain(7, [1, 2])
+    assert c.parents.tolist() == [-1, 0, 1]
+
+
+def test_unknown_drafter_lists_known_ones():
+    try:
+        make_drafter("nope")
+    except DrafterError as err:
+        assert "ngram" in str(err) and "none" in str(err)
+    else:
+        raise AssertionError("expected DrafterError")

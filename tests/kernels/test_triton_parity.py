@@ -1,0 +1,134 @@
+"""Triton kernels against the torch reference on irregular shapes (N not a power of two, padded trees, V in
+{1000, 4099}, duplicate sibling tokens), all three verification modes, same coins: integers equal, floats within
+1e-6. Runs on CUDA when present; on CPU, `test_parity_under_interpreter` reruns this file in a subprocess with
+TRITON_INTERPRET=1 (the variable must be set before triton is imported, and the interpreter is slow)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from kernel_cases import random_trees
+
+from kernels import (
+    compact_kv_,
+    compact_kv_reference,
+    tree_buffers,
+    tree_buffers_reference,
+    triton_enabled,
+    verify,
+    verify_reference,
+)
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+CUDA = torch.cuda.is_available()
+TRITON_MODE = HAS_TRITON and (CUDA or os.environ.get("TRITON_INTERPRET") == "1")
+DEVICE = "cuda" if CUDA else "cpu"
+REPO = Path(__file__).resolve().parents[2]
+needs_triton = pytest.mark.skipif(not TRITON_MODE, reason="needs CUDA or TRITON_INTERPRET=1 (see below)")
+
+
+@pytest.mark.skipif(not HAS_TRITON or TRITON_MODE, reason="triton missing, or already in Triton mode")
+def test_parity_under_interpreter() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve())]
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=800)
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+    assert f"{len(VERIFY_CASES) + 5} passed" in res.stdout, res.stdout[-2000:]
+
+
+def make_case(seed: int, B: int, N: int, V: int, stochastic: bool):
+    """Random padded trees whose tokens are often the parent row's top tokens (so paths get long), with
+    duplicate sibling tokens; draft_probs close to the target when stochastic."""
+    gen = torch.Generator().manual_seed(seed)
+    parents, num_nodes = random_trees(gen, B, N, branch=0.5)
+    logits = torch.randn(B, N, V, generator=gen) * 3
+    valid = torch.arange(N)[None] < num_nodes[:, None]
+    par = torch.where(valid, parents, 0).clamp(min=0)
+    top2 = logits.topk(2, dim=-1).indices.gather(1, par[:, :, None].expand(B, N, 2))  # [B, N, 2]
+    pick = torch.randint(0, 3, (B, N), generator=gen)
+    tokens = torch.where(pick < 2, top2.gather(2, pick.clamp(max=1)[:, :, None])[:, :, 0], 0)
+    tokens = torch.where(pick == 2, torch.randint(0, V, (B, N), generator=gen), tokens)
+    q = None
+    if stochastic:
+        q = torch.softmax(
+            logits.gather(1, par[:, :, None].expand(B, N, V)) + torch.randn(B, N, V, generator=gen), -1
+        )
+    coins, final_coins = torch.rand(B, N, generator=gen), torch.rand(B, generator=gen)
+    move = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    return [move(t) for t in (tokens, parents, logits, num_nodes, q, coins, final_coins)]
+
+
+VERIFY_CASES = [
+    # seed, B, N, V, temperature, top_k, top_p, stochastic
+    (0, 4, 13, 4099, 0.0, 0, 1.0, False),
+    (1, 3, 37, 1000, 0.0, 0, 1.0, False),
+    (2, 3, 10, 4099, 0.9, 0, 1.0, False),
+    (20, 3, 6, 1000, 0.7, 50, 0.9, False),
+    (4, 3, 9, 4099, 1.1, 0, 1.0, True),
+    (5, 3, 6, 1000, 0.8, 0, 0.85, True),
+    (6, 5, 7, 1000, 1.0, 0, 1.0, False),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("seed,B,N,V,temperature,top_k,top_p,stochastic", VERIFY_CASES)
+def test_verify_parity(seed, B, N, V, temperature, top_k, top_p, stochastic) -> None:
+    tokens, parents, logits, num_nodes, q, coins, final_coins = make_case(seed, B, N, V, stochastic)
+    if seed == 6:  # many duplicate siblings
+        tokens = tokens % 3
+    assert triton_enabled(logits)
+    kw = dict(num_nodes=num_nodes, temperature=temperature, top_k=top_k, top_p=top_p, draft_probs=q, coins=coins,
+              final_coins=final_coins)  # fmt: skip
+    got = verify(tokens, parents, logits, **kw)
+    want = verify_reference(tokens, parents, logits, **kw)
+    for name in ("path", "accept_len", "next_token", "accepted"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), (
+            name,
+            getattr(got, name),
+            getattr(want, name),
+        )
+    torch.testing.assert_close(got.node_prob, want.node_prob, atol=1e-6, rtol=0)
+    assert int(want.accept_len.sum()) > 0
+
+
+@needs_triton
+@pytest.mark.skipif(not CUDA, reason="bf16 and full-size shapes only on CUDA")
+@pytest.mark.parametrize("temperature,stochastic", [(0.0, False), (0.8, False), (1.0, True)])
+def test_verify_parity_bf16_full_vocab(temperature: float, stochastic: bool) -> None:
+    tokens, parents, logits, num_nodes, q, coins, final_coins = make_case(7, 8, 61, 49152, stochastic)
+    logits = logits.bfloat16()
+    kw = dict(
+        num_nodes=num_nodes, temperature=temperature, draft_probs=q, coins=coins, final_coins=final_coins
+    )
+    got, want = verify(tokens, parents, logits, **kw), verify_reference(tokens, parents, logits, **kw)
+    for name in ("path", "accept_len", "next_token", "accepted"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    torch.testing.assert_close(got.node_prob, want.node_prob, atol=1e-6, rtol=0)
+
+
+@needs_triton
+def test_tree_buffers_parity() -> None:
+    gen = torch.Generator().manual_seed(9)
+    cases = [(torch.tensor([[-1, 0, 0, 1, 2, 3, 4, 5], [-1, 0, 1, 1, 1, 1, 3, 6]]), None)]
+    cases += [random_trees(gen, B, N, branch=0.6) for B, N in ((6, 23), (3, 1), (2, 40))]
+    for parents, num_nodes in cases:
+        parents = parents.to(DEVICE)
+        num_nodes = None if num_nodes is None else num_nodes.to(DEVICE)
+        got, want = tree_buffers(parents, num_nodes), tree_buffers_reference(parents, num_nodes)
+        for name in ("depth", "ancestor_mask", "first_child", "next_sibling", "paths", "num_leaves"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+@needs_triton
+@pytest.mark.parametrize("path", [[0, 2, 3, 7], [0, 1, 2], [0, 1, 4, 5, 6], [0, 9]])
+def test_compact_kv_parity(path: list[int]) -> None:
+    kv = torch.randn(2, 3, 21, 6, generator=torch.Generator().manual_seed(1)).to(DEVICE, torch.bfloat16)
+    a, b = kv.clone(), kv.clone()
+    p = torch.tensor(path, device=DEVICE)
+    assert compact_kv_(a, 5, p) == compact_kv_reference(b, 5, p) == 5 + len(path)
+    assert torch.equal(a, b)
