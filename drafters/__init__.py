@@ -6,10 +6,16 @@ from collections.abc import Callable
 from typing import Any
 
 from drafters.base import DraftContext, Drafter, DrafterError, DraftTree, Feedback, TreeShape
+from drafters.eagle import EagleDrafter
+from drafters.early_exit import EarlyExitDrafter
 from drafters.ngram import NGramDrafter
+from drafters.recycling import RecyclingDrafter
 
 DRAFTERS: dict[str, Callable[..., Drafter]] = {
+    "eagle": EagleDrafter,
+    "early_exit": EarlyExitDrafter,
     "ngram": NGramDrafter,
+    "recycling": RecyclingDrafter,
 }
 
 
@@ -28,7 +34,10 @@ __all__ = [
     "Drafter",
     "DrafterError",
     "Feedback",
+    "EagleDrafter",
+    "EarlyExitDrafter",
     "NGramDrafter",
+    "RecyclingDrafter",
     "TreeShape",
     "make_drafter",
 ]

@@ -82,11 +82,17 @@ class DraftContext:
 @dataclass(frozen=True)
 class Feedback:
     """What verification told the drafters after a step: the tokens committed (accepted drafts + bonus) and the
-    target logits of the verified tree's nodes on the accepted path ([S, V]; None when not kept)."""
+    target logits of the verified tree's nodes on the accepted path ([S, V]; None when not kept). When the engine
+    has them, also the accepted path's node indices, the target logits of every tree node (Token Recycling
+    updates from all of them) and the final-norm hidden states of the path (EAGLE-style heads need the feature of
+    every committed token, not only the last)."""
 
     committed: Sequence[int]
     tree: DraftTree
     path_logits: torch.Tensor | None = None
+    path: torch.Tensor | None = None  # [S] int64 node indices of the accepted path, root first
+    tree_logits: torch.Tensor | None = None  # [N, V] target logits of every verified node
+    path_hidden: torch.Tensor | None = None  # [S, H] target final-norm hidden states along the path
 
 
 @runtime_checkable

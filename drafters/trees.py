@@ -5,11 +5,13 @@ the kept set is a tree)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from drafters.base import DraftTree, TreeShape
+from drafters.base import DrafterError, DraftTree, TreeShape
 
 
 def chain(root: int, tokens: Sequence[int], scores: Sequence[float] | None = None) -> DraftTree:
@@ -47,43 +49,134 @@ def trie(root: int, sequences: Sequence[Sequence[int]], budget: int) -> DraftTre
     )
 
 
-def dynamic_tree(
-    root: int,
-    expand: Callable[[list[int]], tuple[torch.Tensor, torch.Tensor]],
-    depth: int,
-    topk: int,
-    budget: int,
-) -> DraftTree:
-    """EAGLE-2 expand-then-rerank.
+Expand = Callable[[list[int], "GrowingTree"], tuple[torch.Tensor, torch.Tensor]]
+"""``expand(frontier, tree) -> (log_probs [F, K], tokens [F, K])``: the drafter's best children of each frontier
+node (node ids of ``tree``), best first along K; ``-inf`` log-probs mark missing children. The drafter may read
+``tree.tokens`` / ``tree.parents`` / ``tree.depths`` to know where each frontier node sits."""
 
-    ``expand(frontier)`` takes node ids of the growing tree and returns ``(log_probs [F, topk], tokens [F, topk])``,
-    the drafter's top-k children of each frontier node (the drafter reads the tree built so far from the lists it
-    is handed through ``dynamic_tree``'s node order: node ids index ``tokens``/``parents`` of the candidate tree).
-    """
-    tokens, parents, scores = [root], [-1], [0.0]
-    frontier = [0]
+
+@dataclass
+class GrowingTree:
+    """A draft tree under construction: parallel lists, node 0 the root, parents before children.
+    ``scores`` are cumulative log-probabilities of the root-to-node path (0 at the root)."""
+
+    tokens: list[int]
+    parents: list[int]
+    scores: list[float]
+    depths: list[int]
+
+    @classmethod
+    def start(cls, root: int) -> GrowingTree:
+        return cls([int(root)], [-1], [0.0], [0])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, parent: int, token: int, logp: float) -> int:
+        self.tokens.append(int(token))
+        self.parents.append(parent)
+        self.scores.append(self.scores[parent] + logp)
+        self.depths.append(self.depths[parent] + 1)
+        return len(self.tokens) - 1
+
+    def to_tree(self) -> DraftTree:
+        return DraftTree(
+            tokens=torch.tensor(self.tokens, dtype=torch.long),
+            parents=torch.tensor(self.parents, dtype=torch.long),
+            scores=torch.tensor(self.scores, dtype=torch.float32),
+        )
+
+
+def _children(logp: torch.Tensor, toks: torch.Tensor, row: int, k: int) -> list[tuple[float, int]]:
+    """The first ``k`` finite (log-prob, token) pairs of one row of an ``expand`` answer."""
+    lp, tk = logp[row, :k].tolist(), toks[row, :k].tolist()
+    return [(a, int(b)) for a, b in zip(lp, tk) if a != -math.inf]
+
+
+def chain_tree(root: int, expand: Expand, depth: int, min_prob: float = 0.0) -> DraftTree:
+    """Greedy chain: the drafter's top-1 child at each depth; stop early once the path probability falls below
+    ``min_prob`` (the confidence stop of Kangaroo / DISCO / dynamic depth decoding, on the cumulative value)."""
+    return dynamic_tree(root, expand, depth=depth, topk=1, budget=depth, min_prob=min_prob)
+
+
+def kary_tree(root: int, expand: Expand, depth: int, topk: int, budget: int) -> DraftTree:
+    """Fixed k-ary tree, filled breadth first: every node of a level gets its ``topk`` best children (best first),
+    level by level, until ``budget`` draft nodes or ``depth`` levels. Token Recycling's static template is this
+    shape (arXiv 2408.08696); with a model drafter it costs one ``expand`` call per level."""
+    g = GrowingTree.start(root)
+    level = [0]
     for _ in range(depth):
-        logp, toks = expand(frontier)  # logp, toks: [F, topk]
-        cand = []
-        for f, node in enumerate(frontier):
-            for j in range(toks.shape[1]):
-                cand.append((scores[node] + float(logp[f, j]), node, int(toks[f, j])))
-        cand.sort(key=lambda c: -c[0])
-        new_frontier = []
-        for score, parent, tok in cand[: max(topk, 1) * max(1, len(frontier))]:
-            tokens.append(tok)
-            parents.append(parent)
-            scores.append(score)
-            new_frontier.append(len(tokens) - 1)
-        frontier = sorted(new_frontier, key=lambda n: -scores[n])[:topk]
-    return rerank(tokens, parents, scores, budget)
+        room = budget - (len(g) - 1)
+        if room <= 0 or not level:
+            break
+        level = level[: -(-room // topk)]  # only nodes whose children can still fit
+        logp, toks = expand(level, g)
+        nxt = []
+        for f, node in enumerate(level):
+            for lp, tok in _children(logp, toks, f, topk):
+                if len(g) - 1 >= budget:
+                    break
+                nxt.append(g.add(node, tok, lp))
+        level = nxt
+    return g.to_tree()
+
+
+def dynamic_tree(
+    root: int, expand: Expand, depth: int, topk: int, budget: int, min_prob: float = 0.0
+) -> DraftTree:
+    """EAGLE-2 expand-then-rerank (arXiv 2406.16858).
+
+    Expand: at each depth, the ``topk`` frontier nodes of highest path value get ``topk`` children each (one
+    ``expand`` call per depth, so a model drafter runs ``depth`` batched forwards); the ``topk`` best of those
+    ``topk**2`` candidates form the next frontier. Rerank: of all candidates, keep the ``budget`` of highest
+    cumulative log-probability (``rerank``). Nodes whose path probability is below ``min_prob`` are not expanded.
+    """
+    g = GrowingTree.start(root)
+    frontier = [0]
+    min_logp = math.log(min_prob) if min_prob > 0 else -math.inf
+    for _ in range(depth):
+        if not frontier:
+            break
+        logp, toks = expand(frontier, g)  # [F, K]
+        new = [
+            g.add(n, tok, lp) for f, n in enumerate(frontier) for lp, tok in _children(logp, toks, f, topk)
+        ]
+        new.sort(key=lambda n: (-g.scores[n], n))
+        frontier = [n for n in new[:topk] if g.scores[n] >= min_logp]
+    if min_prob > 0:  # candidates below the threshold go too (a parent outranks its children: still a tree)
+        keep = [i for i in range(1, len(g)) if g.scores[i] >= min_logp]
+        budget = min(budget, len(keep))
+    return rerank(g.tokens, g.parents, g.scores, budget)
+
+
+TREE_BUILDERS = ("chain", "kary", "dynamic")
+
+
+def build_tree(kind: str, root: int, expand: Expand, shape: TreeShape, min_prob: float = 0.0) -> DraftTree:
+    """One entry point for drafters with probabilities: ``kind`` in ``TREE_BUILDERS``; ``shape.topk == 1`` is
+    always a chain. ``shape.max_nodes`` bounds the draft nodes."""
+    if shape.depth == 0:
+        return DraftTree.root_only(root)
+    if shape.topk == 1 or kind == "chain":
+        return chain_tree(root, expand, shape.depth, min_prob)
+    if kind == "kary":
+        return kary_tree(root, expand, shape.depth, shape.topk, shape.max_nodes)
+    if kind == "dynamic":
+        return dynamic_tree(root, expand, shape.depth, shape.topk, shape.max_nodes, min_prob)
+    raise DrafterError(f"unknown tree builder {kind!r}; valid: {', '.join(TREE_BUILDERS)}")
 
 
 def rerank(tokens: list[int], parents: list[int], scores: list[float], budget: int) -> DraftTree:
     """Keep the root and the ``budget`` draft nodes of highest score, renumbered so that parents precede children
-    (ties broken by creation order). Scores are cumulative log-probs, so a parent never ranks below its child."""
-    order = sorted(range(1, len(tokens)), key=lambda i: (-scores[i], i))[:budget]
-    keep = sorted([0, *order])  # creation order: parents were created before their children
+    (ties broken by creation order). Scores are cumulative log-probs, so a parent never ranks below its child;
+    a node whose parent did not make the cut is skipped all the same (defensive: NaN scores)."""
+    kept = {0}
+    for i in sorted(range(1, len(tokens)), key=lambda i: (-scores[i], i)):
+        if len(kept) > budget:
+            break
+        if parents[i] in kept:
+            kept.add(i)
+    keep = sorted(kept)  # creation order: parents were created before their children
     remap = {old: new for new, old in enumerate(keep)}
     new_parents = [-1] + [remap[parents[i]] for i in keep[1:]]
     return DraftTree(
@@ -103,7 +196,7 @@ def prune_indices(
     2. every node keeps its first ``shape.topk`` children, in node order (children are tried in that order);
     3. of the survivors, the first ``shape.max_nodes`` draft nodes in node order stay, or, when the tree carries
        ``scores``, the highest-scoring ones (ties by node order; a node whose parent is not kept is skipped).
-    Steps 1-2 compose: pruning a pruned tree to a smaller shape equals pruning the original to it.
+    Steps 1-2 compose (where the budget does not bind): pruning twice equals pruning once to the smaller shape.
     """
     n = len(parents)
     depth = [0] * n

@@ -32,18 +32,27 @@ def _arm(entry: Any) -> Arm:
     if isinstance(entry, Mapping):
         unknown = set(entry) - {"drafter", "depth", "topk", "budget"}
         if unknown:
-            raise DrafterError(f"arm entry {dict(entry)} has unknown keys {sorted(unknown)}; valid: drafter, depth, topk, budget")
+            raise DrafterError(
+                f"arm entry {dict(entry)} has unknown keys {sorted(unknown)}; valid: drafter, depth, topk, budget"
+            )
         drafter = entry.get("drafter")
         if drafter in (None, "none") or int(entry.get("depth", 1)) == 0:
             return NO_DRAFT
         if "depth" not in entry:
             raise DrafterError(f"arm entry {dict(entry)} has no depth")
-        return Arm(str(drafter), TreeShape(int(entry["depth"]), int(entry.get("topk", 1)), int(entry.get("budget", 0))))
+        return Arm(
+            str(drafter),
+            TreeShape(int(entry["depth"]), int(entry.get("topk", 1)), int(entry.get("budget", 0))),
+        )
     raise DrafterError(f"cannot read arm {entry!r}; expected a name like ngram-d8, a mapping or an Arm")
 
 
-def make_arms(entries: Iterable[Any] | None = None, known_drafters: Iterable[str] | None = None) -> tuple[Arm, ...]:
+def make_arms(
+    entries: Iterable[Any] | None = None, known_drafters: Iterable[str] | None = None
+) -> tuple[Arm, ...]:
     """The menu as a tuple of arms, "none" first (added when absent). Unknown drafters and repeated arms fail."""
+    if isinstance(entries, str):  # "none,ngram-d4,ngram-d8"
+        entries = [e for e in entries.split(",") if e.strip()]
     arms = [_arm(e) for e in (DEFAULT_ARMS if entries is None else entries)]
     known = set(DRAFTERS if known_drafters is None else known_drafters)
     for a in arms:

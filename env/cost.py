@@ -84,13 +84,17 @@ class FittedCostModel:
     context_ref: int
     per_context: float  # seconds per context token
     per_node_context: float  # seconds per node per context token
-    drafters: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {"shapes": {arm: s}, "base_s", "per_node_s"}
+    drafters: dict[str, dict[str, Any]] = field(
+        default_factory=dict
+    )  # name -> {"shapes": {arm: s}, "base_s", "per_node_s"}
     meta: dict[str, Any] = field(default_factory=dict)  # machine, time, command, versions
 
     def verify_cost(self, nodes: Any, context: Any, chain: Any = True) -> Any:
         n = np.asarray(nodes, dtype=np.float64)
         base = np.where(chain, self.chain(n), self.tree(n))
-        extra = (self.per_context + self.per_node_context * n) * (np.asarray(context, dtype=np.float64) - self.context_ref)
+        extra = (self.per_context + self.per_node_context * n) * (
+            np.asarray(context, dtype=np.float64) - self.context_ref
+        )
         return np.maximum(base + extra, 0.25 * base)
 
     def draft_cost(self, arm: Arm) -> float:
@@ -178,7 +182,9 @@ def load_cost_model(source: str | Path | FittedCostModel | None = None) -> Fitte
         return source
     path = default_cost_model_path() if source is None else Path(source)
     if not path.is_file():
-        raise CostModelError(f"cost model file {path} does not exist (make one with: draftgym calibrate --out FILE)")
+        raise CostModelError(
+            f"cost model file {path} does not exist (make one with: draftgym calibrate --out FILE)"
+        )
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
@@ -263,7 +269,9 @@ def _context_ids(tokenizer: Any, length: int) -> list[int]:
     return ids[:length]
 
 
-def _time_verify(engine: Engine, fixed: _FixedTree, prompt: list[int], grid: Iterable[tuple[int, bool]], reps: int):
+def _time_verify(
+    engine: Engine, fixed: _FixedTree, prompt: list[int], grid: Iterable[tuple[int, bool]], reps: int
+):
     """Median verify seconds per (nodes, chain) at the context of ``prompt``: [(nodes, chain, context, s)]."""
     seq, _ = engine.start(prompt)
     arm = Arm("_fixed", TreeShape(depth=1))
@@ -309,8 +317,9 @@ def _fit_verify(rows: list[tuple[int, bool, float, float]], context_ref: int):
     return chain_curve, tree_curve, a, b
 
 
-def _time_drafters(engine: Engine, names: Sequence[str], options: dict[str, dict[str, Any]], prompts, shapes,
-                   positions: int) -> dict[str, dict[str, Any]]:
+def _time_drafters(
+    engine: Engine, names: Sequence[str], options: dict[str, dict[str, Any]], prompts, shapes, positions: int
+) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         drafter = make_drafter(name, **options.get(name, {}))
@@ -347,6 +356,11 @@ def calibrate(
     extra_shapes: Sequence[TreeShape] = (),
     reps: int = 3,
     contexts: Sequence[int] = CONTEXTS,
+    chain_nodes: Sequence[int] = CHAIN_NODES,
+    tree_nodes: Sequence[int] = TREE_NODES,
+    draft_shapes: Sequence[TreeShape] = DRAFT_SHAPES,
+    draft_prompts: int = 3,
+    draft_positions: int = 4,
     progress: bool = False,
 ) -> FittedCostModel:
     """Measure the verify phase on a grid of tree sizes at two contexts and each drafter's propose time, then fit.
@@ -356,7 +370,7 @@ def calibrate(
     vocab = int(loaded.model.config.vocab_size)
     fixed = _FixedTree(vocab)
     engine = Engine(target, {"_fixed": fixed})
-    grid = [(n, True) for n in CHAIN_NODES] + [(n, False) for n in TREE_NODES]
+    grid = [(n, True) for n in chain_nodes] + [(n, False) for n in tree_nodes]
     rows = []
     for i, ctx in enumerate(contexts):
         if progress:
@@ -369,10 +383,16 @@ def calibrate(
     from env.decoder import chat_prompt
     from env.workloads import load_workload
 
-    prompts = [chat_prompt(loaded.tokenizer, p.text) for p in load_workload()[:3]]
-    shapes = list(dict.fromkeys([*DRAFT_SHAPES, *extra_shapes]))
-    drafters = _time_drafters(engine, [n for n in drafter_names if n != "none"], drafter_options or {}, prompts,
-                              shapes, positions=4)
+    prompts = [chat_prompt(loaded.tokenizer, p.text) for p in load_workload()[:draft_prompts]]
+    shapes = list(dict.fromkeys([*draft_shapes, *extra_shapes]))
+    drafters = _time_drafters(
+        engine,
+        [n for n in drafter_names if n != "none"],
+        drafter_options or {},
+        prompts,
+        shapes,
+        positions=draft_positions,
+    )
     meta = {
         "machine": machine_info(),
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -13,6 +13,7 @@ import torch
 
 from drafters import TreeShape
 from env.engine import NO_DRAFT, Arm, Engine, Sampling, StepResult
+from env.features import FeatureSpec, ObservationBuilder
 from env.model import LoadedModel
 from env.target import PromptError, Target
 
@@ -70,7 +71,9 @@ def chat_prompt(tokenizer: Any, text: str) -> list[int]:
 class SpeculativeDecoder:
     """Greedy or sampled speculative decoding of one target with a menu of arms.
 
-    With one arm the decoder is static; with a policy it asks ``policy.act(obs)`` for an arm index every step.
+    With one arm the decoder is static; with a policy it asks ``policy.act(obs)`` for an arm index every step,
+    where ``obs`` is the observation ``SpecDecodeEnv`` gives for the same arm menu (``env.features``), so a policy
+    trained in the env (with ``arms=list(env.unwrapped.arms)``) plugs in unchanged.
     ``arms=[NO_DRAFT]`` is the plain autoregressive loop.
     """
 
@@ -81,8 +84,10 @@ class SpeculativeDecoder:
         *,
         policy: ArmChooser | None = None,
         drafter_options: dict[str, dict[str, Any]] | None = None,
+        features: FeatureSpec | None = None,
     ) -> None:
         self.loaded = loaded
+        self.feature_spec = features or FeatureSpec()
         self.target = Target(loaded)
         self.arms = list(arms or [default_arm()])
         self.policy = policy
@@ -93,8 +98,14 @@ class SpeculativeDecoder:
     def _engine(self, sampling: Sampling, seed: int) -> Engine:
         from drafters import make_drafter
 
+        # Drafters are built once and kept across calls: trained heads load once, and stateful drafters (Token
+        # Recycling's adjacency table) carry what they learned from one prompt to the next, as in their papers.
         names = sorted({a.drafter for a in self.arms if a.drafter is not None})
-        drafters = {n: make_drafter(n, **self.drafter_options.get(n, {})) for n in names}
+        cache = self.__dict__.setdefault("_drafters", {})
+        for n in names:
+            if n not in cache:
+                cache[n] = make_drafter(n, **self.drafter_options.get(n, {}))
+        drafters = {n: cache[n] for n in names}
         return Engine(self.target, drafters, sampling, torch.Generator().manual_seed(seed))
 
     def generate(
@@ -117,8 +128,11 @@ class SpeculativeDecoder:
         if not prompt_ids:
             raise PromptError("the prompt is empty")
         engine = self._engine(sampling, seed)
-        if self.policy is not None and hasattr(self.policy, "reset"):
-            self.policy.reset()
+        obs_builder = None
+        if self.policy is not None:
+            obs_builder = self.observation_builder()  # the env's observation, for policy.act(obs)
+            if hasattr(self.policy, "reset"):
+                self.policy.reset()
         t0 = time.perf_counter()
         seq, first = engine.start(prompt_ids)
         prefill_s = time.perf_counter() - t0
@@ -128,14 +142,22 @@ class SpeculativeDecoder:
         while not (out[-1] in eos or len(out) >= max_new_tokens):
             if self.target.room(seq.state) < 1:
                 break  # the context is full
-            arm = self._choose(engine, seq)
+            obs = None
+            if obs_builder is not None:
+                st = seq.state
+                obs = obs_builder.observe(st.last_logits, st.last_hidden, st.tokens, len(out), max_new_tokens)
+            idx = self._choose(obs)
+            arm = self.arms[idx]
             res: StepResult = engine.step(seq, arm)
             steps += 1
             accepted += res.accepted
             drafted += res.drafted
             arms.append(arm.name)
+            if obs_builder is not None:  # history features count tokens as the env does (cut at eos / max)
+                counted = len(truncate(res.committed, eos, max_new_tokens - len(out)))
+                obs_builder.record(idx, min(res.accepted, counted), res.drafted, counted)
             if self.policy is not None and hasattr(self.policy, "update"):
-                self.policy.update(None, self.arms.index(arm), float(res.tokens), {"step": res})
+                self.policy.update(obs, idx, float(res.tokens), {"step": res})
             out.extend(res.committed)
         wall = time.perf_counter() - t0
         out = truncate(out, eos, max_new_tokens)
@@ -152,13 +174,23 @@ class SpeculativeDecoder:
         text = tok.decode(out, skip_special_tokens=True)
         return Generation(text=text, token_ids=out, prompt_ids=prompt_ids, stats=stats, arms=arms)
 
-    def _choose(self, engine: Engine, seq) -> Arm:
+    def observation_builder(self) -> ObservationBuilder:
+        """Observations as ``SpecDecodeEnv`` computes them for this arm menu (``env.features``)."""
+        depths = [0 if a.drafter is None else a.shape.depth for a in self.arms]
+        hidden = int(self.loaded.model.config.hidden_size)
+        return ObservationBuilder(self.feature_spec, [a.name for a in self.arms], depths, hidden)
+
+    @property
+    def feature_names(self) -> list[str]:
+        return list(self.observation_builder().names)
+
+    def _choose(self, obs) -> int:
         if self.policy is None:
-            return self.arms[0]
-        idx = int(self.policy.act(None))
+            return 0
+        idx = int(self.policy.act(obs))
         if not 0 <= idx < len(self.arms):
             raise ValueError(f"policy chose arm {idx}; valid arms are 0..{len(self.arms) - 1}")
-        return self.arms[idx]
+        return idx
 
 
 def truncate(tokens: list[int], eos: frozenset[int], max_new_tokens: int) -> list[int]:

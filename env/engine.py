@@ -128,6 +128,8 @@ class Engine:
         self.target.append_root(state, first)
         ctx = DraftContext(tokens=state.tokens, prompt_len=state.prompt_len, target=self.target)
         ctx.last_hidden = state.last_hidden
+        # for drafters that read the target: the prompt's features (EAGLE) and its KV cache (early exit)
+        ctx.extras.update(prompt_hidden=state.prompt_hidden, target_cache=state.cache)
         for d in self.drafters.values():
             d.reset(ctx)
         result = StepResult(NO_DRAFT, [first], 0, 0, 0.0, time.perf_counter() - t0)
@@ -158,7 +160,14 @@ class Engine:
         seq.state.last_logits = out.logits[int(path[-1])].clone()  # a copy: frees the tree's [N, V] logits
         seq.ctx.last_hidden = seq.state.last_hidden
         if self.drafters:
-            feedback = Feedback(committed=committed, tree=tree, path_logits=out.logits[path])
+            feedback = Feedback(
+                committed=committed,
+                tree=tree,
+                path_logits=out.logits[path],
+                path=path,
+                tree_logits=out.logits,
+                path_hidden=out.hidden[path],
+            )
             for d in self.drafters.values():
                 d.observe(seq.ctx, feedback)
         t2 = time.perf_counter()

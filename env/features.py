@@ -139,7 +139,9 @@ def history_init(batch: int, num_arms: int, like: Any = None) -> Any:
     return np.zeros((batch, 2 + num_arms), dtype=np.float32)
 
 
-def history_update(hist, rows, arm, accepted, drafted, tokens, arm_depth, max_tokens: int, decay: float) -> None:
+def history_update(
+    hist, rows, arm, accepted, drafted, tokens, arm_depth, max_tokens: int, decay: float
+) -> None:
     """In place, after a step. hist: [B, 2 + K]; rows: row index (int) or indices [B]; arm, accepted, drafted,
     tokens: scalars or [B] (same kind as rows); arm_depth: [K] depth of each arm (0 for "none")."""
     w = 1.0 - decay
@@ -165,7 +167,9 @@ class ObservationBuilder:
     """Observations of one live sequence (the live env and the decoder): position features from the target's
     output, history from the episode's steps, assembled by the same functions replay uses."""
 
-    def __init__(self, spec: FeatureSpec, arm_names: Sequence[str], arm_depths: Sequence[int], hidden_size: int):
+    def __init__(
+        self, spec: FeatureSpec, arm_names: Sequence[str], arm_depths: Sequence[int], hidden_size: int
+    ):
         self.spec = spec
         self.names = feature_names(spec, arm_names, arm_depths)
         self.arm_depth = np.asarray(arm_depths, dtype=np.int64)
@@ -182,14 +186,27 @@ class ObservationBuilder:
     def reset(self) -> None:
         self.hist[:] = 0.0
 
-    def observe(self, logits: torch.Tensor, hidden: torch.Tensor, tokens: Sequence[int], generated: int,
-                max_new_tokens: int) -> np.ndarray:
+    def observe(
+        self,
+        logits: torch.Tensor,
+        hidden: torch.Tensor,
+        tokens: Sequence[int],
+        generated: int,
+        max_new_tokens: int,
+    ) -> np.ndarray:
         pos_feat = position_features(logits, hidden, tokens, self.spec, self.proj)
         frac = min(generated / max_new_tokens, 1.0)
         return assemble(frac, pos_feat, self.hist[0], self.cols, np.empty(self.size, dtype=np.float32))
 
     def record(self, arm: int, accepted: int, drafted: int, tokens: int) -> None:
         history_update(
-            self.hist, 0, arm, np.int64(accepted), np.int64(drafted), np.int64(tokens), self.arm_depth,
-            self.max_tokens, self.spec.decay,
+            self.hist,
+            0,
+            arm,
+            np.int64(accepted),
+            np.int64(drafted),
+            np.int64(tokens),
+            self.arm_depth,
+            self.max_tokens,
+            self.spec.decay,
         )

@@ -34,8 +34,8 @@ from env.trace import Trace, TraceError
 class ReplayTables:
     """Everything a replay step reads. ``T`` positions (all prompts), ``K`` arms, ``P`` prompts."""
 
-    accept: Any  # int32 [K, T] greedy walk length of arm k's tree at position g (bonus excluded)
-    drafted: Any  # int32 [K, T] draft nodes in that tree
+    accept: Any  # int64 [K, T] greedy walk length of arm k's tree at position g (bonus excluded)
+    drafted: Any  # int64 [K, T] draft nodes in that tree
     cost: Any  # float32 [K, T] seconds of the step (cost model)
     ar_cost: Any  # float32 [T] seconds of one autoregressive token there
     feat: Any  # float32 [T, 4 + P] position features
@@ -67,14 +67,23 @@ def greedy_walk(tokens: Sequence[int], parents: Sequence[int], continuation: Seq
     cur, depth = 0, 0
     n = len(tokens)
     while depth < len(continuation):
-        nxt = next((c for c in range(cur + 1, n) if int(parents[c]) == cur and int(tokens[c]) == continuation[depth]), None)
+        nxt = next(
+            (
+                c
+                for c in range(cur + 1, n)
+                if int(parents[c]) == cur and int(tokens[c]) == continuation[depth]
+            ),
+            None,
+        )
         if nxt is None:
             break
         cur, depth = nxt, depth + 1
     return depth
 
 
-def replay_accept(tokens: Sequence[int], parents: Sequence[int], continuation: Sequence[int], arm: Arm) -> tuple[int, int, bool]:
+def replay_accept(
+    tokens: Sequence[int], parents: Sequence[int], continuation: Sequence[int], arm: Arm
+) -> tuple[int, int, bool]:
     """(accepted, draft nodes, is chain) of ``arm`` on one recorded tree: prune, then walk."""
     if arm.drafter is None or arm.shape.depth == 0:
         return 0, 0, True
@@ -110,7 +119,9 @@ def _tree_index(trace: Trace, name: str) -> dict[str, np.ndarray]:
     # siblings are not necessarily contiguous: rank by a stable sort on the parent
     order = np.argsort(gp, kind="stable")
     sp = gp[order]
-    starts = np.concatenate([[0], np.flatnonzero(sp[1:] != sp[:-1]) + 1]) if sp.size else np.zeros(0, np.int64)
+    starts = (
+        np.concatenate([[0], np.flatnonzero(sp[1:] != sp[:-1]) + 1]) if sp.size else np.zeros(0, np.int64)
+    )
     run = np.zeros(sp.size, dtype=np.int64)
     if sp.size:
         run[starts] = 1
@@ -189,19 +200,28 @@ def arm_columns(trace: Trace, arm: Arm) -> tuple[np.ndarray, np.ndarray, np.ndar
     return accept, drafted, chain
 
 
-def build_tables(trace: Trace, arms: Sequence[Arm], cost_model: FittedCostModel, max_new_tokens: int | None = None,
-                 decay: float | None = None) -> ReplayTables:
+def build_tables(
+    trace: Trace,
+    arms: Sequence[Arm],
+    cost_model: FittedCostModel,
+    max_new_tokens: int | None = None,
+    decay: float | None = None,
+) -> ReplayTables:
     """Evaluate every arm at every position of ``trace`` (cached on the trace per arm)."""
     max_new = trace.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
     if not 2 <= max_new <= trace.max_new_tokens:
-        raise TraceError(f"max_new_tokens must be in 2..{trace.max_new_tokens} (what the trace recorded), got {max_new}")
+        raise TraceError(
+            f"max_new_tokens must be in 2..{trace.max_new_tokens} (what the trace recorded), got {max_new}"
+        )
     npos = trace.traj.shape[0]
     k = len(arms)
-    accept = np.zeros((k, npos), dtype=np.int32)
-    drafted = np.zeros((k, npos), dtype=np.int32)
+    accept = np.zeros((k, npos), dtype=np.int64)
+    drafted = np.zeros((k, npos), dtype=np.int64)
     cost = np.zeros((k, npos), dtype=np.float32)
     prompt_of_pos = np.searchsorted(trace.traj_off, np.arange(npos), side="right") - 1
-    context = trace.prompt_len[prompt_of_pos] + (np.arange(npos) - trace.traj_off[prompt_of_pos])  # past length
+    context = trace.prompt_len[prompt_of_pos] + (
+        np.arange(npos) - trace.traj_off[prompt_of_pos]
+    )  # past length
     for i, arm in enumerate(arms):
         key = ("arm", arm)
         if key not in trace.cache:

@@ -87,7 +87,8 @@ class SpecDecodeEnv(gym.Env):
     - replay: ``trace`` (path or ``Trace``; default: the shipped trace of the built-in workload); ``model``
       (optional: refuse a trace recorded for another model).
     - live: ``model`` (``None`` = embedded, a folder, or a loaded ``LoadedModel``), ``dtype`` (``"fp32"``),
-      ``device``, ``workload`` (a Spec-Bench JSONL path, ``"builtin"`` or a list of ``Prompt``), ``sampling``
+      ``device``, ``workload`` (a Spec-Bench JSONL path, ``"builtin"``, a list of ``Prompt``, or a ``Trace``:
+      its recorded prompt tokens), ``sampling``
       (``Sampling`` or dict; greedy default), ``drafter_options`` ({drafter: kwargs}).
     - ``features``: a ``FeatureSpec`` or dict (replay: must equal the trace's).
     """
@@ -123,14 +124,26 @@ class SpecDecodeEnv(gym.Env):
         self.arms: tuple[Arm, ...] = make_arms(arms)
         self.arm_names = tuple(a.name for a in self.arms)
         self.cost_model = load_cost_model(cost_model)
-        spec = features if isinstance(features, FeatureSpec) or features is None else FeatureSpec.from_dict(features)
+        spec = (
+            features
+            if isinstance(features, FeatureSpec) or features is None
+            else FeatureSpec.from_dict(features)
+        )
         if backend == "replay":
             self._init_replay(trace, model, spec, max_new_tokens, sampling)
         else:
             if trace is not None:
                 raise EnvError("trace= is for backend='replay'")
-            self._init_live(model, dtype, device, workload, spec or FeatureSpec(), max_new_tokens, sampling,
-                            drafter_options)
+            self._init_live(
+                model,
+                dtype,
+                device,
+                workload,
+                spec or FeatureSpec(),
+                max_new_tokens,
+                sampling,
+                drafter_options,
+            )
         self.feature_names = tuple(feature_names(self.feature_spec, self.arm_names, arm_depths(self.arms)))
         low, high = observation_bounds(self.feature_spec, len(self.feature_names))
         self.observation_space = spaces.Box(low, high, dtype=np.float32)
@@ -143,35 +156,54 @@ class SpecDecodeEnv(gym.Env):
             raise EnvError("cost='measured' needs backend='live' (replay has no wall time to measure)")
         s = Sampling(**sampling) if isinstance(sampling, dict) else sampling
         if s is not None and s.temperature > 0:
-            raise EnvError("replay is greedy (traces record the greedy trajectory); use backend='live' to sample")
+            raise EnvError(
+                "replay is greedy (traces record the greedy trajectory); use backend='live' to sample"
+            )
         self.trace = trace if isinstance(trace, Trace) else load_trace(trace)
         if model is not None:
             from env.model import LoadedModel, load_model
 
-            loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype="fp32", device="cpu")
+            loaded = (
+                model if isinstance(model, LoadedModel) else load_model(model, dtype="fp32", device="cpu")
+            )
             self.trace.check_model(model_fingerprint(loaded))
         if spec is not None and spec != self.trace.spec:
             raise EnvError(f"features {spec} differ from the trace's {self.trace.spec}")
         self.feature_spec = self.trace.spec
-        self.cost_model.check_model(self.trace.header["model"]["model_id"], self.trace.header["model"]["dtype"])
+        self.cost_model.check_model(
+            self.trace.header["model"]["model_id"], self.trace.header["model"]["dtype"]
+        )
         self.max_new_tokens = int(max_new_tokens or self.trace.max_new_tokens)
         self.tables = build_tables(self.trace, self.arms, self.cost_model, self.max_new_tokens)
         if not len(self.tables.startable):
             raise TraceError("no prompt of the trace has a step to take (all end after one token)")
         self.prompt_ids = self.trace.prompt_ids
+        # which drafters replay exactly (stateless: proposal = pruned recorded tree) and which approximately
+        self.replay_exact = {n: bool(d["exact"]) for n, d in self.trace.drafters.items()}
         self._hist = np.zeros((1, 2 + len(self.arms)), dtype=np.float32)
 
-    def _init_live(self, model, dtype, device, workload, spec, max_new_tokens, sampling, drafter_options) -> None:
+    def _init_live(
+        self, model, dtype, device, workload, spec, max_new_tokens, sampling, drafter_options
+    ) -> None:
         from drafters import make_drafter
         from env.engine import Engine
         from env.model import LoadedModel, load_model
         from env.target import Target
-        from env.workloads import load_workload
+        from env.workloads import Prompt, load_workload
 
-        self.loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype, device=device)
+        self.loaded = (
+            model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype, device=device)
+        )
         self.cost_model.check_model(self.loaded.model_id, str(self.loaded.dtype).removeprefix("torch."))
         self.sampling = Sampling(**sampling) if isinstance(sampling, dict) else (sampling or Sampling())
-        self.prompts = list(workload) if isinstance(workload, (list, tuple)) else load_workload(workload)
+        self._token_cache: dict[int, list[int]] = {}
+        if isinstance(workload, Trace):  # decode exactly the prompts (token ids) a trace recorded
+            workload.check_model(model_fingerprint(self.loaded))
+            cats = workload.header["prompts"]["categories"]
+            self.prompts = [Prompt(pid, c, "") for pid, c in zip(workload.prompt_ids, cats)]
+            self._token_cache = {i: workload.prompt(i) for i in range(workload.num_prompts)}
+        else:
+            self.prompts = list(workload) if isinstance(workload, (list, tuple)) else load_workload(workload)
         self.prompt_ids = [str(p.prompt_id) for p in self.prompts]
         self.max_new_tokens = int(max_new_tokens or 128)
         if self.max_new_tokens < 2:
@@ -182,7 +214,6 @@ class SpecDecodeEnv(gym.Env):
         self.feature_spec = spec
         hidden = int(self.loaded.model.config.hidden_size)
         self.builder = ObservationBuilder(spec, self.arm_names, arm_depths(self.arms), hidden)
-        self._token_cache: dict[int, list[int]] = {}
 
     # ---- Gymnasium API ----
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -194,7 +225,9 @@ class SpecDecodeEnv(gym.Env):
         if "prompt_id" in options:
             pid = str(options["prompt_id"])
             if pid not in self.prompt_ids:
-                raise EnvError(f"unknown prompt_id {pid!r}; this env has {len(self.prompt_ids)} prompts, e.g. {self.prompt_ids[:5]}")
+                raise EnvError(
+                    f"unknown prompt_id {pid!r}; this env has {len(self.prompt_ids)} prompts, e.g. {self.prompt_ids[:5]}"
+                )
             p = self.prompt_ids.index(pid)
         else:
             p = None
@@ -245,7 +278,9 @@ class SpecDecodeEnv(gym.Env):
         self._pos = int(out.pos)
         terminated, truncated = bool(out.terminated), bool(out.truncated)
         self._done = terminated or truncated
-        obs = replay_observe(tb, self._p, self._pos, self._hist[0], np.empty(len(self.feature_names), np.float32))
+        obs = replay_observe(
+            tb, self._p, self._pos, self._hist[0], np.empty(len(self.feature_names), np.float32)
+        )
         info = {
             "tokens": int(out.tokens),
             "accepted": int(out.accepted),
@@ -280,7 +315,9 @@ class SpecDecodeEnv(gym.Env):
 
     def _observe_live(self) -> np.ndarray:
         st = self._seq.state
-        obs = self.builder.observe(st.last_logits, st.last_hidden, st.tokens, self._generated, self.max_new_tokens)
+        obs = self.builder.observe(
+            st.last_logits, st.last_hidden, st.tokens, self._generated, self.max_new_tokens
+        )
         return obs.clip(self.observation_space.low, self.observation_space.high)
 
     def _step_live(self, a: int):
@@ -298,7 +335,9 @@ class SpecDecodeEnv(gym.Env):
         tokens, accepted = len(counted), min(res.accepted, len(counted))
         self._generated += tokens
         terminated = counted[-1] in eos
-        truncated = not terminated and (self._generated >= self.max_new_tokens or self.engine.target.room(st) < 1)
+        truncated = not terminated and (
+            self._generated >= self.max_new_tokens or self.engine.target.room(st) < 1
+        )
         self._done = terminated or truncated
         ar = float(self.cost_model.ar_cost(context))
         if self.cost == "measured":

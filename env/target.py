@@ -32,7 +32,10 @@ class TargetState:
     prompt_len: int
     cache: DynamicCache
     last_hidden: torch.Tensor | None = None  # [H] final-norm hidden state that predicted the root
-    last_logits: torch.Tensor | None = None  # [V] target logits that predicted the root (observation features)
+    last_logits: torch.Tensor | None = (
+        None  # [V] target logits that predicted the root (observation features)
+    )
+    prompt_hidden: torch.Tensor | None = None  # [P, H] final-norm hidden states of the prompt (EAGLE)
 
     @property
     def past_len(self) -> int:
@@ -83,10 +86,12 @@ class Target:
         cache = DynamicCache(config=self.model.config)
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         pos = torch.arange(len(prompt_ids), device=self.device)[None]
-        hidden = self._forward(ids, cache, pos, None)[-1]
+        hidden_all = self._forward(ids, cache, pos, None)  # [P, H]
+        hidden = hidden_all[-1]
         state = TargetState(
             tokens=list(prompt_ids), prompt_len=len(prompt_ids), cache=cache, last_hidden=hidden
         )
+        state.prompt_hidden = hidden_all
         state.last_logits = self.logits(hidden)
         return state, state.last_logits
 

@@ -101,11 +101,6 @@ class Trace:
     def trajectory(self, p: int) -> list[int]:
         return self.traj[self.traj_off[p] : self.traj_off[p + 1]].tolist()
 
-    def ends_with_eos(self) -> np.ndarray:
-        eos = set(self.header["model"]["eos_ids"])
-        last = self.traj[self.traj_off[1:] - 1]
-        return np.isin(last, list(eos)) & (np.diff(self.traj_off) > 0)
-
     def check_model(self, fingerprint: dict[str, Any], what: str = "this model") -> None:
         """Refuse a trace recorded for another model or tokenizer."""
         mine = self.header["model"]
@@ -159,12 +154,16 @@ def load_trace(path: str | Path | None = None) -> Trace:
     if header.get("format") != FORMAT:
         raise TraceError(f"{file} is not a draftgym trace (format {header.get('format')!r})")
     if header.get("version") != VERSION:
-        raise TraceError(f"{file} is trace version {header.get('version')}; this draftgym reads version {VERSION}")
+        raise TraceError(
+            f"{file} is trace version {header.get('version')}; this draftgym reads version {VERSION}"
+        )
     trees = {
         name: TreeArrays(data[f"tree/{name}/off"], data[f"tree/{name}/tokens"], data[f"tree/{name}/parents"])
         for name in header["drafters"]
     }
-    return Trace(header, data["prompt_tokens"], data["prompt_off"], data["traj"], data["traj_off"], data["feat"], trees)
+    return Trace(
+        header, data["prompt_tokens"], data["prompt_off"], data["traj"], data["traj_off"], data["feat"], trees
+    )
 
 
 # ---- recording ----------------------------------------------------------------------------------------------------
@@ -197,8 +196,14 @@ def _drafter_header(name: str, d: Drafter, options: dict[str, Any]) -> dict[str,
     return {"exact": exact, "shape": [s.depth, s.topk, s.budget], "options": options}
 
 
-def record_prompt(engine: Any, probes: dict[str, Drafter], prompt_ids: list[int], max_new_tokens: int,
-                  spec: FeatureSpec, proj: np.ndarray) -> dict[str, np.ndarray]:
+def record_prompt(
+    engine: Any,
+    probes: dict[str, Drafter],
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    spec: FeatureSpec,
+    proj: np.ndarray,
+) -> dict[str, np.ndarray]:
     """Greedy autoregressive decoding of one prompt; at every root, its position features and each probe
     drafter's largest proposal. Returns the arrays of one part."""
     from env.engine import NO_DRAFT
@@ -220,7 +225,9 @@ def record_prompt(engine: Any, probes: dict[str, Drafter], prompt_ids: list[int]
         root = state.tokens[-1]
         res = engine.step(seq, NO_DRAFT)
         generated += 1
-        fb = Feedback(committed=res.committed, tree=DraftTree.root_only(root), path_logits=state.last_logits[None])
+        fb = Feedback(
+            committed=res.committed, tree=DraftTree.root_only(root), path_logits=state.last_logits[None]
+        )
         for d in probes.values():
             d.observe(seq.ctx, fb)
     out = {
@@ -321,7 +328,9 @@ def record(
     for i, p in enumerate(bar):
         part_file = parts_dir / f"{i:05d}.npz"
         if not part_file.is_file():
-            arrays = record_prompt(engine, probes, chat_prompt(loaded.tokenizer, p.text), max_new_tokens, spec, proj)
+            arrays = record_prompt(
+                engine, probes, chat_prompt(loaded.tokenizer, p.text), max_new_tokens, spec, proj
+            )
             tmp = parts_dir / f"{i:05d}.tmp.npz"
             np.savez(tmp, **arrays)
             tmp.replace(part_file)

@@ -121,15 +121,17 @@ def run_bench(
     out_dir: Path,
     settings: dict[str, Any],
     progress: bool = True,
+    decoders: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``decoders``: ready decoders by method name (e.g. ``policy:NAME`` -> a decoder driven by a policy)."""
+    decoders = dict(decoders or {})
     for m in methods:
-        if m not in HF_METHODS:
+        if m not in HF_METHODS and m not in decoders:
             parse_arm(m)  # fail before any work on a bad method name
     out_dir.mkdir(parents=True, exist_ok=True)
     rec_path = out_dir / "records.jsonl"
     records = load_done(rec_path)
     done = {(r.method, r.prompt_id) for r in records}
-    decoders: dict[str, Any] = {}
     todo = [(i, p) for i, p in enumerate(prompts) if any((m, p.prompt_id) not in done for m in methods)]
     if todo:  # warm-up: the first call of each method pays for lazy initialisation; untimed
         warm_ids = chat_prompt(loaded.tokenizer, "Say hello.")
@@ -144,7 +146,9 @@ def run_bench(
                 if (m, p.prompt_id) in done:
                     continue
                 ids, wall, steps, tau, arms = run_method(m, loaded, decoders, prompt_ids, max_new_tokens)
-                rec = Record(m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids, arms)
+                rec = Record(
+                    m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids, arms
+                )
                 fh.write(json.dumps(asdict(rec)) + "\n")
                 fh.flush()
                 records.append(rec)
@@ -205,4 +209,25 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             f"{r['category']:<15}{r['method']:<20}{r['prompts']:>8}{r['tokens']:>8}{r['tokens_per_s']:>8.2f}"
             f"{f(r['tau'], '.2f'):>7}{f(r['speedup_vs_hf'], '.2f'):>7}{f(r['speedup_vs_ar'], '.2f'):>7}"
         )
+    best = best_by_category(rows)
+    if best and len({r["method"] for r in rows} - BASELINES) > 1:
+        overall = best.get("overall", ("-", 0.0))[0]
+        lines += ["", "best speculative method per category (x HF greedy; * = not the overall best):"]
+        for cat, (m, x) in best.items():
+            lines.append(f"  {cat:<15}{m:<22}{x:>6.2f}{'  *' if cat != 'overall' and m != overall else ''}")
     return "\n".join(lines)
+
+
+BASELINES = {"hf_greedy", "hf_pld", "ar", "none"}
+
+
+def best_by_category(rows: list[dict[str, Any]]) -> dict[str, tuple[str, float]]:
+    """Per category, the speculative method (baselines excluded) with the highest speedup over HF greedy."""
+    best: dict[str, tuple[str, float]] = {}
+    for r in rows:
+        x = r.get("speedup_vs_hf")
+        if r["method"] in BASELINES or x is None or x != x:
+            continue
+        if r["category"] not in best or x > best[r["category"]][1]:
+            best[r["category"]] = (r["method"], float(x))
+    return best

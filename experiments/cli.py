@@ -15,7 +15,15 @@ EXIT_USAGE = 2
 
 # Modules that add subcommands: each defines ``register(subparsers)`` and sets ``func`` on its parsers, which
 # return an exit code and raise ``UserError`` (or another error named in ``USER_ERRORS``) for bad input.
-COMMAND_MODULES: list[str] = ["experiments.agreement", "experiments.runner", "experiments.sweep"]
+COMMAND_MODULES: list[str] = [
+    "experiments.agreement",
+    "experiments.runner",
+    "experiments.sweep",
+    "experiments.report",
+    "experiments.env_commands",
+    "experiments.train_drafter",
+    "experiments.policy_commands",
+]
 
 
 class UserError(Exception):
@@ -97,21 +105,33 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
-    dec = SpeculativeDecoder(loaded, [arm])
+    if args.policy:  # a saved policy picks the arm each step (experiments.policy_commands)
+        from experiments.policy_commands import policy_decoder
+
+        dec = policy_decoder(loaded, args.policy)
+        arm = None
+    else:
+        dec = SpeculativeDecoder(loaded, [arm])
     g = dec.generate(
         text, max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, chat=not args.raw
     )
     if args.json:
         print(
             json.dumps(
-                {"text": g.text, "token_ids": g.token_ids, "arm": arm.name, "stats": g.stats.as_dict()}
+                {
+                    "text": g.text,
+                    "token_ids": g.token_ids,
+                    "arm": arm.name if arm else args.policy,
+                    "arms": g.arms,
+                    "stats": g.stats.as_dict(),
+                }
             )
         )
     else:
         print(g.text)
         s = g.stats
         print(
-            f"[{arm.name}] {s.new_tokens} tokens in {s.wall_s:.2f} s: {s.tokens_per_s:.2f} tok/s, "
+            f"[{arm.name if arm else args.policy}] {s.new_tokens} tokens in {s.wall_s:.2f} s: {s.tokens_per_s:.2f} tok/s, "
             f"tau {s.tau:.2f}, {s.steps} steps",
             file=sys.stderr,
         )
@@ -133,6 +153,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         prompts = prompts[: args.limit]
     out = Path(args.out or f"runs/bench-{dt.datetime.now():%Y%m%d-%H%M%S}")
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    decoders = {}
+    for path in args.policy or []:  # each saved policy is one more method, "policy:<file stem>"
+        from experiments.policy_commands import policy_decoder
+
+        decoders[f"policy:{Path(path).stem}"] = policy_decoder(loaded, path)
+    methods += [m for m in decoders if m not in methods]
     settings = {
         "model": loaded.model_id,
         "dtype": str(loaded.dtype).removeprefix("torch."),
@@ -151,6 +177,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         out_dir=out,
         settings=settings,
         progress=not args.json,
+        decoders=decoders,
     )
     if args.json:
         print(json.dumps(result))
@@ -178,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    g.add_argument("--policy", default=None, help="a saved policy file that picks the arm every step")
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="benchmark methods side by side against Hugging Face generate")
@@ -191,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="run directory (re-use it to resume a killed run)")
     _model_args(b)
     b.add_argument("--json", action="store_true")
+    b.add_argument(
+        "--policy", action="append", default=None, help="a saved policy file as a method (repeatable)"
+    )
     b.set_defaults(func=cmd_bench)
 
     import importlib

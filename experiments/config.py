@@ -12,34 +12,26 @@ policy described by the table ``[policies.NAME]``.
 
 from __future__ import annotations
 
-import difflib
 import inspect
-import re
-import sys
-import types
-import typing
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10
-    import tomli as tomllib
+from experiments.strict_toml import (
+    ConfigError,
+    Origin,
+    apply_override,
+    build,
+    diff,
+    dotted,
+    parse_set,
+    to_toml,
+    tomllib,
+)
+from experiments.strict_toml import opt as _f
 
 Scalar = int | float | str | bool
 HF_METHODS = ("hf_greedy", "hf_pld")
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the key and where it was set."""
-
-
-def _f(default: Any, **meta: Any) -> Any:
-    """A dataclass field with validation metadata: ``choices``, ``min``, ``max``."""
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -86,6 +78,15 @@ class TrainConfig:
     """Training budget in env steps."""
     n_envs: int = _f(8, min=1)
     """Parallel envs (the vectorized replay env, or SubprocVecEnv for live)."""
+    eval_freq: int = _f(20_000, min=1)
+    """Env steps between evaluations of the deterministic policy on validation prompts."""
+    checkpoint_freq: int = _f(20_000, min=1)
+    """Env steps between checkpoints (a killed training resumes from the latest)."""
+    test_per_category: int = _f(5, min=0)
+    """Prompts of each category held out from training (split by prompt, seeded by ``seed``); ``draftgym
+    evaluate`` scores the policy on them."""
+    cost_model: str = ""
+    """Cost model JSON for the replay rewards (empty: the shipped one)."""
     out: str = ""
     """Where the trained policy is saved (empty: <run dir>/policies/<name>.zip)."""
 
@@ -159,161 +160,6 @@ class Config:
     sweep: SweepConfig = SweepConfig()
 
 
-# ---------------------------------------------------------------------------------------------- where keys live
-
-
-class _Origin:
-    """Says where a dotted key was set: ``file:line``, ``--set key`` or ``sweep trial``."""
-
-    def __init__(self, file: str | None, text: str, overridden: dict[tuple[str, ...], str]) -> None:
-        self.file = file or "<config>"
-        self.overridden = overridden
-        self.lines = _key_lines(text)
-
-    def __call__(self, path: tuple[str, ...]) -> str:
-        path = tuple(re.sub(r"\[\d+\]$", "", p) for p in path)  # methods[2] was set on the line of methods
-        for n in range(len(path), 0, -1):
-            if path[:n] in self.overridden:
-                return self.overridden[path[:n]]
-        for n in range(len(path), 0, -1):
-            if path[:n] in self.lines:
-                return f"{self.file}:{self.lines[path[:n]]}"
-        return self.file
-
-
-def _key_lines(text: str) -> dict[tuple[str, ...], int]:
-    """Best-effort line of each key and table header of a TOML text (first occurrence)."""
-    out: dict[tuple[str, ...], int] = {}
-    table: tuple[str, ...] = ()
-    key_re = re.compile(r"^\s*([A-Za-z0-9_\-\"'. ]+?)\s*=")
-    for i, line in enumerate(text.splitlines(), 1):
-        s = line.strip()
-        if s.startswith("["):
-            inner = s.strip("[]").split("#")[0].strip()
-            table = tuple(p.strip().strip("\"'") for p in inner.split("."))
-            out.setdefault(table, i)
-            continue
-        m = key_re.match(line)
-        if m and not s.startswith("#"):
-            key = tuple(p.strip().strip("\"'") for p in m.group(1).split("."))
-            for n in range(1, len(key) + 1):
-                out.setdefault(table + key[:n], i)
-    return out
-
-
-def _dotted(path: tuple[str, ...]) -> str:
-    return ".".join(path).replace(".[", "[")
-
-
-# ---------------------------------------------------------------------------------------------- typed building
-
-
-def _type_name(tp: Any) -> str:
-    if isinstance(tp, type):
-        return {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false"}.get(
-            tp.__name__, f"a table [{tp.__name__}]"
-        )
-    origin = typing.get_origin(tp)
-    if origin is tuple:
-        return f"a list of {_type_name(typing.get_args(tp)[0]).removeprefix('a ').removeprefix('an ')}s"
-    if origin is dict:
-        return "a table"
-    return " or ".join(_type_name(a) for a in typing.get_args(tp))
-
-
-def _coerce(tp: Any, value: Any, path: tuple[str, ...], where: _Origin) -> Any:
-    def bad() -> ConfigError:
-        got = "a table" if isinstance(value, dict) else f"{value!r}"
-        return ConfigError(f"{where(path)}: {_dotted(path)} must be {_type_name(tp)}, got {got}")
-
-    if is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise bad()
-        return _build(tp, value, path, where)
-    origin = typing.get_origin(tp)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise bad()
-        (elem, _) = typing.get_args(tp)
-        return tuple(_coerce(elem, v, (*path[:-1], f"{path[-1]}[{i}]"), where) for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise bad()
-        _, val_tp = typing.get_args(tp)
-        return {str(k): _coerce(val_tp, v, (*path, str(k)), where) for k, v in value.items()}
-    if origin in (typing.Union, types.UnionType):
-        for member in typing.get_args(tp):
-            try:
-                return _coerce(member, value, path, where)
-            except ConfigError:
-                continue
-        raise bad()
-    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if tp in (int, str, bool) and type(value) is tp:
-        return value
-    raise bad()
-
-
-def _build(cls: type, raw: dict[str, Any], path: tuple[str, ...], where: _Origin) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in fields(cls)]
-    for key in raw:
-        if key not in names:
-            near = difflib.get_close_matches(key, names, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
-            table = f"[{_dotted(path)}]" if path else "the top level"
-            raise ConfigError(
-                f"{where((*path, key))}: unknown key {_dotted((*path, key))!r} in {table}{hint} "
-                f"(valid: {', '.join(names)})"
-            )
-    kwargs = {}
-    for f in fields(cls):
-        if f.name not in raw:
-            continue
-        val = _coerce(hints[f.name], raw[f.name], (*path, f.name), where)
-        meta = f.metadata
-        loc = f"{where((*path, f.name))}: {_dotted((*path, f.name))}"
-        if "choices" in meta and val not in meta["choices"]:
-            raise ConfigError(f"{loc} is {val!r}; valid: {', '.join(meta['choices'])}")
-        if "min" in meta and val < meta["min"]:
-            raise ConfigError(f"{loc} must be >= {meta['min']}, got {val}")
-        if "max" in meta and val > meta["max"]:
-            raise ConfigError(f"{loc} must be <= {meta['max']}, got {val}")
-        kwargs[f.name] = val
-    return cls(**kwargs)
-
-
-# ---------------------------------------------------------------------------------------------- overrides
-
-
-def parse_set(item: str) -> tuple[tuple[str, ...], Any]:
-    """``a.b=v`` -> (("a", "b"), v); v is read as a TOML value (``3e-4``, ``true``, ``["ar"]``), else a string."""
-    key, sep, raw = item.partition("=")
-    key = key.strip()
-    if not sep or not key or any(not p for p in key.split(".")):
-        raise ConfigError(
-            f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. --set decode.max_new_tokens=16"
-        )
-    try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw.strip()
-    return tuple(key.split(".")), value
-
-
-def _apply(raw: dict[str, Any], path: tuple[str, ...], value: Any, origin: str) -> None:
-    node = raw
-    for i, part in enumerate(path[:-1]):
-        nxt = node.setdefault(part, {})
-        if not isinstance(nxt, dict):
-            raise ConfigError(
-                f"{origin}: {_dotted(path[: i + 1])} is not a table, cannot set {_dotted(path)}"
-            )
-        node = nxt
-    node[path[-1]] = value
-
-
 # ---------------------------------------------------------------------------------------------- loading
 
 
@@ -341,26 +187,26 @@ def load_config(
     overridden: dict[tuple[str, ...], str] = {}
     for key, value in (trial or {}).items():
         keys = tuple(key.split("."))
-        _apply(raw, keys, value, f"sweep trial {key}")
+        apply_override(raw, keys, value, f"sweep trial {key}")
         overridden[keys] = f"sweep trial ({key})"
     for item in sets:
         keys, value = parse_set(item)
-        _apply(raw, keys, value, f"--set {item}")
+        apply_override(raw, keys, value, f"--set {item}")
         overridden[keys] = f"--set {item}"
-    where = _Origin(file, text, overridden)
-    cfg = _build(Config, raw, (), where)
+    where = Origin(file, text, overridden)
+    cfg = build(Config, raw, (), where)
     validate(cfg, where)
     return cfg
 
 
-def validate(cfg: Config, where: _Origin | None = None) -> None:
+def validate(cfg: Config, where: Origin | None = None) -> None:
     """Checks across fields: method names, arm menus, drafter options, the swept method."""
     from drafters import DRAFTERS
 
-    where = where or _Origin(None, "", {})
+    where = where or Origin(None, "", {})
 
     def fail(path: tuple[str, ...], msg: str) -> None:
-        raise ConfigError(f"{where(path)}: {_dotted(path)} {msg}")
+        raise ConfigError(f"{where(path)}: {dotted(path)} {msg}")
 
     if not cfg.methods:
         fail(("methods",), 'is empty; list at least one method (e.g. ["ar", "ngram-d8"])')
@@ -443,6 +289,11 @@ def _check_policy(name: str, p: PolicyConfig, fail: Any) -> None:
             fail((*key, "params", opt), f"is not a parameter of {p.kind}; valid: {', '.join(valid)}")
 
 
+def diff_configs(a: Config, b: Config, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Dotted keys whose values differ between two configs, except those starting with an ``ignore`` prefix."""
+    return diff(a, b, ignore)
+
+
 def _check_arm(name: str, key: tuple[str, ...], fail: Any, registry: dict[str, Any]) -> None:
     from drafters import DrafterError
     from env.engine import parse_arm
@@ -454,77 +305,6 @@ def _check_arm(name: str, key: tuple[str, ...], fail: Any, registry: dict[str, A
         return
     if arm.drafter is not None and arm.drafter not in registry:
         fail(key, f"is {name!r}: unknown drafter {arm.drafter!r}; known: {', '.join(sorted(registry))}")
-
-
-def diff_configs(a: Config, b: Config, ignore: tuple[str, ...] = ()) -> list[str]:
-    """Dotted keys whose values differ between two configs, except those starting with an ``ignore`` prefix."""
-    from dataclasses import asdict
-
-    fa, fb = _flat(asdict(a)), _flat(asdict(b))
-    keys = fa.keys() | fb.keys()
-    return sorted(k for k in keys if not k.startswith(ignore) and fa.get(k) != fb.get(k))
-
-
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
-    return out
-
-
-# ---------------------------------------------------------------------------------------------- writing
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {v!r} as TOML")
-
-
-def to_toml(cfg: Any, header: str = "") -> str:
-    """The config as TOML (every field, resolved); ``load_config(text=to_toml(cfg)) == cfg``."""
-    lines = [f"# {line}" for line in header.splitlines()]
-
-    def table(obj: Any, path: tuple[str, ...]) -> None:
-        scalars, subs = [], []
-        for f in fields(obj):
-            v = getattr(obj, f.name)
-            if is_dataclass(v):
-                subs.append((f.name, v))
-            elif isinstance(v, dict):
-                for k, sub in v.items():
-                    subs.append((f"{f.name}.{k}", sub))
-            else:
-                scalars.append(f"{f.name} = {_toml_value(v)}")
-        if path and (scalars or not subs):
-            lines.extend(["", f"[{'.'.join(path)}]"])
-        lines.extend(scalars)
-        for name, sub in subs:
-            if isinstance(sub, dict):
-                lines.extend(["", f"[{'.'.join((*path, name))}]"])
-                lines.extend(f"{k} = {_toml_value(x)}" for k, x in sub.items())
-            else:
-                table(sub, (*path, name))
-
-    table(cfg, ())
-    return "\n".join(lines).lstrip("\n") + "\n"
-
-
-def defaults_of(cls: type) -> dict[str, Any]:
-    """Field name -> default, for docs and tests."""
-    out = {}
-    for f in fields(cls):
-        out[f.name] = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
-    return out
 
 
 __all__ = [

@@ -44,16 +44,18 @@ def build_policy(
         raise MethodError(f"policy:{name} needs the policies package, which this installation lacks")
     from policies.base import load_policy
 
-    check = {"arms": p.arms, "obs_size": obs_size or None, "features": features}
+    # A saved policy is checked against the arm menu here, and against the observation (its feature spec comes
+    # from its training trace) when the decoder is built.
     if state is not None and state.is_file():
-        return load_policy(state, **check)
+        return load_policy(state, arms=p.arms)
     if p.path:
-        return load_policy(p.path, **check)
+        return load_policy(p.path, arms=p.arms)
     cls = policy_class(p.kind)
     if getattr(cls, "kind", "") in ("rl", "predictor"):
         raise MethodError(
-            f"policy:{name} is a {p.kind} policy without a path: train it first (draftgym train) and set "
-            f"policies.{name}.path to the saved file"
+            f"policy:{name} is a {p.kind} policy without a path: train it first with draftgym train CONFIG "
+            f"(it saves <run dir>/policies/{name}.zip, which draftgym run in that directory uses), or set "
+            f"policies.{name}.path"
         )
     params = dict(p.params)
     if "seed" in keywords_of(cls) and "seed" not in params:
@@ -72,12 +74,31 @@ def make_decoders(cfg: Config, loaded: LoadedModel, state_dir: Path | None = Non
             name = m.removeprefix("policy:")
             p = cfg.policies[name]
             state = None if state_dir is None else state_dir / f"{name}.zip"
-            policy = build_policy(name, p, seed=cfg.seed, state=state)
             arms = [parse_arm(a) for a in p.arms]
-            decoders[m] = SpeculativeDecoder(loaded, arms, policy=policy, drafter_options=options)
+            names = observation_names(arms)
+            policy = build_policy(name, p, seed=cfg.seed, state=state, obs_size=len(names), features=names)
+            decoders[m] = policy_decoder(loaded, policy, arms, options)
         else:
             decoders[m] = SpeculativeDecoder(loaded, [parse_arm(m)], drafter_options=options)
     return decoders
+
+
+def policy_decoder(loaded: LoadedModel, policy: Any, arms: list[Any], options: dict[str, Any]) -> Any:
+    """A decoder driven by ``policy``; through ``experiments.policy_commands.policy_decoder`` when present (it
+    gives the policy the observation of its training feature spec and checks the two agree)."""
+    try:
+        from experiments.policy_commands import policy_decoder as build
+    except ImportError:
+        return SpeculativeDecoder(loaded, arms, policy=policy, drafter_options=options)
+    return build(loaded, policy, options)
+
+
+def observation_names(arms: list[Any]) -> list[str]:
+    """The observation features the decoder gives a policy over this arm menu (as ``SpecDecodeEnv`` does)."""
+    from env.features import FeatureSpec, feature_names
+
+    depths = [0 if a.drafter is None else a.shape.depth for a in arms]
+    return list(feature_names(FeatureSpec(), [a.name for a in arms], depths))
 
 
 def save_policy_states(decoders: dict[str, Any], state_dir: Path, method: str) -> None:
@@ -85,7 +106,7 @@ def save_policy_states(decoders: dict[str, Any], state_dir: Path, method: str) -
     if not is_policy(method):
         return
     policy = getattr(decoders.get(method), "policy", None)
-    if policy is not None and hasattr(policy, "save"):
+    if policy is not None and hasattr(policy, "update") and hasattr(policy, "save"):  # online learners only
         state_dir.mkdir(parents=True, exist_ok=True)
         policy.save(state_dir / f"{method.removeprefix('policy:')}.zip")
 

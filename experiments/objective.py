@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from tqdm import tqdm
+
 from env.metrics import chain_expected_tokens
 from experiments.config import Config, ConfigError
 from experiments.space import tuned_method
@@ -69,6 +71,7 @@ class LiveEvaluator:
         self.loaded: Any = None
         self.key: tuple[str, str, str] | None = None
         self.ar_tps: dict[str, float] = {}
+        self.progress = False
 
     def _model(self, cfg: Config) -> Any:
         key = (cfg.model.name, cfg.model.dtype, cfg.model.device)
@@ -96,7 +99,8 @@ class LiveEvaluator:
         decoders = make_decoders(replace(cfg, methods=(method,)), loaded)
         sampling, objective = sampling_of(cfg), cfg.sweep.objective
         values, tokens, seconds, taus = [], 0, 0.0, []
-        for i, p in enumerate(select_prompts(cfg)):
+        prompts = select_prompts(cfg)
+        for i, p in enumerate(tqdm(prompts, desc="  prompts", leave=False, disable=not self.progress)):
             ids = chat_prompt(loaded.tokenizer, p.text)
             out, wall, _, tau, _ = run_method(method, loaded, decoders, ids, cfg.decode.max_new_tokens,
                                               sampling=sampling, seed=cfg.seed + i)  # fmt: skip

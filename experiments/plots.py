@@ -85,7 +85,7 @@ def arm_choices(records: Sequence[Any], methods: Sequence[str], path: Path, max_
     plt = _plt()
     by: dict[str, list[list[str]]] = defaultdict(list)
     for r in records:
-        if getattr(r, "arms", None):
+        if getattr(r, "arms", None) and any(a != "none" for a in r.arms):  # ar never drafts: no panel
             by[r.method].append(list(r.arms))
     shown = sorted(
         (m for m in methods if by.get(m)), key=lambda m: (not m.startswith("policy:"), methods.index(m))

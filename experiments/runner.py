@@ -67,8 +67,9 @@ def prepare_run_dir(cfg: Config, out: Path, ignore: tuple[str, ...] = ("sweep.",
         fh.write(json.dumps(provenance()) + "\n")
 
 
-def run(cfg: Config, out: Path, *, progress: bool = True) -> dict[str, Any]:
-    """Run (or resume) ``cfg`` into ``out``; returns the summary object also written to summary.json."""
+def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) -> dict[str, Any]:
+    """Run (or resume) ``cfg`` into ``out``; returns the summary object also written to summary.json.
+    ``loaded``: an already loaded model to use instead of loading ``cfg.model`` (tests, notebooks)."""
     from env.decoder import chat_prompt
     from env.model import load_model
     from experiments.methods import make_decoders, sampling_of, save_policy_states, warmup_decoders
@@ -83,7 +84,8 @@ def run(cfg: Config, out: Path, *, progress: bool = True) -> dict[str, Any]:
 
     if todo:
         bar = tqdm(total=1, desc="load model", disable=not progress, leave=False)
-        loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device)
+        if loaded is None:
+            loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device)
         bar.update(1)
         bar.close()
         state_dir = out / "policies"
@@ -196,7 +198,7 @@ def cmd_run(args: Any) -> int:
     return 0
 
 
-def add_config_args(p: Any) -> None:
+def add_config_args(p: Any, out_default: str = "runs/<name>") -> None:
     p.add_argument("config", help="a TOML config (see experiments/configs/)")
     p.add_argument(
         "--set",
@@ -204,7 +206,7 @@ def add_config_args(p: Any) -> None:
         metavar="KEY=VALUE",
         help="override a config value, e.g. --set decode.max_new_tokens=16 (repeatable; wins over the file)",
     )
-    p.add_argument("--out", default=None, help="run directory (default runs/<name>); reuse it to resume")
+    p.add_argument("--out", default=None, help=f"run directory (default {out_default}); reuse it to resume")
     p.add_argument("--json", action="store_true", help="machine-readable output, no progress bars")
 
 

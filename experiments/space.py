@@ -122,7 +122,10 @@ def to_overrides(cfg: Config, params: dict[str, Any]) -> dict[str, Any]:
         }
     new = arm_of(cfg, params).name
     methods = [new if m == method else m for m in cfg.methods]
-    return {"methods": list(dict.fromkeys(methods)), "sweep.method": new}
+    out: dict[str, Any] = {"methods": list(dict.fromkeys(methods))}
+    if cfg.sweep.method:  # keep naming the tuned method (when empty, it is found again as the last arm)
+        out["sweep.method"] = new
+    return out
 
 
 def _value(dim: Dim, x: float) -> Any:

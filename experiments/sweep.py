@@ -60,16 +60,22 @@ def open_storage(url: str, cfg: Config) -> Any:
     import optuna
     import sqlalchemy.exc
 
+    url = _driver(url)
     engine: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
         engine["connect_args"] = {"timeout": 120}
     elif url.startswith("postgresql"):
         engine["connect_args"] = {"connect_timeout": 10}
+    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # optuna >= 4.9
+    retry = retry or optuna.storages.RetryFailedTrialCallback
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # A trial whose worker died (heartbeat silent for grace_s) is failed and its parameters enqueued
+            # again (at most 3 times), so that a kill loses no point of the search, the config as written included.
             return optuna.storages.RDBStorage(
                 url,
+                heartbeat_stale_trial_callback=retry(max_retry=3),
                 engine_kwargs=engine,
                 heartbeat_interval=cfg.sweep.heartbeat_s,
                 grace_period=cfg.sweep.grace_s,
@@ -77,6 +83,16 @@ def open_storage(url: str, cfg: Config) -> Any:
     except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StorageError(f"cannot open storage {mask(url)}: {first}") from err
+
+
+def _driver(url: str) -> str:
+    """SQLAlchemy 2.1 maps ``postgresql://`` to psycopg 3; use psycopg2 when only that one is installed."""
+    import importlib.util
+
+    find = importlib.util.find_spec
+    if url.startswith("postgresql://") and find("psycopg") is None and find("psycopg2") is not None:
+        return "postgresql+psycopg2://" + url.removeprefix("postgresql://")
+    return url
 
 
 def _sampler(cfg: Config, worker: int) -> Any:
@@ -156,6 +172,7 @@ def work(
     n = base.sweep.n_trials
     study = open_study(base, url, worker=worker)
     evaluator = EVALUATORS[base.sweep.backend]()
+    evaluator.progress = progress  # live decoding shows a bar over each trial's prompts
     me = f"{socket.gethostname()}:{os.getpid()}"
     log = out / "trials.jsonl"
 
@@ -396,7 +413,7 @@ def register(sub: Any) -> None:
         if err not in cli.USER_ERRORS:
             cli.USER_ERRORS.append(err)
     p = sub.add_parser("sweep", help="an Optuna study over tree shapes or policy hyper-parameters")
-    add_config_args(p)
+    add_config_args(p, out_default="runs/sweep-<name>")
     p.add_argument(
         "--storage",
         default=None,

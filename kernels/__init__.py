@@ -3,8 +3,9 @@
 Each function has a torch reference (`kernels.reference`, `kernels.reference_tree`) and a fused Triton kernel
 (`kernels.triton_verify`, `kernels.triton_tree`, `kernels.triton_kv`). The dispatchers below pick Triton when
 the tensors are on CUDA, or when TRITON_INTERPRET=1 is set (CPU interpreter, for tests), and triton is
-installed; the torch reference otherwise. Both give the same results. Triton is imported lazily, on the first
-dispatched call, never at import time.
+installed; the torch reference otherwise. Both give the same results: integers equal, floats within 1e-6 (the
+accept/reject decisions can differ only when a coin lands within float rounding of its threshold). Triton is
+imported lazily, on the first dispatched call, never at import time.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Benchmark of tree verification: median microseconds per `verify` call, Triton vs the torch reference.
 
-    python -m kernels.bench [--json FILE] [--dtype float32|bfloat16] [--quick]
+    python -m kernels.bench [--json FILE] [--dtype float32|bfloat16] [--quick] [--threads N]
 
 Shapes: B in {1, 8, 64}, N in {8, 32, 64}, V = 49152 (SmolLM2's vocabulary); modes greedy, sampling with
 deterministic drafts, sampling with draft_probs (T = 1). On CPU only the reference runs (Triton needs CUDA); on
@@ -47,9 +47,12 @@ def make_inputs(B: int, N: int, V: int, dtype: torch.dtype, device: str, stochas
     )
 
 
-def time_call(fn: Callable[[], object], device: str, budget_s: float, max_reps: int) -> tuple[float, int]:
+def time_call(
+    fn: Callable[[], object], device: str, budget_s: float, max_reps: int, warmup: bool = True
+) -> tuple[float, int]:
     """Median microseconds of fn over up to max_reps calls (at least 1) within about budget_s, after a warmup."""
-    fn()
+    if warmup:
+        fn()
     times: list[float] = []
     spent = 0.0
     while len(times) < max_reps and (spent < budget_s or not times):
@@ -99,7 +102,9 @@ def run(dtype: torch.dtype, quick: bool) -> list[dict]:
                         coins=coins,
                         final_coins=final,
                     )
-                    us, reps = time_call(fn, device, budget_s=0.3 if big else 0.5, max_reps=3 if big else 50)
+                    # CPU, big shapes: no warmup (nothing to compile or cache; each call takes seconds)
+                    warm = device == "cuda" or not big
+                    us, reps = time_call(fn, device, 0.3 if big else 0.5, 3 if big else 50, warmup=warm)
                     rows.append(dict(mode=mode, B=B, N=N, V=V, impl=name, median_us=round(us, 1), reps=reps))
                     print(
                         f"{mode:>12} B={B:<3} N={N:<3} {name:>6}: {us:>12.1f} us  ({reps} reps)", flush=True
@@ -127,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="write rows and provenance as JSON")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="logits dtype")
     ap.add_argument("--quick", action="store_true", help="skip B = 64")
+    ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows = run(getattr(torch, args.dtype), args.quick)
     print()
     print(table(rows))

@@ -35,8 +35,8 @@ class Verdict:
         """float32 [B, N]: target probability of each node's token under its parent's processed
         distribution (greedy: softmax at T=1 of the raw logits); root 1.0, padding 0.0.
 
-        The greedy torch path computes it on first access (one softmax over [B, N, V] costs more than the
-        whole greedy verification on CPU)."""
+        The torch path computes it on first access (it needs a softmax over all of [B, N, V], which costs more
+        than the whole verification on CPU); the Verdict keeps a reference to the logits until then."""
         src = self.node_prob_source
         return src() if callable(src) else src
 

@@ -6,7 +6,8 @@ Lossless multi-draft rejection sampling over a token tree:
 Semantics are fixed by DESIGN.md "Verification semantics"; symbols: p = target distribution (processed),
 q = draft distribution, x = a child's token, r = current residual.
 
-Logit processing follows Hugging Face's warper order: temperature, top-k, top-p, softmax. Ties: top-k keeps every
+Logit processing follows Hugging Face's warper order: temperature (as z = logits * fp32(1/T), which the Triton
+kernel reproduces bit for bit), top-k, top-p on the top-k-renormalised softmax, softmax. Ties: top-k keeps every
 token equal to the k-th largest scaled logit; top-p keeps token t iff the probability mass of tokens with a strictly
 larger scaled logit is < top_p (tied tokens are kept or dropped together; HF keeps an arbitrary subset).
 """
@@ -194,15 +195,18 @@ def _verify_sampling(
     B, N, V = logits.shape
     device = logits.device
     rows = torch.arange(B, device=device)
-    probs = process_logits(logits, temperature, top_k, top_p)  # p: [B, N, V]
-    node_prob = probs[rows[:, None], par, tokens.clamp(0, V - 1)]  # [B, N]
-    node_prob[:, 0] = 1.0
-    node_prob = torch.where(valid, node_prob, 0.0)
+
+    def node_prob() -> Tensor:  # computed on first access: it needs every row processed
+        probs = process_logits(logits, temperature, top_k, top_p)  # p: [B, N, V]
+        p = probs[rows[:, None], par, tokens.clamp(0, V - 1)]  # [B, N]
+        p[:, 0] = 1.0
+        return torch.where(valid, p, 0.0)
 
     # Scan nodes in index order: node i is tried iff its parent is the current node (children of the current
-    # node come in increasing index, and every child of an accepted node has a larger index than it).
+    # node come in increasing index, and every child of an accepted node has a larger index than it). Rows are
+    # processed only when the walk descends into them.
     cur = torch.zeros(B, dtype=torch.int64, device=device)
-    r = probs[:, 0].clone()  # residual at the current node, normalized: [B, V]
+    r = process_logits(logits[:, 0], temperature, top_k, top_p)  # residual at the current node: [B, V]
     accepted = torch.zeros(B, N, dtype=torch.bool, device=device)
     accepted[:, 0] = True
     for i in range(1, N):
@@ -226,7 +230,7 @@ def _verify_sampling(
             r = torch.where(upd, nr / s, r)
         if bool(acc.any()):
             cur = torch.where(acc, i, cur)
-            r = torch.where(acc[:, None], probs[:, i], r)
+            r = torch.where(acc[:, None], process_logits(logits[:, i], temperature, top_k, top_p), r)
             accepted[:, i] = acc
     next_token = inverse_cdf(r, final_coins)
     return verdict_from_accepted(accepted, next_token, node_prob)

@@ -7,12 +7,12 @@ Same contract and results as `kernels.reference.verify_reference` (DESIGN.md "Ve
 
 Two launches, no [B, N, V] probability tensor:
   1. `_row_stats_kernel`, one program per (sequence, node) row: fuses temperature, top-k and top-p into three
-     numbers per row (max m, normaliser s, and a threshold on the order-preserving integer key of z = l / T),
-     so that p(t) = [key(z_t) >= thr] * exp(z_t - m) / s anywhere later; greedy keeps the argmax and the T=1
-     softmax statistics. Top-k / top-p thresholds are found by bisection over the 2^32 keys (exact, ties kept
+     numbers per row (max m, normaliser s, and a threshold on the order-preserving integer key of
+     z = l * fp32(1/T)), so that p(t) = [key(z_t) >= thr] * exp(z_t - m) / s anywhere later; greedy keeps the
+     argmax and the T=1 softmax statistics. Top-k / top-p thresholds are found by bisection over the 2^32 keys (exact, ties kept
      together as in the reference), each step a blocked pass over V.
   2. `_walk_kernel`, one program per sequence: scans nodes in index order (node i is tried iff its parent is the
-     current node), tests each child with its coin, keeps the draft_probs residual max(r - q, 0) in a per-sequence
+     current node) on register vectors of parents, tokens, coins and node probabilities, tests each child, keeps the draft_probs residual max(r - q, 0) in a per-sequence
      [2, V] fp32 scratch (ping-pong), and draws the bonus token by a blocked inverse CDF with `final_coin`.
 Symbols: p target (processed), q draft, x child token, r residual.
 """
@@ -167,34 +167,34 @@ def _walk_kernel(
         prob = tl.where(_key(z) >= pthr, tl.exp(z - pm) / ps, 0.0)
     prob = tl.where(offs_n == 0, 1.0, prob)
     tl.store(nprob_ptr + base + offs_n, tl.where(nmask, prob, 0.0), mask=offs_n < N)
-    tl.store(acc_ptr + base, 1)
 
+    # The walk: scalars come out of the register vectors above (no dependent global loads in the loop).
     offs_v = tl.arange(0, BLOCK_V)
     cur = tl.zeros((), tl.int64)
+    accv = (offs_n == 0).to(tl.int8)  # accepted flags
     if MODE == 0:
-        am_cur = tl.load(am_ptr + base)
+        amp = tl.load(am_ptr + prow, mask=nmask, other=-1)  # argmax of each node's parent row
+        code = par * 2 + (tok == amp).to(tl.int64)  # parent and "token is the parent's argmax", one word
         for i in range(1, n):
-            ok = (tl.load(parents_ptr + base + i) == cur) & (tl.load(tokens_ptr + base + i) == am_cur)
-            tl.store(acc_ptr + base + i, 1, mask=ok)
+            c = _pick(code, offs_n, i)
+            ok = ((c >> 1) == cur) & ((c & 1) == 1)
+            accv = tl.where((offs_n == i) & ok, 1, accv)
             cur = tl.where(ok, i, cur)
-            am_cur = tl.where(ok, tl.load(am_ptr + base + i), am_cur)
-        tl.store(next_ptr + b, am_cur)
+        tl.store(next_ptr + b, tl.load(am_ptr + base + cur))
     else:
-        m = tl.load(m_ptr + base)
-        s = tl.load(s_ptr + base)
-        thr = tl.load(thr_ptr + base)
+        coins = tl.load(coins_ptr + base + offs_n, mask=nmask, other=1.0)
+        if MODE == 2:  # q_i(token_i) for every node
+            qx_all = tl.load(dp_ptr + (base + offs_n) * V + tok, mask=nmask, other=1.0).to(tl.float32)
         removed = tl.zeros((), tl.float32)  # deterministic drafts: mass of the rejected tokens at cur
         fresh = tl.full((), 1, tl.int1)  # draft_probs: residual is still p_cur (not in scratch)
         S = tl.full((), 1.0, tl.float32)  # draft_probs: normaliser of the residual held in scratch
         buf = tl.zeros((), tl.int64)
         scr = scratch_ptr + b.to(tl.int64) * 2 * V  # scratch: [B, 2, V]
         for i in range(1, n):
-            tried = tl.load(parents_ptr + base + i) == cur
-            x = tl.load(tokens_ptr + base + i)
-            coin = tl.load(coins_ptr + base + i)
-            cur_row = logits_ptr + (base + cur) * V
-            zx = tl.load(cur_row + x).to(tl.float32) * inv_t
-            px = tl.where(_key(zx) >= thr, tl.exp(zx - m) / s, 0.0)
+            tried = _pick(par, offs_n, i) == cur
+            x = _pick(tok, offs_n, i)
+            coin = _pick(coins, offs_n, i)
+            px = _pick(prob, offs_n, i)  # p_cur(x) when tried
             if MODE == 1:  # q = onehot(x): p[x] = 0 and renormalise on reject
                 dup = (
                     tl.sum(((offs_n < i) & (offs_n > 0) & (par == cur) & (tok == x)).to(tl.int32), axis=0) > 0
@@ -203,16 +203,19 @@ def _walk_kernel(
                 acc = tried & (coin <= rx) & (rx > 0)
                 removed = tl.where(tried & ~acc & ~dup, removed + px, removed)
             else:  # accept iff coin <= r[x] / q[x]; on reject r = normalize(max(r - q, 0))
-                q_row = dp_ptr + (base + i) * V
-                qx = tl.load(q_row + x).to(tl.float32)
                 rx = tl.where(fresh, px, tl.load(scr + buf * V + x) / S)
-                acc = tried & (coin <= rx / qx) & (rx > 0)
+                acc = tried & (coin <= rx / _pick(qx_all, offs_n, i)) & (rx > 0)
                 if tried & ~acc:
+                    row = logits_ptr + (base + cur) * V
+                    cm = tl.load(m_ptr + base + cur)
+                    cs = tl.load(s_ptr + base + cur)
+                    cthr = tl.load(thr_ptr + base + cur)
+                    q_row = dp_ptr + (base + i) * V
                     total = tl.zeros((), tl.float32)
                     for v0 in range(0, V, BLOCK_V):
                         vm = v0 + offs_v < V
                         r_old = tl.load(scr + buf * V + v0 + offs_v, mask=vm, other=0.0) / S
-                        r_old = tl.where(fresh, _p_block(cur_row, v0 + offs_v, vm, inv_t, m, s, thr), r_old)
+                        r_old = tl.where(fresh, _p_block(row, v0 + offs_v, vm, inv_t, cm, cs, cthr), r_old)
                         q = tl.load(q_row + v0 + offs_v, mask=vm, other=0.0).to(tl.float32)
                         nr = tl.where(vm, tl.maximum(r_old - q, 0.0), 0.0)
                         tl.store(scr + (1 - buf) * V + v0 + offs_v, nr, mask=vm)
@@ -222,13 +225,13 @@ def _walk_kernel(
                         buf = 1 - buf
                         S = total
                         fresh = tl.zeros((), tl.int1)
-            tl.store(acc_ptr + base + i, 1, mask=acc)
+            accv = tl.where((offs_n == i) & acc, 1, accv)
             cur = tl.where(acc, i, cur)
-            m = tl.where(acc, tl.load(m_ptr + base + i), m)
-            s = tl.where(acc, tl.load(s_ptr + base + i), s)
-            thr = tl.where(acc, tl.load(thr_ptr + base + i), thr)
             removed = tl.where(acc, 0.0, removed)
             fresh = fresh | acc
+        m = tl.load(m_ptr + base + cur)
+        s = tl.load(s_ptr + base + cur)
+        thr = tl.load(thr_ptr + base + cur)
         # final draw from the residual at cur: next = min{t : cumsum_t > u * total}
         cur_row = logits_ptr + (base + cur) * V
         ctok = tl.where(nmask & (offs_n > 0) & (par == cur), tok, -1)  # rejected children of cur
@@ -252,6 +255,13 @@ def _walk_kernel(
             count += tl.sum(((cs <= target) & vm).to(tl.int64), axis=0)
             carry = tl.max(tl.where(vm, cs, carry), axis=0)
         tl.store(next_ptr + b, tl.where(count >= V, last_pos, count))
+    tl.store(acc_ptr + base + offs_n, accv, mask=offs_n < N)
+
+
+@triton.jit
+def _pick(vec, offs, i):
+    """vec[i] of a register vector, as a scalar."""
+    return tl.sum(tl.where(offs == i, vec, 0), axis=0)
 
 
 @triton.jit
@@ -332,6 +342,7 @@ def verify_triton(
         tokens, parents, num_nodes, logits, dp, coins, final_coins,
         m, s, thr, am, scratch, accepted, node_prob, next_token,
         N, V, inv_t, MODE=mode, BLOCK_N=block_n, BLOCK_V=block_v,
+        num_warps=1 if greedy else 4,  # the greedy walk is register-only: keep its reductions in one warp
     )  # fmt: skip
     valid = valid_mask(num_nodes, B, N, device)
     return verdict_from_accepted(accepted.bool() & valid, next_token, node_prob)

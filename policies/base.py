@@ -86,6 +86,7 @@ class Header:
     versions: dict[str, str | None] = field(default_factory=dict)
     created: str = ""
     payload: dict[str, str] = field(default_factory=dict)  # member name -> sha256
+    meta: dict[str, Any] = field(default_factory=dict)  # how it was trained: trace, split, feature spec, ...
 
 
 class BasePolicy:
@@ -105,6 +106,8 @@ class BasePolicy:
             raise PolicyError(f"the arm menu lists an arm twice: {list(self.arm_names)}")
         self.obs_size = int(obs_size)
         self.features = tuple(features) if features is not None else None
+        self.meta: dict[str, Any] = {}  # training provenance, saved in the header (``meta``)
+        self.source: str | None = None  # the file it was loaded from
 
     @property
     def num_arms(self) -> int:
@@ -130,6 +133,7 @@ class BasePolicy:
     def from_header(cls, header: Header, files: dict[str, bytes]) -> BasePolicy:
         policy = cls(header.arms, header.obs_size, features=header.features, **header.params)
         policy.restore(files)
+        policy.meta = dict(header.meta)
         return policy
 
     def save(self, path: str | Path) -> None:
@@ -140,6 +144,7 @@ class BasePolicy:
             obs_size=self.obs_size,
             params=self.params(),
             features=self.features,
+            meta=self.meta,
         )
         write_policy(path, header, self.state())
 
@@ -184,6 +189,7 @@ def write_policy(path: str | Path, header: Header, files: dict[str, bytes]) -> N
         "versions": library_versions(),
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "payload": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
+        "meta": header.meta,
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -228,6 +234,7 @@ def read_policy(path: str | Path) -> tuple[Header, dict[str, bytes]]:
             versions=dict(meta.get("versions") or {}),
             created=str(meta.get("created", "")),
             payload=dict(meta.get("payload") or {}),
+            meta=dict(meta.get("meta") or {}),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise PolicyError(f"{path}: header.json lacks or mangles a field ({err})") from err

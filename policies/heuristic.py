@@ -130,8 +130,8 @@ def roc_threshold(probs: np.ndarray, accepted: np.ndarray, fn_weight: float = 3.
 class ConfidencePolicy(BasePolicy):
     """Draft while the estimated acceptance probability of the next draft token stays >= ``threshold``.
 
-    The per-token acceptance estimate ``a`` is an observation feature (``feature``: by default the running
-    acceptance rate of the drafter's arms when the observation has one). The probability that the i-th draft
+    The per-token acceptance estimate ``a`` is an observation feature (``feature``; by default the target's top-1
+    probability at the root, the analogue of the draft confidence that DISCO and transformers threshold). The probability that the i-th draft
     token is accepted is then ``a**i`` (i.i.d. acceptance), and the draft length is the largest i with
     ``a**i >= threshold`` (0, i.e. no draft, when even the first token is below it). With ``refit``, each step adds
     the pairs (``a**i``, token i accepted?) for its drafted positions, and every ``refit_every`` steps the
@@ -240,4 +240,6 @@ def default_confidence_feature(features: Sequence[str]) -> str:
     )
 
 
-CONFIDENCE_FEATURES = ("accept_rate_recent", "acceptance_recent", "top1_prob")
+# The target's confidence at the root first: the running acceptance rate is 0 before the first draft, which would
+# keep a threshold rule from ever drafting.
+CONFIDENCE_FEATURES = ("top1_prob", "accept_rate_recent")

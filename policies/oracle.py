@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from env.features import history_init
-from env.replay import ReplayTables, replay_step
+from env.replay import ReplayTables, replay_observe, replay_step
 
 
 @dataclass
@@ -69,10 +69,11 @@ def _indices(env: Any, prompt_ids: Sequence[str] | None) -> np.ndarray:
 
 
 def rollout_actions(tb: ReplayTables, prompts: np.ndarray, choose) -> tuple[np.ndarray, ...]:
-    """Replay every prompt in ``prompts`` at once; ``choose(prompt, pos, active) -> actions [B]``.
-    Returns per-prompt (ar_s, cost_s, tokens, steps, arm_counts)."""
+    """Replay every prompt in ``prompts`` at once; ``choose(obs [B, F], prompt [B], pos [B]) -> actions [B]`` for
+    the episodes still running. Returns per-prompt (ar_s, cost_s, tokens, steps) and arm counts [K]."""
     b = prompts.shape[0]
     k = tb.accept.shape[0]
+    f = tb.feat.shape[1] + 1 + len(tb.cols)
     pos = np.zeros(b, dtype=np.int64)
     hist = history_init(b, k)
     ar_s, cost_s = np.zeros(b), np.zeros(b)
@@ -81,7 +82,8 @@ def rollout_actions(tb: ReplayTables, prompts: np.ndarray, choose) -> tuple[np.n
     active = np.ones(b, dtype=bool)
     while active.any():
         rows = np.flatnonzero(active)
-        acts = np.asarray(choose(prompts[rows], pos[rows], rows), dtype=np.int64)
+        obs = replay_observe(tb, prompts[rows], pos[rows], hist[rows], np.empty((rows.size, f), np.float32))
+        acts = np.asarray(choose(obs, prompts[rows], pos[rows]), dtype=np.int64)
         out = replay_step(tb, prompts[rows], pos[rows], hist, rows, acts)
         ar_s[rows] += out.tokens * out.ar_cost_s
         cost_s[rows] += out.cost_s
@@ -93,9 +95,19 @@ def rollout_actions(tb: ReplayTables, prompts: np.ndarray, choose) -> tuple[np.n
     return ar_s, cost_s, tokens, steps, counts
 
 
+def score_batch(
+    env: Any, act_batch, prompt_ids: Sequence[str] | None = None, *, name: str, kind: str
+) -> ReplayScore:
+    """A policy that acts on a batch of observations (``act_batch(obs [B, F]) -> [B]``; no online updates),
+    replayed on all prompts at once."""
+    tb, idx = env.tables, _indices(env, prompt_ids)
+    res = rollout_actions(tb, idx, lambda obs, p, pos: act_batch(obs))
+    return ReplayScore(name, kind, [env.prompt_ids[i] for i in idx], *res)
+
+
 def score_static(env: Any, arm: int, prompt_ids: Sequence[str] | None = None) -> ReplayScore:
     tb, idx = env.tables, _indices(env, prompt_ids)
-    res = rollout_actions(tb, idx, lambda p, pos, rows: np.full(p.shape[0], arm))
+    res = rollout_actions(tb, idx, lambda obs, p, pos: np.full(p.shape[0], arm))
     return ReplayScore(env.arm_names[arm], "static", [env.prompt_ids[i] for i in idx], *res)
 
 
@@ -103,7 +115,7 @@ def score_greedy_oracle(env: Any, prompt_ids: Sequence[str] | None = None) -> Re
     """Each step the arm of largest instantaneous speedup, knowing every arm's true acceptance there."""
     tb, idx = env.tables, _indices(env, prompt_ids)
 
-    def choose(p, pos, rows):
+    def choose(obs, p, pos):
         g = tb.offset[p] + pos
         rem = tb.length[p] - 1 - pos
         tok = np.minimum(tb.accept[:, g] + 1, rem[None, :])  # [K, B]
@@ -130,7 +142,7 @@ def score_optimal_oracle(env: Any, prompt_ids: Sequence[str] | None = None) -> R
             value[pos] = total[best[pos]]
         plans[int(p)] = best
     res = rollout_actions(
-        tb, idx, lambda p, pos, rows: np.array([plans[int(a)][int(b)] for a, b in zip(p, pos)])
+        tb, idx, lambda obs, p, pos: np.array([plans[int(a)][int(b)] for a, b in zip(p, pos)])
     )
     return ReplayScore("oracle:optimal", "oracle", [env.prompt_ids[i] for i in idx], *res)
 

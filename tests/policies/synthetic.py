@@ -36,7 +36,9 @@ def exp3_bound(k: int, gain_max: float) -> float:
     return float(2 * np.sqrt(np.e - 1) * np.sqrt(gain_max * k * np.log(k)))
 
 
-def run_adaptive_adversary(policy, k: int, horizon: int, target: Callable[[object], int]) -> tuple[float, float]:
+def run_adaptive_adversary(
+    policy, k: int, horizon: int, target: Callable[[object], int]
+) -> tuple[float, float]:
     """Each round the adversary sets reward 0 on the arm ``target(policy)`` (its guess of the learner's pull) and
     1 on every other arm, before the learner pulls. Returns (learner's total reward, best fixed arm's total)."""
     per_arm = np.zeros(k)
@@ -51,7 +53,9 @@ def run_adaptive_adversary(policy, k: int, horizon: int, target: Callable[[objec
     return got, float(per_arm.max())
 
 
-def run_linear(policy, thetas: np.ndarray, horizon: int, rng: np.random.Generator, noise: float = 0.1) -> np.ndarray:
+def run_linear(
+    policy, thetas: np.ndarray, horizon: int, rng: np.random.Generator, noise: float = 0.1
+) -> np.ndarray:
     """Contextual regret curve on ``r = theta_a . x + noise`` with x uniform on [0, 1]^d."""
     d = thetas.shape[1]
     regret = np.empty(horizon)
@@ -64,3 +68,98 @@ def run_linear(policy, thetas: np.ndarray, horizon: int, rng: np.random.Generato
         total += float(mu.max() - mu[a])
         regret[t] = total
     return regret
+
+
+# ---- a synthetic replay trace with a known structure ---------------------------------------------------------------
+
+
+def synthetic_trace(num_prompts: int = 24, length: int = 96, seed: int = 0, vocab: int = 1000):
+    """A trace whose n-gram drafter is right for exactly ``m`` tokens at each position, where ``m`` follows a
+    regime (long matches in "copy" stretches, none elsewhere) that the ``match_len`` feature reveals with noise.
+    Categories alternate between "copy" (mostly copy stretches) and "free" (mostly none)."""
+    from env.features import FeatureSpec, position_feature_names
+    from env.trace import Trace, TreeArrays
+
+    rng = np.random.default_rng(seed)
+    spec = FeatureSpec()
+    depth = 16
+    ids, cats, prompts, trajs, feats, offs, toks, pars = [], [], [], [], [], [0], [], []
+    for p in range(num_prompts):
+        cat = "copy" if p % 2 == 0 else "free"
+        n = int(length - rng.integers(0, length // 4))
+        traj = rng.integers(3, vocab, size=n)
+        p_copy = 0.8 if cat == "copy" else 0.15
+        regime = np.repeat(rng.random(n // 8 + 1) < p_copy, 8)[:n]  # stretches of 8 positions
+        m = np.where(regime, rng.integers(4, depth + 1, size=n), rng.integers(0, 2, size=n))
+        feat = np.zeros((n, 4 + spec.proj_dim), dtype=np.float32)
+        feat[:, :3] = rng.random((n, 3))
+        feat[:, 3] = np.clip(m / depth + rng.normal(0, 0.08, size=n), 0, 1)  # match_len, noisy
+        feat[:, 4:] = np.tanh(rng.normal(size=(n, spec.proj_dim)))
+        for g in range(n):
+            cont = traj[g + 1 : g + 1 + depth]
+            chain = [
+                int(cont[d]) if d < m[g] else int(cont[d] % (vocab - 3) + 3) ^ 1 for d in range(len(cont))
+            ]
+            if m[g] == 0 and rng.random() < 0.5:
+                chain = []  # no match at all: the drafter proposes nothing
+            toks.append(np.array([traj[g], *chain], dtype=np.int32))
+            pars.append(np.arange(-1, len(chain), dtype=np.int16))
+            offs.append(offs[-1] + len(chain) + 1)
+        ids.append(str(p))
+        cats.append(cat)
+        prompts.append(rng.integers(3, vocab, size=20).astype(np.int32))
+        trajs.append(traj.astype(np.int32))
+        feats.append(feat)
+
+    def cat_off(arrays):
+        return np.concatenate(arrays), np.concatenate([[0], np.cumsum([len(a) for a in arrays])]).astype(
+            np.int64
+        )
+
+    prompt_tokens, prompt_off = cat_off(prompts)
+    traj, traj_off = cat_off(trajs)
+    header = {
+        "format": "draftgym-trace",
+        "version": 1,
+        "model": {
+            "model_id": "synthetic",
+            "vocab_size": vocab,
+            "tokenizer_sha256": "0",
+            "eos_ids": [2],
+            "dtype": "float32",
+            "hidden_size": 16,
+        },  # fmt: skip
+        "sampling": "greedy",
+        "max_new_tokens": length,
+        "features": {"spec": spec.as_dict(), "names": position_feature_names(spec)},
+        "drafters": {"ngram": {"exact": True, "shape": [depth, 1, 0], "options": {}}},
+        "workload": "synthetic",
+        "prompts": {"ids": ids, "categories": cats},
+    }
+    trees = {
+        "ngram": TreeArrays(np.asarray(offs, dtype=np.int64), np.concatenate(toks), np.concatenate(pars))
+    }
+    return Trace(header, prompt_tokens, prompt_off, traj, traj_off, np.concatenate(feats), trees)
+
+
+def synthetic_cost_model(per_node: float = 0.03):
+    """Verify cost ``1 + per_node * (N - 1)`` autoregressive steps for N tree nodes; drafting nearly free."""
+    from env.cost import Curve, FittedCostModel
+
+    nodes = (1, 2, 4, 8, 16, 32, 64, 128)
+    secs = tuple(0.02 * (1 + per_node * (n - 1)) for n in nodes)
+    return FittedCostModel(
+        model_id="synthetic", dtype="float32", device="cpu", chain=Curve(nodes, secs), tree=Curve(nodes, secs),
+        context_ref=128, per_context=0.0, per_node_context=0.0,
+        drafters={"ngram": {"shapes": {}, "base_s": 1e-5, "per_node_s": 1e-6}},
+    )  # fmt: skip
+
+
+SYNTH_ARMS = ["none", "ngram-d2", "ngram-d4", "ngram-d8", "ngram-d16"]
+
+
+def synthetic_env(**kwargs):
+    from env.spec_env import SpecDecodeEnv
+
+    kw = {"trace": synthetic_trace(), "arms": SYNTH_ARMS, "cost_model": synthetic_cost_model(), **kwargs}
+    return SpecDecodeEnv(backend="replay", **kw)

@@ -53,7 +53,8 @@ def test_stochastic_regret_is_logarithmic(make):
 def test_exp3_regret_within_bound_and_sublinear():
     for t in (1500, 6000):
         curves = [
-            run_stochastic(EXP3(ARMS, horizon=t, seed=s), MEANS, t, np.random.default_rng(7 + s)) for s in range(4)
+            run_stochastic(EXP3(ARMS, horizon=t, seed=s), MEANS, t, np.random.default_rng(7 + s))
+            for s in range(4)
         ]
         regret = np.mean(curves, axis=0)
         assert regret[-1] <= exp3_bound(len(ARMS), t * MEANS.max()), (t, regret[-1])
@@ -103,7 +104,9 @@ def test_drift_variants_track_a_switch(make):
 
 def test_linucb_regret_is_sublinear_and_beats_the_best_fixed_arm():
     thetas = np.eye(4, 5)  # arm a's mean is x_a, x uniform in [0, 1]^5: the best arm depends on x
-    regrets = [run_linear(LinUCB(ARMS, 5, alpha=0.5), thetas, 4000, np.random.default_rng(s)) for s in range(3)]
+    regrets = [
+        run_linear(LinUCB(ARMS, 5, alpha=0.5), thetas, 4000, np.random.default_rng(s)) for s in range(3)
+    ]
     regret = np.mean(regrets, axis=0)
     assert regret[3999] < 2.5 * regret[999]  # quadrupling T less than ~doubles it (O(sqrt T) or better)
     xs = np.random.default_rng(0).random((20000, 5))

@@ -1,0 +1,257 @@
+"""EAGLE-style feature drafter: one decoder layer that reads the target's top-layer features.
+
+References: EAGLE (Li et al., arXiv 2401.15077) for the head; EAGLE-2 (arXiv 2406.16858) for the dynamic tree;
+EAGLE-3 (arXiv 2503.01840) for the reduced draft vocabulary and training-time test (HASS, arXiv 2408.15766, is the
+same unrolling).
+
+Symbols: x_t the committed tokens, f_t the target's final-norm hidden state at position t (it predicts x_{t+1}).
+The head maps the pair (f_t, e(x_{t+1})) through ``fc`` (2H -> H), one Llama decoder layer (attending to the
+earlier pairs) and a norm to f'_{t+1}, a guess of the target's next feature; the target's frozen LM head, cut to
+the ``draft_vocab`` most frequent tokens (``d2t`` maps them back to target ids), turns f'_{t+1} into a distribution
+over x_{t+2}. Drafting deeper feeds the head its own f' (the pair (f'_{t+1}, x_{t+2})).
+
+Runtime state: the head's own KV cache over committed pairs, grown from the features the engine hands back after
+each verification (``Feedback.path_hidden``) and, at the start, from the prompt's features
+(``ctx.extras["prompt_hidden"]``). Tree nodes get temporary cache slots, dropped after each proposal.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from drafters.base import DraftContext, DrafterError, DraftTree, Feedback, TreeShape
+from drafters.heads import (
+    DraftLayer,
+    HeadConfig,
+    RMSNorm,
+    attend,
+    find_head,
+    head_dtype,
+    load_head,
+    load_state,
+    target_model_id,
+)
+from drafters.trees import TREE_BUILDERS, GrowingTree, build_tree
+
+
+class EagleHead(nn.Module):
+    """fc(e(x_{t+1}) ++ f_t) -> decoder layer -> norm: f'_{t+1}. ~4.2M parameters at hidden 576."""
+
+    def __init__(self, cfg: HeadConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.fc = nn.Linear(2 * cfg.hidden, cfg.hidden, bias=True)
+        self.layer = DraftLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+
+    def pair(self, emb: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.cat([emb, feat], dim=-1))
+
+    def unrolled(self, feats: torch.Tensor, emb_next: torch.Tensor, levels: int) -> list[torch.Tensor]:
+        """Training-time test (EAGLE-3): ``levels`` passes over a batch of sequences, pass s feeding the head its own
+        outputs from pass s-1 as an s-deep draft would. feats, emb_next: [B, T, H] (pair j = (f_j, e(x_{j+1})));
+        returns per level [B, T, H] guesses of f_{j+1}. Level s at pair j attends to level-1 (true-feature) keys at
+        pairs <= j-s+1 and to the level-t key at pair j-s+t for t = 2..s (its draft ancestors), i.e. exactly what
+        a depth-s tree node sees at inference. Outputs at j < s-1 have no valid input (mask them in the loss)."""
+        b, t, _ = feats.shape
+        pos = torch.arange(t, device=feats.device)
+        idx = torch.arange(t, device=feats.device)
+        outs, keys, vals = [], [], []
+        prev = feats
+        for s in range(1, levels + 1):
+            if s > 1:  # pair j gets the guess made at pair j-1 one level up
+                prev = torch.cat([torch.zeros_like(outs[-1][:, :1]), outs[-1][:, :-1]], dim=1)
+            x = self.pair(emb_next, prev)
+            q, k, v = self.layer.project(x, pos)
+            keys.append(k)
+            vals.append(v)
+            ks = [keys[0]] + [_shift(keys[i - 1], s - i) for i in range(2, s + 1)]
+            vs = [vals[0]] + [_shift(vals[i - 1], s - i) for i in range(2, s + 1)]
+            causal = idx[None, :] <= idx[:, None] - (s - 1)  # level-1 keys  [T, T]
+            eye = idx[None, :] == idx[:, None]
+            mask = torch.cat([causal] + [eye] * (s - 1), dim=1) if s > 1 else causal
+            if s > 1:
+                mask[:, -t:] |= eye  # own key always visible (no empty rows)
+            a = attend(q, torch.cat(ks, dim=2), torch.cat(vs, dim=2), mask[None, None])
+            outs.append(self.norm(self.layer.finish(x, a)))
+        return outs
+
+
+def _shift(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Shift along the sequence axis (dim 2 of [B, H, T, D]) right by n, zero-filled: out[j] = x[j - n]."""
+    if n == 0:
+        return x
+    return torch.cat([torch.zeros_like(x[:, :, :n]), x[:, :, :-n]], dim=2)
+
+
+class KVBuffer:
+    """A growable [1, Hkv, cap, D] key/value store: ``n`` committed slots, then temporary tree slots."""
+
+    def __init__(self, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.k = torch.zeros(1, kv_heads, 256, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.n = 0
+
+    def write(self, at: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        end = at + k.shape[2]
+        if end > self.k.shape[2]:
+            grow = max(end, 2 * self.k.shape[2]) - self.k.shape[2]
+            self.k = torch.cat([self.k, self.k.new_zeros(*self.k.shape[:2], grow, self.k.shape[3])], dim=2)
+            self.v = torch.cat([self.v, self.v.new_zeros(*self.v.shape[:2], grow, self.v.shape[3])], dim=2)
+        self.k[:, :, at:end] = k
+        self.v[:, :, at:end] = v
+
+
+class TreeSlots:
+    """Temporary cache slots of tree nodes during one proposal, and the tree-attention mask they need."""
+
+    def __init__(self, committed: int) -> None:
+        self.committed = committed
+        self.slot: dict[int, int] = {}  # tree node -> cache slot
+
+    def mask(self, nodes: list[int], g: GrowingTree, device: torch.device) -> torch.Tensor:
+        """[1, 1, F, committed + slots] bool: each node sees every committed slot, its drafted ancestors, itself."""
+        total = self.committed + len(self.slot)
+        m = torch.zeros(len(nodes), total, dtype=torch.bool, device=device)
+        m[:, : self.committed] = True
+        for r, u in enumerate(nodes):
+            while u > 0:
+                m[r, self.slot[u]] = True
+                u = g.parents[u]
+        return m[None, None]
+
+
+class EagleDrafter:
+    """EAGLE-2 drafting with a trained EAGLE head. Options: ``weights`` (a head file; default: the user's trained
+    head in the cache, else the one shipped for the embedded model), ``tree`` (``dynamic`` | ``kary`` | ``chain``),
+    ``min_prob`` (do not expand paths less likely than this, 0: off)."""
+
+    name = "eagle"
+    exact_replay = False  # dynamic trees do not prune to smaller arms (replay records them as approximations)
+
+    def __init__(self, weights: str | None = None, tree: str = "dynamic", min_prob: float = 0.0) -> None:
+        if tree not in TREE_BUILDERS:
+            raise DrafterError(f"unknown tree builder {tree!r}; valid: {', '.join(TREE_BUILDERS)}")
+        self.weights, self.tree, self.min_prob = weights, tree, min_prob
+        self.head: EagleHead | None = None
+        self._target_key: tuple[int, torch.dtype] | None = None
+
+    # ---- loading ----
+    def _load(self, target) -> None:
+        if self._target_key == (id(target.model), target.dtype):
+            return
+        model_id = target_model_id(target)
+        path = find_head("eagle", model_id, self.weights)
+        cfg, tensors, self.meta = load_head(path, "eagle", target.model, model_id)
+        head = EagleHead(cfg)
+        load_state(head, tensors, str(path))
+        self.dtype = head_dtype(target)
+        self.device = torch.device(getattr(target, "device", "cpu"))
+        self.head = head.to(self.device, self.dtype).eval().requires_grad_(False)
+        self.d2t = tensors["d2t"].to(self.device)
+        self.w_draft = target.model.lm_head.weight.detach()[self.d2t].to(self.dtype)  # [Vd, H]
+        self.embed = target.model.get_input_embeddings()
+        self.cfg = cfg
+        self._target_key = (id(target.model), target.dtype)
+
+    # ---- Drafter protocol ----
+    def reset(self, ctx: DraftContext) -> None:
+        if ctx.target is None:
+            raise DrafterError("the eagle drafter needs the target (DraftContext.target)")
+        self._load(ctx.target)
+        self.kv = KVBuffer(self.cfg.kv_heads, self.cfg.head_dim, self.dtype, self.device)
+        self.first_pair = 0  # pair index held in cache slot 0
+        self.pending: list[torch.Tensor] = []  # features f_j, j = first_pair + kv.n + i, not yet in the cache
+        self.root_feat: torch.Tensor | None = None  # f' of the root pair (head output), valid for root_at
+        self.root_at = -1
+        prompt_hidden = ctx.extras.get("prompt_hidden")
+        n_feat = len(ctx.tokens) - 1  # features f_0 .. f_{n-2} are known after prefill
+        if prompt_hidden is not None and prompt_hidden.shape[0] == n_feat:
+            self.pending = list(prompt_hidden.to(self.device, self.dtype))
+        elif ctx.last_hidden is not None:  # no prompt features: start from the last one alone
+            self.first_pair = n_feat - 1
+            self.pending = [ctx.last_hidden.to(self.device, self.dtype)]
+        else:
+            raise DrafterError(
+                "the eagle drafter needs the target's hidden states (DraftContext.last_hidden)"
+            )
+
+    def observe(self, ctx: DraftContext, feedback: Feedback) -> None:
+        if self.head is None:
+            return
+        want = self._missing(ctx)
+        ph = getattr(feedback, "path_hidden", None)
+        if want > 0 and ph is not None and ph.shape[0] >= want:
+            self.pending.extend(ph[-want:].to(self.device, self.dtype))
+        self._sync(ctx)
+
+    def _missing(self, ctx: DraftContext) -> int:
+        """Features f_j the head lacks: it needs f_0 .. f_{n-2} for n committed tokens."""
+        return len(ctx.tokens) - 1 - (self.first_pair + self.kv.n + len(self.pending))
+
+    def _sync(self, ctx: DraftContext) -> None:
+        """A caller that kept only the last feature (a trace recorder, a calibration loop that never calls
+        ``observe``): the missing ones are filled with it (weaker drafts, still exact decoding)."""
+        want = self._missing(ctx)
+        if want > 0:
+            self.pending.extend([ctx.last_hidden.to(self.device, self.dtype)] * want)
+
+    def propose(self, ctx: DraftContext, shape: TreeShape) -> DraftTree:
+        root = ctx.tokens[-1]
+        if shape.depth == 0 or self.head is None:
+            return DraftTree.root_only(root)
+        self._sync(ctx)
+        with torch.inference_mode():
+            self._catch_up(ctx.tokens)
+            slots = TreeSlots(self.kv.n)
+            feats: dict[int, torch.Tensor] = {}
+            base = len(ctx.tokens) - 2  # pair index of the root pair (f_{n-2}, x_{n-1})
+
+            def expand(frontier: list[int], g: GrowingTree) -> tuple[torch.Tensor, torch.Tensor]:
+                if frontier == [0]:
+                    out = self.root_feat[None]
+                else:
+                    out = self._tree_step(frontier, g, feats, slots, base)
+                for u, f in zip(frontier, out):
+                    feats[u] = f
+                lp = torch.log_softmax((out @ self.w_draft.T).float(), dim=-1)
+                top_lp, top_i = lp.topk(max(shape.topk, 1), dim=-1)
+                return top_lp, self.d2t[top_i]
+
+            return build_tree(self.tree, root, expand, shape, self.min_prob)
+
+    # ---- internals ----
+    def _catch_up(self, tokens: list[int]) -> None:
+        """Move pending features into the cache as committed pairs; the last one's output is the root's f'."""
+        if not self.pending:
+            return  # proposing again at the same root: root_feat still holds
+        j0 = self.first_pair + self.kv.n
+        n = len(self.pending)
+        feats = torch.stack(self.pending)  # [n, H]
+        ids = torch.tensor(tokens[j0 + 1 : j0 + 1 + n], device=self.device)
+        x = self.head.pair(self.embed(ids).to(self.dtype), feats)[None]  # [1, n, H]
+        pos = torch.arange(j0, j0 + n, device=self.device)
+        q, k, v = self.head.layer.project(x, pos)
+        self.kv.write(self.kv.n, k, v)
+        self.kv.n += n
+        self.pending = []
+        a = attend(q[:, :, -1:], self.kv.k[:, :, : self.kv.n], self.kv.v[:, :, : self.kv.n], None)
+        self.root_feat = self.head.norm(self.head.layer.finish(x[:, -1:], a))[0, 0]
+        self.root_at = len(tokens) - 1
+
+    def _tree_step(self, frontier, g: GrowingTree, feats, slots: TreeSlots, base: int) -> torch.Tensor:
+        """One batched head pass over frontier nodes (depth >= 1): input (f' of parent, e(token)). [F, H] out."""
+        ids = torch.tensor([g.tokens[u] for u in frontier], device=self.device)
+        parent_f = torch.stack([feats[g.parents[u]] for u in frontier])
+        x = self.head.pair(self.embed(ids).to(self.dtype), parent_f)[None]  # [1, F, H]
+        pos = torch.tensor([base + g.depths[u] for u in frontier], device=self.device)  # absolute pair index
+        q, k, v = self.head.layer.project(x, pos)
+        at = self.kv.n + len(slots.slot)
+        for i, u in enumerate(frontier):
+            slots.slot[u] = at + i
+        self.kv.write(at, k, v)
+        mask = slots.mask(frontier, g, self.device)
+        end = at + len(frontier)
+        a = attend(q, self.kv.k[:, :, :end], self.kv.v[:, :, :end], mask)
+        return self.head.norm(self.head.layer.finish(x, a))[0]

@@ -1,0 +1,209 @@
+"""Early-exit self-speculation: draft with the target's own first ``l`` layers plus a trained exit adapter.
+
+References: Kangaroo (Liu et al., arXiv 2404.18911) — a shallow sub-network of the target plus a one-layer adapter,
+the target's LM head, and a confidence stop; LayerSkip (arXiv 2404.16710) and Draft & Verify (arXiv 2309.08168)
+for self-speculation with the target's layers.
+
+The draft for a token runs the target's layers 0..l-1 on it, reading those layers' keys/values of the committed
+prefix straight from the target's KV cache (shared, read-only: no second prefill, no copy), then the adapter — one
+Llama decoder layer initialised as target layer ``l`` and trained by self-distillation (``drafters.train``) —
+attends over the adapter states of the committed tokens and of the draft ancestors, and the frozen LM head cut to
+the draft vocabulary gives the next-token distribution. Tree nodes keep temporary keys/values for the l layers and
+the adapter; nothing is written into the target's cache.
+
+Each step starts by catching up: the tokens committed since the last proposal (in the target's cache now) and the
+root (not yet in it) go through the l layers in one batched pass, which gives the adapter their states.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from drafters.base import DraftContext, DrafterError, DraftTree, Feedback, TreeShape
+from drafters.eagle import KVBuffer, TreeSlots
+from drafters.heads import (
+    DraftLayer,
+    HeadConfig,
+    RMSNorm,
+    attend,
+    find_head,
+    head_dtype,
+    load_head,
+    load_state,
+    target_model_id,
+)
+from drafters.trees import TREE_BUILDERS, GrowingTree, build_tree
+
+
+class ExitAdapter(nn.Module):
+    """The residual stream after ``exit_layer`` target layers -> one decoder layer -> norm: a guess of the target's
+    final feature (decoded by the target's LM head)."""
+
+    def __init__(self, cfg: HeadConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layer = DraftLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+
+    def forward_train(self, h: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced: h [B, T, H] states after ``exit_layer`` layers -> [B, T, H], causal attention."""
+        t = h.shape[1]
+        pos = torch.arange(t, device=h.device)
+        q, k, v = self.layer.project(h, pos)
+        causal = torch.ones(t, t, dtype=torch.bool, device=h.device).tril()
+        return self.norm(self.layer.finish(h, attend(q, k, v, causal[None, None])))
+
+
+class EarlyExitDrafter:
+    """Options: ``weights`` (an adapter file; default: the user's trained one, else the shipped one), ``tree``
+    (``dynamic`` | ``kary`` | ``chain``), ``min_prob`` (confidence stop on the path probability; Kangaroo uses a
+    per-token 0.6 on chains)."""
+
+    name = "early_exit"
+    exact_replay = False
+
+    def __init__(self, weights: str | None = None, tree: str = "dynamic", min_prob: float = 0.0) -> None:
+        if tree not in TREE_BUILDERS:
+            raise DrafterError(f"unknown tree builder {tree!r}; valid: {', '.join(TREE_BUILDERS)}")
+        self.weights, self.tree, self.min_prob = weights, tree, min_prob
+        self.adapter: ExitAdapter | None = None
+        self._target_key = None
+
+    def _load(self, target) -> None:
+        if self._target_key == (id(target.model), target.dtype):
+            return
+        model_id = target_model_id(target)
+        path = find_head("early_exit", model_id, self.weights)
+        cfg, tensors, self.meta = load_head(path, "early_exit", target.model, model_id)
+        if not 1 <= cfg.exit_layer < target.model.config.num_hidden_layers:
+            raise DrafterError(f"{path}: exit layer {cfg.exit_layer} does not fit this target")
+        adapter = ExitAdapter(cfg)
+        load_state(adapter, tensors, str(path))
+        self.dtype = target.dtype  # the target's layers run in its dtype; the adapter follows head_dtype
+        self.adapter_dtype = head_dtype(target)
+        self.device = torch.device(getattr(target, "device", "cpu"))
+        self.adapter = adapter.to(self.device, self.adapter_dtype).eval().requires_grad_(False)
+        self.d2t = tensors["d2t"].to(self.device)
+        self.w_draft = target.model.lm_head.weight.detach()[self.d2t].to(self.adapter_dtype)
+        self.cfg = cfg
+        inner = target.model.model
+        self.layers = list(inner.layers[: cfg.exit_layer])
+        self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
+        self._target_key = (id(target.model), target.dtype)
+
+    # ---- Drafter protocol ----
+    def reset(self, ctx: DraftContext) -> None:
+        if ctx.target is None:
+            raise DrafterError("the early_exit drafter needs the target (DraftContext.target)")
+        self._load(ctx.target)
+        self.target = ctx.target
+        self.kv = KVBuffer(self.cfg.kv_heads, self.cfg.head_dim, self.adapter_dtype, self.device)
+
+    def observe(self, ctx: DraftContext, feedback: Feedback) -> None:
+        pass  # the target's cache already holds what the next proposal needs
+
+    def propose(self, ctx: DraftContext, shape: TreeShape) -> DraftTree:
+        root = ctx.tokens[-1]
+        if shape.depth == 0 or self.adapter is None:
+            return DraftTree.root_only(root)
+        cache = _target_cache(ctx)
+        if cache is None:
+            raise DrafterError("the early_exit drafter needs the target's KV cache (ctx.extras['target_cache'])")
+        with torch.inference_mode():
+            past = len(ctx.tokens) - 1  # tokens in the target's cache
+            extra = self._catch_up(ctx.tokens, cache, past)  # per layer: [K, V] of the root (temporary)
+            slots = TreeSlots(self.kv.n)
+
+            def expand(frontier: list[int], g: GrowingTree) -> tuple[torch.Tensor, torch.Tensor]:
+                out = self.root_out[None] if frontier == [0] else self._tree_step(frontier, g, cache, past, extra, slots)
+                lp = torch.log_softmax((out @ self.w_draft.T).float(), dim=-1)
+                top_lp, top_i = lp.topk(max(shape.topk, 1), dim=-1)
+                return top_lp, self.d2t[top_i]
+
+            return build_tree(self.tree, root, expand, shape, self.min_prob)
+
+    # ---- internals ----
+    def _layers(self, x, pos, cache, past, extra, allowed):
+        """Target layers 0..l-1 on x [1, q, H] at positions pos [q]; keys = cache[:past] ++ extra[l] ++ own.
+        Returns (hidden [1, q, H], own keys/values per layer)."""
+        cos, sin = self.rotary(x, pos[None])
+        own = []
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            b, q_len, _ = h.shape
+            d = self.cfg.head_dim
+            q = attn.q_proj(h).view(b, q_len, -1, d).transpose(1, 2)
+            k = attn.k_proj(h).view(b, q_len, -1, d).transpose(1, 2)
+            v = attn.v_proj(h).view(b, q_len, -1, d).transpose(1, 2)
+            q, k = _apply_rope(q, k, cos, sin)
+            keys = [cache.layers[i].keys[:, :, :past]] + ([extra[i][0]] if extra else []) + [k]
+            vals = [cache.layers[i].values[:, :, :past]] + ([extra[i][1]] if extra else []) + [v]
+            a = attend(q, torch.cat(keys, 2), torch.cat(vals, 2), allowed)
+            x = x + attn.o_proj(a.transpose(1, 2).reshape(b, q_len, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            own.append((k, v))
+        return x, own
+
+    def _catch_up(self, tokens: list[int], cache, past: int):
+        """Committed tokens the adapter has not seen (in the target cache: they attend to it, adding nothing) and
+        the root (not in it: its own keys/values are returned as the tree's temporary prefix)."""
+        start = self.kv.n
+        ids = torch.tensor(tokens[start:], device=self.device)
+        q_len = ids.shape[0]
+        pos = torch.arange(start, start + q_len, device=self.device)
+        allowed = torch.ones(q_len, past + q_len, dtype=torch.bool, device=self.device)
+        allowed[:, past:] = False
+        allowed[:, :past] &= torch.arange(past, device=self.device)[None, :] <= pos[:, None]
+        allowed[-1, -1] = True  # the root sees itself (its keys are the last column)
+        x = self.embed(ids)[None].to(self.dtype)
+        # the catch-up rows' own keys are already in the cache: keep only the root's
+        h, own = self._layers(x, pos, cache, past, None, allowed[None, None])
+        extra = [(k[:, :, -1:], v[:, :, -1:]) for k, v in own]
+        h = h.to(self.adapter_dtype)
+        q, k, v = self.adapter.layer.project(h, pos)
+        self.kv.write(self.kv.n, k, v)
+        self.kv.n += q_len
+        a = attend(q[:, :, -1:], self.kv.k[:, :, : self.kv.n], self.kv.v[:, :, : self.kv.n], None)
+        self.root_out = self.adapter.norm(self.adapter.layer.finish(h[:, -1:], a))[0, 0]
+        self.kv.n -= 1  # the root's adapter entry is recomputed with the tokens of the next step
+        self._root_slot = (k[:, :, -1:], v[:, :, -1:])
+        return extra
+
+    def _tree_step(self, frontier, g: GrowingTree, cache, past: int, extra, slots: TreeSlots) -> torch.Tensor:
+        ids = torch.tensor([g.tokens[u] for u in frontier], device=self.device)
+        pos = torch.tensor([past + g.depths[u] for u in frontier], device=self.device)
+        # target layers: prefix cache + root + drafted ancestors + self. extra[l] holds the root's keys, then the
+        # tree nodes' in slot order; the adapter's buffer holds committed entries, the root's, then the same slots.
+        if not slots.slot:
+            self.kv.write(self.kv.n, *self._root_slot)
+            slots.committed = self.kv.n + 1  # the root's adapter entry counts as committed during this proposal
+        n_tree, f = len(slots.slot), len(frontier)
+        at = slots.committed + n_tree
+        for i, u in enumerate(frontier):
+            slots.slot[u] = at + i
+        mask = slots.mask(frontier, g, self.device)  # [1, 1, F, at + F]: committed + ancestors + self
+        allowed = torch.ones(f, past + 1 + n_tree + f, dtype=torch.bool, device=self.device)
+        allowed[:, past + 1 :] = mask[0, 0, :, slots.committed :]
+        x = self.embed(ids)[None].to(self.dtype)
+        h, own = self._layers(x, pos, cache, past, extra, allowed[None, None])
+        for i, (k, v) in enumerate(own):
+            extra[i] = (torch.cat([extra[i][0], k], 2), torch.cat([extra[i][1], v], 2))
+        # adapter: committed entries + root + tree slots of ancestors + self
+        h = h.to(self.adapter_dtype)
+        q, k, v = self.adapter.layer.project(h, pos)
+        self.kv.write(at, k, v)
+        a = attend(q, self.kv.k[:, :, : at + f], self.kv.v[:, :, : at + f], mask)
+        return self.adapter.norm(self.adapter.layer.finish(h, a))[0]
+
+
+def _apply_rope(q, k, cos, sin):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    return apply_rotary_pos_emb(q, k, cos, sin)
+
+
+def _target_cache(ctx: DraftContext):
+    """The target's KV cache for this sequence: ``ctx.extras["target_cache"]`` (set by the engine)."""
+    return ctx.extras.get("target_cache")

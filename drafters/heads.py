@@ -1,0 +1,266 @@
+"""Pieces shared by the trained draft heads (``eagle``, ``early_exit``): a Llama-style decoder layer with explicit
+keys/values (so one layer serves teacher-forced training, EAGLE-3's training-time test and tree drafting), the
+reduced draft vocabulary, and the checkpoint format with the checks that refuse a head trained for another target.
+
+A checkpoint is two files side by side: ``NAME.safetensors`` (fp16 weights and the int64 ``d2t`` map from draft
+vocabulary to target ids) and ``NAME.json`` (the head config, the target fingerprint it was trained against, the
+training data and the held-out metric). References: EAGLE (arXiv 2401.15077), EAGLE-3 (arXiv 2503.01840) for the
+reduced draft vocabulary, Kangaroo (arXiv 2404.18911) for the early-exit adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from drafters.base import DrafterError
+
+FORMAT = "draftgym-head"
+VERSION = 1
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    kind: str  # "eagle" | "early_exit"
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    rope_theta: float
+    rms_eps: float
+    draft_vocab: int
+    exit_layer: int = 0  # early_exit: the adapter reads the residual stream after this many target layers
+
+    @classmethod
+    def from_target(cls, model: Any, kind: str, draft_vocab: int, **over: Any) -> HeadConfig:
+        c = model.config
+        rope = getattr(c, "rope_parameters", None) or {}
+        theta = float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
+        head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+        base = dict(
+            kind=kind,
+            hidden=int(c.hidden_size),
+            heads=int(c.num_attention_heads),
+            kv_heads=int(c.num_key_value_heads),
+            head_dim=head_dim,
+            intermediate=int(c.intermediate_size),
+            rope_theta=theta,
+            rms_eps=float(c.rms_norm_eps),
+            draft_vocab=int(draft_vocab),
+        )
+        base.update(over)
+        return cls(**base)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding, Llama's half-split convention. x: [B, H, T, D]; pos: [B, T] or [T] (int)."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    ang = pos.to(torch.float32)[..., None] * inv  # [B?, T, D/2]
+    if ang.dim() == 3:
+        ang = ang[:, None]  # [B, 1, T, D/2]
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype), torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class DraftLayer(nn.Module):
+    """One pre-norm Llama decoder layer (GQA attention + SwiGLU MLP). Attention is split in two halves so that the
+    caller chooses the keys and the mask: ``project`` (queries, keys, values) and ``finish`` (output + MLP)."""
+
+    def __init__(self, cfg: HeadConfig) -> None:
+        super().__init__()
+        h, hd = cfg.hidden, cfg.head_dim
+        self.cfg = cfg
+        self.norm1 = RMSNorm(h, cfg.rms_eps)
+        self.q = nn.Linear(h, cfg.heads * hd, bias=False)
+        self.k = nn.Linear(h, cfg.kv_heads * hd, bias=False)
+        self.v = nn.Linear(h, cfg.kv_heads * hd, bias=False)
+        self.o = nn.Linear(cfg.heads * hd, h, bias=False)
+        self.norm2 = RMSNorm(h, cfg.rms_eps)
+        self.gate = nn.Linear(h, cfg.intermediate, bias=False)
+        self.up = nn.Linear(h, cfg.intermediate, bias=False)
+        self.down = nn.Linear(cfg.intermediate, h, bias=False)
+
+    def project(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [B, T, H]; pos: [B, T] or [T]. Returns q [B, Hq, T, D], k and v [B, Hkv, T, D] (rotated q, k)."""
+        b, t, _ = x.shape
+        c = self.cfg
+        hn = self.norm1(x)
+        q = self.q(hn).view(b, t, c.heads, c.head_dim).transpose(1, 2)
+        k = self.k(hn).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v(hn).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        return rope(q, pos, c.rope_theta), rope(k, pos, c.rope_theta), v
+
+    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, H] (the layer input); attn: [B, Hq, T, D] (attention output)."""
+        b, _, t, _ = attn.shape
+        x = x + self.o(attn.transpose(1, 2).reshape(b, t, -1))
+        hn = self.norm2(x)
+        return x + self.down(F.silu(self.gate(hn)) * self.up(hn))
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """Scaled dot-product attention with grouped KV heads. ``allowed``: bool, broadcast to [B, Hq, Tq, Tk]."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+
+
+# ---- target fingerprint and checkpoints ----
+
+
+def target_fingerprint(model: Any, model_id: str) -> dict[str, Any]:
+    """What a head must match: the target's id, shapes, and a checksum of its embedding (same shapes, other weights)."""
+    c = model.config
+    emb = model.get_input_embeddings().weight
+    return {
+        "model_id": str(model_id),
+        "hidden_size": int(c.hidden_size),
+        "vocab_size": int(c.vocab_size),
+        "num_layers": int(c.num_hidden_layers),
+        "embed_checksum": round(float(emb[:512].float().abs().mean()), 6),
+    }
+
+
+def check_fingerprint(saved: dict[str, Any], model: Any, model_id: str, where: str) -> None:
+    """Raise a DrafterError naming the first difference between a head's target and this one."""
+    now = target_fingerprint(model, model_id)
+    for key in ("hidden_size", "vocab_size", "num_layers", "model_id"):
+        if saved.get(key) != now[key]:
+            raise DrafterError(
+                f"{where} was trained for another target ({key} {saved.get(key)!r}, this target has {now[key]!r}); "
+                f"train one for it with: draftgym train-drafter ... --model {model_id}"
+            )
+    a, b = float(saved.get("embed_checksum", 0.0)), now["embed_checksum"]
+    if abs(a - b) > 2e-2 * max(abs(a), abs(b), 1e-6):
+        raise DrafterError(f"{where} was trained for a target with other weights (embedding checksum {a} vs {b})")
+
+
+def save_head(path: Path, module: nn.Module, d2t: torch.Tensor, cfg: HeadConfig, meta: dict[str, Any]) -> Path:
+    """Write ``path`` (.safetensors, fp16) and its ``.json`` beside it, atomically (a kill leaves the old files)."""
+    from safetensors.torch import save_file
+
+    path = Path(path).with_suffix(".safetensors")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in module.state_dict().items()}
+    tensors["d2t"] = d2t.to(torch.int64).contiguous()
+    header = {"format": FORMAT, "version": VERSION, "config": asdict(cfg), **meta}
+    tmp_w, tmp_j = path.with_suffix(".safetensors.tmp"), path.with_suffix(".json.tmp")
+    save_file(tensors, str(tmp_w))
+    tmp_j.write_text(json.dumps(header, indent=2))
+    os.replace(tmp_w, path)
+    os.replace(tmp_j, path.with_suffix(".json"))
+    return path
+
+
+def load_head(
+    path: Path, kind: str, model: Any, model_id: str
+) -> tuple[HeadConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """Read and check a head: format, kind, target fingerprint, tensor names and shapes. Every failure is a
+    one-line DrafterError that names the file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path).with_suffix(".safetensors")
+    meta_path = path.with_suffix(".json")
+    if not path.is_file() or not meta_path.is_file():
+        raise DrafterError(f"no {kind} head at {path} (needs {path.name} and {meta_path.name})")
+    try:
+        meta = json.loads(meta_path.read_text())
+        cfg = HeadConfig(**meta["config"])
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise DrafterError(f"{meta_path} is not a draftgym head description ({err})") from err
+    if meta.get("format") != FORMAT or cfg.kind != kind:
+        raise DrafterError(f"{meta_path} describes a {cfg.kind!r} head, not {kind!r}")
+    check_fingerprint(meta.get("target", {}), model, model_id, str(path))
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise DrafterError(f"{path} is corrupted or not a safetensors file ({err})") from err
+    if "d2t" not in tensors or tensors["d2t"].shape != (cfg.draft_vocab,):
+        raise DrafterError(f"{path} has no valid draft vocabulary map 'd2t' of {cfg.draft_vocab} ids")
+    d2t = tensors["d2t"]
+    if int(d2t.min()) < 0 or int(d2t.max()) >= int(model.config.vocab_size):
+        raise DrafterError(f"{path}: draft vocabulary ids fall outside the target's vocabulary")
+    return cfg, tensors, meta
+
+
+def load_state(module: nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Load weights into ``module`` with shape checks that speak to the user."""
+    want = module.state_dict()
+    got = {k: v for k, v in tensors.items() if k != "d2t"}
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    if missing or extra:
+        raise DrafterError(f"{where} does not match this head: missing {missing[:3]}, unexpected {extra[:3]}")
+    for k, v in want.items():
+        if tuple(got[k].shape) != tuple(v.shape):
+            raise DrafterError(f"{where}: tensor {k} has shape {tuple(got[k].shape)}, expected {tuple(v.shape)}")
+    module.load_state_dict({k: got[k].to(v.dtype) for k, v in want.items()})
+
+
+def cache_heads_dir() -> Path:
+    """Where ``train-drafter`` writes heads by default: $DRAFTGYM_CACHE/heads, else $XDG_CACHE_HOME/draftgym/heads."""
+    if os.environ.get("DRAFTGYM_CACHE"):
+        return Path(os.environ["DRAFTGYM_CACHE"]) / "heads"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "draftgym" / "heads"
+
+
+def head_name(kind: str, model_id: str) -> str:
+    return f"{kind}-{Path(model_id).name}"
+
+
+def find_head(kind: str, model_id: str, weights: str | None) -> Path:
+    """The head to load: ``weights`` if given, else the user's trained one in the cache, else the shipped one."""
+    if weights:
+        return Path(weights)
+    name = head_name(kind, model_id) + ".safetensors"
+    for folder in (cache_heads_dir(), DATA_DIR):
+        if (folder / name).is_file():
+            return folder / name
+    raise DrafterError(
+        f"no trained {kind} head for model {model_id!r}; train one with "
+        f"`draftgym train-drafter {kind} --model {model_id}` (it is saved to {cache_heads_dir() / name})"
+    )
+
+
+def target_model_id(target: Any) -> str:
+    """The target wrapper's model id (drafters do not import env/: read it loosely)."""
+    loaded = getattr(target, "loaded", None)
+    return str(getattr(loaded, "model_id", "") or getattr(target, "model_id", ""))
+
+
+def head_dtype(target: Any) -> torch.dtype:
+    """The head computes in the target's dtype, except bf16 on a CPU without native bf16 (slow there): fp32."""
+    dtype = getattr(target, "dtype", torch.float32)
+    device = getattr(target, "device", torch.device("cpu"))
+    if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not _cpu_bf16():
+        return torch.float32
+    return dtype
+
+
+def _cpu_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(f in flags for f in (" avx512_bf16", " amx_bf16", " bf16"))

@@ -1,0 +1,108 @@
+"""Token Recycling (Luo et al., arXiv 2408.08696): training-free drafting from the target's own past predictions.
+
+An adjacency table ``ids[V, K]`` holds, for every token id ``v``, the ``K`` tokens the target found most likely to
+follow ``v`` the last time ``v`` was verified (with their log-probabilities ``logp[V, K]``, which the paper does
+not keep; we keep them so that the dynamic tree can rank paths). Each step, the tree is grown from the root by
+looking rows up: breadth first over a fixed k-ary template as in the paper (``tree="kary"``), or EAGLE-2's
+dynamic top-``budget`` tree on the stored probabilities (``tree="dynamic"``, default). After verification, the rows
+of every verified token are overwritten with the target's fresh top-K (the paper's update: all tree nodes, the
+accepted path last so that it wins when a token occurs twice).
+
+The table outlives a sequence ("hot start" across queries, as in the paper), so the drafter is stateful and its
+proposals depend on what was decoded before: ``exact_replay = False``. Memory: ``V * K`` int64 + float32 (49152 x 8:
+4.7 MB).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from drafters.base import DraftContext, DrafterError, DraftTree, Feedback, TreeShape
+from drafters.trees import TREE_BUILDERS, GrowingTree, build_tree
+
+
+class RecyclingDrafter:
+    """Adjacency-table drafter. ``width`` = K candidates kept per token; ``tree`` = ``kary`` | ``dynamic``;
+    ``prompt_prior`` = log-prob given to "the token that followed v in the prompt" for rows never verified."""
+
+    name = "recycling"
+    exact_replay = False
+
+    def __init__(self, width: int = 8, tree: str = "dynamic", prompt_prior: float = math.log(0.2)) -> None:
+        if width < 1:
+            raise DrafterError(f"recycling width must be >= 1, got {width}")
+        if tree not in TREE_BUILDERS:
+            raise DrafterError(f"unknown tree builder {tree!r}; valid: {', '.join(TREE_BUILDERS)}")
+        self.width = width
+        self.tree = tree
+        self.prompt_prior = prompt_prior
+        self.ids: torch.Tensor | None = None  # [V, K] int64, -1: no candidate
+        self.logp: torch.Tensor | None = None  # [V, K] float32, -inf: no candidate
+
+    # ---- table ----
+    def _ensure(self, vocab: int) -> None:
+        if self.ids is None or self.ids.shape[0] != vocab:
+            self.ids = torch.full((vocab, self.width), -1, dtype=torch.long)
+            self.logp = torch.full((vocab, self.width), -math.inf, dtype=torch.float32)
+
+    def update(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
+        """Overwrite the rows of ``tokens`` ([S]) with the top-K of ``logits`` ([S, V]); later rows win."""
+        self._ensure(int(logits.shape[-1]))
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        top_lp, top_ids = lp.topk(self.width, dim=-1)  # [S, K]
+        # index_put_ with repeated indices keeps an unspecified one: write in order, last occurrence wins
+        last: dict[int, int] = {int(t): i for i, t in enumerate(tokens.tolist())}
+        rows = torch.tensor(list(last.keys()), dtype=torch.long)
+        src = torch.tensor(list(last.values()), dtype=torch.long)
+        self.ids[rows] = top_ids[src]
+        self.logp[rows] = top_lp[src]
+
+    def seed_from_prompt(self, tokens: list[int]) -> None:
+        """Rows never verified get the prompt's own bigram (what first followed v in the prompt) as one candidate."""
+        if self.ids is None or len(tokens) < 2:
+            return
+        first: dict[int, int] = {}
+        for a, b in zip(tokens[:-1], tokens[1:]):
+            first.setdefault(int(a), int(b))
+        prev = torch.tensor(list(first.keys()), dtype=torch.long)
+        nxt = torch.tensor(list(first.values()), dtype=torch.long)
+        empty = self.ids[prev, 0] < 0
+        self.ids[prev[empty], 0] = nxt[empty]
+        self.logp[prev[empty], 0] = self.prompt_prior
+
+    # ---- Drafter protocol ----
+    def reset(self, ctx: DraftContext) -> None:
+        vocab = _vocab_size(ctx.target)
+        if vocab:
+            self._ensure(vocab)
+        self.seed_from_prompt(ctx.tokens)
+
+    def _expand(self, frontier: list[int], g: GrowingTree) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.tensor([g.tokens[n] for n in frontier], dtype=torch.long)
+        return self.logp[rows], self.ids[rows]  # [F, K] each, best first (topk order)
+
+    def propose(self, ctx: DraftContext, shape: TreeShape) -> DraftTree:
+        root = ctx.tokens[-1]
+        if shape.depth == 0 or self.ids is None or root >= self.ids.shape[0]:
+            return DraftTree.root_only(root)
+        return build_tree(self.tree, root, self._expand, shape)
+
+    def observe(self, ctx: DraftContext, feedback: Feedback) -> None:
+        tree = feedback.tree
+        logits = getattr(feedback, "tree_logits", None)
+        if logits is not None and logits.shape[0] == tree.num_nodes:
+            self.update(tree.tokens, logits)  # every verified node (paper); the path is written again below
+        if feedback.path_logits is not None:
+            s = int(feedback.path_logits.shape[0])
+            path_tokens = [int(tree.tokens[0]), *feedback.committed[: s - 1]]
+            self.update(torch.tensor(path_tokens, dtype=torch.long), feedback.path_logits)
+
+
+def _vocab_size(target) -> int:
+    """The target's vocabulary size, read loosely (drafters do not import env/)."""
+    try:
+        return int(target.model.config.vocab_size)
+    except AttributeError:
+        return 0

@@ -1,0 +1,500 @@
+"""Self-distillation for the trained draft heads (``eagle``, ``early_exit``): the target answers prompts greedily,
+and the heads learn to predict the target's own next features / tokens (EAGLE, arXiv 2401.15077, section 4;
+Kangaroo, arXiv 2404.18911). Only the target and a prompt set are needed.
+
+1. ``generate_data``: batched greedy generation with Hugging Face ``generate``; forward hooks capture, for every
+   position of prompt + answer, the final-norm hidden state f_t (EAGLE's feature and the teacher) and the residual
+   stream after the first ``l`` layers for each capture layer (early exit). The last ``window`` positions of each
+   sequence are kept, as fp16, one file per batch, so a killed run resumes at the next batch.
+2. ``train_head``: AdamW on a held-out-split dataset; loss = soft cross-entropy against the target's distribution
+   restricted to the draft vocabulary, plus (eagle) a smooth-L1 feature regression; EAGLE-3's training-time test
+   unrolls the head ``levels`` times. A checkpoint of the training state is written every ``save_every_s`` seconds
+   and picked up again after a kill. The held-out metric is the top-1 agreement with the target per draft depth and
+   the mean accepted length of a chain of ``levels`` drafts.
+
+Costs are counted in CPU seconds of this process (``time.process_time``), summed over resumed sessions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from drafters.base import DrafterError
+from drafters.heads import HeadConfig, check_fingerprint, save_head, target_fingerprint
+
+
+@dataclass(frozen=True)
+class Sequence:
+    tokens: torch.Tensor  # [T] int64, the last `window` tokens of prompt + answer
+    feats: torch.Tensor  # [T, H] fp16, f_t (final-norm hidden); the last row is zero (no feature yet)
+    exits: dict[int, torch.Tensor]  # layer l -> [T, H] fp16 residual stream after l layers
+    answer_start: int  # index in `tokens` of the first generated token (0 if the prompt was cut away)
+    prompt_id: str
+
+
+# ---------------------------------------------------------------- data generation
+
+
+def generate_data(
+    model: Any,
+    prompts: list[tuple[str, list[int]]],
+    out_dir: Path,
+    *,
+    max_new_tokens: int = 128,
+    batch_size: int = 8,
+    capture_layers: tuple[int, ...] = (4, 8),
+    window: int = 384,
+    pad_id: int = 2,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Greedy answers and captured features for ``prompts`` ((id, token ids)); one safetensors file per batch in
+    ``out_dir`` (existing ones are kept: resume). Returns a summary (tokens, CPU seconds of this call)."""
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    order = sorted(prompts, key=lambda p: len(p[1]))  # similar lengths batch together: little padding
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    cpu0 = time.process_time()
+    captured: dict[str, list[torch.Tensor]] = {}
+
+    def hook(name: str):
+        def fn(_module, _inputs, output):
+            captured.setdefault(name, []).append(
+                (output[0] if isinstance(output, tuple) else output).detach()
+            )
+
+        return fn
+
+    inner = model.model
+    handles = [inner.norm.register_forward_hook(hook("final"))]
+    handles += [
+        inner.layers[layer - 1].register_forward_hook(hook(f"exit{layer}")) for layer in capture_layers
+    ]
+    todo = [(i, b) for i, b in enumerate(batches) if not (out_dir / f"part-{i:04d}.safetensors").is_file()]
+    bar = tqdm(
+        total=len(batches), initial=len(batches) - len(todo), desc="distill data", disable=not progress
+    )
+    try:
+        for i, batch in todo:
+            captured.clear()
+            lens = [len(ids) for _, ids in batch]
+            width = max(lens)
+            inp = torch.tensor([[pad_id] * (width - n) + ids for (_, ids), n in zip(batch, lens)])
+            att = torch.tensor([[0] * (width - n) + [1] * n for n in lens])
+            with torch.inference_mode():
+                out = model.generate(
+                    inp,
+                    attention_mask=att,
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=pad_id,
+                )
+            cat = {k: torch.cat(v, dim=1) for k, v in captured.items()}  # [B, width + steps - 1, H]
+            tensors: dict[str, torch.Tensor] = {}
+            meta = []
+            for b, ((pid, ids), n) in enumerate(zip(batch, lens)):
+                answer = out[b, width:].tolist()
+                eos = model.generation_config.eos_token_id
+                eos_ids = set(eos if isinstance(eos, list) else [eos])
+                cut = next((j + 1 for j, t in enumerate(answer) if t in eos_ids), len(answer))
+                seq = ids + answer[:cut]
+                start = max(0, len(seq) - window)
+                pad = width - n
+                t = len(seq) - start
+                tensors[f"{b}/tokens"] = torch.tensor(seq[start:], dtype=torch.int32)
+                for name, x in cat.items():
+                    f = torch.zeros(t, x.shape[-1], dtype=torch.float16)
+                    avail = x[b, pad + start : pad + len(seq) - 1].to(
+                        torch.float16
+                    )  # features of all but the last
+                    f[: avail.shape[0]] = avail
+                    tensors[f"{b}/{name}"] = f
+                meta.append({"prompt_id": pid, "answer_start": max(0, len(ids) - start), "answer_len": cut})
+            tmp = out_dir / f"part-{i:04d}.tmp"
+            save_file(tensors, str(tmp), metadata={"meta": json.dumps(meta)})
+            os.replace(tmp, out_dir / f"part-{i:04d}.safetensors")
+            bar.update(1)
+    finally:
+        for h in handles:
+            h.remove()
+        bar.close()
+    cpu = time.process_time() - cpu0
+    info_path = out_dir / "info.json"
+    info = json.loads(info_path.read_text()) if info_path.is_file() else {"cpu_s": 0.0}
+    info.update(
+        prompts=len(prompts),
+        max_new_tokens=max_new_tokens,
+        window=window,
+        capture_layers=list(capture_layers),
+        cpu_s=info["cpu_s"] + cpu,
+    )
+    info_path.write_text(json.dumps(info, indent=2))
+    return info
+
+
+def load_data(out_dir: Path) -> list[Sequence]:
+    from safetensors import safe_open
+
+    seqs = []
+    for part in sorted(out_dir.glob("part-*.safetensors")):
+        with safe_open(str(part), framework="pt") as fh:
+            meta = json.loads(fh.metadata()["meta"])
+            for b, m in enumerate(meta):
+                names = [k for k in fh.keys() if k.startswith(f"{b}/exit")]  # noqa: SIM118
+                exits = {int(k.split("/exit")[1]): fh.get_tensor(k) for k in names}
+                seqs.append(
+                    Sequence(
+                        tokens=fh.get_tensor(f"{b}/tokens").long(),
+                        feats=fh.get_tensor(f"{b}/final"),
+                        exits=exits,
+                        answer_start=int(m["answer_start"]),
+                        prompt_id=str(m["prompt_id"]),
+                    )
+                )
+    if not seqs:
+        raise DrafterError(f"no distillation data in {out_dir}")
+    return seqs
+
+
+def split(seqs: list[Sequence], heldout_every: int = 10) -> tuple[list[Sequence], list[Sequence]]:
+    """Held-out split by prompt: every ``heldout_every``-th sequence (in prompt-id order)."""
+    ordered = sorted(seqs, key=lambda s: s.prompt_id)
+    held = [s for i, s in enumerate(ordered) if i % heldout_every == heldout_every - 1]
+    return [s for i, s in enumerate(ordered) if i % heldout_every != heldout_every - 1], held
+
+
+def draft_vocab(seqs: list[Sequence], size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
+    """The ``size`` most frequent tokens (answers count 4x: they are what the target emits), plus ``always``."""
+    counts: Counter[int] = Counter()
+    for s in seqs:
+        counts.update(s.tokens[: s.answer_start].tolist())
+        for _ in range(4):
+            counts.update(s.tokens[s.answer_start :].tolist())
+    chosen = list(dict.fromkeys([*always, *(t for t, _ in counts.most_common(size))]))[:size]
+    return torch.tensor(sorted(chosen), dtype=torch.int64)
+
+
+# ---------------------------------------------------------------- training
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    kind: str  # eagle | early_exit
+    draft_vocab: int = 8192
+    exit_layer: int = 4  # early_exit only
+    levels: int = 3  # eagle: training-time-test depth (also the chain length of the held-out metric)
+    batch_size: int = 8
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    reg_weight: float = 0.2  # eagle: weight of the smooth-L1 feature loss (the cross-entropy weighs 1)
+    prompt_frac: float = 0.2  # share of prompt positions in the loss (every answer position is in it)
+    window: int = 256  # train on the last `window` positions of each sequence
+    cpu_minutes: float = 8.0  # stop when this process's CPU time (summed over resumes) reaches it
+    max_steps: int = 100_000
+    seed: int = 0
+    save_every_s: float = 60.0
+
+
+def build_head(kind: str, cfg: HeadConfig, model: Any) -> torch.nn.Module:
+    """A fresh head. The early-exit adapter starts as target layer ``exit_layer`` (it reads the residual stream that
+    layer reads, so it starts as "exit one layer later"); the eagle layer starts random (a copied layer scored worse
+    at step 0: it maps f_t to a guess of x_{t+1} again). Both output norms start as the target's final norm."""
+    from drafters.eagle import EagleHead
+    from drafters.early_exit import ExitAdapter
+
+    head = EagleHead(cfg) if kind == "eagle" else ExitAdapter(cfg)
+    src = model.model.layers[cfg.exit_layer]
+    mine = head.layer
+    pairs = [
+        (mine.norm1, src.input_layernorm),
+        (mine.q, src.self_attn.q_proj),
+        (mine.k, src.self_attn.k_proj),
+        (mine.v, src.self_attn.v_proj),
+        (mine.o, src.self_attn.o_proj),
+        (mine.norm2, src.post_attention_layernorm),
+        (mine.gate, src.mlp.gate_proj),
+        (mine.up, src.mlp.up_proj),
+        (mine.down, src.mlp.down_proj),
+    ]
+    with torch.no_grad():
+        head.norm.weight.copy_(
+            model.model.norm.weight.float()
+        )  # outputs on the scale of the target's features
+        if kind == "early_exit":
+            for a, b in pairs:
+                a.weight.copy_(b.weight.float())
+    return head.float()
+
+
+def _batches(seqs: list[Sequence], size: int, gen: torch.Generator):
+    perm = torch.randperm(len(seqs), generator=gen).tolist()
+    for i in range(0, len(perm), size):
+        yield [seqs[j] for j in perm[i : i + size]]
+
+
+def _collate(batch: list[Sequence], kind: str, exit_layer: int, window: int) -> dict[str, torch.Tensor]:
+    """Padded tensors of the last ``window`` positions: tokens [B, T], inputs [B, T, H] (early exit: the states
+    after ``exit_layer`` layers), feats [B, T, H], lens [B], answer_start [B]."""
+    t = min(window, max(s.tokens.shape[0] for s in batch))
+    h = batch[0].feats.shape[1]
+    out = {
+        "tokens": torch.zeros(len(batch), t, dtype=torch.long),
+        "feats": torch.zeros(len(batch), t, h),
+        "lens": torch.zeros(len(batch), dtype=torch.long),
+        "answer_start": torch.zeros(len(batch), dtype=torch.long),
+    }
+    if kind == "early_exit":
+        out["inputs"] = torch.zeros(len(batch), t, h)
+    for b, s in enumerate(batch):
+        cut = max(0, s.tokens.shape[0] - t)
+        n = s.tokens.shape[0] - cut
+        out["tokens"][b, :n] = s.tokens[cut:]
+        out["feats"][b, :n] = s.feats[cut:].float()
+        out["lens"][b] = n
+        out["answer_start"][b] = max(0, s.answer_start - cut)
+        if kind == "early_exit":
+            if exit_layer not in s.exits:
+                raise DrafterError(
+                    f"the data has no states after layer {exit_layer}; captured: {sorted(s.exits)}"
+                )
+            out["inputs"][b, :n] = s.exits[exit_layer][cut:].float()
+    return out
+
+
+def _select(batch: dict[str, torch.Tensor], shift: int, last: int, frac: float, gen: torch.Generator | None):
+    """Loss positions j (predicting the token at j + shift): valid (j + shift <= n - 1 - last ... see callers),
+    every answer position, and a ``frac`` sample of the prompt positions. Returns (sel [B, T], answer [B, T])."""
+    b, t = batch["tokens"].shape
+    j = torch.arange(t)[None, :]
+    valid = j <= batch["lens"][:, None] - 1 - last
+    answer = (j + shift) >= batch["answer_start"][:, None]
+    pick = torch.rand(b, t, generator=gen) < frac if gen is not None else torch.zeros(b, t, dtype=torch.bool)
+    return valid & (answer | pick), valid & answer
+
+
+def loss_eagle(head, batch, w_draft, embed, st: TrainSettings, gen=None, stats: dict | None = None):
+    """Pair j = (f_j, e(x_{j+1})) predicts f_{j+1} and the target's distribution over x_{j+2} (teacher
+    softmax(W f_{j+1}) over the draft vocabulary); valid for j <= n - 3 (the last token has no feature) and, at
+    level s, j >= s - 1."""
+    tokens, feats = batch["tokens"], batch["feats"]
+    emb_next = torch.zeros_like(feats)
+    emb_next[:, :-1] = embed(tokens[:, 1:]).float()
+    target = torch.zeros_like(feats)
+    target[:, :-1] = feats[:, 1:]
+    sel, answer = _select(batch, 2, 2, st.prompt_frac, gen)
+    j = torch.arange(tokens.shape[1])[None, :]
+    outs = head.unrolled(feats, emb_next, st.levels)
+    total = 0.0
+    for s, out in enumerate(outs, start=1):
+        m = sel & (j >= s - 1)
+        with torch.no_grad():
+            teacher = torch.softmax(target[m] @ w_draft.T, dim=-1)  # [M, Vd]
+        logp = torch.log_softmax(out[m] @ w_draft.T, dim=-1)
+        ce = -(teacher * logp).sum(-1)
+        reg = F.smooth_l1_loss(out[m], target[m], reduction="none").mean(-1)
+        total = total + (ce + st.reg_weight * reg).mean()
+        if stats is not None:
+            hit = torch.zeros_like(m)
+            hit[m] = logp.argmax(-1) == teacher.argmax(-1)
+            _agree(stats, s, hit, m & answer)
+    return total / len(outs)
+
+
+def loss_exit(head, batch, w_draft, st: TrainSettings, gen=None, stats: dict | None = None):
+    """Position j: the residual stream after ``exit_layer`` layers predicts the target's distribution over
+    x_{j+1} (teacher softmax(W f_j)); valid for j <= n - 2."""
+    feats = batch["feats"]
+    sel, answer = _select(batch, 1, 1, st.prompt_frac, gen)
+    out = head.forward_train(batch["inputs"])
+    with torch.no_grad():
+        teacher = torch.softmax(feats[sel] @ w_draft.T, dim=-1)
+    logp = torch.log_softmax(out[sel] @ w_draft.T, dim=-1)
+    loss = -(teacher * logp).sum(-1).mean()
+    if stats is not None:
+        hit = torch.zeros_like(sel)
+        hit[sel] = logp.argmax(-1) == teacher.argmax(-1)
+        _agree(stats, 1, hit, sel & answer)
+    return loss
+
+
+def _agree(stats: dict, level: int, hit: torch.Tensor, mask: torch.Tensor) -> None:
+    key = f"top1_depth{level}"
+    a, n = stats.get(key, (0, 0))
+    stats[key] = (a + int((hit & mask).sum()), n + int(mask.sum()))
+    stats.setdefault("_hits", {})[level] = (hit & mask, mask)
+
+
+@torch.no_grad()
+def evaluate(head, seqs: list[Sequence], w_draft, embed, st: TrainSettings) -> dict[str, float]:
+    """Held-out top-1 agreement with the target (over the draft vocabulary, on answer tokens) per draft depth, and
+    for eagle the mean accepted length (bonus included) of a greedy chain of ``levels`` drafts rooted at every
+    answer position (a chain rooted at pair j is accepted to depth m when levels 1..m hit at pairs j..j+m-1)."""
+    head.eval()
+    stats: dict[str, Any] = {}
+    tau_sum, tau_n = 0.0, 0
+    for i in range(0, len(seqs), st.batch_size):
+        batch = _collate(seqs[i : i + st.batch_size], st.kind, st.exit_layer, st.window)
+        if st.kind == "eagle":
+            loss_eagle(head, batch, w_draft, embed, st, None, stats)
+            hits = stats.pop("_hits")
+            alive = hits[1][1]
+            run = torch.ones_like(alive)
+            acc = torch.zeros(alive.shape)
+            for s in range(1, st.levels + 1):
+                h = torch.zeros_like(run)
+                h[:, : h.shape[1] - (s - 1)] = hits[s][0][:, s - 1 :]
+                run = run & h
+                acc += run.float()
+            tau_sum += float(((acc + 1) * alive).sum())
+            tau_n += int(alive.sum())
+        else:
+            loss_exit(head, batch, w_draft, st, None, stats)
+            stats.pop("_hits")
+    head.train()
+    out = {k: round(a / max(n, 1), 4) for k, (a, n) in stats.items()}
+    if tau_n:
+        out[f"chain{st.levels}_tau"] = round(tau_sum / tau_n, 4)
+    out["positions"] = stats.get("top1_depth1", (0, 0))[1]
+    return out
+
+
+def train_head(
+    model: Any,
+    model_id: str,
+    data_dir: Path,
+    out_path: Path,
+    st: TrainSettings,
+    *,
+    work_dir: Path,
+    data_info: dict[str, Any],
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train (or resume training) a head on the data in ``data_dir``; save it to ``out_path`` with its metadata."""
+    from tqdm import tqdm
+
+    torch.manual_seed(st.seed)
+    seqs = load_data(data_dir)
+    train, held = split(seqs)
+    eos = model.generation_config.eos_token_id
+    d2t = draft_vocab(train, st.draft_vocab, always=tuple(eos if isinstance(eos, list) else [eos]))
+    hidden = model.config.hidden_size
+    cfg = HeadConfig.from_target(
+        model, st.kind, len(d2t), exit_layer=st.exit_layer if st.kind != "eagle" else 0
+    )
+    w_draft = model.lm_head.weight.detach()[d2t].float()
+    embed = model.get_input_embeddings()
+    head = build_head(st.kind, cfg, model)
+    opt = torch.optim.AdamW(head.parameters(), lr=st.lr, weight_decay=st.weight_decay, betas=(0.9, 0.95))
+    fingerprint = target_fingerprint(model, model_id)
+    state_path = work_dir / f"train-state-{st.kind}.pt"
+    step, cpu_before, epoch = 0, 0.0, 0
+    if state_path.is_file():  # resume after a kill
+        try:
+            state = torch.load(state_path, map_location="cpu", weights_only=False)
+        except Exception as err:  # noqa: BLE001 - any unreadable file is reported the same way
+            raise DrafterError(
+                f"training checkpoint {state_path} is corrupted ({err}); delete it to start over"
+            ) from err
+        check_fingerprint(state.get("target", {}), model, model_id, f"training checkpoint {state_path}")
+        if state.get("config") != asdict(cfg) or not torch.equal(state.get("d2t", torch.empty(0)), d2t):
+            raise DrafterError(
+                f"training checkpoint {state_path} has other head shapes or data ({state.get('config')}); "
+                "delete it or use another --work folder"
+            )
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["opt"])
+        step, cpu_before, epoch = state["step"], state["cpu_s"], state["epoch"]
+    if hidden != cfg.hidden:
+        raise DrafterError(f"the data's features have size {hidden}, the head {cfg.hidden}")
+    cpu0, last_save = time.process_time(), time.monotonic()
+    budget_s = st.cpu_minutes * 60
+    steps_per_epoch = math.ceil(len(train) / st.batch_size)
+    total_steps = min(st.max_steps, max(1, int(steps_per_epoch * 50)))
+    bar = tqdm(total=None, initial=step, desc=f"train {st.kind}", disable=not progress, unit="step")
+
+    def cpu_used() -> float:
+        return cpu_before + time.process_time() - cpu0
+
+    def save_state() -> None:
+        tmp = state_path.with_suffix(".tmp")
+        torch.save(
+            {
+                "head": head.state_dict(),
+                "opt": opt.state_dict(),
+                "step": step,
+                "cpu_s": cpu_used(),
+                "epoch": epoch,
+                "config": asdict(cfg),
+                "d2t": d2t,
+                "target": fingerprint,
+            },
+            tmp,
+        )
+        os.replace(tmp, state_path)
+
+    head.train()
+    done = cpu_used() >= budget_s or step >= st.max_steps
+    while not done:
+        gen = torch.Generator().manual_seed(st.seed + epoch)
+        for i, batch in enumerate(_batches(train, st.batch_size, gen)):
+            if i < step - epoch * steps_per_epoch:
+                continue  # resumed mid-epoch: skip the batches already seen
+            frac = min(1.0, cpu_used() / budget_s)
+            lr = st.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            tens = _collate(batch, st.kind, st.exit_layer, st.window)
+            if st.kind == "eagle":
+                loss = loss_eagle(head, tens, w_draft, embed, st, gen)
+            else:
+                loss = loss_exit(head, tens, w_draft, st, gen)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", cpu_min=f"{cpu_used() / 60:.1f}")
+            if time.monotonic() - last_save > st.save_every_s:
+                save_state()
+                last_save = time.monotonic()
+            if cpu_used() >= budget_s or step >= min(st.max_steps, total_steps):
+                done = True
+                break
+        else:
+            epoch += 1
+    bar.close()
+    save_state()
+    metric = evaluate(head, held, w_draft, embed, st)
+    n_tokens = sum(int(s.tokens.shape[0]) for s in train)
+    n_answer = sum(int(s.tokens.shape[0]) - s.answer_start for s in train)
+    meta = {
+        "target": fingerprint,
+        "trained_dtype": "float32",
+        "training": {
+            "settings": asdict(st),
+            "data": data_info,
+            "train_sequences": len(train),
+            "heldout_sequences": len(held),
+            "train_positions": n_tokens,
+            "train_answer_tokens": n_answer,
+            "steps": step,
+            "train_cpu_minutes": round(cpu_used() / 60, 2),
+            "data_cpu_minutes": round(float(data_info.get("cpu_s", 0.0)) / 60, 2),
+        },
+        "metric": metric,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    save_head(out_path, head, d2t, cfg, meta)
+    return meta

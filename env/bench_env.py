@@ -1,0 +1,114 @@
+"""Throughput of replay: ``python -m env.bench_env [--batch 4096 16384] [--seconds 3] [--json FILE]``.
+
+Steps random arms through the single replay env (unwrapped, and through ``gymnasium.make``'s wrappers) and the
+vectorized replay env (numpy; torch on CPU; torch on CUDA when there is a GPU), on the shipped trace, and prints a
+table of env-steps per second. A benchmark, not a test: numbers depend on the machine and its load (printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+
+def _rate(step, reset, seconds: float, per_call: int) -> float:
+    reset()
+    for _ in range(50):  # warm-up
+        step()
+    n, t0 = 0, time.perf_counter()
+    while True:
+        for _ in range(20):
+            step()
+        n += 20
+        dt = time.perf_counter() - t0
+        if dt >= seconds:
+            return n * per_call / dt
+
+
+def bench_single(seconds: float, wrapped: bool) -> float:
+    import gymnasium as gym
+
+    import env as env_pkg
+
+    e = gym.make(env_pkg.ENV_ID)
+    target = e if wrapped else e.unwrapped
+    k = e.action_space.n
+    actions = np.random.default_rng(0).integers(k, size=4096).tolist()
+    state = {"i": 0}
+
+    def step():
+        i = state["i"] = (state["i"] + 1) % 4096
+        _, _, term, trunc, _ = target.step(actions[i])
+        if term or trunc:
+            target.reset()
+
+    return _rate(step, lambda: target.reset(seed=0), seconds, 1)
+
+
+def bench_vector(seconds: float, batch: int, device: str | None) -> float:
+    import torch
+
+    from env.vector_env import SpecDecodeVectorEnv
+
+    v = SpecDecodeVectorEnv(batch, device=device)
+    k = len(v.arms)
+    rng = np.random.default_rng(0)
+    acts = [rng.integers(k, size=batch) for _ in range(16)]
+    if device is not None:
+        acts = [torch.as_tensor(a, device=device) for a in acts]
+    state = {"i": 0}
+
+    def step():
+        state["i"] = (state["i"] + 1) % 16
+        v.step(acts[state["i"]])
+
+    def sync_step():
+        step()
+        if device is not None and torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+
+    return _rate(sync_step, lambda: v.reset(seed=0), seconds, batch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    p = argparse.ArgumentParser(prog="python -m env.bench_env", description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, nargs="+", default=[4096, 16384])
+    p.add_argument("--seconds", type=float, default=3.0, help="measuring time per row")
+    p.add_argument("--json", default=None, help="also write the results here")
+    args = p.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    rows.append(
+        {"env": "single replay (unwrapped)", "batch": 1, "steps_per_s": bench_single(args.seconds, False)}
+    )
+    rows.append(
+        {"env": "single replay (gymnasium.make)", "batch": 1, "steps_per_s": bench_single(args.seconds, True)}
+    )
+    devices: list[str | None] = [None, "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for dev in devices:
+        for b in args.batch:
+            name = "vector replay, numpy" if dev is None else f"vector replay, torch {dev}"
+            rows.append({"env": name, "batch": b, "steps_per_s": bench_vector(args.seconds, b, dev)})
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    print(f"{'env':34} {'batch':>7} {'env-steps/s':>14}")
+    for r in rows:
+        print(f"{r['env']:34} {r['batch']:>7} {r['steps_per_s']:>14,.0f}")
+    print(
+        f"machine: {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, load average {load[0]:.1f}"
+    )
+    if args.json:
+        from env.cost import machine_info
+
+        with open(args.json, "w") as fh:
+            json.dump({"rows": rows, "machine": machine_info(), "load_average": list(load)}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""Replay fidelity and cost-model accuracy against the live env: ``python -m env.fidelity [--prompts 10]``.
+
+For each of the first N prompts of a trace (default: the shipped one), one fixed random arm sequence (seeded) is
+played in the live env (greedy, fp32, the trace's model) and in replay. Reports, per step:
+
+- whether replay's accepted length (and committed tokens) equal the live env's, overall and per arm;
+- the cost model's predicted step seconds against the live step's measured wall time: median (and p90) absolute
+  relative error, overall and per arm.
+
+``--calibrate`` first re-calibrates the cost model in the same process, so both see the same machine load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+
+def run(
+    prompts: int = 10,
+    trace_path: str | None = None,
+    cost_model: Any = None,
+    seed: int = 0,
+    max_new_tokens: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    from env.model import load_model
+    from env.spec_env import SpecDecodeEnv
+    from env.trace import load_trace
+
+    trace = load_trace(trace_path)
+    loaded = load_model(trace.header["model"]["model_id"], dtype="fp32", device="cpu")
+    ids = trace.prompt_ids[:prompts]
+    new = max_new_tokens or trace.max_new_tokens
+    replay = SpecDecodeEnv(trace=trace, model=loaded, cost_model=cost_model, max_new_tokens=new)
+    live = SpecDecodeEnv("live", model=loaded, workload=trace, cost_model=cost_model, max_new_tokens=new)
+    rng = np.random.default_rng(seed)
+    rows: list[dict[str, Any]] = []
+    same_text = 0
+    t0 = time.perf_counter()
+    for n, pid in enumerate(ids):
+        actions = rng.integers(len(live.arms), size=new)
+        live.reset(seed=seed, options={"prompt_id": pid})
+        replay.reset(seed=seed, options={"prompt_id": pid})
+        for a in actions:
+            _, _, lt, ltr, li = live.step(int(a))
+            _, _, rt, rtr, ri = replay.step(int(a))
+            rows.append(
+                {
+                    "prompt": pid,
+                    "arm": li["arm"],
+                    "live": [li["accepted"], li["tokens"]],
+                    "replay": [ri["accepted"], ri["tokens"]],
+                    "predicted_s": li["cost_s"],
+                    "wall_s": li["wall_s"],
+                }
+            )
+            if lt or ltr or rt or rtr:
+                break
+        state = live._seq.state
+        traj = trace.trajectory(trace.prompt_ids.index(pid))[:new]
+        same_text += state.tokens[state.prompt_len :][: len(traj)] == traj
+        if progress:
+            print(
+                f"fidelity: prompt {n + 1}/{len(ids)} ({pid}) done, {time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
+    return summarize(rows, same_text, len(ids), trace)
+
+
+def summarize(rows: list[dict[str, Any]], same_text: int, prompts: int, trace: Any) -> dict[str, Any]:
+    def err(rs):
+        e = np.array([abs(r["predicted_s"] - r["wall_s"]) / r["wall_s"] for r in rs])
+        return {"median": float(np.median(e)), "p90": float(np.quantile(e, 0.9)), "steps": len(rs)}
+
+    by_arm: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_arm[r["arm"]].append(r)
+    return {
+        "prompts": prompts,
+        "steps": len(rows),
+        "greedy_text_equal": same_text,
+        "accepted_exact": sum(r["live"][0] == r["replay"][0] for r in rows) / max(1, len(rows)),
+        "tokens_exact": sum(r["live"] == r["replay"] for r in rows) / max(1, len(rows)),
+        "per_arm_exact": {a: sum(r["live"] == r["replay"] for r in rs) / len(rs) for a, rs in by_arm.items()},
+        "drafters": {n: ("exact" if d["exact"] else "approximate") for n, d in trace.drafters.items()},
+        "cost_abs_rel_error": err(rows),
+        "per_arm_cost_error": {a: err(rs) for a, rs in by_arm.items()},
+        "mean_wall_s": float(np.mean([r["wall_s"] for r in rows])),
+        "rows": rows,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m env.fidelity", description=__doc__.splitlines()[0])
+    p.add_argument("--prompts", type=int, default=10)
+    p.add_argument("--trace", default=None, help="trace file (default: the shipped one)")
+    p.add_argument("--cost-model", default=None, help="cost-model JSON (default: the shipped one)")
+    p.add_argument("--calibrate", action="store_true", help="calibrate first, in this process, and use that")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the full result (rows included) here")
+    args = p.parse_args(argv)
+    cost_model: Any = args.cost_model
+    if args.calibrate:
+        from env.cost import calibrate
+        from env.model import load_model
+
+        t0 = time.perf_counter()
+        cost_model = calibrate(load_model(dtype="fp32", device="cpu"), ["ngram"], progress=True)
+        print(f"calibrated in {time.perf_counter() - t0:.0f} s")
+    res = run(args.prompts, args.trace, cost_model, args.seed)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(res, fh, indent=1)
+    e = res["cost_abs_rel_error"]
+    print(
+        f"prompts {res['prompts']}, steps {res['steps']}, greedy text equal to the trace: {res['greedy_text_equal']}"
+    )
+    print(
+        f"accepted length exact: {res['accepted_exact']:.4f}; (accepted, tokens) exact: {res['tokens_exact']:.4f}"
+    )
+    print(f"replay per drafter: {res['drafters']}")
+    print(f"cost model |predicted - wall| / wall: median {e['median']:.3f}, p90 {e['p90']:.3f}")
+    print(f"{'arm':18} {'steps':>6} {'exact':>7} {'cost err med':>13}")
+    for arm, ex in res["per_arm_exact"].items():
+        ce = res["per_arm_cost_error"][arm]
+        print(f"{arm:18} {ce['steps']:>6} {ex:>7.3f} {ce['median']:>13.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

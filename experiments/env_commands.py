@@ -1,0 +1,152 @@
+"""``draftgym calibrate`` (measure this machine's step costs into a cost-model JSON) and ``draftgym record``
+(record a replay trace of a workload; resumable)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _drafter_list(text: str) -> list[str]:
+    from drafters import DRAFTERS, DrafterError
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for n in names:
+        if n != "none" and n not in DRAFTERS:
+            raise DrafterError(
+                f"unknown drafter {n!r}; known drafters: {', '.join(sorted([*DRAFTERS, 'none']))}"
+            )
+    return [n for n in names if n != "none"]
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from env.cost import calibrate
+    from env.model import load_model
+    from experiments.cli import UserError
+
+    if args.reps < 1:
+        raise UserError(f"--reps must be >= 1, got {args.reps}")
+    names = _drafter_list(args.drafters)
+    out = Path(args.out)
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    t0 = time.perf_counter()
+    cm = calibrate(loaded, names, reps=args.reps, progress=not args.json)
+    cm.meta["command"] = " ".join(["draftgym", *sys.argv[1:]])
+    cm.save(out)
+    summary = {
+        "out": str(out),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "model": cm.model_id,
+        "dtype": cm.dtype,
+        "ar_ms": round(1e3 * float(cm.ar_cost(cm.context_ref)), 2),
+        "chain_ms": {n: round(1e3 * s, 2) for n, s in zip(cm.chain.nodes, cm.chain.seconds)},
+        "tree_ms": {n: round(1e3 * s, 2) for n, s in zip(cm.tree.nodes, cm.tree.seconds)},
+        "per_context_us": round(1e6 * cm.per_context, 3),
+        "per_node_context_us": round(1e6 * cm.per_node_context, 4),
+        "draft_ms": {
+            n: {a: round(1e3 * s, 3) for a, s in d["shapes"].items()} for n, d in cm.drafters.items()
+        },
+    }
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"cost model for {cm.model_id} ({cm.dtype}, {cm.device}) -> {out}  [{summary['seconds']} s]")
+    print(f"one autoregressive token at context {cm.context_ref}: {summary['ar_ms']} ms")
+    print(f"{'nodes':>6} {'chain ms':>9} {'tree ms':>9}")
+    for n in sorted(set(cm.chain.nodes) | set(cm.tree.nodes)):
+        c = f"{1e3 * float(cm.chain(n)):9.2f}" if n in cm.chain.nodes else f"{'':9}"
+        t = f"{1e3 * float(cm.tree(n)):9.2f}" if n in cm.tree.nodes else f"{'':9}"
+        print(f"{n:>6} {c} {t}")
+    print(
+        f"context: +{summary['per_context_us']} us/token, +{summary['per_node_context_us']} us/(node*token)"
+    )
+    for n, d in cm.drafters.items():
+        print(f"drafter {n}: {1e3 * d['base_s']:.3f} ms + {1e6 * d['per_node_s']:.2f} us/node")
+    return 0
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from env.model import load_model
+    from env.trace import part_progress, record
+    from env.workloads import load_workload
+    from experiments.cli import UserError
+
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise UserError(f"{out} already exists; delete it or pass --overwrite")
+    if args.max_new_tokens < 2:
+        raise UserError(f"--max-new-tokens must be >= 2, got {args.max_new_tokens}")
+    names = _drafter_list(args.drafters)
+    prompts = load_workload(args.workload, per_category=args.per_category)
+    if args.limit:
+        prompts = prompts[: args.limit]
+    done = part_progress(out)
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    if done and not args.json:
+        print(f"resuming: {done} of {len(prompts)} prompts already recorded", file=sys.stderr)
+    t0 = time.perf_counter()
+    trace = record(
+        loaded,
+        prompts,
+        names,
+        out,
+        max_new_tokens=args.max_new_tokens,
+        workload=args.workload or "builtin",
+        progress=not args.json,
+    )
+    nodes = {n: round(float(t.off[-1]) / max(1, trace.traj.shape[0]), 1) for n, t in trace.trees.items()}
+    summary: dict[str, Any] = {
+        "out": str(out),
+        "prompts": trace.num_prompts,
+        "positions": int(trace.traj.shape[0]),
+        "mb": round(out.stat().st_size / 1e6, 2),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "mean_tree_nodes": nodes,
+        "drafters": {n: ("exact" if d["exact"] else "approximate") for n, d in trace.drafters.items()},
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"{out}: {summary['prompts']} prompts, {summary['positions']} positions, {summary['mb']} MB, "
+            f"{summary['seconds']} s; replay per drafter: {summary['drafters']}; mean tree nodes {nodes}"
+        )
+    return 0
+
+
+def register(sub: Any) -> None:
+    from env.cost import CostModelError
+    from env.spec_env import EnvError
+    from env.trace import TraceError
+    from experiments import cli
+
+    for err in (CostModelError, TraceError, EnvError):
+        if err not in cli.USER_ERRORS:
+            cli.USER_ERRORS.append(err)
+
+    c = sub.add_parser("calibrate", help="measure this machine's step costs into a cost-model JSON")
+    cli._model_args(c)
+    c.add_argument("--drafters", default="ngram", help="comma list of drafters to time (default: ngram)")
+    c.add_argument("--reps", type=int, default=3, help="measurements per grid point (the median is kept)")
+    c.add_argument(
+        "--out", default="runs/cost_model.json", help="output JSON (default: runs/cost_model.json)"
+    )
+    c.add_argument("--json", action="store_true", help="print one JSON summary")
+    c.set_defaults(func=cmd_calibrate)
+
+    r = sub.add_parser("record", help="record a replay trace (greedy) of a workload; re-run to resume")
+    r.add_argument("--workload", default=None, help="Spec-Bench JSONL file (default: the built-in set)")
+    r.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
+    r.add_argument("--limit", type=int, default=None, help="first N prompts in all")
+    r.add_argument("--drafters", default="ngram", help="comma list of drafters to record (default: ngram)")
+    r.add_argument("--out", required=True, help="trace file (.npz); a killed run resumes from OUT.parts/")
+    r.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    r.add_argument("--max-new-tokens", type=int, default=128)
+    cli._model_args(r)
+    r.set_defaults(dtype="fp32")  # greedy exactness is defined in fp32
+    r.add_argument("--json", action="store_true", help="print one JSON summary")
+    r.set_defaults(func=cmd_record)

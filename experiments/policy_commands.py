@@ -1,0 +1,457 @@
+"""``draftgym train CONFIG`` (train the ``[policies.NAME]`` of a config on the replay env) and ``draftgym evaluate``
+(every policy side by side, replay and live, on prompts held out from training, next to the best static arm and
+the oracles). Also the helpers behind ``--policy PATH`` of ``generate`` and ``bench``.
+
+Reads top to bottom: config -> trace and train/test split by prompt -> one trainer per policy kind -> saved file
+whose header ``meta`` records the trace, the split, the feature spec and the cost model, so that ``evaluate``
+scores it on exactly the prompts it never saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+TRAINABLE = ("static", "hf_schedule", "confidence", "ucb1", "thompson", "exp3", "linucb", "predictor", "sb3")
+
+
+# ---------------------------------------------------------------------------------------------- shared helpers
+
+
+def shipped_policy_paths() -> list[Path]:
+    """The small policies shipped with the package (trained on the bundled trace)."""
+    folder = Path(str(resources.files("policies") / "data"))
+    return sorted(folder.glob("*.zip")) if folder.is_dir() else []
+
+
+def _user_error(msg: str) -> Exception:
+    from experiments.cli import UserError
+
+    return UserError(msg)
+
+
+def policy_decoder(loaded: Any, policy: Any, drafter_options: dict[str, dict[str, Any]] | None = None) -> Any:
+    """A ``SpeculativeDecoder`` driven by ``policy`` (a loaded policy or a path), checked against the decoder's
+    arm menu and observation (feature spec from the policy's training trace)."""
+    from env.decoder import SpeculativeDecoder
+    from env.engine import parse_arm
+    from env.features import FeatureSpec
+    from policies import check_compatible, load_policy
+
+    if not hasattr(policy, "act"):
+        policy = load_policy(policy)
+    spec = FeatureSpec.from_dict(policy.meta.get("feature_spec"))
+    arms = [parse_arm(a) for a in policy.arm_names]
+    dec = SpeculativeDecoder(loaded, arms, policy=policy, drafter_options=drafter_options, features=spec)
+    names = dec.feature_names
+    check_compatible(policy, arms=[a.name for a in arms], obs_size=len(names), features=names,
+                     source=f"policy {policy.source or policy.name}")  # fmt: skip
+    return dec
+
+
+def policy_label(policy: Any, path: str | Path | None = None) -> str:
+    return Path(path).stem if path else policy.name
+
+
+def replay_env(trace: Any, arms: Any, cost_model: Any = None) -> Any:
+    from env.spec_env import SpecDecodeEnv
+
+    return SpecDecodeEnv(backend="replay", trace=trace, arms=list(arms), cost_model=cost_model)
+
+
+# ---------------------------------------------------------------------------------------------- train
+
+
+def train_policy(
+    name: str, pcfg: Any, *, seed: int, run_dir: Path, progress: bool = False
+) -> tuple[Any, Path, dict[str, Any]]:
+    """Train ``[policies.NAME]`` (``pcfg``: ``experiments.config.PolicyConfig``) on the replay env of its trace's
+    training prompts; returns (policy, saved path, summary)."""
+    from env.cost import load_cost_model
+    from env.trace import load_trace
+    from experiments.config import keywords_of, policy_class
+    from policies.oracle import best_static, score_batch, score_policy, static_table
+    from policies.split import split_prompts, subset_trace, trace_split
+
+    t = pcfg.train
+    if pcfg.kind not in TRAINABLE:
+        raise _user_error(
+            f"policies.{name}.kind {pcfg.kind!r} cannot be trained; trainable: {', '.join(TRAINABLE)}"
+        )
+    if t.backend != "replay":
+        raise _user_error(
+            f"policies.{name}.train.backend = {t.backend!r}: draftgym train trains on the replay env"
+        )
+    t0 = time.perf_counter()
+    trace = load_trace(t.trace or None)
+    cost_model = load_cost_model(t.cost_model or None)
+    split = trace_split(trace, t.test_per_category, seed)
+    train_trace = subset_trace(trace, split.train)
+    env = replay_env(train_trace, pcfg.arms, cost_model)
+    if tuple(env.arm_names) != tuple(pcfg.arms):
+        raise _user_error(
+            f"policies.{name}.arms must list the env's menu in its order, with 'none' first: {list(env.arm_names)}"
+        )
+    arms, obs_size, feats = list(env.arm_names), len(env.feature_names), list(env.feature_names)
+    cls = policy_class(pcfg.kind)
+    params = dict(pcfg.params)
+    if "seed" in keywords_of(cls) and "seed" not in params:
+        params["seed"] = seed
+    summary: dict[str, Any] = {"policy": name, "kind": pcfg.kind, "train_prompts": len(split.train)}
+
+    if pcfg.kind == "static" and "arm" not in params:  # training a static policy = choosing its arm
+        statics = static_table(env)
+        params["arm"] = statics[best_static(statics)].name
+        summary["static_speedups"] = {s.name: round(s.speedup, 4) for s in statics}
+    if pcfg.kind == "predictor":
+        from policies.predictor import train_predictor
+
+        policy = train_predictor(env, **params)
+    elif pcfg.kind == "sb3":
+        from env.vector_env import make_sb3_vec_env
+        from policies.rl import train_sb3
+
+        # validation prompts (for the eval callback and the best checkpoint) come out of the training prompts
+        cats = train_trace.header["prompts"]["categories"]
+        val = split_prompts(train_trace.prompt_ids, cats, max(1, t.test_per_category // 2), seed + 1)
+        fit_trace, val_env = (
+            subset_trace(train_trace, val.train),
+            replay_env(subset_trace(train_trace, val.test), arms, cost_model),
+        )
+        policy = cls(arms, obs_size, feats, **params)
+        venv = make_sb3_vec_env(t.n_envs, trace=fit_trace, arms=arms, cost_model=cost_model)
+        venv.seed(seed)
+        out = run_dir / "train" / name
+
+        def eval_fn(p: Any) -> float:
+            return score_batch(val_env, p.act_batch, name=name, kind="rl").speedup
+
+        policy = train_sb3(
+            policy, venv, out, total_timesteps=t.total_timesteps, eval_fn=eval_fn, eval_freq=t.eval_freq,
+            checkpoint_freq=t.checkpoint_freq, progress=progress,
+        )  # fmt: skip
+        summary["run_dir"] = str(out)
+        summary["validation_prompts"] = len(val.test)
+    else:
+        policy = cls(arms, obs_size, feats, **params)
+    if hasattr(policy, "update") and pcfg.kind not in (
+        "sb3",
+        "predictor",
+    ):  # warm start: learn online in replay
+        steps = 0
+        while steps < t.total_timesteps:
+            score = score_policy(policy, env, learn=True)
+            steps += int(score.steps.sum())
+        summary["warm_start_steps"] = steps
+    if hasattr(policy, "act_batch"):
+        score = score_batch(env, policy.act_batch, name=name, kind=policy.kind)
+    else:
+        score = score_policy(policy, env, learn=False)
+    summary["train_replay_speedup"] = round(score.speedup, 4)
+    policy.meta = {
+        "name": name,
+        "trace": str(Path(t.trace).resolve()) if t.trace else None,
+        "trace_model": trace.header["model"]["model_id"],
+        "cost_model": str(Path(t.cost_model).resolve()) if t.cost_model else None,
+        "feature_spec": trace.spec.as_dict(),
+        "split": split.as_dict(),
+        "total_timesteps": t.total_timesteps,
+        "train_replay_speedup": score.speedup,
+        "train_seconds": round(time.perf_counter() - t0, 1),
+    }
+    path = Path(t.out) if t.out else run_dir / "policies" / f"{name}.zip"
+    policy.save(path)
+    summary["out"] = str(path)
+    summary["seconds"] = policy.meta["train_seconds"]
+    return policy, path, summary
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from experiments.config import load_config
+
+    cfg = load_config(args.config, sets=args.set or [])
+    if not cfg.policies:
+        raise _user_error(f"{args.config} defines no [policies.NAME] table to train")
+    names = args.policy or list(cfg.policies)
+    unknown = [n for n in names if n not in cfg.policies]
+    if unknown:
+        raise _user_error(f"no [policies.{unknown[0]}] in {args.config}; defined: {', '.join(cfg.policies)}")
+    run_dir = Path(args.out or f"runs/{cfg.name}")
+    rows = []
+    for name in names:
+        _, path, summary = train_policy(name, cfg.policies[name], seed=cfg.seed, run_dir=run_dir,
+                                        progress=not args.json)  # fmt: skip
+        rows.append(summary)
+        if not args.json:
+            print(
+                f"{name:<16} {summary['kind']:<12} train replay speedup {summary['train_replay_speedup']:.3f}  "
+                f"({summary['seconds']:.0f} s) -> {path}"
+            )
+    if args.json:
+        print(json.dumps({"policies": rows}))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- evaluate
+
+
+def _test_split(
+    policies: list[Any], trace: Any, test_per_category: int | None, seed: int
+) -> tuple[list[str], str]:
+    """The held-out prompts: the first policy's recorded test split (when it was trained on this trace), or a
+    fresh split."""
+    from policies.split import trace_split
+
+    if test_per_category is None:
+        for p in policies:
+            split = p.meta.get("split")
+            if split and set(split["test"]) <= set(trace.prompt_ids):
+                return list(split["test"]), f"held out when {p.meta.get('name', p.name)} was trained"
+        test_per_category = 5
+    split = trace_split(trace, test_per_category, seed)
+    return list(split.test), f"split seed {seed}, {test_per_category} per category"
+
+
+def evaluate(
+    policy_paths: list[Path],
+    *,
+    trace_path: str | None = None,
+    cost_model: str | None = None,
+    test_per_category: int | None = None,
+    seed: int = 0,
+    live: bool = True,
+    loaded: Any = None,
+    workload: str | None = None,
+    max_new_tokens: int | None = None,
+    live_limit: int | None = None,
+    out_dir: Path | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """The rows of the comparison table (see ``cmd_evaluate``)."""
+    from env.arms import make_arms
+    from env.cost import load_cost_model
+    from env.trace import load_trace
+    from policies import load_policy
+    from policies.oracle import best_static, oracle_scores, score_policy, score_static, static_table
+
+    policies = [load_policy(p) for p in policy_paths]
+    if not policies:
+        raise _user_error("no policy to evaluate (none given, and none shipped in policies/data)")
+    trace_file = trace_path or policies[0].meta.get("trace")
+    trace = load_trace(trace_file)
+    cm = load_cost_model(cost_model or policies[0].meta.get("cost_model"))
+    test, split_note = _test_split(policies, trace, test_per_category, seed)
+    train = [p for p in trace.prompt_ids if p not in set(test)]
+    menu_names = [a.name for a in make_arms(list(dict.fromkeys(a for p in policies for a in p.arm_names)))]
+    env = replay_env(trace, menu_names, cm)
+    statics_train = static_table(env, train)
+    best = best_static(statics_train)
+    best_name = menu_names[best]
+    rows: list[dict[str, Any]] = []
+    static_test = score_static(env, best, test)
+    rows.append({"policy": f"static:{best_name}", "kind": "static", "replay_speedup": static_test.speedup,
+                 "live_speedup": None, "note": "best single arm on the training prompts"})  # fmt: skip
+    envs = {tuple(menu_names): env}
+    for policy, path in zip(policies, policy_paths):
+        seen = set((policy.meta.get("split") or {}).get("train", [])) & set(test)
+        e = envs.get(policy.arm_names) or envs.setdefault(
+            policy.arm_names, replay_env(trace, policy.arm_names, cm)
+        )
+        score = score_policy(policy, e, test, learn=True)
+        rows.append({
+            "policy": policy_label(policy, path), "kind": policy.kind, "replay_speedup": score.speedup,
+            "live_speedup": None, "path": str(path), "tau": score.tau,
+            "note": f"trained on {len(seen)} test prompts!" if seen else "",
+        })  # fmt: skip
+    for o in oracle_scores(env, test):
+        rows.append({"policy": o.name, "kind": "oracle", "replay_speedup": o.speedup, "live_speedup": None})
+    settings = {
+        "trace": trace_file or "bundled",
+        "test_prompts": test,
+        "train_prompts": len(train),
+        "split": split_note,
+        "menu": menu_names,
+        "best_static": best_name,
+        "replay_baseline": "our autoregressive loop, cost model",
+    }
+    if live:
+        live_rows = _live(policy_paths, policies, best_name, trace, test, loaded=loaded, workload=workload,
+                          max_new_tokens=max_new_tokens or trace.max_new_tokens, limit=live_limit,
+                          out_dir=out_dir, progress=progress)  # fmt: skip
+        for r in rows:
+            r["live_speedup"] = live_rows["speedups"].get(r["policy"])
+        settings["live"] = live_rows["settings"]
+    return {"rows": rows, "settings": settings, "summary": acceptance_summary(rows)}
+
+
+def _live(policy_paths, policies, best_name, trace, test, *, loaded, workload, max_new_tokens, limit, out_dir,
+          progress) -> dict[str, Any]:  # fmt: skip
+    """Decode the held-out prompts with HF greedy, the best static arm and every policy, interleaved per prompt
+    (``experiments.bench.run_bench``); speedups are ratios of aggregate tokens/s over HF greedy."""
+    import datetime as dt
+
+    from env.model import load_model
+    from env.trace import model_fingerprint
+    from env.workloads import load_workload
+    from experiments.bench import run_bench
+    from policies import load_policy
+
+    if loaded is None:
+        loaded = load_model(None, dtype=trace.header["model"]["dtype"], device="cpu")
+    trace.check_model(model_fingerprint(loaded))
+    source = workload or trace.header.get("workload") or "builtin"
+    by_id = {p.prompt_id: p for p in load_workload(source)}
+    missing = [t for t in test if t not in by_id]
+    if missing:
+        raise _user_error(
+            f"held-out prompts {missing[:3]} are not in workload {source}; pass --workload FILE"
+        )
+    prompts = [by_id[t] for t in test][: limit or None]
+    decoders = {}
+    for policy, path in zip(policies, policy_paths):
+        fresh = load_policy(path)  # live starts from the file, not from what replay taught an online policy
+        decoders[f"policy:{policy_label(policy, path)}"] = policy_decoder(loaded, fresh)
+    methods = ["hf_greedy", best_name, *decoders]
+    out = out_dir or Path(f"runs/evaluate-{dt.datetime.now():%Y%m%d-%H%M%S}")
+    settings = {"workload": str(source), "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+                "model": loaded.model_id, "dtype": str(loaded.dtype).removeprefix("torch."), "out": str(out),
+                "baseline": "Hugging Face generate, greedy"}  # fmt: skip
+    result = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, out_dir=out, settings=settings,
+                       progress=progress, decoders=decoders)  # fmt: skip
+    overall = {r["method"]: r["speedup_vs_hf"] for r in result["summary"] if r["category"] == "overall"}
+    speedups = {f"static:{best_name}": overall.get(best_name)}
+    for m in decoders:
+        speedups[m.removeprefix("policy:")] = overall.get(m)
+    return {"speedups": speedups, "settings": settings}
+
+
+def acceptance_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The best learned policy against the best static arm and the oracles (replay and live)."""
+    static = next(r for r in rows if r["kind"] == "static")
+    learned = [r for r in rows if r["kind"] in ("bandit", "rl", "predictor", "heuristic")]
+    out: dict[str, Any] = {}
+    if not learned:
+        return out
+    for key in ("replay_speedup", "live_speedup"):
+        cands = [r for r in learned if r.get(key) is not None]
+        if not cands or static.get(key) is None:
+            continue
+        b = max(cands, key=lambda r: r[key])
+        out[key.removesuffix("_speedup")] = {"best": b["policy"], "ratio_to_static": b[key] / static[key]}
+    best_replay = max(learned, key=lambda r: r["replay_speedup"])
+    for r in rows:
+        if r["kind"] == "oracle" and r["policy"].startswith(("oracle:per-step", "oracle:optimal")):
+            gain = r["replay_speedup"] - static["replay_speedup"]
+            got = best_replay["replay_speedup"] - static["replay_speedup"]
+            out[f"recovered_{r['policy'].split(':')[1]}"] = got / gain if gain > 0 else None
+    return out
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    def f(x: Any) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    head = f"{'policy':<34}{'kind':<11}{'replay x AR':>12}{'live x HF':>11}  note"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['policy']:<34}{r['kind']:<11}{f(r['replay_speedup']):>12}{f(r['live_speedup']):>11}  {r.get('note', '')}"
+        )
+    return "\n".join(lines)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from env.model import load_model
+
+    paths = [Path(p) for p in args.policies] or shipped_policy_paths()
+    if args.limit is not None and args.limit < 1:
+        raise _user_error(f"--limit must be >= 1, got {args.limit}")
+    loaded = None
+    if not args.no_live:
+        loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    result = evaluate(
+        paths, trace_path=args.trace, cost_model=args.cost_model, test_per_category=args.test_per_category,
+        seed=args.seed, live=not args.no_live, loaded=loaded, workload=args.workload,
+        max_new_tokens=args.max_new_tokens, live_limit=args.limit, out_dir=Path(args.out) if args.out else None,
+        progress=sys.stderr.isatty(),
+    )  # fmt: skip
+    from experiments.provenance import provenance
+
+    result["provenance"] = provenance()
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    s = result["settings"]
+    print(format_rows(result["rows"]))
+    print(
+        f"\nreplay: {len(s['test_prompts'])} held-out prompts ({s['split']}), speedup over our AR loop (cost model);"
+        f" live: speedup over HF greedy, same run, same prompts"
+        + ("" if "live" in s else " (not run: --no-live)")
+    )
+    for key, val in result["summary"].items():
+        if isinstance(val, dict):
+            print(f"{key}: best learned {val['best']} = {val['ratio_to_static']:.3f} x best static")
+        elif val is not None:
+            print(f"{key}: {100 * val:.0f}% of the oracle's gain over the best static arm")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- registration
+
+
+def register(sub: Any) -> None:
+    from experiments.cli import _model_args
+
+    t = sub.add_parser(
+        "train", help="train the policies of a config on the replay env (bandits, RL, predictors)"
+    )
+    t.add_argument("config", help="TOML config with [policies.NAME] tables")
+    t.add_argument("--policy", action="append", default=None, help="train only this policy (repeatable)")
+    t.add_argument("--set", action="append", default=None, metavar="KEY=VALUE", help="override a config key")
+    t.add_argument(
+        "--out", default=None, help="run directory (default runs/<config name>); re-use it to resume"
+    )
+    t.add_argument("--json", action="store_true", help="print one JSON object")
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("evaluate", help="policies vs the best static arm and the oracles, replay and live")
+    e.add_argument(
+        "policies", nargs="*", help="saved policy files (default: the policies shipped with draftgym)"
+    )
+    e.add_argument(
+        "--trace", default=None, help="replay trace (default: the one the first policy was trained on)"
+    )
+    e.add_argument(
+        "--cost-model", default=None, help="cost model JSON (default: the policy's, else the shipped)"
+    )
+    e.add_argument(
+        "--workload", default=None, help="prompt texts for live runs (default: the trace's workload)"
+    )
+    e.add_argument(
+        "--test-per-category",
+        type=int,
+        default=None,
+        help="held-out prompts per category (default: the split recorded in the first policy)",
+    )
+    e.add_argument("--seed", type=int, default=0, help="split seed when a fresh split is made")
+    e.add_argument(
+        "--no-live", action="store_true", help="replay only (no model, seconds instead of minutes)"
+    )
+    e.add_argument("--limit", type=int, default=None, help="live: first N held-out prompts only")
+    e.add_argument("--max-new-tokens", type=int, default=None, help="live: default the trace's")
+    e.add_argument("--out", default=None, help="live run directory (re-use it to resume)")
+    e.add_argument("--json", default=None, metavar="FILE", help="write the rows as JSON to FILE")
+    _model_args(e)
+    e.set_defaults(func=cmd_evaluate)
+
+    from experiments.cli import USER_ERRORS
+    from policies import PolicyError
+
+    for err in (PolicyError,):
+        if err not in USER_ERRORS:
+            USER_ERRORS.append(err)

@@ -1,0 +1,209 @@
+"""``draftgym report RUN_DIR...``: one Markdown report of runs (``draftgym run``) and sweeps (``draftgym sweep``),
+with their tables, plots and provenance, and the runs compared side by side.
+
+A run directory that was killed before its summary was written is summarized from its records first (and marked
+partial when prompts are missing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+class ReportError(ValueError):
+    """A path that is not a run or sweep directory; meant for the user."""
+
+
+def load_run(path: Path) -> dict[str, Any]:
+    """What the report needs of one directory: kind (run | sweep), name, summary or trials, provenance."""
+    if not path.is_dir():
+        raise ReportError(f"{path} is not a directory")
+    prov = _provenance(path)
+    if (path / "sweep.json").is_file():
+        data = json.loads((path / "sweep.json").read_text())
+        return {"kind": "sweep", "path": path, "name": data["study"], "data": data, "provenance": prov}
+    if not (path / "summary.json").is_file():
+        if not (path / "config.toml").is_file() or not (path / "records.jsonl").is_file():
+            raise ReportError(f"{path} is not a run directory (no summary.json, sweep.json or records.jsonl)")
+        _summarize_partial(path)
+    data = json.loads((path / "summary.json").read_text())
+    return {"kind": "run", "path": path, "name": data["name"], "data": data, "provenance": prov}
+
+
+def _summarize_partial(path: Path) -> None:
+    from experiments.bench import load_done
+    from experiments.config import load_config
+    from experiments.runner import finish, select_prompts
+
+    cfg = load_config(path / "config.toml")
+    finish(cfg, path, load_done(path / "records.jsonl"), select_prompts(cfg))
+
+
+def _provenance(path: Path) -> dict[str, Any]:
+    file = path / "provenance.jsonl"
+    if not file.is_file():
+        return {}
+    lines = [ln for ln in file.read_text().splitlines() if ln.strip()]
+    first = json.loads(lines[0]) if lines else {}
+    first["starts"] = len(lines)
+    return first
+
+
+def _cell(x: Any, spec: str = ".2f") -> str:
+    return "–" if x is None else format(x, spec) if isinstance(x, (int, float)) else str(x)
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
+
+
+def _img(title: str, png: Path, report_dir: Path) -> str:
+    return f"![{title}]({os.path.relpath(png, report_dir)})"
+
+
+def side_by_side(runs: list[dict[str, Any]]) -> list[str]:
+    """Overall rows of every run, one column group per run."""
+    methods = list(dict.fromkeys(m for r in runs for m in r["data"]["settings"]["methods"]))
+    header = ["method"] + [f"{r['name']} {c}" for r in runs for c in ("tok/s", "tau", "× AR")]
+    rows = []
+    for m in methods:
+        row = [m]
+        for r in runs:
+            o = next(
+                (x for x in r["data"]["summary"] if x["category"] == "overall" and x["method"] == m), None
+            )
+            row += (
+                ["–"] * 3
+                if o is None
+                else [_cell(o["tokens_per_s"]), _cell(o["tau"]), _cell(o["speedup_vs_ar"])]
+            )
+        rows.append(row)
+    return _md_table(header, rows)
+
+
+def run_section(r: dict[str, Any], report_dir: Path) -> list[str]:
+    d, p = r["data"], r["provenance"]
+    s = d["settings"]
+    machine = p.get("machine", {})
+    versions = p.get("versions", {})
+    prompts_done = {x["prompts"] for x in d["summary"] if x["category"] == "overall"}
+    partial = (
+        " (partial: some prompts have no record yet)"
+        if prompts_done and max(prompts_done) < s["prompts"]
+        else ""
+    )
+    lines = [
+        f"## Run `{r['name']}`{partial}",
+        "",
+        f"- directory: `{r['path']}`; command: `{p.get('command', '?')}` ({p.get('starts', 0)} start(s), "
+        f"first at {p.get('time', '?')})",
+        f"- model {s['model']} ({s['dtype']}), workload {s['workload']} ({s['prompts']} prompts), "
+        f"max_new_tokens {s['max_new_tokens']}, temperature {s['temperature']}",
+        f"- machine: {machine.get('processor', '?')}, {machine.get('cpu_count', '?')} CPUs, "
+        f"{'GPU ' + str(machine.get('gpu')) if machine.get('cuda') else 'no GPU'}; "
+        + ", ".join(
+            f"{k} {v}" for k, v in versions.items() if v and k in ("torch", "transformers", "optuna")
+        ),
+        "",
+    ]
+    rows = [
+        [
+            x["category"],
+            x["method"],
+            str(x["prompts"]),
+            str(x["tokens"]),
+            _cell(x["tokens_per_s"]),
+            _cell(x["tau"]),
+            _cell(x["speedup_vs_ar"]),
+            _cell(x["speedup_vs_hf"]),
+        ]  # fmt: skip
+        for x in d["summary"]
+    ]
+    lines += _md_table(["category", "method", "prompts", "tokens", "tok/s", "tau", "× AR", "× HF"], rows)
+    lines += [
+        "",
+        "Speedups are ratios of aggregate tokens/s measured in the same run on the same prompts.",
+        "",
+    ]
+    for png in sorted((r["path"] / "plots").glob("*.png")):
+        lines += [_img(png.stem.replace("_", " "), png, report_dir), ""]
+    return lines
+
+
+def sweep_section(r: dict[str, Any], report_dir: Path) -> list[str]:
+    d = r["data"]
+    best = d["best"]
+    lines = [
+        f"## Sweep `{r['name']}`",
+        "",
+        f"- directory: `{r['path']}`; storage `{d['storage']}`; objective {d['objective']} ({d['backend']} backend); "
+        f"trials by state: {', '.join(f'{k} {v}' for k, v in sorted(d['states'].items()))}",
+        f"- best: trial {best['number']}, {best['method']}, value {best['value']:.4f}; config `{r['path'] / 'best.toml'}`",
+        "",
+        "```",
+        (r["path"] / "sweep.md").read_text().split("```")[1].strip("\n")
+        if (r["path"] / "sweep.md").is_file()
+        else "",
+        "```",
+        "",
+    ]
+    for png in sorted((r["path"] / "plots").glob("*.png")):
+        lines += [_img(png.stem.replace("_", " "), png, report_dir), ""]
+    return lines
+
+
+def write_report(paths: list[Path], out: Path) -> Path:
+    from experiments import plots
+
+    items = [load_run(Path(p)) for p in paths]
+    runs = [r for r in items if r["kind"] == "run"]
+    report_dir = out.parent
+    report_dir.mkdir(parents=True, exist_ok=True)
+    lines = ["# draftgym report", ""]
+    lines += [f"- {r['kind']} `{r['name']}`: `{r['path']}`" for r in items] + [""]
+    if len(runs) > 1:
+        png = plots.compare_runs(
+            [(r["name"], r["data"]["summary"], r["data"]["settings"]["methods"]) for r in runs],
+            out.with_name(out.stem + "_compare.png"),
+        )
+        lines += (
+            ["## Runs side by side (overall)", ""]
+            + side_by_side(runs)
+            + ["", _img("comparison", png, report_dir), ""]
+        )
+    for r in items:
+        lines += run_section(r, report_dir) if r["kind"] == "run" else sweep_section(r, report_dir)
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def cmd_report(args: Any) -> int:
+    paths = [Path(p) for p in args.run_dirs]
+    out = Path(args.out) if args.out else (paths[0] / "report.md" if len(paths) == 1 else Path("report.md"))
+    path = write_report(paths, out)
+    if args.json:
+        print(json.dumps({"report": str(path)}))
+    else:
+        print(f"report: {path}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    from experiments import cli
+
+    if ReportError not in cli.USER_ERRORS:
+        cli.USER_ERRORS.append(ReportError)
+    p = sub.add_parser("report", help="a Markdown report of run and sweep directories, side by side")
+    p.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="directories written by draftgym run / sweep"
+    )
+    p.add_argument(
+        "--out", default=None, help="report file (default: RUN_DIR/report.md for one run, else report.md)"
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_report)

@@ -1,0 +1,257 @@
+"""Strict TOML <-> frozen dataclasses, the machinery under ``experiments.config``.
+
+- ``build(cls, raw, origin)``: a dataclass from a parsed TOML dict, refusing unknown keys (with the closest valid
+  one suggested) and wrong types, and checking field metadata (``choices``, ``min``, ``max``; see ``opt``);
+- ``Origin``: where a dotted key was set: ``file:line`` (found by scanning the text: ``tomllib`` keeps no
+  positions), ``--set key=value`` or ``sweep trial (key)``;
+- ``parse_set`` / ``apply_override``: ``a.b=v`` overrides, ``v`` read as a TOML value;
+- ``to_toml``: every field written out, so that reading it back gives the same object;
+- ``diff``: the dotted keys where two configs differ.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+import types
+import typing
+from dataclasses import field, fields, is_dataclass
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the key and where it was set."""
+
+
+def opt(default: Any, **meta: Any) -> Any:
+    """A dataclass field with validation metadata: ``choices``, ``min``, ``max``."""
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# ---------------------------------------------------------------------------------------------- where keys live
+
+
+class Origin:
+    """Says where a dotted key was set: ``file:line``, ``--set key`` or ``sweep trial``."""
+
+    def __init__(self, file: str | None, text: str, overridden: dict[tuple[str, ...], str]) -> None:
+        self.file = file or "<config>"
+        self.overridden = overridden
+        self.lines = _key_lines(text)
+
+    def __call__(self, path: tuple[str, ...]) -> str:
+        path = tuple(re.sub(r"\[\d+\]$", "", p) for p in path)  # methods[2] was set on the line of methods
+        for n in range(len(path), 0, -1):
+            if path[:n] in self.overridden:
+                return self.overridden[path[:n]]
+        for n in range(len(path), 0, -1):
+            if path[:n] in self.lines:
+                return f"{self.file}:{self.lines[path[:n]]}"
+        return self.file
+
+
+def _key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """Best-effort line of each key and table header of a TOML text (first occurrence)."""
+    out: dict[tuple[str, ...], int] = {}
+    table: tuple[str, ...] = ()
+    key_re = re.compile(r"^\s*([A-Za-z0-9_\-\"'. ]+?)\s*=")
+    for i, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if s.startswith("["):
+            inner = s.strip("[]").split("#")[0].strip()
+            table = tuple(p.strip().strip("\"'") for p in inner.split("."))
+            out.setdefault(table, i)
+            continue
+        m = key_re.match(line)
+        if m and not s.startswith("#"):
+            key = tuple(p.strip().strip("\"'") for p in m.group(1).split("."))
+            for n in range(1, len(key) + 1):
+                out.setdefault(table + key[:n], i)
+    return out
+
+
+def dotted(path: tuple[str, ...]) -> str:
+    return ".".join(path).replace(".[", "[")
+
+
+# ---------------------------------------------------------------------------------------------- typed building
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, type):
+        return {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false"}.get(
+            tp.__name__, f"a table [{tp.__name__}]"
+        )
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        return f"a list of {_type_name(typing.get_args(tp)[0]).removeprefix('a ').removeprefix('an ')}s"
+    if origin is dict:
+        return "a table"
+    return " or ".join(_type_name(a) for a in typing.get_args(tp))
+
+
+def _coerce(tp: Any, value: Any, path: tuple[str, ...], where: Origin) -> Any:
+    def bad() -> ConfigError:
+        got = "a table" if isinstance(value, dict) else f"{value!r}"
+        return ConfigError(f"{where(path)}: {dotted(path)} must be {_type_name(tp)}, got {got}")
+
+    if is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad()
+        return build(tp, value, path, where)
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise bad()
+        (elem, _) = typing.get_args(tp)
+        return tuple(_coerce(elem, v, (*path[:-1], f"{path[-1]}[{i}]"), where) for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad()
+        _, val_tp = typing.get_args(tp)
+        return {str(k): _coerce(val_tp, v, (*path, str(k)), where) for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        for member in typing.get_args(tp):
+            try:
+                return _coerce(member, value, path, where)
+            except ConfigError:
+                continue
+        raise bad()
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, str, bool) and type(value) is tp:
+        return value
+    raise bad()
+
+
+def build(cls: type, raw: dict[str, Any], path: tuple[str, ...], where: Origin) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in fields(cls)]
+    for key in raw:
+        if key not in names:
+            near = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            table = f"[{dotted(path)}]" if path else "the top level"
+            raise ConfigError(
+                f"{where((*path, key))}: unknown key {dotted((*path, key))!r} in {table}{hint} "
+                f"(valid: {', '.join(names)})"
+            )
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in raw:
+            continue
+        val = _coerce(hints[f.name], raw[f.name], (*path, f.name), where)
+        meta = f.metadata
+        loc = f"{where((*path, f.name))}: {dotted((*path, f.name))}"
+        if "choices" in meta and val not in meta["choices"]:
+            raise ConfigError(f"{loc} is {val!r}; valid: {', '.join(meta['choices'])}")
+        if "min" in meta and val < meta["min"]:
+            raise ConfigError(f"{loc} must be >= {meta['min']}, got {val}")
+        if "max" in meta and val > meta["max"]:
+            raise ConfigError(f"{loc} must be <= {meta['max']}, got {val}")
+        kwargs[f.name] = val
+    return cls(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- overrides
+
+
+def parse_set(item: str) -> tuple[tuple[str, ...], Any]:
+    """``a.b=v`` -> (("a", "b"), v); v is read as a TOML value (``3e-4``, ``true``, ``["ar"]``), else a string."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not p for p in key.split(".")):
+        raise ConfigError(
+            f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. --set decode.max_new_tokens=16"
+        )
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return tuple(key.split(".")), value
+
+
+def apply_override(raw: dict[str, Any], path: tuple[str, ...], value: Any, origin: str) -> None:
+    node = raw
+    for i, part in enumerate(path[:-1]):
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{origin}: {dotted(path[: i + 1])} is not a table, cannot set {dotted(path)}")
+        node = nxt
+    node[path[-1]] = value
+
+
+def diff(a: Any, b: Any, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Dotted keys whose values differ between two configs, except those starting with an ``ignore`` prefix."""
+    from dataclasses import asdict
+
+    fa, fb = _flat(asdict(a)), _flat(asdict(b))
+    keys = fa.keys() | fb.keys()
+    return sorted(k for k in keys if not k.startswith(ignore) and fa.get(k) != fb.get(k))
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} as TOML")
+
+
+def _key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_value(k)
+
+
+def to_toml(cfg: Any, header: str = "") -> str:
+    """The config as TOML (every field, resolved); ``load_config(text=to_toml(cfg)) == cfg``."""
+    lines = [f"# {line}" for line in header.splitlines()]
+
+    def table(obj: Any, path: tuple[str, ...]) -> None:
+        scalars, subs = [], []
+        for f in fields(obj):
+            v = getattr(obj, f.name)
+            if is_dataclass(v):
+                subs.append((f.name, v))
+            elif isinstance(v, dict) and all(is_dataclass(x) or isinstance(x, dict) for x in v.values()):
+                subs += [(f"{f.name}.{_key(k)}", sub) for k, sub in v.items()]  # a table of tables
+            elif isinstance(v, dict):
+                subs.append((f.name, v))  # a table of values
+            else:
+                scalars.append(f"{f.name} = {_toml_value(v)}")
+        if path and (scalars or not subs):
+            lines.extend(["", f"[{'.'.join(path)}]"])
+        lines.extend(scalars)
+        for name, sub in subs:
+            if isinstance(sub, dict):
+                lines.extend(["", f"[{'.'.join((*path, name))}]"])
+                lines.extend(f"{_key(k)} = {_toml_value(x)}" for k, x in sub.items())
+            else:
+                table(sub, (*path, name))
+
+    table(cfg, ())
+    return "\n".join(lines).lstrip("\n") + "\n"

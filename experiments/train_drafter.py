@@ -1,0 +1,136 @@
+"""``draftgym train-drafter eagle|early_exit``: self-distillation data from the target, then a trained head.
+
+    draftgym train-drafter eagle --workload question.jsonl --cpu-minutes 8
+
+The prompts are the workload minus its benchmark prompts (the first ``--exclude-per-category`` of each category,
+the ones ``draftgym bench --per-category`` uses), then the first ``--per-category`` of each category. Data are
+cached under ``--work`` (default: the draftgym cache, keyed by model, dtype and prompt set), so a second head
+trains on the same data and a killed run resumes. The head is saved where the drafters look for it (``--out``
+overrides), with a JSON file of its target, training data, costs and held-out metric.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+KINDS = ("eagle", "early_exit")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train-drafter", help="train an eagle or early_exit draft head by self-distillation")
+    p.add_argument("kind", choices=KINDS, help="which head")
+    p.add_argument("--workload", default=None, help="Spec-Bench JSONL prompts (default: the built-in set)")
+    p.add_argument("--per-category", type=int, default=18, help="training prompts per category")
+    p.add_argument(
+        "--exclude-per-category", type=int, default=5, help="benchmark prompts left out per category"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=128, help="answer length of the generated data")
+    p.add_argument(
+        "--window", type=int, default=320, help="positions kept per sequence (prompt tail + answer)"
+    )
+    p.add_argument("--capture-layers", default="2,4,8", help="early-exit layers whose states the data keep")
+    p.add_argument("--exit-layer", type=int, default=4, help="early_exit: target layers before the adapter")
+    p.add_argument("--draft-vocab", type=int, default=8192, help="size of the reduced draft vocabulary")
+    p.add_argument("--levels", type=int, default=3, help="eagle: training-time-test unroll depth")
+    p.add_argument(
+        "--cpu-minutes", type=float, default=8.0, help="training budget in CPU minutes (data excluded)"
+    )
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--work", default=None, help="folder for the data and the resumable training state")
+    p.add_argument("--out", default=None, help="head file to write (default: where the drafter looks for it)")
+    p.add_argument(
+        "--model", default=None, help="local Hugging Face model folder (default: embedded SmolLM2-135M)"
+    )
+    p.add_argument(
+        "--dtype", default="fp32", choices=["auto", "bf16", "fp32"], help="target dtype for the data"
+    )
+    p.add_argument("--json", action="store_true", help="print the head's metadata as JSON")
+    p.set_defaults(func=cmd_train_drafter)
+
+
+def cmd_train_drafter(args: argparse.Namespace) -> int:
+    import torch
+
+    from drafters.heads import cache_heads_dir, head_name
+    from drafters.train import TrainSettings, generate_data, train_head
+    from env.decoder import chat_prompt
+    from env.model import cache_dir, load_model
+    from env.workloads import load_workload
+    from experiments.cli import UserError
+
+    if args.per_category < 1 or args.max_new_tokens < 1 or args.cpu_minutes <= 0:
+        raise UserError("--per-category, --max-new-tokens and --cpu-minutes must be positive")
+    try:
+        layers = tuple(sorted({int(x) for x in args.capture_layers.split(",") if x.strip()}))
+    except ValueError as err:
+        raise UserError(
+            f"--capture-layers must be a comma list of layer counts, got {args.capture_layers!r}"
+        ) from err
+    if args.kind == "early_exit" and args.exit_layer not in layers:
+        layers = tuple(sorted({*layers, args.exit_layer}))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load_model(args.model, dtype=args.dtype, device="cpu")
+    n_layers = int(loaded.model.config.num_hidden_layers)
+    if not all(1 <= x < n_layers for x in layers) or not 1 <= args.exit_layer < n_layers:
+        raise UserError(
+            f"exit and capture layers must be in 1..{n_layers - 1}, got {layers}, {args.exit_layer}"
+        )
+
+    bench = {p.prompt_id for p in load_workload(args.workload, per_category=args.exclude_per_category)}
+    by_cat: dict[str, list] = {}
+    for p in load_workload(args.workload):
+        if p.prompt_id not in bench:
+            by_cat.setdefault(p.category, []).append(p)
+    prompts = [p for rows in by_cat.values() for p in rows[: args.per_category]]
+    if not prompts:
+        raise UserError("no training prompts are left once the benchmark prompts are excluded")
+    ids = [(p.prompt_id, chat_prompt(loaded.tokenizer, p.text)) for p in prompts]
+    key = hashlib.sha256(
+        json.dumps([loaded.model_id, args.dtype, args.max_new_tokens, args.window, layers, ids]).encode()
+    ).hexdigest()[:12]
+    work = Path(args.work) if args.work else cache_dir() / "distill" / f"{Path(loaded.model_id).name}-{key}"
+    out = Path(args.out) if args.out else cache_heads_dir() / head_name(args.kind, loaded.model_id)
+    progress = not args.json
+    if progress:
+        print(f"{len(prompts)} training prompts ({len(by_cat)} categories); data in {work}", file=sys.stderr)
+    info = generate_data(
+        loaded.model,
+        ids,
+        work,
+        max_new_tokens=args.max_new_tokens,
+        capture_layers=layers,
+        window=args.window,
+        pad_id=int(loaded.tokenizer.pad_token_id or 0),
+        progress=progress,
+    )
+    info.update(workload=str(args.workload or "builtin"), target_dtype=args.dtype, prompt_ids_sha=key)
+    settings = TrainSettings(
+        kind=args.kind,
+        draft_vocab=args.draft_vocab,
+        exit_layer=args.exit_layer,
+        levels=args.levels,
+        lr=args.lr,
+        cpu_minutes=args.cpu_minutes,
+        seed=args.seed,
+        window=args.window,
+    )
+    meta = train_head(
+        loaded.model, loaded.model_id, work, out, settings, work_dir=work, data_info=info, progress=progress
+    )
+    if args.json:
+        print(json.dumps(meta))
+    else:
+        t = meta["training"]
+        print(
+            f"saved {out.with_suffix('.safetensors')}: held-out {meta['metric']}; "
+            f"data {t['data_cpu_minutes']} CPU-min, training {t['train_cpu_minutes']} CPU-min, "
+            f"{t['train_positions']} positions ({t['train_answer_tokens']} answer tokens)"
+        )
+    return 0

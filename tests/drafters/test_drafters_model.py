@@ -1,0 +1,29 @@
+"""On the embedded model (fp32): greedy output with every trained / stateful drafter equals Hugging Face greedy
+output token for token, with the heads shipped in drafters/data (chains and trees)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from env.decoder import SpeculativeDecoder, chat_prompt
+from env.engine import parse_arm
+
+pytestmark = pytest.mark.model
+
+ARMS = ["eagle-d5-k3-b10", "early_exit-d3-k2-b5", "recycling-d4-k4-b8"]
+N = 20
+
+
+def test_greedy_equals_hf_generate(fp32_model):
+    ids = chat_prompt(fp32_model.tokenizer, "Name three uses of a paper clip.")
+    t = torch.tensor([ids])
+    with torch.no_grad():
+        hf = fp32_model.model.generate(t, attention_mask=torch.ones_like(t), max_new_tokens=N, do_sample=False)
+    expected = hf[0, len(ids) :].tolist()
+    taus = {}
+    for arm in ARMS:
+        g = SpeculativeDecoder(fp32_model, [parse_arm(arm)]).generate(ids, max_new_tokens=N)
+        assert g.token_ids == expected, arm
+        taus[arm] = g.stats.tau
+    assert taus["eagle-d5-k3-b10"] > 1.5  # the shipped head drafts for real (about 3 on such prompts)

@@ -1,0 +1,82 @@
+"""The EAGLE head: training-time test sees what tree drafting sees; greedy decoding stays exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drafters.eagle import EagleDrafter
+from drafters.trees import GrowingTree
+from tests.drafters.tiny import decode, random_head, tiny_loaded
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    loaded = tiny_loaded()
+    path = random_head("eagle", loaded, tmp_path_factory.mktemp("heads") / "eagle-tiny")
+    return loaded, path
+
+
+def test_unrolled_training_matches_tree_drafting(tiny):
+    """Level s at pair j of ``EagleHead.unrolled`` == the depth-(s-1) node of a chain rooted at pair j-s+1 whose
+    tokens are the true ones, drafted through the drafter's own cache and tree mask."""
+    from env.target import Target
+
+    loaded, path = tiny
+    target = Target(loaded)
+    d = EagleDrafter(weights=str(path))
+    d._load(target)
+    gen = torch.Generator().manual_seed(1)
+    t_len = 12
+    tokens = torch.randint(0, 90, (t_len + 1,), generator=gen)
+    feats = torch.randn(t_len, loaded.model.config.hidden_size, generator=gen)
+    emb_next = d.embed(tokens[1:]).float()
+    with torch.no_grad():
+        outs = d.head.unrolled(feats[None], emb_next[None], levels=3)
+    r = 7  # root token x_r; the root pair is r - 1
+    d.kv = __import__("drafters.eagle", fromlist=["KVBuffer"]).KVBuffer(
+        d.cfg.kv_heads, d.cfg.head_dim, torch.float32, torch.device("cpu")
+    )
+    d.first_pair, d.pending, d.root_at = 0, list(feats[:r]), -1
+    toks = tokens.tolist()
+    with torch.inference_mode():
+        d._catch_up(toks[: r + 1])
+        torch.testing.assert_close(d.root_feat, outs[0][0, r - 1], atol=1e-5, rtol=1e-4)
+        g = GrowingTree.start(toks[r])
+        g.add(0, toks[r + 1], -0.1)
+        g.add(1, toks[r + 2], -0.1)
+        slots = __import__("drafters.eagle", fromlist=["TreeSlots"]).TreeSlots(d.kv.n)
+        feats_by_node = {0: d.root_feat}
+        f1 = d._tree_step([1], g, feats_by_node, slots, base=r - 1)[0]
+        feats_by_node[1] = f1
+        torch.testing.assert_close(f1, outs[1][0, r], atol=1e-5, rtol=1e-4)
+        f2 = d._tree_step([2], g, feats_by_node, slots, base=r - 1)[0]
+        torch.testing.assert_close(f2, outs[2][0, r + 1], atol=1e-5, rtol=1e-4)
+
+
+def test_greedy_exact_on_tiny_target(tiny):
+    loaded, path = tiny
+    prompt = [5, 17, 33, 17, 5, 60, 2, 8, 44, 9]
+    ref, _ = decode(loaded, None, prompt, 32)
+    for arm in ("eagle-d4", "eagle-d4-k3-b8", "eagle-d3-k2"):
+        out, _ = decode(loaded, arm, prompt, 32, {"weights": str(path)})
+        assert out == ref, arm
+    out, _ = decode(loaded, "eagle-d3-k2-b5", prompt, 32, {"weights": str(path), "tree": "kary"})
+    assert out == ref
+
+
+def test_feedback_without_hidden_states_still_decodes(tiny):
+    """A caller that keeps only the last feature (e.g. a trace recorder) still gets valid proposals."""
+    from drafters import DraftContext, DraftTree, Feedback, TreeShape
+    from env.target import Target
+
+    loaded, path = tiny
+    target = Target(loaded)
+    d = EagleDrafter(weights=str(path))
+    ctx = DraftContext(tokens=[3, 4, 5], prompt_len=2, target=target, last_hidden=torch.randn(32))
+    d.reset(ctx)  # no prompt features: starts from the last one
+    t = d.propose(ctx, TreeShape(depth=3, topk=2))
+    assert t.num_nodes > 1
+    ctx.tokens.extend([6, 7])
+    d.observe(ctx, Feedback(committed=[6, 7], tree=DraftTree.root_only(5)))
+    assert d.propose(ctx, TreeShape(depth=2)).num_nodes == 3

@@ -1,0 +1,141 @@
+"""Head checkpoints: a head trained for another target, a corrupted file or a mismatched training state fails with
+one clear DrafterError; the data pipeline and a short training run work end to end on a tiny target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from drafters import DraftContext, DrafterError
+from drafters.eagle import EagleDrafter
+from drafters.early_exit import EarlyExitDrafter
+from drafters.heads import load_head
+from tests.drafters.tiny import random_head, tiny_loaded
+
+
+def _ctx(loaded):
+    from env.target import Target
+
+    return DraftContext(tokens=[1, 2, 3], prompt_len=2, target=Target(loaded), last_hidden=torch.zeros(32))
+
+
+def test_round_trip(tmp_path):
+    loaded = tiny_loaded()
+    path = random_head("eagle", loaded, tmp_path / "h")
+    cfg, tensors, meta = load_head(path, "eagle", loaded.model, loaded.model_id)
+    assert cfg.hidden == 32 and tensors["d2t"].shape == (90,)
+    assert json.loads(path.with_suffix(".json").read_text())["format"] == "draftgym-head"
+
+
+def test_head_for_another_target_is_refused(tmp_path):
+    a, b = tiny_loaded(seed=0), tiny_loaded(seed=0, hidden=48)
+    path = random_head("eagle", a, tmp_path / "h")
+    with pytest.raises(DrafterError, match="another target .*hidden_size 32.*48"):
+        EagleDrafter(weights=str(path)).reset(_ctx(b))
+    other_weights = tiny_loaded(seed=3)  # same shapes and id, other weights
+    with pytest.raises(DrafterError, match="other weights"):
+        EagleDrafter(weights=str(path)).reset(_ctx(other_weights))
+    renamed = tiny_loaded(seed=0, model_id="some/other-model")
+    with pytest.raises(DrafterError, match="model_id"):
+        EagleDrafter(weights=str(path)).reset(_ctx(renamed))
+
+
+def test_corrupted_or_wrong_kind_or_missing(tmp_path):
+    loaded = tiny_loaded()
+    path = random_head("eagle", loaded, tmp_path / "h")
+    with pytest.raises(DrafterError, match="not 'early_exit'"):
+        EarlyExitDrafter(weights=str(path)).reset(_ctx(loaded))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DrafterError, match="corrupted"):
+        EagleDrafter(weights=str(path)).reset(_ctx(loaded))
+    path.with_suffix(".json").write_text("{not json")
+    with pytest.raises(DrafterError, match="not a draftgym head"):
+        EagleDrafter(weights=str(path)).reset(_ctx(loaded))
+    with pytest.raises(DrafterError, match="no eagle head"):
+        EagleDrafter(weights=str(tmp_path / "absent")).reset(_ctx(loaded))
+
+
+def test_wrong_shapes_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    loaded = tiny_loaded()
+    path = random_head("eagle", loaded, tmp_path / "h")
+    tensors = load_file(str(path))
+    tensors["layer.q.weight"] = tensors["layer.q.weight"][:, :16].contiguous()
+    save_file(tensors, str(path))
+    with pytest.raises(DrafterError, match="layer.q.weight has shape"):
+        EagleDrafter(weights=str(path)).reset(_ctx(loaded))
+
+
+def test_data_generation_training_and_resume_checks(tmp_path):
+    from drafters.train import TrainSettings, generate_data, train_head
+
+    loaded = tiny_loaded()
+    prompts = [(f"p{i}", [1 + i, 7, 9, 11 + i, 3]) for i in range(10)]
+    work = tmp_path / "data"
+    info = generate_data(
+        loaded.model,
+        prompts,
+        work,
+        max_new_tokens=6,
+        capture_layers=(1, 2),
+        window=16,
+        pad_id=0,
+        progress=False,
+    )
+    assert len(list(work.glob("part-*.safetensors"))) == 2
+    st = TrainSettings(
+        kind="eagle", draft_vocab=64, levels=2, cpu_minutes=5, max_steps=2, batch_size=4, window=16
+    )
+    meta = train_head(
+        loaded.model,
+        loaded.model_id,
+        work,
+        tmp_path / "head",
+        st,
+        work_dir=work,
+        data_info=info,
+        progress=False,
+    )
+    assert meta["training"]["steps"] == 2 and "top1_depth1" in meta["metric"]
+    EagleDrafter(weights=str(tmp_path / "head")).reset(_ctx(loaded))  # loads
+    # resuming with a training state made for another target or other shapes fails clearly
+    other = tiny_loaded(seed=0, hidden=48)
+    with pytest.raises(DrafterError, match="training checkpoint .* another target"):
+        train_head(
+            other.model,
+            other.model_id,
+            work,
+            tmp_path / "h2",
+            st,
+            work_dir=work,
+            data_info=info,
+            progress=False,
+        )
+    st_other = TrainSettings(kind="eagle", draft_vocab=4, levels=2, max_steps=3, batch_size=4, window=16)
+    with pytest.raises(DrafterError, match="other head shapes"):
+        train_head(
+            loaded.model,
+            loaded.model_id,
+            work,
+            tmp_path / "h2",
+            st_other,
+            work_dir=work,
+            data_info=info,
+            progress=False,
+        )
+    (work / "train-state-eagle.pt").write_bytes(b"garbage")
+    with pytest.raises(DrafterError, match="corrupted"):
+        train_head(
+            loaded.model,
+            loaded.model_id,
+            work,
+            tmp_path / "h2",
+            st,
+            work_dir=work,
+            data_info=info,
+            progress=False,
+        )

@@ -1,0 +1,104 @@
+"""Env fixtures that need no model: a synthetic trace built with the real n-gram drafter over hand-made token
+sequences (repetitive, so drafts get accepted), and a toy cost model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from drafters import DraftContext, NGramDrafter
+from env.cost import Curve, FittedCostModel
+from env.features import FeatureSpec, position_feature_names
+from env.trace import FORMAT, VERSION, Trace, TreeArrays
+
+EOS = 2
+MODEL = {
+    "model_id": "toy",
+    "vocab_size": 64,
+    "tokenizer_sha256": "abc",
+    "eos_ids": [EOS],
+    "dtype": "float32",
+    "hidden_size": 8,
+}
+
+
+def make_trace(seed: int = 0, prompts: int = 5, max_new: int = 40) -> Trace:
+    rng = np.random.default_rng(seed)
+    spec = FeatureSpec()
+    d = NGramDrafter()
+    ptoks, trajs, trees = [], [], []
+    for i in range(prompts):
+        motif = rng.integers(3, 20, size=int(rng.integers(3, 7))).tolist()
+        prompt = [int(t) for t in rng.integers(3, 20, size=6)] + motif
+        n = int(rng.integers(2, max_new + 1)) if i else max_new  # prompt 0 runs to max_new
+        traj = []
+        while len(traj) < n:  # repeat the motif with random mutations
+            for t in motif:
+                traj.append(int(t) if rng.random() > 0.2 else int(rng.integers(3, 20)))
+        traj = traj[:n]
+        if i % 2 == 1:
+            traj[-1] = EOS  # odd prompts end with end of sequence
+        ptoks.append(prompt)
+        trajs.append(traj)
+        toks = list(prompt)
+        for t in traj:
+            toks.append(t)
+            ctx = DraftContext(tokens=list(toks), prompt_len=len(prompt))
+            d.reset(ctx)
+            trees.append(d.propose(ctx, d.max_shape))
+    feat = rng.random((sum(map(len, trajs)), 4 + spec.proj_dim)).astype(np.float32)
+    feat[:, 4:] = feat[:, 4:] * 2 - 1
+    header = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": MODEL,
+        "sampling": "greedy",
+        "max_new_tokens": max_new,
+        "features": {"spec": spec.as_dict(), "names": position_feature_names(spec)},
+        "drafters": {"ngram": {"exact": True, "shape": [16, 8, 0], "options": {}}},
+        "workload": "synthetic",
+        "prompts": {"ids": [f"p{i}" for i in range(prompts)], "categories": ["toy"] * prompts},
+    }
+
+    def off(arrs):
+        return np.concatenate([[0], np.cumsum([len(a) for a in arrs])]).astype(np.int64)
+
+    return Trace(
+        header=header,
+        prompt_tokens=np.concatenate(ptoks).astype(np.int32),
+        prompt_off=off(ptoks),
+        traj=np.concatenate(trajs).astype(np.int32),
+        traj_off=off(trajs),
+        feat=feat,
+        trees={
+            "ngram": TreeArrays(
+                off=off([t.tokens for t in trees]),
+                tokens=np.concatenate([t.tokens.numpy() for t in trees]).astype(np.int32),
+                parents=np.concatenate([t.parents.numpy() for t in trees]).astype(np.int16),
+            )
+        },
+    )
+
+
+def toy_cost_model() -> FittedCostModel:
+    return FittedCostModel(
+        model_id="toy",
+        dtype="float32",
+        device="cpu",
+        chain=Curve((1, 9, 17), (0.10, 0.11, 0.13)),
+        tree=Curve((1, 17, 129), (0.10, 0.14, 0.40)),
+        context_ref=16,
+        per_context=1e-5,
+        per_node_context=1e-7,
+        drafters={"ngram": {"shapes": {}, "base_s": 2e-4, "per_node_s": 1e-6}},
+    )
+
+
+@pytest.fixture
+def toy_trace() -> Trace:
+    return make_trace()
+
+
+@pytest.fixture
+def toy_cost() -> FittedCostModel:
+    return toy_cost_model()

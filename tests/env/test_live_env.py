@@ -1,0 +1,142 @@
+"""The live env on the embedded model (fp32, greedy): both checkers pass without warnings, replay of a trace
+recorded here reproduces the live env's accepted lengths exactly, the decoder computes the env's observations,
+and recording resumes after a kill."""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import env as env_pkg
+from env.decoder import SpeculativeDecoder
+from env.spec_env import SpecDecodeEnv
+from env.trace import TraceError, load_trace, record
+from env.workloads import load_workload
+
+pytestmark = pytest.mark.model
+
+ARMS = ["ngram-d2", "ngram-d8", "ngram-d16", "ngram-d4-k2", "ngram-d8-k4-b24"]
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    ps = load_workload()
+    return [next(p for p in ps if p.category == c) for c in ("summarization", "rag")]
+
+
+@pytest.fixture(scope="module")
+def small_trace(fp32_model, prompts, tmp_path_factory):
+    out = tmp_path_factory.mktemp("trace") / "t.npz"
+    record(fp32_model, prompts, ["ngram"], out, max_new_tokens=NEW, progress=False)
+    return load_trace(out)
+
+
+def test_checkers_pass_without_warnings_live(fp32_model, prompts):
+    from gymnasium.utils.env_checker import check_env
+    from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+    e = gym.make(
+        env_pkg.ENV_ID, backend="live", model=fp32_model, workload=prompts, max_new_tokens=4, arms=ARMS
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(e.unwrapped)
+        sb3_check_env(e.unwrapped, warn=True)
+
+
+def _episode(e, prompt_id, actions):
+    obs, _ = e.reset(seed=0, options={"prompt_id": prompt_id})
+    steps = [(obs, None)]
+    for a in actions:
+        obs, r, term, trunc, info = e.step(int(a))
+        steps.append((obs, info))
+        if term or trunc:
+            break
+    return steps
+
+
+def test_replay_matches_live_exactly(fp32_model, prompts, small_trace):
+    live = SpecDecodeEnv("live", model=fp32_model, workload=prompts, max_new_tokens=NEW, arms=ARMS)
+    replay = SpecDecodeEnv(trace=small_trace, arms=ARMS, model=fp32_model)
+    rng = np.random.default_rng(7)
+    for p in prompts:
+        actions = rng.integers(len(live.arms), size=NEW)
+        a, b = _episode(live, p.prompt_id, actions), _episode(replay, p.prompt_id, actions)
+        assert [s[1] and (s[1]["accepted"], s[1]["tokens"]) for s in a] == [
+            s[1] and (s[1]["accepted"], s[1]["tokens"]) for s in b
+        ]
+        assert sum(s[1]["accepted"] for s in a[1:]) > 0  # drafts were accepted somewhere
+        for (oa, ia), (ob, _) in zip(a, b):
+            assert np.allclose(oa, ob, atol=2e-3)  # the same features, up to tree-vs-single-token rounding
+            if ia is not None:
+                assert ia["cost_s"] > 0 and ia["ar_cost_s"] > 0
+
+
+class _Replay:
+    """A policy that plays a fixed arm sequence and keeps the observations it was shown."""
+
+    def __init__(self, actions):
+        self.actions, self.seen = list(actions), []
+
+    def act(self, obs):
+        self.seen.append(obs)
+        return self.actions[len(self.seen) - 1]
+
+
+def test_decoder_shows_the_policy_the_env_observation(fp32_model, prompts, small_trace):
+    live = SpecDecodeEnv("live", model=fp32_model, workload=prompts, max_new_tokens=NEW, arms=ARMS)
+    actions = np.random.default_rng(3).integers(len(live.arms), size=NEW)
+    steps = _episode(live, prompts[0].prompt_id, actions)
+    policy = _Replay(actions)
+    dec = SpeculativeDecoder(fp32_model, list(live.arms), policy=policy)
+    g = dec.generate(prompts[0].text, max_new_tokens=NEW)
+    assert g.token_ids == small_trace.trajectory(0)
+    assert dec.feature_names == list(live.feature_names)
+    assert len(policy.seen) == len(steps) - 1
+    for obs, (env_obs, _) in zip(policy.seen, steps):
+        assert np.allclose(obs, env_obs, atol=1e-6)
+
+
+def test_measured_cost_and_a_trace_for_another_model(fp32_model, prompts, toy_trace):
+    e = SpecDecodeEnv("live", model=fp32_model, workload=prompts[:1], max_new_tokens=4, cost="measured")
+    e.reset(seed=0)
+    _, r, *_, info = e.step(3)
+    assert info["cost_s"] == info["wall_s"] and r == pytest.approx(
+        info["tokens"] * info["ar_cost_s"] / info["cost_s"]
+    )
+    with pytest.raises(TraceError, match="recorded for model toy"):
+        SpecDecodeEnv(trace=toy_trace, model=fp32_model)
+
+
+def test_record_resumes_after_a_kill(fp32_model, prompts, tmp_path, monkeypatch):
+    import env.trace as trace_mod
+
+    calls = []
+    real = trace_mod.record_prompt
+
+    def dies_on_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    out = tmp_path / "r.npz"
+    monkeypatch.setattr(trace_mod, "record_prompt", dies_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        record(fp32_model, prompts, ["ngram"], out, max_new_tokens=6, progress=False)
+    assert trace_mod.part_progress(out) == 1 and not out.exists()
+    with pytest.raises(TraceError, match="other settings.*max_new_tokens"):
+        record(fp32_model, prompts, ["ngram"], out, max_new_tokens=7, progress=False)
+    monkeypatch.setattr(trace_mod, "record_prompt", real)
+    calls.clear()
+    monkeypatch.setattr(trace_mod, "record_prompt", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    trace = record(fp32_model, prompts, ["ngram"], out, max_new_tokens=6, progress=False)
+    assert len(calls) == 1 and trace.num_prompts == 2 and out.exists()
+    assert not out.with_name(out.name + ".parts").exists()
+    back = load_trace(out)
+    assert back.header["model"]["model_id"] == "smollm2-135m-instruct" and back.drafters["ngram"]["exact"]
+    assert np.array_equal(back.traj, trace.traj) and back.feat.shape == (back.traj.shape[0], 12)

@@ -1,0 +1,135 @@
+"""The batched replay env: make_vec returns it, shapes and autoreset follow Gymnasium, each row replays exactly
+what the single env does, torch equals numpy, and stable-baselines3 can train on it."""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.vector import AutoresetMode
+
+import env as env_pkg
+from env.spec_env import EnvError, SpecDecodeEnv
+from env.vector_env import SpecDecodeVectorEnv, make_sb3_vec_env
+
+
+def test_make_vec_returns_the_batched_replay_env():
+    v = gym.make_vec(env_pkg.ENV_ID, num_envs=4096, vectorization_mode="vector_entry_point")
+    assert isinstance(v.unwrapped, SpecDecodeVectorEnv)
+    obs, info = v.reset(seed=0)
+    assert obs.shape == (4096, v.single_observation_space.shape[0]) and obs.dtype == np.float32
+    obs, rew, term, trunc, info = v.step(v.action_space.sample())
+    assert rew.shape == term.shape == trunc.shape == (4096,) and rew.dtype == np.float32
+    assert {"tokens", "accepted", "cost_s", "ar_cost_s", "arm"} <= set(info)
+    assert v.observation_space.contains(obs)
+    assert v.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+
+
+def _single_rollout(trace, cost, prompt_id, actions):
+    e = SpecDecodeEnv(trace=trace, cost_model=cost)
+    obs, _ = e.reset(seed=0, options={"prompt_id": prompt_id})
+    rows = [(obs, 0.0, False, False)]
+    for a in actions:
+        obs, r, te, tu, _ = e.step(int(a))
+        rows.append((obs, r, te, tu))
+        if te or tu:
+            break
+    return rows
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_rows_replay_like_the_single_env_then_autoreset_next_step(toy_trace, toy_cost, device):
+    b = 6
+    v = SpecDecodeVectorEnv(b, trace=toy_trace, cost_model=toy_cost, device=device)
+    obs, _ = v.reset(seed=0, options={"prompt_id": "p1"})
+    actions = np.random.default_rng(0).integers(len(v.arms), size=(60, b))
+    expect = [_single_rollout(toy_trace, toy_cost, "p1", actions[:, i]) for i in range(b)]
+    to_np = (lambda x: x.cpu().numpy()) if device else np.asarray
+    assert np.allclose(to_np(obs), np.stack([e[0][0] for e in expect]))
+    ended = np.zeros(b, dtype=bool)
+    for t in range(60):
+        obs, rew, term, trunc, info = v.step(actions[t])
+        obs, rew, term, trunc = map(to_np, (obs, rew, term, trunc))
+        for i in range(b):
+            if ended[i]:
+                continue
+            e_obs, e_rew, e_term, e_trunc = expect[i][t + 1]
+            assert np.allclose(obs[i], e_obs, atol=1e-6) and rew[i] == pytest.approx(e_rew, rel=1e-5)
+            assert (term[i], trunc[i]) == (e_term, e_trunc)
+            if e_term or e_trunc:
+                ended[i] = True
+                pending = i
+        if ended.any() and not ended.all():
+            break
+    # next step: the ended rows reset (reward 0, not done, position back at the start)
+    obs, rew, term, trunc, _ = v.step(np.zeros(b, dtype=np.int64))
+    obs, rew, term, trunc = map(to_np, (obs, rew, term, trunc))
+    assert rew[pending] == 0.0 and not term[pending] and not trunc[pending]
+    assert obs[pending, 0] == pytest.approx(1 / v.single.max_new_tokens)
+
+
+def test_same_step_autoreset_reports_final_obs(toy_trace, toy_cost):
+    v = SpecDecodeVectorEnv(8, trace=toy_trace, cost_model=toy_cost, autoreset_mode="same_step")
+    v.reset(seed=1)
+    for _ in range(200):
+        obs, rew, term, trunc, info = v.step(np.full(8, 3))
+        done = term | trunc
+        if done.any():
+            assert np.array_equal(info["_final_obs"], done)
+            i = int(np.flatnonzero(done)[0])
+            assert info["final_obs"][i].shape == obs[i].shape and obs[i, 0] == pytest.approx(1 / 40)
+            return
+    raise AssertionError("no episode ended")
+
+
+def test_torch_equals_numpy(toy_trace, toy_cost):
+    vn = SpecDecodeVectorEnv(64, trace=toy_trace, cost_model=toy_cost)
+    vt = SpecDecodeVectorEnv(64, trace=toy_trace, cost_model=toy_cost, device="cpu")
+    on, _ = vn.reset(seed=5)
+    ot, _ = vt.reset(seed=5)
+    acts = np.random.default_rng(1).integers(len(vn.arms), size=(50, 64))
+    for a in acts:
+        assert np.allclose(on, ot.numpy(), atol=1e-6)
+        on, rn, *_ = vn.step(a)
+        ot, rt, *_ = vt.step(torch.as_tensor(a))
+        assert np.allclose(rn, rt.numpy(), rtol=1e-5)
+
+
+def test_bad_input(toy_trace, toy_cost):
+    v = SpecDecodeVectorEnv(4, trace=toy_trace, cost_model=toy_cost)
+    v.reset(seed=0)
+    with pytest.raises(EnvError, match="not a valid arm index"):
+        v.step(np.array([0, 1, 2, 99]))
+    with pytest.raises(EnvError, match="shape"):
+        v.step(np.zeros(3, dtype=np.int64))
+    with pytest.raises(EnvError, match="replays traces only"):
+        SpecDecodeVectorEnv(4, backend="live")
+    with pytest.raises(EnvError, match="autoreset_mode"):
+        SpecDecodeVectorEnv(4, trace=toy_trace, cost_model=toy_cost, autoreset_mode="sometimes")
+
+
+def test_partial_reset_with_a_mask(toy_trace, toy_cost):
+    v = SpecDecodeVectorEnv(4, trace=toy_trace, cost_model=toy_cost)
+    v.reset(seed=0)
+    v.step(np.full(4, 3))
+    obs, _ = v.reset(options={"reset_mask": np.array([True, False, False, False])})
+    hist = v.feature_names.index("last_tokens")
+    assert obs[0, 0] == pytest.approx(1 / 40) and np.allclose(obs[0, hist:], 0.0)
+    assert not np.allclose(obs[1:, hist], 0.0)
+
+
+def test_stable_baselines3_trains_on_it(toy_trace, toy_cost):
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import VecMonitor
+
+    venv = VecMonitor(make_sb3_vec_env(16, trace=toy_trace, cost_model=toy_cost))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = PPO("MlpPolicy", venv, n_steps=8, batch_size=64, n_epochs=1, seed=0, device="cpu")
+        model.learn(128)
+    obs = venv.reset()
+    actions, _ = model.predict(obs, deterministic=True)
+    assert actions.shape == (16,)

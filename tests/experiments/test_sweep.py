@@ -1,0 +1,183 @@
+"""``draftgym sweep`` on shared storage: several worker processes record every trial exactly once, and a study whose
+workers are killed (SIGKILL, mid-trial) resumes and finishes with exactly ``n_trials`` complete trials.
+
+Runs on an SQLite file and on a real PostgreSQL server (``DRAFTGYM_TEST_PG_URL``, set by ``.ci/run`` through
+``.ci/postgres.sh``). The objective is the analytic backend with a simulated per-prompt time, so that trials last
+long enough to be killed mid-way and the test needs no model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+
+from experiments.config import load_config
+
+PG_ENV = "DRAFTGYM_TEST_PG_URL"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'shared.db'}"
+    url = os.environ.get(PG_ENV)
+    if not url:
+        pytest.skip(f"{PG_ENV} is unset: start a server with `source .ci/postgres.sh` (.ci/run does)")
+    return url
+
+
+def _config(tmp_path: Path, n: int, prompt_s: float = 0.3) -> tuple[Path, str]:
+    study = f"t-{uuid.uuid4().hex[:8]}"
+    path = tmp_path / f"{study}.toml"
+    path.write_text(
+        f'name = "{study}"\nmethods = ["ar", "ngram-d8"]\n[workload]\nlimit = 3\n'
+        f'[sweep]\nn_trials = {n}\nbackend = "analytic"\nmax_topk = 2\npruner = "none"\n'
+        f"heartbeat_s = 1\ngrace_s = 3\nanalytic_prompt_s = {prompt_s}\n"
+    )
+    return path, study
+
+
+def _sweep(cfg: Path, url: str, out: Path, *extra: str) -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments",
+        "sweep",
+        str(cfg),
+        "--storage",
+        url,
+        "--out",
+        str(out),
+        "--json",
+    ]
+    return subprocess.Popen([*cmd, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _trials(url: str, study: str) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=study, storage=url).get_trials(deepcopy=False)
+
+
+def _check_exactly_once(url: str, study: str, out: Path, n: int) -> list[optuna.trial.FrozenTrial]:
+    trials = _trials(url, study)
+    numbers = [t.number for t in trials]
+    assert sorted(numbers) == list(range(len(trials)))  # every trial once, numbered without gaps
+    complete = {t.number: t for t in trials if t.state.name == "COMPLETE"}
+    assert len(complete) == n, {t.number: t.state.name for t in trials}
+    assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
+    assert complete[0].user_attrs.get("default") and complete[0].user_attrs["method"] == "ngram-d8"
+    logged = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert len({row["number"] for row in logged}) == len(logged)  # no trial logged twice
+    for row in logged:  # what the workers ran is what storage holds
+        t = complete[row["number"]]
+        assert (row["params"], row["value"]) == (t.params, t.value)
+    best = load_config(out / "best.toml")
+    assert best.methods[-1] == max(complete.values(), key=lambda t: t.value).user_attrs["method"]
+    return trials
+
+
+def test_two_workers_record_every_trial_once(storage, tmp_path):
+    cfg, study = _config(tmp_path, n=8, prompt_s=0.15)
+    out = tmp_path / "run"
+    p = _sweep(cfg, storage, out, "--workers", "2")
+    stdout, stderr = p.communicate(timeout=600)
+    assert p.returncode == 0, stderr
+    assert json.loads(stdout)["states"] == {"COMPLETE": 8}
+    trials = _check_exactly_once(storage, study, out, 8)
+    assert len({t.user_attrs["worker"] for t in trials}) == 2  # both workers took trials
+
+
+def _wait_for(pred, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_killed_workers_leave_a_study_that_resumes(storage, tmp_path):
+    n = 6
+    cfg, study = _config(tmp_path, n=n, prompt_s=0.4)
+    out = tmp_path / "run"
+    parent = _sweep(cfg, storage, out, "--workers", "2")
+    pids = _wait_for(lambda: (out / "workers.json").is_file() and json.loads((out / "workers.json").read_text())["pids"],
+                     300, "workers.json")  # fmt: skip
+
+    def running_of(pid: int):
+        try:
+            trials = _trials(storage, study)
+        except KeyError:  # the study is not created yet
+            return None
+        return next((t for t in trials if t.state.name == "RUNNING" and t.user_attrs.get("worker", "").endswith(f":{pid}")), None)  # fmt: skip
+
+    victim = _wait_for(lambda: running_of(pids[0]), 300, "a trial of worker 0")
+    os.kill(pids[0], signal.SIGKILL)  # worker 0 dies mid-trial
+    done_before = sum(t.state.name == "COMPLETE" for t in _trials(storage, study))
+    _wait_for(lambda: sum(t.state.name == "COMPLETE" for t in _trials(storage, study)) > done_before, 300,
+              "worker 1 to go on")  # fmt: skip
+    if parent.poll() is None:  # then the whole machine "dies": the parent and the other worker too
+        os.kill(pids[1], signal.SIGKILL)
+        parent.kill()
+    parent.communicate(timeout=60)
+
+    again = _sweep(cfg, storage, out, "--workers", "2")  # the same command resumes the study
+    stdout, stderr = again.communicate(timeout=600)
+    assert again.returncode == 0, stderr
+    trials = _check_exactly_once(storage, study, out, n)
+    dead = next(t for t in trials if t.number == victim.number)
+    assert dead.state.name == "FAIL"  # the killed trial is failed (heartbeat) and not counted ...
+    retried = [
+        t for t in trials if t.system_attrs.get("failed_trial") == victim.number and t.number != dead.number
+    ]
+    assert "COMPLETE" in [t.state.name for t in retried]  # ... but its parameters are run again
+    assert all(t.params == dead.params for t in retried if dead.params)
+
+
+def test_unreachable_storage_is_one_line(tmp_path):
+    cfg, _ = _config(tmp_path, n=1)
+    for url, needle in [
+        (
+            "postgresql+psycopg2://u:secret@127.0.0.1:1/db",
+            "cannot open storage postgresql+psycopg2://u:***@127.0.0.1:1/db",
+        ),
+        ("nosuchdb://x/y", "cannot open storage nosuchdb://x/y"),
+    ]:
+        r = subprocess.run([sys.executable, "-m", "experiments", "sweep", str(cfg), "--storage", url, "--out",
+                            str(tmp_path / "o")], capture_output=True, text=True, timeout=300)  # fmt: skip
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
+        assert "secret" not in r.stderr
+
+
+def test_sweep_exports_the_best_trial_and_refuses_another_config(tmp_path):
+    from experiments.cli import main
+
+    cfg, study = _config(tmp_path, n=5, prompt_s=0.0)
+    out = tmp_path / "run"
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    assert main(["sweep", str(cfg), "--storage", url, "--out", str(out), "--json"]) == 0
+    trials = _check_exactly_once(url, study, out, 5)
+    table = (out / "sweep.md").read_text()
+    assert "(config as written)" in table and (out / "plots" / "history.png").is_file()
+    # Raising n_trials extends the same study; changing anything else is refused, naming the key.
+    assert (
+        main(["sweep", str(cfg), "--storage", url, "--out", str(out), "--json", "--set", "sweep.n_trials=6"])
+        == 0
+    )
+    assert len([t for t in _trials(url, study) if t.state.name == "COMPLETE"]) == 6 > len(trials) - 1
+    assert (
+        main(
+            ["sweep", str(cfg), "--storage", url, "--out", str(tmp_path / "o2"), "--set", "sweep.max_topk=3"]
+        )
+        == 2
+    )

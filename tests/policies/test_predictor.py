@@ -1,0 +1,50 @@
+"""The accept-length predictor: trained on the training prompts of the synthetic trace, it must beat the best
+static arm on the held-out prompts by reading the feature that reveals the drafter's match."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policies import load_policy
+from policies.oracle import best_static, score_batch, score_greedy_oracle, score_static, static_table
+from policies.predictor import train_predictor
+
+
+@pytest.mark.parametrize("model", ["ridge", "mlp"])
+def test_predictor_beats_the_best_static_arm_on_held_out_prompts(
+    model, synth_env, synth_train_env, synth_split
+):
+    policy = train_predictor(synth_train_env, model=model, rounds=2, passes=2, max_iter=200)
+    test = list(synth_split.test)
+    best = best_static(static_table(synth_env, synth_split.train))
+    static = score_static(synth_env, best, test).speedup
+    learned = score_batch(
+        synth_env, lambda o: policy.scores(o).argmax(-1), test, name=model, kind="predictor"
+    )
+    oracle = score_greedy_oracle(synth_env, test).speedup
+    assert learned.speedup > 1.05 * static
+    assert (learned.speedup - static) / (oracle - static) > 0.4
+
+
+def test_predictions_are_accept_lengths_and_costs(synth_train_env):
+    policy = train_predictor(synth_train_env, model="ridge", rounds=1, passes=1)
+    tb = synth_train_env.tables
+    obs, _ = synth_train_env.reset(seed=0)
+    acc, cost = policy.predict(obs)
+    assert acc.shape == cost.shape == (len(synth_train_env.arm_names),)
+    assert abs(acc[0]) < 0.2 and abs(cost[0] - 1.0) < 0.05  # "none": nothing accepted, one AR step
+    assert cost[-1] > cost[1]  # the deep arm costs more
+    assert tb.accept.shape[0] == len(acc)
+
+
+def test_round_trip_without_pickle(synth_train_env, tmp_path):
+    policy = train_predictor(synth_train_env, model="mlp", rounds=1, passes=1, max_iter=50)
+    path = tmp_path / "pred.zip"
+    policy.save(path)
+    again = load_policy(path, arms=synth_train_env.arm_names, obs_size=len(synth_train_env.feature_names))
+    x = np.random.default_rng(0).random((32, len(synth_train_env.feature_names)))
+    assert np.allclose(policy.scores(x), again.scores(x))
+    import zipfile
+
+    assert all(not n.endswith(".pkl") for n in zipfile.ZipFile(path).namelist())
