@@ -7,7 +7,7 @@
 # in that folder, creates a user and a database, and exports DRAFTGYM_TEST_PG_URL. Nothing listens beyond
 # 127.0.0.1 and nothing outlives draftgym_pg_stop (the data folder is deleted).
 
-_pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
+_pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true; }
 
 if [ -z "$(_pg_bin)" ] || [ ! -x "$(_pg_bin)/initdb" ]; then
     echo "== postgres: installing (apt-get)"

@@ -18,10 +18,12 @@ class NGramDrafter:
     An index maps every n-gram (``min_ngram <= n <= max_ngram``) to the positions where it ends, appended as the
     context grows, so a lookup is O(1) per n and a step costs O(new tokens * max_ngram) to update.
 
-    Every proposal is ``prune(largest, shape)`` (``drafters.trees.prune``), where ``largest`` is the trie of the
-    first ``max_topk`` distinct continuations of length ``max_depth`` (``max_shape``). A recorded trace stores
-    ``largest`` per position, so replay of any arm within ``max_shape`` is exact. A chain (``topk == 1``) is the
-    best continuation cut to ``depth``; a tree keeps the first ``topk`` children of each node.
+    Every proposal is ``prune(largest, shape)`` (``drafters.trees.prune``), where ``largest`` is the trie of every
+    distinct continuation of length ``max_depth`` the index offers (at most ``max_matches`` per n-gram size), best
+    first: longest n-gram, then most recent. A chain (``topk == 1``) is the best continuation cut to ``depth``; a
+    tree keeps the first ``topk`` children of each node (the best branches), then the first ``budget`` nodes in
+    node order. A recorded trace stores ``largest`` (``max_shape``) per position, so replay of any arm of depth
+    <= ``max_depth`` is exact.
     """
 
     name = "ngram"
@@ -33,16 +35,16 @@ class NGramDrafter:
         min_ngram: int = 1,
         max_matches: int = 8,
         max_depth: int = 16,
-        max_topk: int = 8,
     ) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"ngram sizes need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        if max_depth < 1 or max_topk < 1:
-            raise ValueError(f"max_depth and max_topk must be >= 1, got {max_depth}, {max_topk}")
+        if max_depth < 1 or max_matches < 1:
+            raise ValueError(f"max_depth and max_matches must be >= 1, got {max_depth}, {max_matches}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.max_matches = max_matches
-        self.max_shape = TreeShape(depth=max_depth, topk=max_topk)
+        # the largest tree: every continuation found (the trie never has more branches than that)
+        self.max_shape = TreeShape(depth=max_depth, topk=max_matches * (max_ngram - min_ngram + 1))
         self._index: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0  # n-grams ending before this position are in the index
         self._tokens: list[int] = []
@@ -92,9 +94,9 @@ class NGramDrafter:
         root = ctx.tokens[-1]
         if shape.depth == 0:
             return DraftTree.root_only(root)
-        big = self.max_shape  # shapes beyond it grow the largest tree (and leave exact replay's range)
-        depth, topk = max(big.depth, shape.depth), max(big.topk, shape.topk)
-        largest = trie(root, self.continuations(ctx.tokens, depth, topk), depth * topk)
+        depth = max(self.max_shape.depth, shape.depth)  # deeper arms grow the largest tree (no longer exact)
+        conts = self.continuations(ctx.tokens, depth, self.max_shape.topk)
+        largest = trie(root, conts, depth * self.max_shape.topk)
         return prune(largest, shape)
 
     def observe(self, ctx: DraftContext, feedback: Feedback) -> None:

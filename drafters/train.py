@@ -175,13 +175,21 @@ def split(seqs: list[Sequence], heldout_every: int = 10) -> tuple[list[Sequence]
 
 
 def draft_vocab(seqs: list[Sequence], size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
-    """The ``size`` most frequent tokens (answers count 4x: they are what the target emits), plus ``always``."""
+    """The draft vocabulary (EAGLE-3's reduced LM head): ``always``, then the tokens of the data by frequency
+    (answers count 4x: they are what the target emits), then -- a few thousand distinct tokens is all a small data
+    set holds -- the lowest unused ids: BPE ids follow merge order, a frequency prior of the tokenizer's corpus.
+    On the 108-prompt SmolLM2 data, 8192 tokens cover 86% of held-out answer tokens (data alone: 82%)."""
     counts: Counter[int] = Counter()
     for s in seqs:
         counts.update(s.tokens[: s.answer_start].tolist())
         for _ in range(4):
             counts.update(s.tokens[s.answer_start :].tolist())
     chosen = list(dict.fromkeys([*always, *(t for t, _ in counts.most_common(size))]))[:size]
+    taken, i = set(chosen), 0
+    while len(chosen) < size:
+        if i not in taken:
+            chosen.append(i)
+        i += 1
     return torch.tensor(sorted(chosen), dtype=torch.int64)
 
 
@@ -191,16 +199,16 @@ def draft_vocab(seqs: list[Sequence], size: int, always: tuple[int, ...] = ()) -
 @dataclass(frozen=True)
 class TrainSettings:
     kind: str  # eagle | early_exit
-    draft_vocab: int = 8192
+    draft_vocab: int = 6144
     exit_layer: int = 4  # early_exit only
-    levels: int = 3  # eagle: training-time-test depth (also the chain length of the held-out metric)
+    levels: int = 2  # eagle: training-time-test depth (also the chain length of the held-out metric)
     batch_size: int = 8
-    lr: float = 1e-3
+    lr: float = 3e-3
     weight_decay: float = 0.01
     reg_weight: float = 0.2  # eagle: weight of the smooth-L1 feature loss (the cross-entropy weighs 1)
-    prompt_frac: float = 0.2  # share of prompt positions in the loss (every answer position is in it)
-    window: int = 256  # train on the last `window` positions of each sequence
-    cpu_minutes: float = 8.0  # stop when this process's CPU time (summed over resumes) reaches it
+    prompt_frac: float = 1.0  # share of prompt positions in the loss (every answer position is in it)
+    window: int = 192  # train on the last `window` positions of each sequence
+    cpu_minutes: float = 10.0  # stop when this process's CPU time (summed over resumes) reaches it
     max_steps: int = 100_000
     seed: int = 0
     save_every_s: float = 60.0
@@ -295,11 +303,13 @@ def loss_eagle(head, batch, w_draft, embed, st: TrainSettings, gen=None, stats: 
     sel, answer = _select(batch, 2, 2, st.prompt_frac, gen)
     j = torch.arange(tokens.shape[1])[None, :]
     outs = head.unrolled(feats, emb_next, st.levels)
+    with torch.no_grad():
+        teacher_all = torch.softmax(target[sel] @ w_draft.T, dim=-1)  # [M, Vd], shared by the levels
+    j_sel = j.expand_as(sel)[sel]
     total = 0.0
     for s, out in enumerate(outs, start=1):
         m = sel & (j >= s - 1)
-        with torch.no_grad():
-            teacher = torch.softmax(target[m] @ w_draft.T, dim=-1)  # [M, Vd]
+        teacher = teacher_all[j_sel >= s - 1]
         logp = torch.log_softmax(out[m] @ w_draft.T, dim=-1)
         ce = -(teacher * logp).sum(-1)
         reg = F.smooth_l1_loss(out[m], target[m], reduction="none").mean(-1)
@@ -387,7 +397,8 @@ def train_head(
     seqs = load_data(data_dir)
     train, held = split(seqs)
     eos = model.generation_config.eos_token_id
-    d2t = draft_vocab(train, st.draft_vocab, always=tuple(eos if isinstance(eos, list) else [eos]))
+    size = min(st.draft_vocab, int(model.config.vocab_size))
+    d2t = draft_vocab(train, size, always=tuple(eos if isinstance(eos, list) else [eos]))
     hidden = model.config.hidden_size
     cfg = HeadConfig.from_target(
         model, st.kind, len(d2t), exit_layer=st.exit_layer if st.kind != "eagle" else 0

@@ -75,6 +75,15 @@ def bench_vector(seconds: float, batch: int, device: str | None) -> float:
     return _rate(sync_step, lambda: v.reset(seed=0), seconds, batch)
 
 
+def cpu_reference() -> float:
+    """Seconds for 5M Python integer additions: how much of a core this process gets (about 0.3 s unloaded)."""
+    t0 = time.perf_counter()
+    total = 0
+    for i in range(5_000_000):
+        total += i
+    return time.perf_counter() - t0
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -99,14 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'env':34} {'batch':>7} {'env-steps/s':>14}")
     for r in rows:
         print(f"{r['env']:34} {r['batch']:>7} {r['steps_per_s']:>14,.0f}")
-    print(
-        f"machine: {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, load average {load[0]:.1f}"
-    )
+    ref = cpu_reference()
+    threads = torch.get_num_threads()
+    print(f"machine: {os.cpu_count()} CPUs, torch threads {threads}, load average {load[0]:.1f}")
+    print(f"cpu reference: 5M Python additions in {ref:.2f} s (about 0.3 s on an unloaded core)")
     if args.json:
         from env.cost import machine_info
 
+        out = {"rows": rows, "machine": machine_info(), "load_average": list(load), "cpu_reference_s": ref}
         with open(args.json, "w") as fh:
-            json.dump({"rows": rows, "machine": machine_info(), "load_average": list(load)}, fh, indent=1)
+            json.dump(out, fh, indent=1)
     return 0
 
 

@@ -20,9 +20,10 @@ import datetime as dt
 import json
 import os
 import platform
+import random
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -37,8 +38,9 @@ from env.model import LoadedModel
 from env.target import Target
 
 FORMAT = "draftgym-cost-model"
-CHAIN_NODES = (1, 2, 3, 5, 9, 13, 17, 25, 33)
-TREE_NODES = (3, 5, 9, 17, 25, 33, 49, 65, 97, 129)
+CHAIN_NODES = (1, 2, 3, 5, 9, 13, 17, 25)
+TREE_NODES = (3, 5, 9, 17, 25, 33, 49, 65, 129)
+LARGE = 40  # trees above this many nodes are rarer and slower: measured half as often
 CONTEXTS = (128, 768)
 DRAFT_SHAPES = tuple(TreeShape(d, k) for d in (1, 2, 4, 8, 16) for k in (1, 2, 4, 8))
 
@@ -270,24 +272,49 @@ def _context_ids(tokenizer: Any, length: int) -> list[int]:
 
 
 def _time_verify(
-    engine: Engine, fixed: _FixedTree, prompt: list[int], grid: Iterable[tuple[int, bool]], reps: int
-):
-    """Median verify seconds per (nodes, chain) at the context of ``prompt``: [(nodes, chain, context, s)]."""
-    seq, _ = engine.start(prompt)
+    engine: Engine,
+    fixed: _FixedTree,
+    prompts: Sequence[list[int]],
+    grid: Sequence[tuple[int, bool]],
+    reps: int,
+    seed: int = 0,
+) -> list[tuple[int, bool, float, float]]:
+    """Median verify seconds per (nodes, chain, context): one sequence per context, every (context, cell)
+    measured once per pass in a shuffled order, so that a drift in machine load spreads over all cells instead
+    of biasing some. Returns [(nodes, chain, mean context, median s)]."""
     arm = Arm("_fixed", TreeShape(depth=1))
+    seqs = [engine.start(p)[0] for p in prompts]
     fixed.parents = [-1, 0]
-    for _ in range(2):  # warm-up
-        engine.step(seq, arm)
-    out = []
-    for nodes, chain in grid:
-        fixed.parents = tree_parents(nodes, chain)
-        times, ctxs = [], []
-        for _ in range(reps):
-            ctxs.append(seq.state.past_len)
-            res = engine.step(seq, arm)
-            times.append(res.verify_s)
-        out.append((nodes, chain, statistics.mean(ctxs), statistics.median(times)))
-    return out
+    for seq in seqs:  # warm-up
+        for _ in range(2):
+            engine.step(seq, arm)
+    cells = [(i, n, c) for i in range(len(seqs)) for n, c in grid]
+    samples: dict[tuple[int, int, bool], list[tuple[int, float]]] = {cell: [] for cell in cells}
+    rng = random.Random(seed)
+    for r in range(reps):
+        rng.shuffle(cells)
+        for i, n, c in cells:
+            if n > LARGE and r % 2:
+                continue
+            fixed.parents = tree_parents(n, c)
+            ctx = seqs[i].state.past_len
+            samples[(i, n, c)].append((ctx, engine.step(seqs[i], arm).verify_s))
+    return [
+        (n, c, statistics.mean(x for x, _ in v), statistics.median(s for _, s in v))
+        for (i, n, c), v in sorted(samples.items())
+    ]
+
+
+def isotonic(values: Sequence[float]) -> list[float]:
+    """Least-squares non-decreasing fit (pool adjacent violators): more nodes never cost less."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
 
 
 def _fit_verify(rows: list[tuple[int, bool, float, float]], context_ref: int):
@@ -307,7 +334,7 @@ def _fit_verify(rows: list[tuple[int, bool, float, float]], context_ref: int):
 
     def curve(chain: bool) -> Curve:
         pts = sorted((n, s) for (n, c), s in base.items() if c == chain)
-        ns, ss = [p[0] for p in pts], list(np.maximum.accumulate([max(p[1], 1e-6) for p in pts]))
+        ns, ss = [p[0] for p in pts], isotonic([max(p[1], 1e-6) for p in pts])
         return Curve(tuple(ns), tuple(float(s) for s in ss))
 
     chain_curve = curve(True)
@@ -354,7 +381,7 @@ def calibrate(
     *,
     drafter_options: dict[str, dict[str, Any]] | None = None,
     extra_shapes: Sequence[TreeShape] = (),
-    reps: int = 3,
+    reps: int = 4,
     contexts: Sequence[int] = CONTEXTS,
     chain_nodes: Sequence[int] = CHAIN_NODES,
     tree_nodes: Sequence[int] = TREE_NODES,
@@ -371,11 +398,12 @@ def calibrate(
     fixed = _FixedTree(vocab)
     engine = Engine(target, {"_fixed": fixed})
     grid = [(n, True) for n in chain_nodes] + [(n, False) for n in tree_nodes]
-    rows = []
-    for i, ctx in enumerate(contexts):
-        if progress:
-            print(f"calibrate: verify phase at context {ctx} ({i + 1}/{len(contexts)})", flush=True)
-        rows += _time_verify(engine, fixed, _context_ids(loaded.tokenizer, ctx), grid, reps)
+    if progress:
+        print(
+            f"calibrate: verify phase, {len(grid)} tree sizes x contexts {list(contexts)} x {reps}",
+            flush=True,
+        )
+    rows = _time_verify(engine, fixed, [_context_ids(loaded.tokenizer, c) for c in contexts], grid, reps)
     context_ref = int(contexts[0])
     chain, tree, a, b = _fit_verify(rows, context_ref)
     if progress:
@@ -397,6 +425,7 @@ def calibrate(
         "machine": machine_info(),
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "calibration_s": round(time.perf_counter() - t_start, 1),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "reps": reps,
         "contexts": list(contexts),
         "measurements": [[n, bool(c), round(ctx, 1), s] for n, c, ctx, s in rows],

@@ -85,9 +85,11 @@ class SpeculativeDecoder:
         policy: ArmChooser | None = None,
         drafter_options: dict[str, dict[str, Any]] | None = None,
         features: FeatureSpec | None = None,
+        cost_model: Any = None,
     ) -> None:
         self.loaded = loaded
         self.feature_spec = features or FeatureSpec()
+        self.cost_model = cost_model  # step rewards for policy.update (None: the shipped one when it fits)
         self.target = Target(loaded)
         self.arms = list(arms or [default_arm()])
         self.policy = policy
@@ -133,6 +135,7 @@ class SpeculativeDecoder:
             obs_builder = self.observation_builder()  # the env's observation, for policy.act(obs)
             if hasattr(self.policy, "reset"):
                 self.policy.reset()
+        rewards = StepRewards(self) if hasattr(self.policy, "update") else None
         t0 = time.perf_counter()
         seq, first = engine.start(prompt_ids)
         prefill_s = time.perf_counter() - t0
@@ -148,6 +151,7 @@ class SpeculativeDecoder:
                 obs = obs_builder.observe(st.last_logits, st.last_hidden, st.tokens, len(out), max_new_tokens)
             idx = self._choose(obs)
             arm = self.arms[idx]
+            context = seq.state.past_len
             res: StepResult = engine.step(seq, arm)
             steps += 1
             accepted += res.accepted
@@ -156,8 +160,9 @@ class SpeculativeDecoder:
             if obs_builder is not None:  # history features count tokens as the env does (cut at eos / max)
                 counted = len(truncate(res.committed, eos, max_new_tokens - len(out)))
                 obs_builder.record(idx, min(res.accepted, counted), res.drafted, counted)
-            if self.policy is not None and hasattr(self.policy, "update"):
-                self.policy.update(obs, idx, float(res.tokens), {"step": res})
+            if rewards is not None:  # reward = the step's instantaneous speedup, info as the env gives it
+                counted = len(truncate(res.committed, eos, max_new_tokens - len(out)))
+                self.policy.update(obs, idx, *rewards(res, context, counted))
             out.extend(res.committed)
         wall = time.perf_counter() - t0
         out = truncate(out, eos, max_new_tokens)
@@ -193,6 +198,39 @@ class SpeculativeDecoder:
         return idx
 
 
+class StepRewards:
+    """Rewards for ``policy.update`` as ``SpecDecodeEnv`` defines them: ``tokens * ar_cost_s / cost_s``, with costs
+    from the decoder's cost model (given, else the shipped one when it was calibrated for this model and dtype).
+    Without a fitting cost model the step's measured wall time is the cost and the last measured root-only step
+    (a plain autoregressive step) the unit."""
+
+    def __init__(self, dec: SpeculativeDecoder) -> None:
+        from env.cost import CostModelError, load_cost_model
+
+        self.cm = dec.cost_model
+        if self.cm is None:
+            try:
+                self.cm = load_cost_model()
+                self.cm.check_model(dec.loaded.model_id, str(dec.loaded.dtype).removeprefix("torch."))
+            except CostModelError:
+                self.cm = None
+        self.ar_wall: float | None = None
+
+    def __call__(self, res: StepResult, context: int, tokens: int) -> tuple[float, dict[str, Any]]:
+        if self.cm is not None:
+            chain = res.parents is None or res.parents.tolist() == list(range(-1, res.parents.shape[0] - 1))
+            ar = float(self.cm.ar_cost(context))
+            cost = float(self.cm.step_cost(res.arm, res.drafted + 1, context, chain))
+        else:
+            cost = res.wall_s
+            if res.drafted == 0 or self.ar_wall is None:
+                self.ar_wall = res.wall_s
+            ar = self.ar_wall
+        info = {"tokens": tokens, "accepted": min(res.accepted, tokens), "drafted": res.drafted, "cost_s": cost,
+                "ar_cost_s": ar, "arm": res.arm.name, "wall_s": res.wall_s}  # fmt: skip
+        return (tokens * ar / cost if cost > 0 else 0.0), info
+
+
 def truncate(tokens: list[int], eos: frozenset[int], max_new_tokens: int) -> list[int]:
     """Cut at the first end-of-sequence token (kept) and at ``max_new_tokens``."""
     for i, t in enumerate(tokens[:max_new_tokens]):
@@ -202,8 +240,9 @@ def truncate(tokens: list[int], eos: frozenset[int], max_new_tokens: int) -> lis
 
 
 def default_arm() -> Arm:
-    """The best static arm the project knows for the embedded model (see README's benchmark)."""
-    return Arm("ngram", TreeShape(depth=8, topk=1))
+    """The best static arm the project knows for the embedded model on 2-core AVX2 CPUs: a short n-gram chain.
+    Verifying 8+ nodes costs 2-3x a token there (README, "Results"), so depth 2-3 beats deeper drafts."""
+    return Arm("ngram", TreeShape(depth=3, topk=1))
 
 
 __all__ = [

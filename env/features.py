@@ -14,16 +14,16 @@ The observation is a float32 vector, every entry normalized into the bounds belo
 |                      | drafter can find)                                                                |         |
 | ``hidden_0..P-1``    | tanh of a fixed Gaussian projection (seed ``proj_seed``) of the unit-normalized    | [-1, 1] |
 |                      | final hidden state that produced the root                                        |         |
+| ``accept/<arm>``     | one per drafting arm of the menu: moving average (weight ``1 - decay`` on the     | [0, 1]  |
+|                      | newest) of accepted / depth over the steps that used it                          |         |
 | ``last_tokens``      | tokens committed by the previous step / (deepest arm's depth + 1)                | [0, 1]  |
-| ``accept_rate_recent`` | moving average (weight ``1 - decay`` on the newest) of accepted / drafted over   | [0, 1]  |
-|                      | the steps that drafted                                                           |         |
-| ``accept/<arm>``     | one per drafting arm of the menu: moving average of accepted / depth over the     | [0, 1]  |
-|                      | steps that used it                                                               |         |
+| ``accept_rate_recent`` | moving average of accepted / drafted over the steps that drafted               | [0, 1]  |
 
 The first group (``entropy`` .. ``hidden_*``, the *position features*) depends only on the committed text and
 the target, so a trace stores it per position. The last group (the *history*) depends on the episode's own steps
-and is kept as an array ``[..., 2 + K]`` (``last_tokens``, ``accept_rate_recent``, one moving average per arm)
-updated by ``history_update``, which works on one episode or a batch, in numpy or torch, unchanged.
+and is kept as an array ``[..., K + 2]`` (one moving average per arm, ``last_tokens``, ``accept_rate_recent``)
+updated by ``history_update`` with a step's ``history_inputs``; both work on one episode or a batch, in numpy or
+torch, unchanged.
 """
 
 from __future__ import annotations
@@ -65,12 +65,18 @@ def position_feature_names(spec: FeatureSpec) -> list[str]:
 
 def feature_names(spec: FeatureSpec, arm_names: Sequence[str], arm_depths: Sequence[int]) -> list[str]:
     drafting = [f"accept/{n}" for n, d in zip(arm_names, arm_depths) if d > 0]
-    return ["position", *position_feature_names(spec), *HISTORY_HEAD, *drafting]
+    return ["position", *position_feature_names(spec), *drafting, *HISTORY_HEAD]
 
 
-def history_columns(arm_depths: Sequence[int]) -> np.ndarray:
-    """Columns of the history array that enter the observation (the "none" arm has no acceptance to show)."""
-    return np.array([0, 1, *(2 + a for a, d in enumerate(arm_depths) if d > 0)], dtype=np.int64)
+def history_columns(arm_depths: Sequence[int]) -> np.ndarray | slice:
+    """Columns of the history array ``[arm 0 .. arm K-1, last_tokens, accept_rate_recent]`` that enter the
+    observation: every drafting arm ("none" has no acceptance to show), then the last two. A slice when they are
+    contiguous (the env's menus: "none" first), which is cheaper to read."""
+    k = len(arm_depths)
+    cols = [a for a, d in enumerate(arm_depths) if d > 0] + [k, k + 1]
+    if cols == list(range(cols[0], k + 2)):
+        return slice(cols[0], k + 2)
+    return np.array(cols, dtype=np.int64)
 
 
 def observation_bounds(spec: FeatureSpec, num_obs: int) -> tuple[np.ndarray, np.ndarray]:
@@ -133,25 +139,35 @@ def position_features(
 
 
 def history_init(batch: int, num_arms: int, like: Any = None) -> Any:
-    """Zeros [batch, 2 + K]: float32 numpy, or a torch tensor on ``like``'s device when ``like`` is a tensor."""
+    """Zeros [batch, K + 2]: float32 numpy, or a torch tensor on ``like``'s device when ``like`` is a tensor."""
     if isinstance(like, torch.Tensor):
-        return torch.zeros(batch, 2 + num_arms, dtype=torch.float32, device=like.device)
-    return np.zeros((batch, 2 + num_arms), dtype=np.float32)
+        return torch.zeros(batch, num_arms + 2, dtype=torch.float32, device=like.device)
+    return np.zeros((batch, num_arms + 2), dtype=np.float32)
 
 
-def history_update(
-    hist, rows, arm, accepted, drafted, tokens, arm_depth, max_tokens: int, decay: float
-) -> None:
-    """In place, after a step. hist: [B, 2 + K]; rows: row index (int) or indices [B]; arm, accepted, drafted,
-    tokens: scalars or [B] (same kind as rows); arm_depth: [K] depth of each arm (0 for "none")."""
+def history_inputs(accepted, drafted, tokens, depth, max_tokens: int, decay: float) -> tuple:
+    """What one step adds to the history (scalars or arrays, numpy or torch): ``(last_tokens, accept rate, its
+    weight, arm acceptance, its weight)``; a weight is 0 where there is nothing to average (no draft, "none")."""
     w = 1.0 - decay
-    hist[rows, 0] = tokens / max_tokens  # tokens <= deepest arm + 1 = max_tokens
-    cur = hist[rows, 1]
-    hist[rows, 1] = cur + (drafted > 0) * w * (accepted / (drafted + (drafted == 0)) - cur)
-    depth = arm_depth[arm]
-    col = 2 + arm
-    cur = hist[rows, col]
-    hist[rows, col] = cur + (depth > 0) * w * (accepted / (depth + (depth == 0)) - cur)
+    return (
+        tokens / max_tokens,  # tokens <= deepest arm + 1 = max_tokens
+        accepted / (drafted + (drafted == 0)),
+        w * (drafted > 0),
+        accepted / (depth + (depth == 0)),
+        w * (depth > 0),
+    )
+
+
+def history_update(hist, rows, arm, inputs) -> None:
+    """In place, after a step: ``hist[rows]`` ([B, K + 2]: one moving average per arm, then ``last_tokens`` and
+    ``accept_rate_recent``; rows an int or indices [B]) takes the step of ``arm`` (int or [B]) whose
+    ``history_inputs`` are ``inputs``."""
+    last, rate, w_rate, frac, w_arm = inputs
+    hist[rows, -2] = last
+    cur = hist[rows, -1]
+    hist[rows, -1] = cur + w_rate * (rate - cur)
+    cur = hist[rows, arm]
+    hist[rows, arm] = cur + w_arm * (frac - cur)
 
 
 def assemble(position_frac, pos_feat, hist_rows, cols, out) -> Any:
@@ -199,14 +215,10 @@ class ObservationBuilder:
         return assemble(frac, pos_feat, self.hist[0], self.cols, np.empty(self.size, dtype=np.float32))
 
     def record(self, arm: int, accepted: int, drafted: int, tokens: int) -> None:
+        depth = int(self.arm_depth[arm])
         history_update(
             self.hist,
             0,
             arm,
-            np.int64(accepted),
-            np.int64(drafted),
-            np.int64(tokens),
-            self.arm_depth,
-            self.max_tokens,
-            self.spec.decay,
+            history_inputs(accepted, drafted, tokens, depth, self.max_tokens, self.spec.decay),
         )

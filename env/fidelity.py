@@ -57,7 +57,7 @@ def run(
                     "live": [li["accepted"], li["tokens"]],
                     "replay": [ri["accepted"], ri["tokens"]],
                     "predicted_s": li["cost_s"],
-                    "wall_s": li["wall_s"],
+                    "wall_s": live.last_wall_s,
                 }
             )
             if lt or ltr or rt or rtr:
@@ -74,9 +74,12 @@ def run(
 
 
 def summarize(rows: list[dict[str, Any]], same_text: int, prompts: int, trace: Any) -> dict[str, Any]:
-    def err(rs):
-        e = np.array([abs(r["predicted_s"] - r["wall_s"]) / r["wall_s"] for r in rs])
+    def err(rs, scale=1.0):
+        e = np.array([abs(scale * r["predicted_s"] - r["wall_s"]) / r["wall_s"] for r in rs])
         return {"median": float(np.median(e)), "p90": float(np.quantile(e, 0.9)), "steps": len(rs)}
+
+    # machine load scales every step's time alike; the reward (a ratio of costs) does not see that scale
+    scale = float(np.median([r["wall_s"] / r["predicted_s"] for r in rows])) if rows else 1.0
 
     by_arm: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -90,6 +93,8 @@ def summarize(rows: list[dict[str, Any]], same_text: int, prompts: int, trace: A
         "per_arm_exact": {a: sum(r["live"] == r["replay"] for r in rs) / len(rs) for a, rs in by_arm.items()},
         "drafters": {n: ("exact" if d["exact"] else "approximate") for n, d in trace.drafters.items()},
         "cost_abs_rel_error": err(rows),
+        "load_scale": scale,
+        "cost_abs_rel_error_rescaled": err(rows, scale),
         "per_arm_cost_error": {a: err(rs) for a, rs in by_arm.items()},
         "mean_wall_s": float(np.mean([r["wall_s"] for r in rows])),
         "rows": rows,
@@ -104,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibrate", action="store_true", help="calibrate first, in this process, and use that")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the full result (rows included) here")
+    p.add_argument("--save-cost-model", default=None, help="with --calibrate: save that cost model here")
     args = p.parse_args(argv)
     cost_model: Any = args.cost_model
     if args.calibrate:
@@ -113,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         cost_model = calibrate(load_model(dtype="fp32", device="cpu"), ["ngram"], progress=True)
         print(f"calibrated in {time.perf_counter() - t0:.0f} s")
+        if args.save_cost_model:
+            cost_model.save(args.save_cost_model)
     res = run(args.prompts, args.trace, cost_model, args.seed)
     if args.json:
         with open(args.json, "w") as fh:
@@ -126,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"replay per drafter: {res['drafters']}")
     print(f"cost model |predicted - wall| / wall: median {e['median']:.3f}, p90 {e['p90']:.3f}")
+    r = res["cost_abs_rel_error_rescaled"]
+    print(f"  after one global rescale (x{res['load_scale']:.3f}, machine load): median {r['median']:.3f}")
     print(f"{'arm':18} {'steps':>6} {'exact':>7} {'cost err med':>13}")
     for arm, ex in res["per_arm_exact"].items():
         ce = res["per_arm_cost_error"][arm]

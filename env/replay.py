@@ -8,16 +8,16 @@ whose token is the next trajectory token, as ``kernels.verify`` does with the ta
 drafters whose proposal *is* that pruning (``exact`` in the trace header: the n-gram drafter) and approximate for
 stateful ones.
 
-``build_tables`` evaluates every (arm, position) once, vectorized over the whole trace, into ``ReplayTables``;
-a replay step is then a handful of table lookups (``replay_step``), and the observation comes from
-``env.features.assemble`` like the live one.
+``build_tables`` evaluates every (arm, position) once, vectorized over the whole trace, into ``ReplayTables``
+(walk length, tokens, reward, episode end, history inputs); a replay step is then a handful of table lookups
+(``replay_step``), and the observation comes from ``env.features.assemble`` like the live one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from drafters import TreeShape
 from drafters.trees import prune_indices
 from env.cost import FittedCostModel
 from env.engine import Arm
-from env.features import history_columns, history_update
+from env.features import history_columns, history_inputs, history_update
 from env.trace import Trace, TraceError
 
 
@@ -34,16 +34,22 @@ from env.trace import Trace, TraceError
 class ReplayTables:
     """Everything a replay step reads. ``T`` positions (all prompts), ``K`` arms, ``P`` prompts."""
 
-    accept: Any  # int64 [K, T] greedy walk length of arm k's tree at position g (bonus excluded)
+    accept: Any  # int64 [K, T] greedy walk length of arm k's tree at position g (bonus excluded, uncut)
     drafted: Any  # int64 [K, T] draft nodes in that tree
     cost: Any  # float32 [K, T] seconds of the step (cost model)
     ar_cost: Any  # float32 [T] seconds of one autoregressive token there
+    # the step's outcome, evaluated once per (arm, position) for the env's max_new_tokens:
+    tokens: Any  # int64 [K, T] committed tokens that count (accepted + bonus, cut at the episode's end)
+    accepted: Any  # int64 [K, T] accepted drafts among them
+    reward: Any  # float32 [K, T] tokens * ar_cost / cost (env.metrics.step_reward)
+    ends: Any  # int8 [K, T] 0: the episode goes on, 1: terminated (end of sequence), 2: truncated
+    hist_in: Any  # float32 [5, K, T] the step's env.features.history_inputs
     feat: Any  # float32 [T, 4 + P] position features
     offset: Any  # int64 [P] global index of each prompt's position 0
     length: Any  # int64 [P] positions per episode: min(trajectory length, max_new_tokens)
     eos: Any  # bool [P] the episode ends with end of sequence (else at max_new_tokens)
     arm_depth: Any  # int64 [K]
-    cols: Any  # int64 history columns shown in the observation
+    cols: Any  # history columns shown in the observation (a slice, or int64 indices)
     startable: Any  # int64 [P'] prompts with at least one step to take
     max_new_tokens: int
     max_tokens: int  # deepest arm + 1 (normalizes ``last_tokens``)
@@ -59,7 +65,7 @@ class ReplayTables:
         return replace(self, **conv)
 
 
-# ---- per-tree reference (tests, and trees that carry scores) ------------------------------------------------------
+# ---- per-tree reference: the definition the vectorized tables are tested against ---------------------------
 
 
 def greedy_walk(tokens: Sequence[int], parents: Sequence[int], continuation: Sequence[int]) -> int:
@@ -232,34 +238,49 @@ def build_tables(
     lengths = np.minimum(np.diff(trace.traj_off), max_new)
     eos_ids = np.asarray(trace.header["model"]["eos_ids"])
     last = trace.traj[np.maximum(trace.traj_off[:-1] + lengths - 1, 0)]
+    eos = np.isin(last, eos_ids) & (lengths > 0)
     depths = np.array([0 if a.drafter is None else a.shape.depth for a in arms], dtype=np.int64)
+    max_tokens = int(depths.max(initial=0)) + 1
+    decay = float(trace.spec.decay if decay is None else decay)
+    ar_cost = np.asarray(cost_model.ar_cost(context), dtype=np.float32)
+    # outcomes: a step at position t of prompt p may commit up to rem = length - 1 - t more tokens
+    t = np.arange(npos) - trace.traj_off[prompt_of_pos]
+    rem = np.maximum(lengths[prompt_of_pos] - 1 - t, 0)  # [T]
+    tokens = np.minimum(accept + 1, rem)  # [K, T]
+    accepted = np.minimum(accept, tokens)
+    reward = (tokens * ar_cost / cost).astype(np.float32)
+    done = tokens >= rem
+    ends = np.where(done, np.where(eos[prompt_of_pos], 1, 2), 0).astype(np.int8)
+    hist_in = np.stack(
+        np.broadcast_arrays(*history_inputs(accepted, drafted, tokens, depths[:, None], max_tokens, decay))
+    ).astype(np.float32)
     return ReplayTables(
         accept=accept,
         drafted=drafted,
         cost=cost,
-        ar_cost=np.asarray(cost_model.ar_cost(context), dtype=np.float32),
+        ar_cost=ar_cost,
+        tokens=tokens,
+        accepted=accepted,
+        reward=reward,
+        ends=ends,
+        hist_in=hist_in,
         feat=trace.feat.astype(np.float32),
         offset=trace.traj_off[:-1].astype(np.int64),
         length=lengths.astype(np.int64),
-        eos=np.isin(last, eos_ids) & (lengths > 0),
+        eos=eos,
         arm_depth=depths,
         cols=history_columns(depths.tolist()),
         startable=np.flatnonzero(lengths >= 2).astype(np.int64),
         max_new_tokens=max_new,
-        max_tokens=int(depths.max(initial=0)) + 1,
-        decay=float(trace.spec.decay if decay is None else decay),
+        max_tokens=max_tokens,
+        decay=decay,
     )
 
 
 # ---- one step, for one episode (numpy scalars) or a batch (numpy / torch arrays) -----------------------------------
 
 
-def _xp(x: Any):
-    return torch if isinstance(x, torch.Tensor) else np
-
-
-@dataclass(frozen=True)
-class StepOut:
+class StepOut(NamedTuple):  # a tuple: cheap to build once per step
     tokens: Any  # committed tokens that count (up to end of sequence / max_new_tokens)
     accepted: Any  # accepted draft tokens among them
     drafted: Any
@@ -272,22 +293,22 @@ class StepOut:
 
 
 def replay_step(tb: ReplayTables, prompt, pos, hist, rows, action) -> StepOut:
-    """Apply ``action`` at ``(prompt, pos)``; updates ``hist[rows]`` in place."""
-    xp = _xp(tb.accept)
+    """Apply ``action`` at ``(prompt, pos)``: table lookups, and ``hist[rows]`` updated in place."""
     g = tb.offset[prompt] + pos
-    raw = tb.accept[action, g]
-    drafted = tb.drafted[action, g]
-    rem = tb.length[prompt] - 1 - pos  # tokens the episode may still commit
-    tokens = xp.minimum(raw + 1, rem)
-    accepted = xp.minimum(raw, tokens)
-    cost = tb.cost[action, g]
-    ar = tb.ar_cost[g]
-    reward = tokens * ar / cost
-    history_update(hist, rows, action, accepted, drafted, tokens, tb.arm_depth, tb.max_tokens, tb.decay)
-    new_pos = pos + tokens
-    done = new_pos >= tb.length[prompt] - 1
-    ends = tb.eos[prompt]
-    return StepOut(tokens, accepted, drafted, cost, ar, reward, new_pos, done & ends, done & ~ends)
+    tokens = tb.tokens[action, g]
+    ends = tb.ends[action, g]
+    history_update(hist, rows, action, tb.hist_in[:, action, g])
+    return StepOut(
+        tokens=tokens,
+        accepted=tb.accepted[action, g],
+        drafted=tb.drafted[action, g],
+        cost_s=tb.cost[action, g],
+        ar_cost_s=tb.ar_cost[g],
+        reward=tb.reward[action, g],
+        pos=pos + tokens,
+        terminated=ends == 1,
+        truncated=ends == 2,
+    )
 
 
 def replay_observe(tb: ReplayTables, prompt, pos, hist_rows, out) -> Any:

@@ -64,7 +64,8 @@ class SpecDecodeEnv(gym.Env):
     ``tokens`` are the committed tokens (accepted drafts + bonus, cut at end of sequence / ``max_new_tokens``),
     ``cost_s`` the step's seconds (cost model, or measured wall time with ``cost="measured"``) and ``ar_cost_s``
     the cost-model seconds of one autoregressive token at the same context. Plain decoding earns 1.0 per step.
-    ``info``: ``tokens``, ``accepted``, ``cost_s``, ``ar_cost_s``, ``arm`` (name), ``drafted``.
+    ``info``: ``tokens``, ``accepted``, ``cost_s``, ``ar_cost_s``, ``arm`` (name), ``drafted``; live, the step's
+    measured wall time is ``env.unwrapped.last_wall_s`` (not in ``info``, which is deterministic).
 
     ## Starting State
 
@@ -352,8 +353,8 @@ class SpecDecodeEnv(gym.Env):
             "cost_s": cost_s,
             "ar_cost_s": ar,
             "arm": arm.name,
-            "wall_s": res.wall_s,
         }
+        self.last_wall_s = res.wall_s  # measured; kept out of info, which must be deterministic
         return self._observe_live(), float(step_reward(tokens, cost_s, ar)), terminated, truncated, info
 
     def close(self) -> None:

@@ -125,7 +125,6 @@ class SpecDecodeVectorEnv(VectorEnv):
         self._prompt[rows] = self._array(draws, np.int64)
         self._pos[rows] = 0
         self._hist[rows] = 0.0
-        self._pending[rows] = False
 
     # ---- Gymnasium VectorEnv API ----
     def reset(self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None):
@@ -155,6 +154,7 @@ class SpecDecodeVectorEnv(VectorEnv):
         if mask.shape != (self.num_envs,):
             raise EnvError(f"reset_mask must have shape ({self.num_envs},), got {mask.shape}")
         self._reset_rows(mask, prompt)
+        self._pending = self._pending & ~self._array(mask, bool)
         return self._observe(), {}
 
     def step(self, actions: Any):
@@ -169,9 +169,7 @@ class SpecDecodeVectorEnv(VectorEnv):
                 f"action {bad} is not a valid arm index; valid: 0..{k - 1} ({', '.join(self.arm_names)})"
             )
         mode = self.metadata["autoreset_mode"]
-        pending = (
-            self._pending.copy() if self.device is None else self._pending.clone()
-        )  # _reset_rows clears it
+        pending = self._pending  # envs that ended last step (next-step autoreset)
         out = replay_step(self.tables, self._prompt, self._pos, self._hist, self._rows, a)
         self._pos = out.pos
         terminated, truncated = out.terminated, out.truncated

@@ -118,6 +118,9 @@ class SweepConfig:
     max_topk: int = _f(4, min=1)
     objective: str = _f("speedup", choices=("speedup", "tokens_per_s", "tau"))
     """Per prompt: speedup over ``ar`` (measured by the same worker, same prompt), tokens/s, or tau."""
+    ar_every_trial: bool = True
+    """live speedup: time ar on each prompt right before the method, in every trial (cancels the drift of a
+    shared machine, at twice the cost); false: once per worker and prompt."""
     backend: str = _f("live", choices=("live", "replay", "analytic"))
     """live: decode with the model; replay: the replay env (traces); analytic: the closed-form chain model."""
     sampler: str = _f("tpe", choices=("tpe", "random"))

@@ -131,7 +131,7 @@ def register(sub: Any) -> None:
     c = sub.add_parser("calibrate", help="measure this machine's step costs into a cost-model JSON")
     cli._model_args(c)
     c.add_argument("--drafters", default="ngram", help="comma list of drafters to time (default: ngram)")
-    c.add_argument("--reps", type=int, default=3, help="measurements per grid point (the median is kept)")
+    c.add_argument("--reps", type=int, default=4, help="measurements per grid point (the median is kept)")
     c.add_argument(
         "--out", default="runs/cost_model.json", help="output JSON (default: runs/cost_model.json)"
     )

@@ -102,13 +102,14 @@ class LiveEvaluator:
         prompts = select_prompts(cfg)
         for i, p in enumerate(tqdm(prompts, desc="  prompts", leave=False, disable=not self.progress)):
             ids = chat_prompt(loaded.tokenizer, p.text)
+            ar_tps = self._ar(cfg, p.prompt_id, ids) if objective == "speedup" else None
             out, wall, _, tau, _ = run_method(method, loaded, decoders, ids, cfg.decode.max_new_tokens,
                                               sampling=sampling, seed=cfg.seed + i)  # fmt: skip
             tps = len(out) / wall if wall > 0 else 0.0
             tokens, seconds = tokens + len(out), seconds + wall
             taus.append(tau or 0.0)
             if objective == "speedup":
-                value = tps / self._ar(cfg, p.prompt_id, ids)
+                value = tps / ar_tps
             elif objective == "tau":
                 value = tau or 0.0
             else:
@@ -126,7 +127,7 @@ class LiveEvaluator:
         from experiments.bench import run_method
         from experiments.methods import sampling_of
 
-        if prompt_id not in self.ar_tps:
+        if prompt_id not in self.ar_tps or cfg.sweep.ar_every_trial:
             out, wall, *_ = run_method(
                 "ar", self.loaded, {}, ids, cfg.decode.max_new_tokens, sampling=sampling_of(cfg)
             )

@@ -114,15 +114,15 @@ def train_policy(
         policy = train_predictor(env, **params)
     elif pcfg.kind == "sb3":
         from env.vector_env import make_sb3_vec_env
-        from policies.rl import train_sb3
+        from policies.rl import plateau, train_sb3
 
         # validation prompts (for the eval callback and the best checkpoint) come out of the training prompts
         cats = train_trace.header["prompts"]["categories"]
         val = split_prompts(train_trace.prompt_ids, cats, max(1, t.test_per_category // 2), seed + 1)
-        fit_trace, val_env = (
-            subset_trace(train_trace, val.train),
-            replay_env(subset_trace(train_trace, val.test), arms, cost_model),
-        )
+        if not val.test:  # too few prompts to spare any: validate on the training prompts themselves
+            val = type(val)(val.train, val.train, val.seed, val.test_per_category)
+        fit_trace = subset_trace(train_trace, val.train)
+        val_env = replay_env(subset_trace(train_trace, val.test), arms, cost_model)
         policy = cls(arms, obs_size, feats, **params)
         venv = make_sb3_vec_env(t.n_envs, trace=fit_trace, arms=arms, cost_model=cost_model)
         venv.seed(seed)
@@ -136,13 +136,12 @@ def train_policy(
             checkpoint_freq=t.checkpoint_freq, progress=progress,
         )  # fmt: skip
         summary["run_dir"] = str(out)
+        summary["plateau"] = plateau(out)
         summary["validation_prompts"] = len(val.test)
     else:
         policy = cls(arms, obs_size, feats, **params)
-    if hasattr(policy, "update") and pcfg.kind not in (
-        "sb3",
-        "predictor",
-    ):  # warm start: learn online in replay
+    learns_online = hasattr(policy, "update") and getattr(policy, "warm_start", True)
+    if learns_online:  # warm start: learn online in replay, over the training prompts again and again
         steps = 0
         while steps < t.total_timesteps:
             score = score_policy(policy, env, learn=True)
@@ -192,6 +191,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"{name:<16} {summary['kind']:<12} train replay speedup {summary['train_replay_speedup']:.3f}  "
                 f"({summary['seconds']:.0f} s) -> {path}"
             )
+            if summary.get("plateau"):
+                pl = summary["plateau"]
+                print(
+                    f"{'':<16} plateau (within 1% of the best validation speedup {pl['best']:.3f}) at "
+                    f"{pl['timesteps']} steps, {pl['cpu_s'] / 60:.1f} CPU-min, {pl['wall_s'] / 60:.1f} wall-min"
+                )
     if args.json:
         print(json.dumps({"policies": rows}))
     return 0
@@ -242,6 +247,9 @@ def evaluate(
     policies = [load_policy(p) for p in policy_paths]
     if not policies:
         raise _user_error("no policy to evaluate (none given, and none shipped in policies/data)")
+    labels = [policy_label(p, path) for p, path in zip(policies, policy_paths)]
+    if len(set(labels)) != len(labels):
+        raise _user_error(f"two policy files share a name ({labels}); the table names them by file: rename one")
     trace_file = trace_path or policies[0].meta.get("trace")
     trace = load_trace(trace_file)
     cm = load_cost_model(cost_model or policies[0].meta.get("cost_model"))

@@ -13,8 +13,9 @@ best trial exported as a config (``best.toml``, runnable with ``draftgym run``) 
 - **Workers**: each loops "fail stale trials; stop when ``sweep.n_trials`` trials are finished (complete or pruned);
   wait while the rest are running; else run one trial". A trial that finds ``n_trials`` unfailed trials ahead of it
   (a race between workers at the end) marks itself FAIL (``surplus``) before evaluating anything, so the study
-  finishes with exactly ``n_trials`` finished trials. ``--workers N`` starts N such processes here; on another
-  machine, run the same command with the same ``--storage``. Rerunning the command resumes the study.
+  finishes with exactly ``n_trials`` finished trials. ``--workers N`` starts N such processes here (seeds
+  ``sweep.seed + i``); on another machine, run the same command with the same ``--storage`` and another seed
+  (``--set sweep.seed=K``), so that its sampler draws other points. Rerunning the command resumes the study.
 """
 
 from __future__ import annotations
@@ -108,7 +109,9 @@ def _pruner(cfg: Config) -> Any:
     import optuna
 
     if cfg.sweep.pruner == "wilcoxon":
-        return optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2)
     if cfg.sweep.pruner == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1)
     return optuna.pruners.NopPruner()
@@ -134,7 +137,8 @@ def open_study(cfg: Config, url: str, *, worker: int = 0, create: bool = True) -
         study.set_user_attr("config", to_toml(cfg))
         study.enqueue_trial(default_params(cfg), user_attrs={"default": True}, skip_if_exists=True)
     elif stored is not None:
-        diff = diff_configs(load_config(None, text=stored), cfg, ignore=("sweep.n_trials",))
+        # n_trials may grow (extend the study); seeds differ per machine (distinct samples from each)
+        diff = diff_configs(load_config(None, text=stored), cfg, ignore=("sweep.n_trials", "sweep.seed"))
         if diff:
             raise ConfigError(
                 f"study {name!r} in {mask(url)} was created from another config (differs in "
@@ -353,12 +357,13 @@ def format_trials(trials: list[dict[str, Any]], cfg: Config, top: int = 10) -> s
         key=lambda t: (t["state"] != "COMPLETE", -t["value"]),
     )[:top]
     keys = list(dict.fromkeys(k for t in rows for k in t["params"]))
+    width = {k: max(10, len(k) + 2) for k in keys}
     head = f"{'trial':>5}  {'state':<9}{cfg.sweep.objective:>9}  {'method':<20}" + "".join(
-        f"{k:>16}" for k in keys
+        f"{k:>{width[k]}}" for k in keys
     )
     lines = [head, "-" * len(head)]
     for t in rows:
-        vals = "".join(f"{_fmt(t['params'].get(k)):>16}" for k in keys)
+        vals = "".join(f"{_fmt(t['params'].get(k)):>{width[k]}}" for k in keys)
         mark = " (config as written)" if t["default"] else ""
         lines.append(
             f"{t['number']:>5}  {t['state']:<9}{t['value']:>9.3f}  {str(t['method']):<20}{vals}{mark}"
@@ -391,7 +396,7 @@ def cmd_sweep(args: Any) -> int:
         return 0
     if args.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
-    prepare_run_dir(base, out, ignore=("sweep.n_trials",))
+    prepare_run_dir(base, out, ignore=("sweep.n_trials", "sweep.seed"))
     if args.workers == 1:
         work(args.config, sets, url, out, progress=progress)
     else:

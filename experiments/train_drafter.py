@@ -32,14 +32,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--window", type=int, default=320, help="positions kept per sequence (prompt tail + answer)"
     )
+    p.add_argument("--train-window", type=int, default=192, help="positions per sequence the head trains on")
     p.add_argument("--capture-layers", default="2,4,8", help="early-exit layers whose states the data keep")
     p.add_argument("--exit-layer", type=int, default=4, help="early_exit: target layers before the adapter")
-    p.add_argument("--draft-vocab", type=int, default=8192, help="size of the reduced draft vocabulary")
-    p.add_argument("--levels", type=int, default=3, help="eagle: training-time-test unroll depth")
+    p.add_argument("--draft-vocab", type=int, default=6144, help="size of the reduced draft vocabulary")
+    p.add_argument("--levels", type=int, default=2, help="eagle: training-time-test unroll depth")
     p.add_argument(
         "--cpu-minutes", type=float, default=8.0, help="training budget in CPU minutes (data excluded)"
     )
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--prompt-frac", type=float, default=1.0, help="share of prompt positions in the loss")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--work", default=None, help="folder for the data and the resumable training state")
@@ -117,9 +119,10 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         exit_layer=args.exit_layer,
         levels=args.levels,
         lr=args.lr,
+        prompt_frac=args.prompt_frac,
         cpu_minutes=args.cpu_minutes,
         seed=args.seed,
-        window=args.window,
+        window=min(args.train_window, args.window),
     )
     meta = train_head(
         loaded.model, loaded.model_id, work, out, settings, work_dir=work, data_info=info, progress=progress

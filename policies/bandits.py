@@ -37,6 +37,8 @@ class ArmStats:
             raise PolicyError(f"discount must be in (0, 1], got {discount}")
         if window < 0:
             raise PolicyError(f"window must be >= 0, got {window}")
+        if window and discount < 1:
+            raise PolicyError("a bandit forgets by discount or by window, not both")
         self.k, self.discount, self.window = k, float(discount), int(window)
         self.counts = np.zeros(k)
         self.sums = np.zeros(k)

@@ -13,8 +13,11 @@ The saved file is a zip archive:
   ``obs_size``, ``features`` (observation feature names, when known), ``params`` (the constructor's JSON
   arguments), ``versions`` (library versions at save time), ``created`` and ``payload`` (sha256 of every other
   member, so a truncated or altered file fails at load with a clear message);
-- payload members the policy type needs (``state.json`` for bandits, ``model.zip`` for stable-baselines3,
-  ``model.pkl`` for scikit-learn).
+- payload members the policy type needs (``state.json`` / ``state.npz`` for bandits, ``model.npz`` for the
+  scikit-learn predictors, ``model.zip`` for stable-baselines3).
+
+The checksums catch damage, not tampering: a stable-baselines3 model carries pickled objects, so load policy
+files only from sources you trust, as with any model checkpoint.
 """
 
 from __future__ import annotations

@@ -68,6 +68,7 @@ class HFSchedulePolicy(BasePolicy):
 
     type_name = "hf_schedule"
     kind = "heuristic"
+    warm_start = False  # its update only moves the current episode's length: nothing to learn ahead of time
 
     def __init__(
         self,

@@ -73,7 +73,7 @@ def rollout_actions(tb: ReplayTables, prompts: np.ndarray, choose) -> tuple[np.n
     the episodes still running. Returns per-prompt (ar_s, cost_s, tokens, steps) and arm counts [K]."""
     b = prompts.shape[0]
     k = tb.accept.shape[0]
-    f = tb.feat.shape[1] + 1 + len(tb.cols)
+    f = tb.feat.shape[1] + 1 + np.arange(k + 2)[tb.cols].size  # position, position features, history columns
     pos = np.zeros(b, dtype=np.int64)
     hist = history_init(b, k)
     ar_s, cost_s = np.zeros(b), np.zeros(b)

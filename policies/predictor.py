@@ -1,7 +1,10 @@
 """Accept-length predictors (AdaEAGLE, arXiv 2412.18910; dynamic depth decoding, arXiv 2409.00142): a
 scikit-learn regressor, trained from recorded traces, predicts from the observation how many draft tokens each arm
 would get accepted and what its step would cost (in autoregressive steps); the policy picks the arm with the most
-predicted tokens per unit cost, ``(accept_k + 1) / cost_k``.
+predicted tokens per unit cost, ``(accept_k + 1) / cost_k`` (``objective="ratio"``), or by default the arm whose
+tokens most exceed what its cost buys at the policy's own speedup ``rate``, ``accept_k + 1 - rate * cost_k``
+(``"margin"``: maximizing a ratio of sums step by step, Dinkelbach 1967; the ratio rule is myopic, preferring a
+cheap one-token step to a long draft that pays more in total).
 
 Training data comes from replay (``env.replay``): at every visited (prompt, position) the trace gives the true
 accepted length and cost of *every* arm (full information), so one visited state labels all K outputs. The states
@@ -25,6 +28,7 @@ from policies.base import BasePolicy, PolicyError, npz_bytes, read_npz
 from policies.oracle import rollout_actions
 
 MODELS = ("mlp", "ridge")
+OBJECTIVES = ("margin", "ratio")
 
 
 class PredictorPolicy(BasePolicy):
@@ -42,9 +46,14 @@ class PredictorPolicy(BasePolicy):
         layers: int = 2,
         alpha: float = 1e-4,
         max_iter: int = 300,
+        objective: str = "margin",
+        rate: float = 1.0,
         seed: int = 0,
     ) -> None:
         super().__init__(arms, obs_size, features)
+        if objective not in OBJECTIVES:
+            raise PolicyError(f"unknown predictor objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+        self.objective, self.rate = objective, float(rate)
         if model not in MODELS:
             raise PolicyError(f"unknown predictor model {model!r}; valid: {', '.join(MODELS)}")
         if self.obs_size < 1:
@@ -64,6 +73,8 @@ class PredictorPolicy(BasePolicy):
             "layers": self.layers,
             "alpha": self.alpha,
             "max_iter": self.max_iter,
+            "objective": self.objective,
+            "rate": self.rate,
             "seed": self.seed,
         }
 
@@ -83,8 +94,9 @@ class PredictorPolicy(BasePolicy):
         self.x_mean, self.x_scale = x.mean(0), np.maximum(x.std(0), 1e-6)
         self.y_mean, self.y_scale = y.mean(0), np.maximum(y.std(0), 1e-6)
         xs, ys = (x - self.x_mean) / self.x_scale, (y - self.y_mean) / self.y_scale
-        with threadpool_limits(1), warnings.catch_warnings():  # one BLAS thread: small matrices, shared machine
-            warnings.simplefilter("ignore", ConvergenceWarning)  # max_iter is the budget; early stopping decides
+        # one BLAS thread (small matrices, a shared machine); max_iter is a budget, so no convergence warning
+        with threadpool_limits(1), warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
             if self.model == "ridge":
                 reg = Ridge(alpha=self.alpha).fit(xs, ys)
                 self.weights = [(reg.coef_.T.copy(), np.atleast_1d(reg.intercept_).copy())]
@@ -113,12 +125,17 @@ class PredictorPolicy(BasePolicy):
         return y[..., :k], y[..., k:]
 
     def scores(self, obs: np.ndarray) -> np.ndarray:
-        """Predicted tokens per unit cost of every arm."""
+        """Every arm's score: predicted tokens per unit cost (``ratio``), or tokens beyond what the step's cost
+        buys at the policy's own rate (``margin``: ``tokens - rate * cost``)."""
         acc, cost = self.predict(obs)
-        return (np.maximum(acc, 0.0) + 1.0) / np.maximum(cost, 0.05)
+        tokens, cost = np.maximum(acc, 0.0) + 1.0, np.maximum(cost, 0.05)
+        return tokens / cost if self.objective == "ratio" else tokens - self.rate * cost
 
     def act(self, obs: np.ndarray | None) -> int:
         return int(np.argmax(self.scores(self._check_obs(obs))))
+
+    def act_batch(self, obs: np.ndarray) -> np.ndarray:
+        return np.argmax(self.scores(obs), axis=-1)
 
     # ---- saving ----
     def state(self) -> dict[str, bytes]:
@@ -194,7 +211,7 @@ def train_predictor(
         return r.integers(k, size=obs.shape[0])
 
     def learned(obs: np.ndarray, r: np.random.Generator) -> np.ndarray:
-        acts = np.argmax(policy.scores(obs), axis=-1)
+        acts = policy.act_batch(obs)
         explore = r.random(obs.shape[0]) < epsilon
         return np.where(explore, r.integers(k, size=obs.shape[0]), acts)
 
@@ -207,4 +224,30 @@ def train_predictor(
             gs.append(g)
         x_all, g_all = np.concatenate(xs), np.concatenate(gs)
         policy.fit(x_all.astype(np.float64), *labels(tb, g_all))
+        if policy.objective == "margin":
+            fit_rate(policy, tb, prompts)
     return policy
+
+
+def fit_rate(policy: PredictorPolicy, tb: ReplayTables, prompts: np.ndarray, iters: int = 4) -> float:
+    """Dinkelbach's iteration for the ``margin`` objective: the best rate is the speedup of the policy that
+    maximizes ``tokens - rate * cost`` at each step. Start from the ratio rule's speedup, replay the training
+    prompts with each new rate, keep the rate whose policy was fastest."""
+
+    def speedup() -> float:
+        ar_s, cost_s, *_ = rollout_actions(tb, prompts, lambda obs, p, pos: policy.act_batch(obs))
+        return float(ar_s.sum() / cost_s.sum())
+
+    policy.objective = "ratio"
+    rate = speedup()
+    policy.objective = "margin"
+    best = (-np.inf, rate)
+    for _ in range(iters):
+        policy.rate = rate
+        got = speedup()
+        best = max(best, (got, rate))
+        if abs(got - rate) < 1e-3:
+            break
+        rate = got
+    policy.rate = best[1]
+    return policy.rate

@@ -118,3 +118,10 @@ def test_tiny_calibration(fp32_model):
     assert cm.model_id == "smollm2-135m-instruct" and cm.chain.nodes == (1, 3) and cm.tree.nodes == (1, 5)
     assert set(cm.drafters["ngram"]["shapes"]) == {"ngram-d2", "ngram-d4-k2"}
     assert 0 < cm.ar_cost(16) < 10 and len(cm.meta["measurements"]) == 6
+
+
+def test_isotonic_pools_violators():
+    from env.cost import isotonic
+
+    assert isotonic([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert isotonic([5.0, 1.0, 1.0]) == [7 / 3] * 3

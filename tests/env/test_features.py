@@ -14,6 +14,7 @@ from env.features import (
     feature_names,
     history_columns,
     history_init,
+    history_inputs,
     history_update,
     observation_bounds,
     position_features,
@@ -57,11 +58,11 @@ def test_history_update_known_values():
     depths = np.array([0, 2, 4])
     hist = history_init(1, 3)
     # arm 2 (depth 4) accepted 2 of 4 drafted, committed 3 tokens; decay 0.5
-    history_update(hist, 0, 2, np.int64(2), np.int64(4), np.int64(3), depths, 5, 0.5)
-    assert np.allclose(hist[0], [3 / 5, 0.25, 0.0, 0.0, 0.25])
+    history_update(hist, 0, 2, history_inputs(2, 4, 3, depths[2], 5, 0.5))
+    assert np.allclose(hist[0], [0.0, 0.0, 0.25, 3 / 5, 0.25])
     # the none arm drafts nothing: the acceptance averages stay
-    history_update(hist, 0, 0, np.int64(0), np.int64(0), np.int64(1), depths, 5, 0.5)
-    assert np.allclose(hist[0], [1 / 5, 0.25, 0.0, 0.0, 0.25])
+    history_update(hist, 0, 0, history_inputs(0, 0, 1, depths[0], 5, 0.5))
+    assert np.allclose(hist[0], [0.0, 0.0, 0.25, 1 / 5, 0.25])
 
 
 def test_history_update_numpy_equals_torch_batched():
@@ -75,18 +76,9 @@ def test_history_update_numpy_equals_torch_batched():
         drafted = depths[arm] * rng.integers(0, 2, size=b)
         acc = (drafted * rng.random(b)).astype(np.int64)
         tok = acc + 1
-        history_update(hn, np.arange(b), arm, acc, drafted, tok, depths, 9, 0.5)
-        history_update(
-            ht,
-            torch.arange(b),
-            torch.as_tensor(arm),
-            torch.as_tensor(acc),
-            torch.as_tensor(drafted),
-            torch.as_tensor(tok),
-            torch.as_tensor(depths),
-            9,
-            0.5,
-        )
+        history_update(hn, np.arange(b), arm, history_inputs(acc, drafted, tok, depths[arm], 9, 0.5))
+        t = [torch.as_tensor(x) for x in (arm, acc, drafted, tok, depths[arm])]
+        history_update(ht, torch.arange(b), t[0], history_inputs(t[1], t[2], t[3], t[4], 9, 0.5))
     assert np.allclose(hn, ht.numpy(), atol=1e-6)
     assert hn.min() >= 0.0 and hn.max() <= 1.0
 
@@ -95,16 +87,17 @@ def test_observation_layout_names_and_bounds():
     spec = FeatureSpec()
     names = feature_names(spec, ["none", "ngram-d2", "ngram-d8"], [0, 2, 8])
     assert names[:5] == ["position", "entropy", "top1_prob", "top1_margin", "match_len"]
-    assert names[-4:] == ["last_tokens", "accept_rate_recent", "accept/ngram-d2", "accept/ngram-d8"]
+    assert names[-4:] == ["accept/ngram-d2", "accept/ngram-d8", "last_tokens", "accept_rate_recent"]
     cols = history_columns([0, 2, 8])
-    assert cols.tolist() == [0, 1, 3, 4]
+    assert cols == slice(1, 5)  # "none" first: a contiguous slice
+    assert history_columns([4, 0, 8]).tolist() == [0, 2, 3, 4]
     low, high = observation_bounds(spec, len(names))
     assert low[names.index("hidden_0")] == -1.0 and low[0] == 0.0 and np.all(high == 1.0)
-    hist = np.arange(5, dtype=np.float32)[None] / 10
+    hist = np.arange(5, dtype=np.float32)[None] / 10  # [none, d2, d8, last_tokens, accept_rate_recent]
     pos_feat = np.full(4 + spec.proj_dim, 0.5, dtype=np.float32)
     obs = assemble(0.25, pos_feat, hist[0], cols, np.empty(len(names), np.float32))
     assert obs[0] == 0.25 and np.all(obs[1 : 5 + spec.proj_dim] == 0.5)
-    assert np.allclose(obs[-4:], [0.0, 0.1, 0.3, 0.4])
+    assert np.allclose(obs[-4:], [0.1, 0.2, 0.3, 0.4])
 
 
 def test_builder_observation_in_bounds():

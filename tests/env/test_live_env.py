@@ -105,7 +105,7 @@ def test_measured_cost_and_a_trace_for_another_model(fp32_model, prompts, toy_tr
     e = SpecDecodeEnv("live", model=fp32_model, workload=prompts[:1], max_new_tokens=4, cost="measured")
     e.reset(seed=0)
     _, r, *_, info = e.step(3)
-    assert info["cost_s"] == info["wall_s"] and r == pytest.approx(
+    assert info["cost_s"] == e.last_wall_s and r == pytest.approx(
         info["tokens"] * info["ar_cost_s"] / info["cost_s"]
     )
     with pytest.raises(TraceError, match="recorded for model toy"):
@@ -140,3 +140,20 @@ def test_record_resumes_after_a_kill(fp32_model, prompts, tmp_path, monkeypatch)
     back = load_trace(out)
     assert back.header["model"]["model_id"] == "smollm2-135m-instruct" and back.drafters["ngram"]["exact"]
     assert np.array_equal(back.traj, trace.traj) and back.feat.shape == (back.traj.shape[0], 12)
+
+
+def test_live_sampling_is_reproducible_from_the_seed(fp32_model, prompts):
+    e = SpecDecodeEnv(
+        "live",
+        model=fp32_model,
+        workload=prompts,
+        max_new_tokens=8,
+        arms=ARMS,
+        sampling={"temperature": 0.8, "top_p": 0.95},
+    )
+    actions = [2, 3, 1, 5, 4, 2, 3, 1]
+    a = _episode(e, prompts[1].prompt_id, actions)
+    b = _episode(e, prompts[1].prompt_id, actions)
+
+    assert len(a) == len(b)
+    assert all(np.array_equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(a, b))

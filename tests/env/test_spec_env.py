@@ -96,7 +96,9 @@ def test_bad_arguments(toy_trace, toy_cost):
     kw = {"trace": toy_trace, "cost_model": toy_cost}
     with pytest.raises(DrafterError, match="cannot read arm"):
         SpecDecodeEnv(arms=["ngram-dX"], **kw)
-    with pytest.raises(DrafterError, match="unknown drafter 'eagle'; known drafters: .*ngram"):
+    with pytest.raises(DrafterError, match="unknown drafter 'nope'; known drafters: .*ngram"):
+        SpecDecodeEnv(arms=["nope-d4"], **kw)
+    with pytest.raises(TraceError, match="needs drafter 'eagle', which the trace did not record"):
         SpecDecodeEnv(arms=["eagle-d4"], **kw)
     with pytest.raises(DrafterError, match="more than once"):
         SpecDecodeEnv(arms=["ngram-d4", "ngram-d4"], **kw)

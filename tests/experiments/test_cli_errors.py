@@ -18,7 +18,7 @@ def _run(*args, stdin=""):
     "args, needle",
     [
         (["generate", ""], "prompt is empty"),
-        (["generate", "hi", "--drafter", "nope"], "known drafters: ngram, none"),
+        (["generate", "hi", "--drafter", "nope"], "known drafters:"),
         (["generate", "hi", "--depth", "0"], "--depth must be >= 1"),
         (["generate", "hi", "--model", "/no/such/model"], "does not exist"),
         (["generate", "hi", "--dtype", "fp16"], "invalid choice"),

@@ -1,0 +1,92 @@
+"""Policies plugged into the live decoder (embedded model, fp32): the output stays the greedy text whatever the
+policy picks, online learners get the env's reward and info every step, the observation has the env's size, and
+``draftgym generate --policy`` / ``bench --policy`` run a saved file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from env.decoder import SpeculativeDecoder, chat_prompt
+from env.engine import NO_DRAFT, parse_arm
+from env.workloads import load_workload
+from policies.bandits import UCB1
+from policies.linucb import LinUCB
+
+pytestmark = pytest.mark.model
+
+ARMS = ["none", "ngram-d2", "ngram-d8", "ngram-d6-k3-b12"]
+
+
+class Recorder(UCB1):
+    """UCB1 that keeps what the decoder hands it."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.seen = []
+
+    def update(self, obs, action, reward, info=None):
+        self.seen.append((obs, action, reward, info))
+        super().update(obs, action, reward, info)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(fp32_model):
+    text = next(p for p in load_workload() if p.category == "summarization").text
+    return chat_prompt(fp32_model.tokenizer, text)
+
+
+def test_a_bandit_changes_the_speed_not_the_text(fp32_model, prompt_ids):
+    expected = SpeculativeDecoder(fp32_model, [NO_DRAFT]).generate(prompt_ids, max_new_tokens=48).token_ids
+    policy = Recorder(ARMS, scale=4.0)
+    dec = SpeculativeDecoder(fp32_model, [parse_arm(a) for a in ARMS], policy=policy)
+    g = dec.generate(prompt_ids, max_new_tokens=48)
+    assert g.token_ids == expected
+    assert len(policy.seen) == g.stats.steps - 1 and len(set(g.arms)) > 1  # every arm tried (round robin)
+    for obs, action, reward, info in policy.seen:
+        assert obs.shape == (len(dec.feature_names),) and 0 <= action < len(ARMS)
+        assert set(info) >= {"tokens", "accepted", "drafted", "cost_s", "ar_cost_s", "arm"}
+        assert info["arm"] == ARMS[action] and reward == pytest.approx(
+            info["tokens"] * info["ar_cost_s"] / info["cost_s"]
+        )
+    assert sum(i["tokens"] for *_, i in policy.seen) == len(expected) - 1  # the first token is the prefill's
+
+
+def test_a_contextual_bandit_reads_the_decoders_observation(fp32_model, prompt_ids, tmp_path):
+    from policies.static import StaticPolicy
+
+    names = SpeculativeDecoder(
+        fp32_model, [parse_arm(a) for a in ARMS], policy=StaticPolicy(ARMS, arm="none")
+    ).feature_names
+    policy = LinUCB(ARMS, len(names), names, alpha=0.5, scale=4.0)
+    dec = SpeculativeDecoder(fp32_model, [parse_arm(a) for a in ARMS], policy=policy)
+    dec.generate(prompt_ids, max_new_tokens=32)
+    assert policy.pulls.sum() > 0
+    path = tmp_path / "linucb.zip"
+    policy.save(path)
+
+    from experiments.cli import main
+
+    out = tmp_path / "gen.json"
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["generate", "Summarize: the cat sat on the mat. The cat sat.", "--policy", str(path),
+                     "--max-new-tokens", "16", "--dtype", "fp32", "--json"])  # fmt: skip
+    assert code == 0
+    row = json.loads(buf.getvalue())
+    assert row["stats"]["new_tokens"] >= 1 and set(row["arms"]) <= set(ARMS)
+    out.write_text(buf.getvalue())
+
+
+def test_generate_refuses_a_policy_for_other_features(fp32_model, tmp_path, capsys):
+    path = tmp_path / "bad.zip"
+    LinUCB(ARMS, 7, [f"f{i}" for i in range(7)]).save(path)
+    from experiments.cli import main
+
+    code = main(["generate", "hello", "--policy", str(path), "--dtype", "fp32"])
+    err = capsys.readouterr().err
+    assert code == 2 and "expects observations of size 7" in err and err.count("\n") == 1

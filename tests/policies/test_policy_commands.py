@@ -1,0 +1,83 @@
+"""``draftgym train`` and ``draftgym evaluate --no-live`` on the synthetic trace, through the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.cli import main
+
+ARMS = '["none", "ngram-d2", "ngram-d4", "ngram-d8", "ngram-d16"]'
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    from tests.policies.synthetic import synthetic_cost_model, synthetic_trace
+
+    d = tmp_path_factory.mktemp("cmd")
+    synthetic_trace().save(d / "trace.npz")
+    synthetic_cost_model().save(d / "cost.json")
+    train = f'trace = "{d / "trace.npz"}", cost_model = "{d / "cost.json"}", test_per_category = 4'
+    cfg = f"""
+name = "synth"
+[policies.static]
+kind = "static"
+arms = {ARMS}
+train = {{ {train} }}
+[policies.ucb]
+kind = "ucb1"
+arms = {ARMS}
+params = {{ scale = 4.0 }}
+train = {{ {train}, total_timesteps = 500 }}
+[policies.pred]
+kind = "predictor"
+arms = {ARMS}
+params = {{ model = "ridge" }}
+train = {{ {train} }}
+[policies.ppo]
+kind = "sb3"
+arms = {ARMS}
+params = {{ algo = "ppo", n_steps = 32 }}
+train = {{ {train}, total_timesteps = 1024, n_envs = 8, eval_freq = 512, checkpoint_freq = 512 }}
+"""
+    (d / "cfg.toml").write_text(cfg)
+    return d
+
+
+def test_train_then_evaluate(files, capsys):
+    assert main(["train", str(files / "cfg.toml"), "--out", str(files / "run"), "--json"]) == 0
+    trained = json.loads(capsys.readouterr().out)["policies"]
+    assert [p["policy"] for p in trained] == ["static", "ucb", "pred", "ppo"]
+    paths = [files / "run" / "policies" / f"{p['policy']}.zip" for p in trained]
+    assert all(p.is_file() for p in paths)
+    assert (files / "run" / "train" / "ppo" / "tb").is_dir()
+    out = files / "eval.json"
+    assert main(["evaluate", *map(str, paths), "--no-live", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "oracle:per-step-greedy" in table and "static:" in table
+    rows = json.loads(out.read_text())["rows"]
+    kinds = {r["policy"]: r["kind"] for r in rows}
+    assert kinds["ucb"] == "bandit" and kinds["pred"] == "predictor" and kinds["ppo"] == "rl"
+    assert sum(k == "oracle" for k in kinds.values()) == 4
+    assert all(r["live_speedup"] is None and r["replay_speedup"] > 0.9 for r in rows)
+    assert set(rows[0]) >= {"policy", "kind", "replay_speedup", "live_speedup"}
+    res = json.loads(out.read_text())
+    assert len(res["settings"]["test_prompts"]) == 8  # 4 per category, held out from every training above
+    pred = next(r for r in rows if r["policy"] == "pred")
+    assert pred["replay_speedup"] > rows[0]["replay_speedup"]  # beats the best static arm on held-out prompts
+
+
+def test_user_errors_are_one_line(files, tmp_path, capsys):
+    bad = tmp_path / "bad.zip"
+    bad.write_bytes(b"not a zip")
+    assert main(["evaluate", str(bad), "--no-live"]) == 2
+    err = capsys.readouterr().err
+    assert "not a readable draftgym policy file" in err and err.count("\n") == 1
+    assert main(["train", str(files / "cfg.toml"), "--policy", "nope"]) == 2
+    assert "no [policies.nope]" in capsys.readouterr().err
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[policies.x]\nkind = "hf_schedule"\narms = ["ngram-d4", "none"]\n'
+                   f'train = {{ trace = "{files / "trace.npz"}", cost_model = "{files / "cost.json"}" }}\n')  # fmt: skip
+    assert main(["train", str(cfg), "--out", str(tmp_path / "r")]) == 2
+    assert "'none' first" in capsys.readouterr().err
