@@ -66,21 +66,7 @@ def generate_data(
     order = sorted(prompts, key=lambda p: len(p[1]))  # similar lengths batch together: little padding
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     cpu0 = time.process_time()
-    captured: dict[str, list[torch.Tensor]] = {}
-
-    def hook(name: str):
-        def fn(_module, _inputs, output):
-            captured.setdefault(name, []).append(
-                (output[0] if isinstance(output, tuple) else output).detach()
-            )
-
-        return fn
-
-    inner = model.model
-    handles = [inner.norm.register_forward_hook(hook("final"))]
-    handles += [
-        inner.layers[layer - 1].register_forward_hook(hook(f"exit{layer}")) for layer in capture_layers
-    ]
+    captured, handles = _hooks(model, capture_layers)
     todo = [(i, b) for i, b in enumerate(batches) if not (out_dir / f"part-{i:04d}.safetensors").is_file()]
     bar = tqdm(
         total=len(batches), initial=len(batches) - len(todo), desc="distill data", disable=not progress
@@ -129,7 +115,82 @@ def generate_data(
         for h in handles:
             h.remove()
         bar.close()
-    cpu = time.process_time() - cpu0
+    return _log_info(out_dir, time.process_time() - cpu0, prompts, max_new_tokens, window, capture_layers)
+
+
+def _hooks(model: Any, capture_layers: tuple[int, ...]):
+    """Forward hooks that append, per forward call, the final-norm output ("final") and the residual stream after
+    each capture layer ("exitL") to lists; returns (the lists by name, the hook handles)."""
+    captured: dict[str, list[torch.Tensor]] = {}
+
+    def hook(name: str):
+        def fn(_module, _inputs, output):
+            out = output[0] if isinstance(output, tuple) else output
+            captured.setdefault(name, []).append(out.detach())
+
+        return fn
+
+    inner = model.model
+    handles = [inner.norm.register_forward_hook(hook("final"))]
+    handles += [inner.layers[n - 1].register_forward_hook(hook(f"exit{n}")) for n in capture_layers]
+    return captured, handles
+
+
+def prefill_data(
+    model: Any,
+    prompts: list[tuple[str, list[int]]],
+    out_dir: Path,
+    *,
+    max_len: int = 448,
+    batch_size: int = 8,
+    capture_layers: tuple[int, ...] = (2, 4, 8),
+    pad_id: int = 2,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Teacher-forced data, several times cheaper per position than generation: one forward over the first
+    ``max_len`` tokens of each prompt (a cut text is still text; its features are what the target computes for that
+    prefix). EAGLE trains on fixed text as well as on self-generated text (EAGLE, section 5.3). Same file format as
+    ``generate_data``, with no answer (``answer_start`` = length)."""
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    order = sorted(((pid, ids[:max_len]) for pid, ids in prompts), key=lambda p: len(p[1]))
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    cpu0 = time.process_time()
+    captured, handles = _hooks(model, capture_layers)
+    todo = [(i, b) for i, b in enumerate(batches) if not (out_dir / f"part-{i:04d}.safetensors").is_file()]
+    bar = tqdm(total=len(batches), initial=len(batches) - len(todo), desc="prefill data", disable=not progress)
+    try:
+        for i, batch in todo:
+            captured.clear()
+            width = max(len(ids) for _, ids in batch)
+            inp = torch.tensor([ids + [pad_id] * (width - len(ids)) for _, ids in batch])  # right padding
+            att = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for _, ids in batch])
+            with torch.inference_mode():
+                model.model(input_ids=inp, attention_mask=att)
+            tensors: dict[str, torch.Tensor] = {}
+            for b, (_, ids) in enumerate(batch):
+                n = len(ids)
+                tensors[f"{b}/tokens"] = torch.tensor(ids, dtype=torch.int32)
+                for name, x in captured.items():
+                    f = x[0][b, :n].to(torch.float16).clone()
+                    f[-1] = 0  # as in generate_data: the last token has no feature in the data
+                    tensors[f"{b}/{name}"] = f
+            meta = [{"prompt_id": pid, "answer_start": len(ids), "answer_len": 0} for pid, ids in batch]
+            tmp = out_dir / f"part-{i:04d}.tmp"
+            save_file(tensors, str(tmp), metadata={"meta": json.dumps(meta)})
+            os.replace(tmp, out_dir / f"part-{i:04d}.safetensors")
+            bar.update(1)
+    finally:
+        for h in handles:
+            h.remove()
+        bar.close()
+    return _log_info(out_dir, time.process_time() - cpu0, prompts, 0, max_len, capture_layers)
+
+
+def _log_info(out_dir: Path, cpu: float, prompts, max_new_tokens: int, window: int, capture_layers) -> dict:
+    """Add this call's CPU seconds to ``out_dir/info.json`` (summed over resumed calls) and return it."""
     info_path = out_dir / "info.json"
     info = json.loads(info_path.read_text()) if info_path.is_file() else {"cpu_s": 0.0}
     info.update(
@@ -143,11 +204,11 @@ def generate_data(
     return info
 
 
-def load_data(out_dir: Path) -> list[Sequence]:
+def load_data(*dirs: Path) -> list[Sequence]:
     from safetensors import safe_open
 
     seqs = []
-    for part in sorted(out_dir.glob("part-*.safetensors")):
+    for part in sorted(p for d in dirs for p in d.glob("part-*.safetensors")):
         with safe_open(str(part), framework="pt") as fh:
             meta = json.loads(fh.metadata()["meta"])
             for b, m in enumerate(meta):
@@ -163,15 +224,17 @@ def load_data(out_dir: Path) -> list[Sequence]:
                     )
                 )
     if not seqs:
-        raise DrafterError(f"no distillation data in {out_dir}")
+        raise DrafterError(f"no distillation data in {', '.join(map(str, dirs))}")
     return seqs
 
 
 def split(seqs: list[Sequence], heldout_every: int = 10) -> tuple[list[Sequence], list[Sequence]]:
-    """Held-out split by prompt: every ``heldout_every``-th sequence (in prompt-id order)."""
-    ordered = sorted(seqs, key=lambda s: s.prompt_id)
-    held = [s for i, s in enumerate(ordered) if i % heldout_every == heldout_every - 1]
-    return [s for i, s in enumerate(ordered) if i % heldout_every != heldout_every - 1], held
+    """Held-out split by prompt: every ``heldout_every``-th generated sequence (in prompt-id order); the
+    teacher-forced prompt sequences (no answer) all train."""
+    answered = sorted((s for s in seqs if s.answer_start < s.tokens.shape[0]), key=lambda s: s.prompt_id)
+    held = [s for i, s in enumerate(answered) if i % heldout_every == heldout_every - 1]
+    held_ids = {id(s) for s in held}
+    return [s for s in seqs if id(s) not in held_ids], held
 
 
 def draft_vocab(seqs: list[Sequence], size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
@@ -204,7 +267,8 @@ class TrainSettings:
     levels: int = 2  # eagle: training-time-test depth (also the chain length of the held-out metric)
     batch_size: int = 8
     lr: float = 3e-3
-    weight_decay: float = 0.01
+    weight_decay: float = 0.05
+    feat_noise: float = 0.2  # eagle: uniform noise on input features (EAGLE's augmentation; features' RMS ~2)
     reg_weight: float = 0.2  # eagle: weight of the smooth-L1 feature loss (the cross-entropy weighs 1)
     prompt_frac: float = 1.0  # share of prompt positions in the loss (every answer position is in it)
     window: int = 192  # train on the last `window` positions of each sequence
@@ -251,9 +315,12 @@ def _batches(seqs: list[Sequence], size: int, gen: torch.Generator):
         yield [seqs[j] for j in perm[i : i + size]]
 
 
-def _collate(batch: list[Sequence], kind: str, exit_layer: int, window: int) -> dict[str, torch.Tensor]:
-    """Padded tensors of the last ``window`` positions: tokens [B, T], inputs [B, T, H] (early exit: the states
-    after ``exit_layer`` layers), feats [B, T, H], lens [B], answer_start [B]."""
+def _collate(
+    batch: list[Sequence], kind: str, exit_layer: int, window: int, gen: torch.Generator | None = None
+) -> dict[str, torch.Tensor]:
+    """Padded tensors of ``window`` positions per sequence -- the last ones (the answer), or for a sequence without
+    answer a random window when ``gen`` is given: tokens [B, T], inputs [B, T, H] (early exit: the states after
+    ``exit_layer`` layers), feats [B, T, H], lens [B], answer_start [B]."""
     t = min(window, max(s.tokens.shape[0] for s in batch))
     h = batch[0].feats.shape[1]
     out = {
@@ -266,9 +333,11 @@ def _collate(batch: list[Sequence], kind: str, exit_layer: int, window: int) -> 
         out["inputs"] = torch.zeros(len(batch), t, h)
     for b, s in enumerate(batch):
         cut = max(0, s.tokens.shape[0] - t)
-        n = s.tokens.shape[0] - cut
-        out["tokens"][b, :n] = s.tokens[cut:]
-        out["feats"][b, :n] = s.feats[cut:].float()
+        if gen is not None and cut and s.answer_start >= s.tokens.shape[0]:
+            cut = int(torch.randint(0, cut + 1, (1,), generator=gen))
+        n = min(t, s.tokens.shape[0] - cut)
+        out["tokens"][b, :n] = s.tokens[cut : cut + n]
+        out["feats"][b, :n] = s.feats[cut : cut + n].float()
         out["lens"][b] = n
         out["answer_start"][b] = max(0, s.answer_start - cut)
         if kind == "early_exit":
@@ -276,7 +345,7 @@ def _collate(batch: list[Sequence], kind: str, exit_layer: int, window: int) -> 
                 raise DrafterError(
                     f"the data has no states after layer {exit_layer}; captured: {sorted(s.exits)}"
                 )
-            out["inputs"][b, :n] = s.exits[exit_layer][cut:].float()
+            out["inputs"][b, :n] = s.exits[exit_layer][cut : cut + n].float()
     return out
 
 
@@ -302,7 +371,10 @@ def loss_eagle(head, batch, w_draft, embed, st: TrainSettings, gen=None, stats: 
     target[:, :-1] = feats[:, 1:]
     sel, answer = _select(batch, 2, 2, st.prompt_frac, gen)
     j = torch.arange(tokens.shape[1])[None, :]
-    outs = head.unrolled(feats, emb_next, st.levels)
+    inputs = feats
+    if gen is not None and st.feat_noise > 0:  # training: robustness to the head's own (noisy) features
+        inputs = feats + (torch.rand(feats.shape, generator=gen) * 2 - 1) * st.feat_noise
+    outs = head.unrolled(inputs, emb_next, st.levels)
     with torch.no_grad():
         teacher_all = torch.softmax(target[sel] @ w_draft.T, dim=-1)  # [M, Vd], shared by the levels
     j_sel = j.expand_as(sel)[sel]
@@ -382,7 +454,7 @@ def evaluate(head, seqs: list[Sequence], w_draft, embed, st: TrainSettings) -> d
 def train_head(
     model: Any,
     model_id: str,
-    data_dir: Path,
+    data_dirs: list[Path],
     out_path: Path,
     st: TrainSettings,
     *,
@@ -390,11 +462,11 @@ def train_head(
     data_info: dict[str, Any],
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Train (or resume training) a head on the data in ``data_dir``; save it to ``out_path`` with its metadata."""
+    """Train (or resume training) a head on the data in ``data_dirs``; save it to ``out_path`` with its metadata."""
     from tqdm import tqdm
 
     torch.manual_seed(st.seed)
-    seqs = load_data(data_dir)
+    seqs = load_data(*data_dirs)
     train, held = split(seqs)
     eos = model.generation_config.eos_token_id
     size = min(st.draft_vocab, int(model.config.vocab_size))
@@ -465,7 +537,7 @@ def train_head(
             lr = st.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
             for g in opt.param_groups:
                 g["lr"] = lr
-            tens = _collate(batch, st.kind, st.exit_layer, st.window)
+            tens = _collate(batch, st.kind, st.exit_layer, st.window, gen)
             if st.kind == "eagle":
                 loss = loss_eagle(head, tens, w_draft, embed, st, gen)
             else:

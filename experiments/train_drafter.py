@@ -28,6 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--exclude-per-category", type=int, default=5, help="benchmark prompts left out per category"
     )
+    p.add_argument(
+        "--prefill-per-category",
+        type=int,
+        default=48,
+        help="further prompts per category used as teacher-forced text (no generation, cheaper)",
+    )
+    p.add_argument("--prefill-len", type=int, default=448, help="tokens of each teacher-forced prompt")
     p.add_argument("--max-new-tokens", type=int, default=128, help="answer length of the generated data")
     p.add_argument(
         "--window", type=int, default=320, help="positions kept per sequence (prompt tail + answer)"
@@ -60,7 +67,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     import torch
 
     from drafters.heads import cache_heads_dir, head_name
-    from drafters.train import TrainSettings, generate_data, train_head
+    from drafters.train import TrainSettings, generate_data, prefill_data, train_head
     from env.decoder import chat_prompt
     from env.model import cache_dir, load_model
     from env.workloads import load_workload
@@ -91,6 +98,11 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         if p.prompt_id not in bench:
             by_cat.setdefault(p.category, []).append(p)
     prompts = [p for rows in by_cat.values() for p in rows[: args.per_category]]
+    more = [
+        p
+        for rows in by_cat.values()
+        for p in rows[args.per_category : args.per_category + args.prefill_per_category]
+    ]
     if not prompts:
         raise UserError("no training prompts are left once the benchmark prompts are excluded")
     ids = [(p.prompt_id, chat_prompt(loaded.tokenizer, p.text)) for p in prompts]
@@ -112,6 +124,25 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         pad_id=int(loaded.tokenizer.pad_token_id or 0),
         progress=progress,
     )
+    dirs = [work]
+    if more:
+        more_ids = [(p.prompt_id, chat_prompt(loaded.tokenizer, p.text)) for p in more]
+        pre = prefill_data(
+            loaded.model,
+            more_ids,
+            work / f"prefill-{args.prefill_len}",
+            max_len=args.prefill_len,
+            capture_layers=layers,
+            pad_id=int(loaded.tokenizer.pad_token_id or 0),
+            progress=progress,
+        )
+        dirs.append(work / f"prefill-{args.prefill_len}")
+        info = {
+            **info,
+            "cpu_s": info["cpu_s"] + pre["cpu_s"],
+            "prefill_prompts": len(more),
+            "prefill_len": args.prefill_len,
+        }
     info.update(workload=str(args.workload or "builtin"), target_dtype=args.dtype, prompt_ids_sha=key)
     settings = TrainSettings(
         kind=args.kind,
@@ -125,7 +156,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         window=min(args.train_window, args.window),
     )
     meta = train_head(
-        loaded.model, loaded.model_id, work, out, settings, work_dir=work, data_info=info, progress=progress
+        loaded.model, loaded.model_id, dirs, out, settings, work_dir=work, data_info=info, progress=progress
     )
     if args.json:
         print(json.dumps(meta))

@@ -71,7 +71,7 @@ def test_wrong_shapes_are_refused(tmp_path):
 
 
 def test_data_generation_training_and_resume_checks(tmp_path):
-    from drafters.train import TrainSettings, generate_data, train_head
+    from drafters.train import TrainSettings, generate_data, load_data, prefill_data, train_head
 
     loaded = tiny_loaded()
     prompts = [(f"p{i}", [1 + i, 7, 9, 11 + i, 3]) for i in range(10)]
@@ -87,55 +87,33 @@ def test_data_generation_training_and_resume_checks(tmp_path):
         progress=False,
     )
     assert len(list(work.glob("part-*.safetensors"))) == 2
+    pre = prefill_data(
+        loaded.model, prompts[:3], tmp_path / "pre", max_len=4, capture_layers=(1, 2), progress=False
+    )
+    assert pre["cpu_s"] > 0
+    seqs = load_data(work, tmp_path / "pre")
+    assert len(seqs) == 13 and sum(s.answer_start == s.tokens.shape[0] == 4 for s in seqs) == 3
+    # features are the target's final-norm hidden states: teacher forcing reproduces them
+    s0 = next(s for s in seqs if s.prompt_id == "p0" and s.answer_start < s.tokens.shape[0])
+    with torch.no_grad():
+        h = loaded.model.model(s0.tokens[None]).last_hidden_state[0]
+    torch.testing.assert_close(s0.feats[:-1].float(), h[:-1], atol=2e-2, rtol=1e-2)
+    assert 1 in s0.exits and 2 in s0.exits
+    dirs = [work, tmp_path / "pre"]
     st = TrainSettings(
         kind="eagle", draft_vocab=64, levels=2, cpu_minutes=5, max_steps=2, batch_size=4, window=16
     )
-    meta = train_head(
-        loaded.model,
-        loaded.model_id,
-        work,
-        tmp_path / "head",
-        st,
-        work_dir=work,
-        data_info=info,
-        progress=False,
-    )
+    kw = dict(work_dir=work, data_info=info, progress=False)
+    meta = train_head(loaded.model, loaded.model_id, dirs, tmp_path / "head", st, **kw)
     assert meta["training"]["steps"] == 2 and "top1_depth1" in meta["metric"]
     EagleDrafter(weights=str(tmp_path / "head")).reset(_ctx(loaded))  # loads
     # resuming with a training state made for another target or other shapes fails clearly
     other = tiny_loaded(seed=0, hidden=48)
     with pytest.raises(DrafterError, match="training checkpoint .* another target"):
-        train_head(
-            other.model,
-            other.model_id,
-            work,
-            tmp_path / "h2",
-            st,
-            work_dir=work,
-            data_info=info,
-            progress=False,
-        )
+        train_head(other.model, other.model_id, dirs, tmp_path / "h2", st, **kw)
     st_other = TrainSettings(kind="eagle", draft_vocab=4, levels=2, max_steps=3, batch_size=4, window=16)
     with pytest.raises(DrafterError, match="other head shapes"):
-        train_head(
-            loaded.model,
-            loaded.model_id,
-            work,
-            tmp_path / "h2",
-            st_other,
-            work_dir=work,
-            data_info=info,
-            progress=False,
-        )
+        train_head(loaded.model, loaded.model_id, dirs, tmp_path / "h2", st_other, **kw)
     (work / "train-state-eagle.pt").write_bytes(b"garbage")
     with pytest.raises(DrafterError, match="corrupted"):
-        train_head(
-            loaded.model,
-            loaded.model_id,
-            work,
-            tmp_path / "h2",
-            st,
-            work_dir=work,
-            data_info=info,
-            progress=False,
-        )
+        train_head(loaded.model, loaded.model_id, dirs, tmp_path / "h2", st, **kw)
