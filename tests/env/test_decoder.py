@@ -39,13 +39,13 @@ def test_greedy_equals_hf_generate(fp32_model, category):
 
 
 def test_tree_steps_commit_the_accepted_path(fp32_model):
-    # a prompt that repeats itself makes the n-gram tree accept several drafts per step
-    text = "Repeat exactly, three times: red green blue yellow red green blue yellow."
-    ids = chat_prompt(fp32_model.tokenizer, text)
-    expected = _hf_greedy(fp32_model, ids, 40)
-    g = SpeculativeDecoder(fp32_model, [ARMS[2]]).generate(ids, max_new_tokens=40)
+    # summarizing copies phrases of the article: the n-gram tree accepts several drafts per step
+    prompt = next(p for p in load_workload() if p.category == "summarization")
+    ids = chat_prompt(fp32_model.tokenizer, prompt.text)
+    expected = _hf_greedy(fp32_model, ids, 48)
+    g = SpeculativeDecoder(fp32_model, [ARMS[2]]).generate(ids, max_new_tokens=48)
     assert g.token_ids == expected
-    assert g.stats.tau > 1.5  # several tokens per step: the tree did its work
+    assert g.stats.tau > 1.2  # several tokens per step: the tree did its work
     assert g.stats.accepted > 0 and g.stats.drafted >= g.stats.accepted
 
 

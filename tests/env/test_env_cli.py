@@ -16,12 +16,18 @@ def _run(*args):
 
 
 @pytest.mark.parametrize("cmd", ["calibrate", "record"])
-def test_help(cmd):
-    r = _run(cmd, "--help")
-    assert r.returncode == 0 and "--json" in r.stdout and "--out" in r.stdout
+def test_help(cmd, capsys):
+    from experiments.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([cmd, "--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and "--json" in out and "--out" in out
 
 
-def test_one_line_errors(tmp_path):
+def test_one_line_errors(tmp_path, capsys):
+    from experiments.cli import main
+
     exists = tmp_path / "t.npz"
     exists.write_bytes(b"")
     cases = [
@@ -35,10 +41,9 @@ def test_one_line_errors(tmp_path):
         (["record", "--out", str(tmp_path / "x.npz"), "--workload", "/no/such.jsonl"], "does not exist"),
     ]
     for args, needle in cases:
-        r = _run(*args)
-        assert r.returncode == 2, (args, r.stderr)
-        lines = [x for x in r.stderr.splitlines() if x.strip()]
-        assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, (args, r.stderr)
+        assert main(args) == 2, args
+        err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+        assert len(err) == 1 and needle in err[0] and "Traceback" not in err[0], (args, err)
 
 
 @pytest.mark.model
