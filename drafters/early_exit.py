@@ -109,14 +109,20 @@ class EarlyExitDrafter:
             return DraftTree.root_only(root)
         cache = _target_cache(ctx)
         if cache is None:
-            raise DrafterError("the early_exit drafter needs the target's KV cache (ctx.extras['target_cache'])")
+            raise DrafterError(
+                "the early_exit drafter needs the target's KV cache (ctx.extras['target_cache'])"
+            )
         with torch.inference_mode():
             past = len(ctx.tokens) - 1  # tokens in the target's cache
             extra = self._catch_up(ctx.tokens, cache, past)  # per layer: [K, V] of the root (temporary)
             slots = TreeSlots(self.kv.n)
 
             def expand(frontier: list[int], g: GrowingTree) -> tuple[torch.Tensor, torch.Tensor]:
-                out = self.root_out[None] if frontier == [0] else self._tree_step(frontier, g, cache, past, extra, slots)
+                out = (
+                    self.root_out[None]
+                    if frontier == [0]
+                    else self._tree_step(frontier, g, cache, past, extra, slots)
+                )
                 lp = torch.log_softmax((out @ self.w_draft.T).float(), dim=-1)
                 top_lp, top_i = lp.topk(max(shape.topk, 1), dim=-1)
                 return top_lp, self.d2t[top_i]
@@ -178,7 +184,9 @@ class EarlyExitDrafter:
         # tree nodes' in slot order; the adapter's buffer holds committed entries, the root's, then the same slots.
         if not slots.slot:
             self.kv.write(self.kv.n, *self._root_slot)
-            slots.committed = self.kv.n + 1  # the root's adapter entry counts as committed during this proposal
+            slots.committed = (
+                self.kv.n + 1
+            )  # the root's adapter entry counts as committed during this proposal
         n_tree, f = len(slots.slot), len(frontier)
         at = slots.committed + n_tree
         for i, u in enumerate(frontier):

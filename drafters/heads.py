@@ -79,7 +79,10 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     ang = pos.to(torch.float32)[..., None] * inv  # [B?, T, D/2]
     if ang.dim() == 3:
         ang = ang[:, None]  # [B, 1, T, D/2]
-    cos, sin = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype), torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
+    cos, sin = (
+        torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype),
+        torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype),
+    )
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
@@ -152,10 +155,14 @@ def check_fingerprint(saved: dict[str, Any], model: Any, model_id: str, where: s
             )
     a, b = float(saved.get("embed_checksum", 0.0)), now["embed_checksum"]
     if abs(a - b) > 2e-2 * max(abs(a), abs(b), 1e-6):
-        raise DrafterError(f"{where} was trained for a target with other weights (embedding checksum {a} vs {b})")
+        raise DrafterError(
+            f"{where} was trained for a target with other weights (embedding checksum {a} vs {b})"
+        )
 
 
-def save_head(path: Path, module: nn.Module, d2t: torch.Tensor, cfg: HeadConfig, meta: dict[str, Any]) -> Path:
+def save_head(
+    path: Path, module: nn.Module, d2t: torch.Tensor, cfg: HeadConfig, meta: dict[str, Any]
+) -> Path:
     """Write ``path`` (.safetensors, fp16) and its ``.json`` beside it, atomically (a kill leaves the old files)."""
     from safetensors.torch import save_file
 
@@ -213,7 +220,9 @@ def load_state(module: nn.Module, tensors: dict[str, torch.Tensor], where: str) 
         raise DrafterError(f"{where} does not match this head: missing {missing[:3]}, unexpected {extra[:3]}")
     for k, v in want.items():
         if tuple(got[k].shape) != tuple(v.shape):
-            raise DrafterError(f"{where}: tensor {k} has shape {tuple(got[k].shape)}, expected {tuple(v.shape)}")
+            raise DrafterError(
+                f"{where}: tensor {k} has shape {tuple(got[k].shape)}, expected {tuple(v.shape)}"
+            )
     module.load_state_dict({k: got[k].to(v.dtype) for k, v in want.items()})
 
 

@@ -160,7 +160,9 @@ def prefill_data(
     cpu0 = time.process_time()
     captured, handles = _hooks(model, capture_layers)
     todo = [(i, b) for i, b in enumerate(batches) if not (out_dir / f"part-{i:04d}.safetensors").is_file()]
-    bar = tqdm(total=len(batches), initial=len(batches) - len(todo), desc="prefill data", disable=not progress)
+    bar = tqdm(
+        total=len(batches), initial=len(batches) - len(todo), desc="prefill data", disable=not progress
+    )
     try:
         for i, batch in todo:
             captured.clear()

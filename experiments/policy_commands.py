@@ -249,7 +249,9 @@ def evaluate(
         raise _user_error("no policy to evaluate (none given, and none shipped in policies/data)")
     labels = [policy_label(p, path) for p, path in zip(policies, policy_paths)]
     if len(set(labels)) != len(labels):
-        raise _user_error(f"two policy files share a name ({labels}); the table names them by file: rename one")
+        raise _user_error(
+            f"two policy files share a name ({labels}); the table names them by file: rename one"
+        )
     trace_file = trace_path or policies[0].meta.get("trace")
     trace = load_trace(trace_file)
     cm = load_cost_model(cost_model or policies[0].meta.get("cost_model"))

@@ -15,15 +15,40 @@ ARMS = ["eagle-d5-k3-b10", "early_exit-d3-k2-b5", "recycling-d4-k4-b8"]
 N = 20
 
 
-def test_greedy_equals_hf_generate(fp32_model):
+def _head_missing(arm: str) -> str | None:
+    """Trained drafters need a head (shipped in drafters/data or trained into the cache); None when available."""
+    from drafters.base import DrafterError
+    from drafters.heads import find_head
+    from env.model import DEFAULT_MODEL
+
+    kind = parse_arm(arm).drafter
+    if kind not in ("eagle", "early_exit"):
+        return None
+    try:
+        find_head(kind, DEFAULT_MODEL, None)
+    except DrafterError as err:
+        return str(err)
+    return None
+
+
+@pytest.fixture(scope="module")
+def hf_expected(fp32_model):
     ids = chat_prompt(fp32_model.tokenizer, "Name three uses of a paper clip.")
     t = torch.tensor([ids])
     with torch.no_grad():
-        hf = fp32_model.model.generate(t, attention_mask=torch.ones_like(t), max_new_tokens=N, do_sample=False)
-    expected = hf[0, len(ids) :].tolist()
-    taus = {}
-    for arm in ARMS:
-        g = SpeculativeDecoder(fp32_model, [parse_arm(arm)]).generate(ids, max_new_tokens=N)
-        assert g.token_ids == expected, arm
-        taus[arm] = g.stats.tau
-    assert taus["eagle-d5-k3-b10"] > 1.5  # the shipped head drafts for real (about 3 on such prompts)
+        hf = fp32_model.model.generate(
+            t, attention_mask=torch.ones_like(t), max_new_tokens=N, do_sample=False
+        )
+    return ids, hf[0, len(ids) :].tolist()
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_greedy_equals_hf_generate(fp32_model, hf_expected, arm):
+    missing = _head_missing(arm)
+    if missing:
+        pytest.skip(f"no trained head: {missing}")
+    ids, expected = hf_expected
+    g = SpeculativeDecoder(fp32_model, [parse_arm(arm)]).generate(ids, max_new_tokens=N)
+    assert g.token_ids == expected, arm
+    if arm.startswith("eagle"):
+        assert g.stats.tau > 1.5  # the shipped head drafts for real (about 3 on such prompts)
