@@ -148,7 +148,10 @@ class SpeculativeDecoder:
             obs = None
             if obs_builder is not None:
                 st = seq.state
-                obs = obs_builder.observe(st.last_logits, st.last_hidden, st.tokens, len(out), max_new_tokens)
+                proposals = obs_builder.proposals(engine.drafters, seq.ctx)  # for draft features, if any
+                obs = obs_builder.observe(
+                    st.last_logits, st.last_hidden, st.tokens, len(out), max_new_tokens, proposals
+                )
             idx = self._choose(obs)
             arm = self.arms[idx]
             context = seq.state.past_len

@@ -14,6 +14,10 @@ The observation is a float32 vector, every entry normalized into the bounds belo
 |                      | drafter can find)                                                                |         |
 | ``hidden_0..P-1``    | tanh of a fixed Gaussian projection (seed ``proj_seed``) of the unit-normalized    | [-1, 1] |
 |                      | final hidden state that produced the root                                        |         |
+| ``draft/<d>/width``  | only with ``FeatureSpec.draft_features``, per drafter ``d`` of the menu: children | [0, 1]  |
+|                      | of the root in the drafter's largest proposal at the root (its recorded shape,    |         |
+|                      | ``env.trace.largest_shape``) / 8 (how many different continuations it found)      |         |
+| ``draft/<d>/depth``  | ... and that proposal's depth / 16 (how far its continuation reaches)             | [0, 1]  |
 | ``accept/<arm>``     | one per drafting arm of the menu: moving average (weight ``1 - decay`` on the     | [0, 1]  |
 |                      | newest) of accepted / depth over the steps that used it                          |         |
 | ``last_tokens``      | tokens committed by the previous step / (deepest arm's depth + 1)                | [0, 1]  |
@@ -37,6 +41,8 @@ import numpy as np
 import torch
 
 POSITION_HEAD = ("entropy", "top1_prob", "top1_margin", "match_len")
+DRAFT_HEAD = ("width", "depth")
+DRAFT_WIDTH, DRAFT_DEPTH = 8, 16  # normalizers of the draft features
 HISTORY_HEAD = ("last_tokens", "accept_rate_recent")
 
 
@@ -46,6 +52,7 @@ class FeatureSpec:
     proj_seed: int = 0  # seed of the projection matrix (fixed: a trace and a policy depend on it)
     match_max: int = 16  # suffix matches are counted up to this length
     decay: float = 0.5  # moving averages: new = decay * old + (1 - decay) * x
+    draft_features: bool = False  # add draft/<d>/width and depth: the drafters' largest proposal at the root
 
     def __post_init__(self) -> None:
         if self.proj_dim < 0 or self.match_max < 1 or not 0.0 <= self.decay < 1.0:
@@ -65,7 +72,25 @@ def position_feature_names(spec: FeatureSpec) -> list[str]:
 
 def feature_names(spec: FeatureSpec, arm_names: Sequence[str], arm_depths: Sequence[int]) -> list[str]:
     drafting = [f"accept/{n}" for n, d in zip(arm_names, arm_depths) if d > 0]
-    return ["position", *position_feature_names(spec), *drafting, *HISTORY_HEAD]
+    draft = [f"draft/{d}/{h}" for d in menu_drafters(spec, arm_names, arm_depths) for h in DRAFT_HEAD]
+    return ["position", *position_feature_names(spec), *draft, *drafting, *HISTORY_HEAD]
+
+
+def menu_drafters(spec: FeatureSpec, arm_names: Sequence[str], arm_depths: Sequence[int]) -> list[str]:
+    """The drafters whose proposal shape enters the observation (none unless ``spec.draft_features``)."""
+    if not spec.draft_features:
+        return []
+    return sorted({n.split("-")[0] for n, d in zip(arm_names, arm_depths) if d > 0})
+
+
+def draft_features(parents: Any) -> np.ndarray:
+    """``[width, depth]`` of one proposal tree (parents [N], -1 at the root), normalized as the table says."""
+    par = np.asarray(parents.tolist() if hasattr(parents, "tolist") else parents, dtype=np.int64)
+    depth = np.zeros(par.shape[0], dtype=np.int64)
+    for i in range(1, par.shape[0]):  # parents precede children
+        depth[i] = depth[par[i]] + 1
+    width = int((par == 0).sum())
+    return np.array([min(width / DRAFT_WIDTH, 1.0), min(depth.max(initial=0) / DRAFT_DEPTH, 1.0)], np.float32)
 
 
 def history_columns(arm_depths: Sequence[int]) -> np.ndarray | slice:
@@ -188,6 +213,7 @@ class ObservationBuilder:
     ):
         self.spec = spec
         self.names = feature_names(spec, arm_names, arm_depths)
+        self.drafters = menu_drafters(spec, arm_names, arm_depths)  # whose proposal shape observe() needs
         self.arm_depth = np.asarray(arm_depths, dtype=np.int64)
         self.max_tokens = int(self.arm_depth.max(initial=0)) + 1
         self.cols = history_columns(arm_depths)
@@ -209,10 +235,27 @@ class ObservationBuilder:
         tokens: Sequence[int],
         generated: int,
         max_new_tokens: int,
+        proposals: dict[str, Any] | None = None,
     ) -> np.ndarray:
+        """``proposals``: with ``spec.draft_features``, each of ``self.drafters``' largest proposal tree."""
         pos_feat = position_features(logits, hidden, tokens, self.spec, self.proj)
+        if self.drafters:
+            missing = [d for d in self.drafters if d not in (proposals or {})]
+            if missing:
+                raise ValueError(f"draft features need the proposals of {missing}")
+            extra = [draft_features(proposals[d].parents) for d in self.drafters]
+            pos_feat = np.concatenate([pos_feat, *extra])
         frac = min(generated / max_new_tokens, 1.0)
         return assemble(frac, pos_feat, self.hist[0], self.cols, np.empty(self.size, dtype=np.float32))
+
+    def proposals(self, drafters: dict[str, Any], ctx: Any) -> dict[str, Any] | None:
+        """What ``observe`` needs for the draft features: each of ``self.drafters``' largest proposal at the root
+        (``drafters``: the engine's, by name; ``ctx``: the sequence's ``DraftContext``). None without them."""
+        if not self.drafters:
+            return None
+        from env.trace import largest_shape
+
+        return {n: drafters[n].propose(ctx, largest_shape(drafters[n])) for n in self.drafters}
 
     def record(self, arm: int, accepted: int, drafted: int, tokens: int) -> None:
         depth = int(self.arm_depth[arm])

@@ -26,7 +26,14 @@ from drafters import TreeShape
 from drafters.trees import prune_indices
 from env.cost import FittedCostModel
 from env.engine import Arm
-from env.features import history_columns, history_inputs, history_update
+from env.features import (
+    DRAFT_DEPTH,
+    DRAFT_WIDTH,
+    history_columns,
+    history_inputs,
+    history_update,
+    menu_drafters,
+)
 from env.trace import Trace, TraceError
 
 
@@ -206,14 +213,38 @@ def arm_columns(trace: Trace, arm: Arm) -> tuple[np.ndarray, np.ndarray, np.ndar
     return accept, drafted, chain
 
 
+def _position_features(trace: Trace, arms: Sequence[Arm], draft: bool) -> np.ndarray:
+    """The trace's position features [T, 4 + P], then (``draft``) each menu drafter's width and depth [T, 2]."""
+    feat = trace.feat.astype(np.float32)
+    spec = replace(trace.spec, draft_features=draft)
+    names = [a.name for a in arms]
+    depths = [0 if a.drafter is None else a.shape.depth for a in arms]
+    extra = []
+    for name in menu_drafters(spec, names, depths):
+        if name not in trace.trees:
+            raise TraceError(f"draft features need drafter {name!r}'s trees, which the trace did not record")
+        ix = _tree_index(trace, name)
+        npos = trace.trees[name].off.shape[0] - 1
+        width = np.bincount(ix["pos"][ix["depth"] == 1], minlength=npos)
+        depth = np.zeros(npos, dtype=np.int64)
+        np.maximum.at(depth, ix["pos"], ix["depth"])
+        extra.append(
+            np.stack([np.minimum(width / DRAFT_WIDTH, 1.0), np.minimum(depth / DRAFT_DEPTH, 1.0)], 1)
+        )
+    return np.concatenate([feat, *extra], axis=1).astype(np.float32) if extra else feat
+
+
 def build_tables(
     trace: Trace,
     arms: Sequence[Arm],
     cost_model: FittedCostModel,
     max_new_tokens: int | None = None,
     decay: float | None = None,
+    draft_features: bool = False,
 ) -> ReplayTables:
-    """Evaluate every arm at every position of ``trace`` (cached on the trace per arm)."""
+    """Evaluate every arm at every position of ``trace`` (cached on the trace per arm). ``draft_features``: append
+    the menu's drafters' ``draft/<d>/width, depth`` (``env.features``) to the position features, from the
+    recorded trees."""
     max_new = trace.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
     if not 2 <= max_new <= trace.max_new_tokens:
         raise TraceError(
@@ -264,7 +295,7 @@ def build_tables(
         reward=reward,
         ends=ends,
         hist_in=hist_in,
-        feat=trace.feat.astype(np.float32),
+        feat=_position_features(trace, arms, draft_features),
         offset=trace.traj_off[:-1].astype(np.int64),
         length=lengths.astype(np.int64),
         eos=eos,

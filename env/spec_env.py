@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
@@ -168,14 +169,23 @@ class SpecDecodeEnv(gym.Env):
                 model if isinstance(model, LoadedModel) else load_model(model, dtype="fp32", device="cpu")
             )
             self.trace.check_model(model_fingerprint(loaded))
-        if spec is not None and spec != self.trace.spec:
+        # draft features come from the recorded trees: any trace has them
+        if spec is not None and replace(spec, draft_features=False) != replace(
+            self.trace.spec, draft_features=False
+        ):
             raise EnvError(f"features {spec} differ from the trace's {self.trace.spec}")
-        self.feature_spec = self.trace.spec
+        self.feature_spec = replace(self.trace.spec, draft_features=bool(spec and spec.draft_features))
         self.cost_model.check_model(
             self.trace.header["model"]["model_id"], self.trace.header["model"]["dtype"]
         )
         self.max_new_tokens = int(max_new_tokens or self.trace.max_new_tokens)
-        self.tables = build_tables(self.trace, self.arms, self.cost_model, self.max_new_tokens)
+        self.tables = build_tables(
+            self.trace,
+            self.arms,
+            self.cost_model,
+            self.max_new_tokens,
+            draft_features=self.feature_spec.draft_features,
+        )
         if not len(self.tables.startable):
             raise TraceError("no prompt of the trace has a step to take (all end after one token)")
         self.prompt_ids = self.trace.prompt_ids
@@ -316,8 +326,9 @@ class SpecDecodeEnv(gym.Env):
 
     def _observe_live(self) -> np.ndarray:
         st = self._seq.state
+        proposals = self.builder.proposals(self.engine.drafters, self._seq.ctx)
         obs = self.builder.observe(
-            st.last_logits, st.last_hidden, st.tokens, self._generated, self.max_new_tokens
+            st.last_logits, st.last_hidden, st.tokens, self._generated, self.max_new_tokens, proposals
         )
         return obs.clip(self.observation_space.low, self.observation_space.high)
 

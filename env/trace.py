@@ -186,12 +186,13 @@ def model_fingerprint(loaded: Any) -> dict[str, Any]:
     }
 
 
-def _largest_shape(d: Drafter) -> TreeShape:
+def largest_shape(d: Drafter) -> TreeShape:
+    """The proposal shape a trace records for ``d`` (and the live draft features probe with)."""
     return getattr(d, "max_shape", RECORD_SHAPE)
 
 
 def _drafter_header(name: str, d: Drafter, options: dict[str, Any]) -> dict[str, Any]:
-    s = _largest_shape(d)
+    s = largest_shape(d)
     exact = bool(getattr(d, "exact_replay", False)) and hasattr(d, "max_shape")
     return {"exact": exact, "shape": [s.depth, s.topk, s.budget], "options": options}
 
@@ -219,7 +220,7 @@ def record_prompt(
     while True:
         feats.append(position_features(state.last_logits, state.last_hidden, state.tokens, spec, proj))
         for name, d in probes.items():
-            trees[name].append(d.propose(seq.ctx, _largest_shape(d)))
+            trees[name].append(d.propose(seq.ctx, largest_shape(d)))
         if state.tokens[-1] in eos or generated >= max_new_tokens or engine.target.room(state) < 1:
             break
         root = state.tokens[-1]

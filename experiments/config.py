@@ -87,6 +87,9 @@ class TrainConfig:
     evaluate`` scores the policy on them."""
     cost_model: str = ""
     """Cost model JSON for the replay rewards (empty: the shipped one)."""
+    draft_features: bool = False
+    """Observation: add the drafters' largest proposal shape at the root (``env.features``, draft/<d>/...); the
+    decoder then probes each drafter once per step."""
     out: str = ""
     """Where the trained policy is saved (empty: <run dir>/policies/<name>.zip)."""
 

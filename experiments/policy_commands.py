@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -58,10 +59,12 @@ def policy_label(policy: Any, path: str | Path | None = None) -> str:
     return Path(path).stem if path else policy.name
 
 
-def replay_env(trace: Any, arms: Any, cost_model: Any = None) -> Any:
+def replay_env(trace: Any, arms: Any, cost_model: Any = None, features: Any = None) -> Any:
     from env.spec_env import SpecDecodeEnv
 
-    return SpecDecodeEnv(backend="replay", trace=trace, arms=list(arms), cost_model=cost_model)
+    return SpecDecodeEnv(
+        backend="replay", trace=trace, arms=list(arms), cost_model=cost_model, features=features
+    )
 
 
 # ---------------------------------------------------------------------------------------------- train
@@ -92,7 +95,8 @@ def train_policy(
     cost_model = load_cost_model(t.cost_model or None)
     split = trace_split(trace, t.test_per_category, seed)
     train_trace = subset_trace(trace, split.train)
-    env = replay_env(train_trace, pcfg.arms, cost_model)
+    spec = replace(trace.spec, draft_features=t.draft_features)
+    env = replay_env(train_trace, pcfg.arms, cost_model, spec)
     if tuple(env.arm_names) != tuple(pcfg.arms):
         raise _user_error(
             f"policies.{name}.arms must list the env's menu in its order, with 'none' first: {list(env.arm_names)}"
@@ -122,9 +126,9 @@ def train_policy(
         if not val.test:  # too few prompts to spare any: validate on the training prompts themselves
             val = type(val)(val.train, val.train, val.seed, val.test_per_category)
         fit_trace = subset_trace(train_trace, val.train)
-        val_env = replay_env(subset_trace(train_trace, val.test), arms, cost_model)
+        val_env = replay_env(subset_trace(train_trace, val.test), arms, cost_model, spec)
         policy = cls(arms, obs_size, feats, **params)
-        venv = make_sb3_vec_env(t.n_envs, trace=fit_trace, arms=arms, cost_model=cost_model)
+        venv = make_sb3_vec_env(t.n_envs, trace=fit_trace, arms=arms, cost_model=cost_model, features=spec)
         venv.seed(seed)
         out = run_dir / "train" / name
 
@@ -157,7 +161,7 @@ def train_policy(
         "trace": str(Path(t.trace).resolve()) if t.trace else None,
         "trace_model": trace.header["model"]["model_id"],
         "cost_model": str(Path(t.cost_model).resolve()) if t.cost_model else None,
-        "feature_spec": trace.spec.as_dict(),
+        "feature_spec": env.feature_spec.as_dict(),
         "split": split.as_dict(),
         "total_timesteps": t.total_timesteps,
         "train_replay_speedup": score.speedup,
@@ -240,6 +244,7 @@ def evaluate(
     """The rows of the comparison table (see ``cmd_evaluate``)."""
     from env.arms import make_arms
     from env.cost import load_cost_model
+    from env.features import FeatureSpec
     from env.trace import load_trace
     from policies import load_policy
     from policies.oracle import best_static, oracle_scores, score_policy, score_static, static_table
@@ -266,12 +271,14 @@ def evaluate(
     static_test = score_static(env, best, test)
     rows.append({"policy": f"static:{best_name}", "kind": "static", "replay_speedup": static_test.speedup,
                  "live_speedup": None, "note": "best single arm on the training prompts"})  # fmt: skip
-    envs = {tuple(menu_names): env}
+    envs: dict[Any, Any] = {}
     for policy, path in zip(policies, policy_paths):
         seen = set((policy.meta.get("split") or {}).get("train", [])) & set(test)
-        e = envs.get(policy.arm_names) or envs.setdefault(
-            policy.arm_names, replay_env(trace, policy.arm_names, cm)
-        )
+        spec = FeatureSpec.from_dict(policy.meta.get("feature_spec") or trace.spec.as_dict())
+        key = (policy.arm_names, spec)
+        if key not in envs:
+            envs[key] = replay_env(trace, policy.arm_names, cm, spec)
+        e = envs[key]
         score = score_policy(policy, e, test, learn=True)
         rows.append({
             "policy": policy_label(policy, path), "kind": policy.kind, "replay_speedup": score.speedup,

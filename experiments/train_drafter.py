@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-vocab", type=int, default=6144, help="size of the reduced draft vocabulary")
     p.add_argument("--levels", type=int, default=2, help="eagle: training-time-test unroll depth")
     p.add_argument(
-        "--cpu-minutes", type=float, default=8.0, help="training budget in CPU minutes (data excluded)"
+        "--cpu-minutes", type=float, default=10.0, help="training budget in CPU minutes (data excluded)"
     )
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--prompt-frac", type=float, default=1.0, help="share of prompt positions in the loss")

@@ -209,7 +209,7 @@ class SB3Policy(BasePolicy):
         if self.model is None:
             raise PolicyError("cannot save an untrained RL policy")
         buf = io.BytesIO()
-        self.model.save(buf)
+        self.model.save(buf, exclude=["tensorboard_log"])  # a path of the training machine
         return {"model.zip": buf.getvalue()}
 
     def restore(self, files: dict[str, bytes]) -> None:

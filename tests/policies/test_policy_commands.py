@@ -39,7 +39,7 @@ train = {{ {train} }}
 kind = "sb3"
 arms = {ARMS}
 params = {{ algo = "ppo", n_steps = 32 }}
-train = {{ {train}, total_timesteps = 1024, n_envs = 8, eval_freq = 512, checkpoint_freq = 512 }}
+train = {{ {train}, total_timesteps = 1024, n_envs = 8, eval_freq = 512, checkpoint_freq = 512, draft_features = true }}
 """
     (d / "cfg.toml").write_text(cfg)
     return d
@@ -64,6 +64,9 @@ def test_train_then_evaluate(files, capsys):
     assert set(rows[0]) >= {"policy", "kind", "replay_speedup", "live_speedup"}
     res = json.loads(out.read_text())
     assert len(res["settings"]["test_prompts"]) == 8  # 4 per category, held out from every training above
+    from policies import load_policy
+
+    assert load_policy(paths[3]).obs_size == load_policy(paths[2]).obs_size + 2  # ppo sees the draft features
     pred = next(r for r in rows if r["policy"] == "pred")
     assert pred["replay_speedup"] > rows[0]["replay_speedup"]  # beats the best static arm on held-out prompts
 
