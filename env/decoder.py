@@ -167,6 +167,8 @@ class SpeculativeDecoder:
                 counted = len(truncate(res.committed, eos, max_new_tokens - len(out)))
                 self.policy.update(obs, idx, *rewards(res, context, counted))
             out.extend(res.committed)
+            if not eos.isdisjoint(res.committed):
+                break  # an end of sequence accepted inside the path ends the generation (truncated below)
         wall = time.perf_counter() - t0
         out = truncate(out, eos, max_new_tokens)
         stats = GenerationStats(

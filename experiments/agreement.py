@@ -53,6 +53,7 @@ def agreement(run_dir: Path, eps: float) -> dict:
         p.prompt_id: p.text for p in load_workload(None if s["workload"] == "builtin" else s["workload"])
     }
     rows: dict[str, dict] = {}
+    gaps: dict[tuple[str, int], tuple[float, list[int]]] = {}  # methods often diverge at the same near-tie
     for r in records:
         if r.method in ("hf_greedy",) or r.prompt_id not in ref:
             continue
@@ -68,8 +69,10 @@ def agreement(run_dir: Path, eps: float) -> dict:
                 {"prompt_id": r.prompt_id, "position": i, "gap": None, "near_tie": False}
             )
             continue
-        prompt_ids = chat_prompt(loaded.tokenizer, texts[r.prompt_id])
-        gap, top = top2_gap(loaded.model, prompt_ids, base[:i])
+        if (r.prompt_id, i) not in gaps:
+            prompt_ids = chat_prompt(loaded.tokenizer, texts[r.prompt_id])
+            gaps[r.prompt_id, i] = top2_gap(loaded.model, prompt_ids, base[:i])
+        gap, top = gaps[r.prompt_id, i]
         pair = sorted([r.token_ids[i], base[i]]) == sorted(top)
         row["divergences"].append(
             {

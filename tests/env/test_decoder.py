@@ -58,3 +58,41 @@ def test_sampling_is_seeded_and_stops_at_max(fp32_model):
     assert 1 <= len(a.token_ids) <= 24
     vocab = fp32_model.model.config.vocab_size
     assert all(0 <= t < vocab for t in a.token_ids)
+
+
+class _Oracle:
+    """Proposes the known continuation (HF greedy's tokens, end of sequence included) as a chain."""
+
+    name, exact_replay = "oracle", True
+
+    def __init__(self, prompt_len: int, continuation: list[int]) -> None:
+        self.prompt_len, self.continuation = prompt_len, continuation
+
+    def reset(self, ctx) -> None:
+        pass
+
+    def propose(self, ctx, shape):
+        from drafters.trees import chain
+
+        done = len(ctx.tokens) - self.prompt_len
+        return chain(ctx.tokens[-1], self.continuation[done : done + shape.depth])
+
+    def observe(self, ctx, feedback) -> None:
+        pass
+
+
+def test_an_end_of_sequence_inside_the_accepted_path_ends_generation(fp32_model, monkeypatch):
+    import drafters
+
+    ids = chat_prompt(fp32_model.tokenizer, "Say hello.")
+    expected = _hf_greedy(fp32_model, ids, 64)
+    assert len(expected) < 64  # the answer ends with an end of sequence
+    depth = (
+        len(expected) + 4
+    )  # one step accepts the whole answer, its end of sequence in the middle of the path
+    monkeypatch.setitem(drafters.DRAFTERS, "oracle", lambda **_: _Oracle(len(ids), expected + [42] * 8))
+    g = SpeculativeDecoder(fp32_model, [Arm("oracle", TreeShape(depth=depth))]).generate(
+        ids, max_new_tokens=64
+    )
+    assert g.token_ids == expected
+    assert g.stats.steps == 2  # prefill + one verification; decoding on past the end would take more steps
