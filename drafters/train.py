@@ -59,54 +59,63 @@ def generate_data(
 ) -> dict[str, Any]:
     """Greedy answers and captured features for ``prompts`` ((id, token ids)); one safetensors file per batch in
     ``out_dir`` (existing ones are kept: resume). Returns a summary (tokens, CPU seconds of this call)."""
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+
+    def part(batch: list[tuple[str, list[int]]], captured: dict[str, list[torch.Tensor]]):
+        lens = [len(ids) for _, ids in batch]
+        width = max(lens)
+        inp = torch.tensor([[pad_id] * (width - n) + ids for (_, ids), n in zip(batch, lens)])
+        att = torch.tensor([[0] * (width - n) + [1] * n for n in lens])
+        with torch.inference_mode():
+            out = model.generate(
+                inp, attention_mask=att, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id
+            )
+        cat = {k: torch.cat(v, dim=1) for k, v in captured.items()}  # [B, width + steps - 1, H]
+        tensors: dict[str, torch.Tensor] = {}
+        meta = []
+        for b, ((pid, ids), n) in enumerate(zip(batch, lens)):
+            answer = out[b, width:].tolist()
+            cut = next((j + 1 for j, t in enumerate(answer) if t in eos_ids), len(answer))
+            seq = ids + answer[:cut]
+            start = max(0, len(seq) - window)
+            pad = width - n
+            t = len(seq) - start
+            tensors[f"{b}/tokens"] = torch.tensor(seq[start:], dtype=torch.int32)
+            for name, x in cat.items():
+                f = torch.zeros(t, x.shape[-1], dtype=torch.float16)
+                avail = x[b, pad + start : pad + len(seq) - 1].to(
+                    torch.float16
+                )  # features of all but the last
+                f[: avail.shape[0]] = avail
+                tensors[f"{b}/{name}"] = f
+            meta.append({"prompt_id": pid, "answer_start": max(0, len(ids) - start), "answer_len": cut})
+        return tensors, meta
+
+    order = sorted(prompts, key=lambda p: len(p[1]))  # similar lengths batch together: little padding
+    cpu = _write_parts(model, order, out_dir, batch_size, capture_layers, "distill data", progress, part)
+    return _log_info(out_dir, cpu, prompts, max_new_tokens, window, capture_layers)
+
+
+def _write_parts(
+    model, order, out_dir: Path, batch_size: int, capture_layers, desc: str, progress: bool, part
+):
+    """Run ``part(batch, captured)`` -> (tensors, meta) over the batches of ``order`` with the capture hooks on,
+    writing ``out_dir/part-NNNN.safetensors`` atomically and skipping the parts already there (resume after a
+    kill). Returns the CPU seconds of this call."""
     from safetensors.torch import save_file
     from tqdm import tqdm
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    order = sorted(prompts, key=lambda p: len(p[1]))  # similar lengths batch together: little padding
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     cpu0 = time.process_time()
     captured, handles = _hooks(model, capture_layers)
     todo = [(i, b) for i, b in enumerate(batches) if not (out_dir / f"part-{i:04d}.safetensors").is_file()]
-    bar = tqdm(
-        total=len(batches), initial=len(batches) - len(todo), desc="distill data", disable=not progress
-    )
+    bar = tqdm(total=len(batches), initial=len(batches) - len(todo), desc=desc, disable=not progress)
     try:
         for i, batch in todo:
             captured.clear()
-            lens = [len(ids) for _, ids in batch]
-            width = max(lens)
-            inp = torch.tensor([[pad_id] * (width - n) + ids for (_, ids), n in zip(batch, lens)])
-            att = torch.tensor([[0] * (width - n) + [1] * n for n in lens])
-            with torch.inference_mode():
-                out = model.generate(
-                    inp,
-                    attention_mask=att,
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    pad_token_id=pad_id,
-                )
-            cat = {k: torch.cat(v, dim=1) for k, v in captured.items()}  # [B, width + steps - 1, H]
-            tensors: dict[str, torch.Tensor] = {}
-            meta = []
-            for b, ((pid, ids), n) in enumerate(zip(batch, lens)):
-                answer = out[b, width:].tolist()
-                eos = model.generation_config.eos_token_id
-                eos_ids = set(eos if isinstance(eos, list) else [eos])
-                cut = next((j + 1 for j, t in enumerate(answer) if t in eos_ids), len(answer))
-                seq = ids + answer[:cut]
-                start = max(0, len(seq) - window)
-                pad = width - n
-                t = len(seq) - start
-                tensors[f"{b}/tokens"] = torch.tensor(seq[start:], dtype=torch.int32)
-                for name, x in cat.items():
-                    f = torch.zeros(t, x.shape[-1], dtype=torch.float16)
-                    avail = x[b, pad + start : pad + len(seq) - 1].to(
-                        torch.float16
-                    )  # features of all but the last
-                    f[: avail.shape[0]] = avail
-                    tensors[f"{b}/{name}"] = f
-                meta.append({"prompt_id": pid, "answer_start": max(0, len(ids) - start), "answer_len": cut})
+            tensors, meta = part(batch, captured)
             tmp = out_dir / f"part-{i:04d}.tmp"
             save_file(tensors, str(tmp), metadata={"meta": json.dumps(meta)})
             os.replace(tmp, out_dir / f"part-{i:04d}.safetensors")
@@ -115,7 +124,7 @@ def generate_data(
         for h in handles:
             h.remove()
         bar.close()
-    return _log_info(out_dir, time.process_time() - cpu0, prompts, max_new_tokens, window, capture_layers)
+    return time.process_time() - cpu0
 
 
 def _hooks(model: Any, capture_layers: tuple[int, ...]):
@@ -151,44 +160,26 @@ def prefill_data(
     ``max_len`` tokens of each prompt (a cut text is still text; its features are what the target computes for that
     prefix). EAGLE trains on fixed text as well as on self-generated text (EAGLE, section 5.3). Same file format as
     ``generate_data``, with no answer (``answer_start`` = length)."""
-    from safetensors.torch import save_file
-    from tqdm import tqdm
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    def part(batch: list[tuple[str, list[int]]], captured: dict[str, list[torch.Tensor]]):
+        width = max(len(ids) for _, ids in batch)
+        inp = torch.tensor([ids + [pad_id] * (width - len(ids)) for _, ids in batch])  # right padding
+        att = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for _, ids in batch])
+        with torch.inference_mode():
+            model.model(input_ids=inp, attention_mask=att)
+        tensors: dict[str, torch.Tensor] = {}
+        for b, (_, ids) in enumerate(batch):
+            n = len(ids)
+            tensors[f"{b}/tokens"] = torch.tensor(ids, dtype=torch.int32)
+            for name, x in captured.items():
+                f = x[0][b, :n].to(torch.float16).clone()
+                f[-1] = 0  # as in generate_data: the last token has no feature in the data
+                tensors[f"{b}/{name}"] = f
+        return tensors, [{"prompt_id": pid, "answer_start": len(ids), "answer_len": 0} for pid, ids in batch]
+
     order = sorted(((pid, ids[:max_len]) for pid, ids in prompts), key=lambda p: len(p[1]))
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    cpu0 = time.process_time()
-    captured, handles = _hooks(model, capture_layers)
-    todo = [(i, b) for i, b in enumerate(batches) if not (out_dir / f"part-{i:04d}.safetensors").is_file()]
-    bar = tqdm(
-        total=len(batches), initial=len(batches) - len(todo), desc="prefill data", disable=not progress
-    )
-    try:
-        for i, batch in todo:
-            captured.clear()
-            width = max(len(ids) for _, ids in batch)
-            inp = torch.tensor([ids + [pad_id] * (width - len(ids)) for _, ids in batch])  # right padding
-            att = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for _, ids in batch])
-            with torch.inference_mode():
-                model.model(input_ids=inp, attention_mask=att)
-            tensors: dict[str, torch.Tensor] = {}
-            for b, (_, ids) in enumerate(batch):
-                n = len(ids)
-                tensors[f"{b}/tokens"] = torch.tensor(ids, dtype=torch.int32)
-                for name, x in captured.items():
-                    f = x[0][b, :n].to(torch.float16).clone()
-                    f[-1] = 0  # as in generate_data: the last token has no feature in the data
-                    tensors[f"{b}/{name}"] = f
-            meta = [{"prompt_id": pid, "answer_start": len(ids), "answer_len": 0} for pid, ids in batch]
-            tmp = out_dir / f"part-{i:04d}.tmp"
-            save_file(tensors, str(tmp), metadata={"meta": json.dumps(meta)})
-            os.replace(tmp, out_dir / f"part-{i:04d}.safetensors")
-            bar.update(1)
-    finally:
-        for h in handles:
-            h.remove()
-        bar.close()
-    return _log_info(out_dir, time.process_time() - cpu0, prompts, 0, max_len, capture_layers)
+    cpu = _write_parts(model, order, out_dir, batch_size, capture_layers, "prefill data", progress, part)
+    return _log_info(out_dir, cpu, prompts, 0, max_len, capture_layers)
 
 
 def _log_info(out_dir: Path, cpu: float, prompts, max_new_tokens: int, window: int, capture_layers) -> dict:
