@@ -52,6 +52,7 @@ class RecyclingDrafter:
         self._ensure(int(logits.shape[-1]))
         lp = torch.log_softmax(logits.float(), dim=-1)
         top_lp, top_ids = lp.topk(self.width, dim=-1)  # [S, K]
+        top_lp, top_ids = top_lp.cpu(), top_ids.cpu()  # the table lives on the CPU, next to tree building
         # index_put_ with repeated indices keeps an unspecified one: write in order, last occurrence wins
         last: dict[int, int] = {int(t): i for i, t in enumerate(tokens.tolist())}
         rows = torch.tensor(list(last.keys()), dtype=torch.long)

@@ -77,10 +77,13 @@ def draw_coins(
 ) -> tuple[Tensor, Tensor]:
     """Uniforms for the acceptance tests ([B, N]) and the final draw ([B]); missing ones come from `generator`,
     coins first, so that every implementation sees the same numbers for the same generator state."""
+    # drawn on the generator's own device, then moved: a CPU generator drives a CUDA verify, and one seed gives
+    # the same coins on every device
+    gen_device = generator.device if generator is not None else device
     if coins is None:
-        coins = torch.rand(B, N, generator=generator, device=device)
+        coins = torch.rand(B, N, generator=generator, device=gen_device)
     if final_coins is None:
-        final_coins = torch.rand(B, generator=generator, device=device)
+        final_coins = torch.rand(B, generator=generator, device=gen_device)
     return coins.to(device=device, dtype=torch.float32), final_coins.to(device=device, dtype=torch.float32)
 
 
