@@ -23,6 +23,7 @@ COMMAND_MODULES: list[str] = [
     "experiments.env_commands",
     "experiments.train_drafter",
     "experiments.policy_commands",
+    "experiments.oracle_gap",
 ]
 
 

@@ -1,0 +1,207 @@
+"""``draftgym oracle-gap``: how much of the per-step oracle's gain can a policy learn from what it sees?
+
+The per-step greedy oracle (``policies.oracle``) picks each step's arm knowing every arm's true accepted length
+there; a policy sees only the observation. This command measures the gap between the two on a trace split by
+prompt, with accept-length predictors of two kinds (ridge regression, gradient-boosted trees) on two feature sets:
+
+- ``position``: the observation's position features (entropy, top-1 probability and margin, suffix match length,
+  the hidden-state projection, and each menu drafter's largest proposal at the root);
+- ``position+ngram``: those plus what the committed text says about copying, computed from the trace's tokens:
+  how many of the latest tokens the n-gram drafter (longest suffix match, most recent occurrence) would have
+  guessed in a row, its hit rate over the last 8 tokens, whether it guessed the root, whether it had no guess.
+
+Each predictor is fitted twice: on the training prompts (what a trained policy can do on held-out prompts) and on
+the held-out prompts themselves (in-sample: an optimistic estimate of what the features can express at all, no
+generalization needed). Each plays, on the held-out prompts in replay, the better (on the prompts it was fitted on)
+of the predictor policy's two rules: most predicted tokens per unit cost, or most tokens beyond what the cost buys
+at the rule's own speedup. The table reports speedup over our autoregressive loop (cost model) and the share of the oracle's gain
+over the best static arm (chosen on the training prompts) that each recovers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+DEFAULT_MENU = ("none", "ngram-d2", "ngram-d4", "ngram-d8", "ngram-d16", "ngram-d4-k2", "ngram-d8-k4-b24")
+NGRAM_FEATURES = ("ngram_streak", "ngram_hit_rate8", "ngram_hit_root", "ngram_no_guess")
+
+
+def ngram_guess(context: Sequence[int], max_n: int = 16) -> int | None:
+    """The n-gram drafter's first token after ``context``: the token that followed the most recent earlier
+    occurrence of the longest suffix (up to ``max_n`` tokens) that occurred before; None when the last token never
+    occurred before."""
+    last = context[-1]
+    cand = [i for i in range(len(context) - 1) if context[i] == last]
+    occ: list[int] = []
+    n = 1
+    while cand and n <= max_n:
+        occ = cand
+        cand = [i for i in cand if i - n >= 0 and context[i - n] == context[-1 - n]]
+        n += 1
+    return int(context[max(occ) + 1]) if occ else None
+
+
+def ngram_features(trace: Any) -> np.ndarray:
+    """float32 [T, 4] per trace position (root = the position's committed token), ``NGRAM_FEATURES`` in order."""
+    out = np.zeros((trace.traj.shape[0], len(NGRAM_FEATURES)), np.float32)
+    for p in range(trace.num_prompts):
+        prompt, traj = trace.prompt(p), trace.trajectory(p)
+        seq = prompt + traj
+        hits = []  # 1: the guess from the tokens before generated token j was right, 0: wrong, -1: no guess
+        for j in range(len(traj)):
+            guess = ngram_guess(seq[: len(prompt) + j])
+            hits.append(-1 if guess is None else int(guess == seq[len(prompt) + j]))
+        streak = 0
+        for t, h in enumerate(hits):
+            streak = streak + 1 if h == 1 else 0
+            recent = [x for x in hits[max(0, t - 7) : t + 1] if x >= 0]
+            rate = float(np.mean([x == 1 for x in recent])) if recent else 0.0
+            out[trace.traj_off[p] + t] = [min(streak, 16) / 16, rate, float(h == 1), float(h == -1)]
+    return out
+
+
+def _positions(tb: Any, prompts: np.ndarray) -> np.ndarray:
+    return np.concatenate([np.arange(tb.offset[p], tb.offset[p] + tb.length[p] - 1) for p in prompts])
+
+
+def measure(
+    trace: Any,
+    arms: Sequence[str] = DEFAULT_MENU,
+    cost_model: Any = None,
+    *,
+    test_per_category: int = 5,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Rows {features, model, fit, replay_speedup, recovered} plus the best static arm and the oracle."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    from sklearn.linear_model import Ridge
+    from threadpoolctl import threadpool_limits
+
+    from env.spec_env import SpecDecodeEnv
+    from policies.oracle import _indices, best_static, rollout_actions, score_greedy_oracle, static_table
+    from policies.split import trace_split
+
+    spec = replace(trace.spec, draft_features=True)
+    env = SpecDecodeEnv(backend="replay", trace=trace, arms=list(arms), cost_model=cost_model, features=spec)
+    tb = env.tables
+    split = trace_split(trace, test_per_category, seed)
+    if not split.test or not split.train:
+        raise ValueError(f"the split left no test or no training prompts ({len(trace.prompt_ids)} prompts)")
+    best = best_static(static_table(env, list(split.train)))
+    test_idx = _indices(env, list(split.test))
+    base = static_table(env, list(split.test))[best].speedup
+    oracle = score_greedy_oracle(env, list(split.test)).speedup
+    gain = oracle - base
+
+    def play(
+        scores: np.ndarray, idx: np.ndarray
+    ) -> float:  # scores [T, K]: each step the highest-scoring arm
+        ar, cost, *_ = rollout_actions(tb, idx, lambda obs, p, pos: np.argmax(scores[tb.offset[p] + pos], 1))
+        return float(ar.sum() / cost.sum())
+
+    def best_rule(tokens: np.ndarray, cost: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """Scores of the better rule on the prompts ``idx``: the ratio tokens / cost, or the margin
+        tokens - rate * cost with Dinkelbach's rate (the rule's own speedup, iterated; policies.predictor)."""
+        best = (play(tokens / cost, idx), tokens / cost)
+        rate = best[0]
+        for _ in range(4):
+            scores = tokens - rate * cost
+            got = play(scores, idx)
+            best = max(best, (got, scores), key=lambda b: b[0])
+            if abs(got - rate) < 1e-3:
+                break
+            rate = got
+        return best[1]
+
+    train_idx = _indices(env, list(split.train))
+    fits = {
+        "train": (_positions(tb, train_idx), train_idx),
+        "in-sample": (_positions(tb, test_idx), test_idx),
+    }
+    feature_sets = {
+        "position": tb.feat,
+        "position+ngram": np.concatenate([tb.feat, ngram_features(trace)], 1),
+    }
+    models = {
+        "ridge": lambda: Ridge(alpha=1.0),
+        "gbdt": lambda: HistGradientBoostingRegressor(max_iter=200, max_depth=4, random_state=0),
+    }
+    rel_cost = (tb.cost / tb.ar_cost[None]).T  # [T, K] a step's cost in autoregressive steps
+    rows = []
+    combos = [(f, m, w) for f in feature_sets for m in models for w in fits]
+    for fname, mname, wname in tqdm(combos, desc="oracle-gap", disable=not progress):
+        x, (g, idx) = feature_sets[fname], fits[wname]
+        pred = np.zeros(rel_cost.shape)
+        with threadpool_limits(1):
+            for k in range(len(arms)):
+                pred[:, k] = models[mname]().fit(x[g], tb.accept[k, g]).predict(x)
+        speed = play(best_rule(np.maximum(pred, 0.0) + 1.0, rel_cost, idx), test_idx)
+        rows.append({"features": fname, "model": mname, "fit": wname, "replay_speedup": speed,
+                     "recovered": (speed - base) / gain if gain > 0 else None})  # fmt: skip
+    return {
+        "rows": rows,
+        "best_static": {"arm": env.arm_names[best], "replay_speedup": base},
+        "oracle": {"name": "per-step-greedy", "replay_speedup": oracle},
+        "test_prompts": list(split.test),
+        "train_prompts": len(split.train),
+        "menu": list(env.arm_names),
+    }
+
+
+def format_result(res: dict[str, Any]) -> str:
+    lines = [
+        f"{'features':<16} {'model':<6} {'fitted on':<18} {'replay x AR':>11} {'recovered':>9}",
+        "-" * 64,
+    ]
+    for r in res["rows"]:
+        fit = "training prompts" if r["fit"] == "train" else "held-out (in-smp)"
+        rec = "-" if r["recovered"] is None else f"{100 * r['recovered']:.0f}%"
+        lines.append(f"{r['features']:<16} {r['model']:<6} {fit:<18} {r['replay_speedup']:>11.3f} {rec:>9}")
+    b, o = res["best_static"], res["oracle"]
+    lines.append(f"\nbest static arm (training prompts): {b['arm']} {b['replay_speedup']:.3f}; "
+                 f"per-step greedy oracle {o['replay_speedup']:.3f}; {len(res['test_prompts'])} held-out prompts")  # fmt: skip
+    return "\n".join(lines)
+
+
+def cmd_oracle_gap(args: argparse.Namespace) -> int:
+    from env.arms import make_arms
+    from env.cost import CostModelError, load_cost_model
+    from env.trace import TraceError, load_trace
+    from experiments.cli import UserError
+
+    try:
+        trace = load_trace(args.trace)
+        arms = [a.name for a in make_arms(args.arms)]
+        cm = load_cost_model(args.cost_model)
+        res = measure(trace, arms, cm, test_per_category=args.test_per_category, seed=args.seed,
+                      progress=sys.stderr.isatty())  # fmt: skip
+    except (TraceError, CostModelError, ValueError) as err:
+        raise UserError(str(err)) from err
+    print(format_result(res))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=2))
+    return 0
+
+
+def register(sub: Any) -> None:
+    g = sub.add_parser(
+        "oracle-gap", help="how much of the per-step oracle's gain predictors can learn (replay)"
+    )
+    g.add_argument("--trace", default=None, help="replay trace (default: the bundled one)")
+    g.add_argument("--arms", default=",".join(DEFAULT_MENU), help="comma list of arms (the menu)")
+    g.add_argument("--cost-model", default=None, help="cost model JSON (default: the shipped one)")
+    g.add_argument("--test-per-category", type=int, default=5, help="held-out prompts per category")
+    g.add_argument("--seed", type=int, default=0, help="split seed")
+    g.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON to FILE")
+    g.set_defaults(func=cmd_oracle_gap)

@@ -1,0 +1,69 @@
+"""``draftgym oracle-gap`` on the bundled trace: the n-gram guess, the feature rows, the table's consistency with
+the oracle and the best static arm, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from env.trace import load_trace
+from experiments.cli import main
+from experiments.oracle_gap import NGRAM_FEATURES, measure, ngram_features, ngram_guess
+
+
+def test_ngram_guess_follows_the_most_recent_longest_suffix():
+    assert ngram_guess([5, 6, 7, 5, 6]) == 7  # suffix (5, 6) occurred once, then 7
+    assert ngram_guess([1, 2, 1, 3, 1]) == 3  # suffix (1,): the most recent earlier occurrence wins
+    assert ngram_guess([1, 4, 8, 3, 4, 2, 1, 4]) == 8  # the older (1, 4) -> 8 beats the more recent (4,) -> 2
+    assert ngram_guess([1, 2, 3]) is None
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return load_trace()
+
+
+def test_ngram_features_are_bounded_and_agree_with_the_guess(trace):
+    f = ngram_features(trace)
+    assert f.shape == (trace.traj.shape[0], len(NGRAM_FEATURES))
+    assert (f >= 0).all() and (f <= 1).all()
+    p = 0
+    seq = trace.prompt(p) + trace.trajectory(p)
+    n = len(trace.prompt(p))
+    for t in range(len(trace.trajectory(p))):
+        guess = ngram_guess(seq[: n + t])
+        assert f[trace.traj_off[p] + t, 2] == float(guess == seq[n + t])  # ngram_hit_root
+        assert f[trace.traj_off[p] + t, 3] == float(guess is None)  # ngram_no_guess
+    assert f[:, 2].sum() > 0  # the built-in answers do copy from their prompts
+
+
+def test_measure_rows_sit_between_the_static_arm_and_the_oracle(trace):
+    res = measure(trace, test_per_category=1, progress=False)
+    assert len(res["rows"]) == 8
+    assert {(r["features"], r["model"], r["fit"]) for r in res["rows"]} == {
+        (f, m, w)
+        for f in ("position", "position+ngram")
+        for m in ("ridge", "gbdt")
+        for w in ("train", "in-sample")
+    }
+    base, oracle = res["best_static"]["replay_speedup"], res["oracle"]["replay_speedup"]
+    assert oracle > base > 0.5
+    for r in res["rows"]:
+        assert 0.5 < r["replay_speedup"] <= oracle + 1e-9
+        assert r["recovered"] == pytest.approx((r["replay_speedup"] - base) / (oracle - base))
+    assert len(res["test_prompts"]) == 6 and res["train_prompts"] == 6
+
+
+def test_cli_writes_json_and_rejects_bad_input(tmp_path, capsys):
+    out = tmp_path / "gap.json"
+    assert main(["oracle-gap", "--test-per-category", "1", "--json", str(out)]) == 0
+    assert "per-step greedy oracle" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["rows"]
+    assert np.isfinite([r["replay_speedup"] for r in rows]).all()
+    assert main(["oracle-gap", "--arms", "none,bogus-d2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("draftgym oracle-gap: error:") and "bogus" in err and "\n" not in err
+    assert main(["oracle-gap", "--test-per-category", "0"]) == 2
+    assert "no test" in capsys.readouterr().err
