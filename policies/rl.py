@@ -182,6 +182,10 @@ class SB3Policy(BasePolicy):
             verbose=0,
             **{**defaults, **self.hyper},
         )
+        if tensorboard_log is None:  # else stable-baselines3 makes an empty SB3-<date> folder in the temp dir
+            from stable_baselines3.common.logger import Logger
+
+            self.model.set_logger(Logger(folder=None, output_formats=[]))
         return self.model
 
     # ---- acting ----

@@ -120,3 +120,13 @@ def test_killed_training_resumes_from_its_checkpoint(tmp_path):
     assert resumed[0] > ckpts[-2]  # continued from the last readable checkpoint, not from zero
     assert resumed[-1] >= target
     assert evals[-1]["wall_s"] > evals[before - 1]["wall_s"]  # training time adds up across the restart
+
+
+def test_training_without_tensorboard_leaves_no_temp_folder(synth_trace, synth_env, tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where stable-baselines3 would put SB3-<date>
+    policy = SB3Policy(synth_env.arm_names, len(synth_env.feature_names), synth_env.feature_names, algo="a2c",
+                       **SMALL["a2c"])  # fmt: skip
+    policy.build(make_venv(synth_trace, n_envs=2)).learn(64)
+    assert not list(tmp_path.glob("SB3-*"))
