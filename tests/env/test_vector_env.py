@@ -123,12 +123,14 @@ def test_partial_reset_with_a_mask(toy_trace, toy_cost):
 
 def test_stable_baselines3_trains_on_it(toy_trace, toy_cost):
     from stable_baselines3 import PPO
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import VecMonitor
 
     venv = VecMonitor(make_sb3_vec_env(16, trace=toy_trace, cost_model=toy_cost))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model = PPO("MlpPolicy", venv, n_steps=8, batch_size=64, n_epochs=1, seed=0, device="cpu")
+        model.set_logger(Logger(folder=None, output_formats=[]))  # no SB3-<date> folder in the temp dir
         model.learn(128)
     obs = venv.reset()
     actions, _ = model.predict(obs, deterministic=True)
