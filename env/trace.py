@@ -28,6 +28,7 @@ import datetime as dt
 import hashlib
 import json
 import shutil
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -149,21 +150,52 @@ def load_trace(path: str | Path | None = None) -> Trace:
         with np.load(file, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
         header = json.loads(str(data["header"]))
-    except (OSError, ValueError, KeyError) as err:
-        raise TraceError(f"{file} is not a readable trace ({err})") from err
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as err:
+        raise TraceError(f"{file} is not a readable trace ({type(err).__name__}: {err})") from err
     if header.get("format") != FORMAT:
         raise TraceError(f"{file} is not a draftgym trace (format {header.get('format')!r})")
     if header.get("version") != VERSION:
         raise TraceError(
             f"{file} is trace version {header.get('version')}; this draftgym reads version {VERSION}"
         )
-    trees = {
-        name: TreeArrays(data[f"tree/{name}/off"], data[f"tree/{name}/tokens"], data[f"tree/{name}/parents"])
-        for name in header["drafters"]
-    }
-    return Trace(
-        header, data["prompt_tokens"], data["prompt_off"], data["traj"], data["traj_off"], data["feat"], trees
-    )
+    try:
+        trees = {
+            name: TreeArrays(
+                data[f"tree/{name}/off"], data[f"tree/{name}/tokens"], data[f"tree/{name}/parents"]
+            )
+            for name in header["drafters"]
+        }
+        trace = Trace(
+            header,
+            data["prompt_tokens"],
+            data["prompt_off"],
+            data["traj"],
+            data["traj_off"],
+            data["feat"],
+            trees,
+        )
+    except KeyError as err:
+        raise TraceError(f"{file} is not a complete trace (no {err} in it)") from err
+    _check_offsets(file, trace)
+    return trace
+
+
+def _check_offsets(file: Path, t: Trace) -> None:
+    """Offsets that index the arrays they belong to (a hand-edited or mixed-up file fails here, not in replay)."""
+    npos = t.traj.shape[0]
+    checks = [
+        ("prompt_off", t.prompt_off, t.prompt_tokens.shape[0]),
+        ("traj_off", t.traj_off, npos),
+        *((f"tree/{n}/off", a.off, a.tokens.shape[0]) for n, a in t.trees.items()),
+    ]
+    for name, off, end in checks:
+        if off.ndim != 1 or off.size < 1 or off[0] != 0 or off[-1] != end or (np.diff(off) < 0).any():
+            raise TraceError(f"{file} is not a consistent trace ({name} does not index its array)")
+    if t.prompt_off.size != t.traj_off.size or t.feat.shape[0] != npos:
+        raise TraceError(f"{file} is not a consistent trace (prompt, trajectory and feature counts differ)")
+    for n, a in t.trees.items():
+        if a.off.size != npos + 1 or a.parents.shape != a.tokens.shape:
+            raise TraceError(f"{file} is not a consistent trace (tree/{n} does not cover every position)")
 
 
 # ---- recording ----------------------------------------------------------------------------------------------------

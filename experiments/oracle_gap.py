@@ -7,12 +7,13 @@ prompt, with accept-length predictors of two kinds (ridge regression, gradient-b
 - ``position``: the observation's position features (entropy, top-1 probability and margin, suffix match length,
   the hidden-state projection, and each menu drafter's largest proposal at the root);
 - ``position+ngram``: those plus what the committed text says about copying, computed from the trace's tokens:
-  how many of the latest tokens the n-gram drafter (longest suffix match, most recent occurrence) would have
-  guessed in a row, its hit rate over the last 8 tokens, whether it guessed the root, whether it had no guess.
+  how many of the latest tokens the n-gram drafter (longest suffix match up to its ``max_ngram``, most recent
+  occurrence) would have guessed in a row, its hit rate over the last 8 tokens, whether it guessed the root, and
+  whether it had no guess. Every feature at a position uses only tokens committed before that step.
 
 Each predictor is fitted twice: on the training prompts (what a trained policy can do on held-out prompts) and on
-the held-out prompts themselves (in-sample: an optimistic estimate of what the features can express at all, no
-generalization needed). Each plays, on the held-out prompts in replay, the better (on the prompts it was fitted on)
+the held-out prompts themselves (in-sample: what the features can express with no generalization needed; not an
+upper bound, since the fit minimizes squared error in accepted length, not time). Each plays, on the held-out prompts in replay, the better (on the prompts it was fitted on)
 of the predictor policy's two rules: most predicted tokens per unit cost, or most tokens beyond what the cost buys
 at the rule's own speedup. The table reports speedup over our autoregressive loop (cost model) and the share of the oracle's gain
 over the best static arm (chosen on the training prompts) that each recovers.
@@ -31,11 +32,17 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from env.trace import Trace
+
 DEFAULT_MENU = ("none", "ngram-d2", "ngram-d4", "ngram-d8", "ngram-d16", "ngram-d4-k2", "ngram-d8-k4-b24")
 NGRAM_FEATURES = ("ngram_streak", "ngram_hit_rate8", "ngram_hit_root", "ngram_no_guess")
 
 
-def ngram_guess(context: Sequence[int], max_n: int = 16) -> int | None:
+class OracleGapError(ValueError):
+    """Settings the measurement cannot use (a split with no test or no training prompt); meant for the user."""
+
+
+def ngram_guess(context: Sequence[int], max_n: int = 4) -> int | None:
     """The n-gram drafter's first token after ``context``: the token that followed the most recent earlier
     occurrence of the longest suffix (up to ``max_n`` tokens) that occurred before; None when the last token never
     occurred before."""
@@ -50,15 +57,20 @@ def ngram_guess(context: Sequence[int], max_n: int = 16) -> int | None:
     return int(context[max(occ) + 1]) if occ else None
 
 
-def ngram_features(trace: Any) -> np.ndarray:
-    """float32 [T, 4] per trace position (root = the position's committed token), ``NGRAM_FEATURES`` in order."""
+def ngram_features(trace: Trace) -> np.ndarray:
+    """float32 [T, 4] per trace position (root = the position's committed token), ``NGRAM_FEATURES`` in order,
+    with the suffix length of the trace's n-gram drafter (its recorded ``max_ngram``, else the drafter's default)."""
+    from drafters.ngram import NGramDrafter
+
+    options = trace.drafters.get("ngram", {}).get("options", {})
+    max_n = int(options.get("max_ngram", NGramDrafter().max_ngram))
     out = np.zeros((trace.traj.shape[0], len(NGRAM_FEATURES)), np.float32)
     for p in range(trace.num_prompts):
         prompt, traj = trace.prompt(p), trace.trajectory(p)
         seq = prompt + traj
         hits = []  # 1: the guess from the tokens before generated token j was right, 0: wrong, -1: no guess
         for j in range(len(traj)):
-            guess = ngram_guess(seq[: len(prompt) + j])
+            guess = ngram_guess(seq[: len(prompt) + j], max_n)
             hits.append(-1 if guess is None else int(guess == seq[len(prompt) + j]))
         streak = 0
         for t, h in enumerate(hits):
@@ -74,7 +86,7 @@ def _positions(tb: Any, prompts: np.ndarray) -> np.ndarray:
 
 
 def measure(
-    trace: Any,
+    trace: Trace,
     arms: Sequence[str] = DEFAULT_MENU,
     cost_model: Any = None,
     *,
@@ -88,7 +100,14 @@ def measure(
     from threadpoolctl import threadpool_limits
 
     from env.spec_env import SpecDecodeEnv
-    from policies.oracle import _indices, best_static, rollout_actions, score_greedy_oracle, static_table
+    from policies.oracle import (
+        best_static,
+        prompt_indices,
+        rollout_actions,
+        score_greedy_oracle,
+        score_optimal_oracle,
+        static_table,
+    )
     from policies.split import trace_split
 
     spec = replace(trace.spec, draft_features=True)
@@ -96,34 +115,41 @@ def measure(
     tb = env.tables
     split = trace_split(trace, test_per_category, seed)
     if not split.test or not split.train:
-        raise ValueError(f"the split left no test or no training prompts ({len(trace.prompt_ids)} prompts)")
-    best = best_static(static_table(env, list(split.train)))
-    test_idx = _indices(env, list(split.test))
-    base = static_table(env, list(split.test))[best].speedup
+        raise OracleGapError(
+            f"a split of {test_per_category} per category leaves no test or no training prompt "
+            f"({len(trace.prompt_ids)} prompts in the trace)"
+        )
+    best_arm = best_static(static_table(env, list(split.train)))
+    test_idx = prompt_indices(env, list(split.test))
+    base = static_table(env, list(split.test))[best_arm].speedup
     oracle = score_greedy_oracle(env, list(split.test)).speedup
+    optimal = score_optimal_oracle(env, list(split.test)).speedup
     gain = oracle - base
 
-    def play(
-        scores: np.ndarray, idx: np.ndarray
-    ) -> float:  # scores [T, K]: each step the highest-scoring arm
-        ar, cost, *_ = rollout_actions(tb, idx, lambda obs, p, pos: np.argmax(scores[tb.offset[p] + pos], 1))
+    def play(scores: np.ndarray, idx: np.ndarray) -> float:
+        """Replay speedup on prompts ``idx`` of taking, each step, the arm of highest ``scores`` [T, K]."""
+
+        def choose(obs: np.ndarray, p: np.ndarray, pos: np.ndarray) -> np.ndarray:
+            return np.argmax(scores[tb.offset[p] + pos], axis=1)
+
+        ar, cost, *_ = rollout_actions(tb, idx, choose)
         return float(ar.sum() / cost.sum())
 
     def best_rule(tokens: np.ndarray, cost: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """Scores of the better rule on the prompts ``idx``: the ratio tokens / cost, or the margin
         tokens - rate * cost with Dinkelbach's rate (the rule's own speedup, iterated; policies.predictor)."""
-        best = (play(tokens / cost, idx), tokens / cost)
-        rate = best[0]
+        top = (play(tokens / cost, idx), tokens / cost)
+        rate = top[0]
         for _ in range(4):
             scores = tokens - rate * cost
             got = play(scores, idx)
-            best = max(best, (got, scores), key=lambda b: b[0])
+            top = max(top, (got, scores), key=lambda b: b[0])
             if abs(got - rate) < 1e-3:
                 break
             rate = got
-        return best[1]
+        return top[1]
 
-    train_idx = _indices(env, list(split.train))
+    train_idx = prompt_indices(env, list(split.train))
     fits = {
         "train": (_positions(tb, train_idx), train_idx),
         "in-sample": (_positions(tb, test_idx), test_idx),
@@ -150,8 +176,9 @@ def measure(
                      "recovered": (speed - base) / gain if gain > 0 else None})  # fmt: skip
     return {
         "rows": rows,
-        "best_static": {"arm": env.arm_names[best], "replay_speedup": base},
+        "best_static": {"arm": env.arm_names[best_arm], "replay_speedup": base},
         "oracle": {"name": "per-step-greedy", "replay_speedup": oracle},
+        "optimal": {"name": "optimal", "replay_speedup": optimal},
         "test_prompts": list(split.test),
         "train_prompts": len(split.train),
         "menu": list(env.arm_names),
@@ -167,9 +194,10 @@ def format_result(res: dict[str, Any]) -> str:
         fit = "training prompts" if r["fit"] == "train" else "held-out (in-smp)"
         rec = "-" if r["recovered"] is None else f"{100 * r['recovered']:.0f}%"
         lines.append(f"{r['features']:<16} {r['model']:<6} {fit:<18} {r['replay_speedup']:>11.3f} {rec:>9}")
-    b, o = res["best_static"], res["oracle"]
-    lines.append(f"\nbest static arm (training prompts): {b['arm']} {b['replay_speedup']:.3f}; "
-                 f"per-step greedy oracle {o['replay_speedup']:.3f}; {len(res['test_prompts'])} held-out prompts")  # fmt: skip
+    b, o, opt = res["best_static"], res["oracle"], res["optimal"]
+    lines.append(f"\nbest static arm (training prompts): {b['arm']} {b['replay_speedup']:.3f}; per-step greedy "
+                 f"oracle {o['replay_speedup']:.3f} (optimal {opt['replay_speedup']:.3f}); "
+                 f"{len(res['test_prompts'])} held-out prompts")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -178,19 +206,35 @@ def cmd_oracle_gap(args: argparse.Namespace) -> int:
     from env.cost import CostModelError, load_cost_model
     from env.trace import TraceError, load_trace
     from experiments.cli import UserError
+    from experiments.provenance import provenance
 
+    if args.test_per_category < 1 or args.seed < 0:
+        raise UserError(
+            f"--test-per-category must be >= 1 and --seed >= 0, got {args.test_per_category} and {args.seed}"
+        )
     try:
         trace = load_trace(args.trace)
         arms = [a.name for a in make_arms(args.arms)]
         cm = load_cost_model(args.cost_model)
         res = measure(trace, arms, cm, test_per_category=args.test_per_category, seed=args.seed,
                       progress=sys.stderr.isatty())  # fmt: skip
-    except (TraceError, CostModelError, ValueError) as err:
+    except (TraceError, CostModelError, OracleGapError) as err:
         raise UserError(str(err)) from err
     print(format_result(res))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=2))
+        res["settings"] = {
+            "trace": args.trace or "bundled",
+            "arms": arms,
+            "cost_model": args.cost_model or "shipped",
+            "test_per_category": args.test_per_category,
+            "seed": args.seed,
+        }
+        res["provenance"] = provenance()
+        try:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(res, indent=2))
+        except OSError as err:
+            raise UserError(f"cannot write {args.json}: {err.strerror or err}") from err
     return 0
 
 

@@ -56,7 +56,7 @@ class ReplayScore:
         )  # fmt: skip
 
 
-def _indices(env: Any, prompt_ids: Sequence[str] | None) -> np.ndarray:
+def prompt_indices(env: Any, prompt_ids: Sequence[str] | None) -> np.ndarray:
     ids = list(env.prompt_ids)
     tb: ReplayTables = env.tables
     if prompt_ids is None:
@@ -100,20 +100,20 @@ def score_batch(
 ) -> ReplayScore:
     """A policy that acts on a batch of observations (``act_batch(obs [B, F]) -> [B]``; no online updates),
     replayed on all prompts at once."""
-    tb, idx = env.tables, _indices(env, prompt_ids)
+    tb, idx = env.tables, prompt_indices(env, prompt_ids)
     res = rollout_actions(tb, idx, lambda obs, p, pos: act_batch(obs))
     return ReplayScore(name, kind, [env.prompt_ids[i] for i in idx], *res)
 
 
 def score_static(env: Any, arm: int, prompt_ids: Sequence[str] | None = None) -> ReplayScore:
-    tb, idx = env.tables, _indices(env, prompt_ids)
+    tb, idx = env.tables, prompt_indices(env, prompt_ids)
     res = rollout_actions(tb, idx, lambda obs, p, pos: np.full(p.shape[0], arm))
     return ReplayScore(env.arm_names[arm], "static", [env.prompt_ids[i] for i in idx], *res)
 
 
 def score_greedy_oracle(env: Any, prompt_ids: Sequence[str] | None = None) -> ReplayScore:
     """Each step the arm of largest instantaneous speedup, knowing every arm's true acceptance there."""
-    tb, idx = env.tables, _indices(env, prompt_ids)
+    tb, idx = env.tables, prompt_indices(env, prompt_ids)
 
     def choose(obs, p, pos):
         g = tb.offset[p] + pos
@@ -127,7 +127,7 @@ def score_greedy_oracle(env: Any, prompt_ids: Sequence[str] | None = None) -> Re
 
 def score_optimal_oracle(env: Any, prompt_ids: Sequence[str] | None = None) -> ReplayScore:
     """The least-time arm sequence per prompt: ``V[pos] = min_a cost[a, pos] + V[pos + tokens_a]``."""
-    tb, idx = env.tables, _indices(env, prompt_ids)
+    tb, idx = env.tables, prompt_indices(env, prompt_ids)
     plans = {}
     for p in idx:
         n = int(tb.length[p]) - 1  # positions 0..n-1 are roots with a step to take
@@ -202,7 +202,7 @@ def score_policy(
 ) -> ReplayScore:
     """Run ``policy`` episode by episode on the replay env (``SpecDecodeEnv``), in prompt order; online learners
     keep learning across prompts when ``learn`` (as they would inside the decoder)."""
-    idx = _indices(env, prompt_ids)
+    idx = prompt_indices(env, prompt_ids)
     k = len(env.arm_names)
     n = idx.shape[0]
     ar_s, cost_s = np.zeros(n), np.zeros(n)

@@ -121,11 +121,14 @@ def test_partial_reset_with_a_mask(toy_trace, toy_cost):
     assert not np.allclose(obs[1:, hist:], 0.0)
 
 
-def test_stable_baselines3_trains_on_it(toy_trace, toy_cost):
+def test_stable_baselines3_trains_on_it(toy_trace, toy_cost, tmp_path, monkeypatch):
+    import tempfile
+
     from stable_baselines3 import PPO
     from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import VecMonitor
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where stable-baselines3 would put SB3-<date>
     venv = VecMonitor(make_sb3_vec_env(16, trace=toy_trace, cost_model=toy_cost))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -135,3 +138,4 @@ def test_stable_baselines3_trains_on_it(toy_trace, toy_cost):
     obs = venv.reset()
     actions, _ = model.predict(obs, deterministic=True)
     assert actions.shape == (16,)
+    assert not list(tmp_path.glob("SB3-*"))
