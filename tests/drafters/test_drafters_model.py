@@ -4,10 +4,10 @@ output token for token, with the heads shipped in drafters/data (chains and tree
 from __future__ import annotations
 
 import pytest
-import torch
 
 from env.decoder import SpeculativeDecoder, chat_prompt
 from env.engine import parse_arm
+from tests.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.model
 
@@ -34,12 +34,7 @@ def _head_missing(arm: str) -> str | None:
 @pytest.fixture(scope="module")
 def hf_expected(fp32_model):
     ids = chat_prompt(fp32_model.tokenizer, "Name three uses of a paper clip.")
-    t = torch.tensor([ids])
-    with torch.no_grad():
-        hf = fp32_model.model.generate(
-            t, attention_mask=torch.ones_like(t), max_new_tokens=N, do_sample=False
-        )
-    return ids, hf[0, len(ids) :].tolist()
+    return ids, hf_greedy(fp32_model, ids, N)
 
 
 @pytest.mark.parametrize("arm", ARMS)

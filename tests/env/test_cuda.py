@@ -10,6 +10,7 @@ import torch
 from env.decoder import SpeculativeDecoder, chat_prompt
 from env.engine import Sampling, parse_arm
 from env.workloads import load_workload
+from tests.hf_reference import hf_greedy
 
 pytestmark = [
     pytest.mark.model,
@@ -26,20 +27,11 @@ def cuda_fp32():
     return load_model(dtype="fp32", device="cuda")
 
 
-def _hf_greedy(loaded, prompt_ids, n):
-    ids = torch.tensor([prompt_ids], device=loaded.device)
-    with torch.no_grad():
-        out = loaded.model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=2
-        )
-    return out[0, ids.shape[1] :].tolist()
-
-
 @pytest.mark.parametrize("category", ["summarization", "rag", "mt_bench"])
 def test_greedy_equals_hf_generate_on_cuda(cuda_fp32, category):
     prompt = next(p for p in load_workload() if p.category == category)
     ids = chat_prompt(cuda_fp32.tokenizer, prompt.text)
-    expected = _hf_greedy(cuda_fp32, ids, 48)
+    expected = hf_greedy(cuda_fp32, ids, 48)
     for name in ARMS:
         g = SpeculativeDecoder(cuda_fp32, [parse_arm(name)]).generate(ids, max_new_tokens=48)
         assert g.token_ids == expected, name

@@ -4,32 +4,23 @@ for token, for chains and trees; sampling is reproducible from its seed."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from drafters import TreeShape
 from env.decoder import SpeculativeDecoder, chat_prompt
 from env.engine import NO_DRAFT, Arm, Sampling
 from env.workloads import load_workload
+from tests.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.model
 
 ARMS = [NO_DRAFT, Arm("ngram", TreeShape(depth=8)), Arm("ngram", TreeShape(depth=6, topk=3, budget=12))]
 
 
-def _hf_greedy(loaded, prompt_ids, n):
-    ids = torch.tensor([prompt_ids])
-    with torch.no_grad():
-        out = loaded.model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=2
-        )
-    return out[0, ids.shape[1] :].tolist()
-
-
 @pytest.mark.parametrize("category", ["summarization", "rag", "qa"])
 def test_greedy_equals_hf_generate(fp32_model, category):
     prompt = next(p for p in load_workload() if p.category == category)
     ids = chat_prompt(fp32_model.tokenizer, prompt.text)
-    expected = _hf_greedy(fp32_model, ids, 40)
+    expected = hf_greedy(fp32_model, ids, 40)
     for arm in ARMS:
         g = SpeculativeDecoder(fp32_model, [arm]).generate(ids, max_new_tokens=40)
         assert g.token_ids == expected, arm.name
@@ -42,7 +33,7 @@ def test_tree_steps_commit_the_accepted_path(fp32_model):
     # summarizing copies phrases of the article: the n-gram tree accepts several drafts per step
     prompt = next(p for p in load_workload() if p.category == "summarization")
     ids = chat_prompt(fp32_model.tokenizer, prompt.text)
-    expected = _hf_greedy(fp32_model, ids, 48)
+    expected = hf_greedy(fp32_model, ids, 48)
     g = SpeculativeDecoder(fp32_model, [ARMS[2]]).generate(ids, max_new_tokens=48)
     assert g.token_ids == expected
     assert g.stats.tau > 1.2  # several tokens per step: the tree did its work
@@ -85,7 +76,7 @@ def test_an_end_of_sequence_inside_the_accepted_path_ends_generation(fp32_model,
     import drafters
 
     ids = chat_prompt(fp32_model.tokenizer, "Say hello.")
-    expected = _hf_greedy(fp32_model, ids, 64)
+    expected = hf_greedy(fp32_model, ids, 64)
     assert len(expected) < 64  # the answer ends with an end of sequence
     depth = (
         len(expected) + 4
