@@ -111,7 +111,7 @@ def replay_accept(
 # ---- vectorized over a whole trace ---------------------------------------------------------------------------------
 
 
-def _tree_index(trace: Trace, name: str) -> dict[str, np.ndarray]:
+def tree_index(trace: Trace, name: str) -> dict[str, np.ndarray]:
     """Per node of drafter ``name``'s recorded trees: position, global parent, depth, child rank, max rank on the
     root path, and whether its token is the trajectory's token at its depth. Cached on the trace."""
     key = ("tree_index", name)
@@ -182,7 +182,7 @@ def arm_columns(trace: Trace, arm: Arm) -> tuple[np.ndarray, np.ndarray, np.ndar
             f"arm {arm.name} is larger than the trees the trace recorded for {arm.drafter} "
             f"(depth {rec.depth}, topk {rec.topk}); record with a larger drafter shape"
         )
-    ix = _tree_index(trace, arm.drafter)
+    ix = tree_index(trace, arm.drafter)
     t = trace.trees[arm.drafter]
     nonroot = ix["gpar"] >= 0
     alive = nonroot & (ix["depth"] <= s.depth) & (ix["maxrank"] < s.topk)
@@ -223,7 +223,7 @@ def _position_features(trace: Trace, arms: Sequence[Arm], draft: bool) -> np.nda
     for name in menu_drafters(spec, names, depths):
         if name not in trace.trees:
             raise TraceError(f"draft features need drafter {name!r}'s trees, which the trace did not record")
-        ix = _tree_index(trace, name)
+        ix = tree_index(trace, name)
         npos = trace.trees[name].off.shape[0] - 1
         width = np.bincount(ix["pos"][ix["depth"] == 1], minlength=npos)
         depth = np.zeros(npos, dtype=np.int64)

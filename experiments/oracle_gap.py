@@ -7,8 +7,8 @@ prompt, with accept-length predictors of two kinds (ridge regression, gradient-b
 - ``position``: the observation's position features (entropy, top-1 probability and margin, suffix match length,
   the hidden-state projection, and each menu drafter's largest proposal at the root);
 - ``position+ngram``: those plus what the committed text says about copying, computed from the trace's tokens:
-  how many of the latest tokens the n-gram drafter (longest suffix match up to its ``max_ngram``, most recent
-  occurrence) would have guessed in a row, its hit rate over the last 8 tokens, whether it guessed the root, and
+  how many of the latest tokens the n-gram drafter's first proposal (read from its recorded trees) guessed in a
+  row, its hit rate over the last 8 tokens, whether it guessed the root, and
   whether it had no guess. Every feature at a position uses only tokens committed before that step.
 
 Each predictor is fitted twice: on the training prompts (what a trained policy can do on held-out prompts) and on
@@ -42,42 +42,35 @@ class OracleGapError(ValueError):
     """Settings the measurement cannot use (a split with no test or no training prompt); meant for the user."""
 
 
-def ngram_guess(context: Sequence[int], max_n: int = 4) -> int | None:
-    """The n-gram drafter's first token after ``context``: the token that followed the most recent earlier
-    occurrence of the longest suffix (up to ``max_n`` tokens) that occurred before; None when the last token never
-    occurred before."""
-    last = context[-1]
-    cand = [i for i in range(len(context) - 1) if context[i] == last]
-    occ: list[int] = []
-    n = 1
-    while cand and n <= max_n:
-        occ = cand
-        cand = [i for i in cand if i - n >= 0 and context[i - n] == context[-1 - n]]
-        n += 1
-    return int(context[max(occ) + 1]) if occ else None
-
-
 def ngram_features(trace: Trace) -> np.ndarray:
-    """float32 [T, 4] per trace position (root = the position's committed token), ``NGRAM_FEATURES`` in order,
-    with the suffix length of the trace's n-gram drafter (its recorded ``max_ngram``, else the drafter's default)."""
-    from drafters.ngram import NGramDrafter
+    """float32 [T, 4] per trace position (root = the position's committed token), ``NGRAM_FEATURES`` in order.
 
-    options = trace.drafters.get("ngram", {}).get("options", {})
-    max_n = int(options.get("max_ngram", NGramDrafter().max_ngram))
-    out = np.zeros((trace.traj.shape[0], len(NGRAM_FEATURES)), np.float32)
+    The n-gram drafter's guess for generated token j is the first child of its recorded tree at position j - 1
+    (what it proposed right after token j - 1); token 0 came from the prompt's forward pass, with no guess."""
+    from env.replay import tree_index
+
+    if "ngram" not in trace.trees:
+        raise OracleGapError(
+            "the n-gram features need the n-gram drafter's trees, which the trace did not record"
+        )
+    ix = tree_index(trace, "ngram")
+    npos = trace.traj.shape[0]
+    first = np.flatnonzero((ix["depth"] == 1) & (ix["rank"] == 0))  # one per position that had a guess
+    guessed_next = np.full(
+        npos, -1, dtype=np.int64
+    )  # per position g: 1 / 0 the guess for g + 1 was right / wrong
+    guessed_next[ix["pos"][first]] = ix["match"][first]
+    out = np.zeros((npos, len(NGRAM_FEATURES)), np.float32)
     for p in range(trace.num_prompts):
-        prompt, traj = trace.prompt(p), trace.trajectory(p)
-        seq = prompt + traj
-        hits = []  # 1: the guess from the tokens before generated token j was right, 0: wrong, -1: no guess
-        for j in range(len(traj)):
-            guess = ngram_guess(seq[: len(prompt) + j], max_n)
-            hits.append(-1 if guess is None else int(guess == seq[len(prompt) + j]))
+        a, b = int(trace.traj_off[p]), int(trace.traj_off[p + 1])
+        hits = np.concatenate([[-1], guessed_next[a : b - 1]])  # hits[j]: token j against the guess before it
         streak = 0
-        for t, h in enumerate(hits):
+        for t, h in enumerate(hits.tolist()):
             streak = streak + 1 if h == 1 else 0
-            recent = [x for x in hits[max(0, t - 7) : t + 1] if x >= 0]
-            rate = float(np.mean([x == 1 for x in recent])) if recent else 0.0
-            out[trace.traj_off[p] + t] = [min(streak, 16) / 16, rate, float(h == 1), float(h == -1)]
+            recent = hits[max(0, t - 7) : t + 1]
+            recent = recent[recent >= 0]
+            rate = float((recent == 1).mean()) if recent.size else 0.0
+            out[a + t] = [min(streak, 16) / 16, rate, float(h == 1), float(h == -1)]
     return out
 
 

@@ -1,4 +1,4 @@
-"""``draftgym oracle-gap`` on the bundled trace: the n-gram guess, the feature rows, the table's consistency with
+"""``draftgym oracle-gap`` on the bundled trace: the n-gram features (no look-ahead), the table's consistency with
 the oracle and the best static arm, and one-line errors."""
 
 from __future__ import annotations
@@ -10,14 +10,7 @@ import pytest
 
 from env.trace import load_trace
 from experiments.cli import main
-from experiments.oracle_gap import NGRAM_FEATURES, measure, ngram_features, ngram_guess
-
-
-def test_ngram_guess_follows_the_most_recent_longest_suffix():
-    assert ngram_guess([5, 6, 7, 5, 6]) == 7  # suffix (5, 6) occurred once, then 7
-    assert ngram_guess([1, 2, 1, 3, 1]) == 3  # suffix (1,): the most recent earlier occurrence wins
-    assert ngram_guess([1, 4, 8, 3, 4, 2, 1, 4]) == 8  # the older (1, 4) -> 8 beats the more recent (4,) -> 2
-    assert ngram_guess([1, 2, 3]) is None
+from experiments.oracle_gap import NGRAM_FEATURES, measure, ngram_features
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +23,13 @@ def test_ngram_features_are_bounded_and_agree_with_the_guess(trace):
     assert f.shape == (trace.traj.shape[0], len(NGRAM_FEATURES))
     assert (f >= 0).all() and (f <= 1).all()
     p = 0
-    seq = trace.prompt(p) + trace.trajectory(p)
-    n = len(trace.prompt(p))
-    for t in range(len(trace.trajectory(p))):
-        guess = ngram_guess(seq[: n + t])
-        assert f[trace.traj_off[p] + t, 2] == float(guess == seq[n + t])  # ngram_hit_root
-        assert f[trace.traj_off[p] + t, 3] == float(guess is None)  # ngram_no_guess
+    traj, off = trace.trajectory(p), int(trace.traj_off[p])
+    assert f[off, 3] == 1.0  # the first token came from the prompt's forward pass: no guess
+    for j in range(1, len(traj)):
+        tokens, parents = trace.trees["ngram"].at(off + j - 1)  # the tree proposed right after token j - 1
+        children = [int(tokens[i]) for i in range(len(tokens)) if parents[i] == 0]
+        assert f[off + j, 3] == float(not children)  # ngram_no_guess
+        assert f[off + j, 2] == float(bool(children) and children[0] == traj[j])  # ngram_hit_root
     assert f[:, 2].sum() > 0  # the built-in answers do copy from their prompts
     streak = 0  # column 0: consecutive right guesses up to the root, / 16, capped
     for t in range(len(trace.trajectory(p))):
