@@ -67,7 +67,8 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     import torch
 
     from drafters.heads import cache_heads_dir, head_name
-    from drafters.train import TrainSettings, generate_data, prefill_data, train_head
+    from drafters.train import TrainSettings, train_head
+    from drafters.train_data import generate_data, prefill_data
     from env.decoder import chat_prompt
     from env.model import cache_dir, load_model
     from env.workloads import load_workload

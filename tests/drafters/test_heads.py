@@ -71,7 +71,8 @@ def test_wrong_shapes_are_refused(tmp_path):
 
 
 def test_data_generation_training_and_resume_checks(tmp_path):
-    from drafters.train import TrainSettings, generate_data, load_data, prefill_data, train_head
+    from drafters.train import TrainSettings, train_head
+    from drafters.train_data import generate_data, load_data, prefill_data
 
     loaded = tiny_loaded()
     prompts = [(f"p{i}", [1 + i, 7, 9, 11 + i, 3]) for i in range(10)]

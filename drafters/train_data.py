@@ -1,0 +1,239 @@
+"""Training data for the trained draft heads (``eagle``, ``early_exit``), by self-distillation: the target answers
+prompts greedily (``generate_data``) or reads prompts teacher-forced (``prefill_data``), and forward hooks capture,
+for every position, the final-norm hidden state f_t (EAGLE's feature and the teacher) and the residual stream after
+the first ``l`` layers for each capture layer (early exit). The last ``window`` positions of each sequence are kept,
+as fp16, one file per batch, so a killed run resumes at the next batch. ``load_data``, ``split`` and
+``draft_vocab`` read them back for ``drafters.train``.
+
+Costs are counted in CPU seconds of this process (``time.process_time``), summed over resumed sessions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from drafters.base import DrafterError
+
+
+@dataclass(frozen=True)
+class Sequence:
+    tokens: torch.Tensor  # [T] int64, the last `window` tokens of prompt + answer
+    feats: torch.Tensor  # [T, H] fp16, f_t (final-norm hidden); the last row is zero (no feature yet)
+    exits: dict[int, torch.Tensor]  # layer l -> [T, H] fp16 residual stream after l layers
+    answer_start: int  # index in `tokens` of the first generated token (0 if the prompt was cut away)
+    prompt_id: str
+
+
+# ---------------------------------------------------------------- data generation
+
+
+def generate_data(
+    model: Any,
+    prompts: list[tuple[str, list[int]]],
+    out_dir: Path,
+    *,
+    max_new_tokens: int = 128,
+    batch_size: int = 8,
+    capture_layers: tuple[int, ...] = (4, 8),
+    window: int = 384,
+    pad_id: int = 2,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Greedy answers and captured features for ``prompts`` ((id, token ids)); one safetensors file per batch in
+    ``out_dir`` (existing ones are kept: resume). Returns a summary (tokens, CPU seconds of this call)."""
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+
+    def part(batch: list[tuple[str, list[int]]], captured: dict[str, list[torch.Tensor]]):
+        lens = [len(ids) for _, ids in batch]
+        width = max(lens)
+        inp = torch.tensor([[pad_id] * (width - n) + ids for (_, ids), n in zip(batch, lens)])
+        att = torch.tensor([[0] * (width - n) + [1] * n for n in lens])
+        with torch.inference_mode():
+            out = model.generate(
+                inp, attention_mask=att, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id
+            )
+        cat = {k: torch.cat(v, dim=1) for k, v in captured.items()}  # [B, width + steps - 1, H]
+        tensors: dict[str, torch.Tensor] = {}
+        meta = []
+        for b, ((pid, ids), n) in enumerate(zip(batch, lens)):
+            answer = out[b, width:].tolist()
+            cut = next((j + 1 for j, t in enumerate(answer) if t in eos_ids), len(answer))
+            seq = ids + answer[:cut]
+            start = max(0, len(seq) - window)
+            pad = width - n
+            t = len(seq) - start
+            tensors[f"{b}/tokens"] = torch.tensor(seq[start:], dtype=torch.int32)
+            for name, x in cat.items():
+                f = torch.zeros(t, x.shape[-1], dtype=torch.float16)
+                avail = x[b, pad + start : pad + len(seq) - 1].to(
+                    torch.float16
+                )  # features of all but the last
+                f[: avail.shape[0]] = avail
+                tensors[f"{b}/{name}"] = f
+            meta.append({"prompt_id": pid, "answer_start": max(0, len(ids) - start), "answer_len": cut})
+        return tensors, meta
+
+    order = sorted(prompts, key=lambda p: len(p[1]))  # similar lengths batch together: little padding
+    cpu = _write_parts(model, order, out_dir, batch_size, capture_layers, "distill data", progress, part)
+    return _log_info(out_dir, cpu, prompts, max_new_tokens, window, capture_layers)
+
+
+def _write_parts(
+    model, order, out_dir: Path, batch_size: int, capture_layers, desc: str, progress: bool, part
+):
+    """Run ``part(batch, captured)`` -> (tensors, meta) over the batches of ``order`` with the capture hooks on,
+    writing ``out_dir/part-NNNN.safetensors`` atomically and skipping the parts already there (resume after a
+    kill). Returns the CPU seconds of this call."""
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    cpu0 = time.process_time()
+    captured, handles = _hooks(model, capture_layers)
+    todo = [(i, b) for i, b in enumerate(batches) if not (out_dir / f"part-{i:04d}.safetensors").is_file()]
+    bar = tqdm(total=len(batches), initial=len(batches) - len(todo), desc=desc, disable=not progress)
+    try:
+        for i, batch in todo:
+            captured.clear()
+            tensors, meta = part(batch, captured)
+            tmp = out_dir / f"part-{i:04d}.tmp"
+            save_file(tensors, str(tmp), metadata={"meta": json.dumps(meta)})
+            os.replace(tmp, out_dir / f"part-{i:04d}.safetensors")
+            bar.update(1)
+    finally:
+        for h in handles:
+            h.remove()
+        bar.close()
+    return time.process_time() - cpu0
+
+
+def _hooks(model: Any, capture_layers: tuple[int, ...]):
+    """Forward hooks that append, per forward call, the final-norm output ("final") and the residual stream after
+    each capture layer ("exitL") to lists; returns (the lists by name, the hook handles)."""
+    captured: dict[str, list[torch.Tensor]] = {}
+
+    def hook(name: str):
+        def fn(_module, _inputs, output):
+            out = output[0] if isinstance(output, tuple) else output
+            captured.setdefault(name, []).append(out.detach())
+
+        return fn
+
+    inner = model.model
+    handles = [inner.norm.register_forward_hook(hook("final"))]
+    handles += [inner.layers[n - 1].register_forward_hook(hook(f"exit{n}")) for n in capture_layers]
+    return captured, handles
+
+
+def prefill_data(
+    model: Any,
+    prompts: list[tuple[str, list[int]]],
+    out_dir: Path,
+    *,
+    max_len: int = 448,
+    batch_size: int = 8,
+    capture_layers: tuple[int, ...] = (2, 4, 8),
+    pad_id: int = 2,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Teacher-forced data, several times cheaper per position than generation: one forward over the first
+    ``max_len`` tokens of each prompt (a cut text is still text; its features are what the target computes for that
+    prefix). EAGLE trains on fixed text as well as on self-generated text (EAGLE, section 5.3). Same file format as
+    ``generate_data``, with no answer (``answer_start`` = length)."""
+
+    def part(batch: list[tuple[str, list[int]]], captured: dict[str, list[torch.Tensor]]):
+        width = max(len(ids) for _, ids in batch)
+        inp = torch.tensor([ids + [pad_id] * (width - len(ids)) for _, ids in batch])  # right padding
+        att = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for _, ids in batch])
+        with torch.inference_mode():
+            model.model(input_ids=inp, attention_mask=att)
+        tensors: dict[str, torch.Tensor] = {}
+        for b, (_, ids) in enumerate(batch):
+            n = len(ids)
+            tensors[f"{b}/tokens"] = torch.tensor(ids, dtype=torch.int32)
+            for name, x in captured.items():
+                f = x[0][b, :n].to(torch.float16).clone()
+                f[-1] = 0  # as in generate_data: the last token has no feature in the data
+                tensors[f"{b}/{name}"] = f
+        return tensors, [{"prompt_id": pid, "answer_start": len(ids), "answer_len": 0} for pid, ids in batch]
+
+    order = sorted(((pid, ids[:max_len]) for pid, ids in prompts), key=lambda p: len(p[1]))
+    cpu = _write_parts(model, order, out_dir, batch_size, capture_layers, "prefill data", progress, part)
+    return _log_info(out_dir, cpu, prompts, 0, max_len, capture_layers)
+
+
+def _log_info(out_dir: Path, cpu: float, prompts, max_new_tokens: int, window: int, capture_layers) -> dict:
+    """Add this call's CPU seconds to ``out_dir/info.json`` (summed over resumed calls) and return it."""
+    info_path = out_dir / "info.json"
+    info = json.loads(info_path.read_text()) if info_path.is_file() else {"cpu_s": 0.0}
+    info.update(
+        prompts=len(prompts),
+        max_new_tokens=max_new_tokens,
+        window=window,
+        capture_layers=list(capture_layers),
+        cpu_s=info["cpu_s"] + cpu,
+    )
+    info_path.write_text(json.dumps(info, indent=2))
+    return info
+
+
+def load_data(*dirs: Path) -> list[Sequence]:
+    from safetensors import safe_open
+
+    seqs = []
+    for part in sorted(p for d in dirs for p in d.glob("part-*.safetensors")):
+        with safe_open(str(part), framework="pt") as fh:
+            meta = json.loads(fh.metadata()["meta"])
+            for b, m in enumerate(meta):
+                names = [k for k in fh.keys() if k.startswith(f"{b}/exit")]  # noqa: SIM118
+                exits = {int(k.split("/exit")[1]): fh.get_tensor(k) for k in names}
+                seqs.append(
+                    Sequence(
+                        tokens=fh.get_tensor(f"{b}/tokens").long(),
+                        feats=fh.get_tensor(f"{b}/final"),
+                        exits=exits,
+                        answer_start=int(m["answer_start"]),
+                        prompt_id=str(m["prompt_id"]),
+                    )
+                )
+    if not seqs:
+        raise DrafterError(f"no distillation data in {', '.join(map(str, dirs))}")
+    return seqs
+
+
+def split(seqs: list[Sequence], heldout_every: int = 10) -> tuple[list[Sequence], list[Sequence]]:
+    """Held-out split by prompt: every ``heldout_every``-th generated sequence (in prompt-id order); the
+    teacher-forced prompt sequences (no answer) all train."""
+    answered = sorted((s for s in seqs if s.answer_start < s.tokens.shape[0]), key=lambda s: s.prompt_id)
+    held = [s for i, s in enumerate(answered) if i % heldout_every == heldout_every - 1]
+    held_ids = {id(s) for s in held}
+    return [s for s in seqs if id(s) not in held_ids], held
+
+
+def draft_vocab(seqs: list[Sequence], size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
+    """The draft vocabulary (EAGLE-3's reduced LM head): ``always``, then the tokens of the data by frequency
+    (answers count 4x: they are what the target emits), then -- a few thousand distinct tokens is all a small data
+    set holds -- the lowest unused ids: BPE ids follow merge order, a frequency prior of the tokenizer's corpus.
+    On the 108-prompt SmolLM2 data, 8192 tokens cover 86% of held-out answer tokens (data alone: 82%)."""
+    counts: Counter[int] = Counter()
+    for s in seqs:
+        counts.update(s.tokens[: s.answer_start].tolist())
+        for _ in range(4):
+            counts.update(s.tokens[s.answer_start :].tolist())
+    chosen = list(dict.fromkeys([*always, *(t for t, _ in counts.most_common(size))]))[:size]
+    taken, i = set(chosen), 0
+    while len(chosen) < size:
+        if i not in taken:
+            chosen.append(i)
+        i += 1
+    return torch.tensor(sorted(chosen), dtype=torch.int64)
