@@ -145,7 +145,9 @@ def test_killed_workers_leave_a_study_that_resumes(storage, tmp_path):
         t for t in trials if t.system_attrs.get("failed_trial") == victim.number and t.number != dead.number
     ]
     assert "COMPLETE" in [t.state.name for t in retried]  # ... but its parameters are run again
-    assert all(t.params == dead.params for t in retried if dead.params)
+    # the killed trial's parameters are run again (it may have died before suggesting them all; the retry then
+    # suggests the rest)
+    assert all(t.params[k] == v for t in retried for k, v in dead.params.items())
 
 
 def test_unreachable_storage_is_one_line(tmp_path):
