@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from drafters.base import DraftContext, Drafter, DrafterError, DraftTree, Feedback, TreeShape
+from drafters.base import (
+    DraftContext,
+    Drafter,
+    DrafterError,
+    DraftTree,
+    Feedback,
+    TreeShape,
+    check_tree,
+    tree_problem,
+)
 from drafters.eagle import EagleDrafter
 from drafters.early_exit import EarlyExitDrafter
 from drafters.ngram import NGramDrafter
@@ -29,6 +38,8 @@ def make_drafter(name: str, **kwargs: Any) -> Drafter:
 
 __all__ = [
     "DRAFTERS",
+    "check_tree",
+    "tree_problem",
     "DraftContext",
     "DraftTree",
     "Drafter",

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 
@@ -64,6 +65,45 @@ class DraftTree:
         return DraftTree(
             tokens=torch.tensor([token], dtype=torch.long), parents=torch.tensor([-1], dtype=torch.long)
         )
+
+
+def tree_problem(
+    off: Sequence[int] | np.ndarray,
+    tokens: Sequence[int] | np.ndarray,
+    parents: Sequence[int] | np.ndarray,
+    vocab_size: int | None = None,
+) -> str | None:
+    """What is wrong with packed trees (tree ``i`` is nodes ``off[i]:off[i+1]`` of ``tokens``/``parents``, parents
+    local to each tree), or None when every tree is valid (DESIGN.md "Trees"): at least one node each, node 0 the
+    root with parent -1, every other node's parent an earlier node of its tree, tokens in ``[0, vocab_size)``."""
+    off, tok, par = (np.asarray(a) for a in (off, tokens, parents))
+    if off.ndim != 1 or tok.ndim != 1 or par.ndim != 1:
+        return "offsets, tokens and parents must be 1-D"
+    if tok.shape != par.shape:
+        return f"{tok.shape[0]} tokens but {par.shape[0]} parents"
+    if off.size < 1 or off[0] != 0 or off[-1] != tok.size or (np.diff(off) < 1).any():
+        return "the offsets do not split the nodes into non-empty trees"
+    for name, a in (("tokens", tok), ("parents", par)):
+        if a.size and not np.issubdtype(a.dtype, np.integer):
+            return f"{name} must be integers, got {a.dtype}"
+    tree = np.repeat(np.arange(off.size - 1), np.diff(off))
+    local = np.arange(tok.size) - off[:-1][tree]  # index of each node within its tree
+    bad = np.where(local == 0, par != -1, (par < 0) | (par >= local))
+    if bad.any():
+        i = int(np.argmax(bad))
+        return f"node {int(local[i])} of tree {int(tree[i])} has parent {int(par[i])} (needs -1 for the root, else 0..{max(int(local[i]) - 1, 0)})"
+    if tok.size and (tok.min() < 0 or (vocab_size is not None and tok.max() >= vocab_size)):
+        return f"a token id falls outside the vocabulary [0, {vocab_size})"
+    return None
+
+
+def check_tree(tokens: Any, parents: Any, vocab_size: int | None = None) -> None:
+    """Raise a ``DrafterError`` naming the problem when ``(tokens, parents)`` is not a valid draft tree."""
+    tok = np.asarray(tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)
+    par = np.asarray(parents.tolist() if isinstance(parents, torch.Tensor) else parents)
+    problem = tree_problem([0, tok.size] if tok.ndim == 1 else [0], tok, par, vocab_size)
+    if problem:
+        raise DrafterError(f"not a valid draft tree: {problem}")
 
 
 @dataclass

@@ -192,9 +192,9 @@ def load_head(
     if not path.is_file() or not meta_path.is_file():
         raise DrafterError(f"no {kind} head at {path} (needs {path.name} and {meta_path.name})")
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
         cfg = HeadConfig(**meta["config"])
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
         raise DrafterError(f"{meta_path} is not a draftgym head description ({err})") from err
     if meta.get("format") != FORMAT or cfg.kind != kind:
         raise DrafterError(f"{meta_path} describes a {cfg.kind!r} head, not {kind!r}")

@@ -6,9 +6,12 @@ Kangaroo, arXiv 2404.18911). Only the target and a prompt set are needed.
    early-exit residual streams captured, written in resumable parts.
 2. ``train_head``: AdamW on a held-out-split dataset; loss = soft cross-entropy against the target's distribution
    restricted to the draft vocabulary, plus (eagle) a smooth-L1 feature regression; EAGLE-3's training-time test
-   unrolls the head ``levels`` times. A checkpoint of the training state is written every ``save_every_s`` seconds
-   and picked up again after a kill. The held-out metric is the top-1 agreement with the target per draft depth and
-   the mean accepted length of a chain of ``levels`` drafts.
+   unrolls the head ``levels`` times. A checkpoint of the training state (head, optimizer, the batch generator) is
+   written every ``save_every_s`` seconds and picked up again after a kill. The budget is CPU minutes, or ``steps``:
+   then the learning-rate schedule follows the steps, and a run killed and resumed trains exactly the head an
+   uninterrupted one does (a CPU budget ends, and sets the schedule, at a time no two runs share). The held-out
+   metric is the top-1 agreement with the target per draft depth and the mean accepted length of a chain of
+   ``levels`` drafts.
 
 Costs are counted in CPU seconds of this process (``time.process_time``), summed over resumed sessions.
 """
@@ -46,6 +49,7 @@ class TrainSettings:
     prompt_frac: float = 1.0  # share of prompt positions in the loss (every answer position is in it)
     window: int = 192  # train on the last `window` positions of each sequence
     cpu_minutes: float = 10.0  # stop when this process's CPU time (summed over resumes) reaches it
+    steps: int = 0  # > 0: the budget in optimizer steps instead (the lr schedule follows them: reproducible)
     max_steps: int = 100_000
     seed: int = 0
     save_every_s: float = 60.0
@@ -224,6 +228,23 @@ def evaluate(head, seqs: list[Sequence], w_draft, embed, st: TrainSettings) -> d
     return out
 
 
+def load_train_state(path: Path) -> dict[str, Any]:
+    """A training checkpoint: tensors and plain data only (``weights_only``), so a file that pickles anything
+    else is refused, never run. Every problem is a one-line ``DrafterError``."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unreadable file is reported the same way
+        reason = " ".join(str(err).split())[:200]
+        raise DrafterError(
+            f"training checkpoint {path} is corrupted ({reason}); delete it to start over"
+        ) from err
+    if not isinstance(state, dict) or not {"head", "opt", "step", "cpu_s", "epoch"} <= set(state):
+        raise DrafterError(
+            f"training checkpoint {path} is not a draftgym head checkpoint; delete it to start over"
+        )
+    return state
+
+
 def train_head(
     model: Any,
     model_id: str,
@@ -255,13 +276,9 @@ def train_head(
     fingerprint = target_fingerprint(model, model_id)
     state_path = work_dir / f"train-state-{st.kind}.pt"
     step, cpu_before, epoch = 0, 0.0, 0
+    resume_gen: torch.Tensor | None = None  # the batch generator's state when the checkpoint was written
     if state_path.is_file():  # resume after a kill
-        try:
-            state = torch.load(state_path, map_location="cpu", weights_only=False)
-        except Exception as err:  # noqa: BLE001 - any unreadable file is reported the same way
-            raise DrafterError(
-                f"training checkpoint {state_path} is corrupted ({err}); delete it to start over"
-            ) from err
+        state = load_train_state(state_path)
         check_fingerprint(state.get("target", {}), model, model_id, f"training checkpoint {state_path}")
         if state.get("config") != asdict(cfg) or not torch.equal(state.get("d2t", torch.empty(0)), d2t):
             raise DrafterError(
@@ -271,6 +288,7 @@ def train_head(
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["opt"])
         step, cpu_before, epoch = state["step"], state["cpu_s"], state["epoch"]
+        resume_gen = state.get("gen")
     if hidden != cfg.hidden:
         raise DrafterError(f"the data's features have size {hidden}, the head {cfg.hidden}")
     cpu0, last_save = time.process_time(), time.monotonic()
@@ -282,6 +300,16 @@ def train_head(
     def cpu_used() -> float:
         return cpu_before + time.process_time() - cpu0
 
+    def progress_frac() -> float:  # of the budget: steps when given (reproducible), else CPU time
+        return step / st.steps if st.steps else min(1.0, cpu_used() / budget_s)
+
+    def finished() -> bool:
+        if st.steps:
+            return step >= st.steps
+        return cpu_used() >= budget_s or step >= min(st.max_steps, total_steps)
+
+    gen: torch.Generator | None = None
+
     def save_state() -> None:
         tmp = state_path.with_suffix(".tmp")
         torch.save(
@@ -291,6 +319,7 @@ def train_head(
                 "step": step,
                 "cpu_s": cpu_used(),
                 "epoch": epoch,
+                "gen": gen.get_state() if gen is not None else resume_gen,
                 "config": asdict(cfg),
                 "d2t": d2t,
                 "target": fingerprint,
@@ -300,13 +329,16 @@ def train_head(
         os.replace(tmp, state_path)
 
     head.train()
-    done = cpu_used() >= budget_s or step >= st.max_steps
+    done = finished()
     while not done:
         gen = torch.Generator().manual_seed(st.seed + epoch)
-        for i, batch in enumerate(_batches(train, st.batch_size, gen)):
-            if i < step - epoch * steps_per_epoch:
-                continue  # resumed mid-epoch: skip the batches already seen
-            frac = min(1.0, cpu_used() / budget_s)
+        batches = list(_batches(train, st.batch_size, gen))  # this epoch's order, drawn from gen
+        start = step - epoch * steps_per_epoch  # resumed mid-epoch: the batches already seen are skipped ...
+        if resume_gen is not None:  # ... and gen goes on from where the checkpoint left it (exact resume)
+            gen.set_state(resume_gen)
+            resume_gen = None
+        for batch in batches[start:]:
+            frac = progress_frac()
             lr = st.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
             for g in opt.param_groups:
                 g["lr"] = lr
@@ -325,7 +357,7 @@ def train_head(
             if time.monotonic() - last_save > st.save_every_s:
                 save_state()
                 last_save = time.monotonic()
-            if cpu_used() >= budget_s or step >= min(st.max_steps, total_steps):
+            if finished():
                 done = True
                 break
         else:

@@ -183,7 +183,9 @@ def _log_info(out_dir: Path, cpu: float, prompts, max_new_tokens: int, window: i
         capture_layers=list(capture_layers),
         cpu_s=info["cpu_s"] + cpu,
     )
-    info_path.write_text(json.dumps(info, indent=2))
+    tmp = info_path.with_name(info_path.name + ".tmp")  # atomic: a torn file would stop every later resume
+    tmp.write_text(json.dumps(info, indent=2))
+    os.replace(tmp, info_path)
     return info
 
 

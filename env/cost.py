@@ -58,6 +58,8 @@ class CostModel(Protocol):
 
     def ar_cost(self, context: Any) -> Any: ...
 
+    def covers(self, arms: Sequence[Arm]) -> bool: ...
+
 
 @dataclass(frozen=True)
 class Curve:
@@ -115,6 +117,10 @@ class FittedCostModel:
 
     def step_cost(self, arm: Arm, nodes: Any, context: Any, chain: Any = True) -> Any:
         return self.draft_cost(arm) + self.verify_cost(nodes, context, chain)
+
+    def covers(self, arms: Sequence[Arm]) -> bool:
+        """Whether every drafter of ``arms`` was calibrated (so ``step_cost`` prices each of them)."""
+        return all(a.drafter is None or a.shape.depth == 0 or a.drafter in self.drafters for a in arms)
 
     def ar_cost(self, context: Any) -> Any:
         return self.verify_cost(1, context, True)
@@ -188,9 +194,13 @@ def load_cost_model(source: str | Path | FittedCostModel | None = None) -> Fitte
             f"cost model file {path} does not exist (make one with: draftgym calibrate --out FILE)"
         )
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CostModelError(f"cost model file {path} is not JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise CostModelError(
+            f"cost model file {path} is not a draftgym cost model (a JSON {type(data).__name__})"
+        )
     return FittedCostModel.from_json(data, str(path))
 
 

@@ -205,9 +205,10 @@ class SpeculativeDecoder:
 
 class StepRewards:
     """Rewards for ``policy.update`` as ``SpecDecodeEnv`` defines them: ``tokens * ar_cost_s / cost_s``, with costs
-    from the decoder's cost model (given, else the shipped one when it was calibrated for this model and dtype).
-    Without a fitting cost model the step's measured wall time is the cost and the last measured root-only step
-    (a plain autoregressive step) the unit."""
+    from the decoder's cost model (given, else the shipped one when it was calibrated for this model and dtype,
+    and in both cases only when it calibrated every drafter of the arm menu). Without a fitting cost model the
+    step's measured wall time is the cost and the last measured root-only step (a plain autoregressive step) the
+    unit."""
 
     def __init__(self, dec: SpeculativeDecoder) -> None:
         from env.cost import CostModelError, load_cost_model
@@ -219,6 +220,8 @@ class StepRewards:
                 self.cm.check_model(dec.loaded.model_id, str(dec.loaded.dtype).removeprefix("torch."))
             except CostModelError:
                 self.cm = None
+        if self.cm is not None and not self.cm.covers(dec.arms):
+            self.cm = None  # a drafter it never calibrated: measured wall time for every step, never a mix
         self.ar_wall: float | None = None
 
     def __call__(self, res: StepResult, context: int, tokens: int) -> tuple[float, dict[str, Any]]:

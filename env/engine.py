@@ -7,7 +7,7 @@ target during decoding.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -61,7 +61,6 @@ class StepResult:
     drafted: int  # draft nodes in the verified tree (root excluded)
     draft_s: float
     verify_s: float
-    node_prob: torch.Tensor | None = None  # [N] target prob of each node's token (diagnostics)
     parents: torch.Tensor | None = None  # [N] the verified tree's parents (its shape: chain or branching)
 
     @property
@@ -79,7 +78,6 @@ class Decoding:
 
     state: TargetState
     ctx: DraftContext
-    history: list[StepResult] = field(default_factory=list)
 
 
 class Engine:
@@ -133,7 +131,7 @@ class Engine:
         for d in self.drafters.values():
             d.reset(ctx)
         result = StepResult(NO_DRAFT, [first], 0, 0, 0.0, time.perf_counter() - t0)
-        seq = Decoding(state=state, ctx=ctx, history=[result])
+        seq = Decoding(state=state, ctx=ctx)
         return seq, result
 
     def step(self, seq: Decoding, arm: Arm) -> StepResult:
@@ -178,25 +176,30 @@ class Engine:
             drafted=tree.num_draft,
             draft_s=t1 - t0,
             verify_s=t2 - t1,
-            node_prob=verdict.node_prob[0],
             parents=tree.parents,
         )
-        seq.history.append(result)
         return result
 
 
 def parse_arm(name: str) -> Arm:
     """Inverse of ``Arm.name``: ``none`` | ``{drafter}-d{depth}[-k{topk}][-b{budget}]`` (e.g. ``ngram-d8-k3-b16``)."""
-    from drafters import DrafterError
+    from drafters import DRAFTERS, DrafterError
 
     if name in ("none", "ar"):
         return NO_DRAFT
     drafter, *parts = name.split("-")
+    if drafter not in DRAFTERS:
+        known = ", ".join(sorted(DRAFTERS))
+        raise DrafterError(
+            f"arm {name!r} names an unknown drafter {drafter!r}; known drafters: {known}, or none"
+        )
     vals = {"d": None, "k": 1, "b": 0}
+    seen = set()
     for part in parts:
         key, num = part[:1], part[1:]
-        if key not in vals or not num.lstrip("-").isdigit():
+        if key not in vals or not num.isascii() or not num.lstrip("-").isdigit() or key in seen:
             raise DrafterError(f"cannot read arm {name!r}; expected none or DRAFTER-dDEPTH[-kTOPK][-bBUDGET]")
+        seen.add(key)
         vals[key] = int(num)
     if vals["d"] is None:
         raise DrafterError(f"arm {name!r} has no depth; expected DRAFTER-dDEPTH[-kTOPK][-bBUDGET]")

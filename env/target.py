@@ -74,15 +74,19 @@ class Target:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden)
 
+    def check_prompt(self, prompt_ids: list[int], what: str = "the prompt") -> None:
+        """A ``PromptError`` for a prompt that cannot be decoded: empty, or no room after it in the context."""
+        if not prompt_ids:
+            raise PromptError(f"{what} is empty")
+        if len(prompt_ids) >= self.max_context:
+            raise PromptError(
+                f"{what} has {len(prompt_ids)} tokens; the model's context is {self.max_context} tokens"
+            )
+
     def prefill(self, prompt_ids: list[int]) -> tuple[TargetState, torch.Tensor]:
         """Run the prompt; returns the state (root = last prompt token is *in* the cache here, see below) and the
         logits [V] that predict the first new token. The caller picks that token and calls ``append_root``."""
-        if not prompt_ids:
-            raise PromptError("the prompt is empty")
-        if len(prompt_ids) >= self.max_context:
-            raise PromptError(
-                f"the prompt has {len(prompt_ids)} tokens; the model's context is {self.max_context} tokens"
-            )
+        self.check_prompt(prompt_ids)
         cache = DynamicCache(config=self.model.config)
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         pos = torch.arange(len(prompt_ids), device=self.device)[None]

@@ -37,8 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from drafters import Drafter, DraftTree, Feedback, TreeShape, make_drafter
+from drafters import Drafter, DraftTree, Feedback, TreeShape, make_drafter, tree_problem
 from env.features import FeatureSpec, position_feature_names, position_features, projection
+from env.files import atomic_write_text
 
 FORMAT = "draftgym-trace"
 VERSION = 1
@@ -146,14 +147,17 @@ def load_trace(path: str | Path | None = None) -> Trace:
     file = default_trace_path() if path is None else Path(path)
     if not file.is_file():
         raise TraceError(f"trace file {file} does not exist (record one with: draftgym record --out FILE)")
-    try:
+    if not zipfile.is_zipfile(file):
+        raise TraceError(f"{file} is not a draftgym trace (not an .npz archive)")
+    try:  # arrays only: an object array (a pickle) is refused by allow_pickle=False
         with np.load(file, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
         header = json.loads(str(data["header"]))
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as err:
         raise TraceError(f"{file} is not a readable trace ({type(err).__name__}: {err})") from err
-    if header.get("format") != FORMAT:
-        raise TraceError(f"{file} is not a draftgym trace (format {header.get('format')!r})")
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        got = header.get("format") if isinstance(header, dict) else type(header).__name__
+        raise TraceError(f"{file} is not a draftgym trace (format {got!r})")
     if header.get("version") != VERSION:
         raise TraceError(
             f"{file} is trace version {header.get('version')}; this draftgym reads version {VERSION}"
@@ -196,6 +200,9 @@ def _check_offsets(file: Path, t: Trace) -> None:
     for n, a in t.trees.items():
         if a.off.size != npos + 1 or a.parents.shape != a.tokens.shape:
             raise TraceError(f"{file} is not a consistent trace (tree/{n} does not cover every position)")
+        problem = tree_problem(a.off, a.tokens, a.parents, t.header.get("model", {}).get("vocab_size"))
+        if problem:
+            raise TraceError(f"{file} holds an invalid tree/{n}: {problem}")
 
 
 # ---- recording ----------------------------------------------------------------------------------------------------
@@ -310,8 +317,11 @@ def record(
     drafter_options: dict[str, dict[str, Any]] | None = None,
     workload: str = "builtin",
     progress: bool = True,
+    overwrite: bool = False,
 ) -> Trace:
-    """Record a trace of ``prompts`` (``env.workloads.Prompt``) into ``out``; resumes from ``out.parts/``."""
+    """Record a trace of ``prompts`` (``env.workloads.Prompt``) into ``out``; resumes from ``out.parts/``. A
+    finished ``out`` of the same settings is returned as it is (a rerun after the end, or after a kill while the
+    parts were deleted); one of other settings is refused unless ``overwrite``."""
     from tqdm import tqdm
 
     from env.decoder import chat_prompt
@@ -330,6 +340,9 @@ def record(
     ids = [str(p.prompt_id) for p in prompts]
     if len(set(ids)) != len(ids):
         raise TraceError("the workload repeats a prompt id; a trace needs unique prompt ids")
+    target = Target(loaded)
+    for p in prompts:  # every prompt fits, before anything is written
+        target.check_prompt(chat_prompt(loaded.tokenizer, p.text), f"prompt {p.prompt_id}")
     header = {
         "format": FORMAT,
         "version": VERSION,
@@ -343,6 +356,17 @@ def record(
     }
     parts_dir = out.with_name(out.name + ".parts")
     head_file = parts_dir / "header.json"
+    if out.exists() and not overwrite:
+        old = load_trace(out)
+        want = json.loads(json.dumps(header))
+        diff = sorted(k for k in want if old.header.get(k) != want[k])
+        if diff:
+            raise TraceError(
+                f"{out} already holds a trace of other settings ({', '.join(diff)} differ); delete it, "
+                f"pass --overwrite or choose another --out"
+            )
+        _remove_parts(parts_dir)
+        return old
     if parts_dir.is_dir() and head_file.is_file():
         old = json.loads(head_file.read_text())
         if old != header:
@@ -353,8 +377,8 @@ def record(
             )
     else:
         parts_dir.mkdir(parents=True, exist_ok=True)
-        head_file.write_text(json.dumps(header))
-    engine = Engine(Target(loaded), {})
+        atomic_write_text(head_file, json.dumps(header))  # torn, it would stop every later resume
+    engine = Engine(target, {})
     proj = projection(int(loaded.model.config.hidden_size), spec)
     parts = []
     bar = tqdm(prompts, desc="record", unit="prompt", disable=not progress)
@@ -373,8 +397,18 @@ def record(
     header["created"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     trace = _assemble(header, parts)
     trace.save(out)
-    shutil.rmtree(parts_dir, ignore_errors=True)
+    _remove_parts(parts_dir)
     return trace
+
+
+def _remove_parts(parts_dir: Path) -> None:
+    """Delete the parts of a finished recording, renamed away first: a kill while deleting must not leave a
+    ``.parts`` folder without its header, whose remaining parts a later recording would take as its own."""
+    trash = parts_dir.with_name(parts_dir.name + ".done")
+    shutil.rmtree(trash, ignore_errors=True)
+    if parts_dir.is_dir():
+        parts_dir.rename(trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def part_progress(out: str | Path) -> int:

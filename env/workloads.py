@@ -14,6 +14,11 @@ MT_BENCH = frozenset(
     {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 )
 BUILTIN = "builtin"
+SPEC_BENCH = "data/spec_bench/question.jsonl"  # in a clone of github.com/hemingkx/Spec-Bench
+WHERE_TO_GET = (
+    f"Spec-Bench's prompts are {SPEC_BENCH} in a clone of github.com/hemingkx/Spec-Bench "
+    "(the default, --workload builtin, ships with draftgym)"
+)
 
 
 class WorkloadError(ValueError):
@@ -36,25 +41,36 @@ def load_workload(
 ) -> list[Prompt]:
     """Read a workload (``None`` or ``"builtin"`` for the built-in set). ``per_category`` keeps the first N of each
     group (for mt_bench: spread over its sub-categories, round robin); ``categories`` keeps only those groups."""
+    if per_category is not None and per_category < 1:
+        raise WorkloadError(f"per_category must be >= 1, got {per_category}")
     file = builtin_path() if path in (None, BUILTIN) else Path(path)
+    if file.is_dir():
+        raise WorkloadError(f"workload {file} is a directory, not a JSONL file")
     if not file.is_file():
-        raise WorkloadError(f"workload file {file} does not exist")
+        raise WorkloadError(f"workload file {file} does not exist; {WHERE_TO_GET}")
     groups: dict[str, list[tuple[str, Prompt]]] = defaultdict(list)
-    with file.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                raw_cat = str(row["category"])
-                text = row["turns"][0]
-                qid = str(row.get("question_id", lineno))
-            except (json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
-                raise WorkloadError(f"{file}:{lineno}: not a Spec-Bench question line ({err})") from err
-            if not isinstance(text, str) or not text.strip():
-                raise WorkloadError(f"{file}:{lineno}: the first turn is empty")
-            group = "mt_bench" if raw_cat in MT_BENCH else raw_cat
-            groups[group].append((raw_cat, Prompt(prompt_id=qid, category=group, text=text)))
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise WorkloadError(f"workload {file} is not UTF-8 text (byte {err.start})") from err
+    except OSError as err:
+        raise WorkloadError(f"cannot read workload {file}: {err.strerror or err}") from err
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise TypeError(f"a JSON {type(row).__name__}, not an object")
+            raw_cat = str(row["category"])
+            text = row["turns"][0]
+            qid = str(row.get("question_id", lineno))
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
+            raise WorkloadError(f"{file}:{lineno}: not a Spec-Bench question line ({err})") from err
+        if not isinstance(text, str) or not text.strip():
+            raise WorkloadError(f"{file}:{lineno}: the first turn is empty")
+        group = "mt_bench" if raw_cat in MT_BENCH else raw_cat
+        groups[group].append((raw_cat, Prompt(prompt_id=qid, category=group, text=text)))
     if categories:
         unknown = sorted(set(categories) - set(groups))
         if unknown:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from experiments.bench import load_done
-from experiments.cli import UserError
+from experiments.errors import UserError
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -106,10 +106,15 @@ def cmd_agreement(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
+    from experiments.args import float_in
+
     p = sub.add_parser("agreement", help="token agreement of a bench run with HF greedy; near-tie analysis")
     p.add_argument("run_dir", help="a directory written by draftgym bench")
     p.add_argument(
-        "--eps", type=float, default=0.25, help="a divergence with top-2 logit gap below this is a near-tie"
+        "--eps",
+        type=float_in(0.0, 1e9),
+        default=0.25,
+        help="a divergence with top-2 logit gap below this is a near-tie",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_agreement)

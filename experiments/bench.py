@@ -9,6 +9,7 @@ re-run with the same ``--out`` skips what is done.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections import defaultdict
@@ -21,8 +22,10 @@ from tqdm import tqdm
 
 from env.decoder import SpeculativeDecoder, chat_prompt
 from env.engine import Sampling, parse_arm
+from env.files import atomic_write_text
 from env.metrics import speedup, throughput
 from env.model import LoadedModel
+from env.target import Target
 from env.workloads import Prompt
 from experiments.provenance import provenance
 
@@ -94,6 +97,17 @@ def run_method(
     return g.token_ids, g.stats.wall_s, g.stats.steps, g.stats.tau, list(g.arms)
 
 
+def warm_up(method: str, loaded: LoadedModel, decoders: dict[str, Any], prompt_ids: list[int]) -> None:
+    """One short untimed generation. An online policy learns from every step, so it warms up on a copy and is
+    put back as it was: what is timed starts from the policy as loaded."""
+    dec = decoders.get(method)
+    policy = getattr(dec, "policy", None)
+    saved = copy.deepcopy(policy) if hasattr(policy, "update") else None
+    run_method(method, loaded, decoders, prompt_ids, 4)
+    if saved is not None:
+        dec.policy = saved
+
+
 def load_done(path: Path) -> list[Record]:
     """Records of an earlier (possibly killed) run; a torn last line is dropped (and cut from the file, so that
     the next append starts on a fresh line)."""
@@ -128,6 +142,9 @@ def run_bench(
     for m in methods:
         if m not in HF_METHODS and m not in decoders:
             parse_arm(m)  # fail before any work on a bad method name
+    target = Target(loaded)
+    for p in prompts:  # and on a prompt that does not fit the context
+        target.check_prompt(chat_prompt(loaded.tokenizer, p.text), f"prompt {p.prompt_id}")
     out_dir.mkdir(parents=True, exist_ok=True)
     rec_path = out_dir / "records.jsonl"
     records = load_done(rec_path)
@@ -136,7 +153,7 @@ def run_bench(
     if todo:  # warm-up: the first call of each method pays for lazy initialisation; untimed
         warm_ids = chat_prompt(loaded.tokenizer, "Say hello.")
         for m in methods:
-            run_method(m, loaded, decoders, warm_ids, 4)
+            warm_up(m, loaded, decoders, warm_ids)
     bar = tqdm(total=len(prompts) * len(methods), initial=len(done), desc="bench", disable=not progress)
     with rec_path.open("a") as fh:
         for i, p in todo:
@@ -158,7 +175,7 @@ def run_bench(
     records = [r for r in records if r.prompt_id in keep and r.method in methods]
     summary = summarize(records, methods)
     result = {"settings": settings, "provenance": provenance(), "summary": summary}
-    (out_dir / "bench.json").write_text(json.dumps(result, indent=2))
+    atomic_write_text(out_dir / "bench.json", json.dumps(result, indent=2))
     return result
 
 
@@ -231,3 +248,89 @@ def best_by_category(rows: list[dict[str, Any]]) -> dict[str, tuple[str, float]]
         if r["category"] not in best or x > best[r["category"]][1]:
             best[r["category"]] = (r["method"], float(x))
     return best
+
+
+# ------------------------------------------------------------------------------------------------ command line
+
+
+def cmd_bench(args: Any) -> int:
+    import datetime as dt
+    import sys
+
+    from env.model import load_model
+    from env.workloads import load_workload
+    from experiments.args import output_dir
+    from experiments.errors import UserError
+
+    methods = [m.strip() for m in (args.methods or ",".join(DEFAULT_METHODS)).split(",") if m.strip()]
+    if not methods:
+        raise UserError("--methods names no method")
+    if len(set(methods)) != len(methods):
+        raise UserError(f"--methods lists a method twice: {methods}")
+    for m in methods:
+        if m not in HF_METHODS:
+            parse_arm(m)  # a bad method name fails before the model loads
+    prompts = load_workload(args.workload, per_category=args.per_category)
+    if args.limit:
+        prompts = prompts[: args.limit]
+    out = Path(args.out or f"runs/bench-{dt.datetime.now():%Y%m%d-%H%M%S}")
+    output_dir(out)
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    decoders = {}
+    for path in args.policy or []:  # each saved policy is one more method, "policy:<file stem>"
+        from experiments.policy_commands import policy_decoder
+
+        decoders[f"policy:{Path(path).stem}"] = policy_decoder(loaded, path)
+    methods += [m for m in decoders if m not in methods]
+    settings = {
+        "model": loaded.model_id,
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "device": str(loaded.device),
+        "workload": args.workload or "builtin",
+        "per_category": args.per_category,
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "methods": methods,
+        "command": " ".join(["draftgym", *sys.argv[1:]]),
+    }
+    result = run_bench(
+        loaded,
+        prompts,
+        methods,
+        max_new_tokens=args.max_new_tokens,
+        out_dir=out,
+        settings=settings,
+        progress=not args.json,
+        decoders=decoders,
+    )
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(format_table(result["summary"]))
+        print(f"\nspeedups are ratios of aggregate tokens/s in this run; results in {out}/")
+    return 0
+
+
+def register(sub: Any) -> None:
+    from experiments.args import model_args, new_tokens, positive_int
+
+    b = sub.add_parser("bench", help="benchmark methods side by side against Hugging Face generate")
+    b.add_argument(
+        "--workload",
+        default=None,
+        help="Spec-Bench JSONL file, e.g. data/spec_bench/question.jsonl of a Spec-Bench clone "
+        "(default: the built-in set)",
+    )
+    b.add_argument("--per-category", type=positive_int, default=None, help="first N prompts of each category")
+    b.add_argument("--limit", type=positive_int, default=None, help="first N prompts in all (smoke runs)")
+    b.add_argument(
+        "--methods", default=None, help="comma list: hf_greedy,hf_pld,ar,ngram-d8,ngram-d12-k4-b24,..."
+    )
+    b.add_argument("--max-new-tokens", type=new_tokens, default=128)
+    b.add_argument("--out", default=None, help="run directory (re-use it to resume a killed run)")
+    model_args(b)
+    b.add_argument("--json", action="store_true")
+    b.add_argument(
+        "--policy", action="append", default=None, help="a saved policy file as a method (repeatable)"
+    )
+    b.set_defaults(func=cmd_bench)

@@ -70,14 +70,16 @@ class DecodeConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    backend: str = _f("replay", choices=("replay", "live"))
-    """Where a learning policy trains: the replay env (recorded traces, fast) or the live env."""
+    backend: str = _f("replay", choices=("replay",))
+    """Where a learning policy trains: the replay env (a recorded trace, ``draftgym record``). Training on the
+    live env is not offered: a trace of the same prompts replays greedy decoding exactly and a million times
+    faster; ``draftgym evaluate`` checks a trained policy live."""
     trace: str = ""
     """Replay trace file (empty: the bundled trace)."""
     total_timesteps: int = _f(10_000, min=0)
     """Training budget in env steps."""
     n_envs: int = _f(8, min=1)
-    """Parallel envs (the vectorized replay env, or SubprocVecEnv for live)."""
+    """Parallel episodes of the vectorized replay env (one process; ``env.vector_env.make_sb3_vec_env``)."""
     eval_freq: int = _f(20_000, min=1)
     """Env steps between evaluations of the deterministic policy on validation prompts."""
     checkpoint_freq: int = _f(20_000, min=1)
@@ -183,9 +185,16 @@ def load_config(
             text = ""
         else:
             p = Path(path)
+            if p.is_dir():
+                raise ConfigError(f"config {p} is a directory, not a TOML file")
             if not p.is_file():
                 raise ConfigError(f"config file {p} does not exist")
-            text = p.read_text(encoding="utf-8")
+            try:
+                text = p.read_text(encoding="utf-8")
+            except UnicodeDecodeError as err:
+                raise ConfigError(f"config file {p} is not UTF-8 text (byte {err.start})") from err
+            except OSError as err:
+                raise ConfigError(f"cannot read config file {p}: {err.strerror or err}") from err
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

@@ -7,8 +7,10 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
+import zipfile
 from typing import Any
+
+from experiments.args import output_file
 
 
 def _drafter_list(text: str) -> list[str]:
@@ -26,12 +28,12 @@ def _drafter_list(text: str) -> list[str]:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from env.cost import calibrate
     from env.model import load_model
-    from experiments.cli import UserError
+    from experiments.errors import UserError
 
     if args.reps < 1:
         raise UserError(f"--reps must be >= 1, got {args.reps}")
     names = _drafter_list(args.drafters)
-    out = Path(args.out)
+    out = output_file(args.out)
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     t0 = time.perf_counter()
     cm = calibrate(loaded, names, reps=args.reps, progress=not args.json)
@@ -73,10 +75,11 @@ def cmd_record(args: argparse.Namespace) -> int:
     from env.model import load_model
     from env.trace import part_progress, record
     from env.workloads import load_workload
-    from experiments.cli import UserError
+    from experiments.errors import UserError
 
-    out = Path(args.out)
-    if out.exists() and not args.overwrite:
+    out = output_file(args.out)
+    # a finished trace is fine: record() returns it when its settings are these (a rerun), else refuses it
+    if out.exists() and not args.overwrite and not zipfile.is_zipfile(out):
         raise UserError(f"{out} already exists; delete it or pass --overwrite")
     if args.max_new_tokens < 2:
         raise UserError(f"--max-new-tokens must be >= 2, got {args.max_new_tokens}")
@@ -97,6 +100,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         workload=args.workload or "builtin",
         progress=not args.json,
+        overwrite=args.overwrite,
     )
     nodes = {n: round(float(t.off[-1]) / max(1, trace.traj.shape[0]), 1) for n, t in trace.trees.items()}
     summary: dict[str, Any] = {
@@ -119,19 +123,14 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from env.cost import CostModelError
-    from env.spec_env import EnvError
-    from env.trace import TraceError
-    from experiments import cli
-
-    for err in (CostModelError, TraceError, EnvError):
-        if err not in cli.USER_ERRORS:
-            cli.USER_ERRORS.append(err)
+    from experiments.args import model_args, new_tokens, positive_int
 
     c = sub.add_parser("calibrate", help="measure this machine's step costs into a cost-model JSON")
-    cli._model_args(c)
+    model_args(c)
     c.add_argument("--drafters", default="ngram", help="comma list of drafters to time (default: ngram)")
-    c.add_argument("--reps", type=int, default=4, help="measurements per grid point (the median is kept)")
+    c.add_argument(
+        "--reps", type=positive_int, default=4, help="measurements per grid point (the median is kept)"
+    )
     c.add_argument(
         "--out", default="runs/cost_model.json", help="output JSON (default: runs/cost_model.json)"
     )
@@ -140,13 +139,13 @@ def register(sub: Any) -> None:
 
     r = sub.add_parser("record", help="record a replay trace (greedy) of a workload; re-run to resume")
     r.add_argument("--workload", default=None, help="Spec-Bench JSONL file (default: the built-in set)")
-    r.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
-    r.add_argument("--limit", type=int, default=None, help="first N prompts in all")
+    r.add_argument("--per-category", type=positive_int, default=None, help="first N prompts of each category")
+    r.add_argument("--limit", type=positive_int, default=None, help="first N prompts in all")
     r.add_argument("--drafters", default="ngram", help="comma list of drafters to record (default: ngram)")
     r.add_argument("--out", required=True, help="trace file (.npz); a killed run resumes from OUT.parts/")
     r.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
-    r.add_argument("--max-new-tokens", type=int, default=128)
-    cli._model_args(r)
+    r.add_argument("--max-new-tokens", type=new_tokens, default=128)
+    model_args(r)
     r.set_defaults(dtype="fp32")  # greedy exactness is defined in fp32
     r.add_argument("--json", action="store_true", help="print one JSON summary")
     r.set_defaults(func=cmd_record)

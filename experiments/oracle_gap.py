@@ -26,12 +26,12 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
+from env.files import atomic_write_text
 from env.trace import Trace
 
 DEFAULT_MENU = ("none", "ngram-d2", "ngram-d4", "ngram-d8", "ngram-d16", "ngram-d4-k2", "ngram-d8-k4-b24")
@@ -198,13 +198,16 @@ def cmd_oracle_gap(args: argparse.Namespace) -> int:
     from env.arms import make_arms
     from env.cost import CostModelError, load_cost_model
     from env.trace import TraceError, load_trace
-    from experiments.cli import UserError
+    from experiments.args import output_file
+    from experiments.errors import UserError
     from experiments.provenance import provenance
 
     if args.test_per_category < 1 or args.seed < 0:
         raise UserError(
             f"--test-per-category must be >= 1 and --seed >= 0, got {args.test_per_category} and {args.seed}"
         )
+    if args.json:
+        output_file(args.json, flag="--json")
     try:
         trace = load_trace(args.trace)
         arms = [a.name for a in make_arms(args.arms)]
@@ -223,22 +226,20 @@ def cmd_oracle_gap(args: argparse.Namespace) -> int:
             "seed": args.seed,
         }
         res["provenance"] = provenance()
-        try:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(res, indent=2))
-        except OSError as err:
-            raise UserError(f"cannot write {args.json}: {err.strerror or err}") from err
+        atomic_write_text(args.json, json.dumps(res, indent=2))
     return 0
 
 
 def register(sub: Any) -> None:
+    from experiments.args import positive_int
+
     g = sub.add_parser(
         "oracle-gap", help="how much of the per-step oracle's gain predictors can learn (replay)"
     )
     g.add_argument("--trace", default=None, help="replay trace (default: the bundled one)")
     g.add_argument("--arms", default=",".join(DEFAULT_MENU), help="comma list of arms (the menu)")
     g.add_argument("--cost-model", default=None, help="cost model JSON (default: the shipped one)")
-    g.add_argument("--test-per-category", type=int, default=5, help="held-out prompts per category")
+    g.add_argument("--test-per-category", type=positive_int, default=5, help="held-out prompts per category")
     g.add_argument("--seed", type=int, default=0, help="split seed")
     g.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON to FILE")
     g.set_defaults(func=cmd_oracle_gap)

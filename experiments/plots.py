@@ -23,7 +23,9 @@ def _plt() -> Any:
 def _save(fig: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")  # the suffix tells matplotlib the format
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(path)
     _plt().close(fig)
     return path
 

@@ -18,6 +18,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from env.files import atomic_write_text
+from experiments.args import output_dir, output_file
+
 TRAINABLE = ("static", "hf_schedule", "confidence", "ucb1", "thompson", "exp3", "linucb", "predictor", "sb3")
 
 
@@ -31,7 +34,7 @@ def shipped_policy_paths() -> list[Path]:
 
 
 def _user_error(msg: str) -> Exception:
-    from experiments.cli import UserError
+    from experiments.errors import UserError
 
     return UserError(msg)
 
@@ -85,10 +88,6 @@ def train_policy(
     if pcfg.kind not in TRAINABLE:
         raise _user_error(
             f"policies.{name}.kind {pcfg.kind!r} cannot be trained; trainable: {', '.join(TRAINABLE)}"
-        )
-    if t.backend != "replay":
-        raise _user_error(
-            f"policies.{name}.train.backend = {t.backend!r}: draftgym train trains on the replay env"
         )
     t0 = time.perf_counter()
     trace = load_trace(t.trace or None)
@@ -184,7 +183,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in cfg.policies]
     if unknown:
         raise _user_error(f"no [policies.{unknown[0]}] in {args.config}; defined: {', '.join(cfg.policies)}")
-    run_dir = Path(args.out or f"runs/{cfg.name}")
+    run_dir = output_dir(args.out or f"runs/{cfg.name}")
     rows = []
     for name in names:
         _, path, summary = train_policy(name, cfg.policies[name], seed=cfg.seed, run_dir=run_dir,
@@ -388,6 +387,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in args.policies] or shipped_policy_paths()
     if args.limit is not None and args.limit < 1:
         raise _user_error(f"--limit must be >= 1, got {args.limit}")
+    if args.json:
+        output_file(args.json, flag="--json")
+    if args.out:
+        output_dir(args.out)
     loaded = None
     if not args.no_live:
         loaded = load_model(args.model, dtype=args.dtype, device=args.device)
@@ -401,8 +404,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     result["provenance"] = provenance()
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        atomic_write_text(args.json, json.dumps(result, indent=2))
     s = result["settings"]
     print(format_rows(result["rows"]))
     print(
@@ -422,7 +424,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from experiments.cli import _model_args
+    from experiments.args import model_args as _model_args
+    from experiments.args import new_tokens, positive_int
 
     t = sub.add_parser(
         "train", help="train the policies of a config on the replay env (bandits, RL, predictors)"
@@ -451,7 +454,7 @@ def register(sub: Any) -> None:
     )
     e.add_argument(
         "--test-per-category",
-        type=int,
+        type=positive_int,
         default=None,
         help="held-out prompts per category (default: the split recorded in the first policy)",
     )
@@ -459,16 +462,9 @@ def register(sub: Any) -> None:
     e.add_argument(
         "--no-live", action="store_true", help="replay only (no model, seconds instead of minutes)"
     )
-    e.add_argument("--limit", type=int, default=None, help="live: first N held-out prompts only")
-    e.add_argument("--max-new-tokens", type=int, default=None, help="live: default the trace's")
+    e.add_argument("--limit", type=positive_int, default=None, help="live: first N held-out prompts only")
+    e.add_argument("--max-new-tokens", type=new_tokens, default=None, help="live: default the trace's")
     e.add_argument("--out", default=None, help="live run directory (re-use it to resume)")
     e.add_argument("--json", default=None, metavar="FILE", help="write the rows as JSON to FILE")
     _model_args(e)
     e.set_defaults(func=cmd_evaluate)
-
-    from experiments.cli import USER_ERRORS
-    from policies import PolicyError
-
-    for err in (PolicyError,):
-        if err not in USER_ERRORS:
-            USER_ERRORS.append(err)

@@ -12,6 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from env.files import atomic_write_text
+from experiments.args import output_file
+
 
 class ReportError(ValueError):
     """A path that is not a run or sweep directory; meant for the user."""
@@ -178,13 +181,16 @@ def write_report(paths: list[Path], out: Path) -> Path:
         )
     for r in items:
         lines += run_section(r, report_dir) if r["kind"] == "run" else sweep_section(r, report_dir)
-    out.write_text("\n".join(lines) + "\n")
+    atomic_write_text(out, "\n".join(lines) + "\n")
     return out
 
 
 def cmd_report(args: Any) -> int:
     paths = [Path(p) for p in args.run_dirs]
+    for p in paths:  # read before anything is written
+        load_run(p)
     out = Path(args.out) if args.out else (paths[0] / "report.md" if len(paths) == 1 else Path("report.md"))
+    output_file(out)
     path = write_report(paths, out)
     if args.json:
         print(json.dumps({"report": str(path)}))
@@ -194,10 +200,6 @@ def cmd_report(args: Any) -> int:
 
 
 def register(sub: Any) -> None:
-    from experiments import cli
-
-    if ReportError not in cli.USER_ERRORS:
-        cli.USER_ERRORS.append(ReportError)
     p = sub.add_parser("report", help="a Markdown report of run and sweep directories, side by side")
     p.add_argument(
         "run_dirs", nargs="+", metavar="RUN_DIR", help="directories written by draftgym run / sweep"

@@ -27,10 +27,13 @@ from typing import Any
 
 from tqdm import tqdm
 
+from env.files import atomic_write_text
 from env.workloads import Prompt, load_workload
 from experiments.bench import Record, format_table, load_done, run_method, summarize
-from experiments.config import Config, ConfigError, diff_configs, load_config, to_toml
+from experiments.config import Config, diff_configs, load_config, to_toml
 from experiments.provenance import provenance
+
+RUN_RECORD = "run_record"  # policy state meta: the record of the last prompt that state learned from
 
 
 class RunDirError(ValueError):
@@ -79,6 +82,7 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
     methods = list(cfg.methods)
     rec_path = out / "records.jsonl"
     records = load_done(rec_path)
+    records += recover_policy_records(cfg, out / "policies", rec_path, records)
     done = {(r.method, r.prompt_id) for r in records}
     todo = [(i, p) for i, p in enumerate(prompts) if any((m, p.prompt_id) not in done for m in methods)]
 
@@ -123,14 +127,42 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
                     rec = Record(
                         m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids, arms
                     )
+                    policy = getattr(decoders.get(m), "policy", None)
+                    if policy is not None:  # the state after this prompt and its record, saved together
+                        policy.meta = {**policy.meta, RUN_RECORD: asdict(rec)}
+                    # before the record (a kill in between: recover_policy_records)
+                    save_policy_states(decoders, state_dir, m)
                     fh.write(json.dumps(asdict(rec)) + "\n")
                     fh.flush()
-                    save_policy_states(decoders, state_dir, m)
                     records.append(rec)
                     done.add((m, p.prompt_id))
                     bar.update(1)
         bar.close()
     return finish(cfg, out, records, prompts)
+
+
+def recover_policy_records(
+    cfg: Config, state_dir: Path, rec_path: Path, records: list[Record]
+) -> list[Record]:
+    """An online policy's state is saved after each prompt, with that prompt's record in its ``meta``, before the
+    record is appended to ``records.jsonl``. A kill in between leaves the record only in the state: append it
+    (else the rerun would decode the prompt again, with a policy that has already learned from it, and go on
+    from a state an uninterrupted run never had). Returns the records appended."""
+    done = {(r.method, r.prompt_id) for r in records}
+    found = []
+    for m in cfg.methods:
+        path = state_dir / f"{m.removeprefix('policy:')}.zip"
+        if not (m.startswith("policy:") and path.is_file()):
+            continue
+        from policies.base import read_policy
+
+        row = read_policy(path)[0].meta.get(RUN_RECORD)
+        if row and (row["method"], row["prompt_id"]) not in done:
+            found.append(Record(**row))
+    if found:
+        with rec_path.open("a") as fh:
+            fh.writelines(json.dumps(asdict(r)) + "\n" for r in found)
+    return found
 
 
 def finish(cfg: Config, out: Path, records: list[Record], prompts: list[Prompt]) -> dict[str, Any]:
@@ -155,11 +187,12 @@ def finish(cfg: Config, out: Path, records: list[Record], prompts: list[Prompt])
         "records": len(records),
         "summary": rows,
     }
-    (out / "summary.json").write_text(json.dumps(result, indent=2))
+    atomic_write_text(out / "summary.json", json.dumps(result, indent=2))
     table = format_table(rows)
-    (out / "summary.md").write_text(
+    atomic_write_text(
+        out / "summary.md",
         f"# {cfg.name}\n\nSpeedups are ratios of aggregate tokens/s measured in this run on the same prompts.\n\n"
-        f"```\n{table}\n```\n"
+        f"```\n{table}\n```\n",
     )
     result["plots"] = [str(p) for p in plots.run_plots(records, rows, methods, out / "plots")]
     result["table"] = table
@@ -182,10 +215,11 @@ def check_results(records: list[Record], prompts: list[Prompt], methods: list[st
 
 
 def cmd_run(args: Any) -> int:
-    from experiments.cli import UserError
+    from experiments.args import output_dir
+    from experiments.errors import UserError
 
     cfg = load_config(args.config, sets=args.set or [])
-    out = Path(args.out or f"runs/{cfg.name}")
+    out = output_dir(args.out or f"runs/{cfg.name}")
     result = run(cfg, out, progress=not args.json)
     problems = check_results(load_done(out / "records.jsonl"), select_prompts(cfg), list(cfg.methods))
     if problems:
@@ -210,21 +244,7 @@ def add_config_args(p: Any, out_default: str = "runs/<name>") -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output, no progress bars")
 
 
-def _policy_errors() -> list[type[Exception]]:
-    try:
-        from policies.base import PolicyError
-    except ImportError:
-        return []
-    return [PolicyError]
-
-
 def register(sub: Any) -> None:
-    from experiments import cli
-    from experiments.methods import MethodError
-
-    for err in (ConfigError, RunDirError, MethodError, *_policy_errors()):
-        if err not in cli.USER_ERRORS:
-            cli.USER_ERRORS.append(err)
     p = sub.add_parser("run", help="run the workload x methods of a config into a run directory")
     add_config_args(p)
     p.set_defaults(func=cmd_run)

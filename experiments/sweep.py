@@ -32,6 +32,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from env.files import atomic_write_text
+from experiments.args import output_dir
 from experiments.config import Config, ConfigError, diff_configs, load_config, to_toml
 from experiments.space import default_params, sample, to_overrides, tuned_method
 
@@ -67,8 +69,6 @@ def open_storage(url: str, cfg: Config) -> Any:
         engine["connect_args"] = {"timeout": 120}
     elif url.startswith("postgresql"):
         engine["connect_args"] = {"connect_timeout": 10}
-    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # optuna >= 4.9
-    retry = retry or optuna.storages.RetryFailedTrialCallback
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -76,7 +76,7 @@ def open_storage(url: str, cfg: Config) -> Any:
             # again (at most 3 times), so that a kill loses no point of the search, the config as written included.
             return optuna.storages.RDBStorage(
                 url,
-                heartbeat_stale_trial_callback=retry(max_retry=3),
+                heartbeat_stale_trial_callback=_retry_callback(),
                 engine_kwargs=engine,
                 heartbeat_interval=cfg.sweep.heartbeat_s,
                 grace_period=cfg.sweep.grace_s,
@@ -84,6 +84,72 @@ def open_storage(url: str, cfg: Config) -> Any:
     except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StorageError(f"cannot open storage {mask(url)}: {first}") from err
+
+
+def _retry_callback() -> Any:
+    """Optuna's retry of a stale trial (at most 3 times), whose retry does not inherit the dead trial's
+    ``worker``: a retry names its worker once one runs it (``fail_orphaned_trials`` reads that name)."""
+    import optuna
+
+    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # optuna >= 4.9
+    retry = (retry or optuna.storages.RetryFailedTrialCallback)(max_retry=3)
+
+    def callback(study: Any, trial: Any) -> None:
+        trial.user_attrs = {k: v for k, v in trial.user_attrs.items() if k != "worker"}
+        retry(study, trial)
+
+    return callback
+
+
+def _worker_gone(worker: str) -> bool:
+    """Whether the worker ``host:pid`` is known to be dead: a process of this machine that no longer runs (or
+    is a zombie), or this very process id (which runs no trial while it checks: a previous process's id)."""
+    host, _, pid = worker.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False  # another machine: only its heartbeat tells
+    if int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def fail_orphaned_trials(study: Any, grace_s: float) -> list[int]:
+    """Fail the RUNNING trials whose worker is known to be dead, without waiting ``grace_s`` for its heartbeat to
+    go stale: a worker of this machine whose process is gone, and a trial that never named its worker (killed
+    before its first heartbeat, which Optuna's staleness check never fails) started over ``grace_s`` ago. Each is
+    retried as a stale trial is, so a local rerun after a kill runs the killed trial's point first, as an
+    uninterrupted study would have. Returns the numbers of the failed trials."""
+    import copy
+    import datetime as dt
+
+    import optuna
+
+    storage, now = study._storage, dt.datetime.now()
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        worker = t.user_attrs.get("worker")
+        if worker is not None:
+            gone = _worker_gone(str(worker))
+        else:
+            gone = t.datetime_start is not None and (now - t.datetime_start).total_seconds() > grace_s
+        try:
+            if gone and storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL):
+                failed.append(t)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another worker failed it first
+    callback = storage.get_heartbeat_stale_trial_callback()
+    for t in failed:
+        if callback is not None:
+            callback(study, copy.deepcopy(storage.get_trial(t._trial_id)))
+    return [t.number for t in failed]
 
 
 def _driver(url: str) -> str:
@@ -99,10 +165,17 @@ def _driver(url: str) -> str:
 def _sampler(cfg: Config, worker: int) -> Any:
     import optuna
 
-    seed = cfg.sweep.seed + worker
-    if cfg.sweep.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(2, cfg.sweep.n_trials // 3)))
+    from experiments.sweep_sampler import HistorySeededSampler
+
+    def make(seed: int) -> Any:
+        if cfg.sweep.sampler == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=min(10, max(2, cfg.sweep.n_trials // 3))
+        )
+
+    # seeded per trial from the study's history: a killed and resumed study draws an uninterrupted one's points
+    return HistorySeededSampler(make, cfg.sweep.seed + worker)
 
 
 def _pruner(cfg: Config) -> Any:
@@ -134,8 +207,10 @@ def open_study(cfg: Config, url: str, *, worker: int = 0, create: bool = True) -
     )
     stored = study.user_attrs.get("config")
     if stored is None and create:
-        study.set_user_attr("config", to_toml(cfg))
+        # the config attribute marks a created study: set it last, so that a creator killed in between leaves a
+        # study whose next worker enqueues the config as written (once: skip_if_exists)
         study.enqueue_trial(default_params(cfg), user_attrs={"default": True}, skip_if_exists=True)
+        study.set_user_attr("config", to_toml(cfg))
     elif stored is not None:
         # n_trials may grow (extend the study); seeds differ per machine (distinct samples from each)
         diff = diff_configs(load_config(None, text=stored), cfg, ignore=("sweep.n_trials", "sweep.seed"))
@@ -187,11 +262,11 @@ def work(
             optuna.trial.TrialState.RUNNING,
             optuna.trial.TrialState.WAITING,
         )
+        trial.set_user_attr("worker", me)  # first: until then only the trial's age tells it is orphaned
         ahead = sum(1 for t in study.get_trials(deepcopy=False, states=live) if t.number < trial.number)
         if ahead >= n:
             trial.set_user_attr("surplus", True)
             raise SurplusTrial(f"trial {trial.number}: {n} trials are already finished or running")
-        trial.set_user_attr("worker", me)
         params = sample(trial, base)
         cfg = load_config(config, trial=to_overrides(base, params), sets=sets)  # file < trial < --set
         trial.set_user_attr("method", tuned_method(cfg))
@@ -227,6 +302,7 @@ def work(
     try:
         while True:
             optuna.storages.fail_stale_trials(study)
+            fail_orphaned_trials(study, base.sweep.grace_s)
             c = counts(study)
             done = sum(c.get(s, 0) for s in FINISHED)
             bar.n = min(n, done)
@@ -271,7 +347,9 @@ def spawn(args: Any, url: str, out: Path, n_workers: int, progress: bool) -> Non
             cmd += ["--set", s]
         with (logs / f"worker-{i}.log").open("a") as fh:
             procs.append(subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT))
-    (out / "workers.json").write_text(json.dumps({"pids": [p.pid for p in procs], "storage": mask(url)}))
+    atomic_write_text(
+        out / "workers.json", json.dumps({"pids": [p.pid for p in procs], "storage": mask(url)})
+    )
     bar = tqdm(
         total=base.sweep.n_trials,
         desc=f"sweep {study.study_name} ({n_workers} workers)",
@@ -319,7 +397,7 @@ def export(config: str, sets: list[str], url: str, out: Path) -> dict[str, Any]:
         f"{best['value']:.4f} ({base.sweep.backend} backend)\n"
         f"Exported by: draftgym sweep {config}\nRun it: draftgym run {out / 'best.toml'}"
     )
-    (out / "best.toml").write_text(to_toml(best_cfg, header=header))
+    atomic_write_text(out / "best.toml", to_toml(best_cfg, header=header))
     table = format_trials(trials, base)
     result = {
         "study": study.study_name,
@@ -331,8 +409,8 @@ def export(config: str, sets: list[str], url: str, out: Path) -> dict[str, Any]:
         "best": best,
         "trials": trials,
     }
-    (out / "sweep.json").write_text(json.dumps(result, indent=2))
-    (out / "sweep.md").write_text(f"# Sweep {study.study_name}\n\n```\n{table}\n```\n")
+    atomic_write_text(out / "sweep.json", json.dumps(result, indent=2))
+    atomic_write_text(out / "sweep.md", f"# Sweep {study.study_name}\n\n```\n{table}\n```\n")
     result["plots"] = [str(plots.sweep_history(trials, out / "plots" / "history.png"))]
     result["table"] = table
     return result
@@ -388,7 +466,7 @@ def cmd_sweep(args: Any) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sets = args.set or []
     base = load_config(args.config, sets=sets)
-    out = Path(args.out or f"runs/sweep-{base.name}")
+    out = output_dir(args.out or f"runs/sweep-{base.name}")
     url = args.storage or f"sqlite:///{(out / 'study.db').resolve()}"
     progress = not args.json
     if args.worker_id is not None:  # a worker started by --workers: run trials, nothing else
@@ -396,6 +474,7 @@ def cmd_sweep(args: Any) -> int:
         return 0
     if args.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+    open_storage(url, base)  # a storage that cannot be opened fails before the run directory is written
     prepare_run_dir(base, out, ignore=("sweep.n_trials", "sweep.seed"))
     if args.workers == 1:
         work(args.config, sets, url, out, progress=progress)
@@ -411,12 +490,9 @@ def cmd_sweep(args: Any) -> int:
 
 
 def register(sub: Any) -> None:
-    from experiments import cli
+    from experiments.args import nonnegative_int, positive_int
     from experiments.runner import add_config_args
 
-    for err in (StorageError, ConfigError):
-        if err not in cli.USER_ERRORS:
-            cli.USER_ERRORS.append(err)
     p = sub.add_parser("sweep", help="an Optuna study over tree shapes or policy hyper-parameters")
     add_config_args(p, out_default="runs/sweep-<name>")
     p.add_argument(
@@ -425,8 +501,10 @@ def register(sub: Any) -> None:
         help="Optuna RDB URL shared by all workers, e.g. postgresql://user:pw@host/db "
         "(default: sqlite file study.db in the run directory)",
     )
-    p.add_argument("--workers", type=int, default=1, help="worker processes to start on this machine")
-    p.add_argument("--worker-id", type=int, default=None, help=argparse_suppress())
+    p.add_argument(
+        "--workers", type=positive_int, default=1, help="worker processes to start on this machine"
+    )
+    p.add_argument("--worker-id", type=nonnegative_int, default=None, help=argparse_suppress())
     p.set_defaults(func=cmd_sweep)
 
 

@@ -21,36 +21,69 @@ KINDS = ("eagle", "early_exit")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from experiments.args import float_in, new_tokens, nonnegative_int, positive_int
+
     p = sub.add_parser("train-drafter", help="train an eagle or early_exit draft head by self-distillation")
     p.add_argument("kind", choices=KINDS, help="which head")
     p.add_argument("--workload", default=None, help="Spec-Bench JSONL prompts (default: the built-in set)")
-    p.add_argument("--per-category", type=int, default=18, help="training prompts per category")
+    p.add_argument("--per-category", type=positive_int, default=18, help="training prompts per category")
     p.add_argument(
-        "--exclude-per-category", type=int, default=5, help="benchmark prompts left out per category"
+        "--exclude-per-category",
+        type=nonnegative_int,
+        default=5,
+        help="benchmark prompts left out per category",
     )
     p.add_argument(
         "--prefill-per-category",
-        type=int,
+        type=nonnegative_int,
         default=48,
         help="further prompts per category used as teacher-forced text (no generation, cheaper)",
     )
-    p.add_argument("--prefill-len", type=int, default=448, help="tokens of each teacher-forced prompt")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="answer length of the generated data")
     p.add_argument(
-        "--window", type=int, default=320, help="positions kept per sequence (prompt tail + answer)"
+        "--prefill-len", type=positive_int, default=448, help="tokens of each teacher-forced prompt"
     )
-    p.add_argument("--train-window", type=int, default=192, help="positions per sequence the head trains on")
+    p.add_argument(
+        "--max-new-tokens", type=new_tokens, default=128, help="answer length of the generated data"
+    )
+    p.add_argument(
+        "--window", type=positive_int, default=320, help="positions kept per sequence (prompt tail + answer)"
+    )
+    p.add_argument(
+        "--train-window", type=positive_int, default=192, help="positions per sequence the head trains on"
+    )
     p.add_argument("--capture-layers", default="2,4,8", help="early-exit layers whose states the data keep")
-    p.add_argument("--exit-layer", type=int, default=4, help="early_exit: target layers before the adapter")
-    p.add_argument("--draft-vocab", type=int, default=6144, help="size of the reduced draft vocabulary")
-    p.add_argument("--levels", type=int, default=2, help="eagle: training-time-test unroll depth")
     p.add_argument(
-        "--cpu-minutes", type=float, default=10.0, help="training budget in CPU minutes (data excluded)"
+        "--exit-layer", type=positive_int, default=4, help="early_exit: target layers before the adapter"
     )
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--prompt-frac", type=float, default=1.0, help="share of prompt positions in the loss")
+    p.add_argument(
+        "--draft-vocab", type=positive_int, default=6144, help="size of the reduced draft vocabulary"
+    )
+    p.add_argument("--levels", type=positive_int, default=2, help="eagle: training-time-test unroll depth")
+    p.add_argument(
+        "--cpu-minutes",
+        type=float_in(0.0, 1e6, low_open=True),
+        default=10.0,
+        help="training budget in CPU minutes (data excluded)",
+    )
+    p.add_argument("--lr", type=float_in(0.0, 10.0, low_open=True), default=3e-3)
+    p.add_argument(
+        "--prompt-frac", type=float_in(0.0, 1.0), default=1.0, help="share of prompt positions in the loss"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument(
+        "--steps",
+        type=nonnegative_int,
+        default=0,
+        help="training budget in optimizer steps instead of --cpu-minutes (0: CPU minutes); the same steps give "
+        "the same head, also after a kill and a rerun",
+    )
+    p.add_argument(
+        "--save-every-s",
+        type=float_in(0.0, 1e6),
+        default=60.0,
+        help="seconds between checkpoints of the training state (a rerun after a kill resumes from the last)",
+    )
+    p.add_argument("--threads", type=nonnegative_int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--work", default=None, help="folder for the data and the resumable training state")
     p.add_argument("--out", default=None, help="head file to write (default: where the drafter looks for it)")
     p.add_argument(
@@ -72,7 +105,8 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     from env.decoder import chat_prompt
     from env.model import cache_dir, load_model
     from env.workloads import load_workload
-    from experiments.cli import UserError
+    from experiments.args import output_dir, output_file
+    from experiments.errors import UserError
 
     if args.per_category < 1 or args.max_new_tokens < 1 or args.cpu_minutes <= 0:
         raise UserError("--per-category, --max-new-tokens and --cpu-minutes must be positive")
@@ -84,6 +118,10 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         ) from err
     if args.kind == "early_exit" and args.exit_layer not in layers:
         layers = tuple(sorted({*layers, args.exit_layer}))
+    if args.out:
+        output_file(Path(args.out).with_suffix(".safetensors"))
+    if args.work:
+        output_dir(args.work, flag="--work")
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=args.dtype, device="cpu")
@@ -93,7 +131,11 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
             f"exit and capture layers must be in 1..{n_layers - 1}, got {layers}, {args.exit_layer}"
         )
 
-    bench = {p.prompt_id for p in load_workload(args.workload, per_category=args.exclude_per_category)}
+    bench = (  # the benchmark's prompts stay out of training
+        {p.prompt_id for p in load_workload(args.workload, per_category=args.exclude_per_category)}
+        if args.exclude_per_category > 0
+        else set()
+    )
     by_cat: dict[str, list] = {}
     for p in load_workload(args.workload):
         if p.prompt_id not in bench:
@@ -153,6 +195,8 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         lr=args.lr,
         prompt_frac=args.prompt_frac,
         cpu_minutes=args.cpu_minutes,
+        steps=args.steps,
+        save_every_s=args.save_every_s,
         seed=args.seed,
         window=min(args.train_window, args.window),
     )

@@ -14,10 +14,16 @@ The saved file is a zip archive:
   arguments), ``versions`` (library versions at save time), ``created`` and ``payload`` (sha256 of every other
   member, so a truncated or altered file fails at load with a clear message);
 - payload members the policy type needs (``state.json`` / ``state.npz`` for bandits, ``model.npz`` for the
-  scikit-learn predictors, ``model.zip`` for stable-baselines3).
+  scikit-learn predictors, ``network.json`` + ``policy.safetensors`` for stable-baselines3; files of earlier
+  versions hold stable-baselines3's ``model.zip`` instead, read as data like a plain stable-baselines3 zip below).
 
-The checksums catch damage, not tampering: a stable-baselines3 model carries pickled objects, so load policy
-files only from sources you trust, as with any model checkpoint.
+A policy file is read as data, never unpickled: JSON, ``.npz`` arrays (``allow_pickle=False``) and safetensors, so
+loading a file made by someone else cannot run code; a hostile or damaged file fails with a ``PolicyError``. The
+checksums catch damage, not tampering: a file from an unknown source may still choose bad arms.
+
+``load_policy`` also reads a plain stable-baselines3 zip (``model.save``) of an ``MlpPolicy`` trained on the env,
+as data too: only its ``policy.pth`` (``torch.load(weights_only=True)``) and the plain JSON fields of ``data``
+(``policies.sb3_files``); its arm names are the given menu, or the default env's.
 """
 
 from __future__ import annotations
@@ -292,6 +298,16 @@ def check_compatible(
         raise PolicyError(f"{source} was trained on other observation features (differ: {diff[:6]})")
 
 
+def is_sb3_zip(path: str | Path) -> bool:
+    """A zip with stable-baselines3's ``policy.pth`` and no draftgym ``header.json`` (a ``model.save`` file)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+    except (OSError, zipfile.BadZipFile, EOFError):
+        return False
+    return "policy.pth" in names and "header.json" not in names
+
+
 def load_policy(
     path: str | Path,
     *,
@@ -299,20 +315,35 @@ def load_policy(
     obs_size: int | None = None,
     features: Sequence[str] | None = None,
 ) -> BasePolicy:
-    """Restore any saved policy; with ``arms``/``obs_size``/``features`` given, refuse a mismatched one."""
-    header, files = read_policy(path)
-    check_compatible(header, arms=arms, obs_size=obs_size, features=features, source=f"policy {path}")
-    cls = _policy_class(header.type)
+    """Restore any saved policy, or a plain stable-baselines3 zip; with ``arms``/``obs_size``/``features`` given,
+    refuse a mismatched one."""
+    plain_sb3 = is_sb3_zip(path)  # a stable-baselines3 ``model.save`` file, read as data (policies.sb3_files)
+    what = "stable-baselines3 model"
+    if not plain_sb3:
+        header, files = read_policy(path)
+        check_compatible(header, arms=arms, obs_size=obs_size, features=features, source=f"policy {path}")
+        cls = _policy_class(header.type)
+        what = f"{header.type} policy"
     try:
-        policy = cls.from_header(header, files)
+        if plain_sb3:
+            from policies.sb3_files import load_sb3_zip
+
+            policy = load_sb3_zip(path, arms=arms, obs_size=obs_size)
+        else:
+            policy = cls.from_header(header, files)
     except PolicyError:
         raise
     except Exception as err:  # a payload that cannot be decoded is a corrupted file, reported in one line
-        raise PolicyError(
-            f"{path}: cannot restore the {header.type} policy ({type(err).__name__}: {err})"
-        ) from err
+        raise PolicyError(f"{path}: cannot restore the {what} ({one_line(err)})") from err
+    check_compatible(policy, arms=arms, obs_size=obs_size, features=features, source=f"policy {path}")
     policy.source = str(path)
     return policy
+
+
+def one_line(err: BaseException) -> str:
+    """An error's type and the first line of its message (torch's are paragraphs), for one-line user errors."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
 
 
 def json_bytes(obj: Any) -> bytes:

@@ -13,14 +13,17 @@ Reward used for training (``reward``):
   short steps (plain decoding earns 1 per token), which is not the speedup of the episode.
 
 Training (``train_sb3``) writes into its run directory: ``tb/`` (TensorBoard), ``checkpoints/`` (every
-``checkpoint_freq`` steps, written atomically; a killed run resumes from the latest one, DQN with its replay
-buffer), ``eval.jsonl`` (the replay speedup of the deterministic policy on validation prompts every ``eval_freq``
-steps, with the wall and CPU seconds spent so far) and ``best.zip`` (the best policy by that speedup).
+``checkpoint_freq`` steps, written atomically; a killed run resumes from the latest readable one, DQN with its
+replay buffer), ``eval.jsonl`` (the replay speedup of the deterministic policy on validation prompts every
+``eval_freq`` steps, with the wall and CPU seconds spent so far) and ``best.zip`` (the best policy by that speedup,
+a draftgym policy file).
+
+Saved policies and checkpoints hold tensors and JSON, never pickles (``policies.sb3_files``): stable-baselines3's
+own ``load`` and replay-buffer files are not used, so no file read here runs code at load.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import time
@@ -30,12 +33,25 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import BasePolicy, PolicyError
+from policies.base import BasePolicy, PolicyError, is_sb3_zip, json_bytes, load_policy
+from policies.sb3_files import (
+    DEFAULT_ACTIVATION,
+    SpacesEnv,
+    activation_module,
+    apply_checkpoint,
+    check_state,
+    read_checkpoint,
+    read_sb3_zip,
+    read_tensors,
+    save_checkpoint,
+    state_shapes,
+    tensor_bytes,
+)
 
 ALGOS = ("ppo", "dqn", "a2c")
 REWARDS = ("time_saved", "speedup")
 # Hyper-parameters each algorithm takes (None: stable-baselines3's default).
-_HYPER = {
+HYPER = {
     "ppo": (
         "learning_rate",
         "gamma",
@@ -60,6 +76,14 @@ _HYPER = {
         "exploration_final_eps",
     ),
 }
+
+
+INT_HYPER = frozenset(
+    ("n_steps", "batch_size", "n_epochs", "buffer_size", "learning_starts", "train_freq", "gradient_steps",
+     "target_update_interval")
+)  # fmt: skip
+# A model rebuilt only to act needs no rollout or replay buffer: the smallest ones stable-baselines3 accepts.
+_ACTING = {"ppo": {"n_steps": 2, "batch_size": 2}, "a2c": {"n_steps": 2}, "dqn": {"buffer_size": 1}}
 
 
 # Our defaults where stable-baselines3's do not suit this env (short episodes, rewards in AR steps, a few thousand
@@ -100,6 +124,8 @@ class SB3Policy(BasePolicy):
         *,
         algo: str = "ppo",
         net_arch: str = "64,64",
+        vf_net_arch: str | None = None,
+        activation: str | None = None,
         reward: str = "time_saved",
         seed: int = 0,
         learning_rate: float | None = None,
@@ -124,12 +150,12 @@ class SB3Policy(BasePolicy):
             raise PolicyError(f"unknown RL reward {reward!r}; valid: {', '.join(REWARDS)}")
         if self.obs_size < 1:
             raise PolicyError("an RL policy needs an observation (obs_size >= 1)")
-        try:
-            self.net_arch = [int(x) for x in str(net_arch).split(",") if x.strip()]
-        except ValueError as err:
-            raise PolicyError(
-                f"net_arch must be comma-separated layer sizes like '64,64', got {net_arch!r}"
-            ) from err
+        self.net_arch = _layer_sizes("net_arch", net_arch)
+        self.vf_net_arch = None if vf_net_arch is None else _layer_sizes("vf_net_arch", vf_net_arch)
+        if self.vf_net_arch is not None and algo == "dqn":
+            raise PolicyError("vf_net_arch is the value network of PPO and A2C; DQN has none")
+        self.activation = DEFAULT_ACTIVATION[algo] if activation is None else activation
+        activation_module(self.activation)  # validates the name
         self.algo, self.reward, self.seed = algo, reward, int(seed)
         given = {
             "learning_rate": learning_rate,
@@ -148,9 +174,9 @@ class SB3Policy(BasePolicy):
             "exploration_fraction": exploration_fraction,
             "exploration_final_eps": exploration_final_eps,
         }
-        wrong = [k for k, v in given.items() if v is not None and k not in _HYPER[algo]]
+        wrong = [k for k, v in given.items() if v is not None and k not in HYPER[algo]]
         if wrong:
-            raise PolicyError(f"{algo} does not take {wrong}; it takes {list(_HYPER[algo])}")
+            raise PolicyError(f"{algo} does not take {wrong}; it takes {list(HYPER[algo])}")
         self.hyper = {k: v for k, v in given.items() if v is not None}
         self.model: Any = None
         self._layers: list[tuple[str, Any, Any]] | None = None  # numpy copy of the actor (``numpy_actor``)
@@ -160,33 +186,59 @@ class SB3Policy(BasePolicy):
         return self.algo
 
     def params(self) -> dict[str, Any]:
+        out = {"algo": self.algo, "net_arch": ",".join(str(n) for n in self.net_arch)}
+        if self.vf_net_arch is not None:
+            out["vf_net_arch"] = ",".join(str(n) for n in self.vf_net_arch)
+        return {**out, "activation": self.activation, "reward": self.reward, "seed": self.seed, **self.hyper}
+
+    def network(self) -> dict[str, Any]:
+        """What rebuilds the model (``network.json`` of the saved file, ``state.json`` of a checkpoint)."""
         return {
             "algo": self.algo,
-            "net_arch": ",".join(str(n) for n in self.net_arch),
-            "reward": self.reward,
-            "seed": self.seed,
-            **self.hyper,
+            "observation_shape": [self.obs_size],
+            "action_n": self.num_arms,
+            "net_arch": list(self.net_arch),
+            "vf_net_arch": None if self.vf_net_arch is None else list(self.vf_net_arch),
+            "activation": self.activation,
+            "hyper": dict(self.hyper),
         }
 
     def build(self, venv: Any, tensorboard_log: str | None = None) -> Any:
-        """A fresh model on ``venv`` with this policy's hyper-parameters."""
-        cls = algo_class(self.algo)
-        defaults = DEFAULTS[self.algo]
-        self.model = cls(
+        """A fresh model on ``venv`` with this policy's network and hyper-parameters."""
+        self.model = self._new_model(venv, tensorboard_log, seed=self.seed, acting=False)
+        return self.model
+
+    def _new_model(self, venv: Any, tensorboard_log: str | None, seed: int | None, acting: bool) -> Any:
+        arch: Any = list(self.net_arch)
+        if self.vf_net_arch is not None:
+            arch = {"pi": list(self.net_arch), "vf": list(self.vf_net_arch)}
+        model = algo_class(self.algo)(
             "MlpPolicy",
             venv,
-            policy_kwargs={"net_arch": list(self.net_arch)},
+            policy_kwargs={"net_arch": arch, "activation_fn": activation_module(self.activation)},
             tensorboard_log=tensorboard_log,
-            seed=self.seed,
+            seed=seed,
             device="cpu",
             verbose=0,
-            **{**defaults, **self.hyper},
+            **{**DEFAULTS[self.algo], **self.hyper, **(_ACTING[self.algo] if acting else {})},
         )
         if tensorboard_log is None:  # else stable-baselines3 makes an empty SB3-<date> folder in the temp dir
             from stable_baselines3.common.logger import Logger
 
-            self.model.set_logger(Logger(folder=None, output_formats=[]))
-        return self.model
+            model.set_logger(Logger(folder=None, output_formats=[]))
+        return model
+
+    def acting_model(self, state: dict[str, Any], source: str = "the RL policy") -> Any:
+        """A model of this policy's network holding ``state`` (checked, then loaded with ``strict=True``), for
+        acting: minimal buffers, and the global random generators left as they were."""
+        import torch
+
+        expected = state_shapes(self.algo, self.obs_size, self.num_arms, self.net_arch, self.vf_net_arch)
+        check_state(state, expected, source)
+        with torch.random.fork_rng(devices=[]):  # weight initialization draws from torch's global generator
+            model = self._new_model(SpacesEnv(self.obs_size, self.num_arms), None, seed=None, acting=True)
+        model.policy.load_state_dict(state, strict=True)
+        return model
 
     # ---- acting ----
     def predict(self, obs: np.ndarray, deterministic: bool = True) -> tuple[np.ndarray, Any]:
@@ -208,19 +260,38 @@ class SB3Policy(BasePolicy):
             return int(np.argmax(_forward(self._layers, x)))
         return int(np.asarray(self.predict(x, deterministic=True)[0]).reshape(-1)[0])
 
-    # ---- saving ----
+    # ---- saving: tensors and JSON, never pickles (policies.sb3_files) ----
     def state(self) -> dict[str, bytes]:
         if self.model is None:
             raise PolicyError("cannot save an untrained RL policy")
-        buf = io.BytesIO()
-        self.model.save(buf, exclude=["tensorboard_log"])  # a path of the training machine
-        return {"model.zip": buf.getvalue()}
+        return {
+            "network.json": json_bytes(self.network()),
+            "policy.safetensors": tensor_bytes(self.model.policy.state_dict()),
+        }
 
     def restore(self, files: dict[str, bytes]) -> None:
-        if "model.zip" not in files:
-            raise PolicyError("RL policy file has no model.zip")
-        model = algo_class(self.algo).load(io.BytesIO(files["model.zip"]), device="cpu")
-        self.attach(model)
+        if "policy.safetensors" in files:
+            if "network.json" not in files:
+                raise PolicyError("RL policy file has policy.safetensors but no network.json")
+            try:
+                described = json.loads(files["network.json"])
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise PolicyError(f"RL policy file: network.json is corrupted ({err})") from err
+            if described != self.network():
+                raise PolicyError(
+                    f"RL policy file: network.json ({described}) disagrees with its header ({self.network()})"
+                )
+            state = read_tensors(files["policy.safetensors"], "RL policy file: policy.safetensors")
+        elif "model.zip" in files:  # written by an earlier draftgym: stable-baselines3's zip, read as data
+            z = read_sb3_zip(files["model.zip"], "RL policy file: model.zip")
+            if z.activation != self.activation:
+                raise PolicyError(
+                    f"RL policy file: model.zip uses {z.activation}, its header {self.activation}"
+                )
+            state = z.state
+        else:
+            raise PolicyError("RL policy file has no policy.safetensors (nor an older model.zip)")
+        self.attach(self.acting_model(state, "RL policy file"))
 
     def attach(self, model: Any) -> None:
         """Use ``model`` (checked against this policy's observation size and arm count)."""
@@ -233,6 +304,16 @@ class SB3Policy(BasePolicy):
             )
         self.model = model
         self._layers = numpy_actor(model)
+
+
+def _layer_sizes(name: str, value: Any) -> list[int]:
+    try:
+        sizes = [int(x) for x in str(value).split(",") if x.strip()]
+    except ValueError as err:
+        raise PolicyError(f"{name} must be comma-separated layer sizes like '64,64', got {value!r}") from err
+    if any(n < 1 for n in sizes):
+        raise PolicyError(f"{name} must list positive layer sizes, got {value!r}")
+    return sizes
 
 
 def numpy_actor(model: Any) -> list[tuple[str, Any, Any]] | None:
@@ -303,7 +384,7 @@ def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
 
 
 def _callbacks(policy: SB3Policy, out: Path, eval_fn, eval_freq: int, checkpoint_freq: int, n_envs: int):
-    """Checkpoints (atomic; replay buffer first, so a model checkpoint implies its buffer) and the replay eval."""
+    """Checkpoints (atomic, replay buffer included: ``policies.sb3_files.save_checkpoint``) and the replay eval."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     log = out / "eval.jsonl"
@@ -336,7 +417,7 @@ def _callbacks(policy: SB3Policy, out: Path, eval_fn, eval_freq: int, checkpoint
             self.logger.record("eval/replay_speedup", speedup)
             if speedup > self.best:
                 self.best = speedup
-                _atomic_save(self.model, out / "best.zip")
+                policy.save(out / "best.zip")  # a draftgym policy file, written atomically
 
         def _on_step(self) -> bool:
             if self.num_timesteps >= self.next_eval:
@@ -346,24 +427,28 @@ def _callbacks(policy: SB3Policy, out: Path, eval_fn, eval_freq: int, checkpoint
                 self.next_ckpt += checkpoint_freq
                 ckpt = out / "checkpoints"
                 ckpt.mkdir(parents=True, exist_ok=True)
-                if getattr(self.model, "replay_buffer", None) is not None:
-                    buf = ckpt / f"buffer_{self.num_timesteps}_steps.pkl"
-                    tmp = ckpt / f"buffer_{self.num_timesteps}_steps.tmp.pkl"
-                    self.model.save_replay_buffer(tmp)
-                    tmp.replace(buf)
-                _atomic_save(self.model, ckpt / f"model_{self.num_timesteps}_steps.zip")
-                for steps, old in _checkpoints(ckpt)[:-2]:  # keep the last two
+                save_checkpoint(self.model, policy.network(), ckpt / f"model_{self.num_timesteps}_steps.zip")
+                for _, old in _checkpoints(ckpt)[:-2]:  # keep the last two
                     old.unlink(missing_ok=True)
-                    (ckpt / f"buffer_{steps}_steps.pkl").unlink(missing_ok=True)
             return True
 
     return Train()
 
 
-def _atomic_save(model: Any, path: Path) -> None:
-    tmp = path.with_name(path.stem + ".tmp.zip")
-    model.save(tmp)
-    tmp.replace(path)
+def _resume(policy: SB3Policy, model: Any, folder: Path) -> None:
+    """Load the latest readable checkpoint of ``folder`` into the fresh ``model`` (none: start afresh)."""
+    for _, path in reversed(_checkpoints(folder)):
+        try:
+            ckpt = read_checkpoint(path)
+        except PolicyError:
+            if is_sb3_zip(path):
+                raise PolicyError(
+                    f"{path} is a checkpoint of an earlier draftgym (a pickled stable-baselines3 zip, not read); "
+                    f"delete {folder} to train afresh"
+                ) from None
+            continue  # torn by a kill: try the one before
+        apply_checkpoint(model, ckpt, policy.network(), str(path))
+        return
 
 
 def train_sb3(
@@ -383,41 +468,33 @@ def train_sb3(
     holding the best model by that score."""
     import torch
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small MLPs: one thread is fastest, and the machine is shared
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if policy.reward == "time_saved":
-        venv = time_saved_wrapper(venv)
-    cls = algo_class(policy.algo)
-    ckpts = _checkpoints(out / "checkpoints")
-    model = None
-    for steps, path in reversed(ckpts):  # the latest readable checkpoint
-        try:
-            model = cls.load(path, env=venv, device="cpu", tensorboard_log=str(out / "tb"))
-        except Exception:  # a checkpoint torn by a kill: try the one before
-            continue
-        buf = path.with_name(f"buffer_{steps}_steps.pkl")
-        if hasattr(model, "load_replay_buffer") and buf.is_file():
-            model.load_replay_buffer(buf)
-        break
-    if model is None:
+    try:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        if policy.reward == "time_saved":
+            venv = time_saved_wrapper(venv)
         model = policy.build(venv, tensorboard_log=str(out / "tb"))
-    policy.model, policy._layers = model, None  # the numpy copy would go stale while training
-    remaining = int(total_timesteps) - int(model.num_timesteps)
-    if remaining > 0:
-        callback = _callbacks(policy, out, eval_fn, eval_freq, checkpoint_freq, venv.num_envs)
-        model.learn(
-            total_timesteps=remaining,
-            callback=callback,
-            reset_num_timesteps=model.num_timesteps == 0,
-            tb_log_name=policy.algo,
-            progress_bar=progress,
-        )
-        callback._evaluate()
-    best = out / "best.zip"
-    if best.is_file():
-        policy.attach(cls.load(best, device="cpu"))
-    return policy
+        _resume(policy, model, out / "checkpoints")
+        policy._layers = None  # the numpy copy would go stale while training
+        remaining = int(total_timesteps) - int(model.num_timesteps)
+        if remaining > 0:
+            callback = _callbacks(policy, out, eval_fn, eval_freq, checkpoint_freq, venv.num_envs)
+            model.learn(
+                total_timesteps=remaining,
+                callback=callback,
+                reset_num_timesteps=model.num_timesteps == 0,
+                tb_log_name=policy.algo,
+                progress_bar=progress,
+            )
+            callback._evaluate()
+        best = out / "best.zip"
+        if best.is_file():
+            policy.attach(load_policy(best, arms=policy.arm_names, obs_size=policy.obs_size).model)
+        return policy
+    finally:
+        torch.set_num_threads(threads)
 
 
 def plateau(out: str | Path, tol: float = 0.01) -> dict[str, float] | None:

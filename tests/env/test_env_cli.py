@@ -1,4 +1,4 @@
-"""``draftgym calibrate`` and ``draftgym record``: help, one-line errors with exit code 2, and a tiny record run."""
+"""``draftgym calibrate`` and ``draftgym record``: help and a tiny record run (bad input: tests/test_bad_input.py)."""
 
 from __future__ import annotations
 
@@ -19,31 +19,9 @@ def _run(*args):
 def test_help(cmd, capsys):
     from experiments.cli import main
 
-    with pytest.raises(SystemExit) as exit_:
-        main([cmd, "--help"])
+    assert main([cmd, "--help"]) == 0
     out = capsys.readouterr().out
-    assert exit_.value.code == 0 and "--json" in out and "--out" in out
-
-
-def test_one_line_errors(tmp_path, capsys):
-    from experiments.cli import main
-
-    exists = tmp_path / "t.npz"
-    exists.write_bytes(b"")
-    cases = [
-        (["calibrate", "--reps", "0"], "--reps must be >= 1"),
-        (["calibrate", "--drafters", "ngram,nope"], "unknown drafter 'nope'"),
-        (["record", "--out", str(exists)], "already exists"),
-        (
-            ["record", "--out", str(tmp_path / "x.npz"), "--max-new-tokens", "1"],
-            "--max-new-tokens must be >= 2",
-        ),
-        (["record", "--out", str(tmp_path / "x.npz"), "--workload", "/no/such.jsonl"], "does not exist"),
-    ]
-    for args, needle in cases:
-        assert main(args) == 2, args
-        err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
-        assert len(err) == 1 and needle in err[0] and "Traceback" not in err[0], (args, err)
+    assert "--json" in out and "--out" in out
 
 
 @pytest.mark.model

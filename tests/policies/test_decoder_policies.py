@@ -90,3 +90,40 @@ def test_generate_refuses_a_policy_for_other_features(fp32_model, tmp_path, caps
     code = main(["generate", "hello", "--policy", str(path), "--dtype", "fp32"])
     err = capsys.readouterr().err
     assert code == 2 and "expects observations of size 7" in err and err.count("\n") == 1
+
+
+def test_an_online_policy_over_drafters_the_cost_model_never_calibrated(fp32_model, prompt_ids):
+    """The shipped fp32 cost model calibrated only ngram: a bandit over recycling and eagle arms used to stop with
+    CostModelError; the decoder then rewards every step with measured wall time."""
+    from env.cost import load_cost_model
+
+    arms = ["none", "recycling-d2", "ngram-d2", "eagle-d2"]
+    assert not load_cost_model().covers([parse_arm(a) for a in arms])
+    policy = Recorder(arms, scale=4.0)
+    dec = SpeculativeDecoder(fp32_model, [parse_arm(a) for a in arms], policy=policy)
+    g = dec.generate(prompt_ids, max_new_tokens=16)
+    assert len(policy.seen) == g.stats.steps - 1 >= len(arms)
+    assert all(
+        i["cost_s"] == i["wall_s"] > 0 for *_, i in policy.seen
+    )  # measured, the same unit for every arm
+
+
+def test_bench_times_an_online_policy_from_its_loaded_state(fp32_model, tmp_path):
+    """The untimed warm-up runs on a copy of an online policy: the first timed generation starts from the policy
+    as loaded (it used to start from what the warm-up had taught it)."""
+    from experiments.bench import run_bench
+
+    class Counting(UCB1):
+        starts: list[int]
+
+        def reset(self):
+            self.starts.append(int(self.stats.counts.sum()))
+            super().reset()
+
+    policy = Counting(ARMS, scale=4.0)
+    policy.starts = []
+    dec = SpeculativeDecoder(fp32_model, [parse_arm(a) for a in ARMS], policy=policy)
+    prompts = load_workload()[:1]
+    run_bench(fp32_model, prompts, ["policy:c"], max_new_tokens=6, out_dir=tmp_path, settings={},
+              progress=False, decoders={"policy:c": dec})  # fmt: skip
+    assert dec.policy.starts[-1] == 0  # the timed run began with no step learned

@@ -1,0 +1,115 @@
+"""Arguments that several ``draftgym`` commands share, and argparse types that refuse out-of-range values.
+
+A value argparse refuses ends as one line (``draftgym generate: error: argument --top-p: ...``) with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An integer >= ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def float_in(low: float, high: float, *, low_open: bool = False, high_open: bool = False):
+    """A finite float in the interval given (``low_open``/``high_open``: the bound itself is excluded)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        bad_low = value <= low if low_open else value < low
+        bad_high = value >= high if high_open else value > high
+        if not math.isfinite(value) or bad_low or bad_high:
+            interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+            raise argparse.ArgumentTypeError(f"must be in {interval}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+positive_int = int_at_least(1)
+nonnegative_int = int_at_least(0)
+MAX_NEW_TOKENS = 1 << 20
+
+
+def new_tokens(text: str) -> int:
+    """``--max-new-tokens``: 1 .. 2**20 (the context bounds it further, checked against the model)."""
+    value = positive_int(text)
+    if value > MAX_NEW_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_NEW_TOKENS}, got {value}")
+    return value
+
+
+def model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", default=None, help="local Hugging Face model folder (default: embedded SmolLM2-135M)"
+    )
+    p.add_argument(
+        "--dtype", default="auto", choices=["auto", "bf16", "fp32"], help="auto: bf16 where supported"
+    )
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+
+
+def arm_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--drafter", default=None, help="a drafter name or none (autoregressive); default: the project's best"
+    )
+    p.add_argument("--depth", type=positive_int, default=None, help="draft tree depth (>= 1)")
+    p.add_argument("--topk", type=positive_int, default=1, help="branches per node (1: a chain)")
+    p.add_argument("--budget", type=nonnegative_int, default=0, help="draft nodes at most (0: depth * topk)")
+
+
+def sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float_in(0.0, 1e4), default=0.0, help="0: greedy")
+    p.add_argument("--top-k", type=nonnegative_int, default=0, help="0: no top-k filter")
+    p.add_argument("--top-p", type=float_in(0.0, 1.0, low_open=True), default=1.0, help="in (0, 1]")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def output_dir(path: str | Path, flag: str = "--out") -> Path:
+    """Make the run directory (or find it) and check that files can be created in it, before any work, so that
+    a bad path fails in one line instead of after the results were computed."""
+    from experiments.errors import UserError
+
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{flag} {out} is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise UserError(f"{flag} {out}: cannot write there ({err.strerror or err})") from err
+    return out
+
+
+def output_file(path: str | Path, flag: str = "--out") -> Path:
+    """Check, before any work, that ``path`` can be written (its folder made and writable, not a directory)."""
+    from experiments.errors import UserError
+
+    out = Path(path)
+    if out.is_dir():
+        raise UserError(f"{flag} {out} is a directory, not a file")
+    output_dir(out.parent if str(out.parent) else ".", flag=f"{flag} {out}: folder")
+    return out

@@ -1,0 +1,436 @@
+"""stable-baselines3 networks as data: nothing here unpickles, so no file read here can run code at load.
+
+stable-baselines3's own ``load`` unpickles the ``data`` entries marked ``:serialized:`` and its replay buffers are
+pickles (LIBRARY-FACTS.md), so draftgym never calls it. Instead:
+
+- a draftgym ``sb3`` policy file carries ``network.json`` (``SB3Policy.network()``: algorithm, layer sizes,
+  activation, observation and action sizes, hyper-parameters) and ``policy.safetensors`` (the policy's state
+  dict); the model is rebuilt from the description (a fresh ``MlpPolicy`` on ``SpacesEnv``) and the tensors are
+  loaded with ``strict=True``;
+- a plain stable-baselines3 zip (``model.save``) is read by ``read_sb3_zip``: only its ``policy.pth``
+  (``torch.load(weights_only=True)``) and the plain JSON fields of ``data`` (never the ``:serialized:`` ones);
+  the algorithm, layer sizes, observation size and action count come from the weights' shapes, the activation
+  from ``policy_kwargs`` (stable-baselines3's default when absent); ``load_sb3_zip`` names its arms;
+- a training checkpoint (``save_checkpoint``) is a zip of ``state.json`` (counters: ``num_timesteps``, ...),
+  ``policy.safetensors``, ``optimizer.pt`` (``torch.save`` of the optimizer's state dict, read back with
+  ``weights_only=True``) and, for DQN, ``replay_buffer.npz`` (read with ``allow_pickle=False``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+from policies.base import PolicyError, npz_bytes, one_line, read_npz
+
+# activation name in our files -> torch.nn class name (what stable-baselines3's ``activation_fn`` holds)
+ACTIVATIONS = {
+    "tanh": "Tanh",
+    "relu": "ReLU",
+    "elu": "ELU",
+    "leaky_relu": "LeakyReLU",
+    "gelu": "GELU",
+    "silu": "SiLU",
+}
+DEFAULT_ACTIVATION = {"ppo": "tanh", "a2c": "tanh", "dqn": "relu"}  # stable-baselines3's MlpPolicy defaults
+CHECKPOINT_FORMAT = "draftgym-sb3-checkpoint"
+CHECKPOINT_VERSION = 1
+COUNTERS = ("num_timesteps", "_n_updates", "_episode_num", "_n_calls", "exploration_rate")
+BUFFER_ARRAYS = ("observations", "next_observations", "actions", "rewards", "dones", "timeouts")
+
+
+def activation_module(name: str) -> Any:
+    import torch
+
+    if name not in ACTIVATIONS:
+        raise PolicyError(f"unknown activation {name!r}; valid: {', '.join(ACTIVATIONS)}")
+    return getattr(torch.nn, ACTIVATIONS[name])
+
+
+class SpacesEnv(gymnasium.Env):
+    """Only the spaces of the replay env (stable-baselines3 builds its networks from them); it cannot step."""
+
+    def __init__(self, obs_size: int, n_actions: int) -> None:
+        self.observation_space = spaces.Box(-np.inf, np.inf, (obs_size,), dtype=np.float32)
+        self.action_space = spaces.Discrete(n_actions)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        return np.zeros(self.observation_space.shape, dtype=np.float32), {}
+
+    def step(self, action: int):
+        raise PolicyError("this model was rebuilt for acting; train on the replay env instead")
+
+
+# ---- the state dict of an MlpPolicy ------------------------------------------------------------------------------
+
+
+def state_shapes(
+    algo: str, obs_size: int, n_actions: int, net_arch: list[int], vf_net_arch: list[int] | None = None
+) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of the state dict of stable-baselines3's ``MlpPolicy`` (Linear layers at even indices, the
+    activation between them)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+
+    def mlp(prefix: str, sizes: list[int], d: int) -> int:
+        for i, h in enumerate(sizes):
+            shapes[f"{prefix}.{2 * i}.weight"], shapes[f"{prefix}.{2 * i}.bias"] = (h, d), (h,)
+            d = h
+        return d
+
+    if algo == "dqn":
+        for net in ("q_net", "q_net_target"):
+            d = mlp(f"{net}.q_net", net_arch, obs_size)
+            last = f"{net}.q_net.{2 * len(net_arch)}"
+            shapes[f"{last}.weight"], shapes[f"{last}.bias"] = (n_actions, d), (n_actions,)
+    else:
+        d = mlp("mlp_extractor.policy_net", net_arch, obs_size)
+        shapes["action_net.weight"], shapes["action_net.bias"] = (n_actions, d), (n_actions,)
+        d = mlp("mlp_extractor.value_net", net_arch if vf_net_arch is None else vf_net_arch, obs_size)
+        shapes["value_net.weight"], shapes["value_net.bias"] = (1, d), (1,)
+    return shapes
+
+
+def check_state(state: dict[str, Any], expected: dict[str, tuple[int, ...]], source: str) -> None:
+    """Refuse a state dict whose keys or shapes are not those of the network described."""
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    if got == expected:
+        return
+    missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+    wrong = [k for k in expected if k in got and got[k] != expected[k]]
+    if missing:
+        what = f"missing {missing[:3]}"
+    elif extra:
+        what = f"unexpected {extra[:3]}"
+    else:
+        what = f"{wrong[0]} has shape {list(got[wrong[0]])}, expected {list(expected[wrong[0]])}"
+    raise PolicyError(f"{source}: the weights do not fit the network described ({what})")
+
+
+def _layers(state: dict[str, Any], prefix: str) -> list[tuple[int, int]]:
+    """(out, in) of the Linear layers ``prefix.<i>.weight``, in index order."""
+    found = sorted(
+        (int(m.group(1)), tuple(v.shape))
+        for k, v in state.items()
+        if (m := re.fullmatch(re.escape(prefix) + r"\.(\d+)\.weight", k)) and v.dim() == 2
+    )
+    return [s for _, s in found]
+
+
+def infer_network(state: dict[str, Any], source: str) -> tuple[str, int, int, list[int], list[int] | None]:
+    """(family "dqn" | "actor_critic", obs size, action count, net_arch, value net_arch or None when the same)
+    from the weights' shapes; refuses anything but a discrete-action ``MlpPolicy``."""
+    if "q_net.q_net.0.weight" in state:
+        layers = _layers(state, "q_net.q_net")
+        family, obs, n, pi, vf = "dqn", layers[0][1], layers[-1][0], [o for o, _ in layers[:-1]], None
+    elif "action_net.weight" in state and "value_net.weight" in state:
+        pi_l, vf_l = _layers(state, "mlp_extractor.policy_net"), _layers(state, "mlp_extractor.value_net")
+        n = int(state["action_net.weight"].shape[0])
+        obs = pi_l[0][1] if pi_l else int(state["action_net.weight"].shape[1])
+        pi, vf = [o for o, _ in pi_l], [o for o, _ in vf_l]
+        family, vf = "actor_critic", None if vf == pi else vf
+    else:
+        raise PolicyError(
+            f"{source} is not a stable-baselines3 MlpPolicy of PPO, A2C or DQN with discrete actions "
+            f"(its weights: {sorted(state)[:4]})"
+        )
+    check_state(state, state_shapes("dqn" if family == "dqn" else "ppo", obs, n, pi, vf), source)
+    return family, int(obs), int(n), pi, vf
+
+
+# ---- tensors -------------------------------------------------------------------------------------------------------
+
+
+def tensor_bytes(state: dict[str, Any]) -> bytes:
+    from safetensors.torch import save
+
+    return save({k: v.detach().cpu().contiguous() for k, v in state.items()})
+
+
+def read_tensors(data: bytes, source: str) -> dict[str, Any]:
+    from safetensors.torch import load
+
+    try:
+        return load(data)
+    except Exception as err:  # safetensors raises its own error types; the file is not a tensor file
+        raise PolicyError(f"{source} is not a safetensors file ({one_line(err)})") from err
+
+
+def read_torch_tensors(data: bytes, source: str) -> Any:
+    """``torch.load(weights_only=True)``: tensors and plain containers only, never arbitrary objects."""
+    import torch
+
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError for a pickle of anything but tensors, RuntimeError for garbage
+        raise PolicyError(f"{source} is not a plain tensor file ({one_line(err)})") from err
+
+
+def torch_bytes(obj: Any) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+# ---- a plain stable-baselines3 zip ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SB3Zip:
+    """What a ``model.save`` zip tells when read as data."""
+
+    algo: str
+    obs_size: int
+    n_actions: int
+    net_arch: list[int]
+    vf_net_arch: list[int] | None
+    activation: str
+    state: dict[str, Any]
+    hyper: dict[str, Any] = field(default_factory=dict)  # the plain numeric fields of ``data``
+    version: str | None = None
+
+
+def read_sb3_zip(src: str | Path | bytes, source: str) -> SB3Zip:
+    """Read a stable-baselines3 ``model.save`` zip as data: ``policy.pth`` with ``weights_only=True`` and the
+    plain fields of ``data``; the ``:serialized:`` (pickled) payloads are never decoded."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(src) if isinstance(src, bytes) else src) as zf:
+            names = set(zf.namelist())
+            if "policy.pth" not in names:
+                raise PolicyError(f"{source} is not a stable-baselines3 zip (no policy.pth)")
+            raw = zf.read("policy.pth")
+            data = json.loads(zf.read("data")) if "data" in names else {}
+            version = (
+                zf.read("_stable_baselines3_version").decode(errors="replace").strip()[:40]
+                if "_stable_baselines3_version" in names
+                else None
+            )
+    except (zipfile.BadZipFile, EOFError, OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise PolicyError(f"{source} is not a readable stable-baselines3 zip ({one_line(err)})") from err
+    state = read_torch_tensors(raw, f"{source}: policy.pth")
+    import torch
+
+    if not (isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values())):
+        raise PolicyError(f"{source}: policy.pth is not a state dict of tensors")
+    data = data if isinstance(data, dict) else {}
+    family, obs, n, pi, vf = infer_network(state, source)
+    if family == "dqn":
+        algo = "dqn"
+    else:  # PPO and A2C have the same network; PPO's data has n_epochs and clip_range
+        algo = "ppo" if not data or "n_epochs" in data or "clip_range" in data else "a2c"
+    _check_spaces(data, obs, n, source)
+    hyper = {}
+    for key, value in data.items():  # plain numbers only (a schedule or a TrainFreq is a pickle: skipped)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            hyper[key] = value
+    return SB3Zip(algo, obs, n, pi, vf, _activation(data, algo, source), state, hyper, version)
+
+
+def _check_spaces(data: dict[str, Any], obs: int, n: int, source: str) -> None:
+    """The plain fields next to the pickled spaces (``_shape``, ``n``, ``start``) must agree with the weights."""
+    ospace, aspace = data.get("observation_space"), data.get("action_space")
+    if isinstance(ospace, dict):
+        if "Box" not in str(ospace.get(":type:", "Box")):
+            raise PolicyError(f"{source}: the observation space is {ospace.get(':type:')}, not a Box")
+        shape = ospace.get("_shape")
+        if shape is not None and list(shape) != [obs]:
+            raise PolicyError(f"{source}: the observation space has shape {shape}, the weights take {obs}")
+    if isinstance(aspace, dict):
+        if "Discrete" not in str(aspace.get(":type:", "Discrete")):
+            raise PolicyError(f"{source}: the action space is {aspace.get(':type:')}, not Discrete")
+        if str(aspace.get("start", "0")) != "0":
+            raise PolicyError(f"{source}: the action space starts at {aspace.get('start')}, not 0")
+        if aspace.get("n") is not None and str(aspace["n"]) != str(n):
+            raise PolicyError(f"{source}: the action space has {aspace['n']} actions, the weights {n}")
+
+
+def _activation(data: dict[str, Any], algo: str, source: str) -> str:
+    """The activation named in ``policy_kwargs`` (a plain string even when the dict is pickled), or the default."""
+    kwargs = data.get("policy_kwargs")
+    if not isinstance(kwargs, dict):
+        return DEFAULT_ACTIVATION[algo]
+    extractor = kwargs.get("features_extractor_class")
+    if extractor is not None and "FlattenExtractor" not in str(extractor):
+        raise PolicyError(f"{source}: uses the features extractor {extractor}; only FlattenExtractor is read")
+    act = kwargs.get("activation_fn")
+    if act is None:
+        return DEFAULT_ACTIVATION[algo]
+    m = re.fullmatch(r"<class 'torch\.nn\.modules\.activation\.(\w+)'>", str(act))
+    names = {cls: name for name, cls in ACTIVATIONS.items()}
+    if not m or m.group(1) not in names:
+        raise PolicyError(f"{source}: activation {act} is not one of {', '.join(ACTIVATIONS.values())}")
+    return names[m.group(1)]
+
+
+DEFAULT_ENV = "draftgym/SpecDecode-v0"
+
+
+def default_env_menu() -> tuple[tuple[str, ...], tuple[str, ...], dict[str, Any]]:
+    """(arm names, feature names, feature spec) of ``gymnasium.make("draftgym/SpecDecode-v0")``."""
+    import gymnasium
+
+    import env  # noqa: F401  (registers draftgym/SpecDecode-v0)
+
+    e = gymnasium.make(DEFAULT_ENV)
+    try:
+        u = e.unwrapped
+        return tuple(u.arm_names), tuple(u.feature_names), u.feature_spec.as_dict()
+    finally:
+        e.close()
+
+
+def load_sb3_zip(path: str | Path, *, arms: Sequence[str] | None = None, obs_size: int | None = None) -> Any:
+    """A plain stable-baselines3 zip (``model.save`` of an ``MlpPolicy`` trained on the env) as an ``SB3Policy``,
+    read as data (``policies.sb3_files.read_sb3_zip``). Its arms are named by ``arms`` (the decoder's or env's
+    menu), or else by the default env's menu, whose feature spec it then takes too; a model with another
+    number of actions or another observation size than that menu is refused."""
+    from policies.rl import HYPER, INT_HYPER, SB3Policy
+
+    z = read_sb3_zip(Path(path), str(path))
+    features: tuple[str, ...] | None = None
+    spec: dict[str, Any] | None = None
+    where = "this decoder/env"
+    if arms is None:
+        arms, features, spec = default_env_menu()
+        where = f"the default env {DEFAULT_ENV}"
+    if z.n_actions != len(arms):
+        raise PolicyError(
+            f"{path}: the stable-baselines3 model has {z.n_actions} actions, but {where} has {len(arms)} arms "
+            f"({', '.join(arms)})"
+        )
+    if obs_size is not None and z.obs_size != obs_size:
+        raise PolicyError(
+            f"{path}: the stable-baselines3 model takes observations of size {z.obs_size}, "
+            f"but this decoder/env gives {obs_size}"
+        )
+    if features is not None and len(features) != z.obs_size:
+        if obs_size is None:
+            raise PolicyError(
+                f"{path}: the stable-baselines3 model takes observations of size {z.obs_size}, "
+                f"but {where} gives {len(features)}"
+            )
+        features = spec = None  # the caller's observation, not the default env's
+    hyper = {
+        k: v for k, v in z.hyper.items() if k in HYPER[z.algo] and (isinstance(v, int) or k not in INT_HYPER)
+    }
+    policy = SB3Policy(arms, z.obs_size, features, algo=z.algo, net_arch=",".join(map(str, z.net_arch)),
+                       vf_net_arch=None if z.vf_net_arch is None else ",".join(map(str, z.vf_net_arch)),
+                       activation=z.activation, **hyper)  # fmt: skip
+    policy.attach(policy.acting_model(z.state, str(path)))
+    policy.meta = {"source": "stable-baselines3 zip", "stable_baselines3": z.version}
+    if spec is not None:
+        policy.meta["feature_spec"] = spec
+    return policy
+
+
+# ---- training checkpoints ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    network: dict[str, Any]
+    counters: dict[str, Any]
+    state: dict[str, Any]
+    optimizer: dict[str, Any]
+    buffer: dict[str, np.ndarray] | None
+    buffer_pos: dict[str, Any] | None
+
+
+def save_checkpoint(model: Any, network: dict[str, Any], path: Path) -> None:
+    """Write ``model``'s training state atomically (temporary name, then rename)."""
+    meta: dict[str, Any] = {
+        "format": CHECKPOINT_FORMAT,
+        "format_version": CHECKPOINT_VERSION,
+        "network": network,
+        "counters": {k: getattr(model, k) for k in COUNTERS if hasattr(model, k)},
+    }
+    files = {
+        "policy.safetensors": tensor_bytes(model.policy.state_dict()),
+        "optimizer.pt": torch_bytes(model.policy.optimizer.state_dict()),
+    }
+    rb = getattr(model, "replay_buffer", None)
+    if rb is not None:
+        arrays = {k: getattr(rb, k) for k in BUFFER_ARRAYS if getattr(rb, k, None) is not None}
+        files["replay_buffer.npz"] = npz_bytes(**arrays)
+        meta["replay_buffer"] = {"pos": int(rb.pos), "full": bool(rb.full)}
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
+        zf.writestr("state.json", json.dumps(meta, indent=2))
+        for name, data in files.items():
+            zf.writestr(name, data)
+    tmp.replace(path)
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """Read a checkpoint as data; a torn or foreign file is a ``PolicyError``."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+            if "state.json" not in names:
+                raise PolicyError(f"{path} is not a draftgym checkpoint (no state.json)")
+            meta = json.loads(zf.read("state.json"))
+            files = {n: zf.read(n) for n in names - {"state.json"}}
+    except (zipfile.BadZipFile, EOFError, OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise PolicyError(f"{path} is not a readable checkpoint ({one_line(err)})") from err
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+        raise PolicyError(f"{path} is not a draftgym checkpoint")
+    if meta.get("format_version") != CHECKPOINT_VERSION:
+        raise PolicyError(
+            f"{path} has checkpoint version {meta.get('format_version')}, not {CHECKPOINT_VERSION}"
+        )
+    for name in ("policy.safetensors", "optimizer.pt"):
+        if name not in files:
+            raise PolicyError(f"{path} lacks {name}")
+    optimizer = read_torch_tensors(files["optimizer.pt"], f"{path}: optimizer.pt")
+    if not isinstance(optimizer, dict):
+        raise PolicyError(f"{path}: optimizer.pt is not an optimizer state dict")
+    buffer = None
+    if "replay_buffer.npz" in files:
+        try:
+            buffer = read_npz(files["replay_buffer.npz"])
+        except Exception as err:  # numpy raises ValueError, OSError, BadZipFile... for a torn array file
+            raise PolicyError(f"{path}: replay_buffer.npz is not readable ({one_line(err)})") from err
+    return Checkpoint(
+        network=dict(meta.get("network") or {}),
+        counters=dict(meta.get("counters") or {}),
+        state=read_tensors(files["policy.safetensors"], f"{path}: policy.safetensors"),
+        optimizer=optimizer,
+        buffer=buffer,
+        buffer_pos=meta.get("replay_buffer"),
+    )
+
+
+def apply_checkpoint(model: Any, ckpt: Checkpoint, network: dict[str, Any], source: str) -> None:
+    """Load ``ckpt`` into a fresh ``model`` built for ``network``; a checkpoint of another network is refused."""
+    if ckpt.network != network:
+        diff = sorted(k for k in {*ckpt.network, *network} if ckpt.network.get(k) != network.get(k))
+        raise PolicyError(
+            f"{source} was written by a training with other settings ({', '.join(diff)}); "
+            "train into another run directory or delete its checkpoints"
+        )
+    model.policy.load_state_dict(ckpt.state, strict=True)
+    model.policy.optimizer.load_state_dict(ckpt.optimizer)
+    for key, value in ckpt.counters.items():
+        if key in COUNTERS and hasattr(model, key):
+            setattr(model, key, type(getattr(model, key))(value))
+    rb = getattr(model, "replay_buffer", None)
+    if rb is None or ckpt.buffer is None or ckpt.buffer_pos is None:
+        return
+    for key, arr in ckpt.buffer.items():
+        target = getattr(rb, key, None) if key in BUFFER_ARRAYS else None
+        if target is None or target.shape != arr.shape:
+            raise PolicyError(f"{source}: replay buffer {key} does not fit this training's buffer")
+        target[...] = arr
+    rb.pos, rb.full = int(ckpt.buffer_pos["pos"]), bool(ckpt.buffer_pos["full"])

@@ -1,0 +1,57 @@
+"""The arm-name parser (``DRAFTER-dDEPTH[-kTOPK][-bBUDGET]`` or ``none``) on arbitrary text: it returns an arm
+whose name parses back to the same arm, or refuses the text with a one-line ``DrafterError`` — nothing else."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from drafters import DRAFTERS, DrafterError, TreeShape
+from env.engine import NO_DRAFT, Arm, parse_arm
+
+PIECES = st.sampled_from(
+    ["ngram", "recycling", "eagle", "early_exit", "bogus", "-", "d", "k", "b", "none", "ar"]
+)
+NAMES = st.one_of(
+    st.text(max_size=24),
+    st.lists(st.one_of(PIECES, st.integers(-3, 40).map(str), st.text(max_size=2)), max_size=8).map("".join),
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(NAMES)
+def test_any_text_parses_to_a_stable_arm_or_a_one_line_error(text):
+    try:
+        arm = parse_arm(text)
+    except DrafterError as err:
+        assert "\n" not in str(err)
+        return
+    again = parse_arm(arm.name)
+    assert again.name == arm.name
+    assert again.drafter == arm.drafter and again.shape.max_nodes == arm.shape.max_nodes
+    assert arm is NO_DRAFT or arm.drafter in DRAFTERS
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(DRAFTERS)), st.integers(1, 64), st.integers(1, 8), st.integers(0, 600))
+def test_every_arm_round_trips_through_its_name(drafter, depth, topk, budget):
+    arm = Arm(drafter, TreeShape(depth=depth, topk=topk, budget=budget))
+    back = parse_arm(arm.name)
+    assert back.name == arm.name and back.shape.max_nodes == arm.shape.max_nodes
+
+
+def test_named_refusals():
+    for text, needle in [
+        ("ngram-d3-d4", "cannot read arm"),
+        ("ngram-d٣", "cannot read arm"),  # a non-ASCII digit
+        ("ngram", "has no depth"),
+        ("ngram-d0", "depth must be >= 1"),
+        ("ngram-d2-k0", "topk must be >= 1"),
+        ("bogus-d2", "unknown drafter 'bogus'"),
+    ]:
+        try:
+            parse_arm(text)
+        except DrafterError as err:
+            assert needle in str(err), (text, err)
+        else:
+            raise AssertionError(f"{text!r} was accepted")

@@ -1,0 +1,378 @@
+"""The bad-input suite: every ``draftgym`` command given missing, garbage and out-of-range arguments and damaged
+or hostile files. Expected in every case: exit code 2, one line on stderr naming the problem (``needle``), no
+traceback, no hostile payload run, and no output file left behind, whole or half-written.
+
+The commands run in this process (``experiments.cli.main``), so a case that escapes as an exception fails here
+with its traceback; ``tests/experiments/test_cli_errors.py`` checks the same through a real ``draftgym`` process.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.hostile import npz_payload, payload, replace_members, torch_payload
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "experiments" / "configs"
+MARKER = "PAYLOAD-RAN"  # the file a hostile pickle would create, in the case's folder
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """Bad files, made once: ``{key}`` in a case's arguments is replaced by the path of ``files[key]``."""
+    d = tmp_path_factory.mktemp("bad")
+    marker = d / MARKER
+    f: dict[str, Path] = {"dir": d / "a-folder"}
+    f["dir"].mkdir()
+    write = {
+        "bin": b"\xff\xfe\x00\x81 not utf-8",
+        "empty": b"",
+        "blocker": b"a file where a folder is expected",
+        "long": ("word " * 9000).encode(),
+        "garbage": b"{{{ this is no format at all\n",
+        "jsonlist": b"[1, 2, 3]\n",
+        "pickle": payload(marker),
+        "torchpickle": torch_payload(marker),
+        "npzpickle": npz_payload(marker),
+        "toml_garbage": b'name = "x\n[decode\n',
+        "toml_unknown": b'name = "x"\n[decode]\nmax_new_token = 3\n',
+        "toml_type": b'name = "x"\n[decode]\nmax_new_tokens = "many"\n',
+        "toml_live": b'name = "x"\n[policies.p]\nkind = "sb3"\n[policies.p.train]\nbackend = "live"\n',
+        "toml_nopolicy": b'name = "x"\nmethods = ["ar"]\n',
+        "jsonl_long": (
+            json.dumps({"question_id": 1, "category": "qa", "turns": ["word " * 9000]}) + "\n"
+        ).encode(),
+        "jsonl_noturns": b'{"question_id": 1, "category": "qa"}\n',
+        "jsonl_emptyturn": b'{"question_id": 1, "category": "qa", "turns": [" "]}\n',
+    }
+    for key, data in write.items():
+        f[key] = d / f"{key}.dat"
+        f[key].write_bytes(data)
+    # a draftgym policy whose state member is a pickle (its checksum made to match, so only the format stops it)
+    src = ROOT / "policies" / "data" / "linucb.zip"
+    import hashlib
+    import zipfile
+
+    evil = npz_payload(marker)
+    with zipfile.ZipFile(src) as z:
+        header = json.loads(z.read("header.json"))
+    header["payload"]["state.npz"] = hashlib.sha256(evil).hexdigest()
+    f["policy_pickle"] = replace_members(
+        src, d / "evil-policy.zip", {"state.npz": evil, "header.json": json.dumps(header).encode()}
+    )
+    f["policy_truncated"] = d / "truncated-policy.zip"
+    f["policy_truncated"].write_bytes(src.read_bytes()[:700])
+    f["cost_truncated"] = d / "cost.json"
+    f["cost_truncated"].write_bytes((ROOT / "env" / "data" / "cost_model.json").read_bytes()[:300])
+    f["trace_truncated"] = d / "trace.npz"
+    f["trace_truncated"].write_bytes((ROOT / "env" / "data" / "builtin_trace.npz").read_bytes()[:5000])
+    f["marker"] = marker
+    return f
+
+
+# (case id, arguments, needle). Arguments may name {file keys}; {tmp} is the case's own empty folder.
+GENERATE = [
+    ("empty-prompt", ["generate", ""], "prompt is empty"),
+    ("blank-prompt", ["generate", "   \n"], "prompt is empty"),
+    ("no-prompt-stdin-empty", ["generate", "-"], "prompt is empty"),
+    ("temperature-negative", ["generate", "hi", "--temperature", "-1"], "--temperature: must be in"),
+    ("temperature-nan", ["generate", "hi", "--temperature", "nan"], "--temperature: must be in"),
+    ("temperature-huge", ["generate", "hi", "--temperature", "1e300"], "--temperature: must be in"),
+    ("temperature-garbage", ["generate", "hi", "--temperature", "hot"], "expected a number"),
+    ("top-p-zero", ["generate", "hi", "--top-p", "0"], "--top-p: must be in (0, 1]"),
+    ("top-p-above-one", ["generate", "hi", "--top-p", "1.5"], "--top-p: must be in (0, 1]"),
+    ("top-k-negative", ["generate", "hi", "--top-k", "-2"], "--top-k: must be >= 0"),
+    ("depth-zero", ["generate", "hi", "--depth", "0"], "--depth: must be >= 1"),
+    ("depth-negative", ["generate", "hi", "--depth", "-5"], "--depth: must be >= 1"),
+    ("depth-garbage", ["generate", "hi", "--depth", "deep"], "expected an integer"),
+    ("topk-zero", ["generate", "hi", "--topk", "0"], "--topk: must be >= 1"),
+    ("budget-negative", ["generate", "hi", "--budget", "-1"], "--budget: must be >= 0"),
+    ("max-new-zero", ["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens: must be >= 1"),
+    ("max-new-huge", ["generate", "hi", "--max-new-tokens", "99999999999"], "--max-new-tokens: must be <="),
+    ("seed-garbage", ["generate", "hi", "--seed", "x"], "--seed"),
+    ("unknown-drafter", ["generate", "hi", "--drafter", "bogus"], "known drafters:"),
+    ("dtype", ["generate", "hi", "--dtype", "fp16"], "invalid choice"),
+    ("abbreviated-option", ["generate", "--prompt", "a" * 5000], "unrecognized arguments: --prompt"),
+    ("prompt-and-file", ["generate", "hi", "--prompt-file", "{garbage}"], "not both"),
+    ("prompt-file-missing", ["generate", "--prompt-file", "{tmp}/nope.txt"], "does not exist"),
+    ("prompt-file-empty", ["generate", "--prompt-file", "{empty}"], "prompt is empty"),
+    ("prompt-file-not-utf8", ["generate", "--prompt-file", "{bin}"], "not UTF-8"),
+    ("prompt-file-directory", ["generate", "--prompt-file", "{dir}"], "is a directory"),
+    ("prompt-file-name-too-long", ["generate", "--prompt-file", "x" * 5000], "File name too long"),
+    ("model-missing", ["generate", "hi", "--model", "{tmp}/no-model"], "does not exist"),
+    ("model-not-a-model", ["generate", "hi", "--model", "{dir}"], "config.json"),
+    ("policy-missing", ["generate", "hi", "--policy", "{tmp}/p.zip"], "does not exist"),
+    ("policy-directory", ["generate", "hi", "--policy", "{dir}"], "does not exist"),
+    ("policy-not-zip", ["generate", "hi", "--policy", "{bin}"], "not a readable draftgym policy"),
+    ("policy-empty", ["generate", "hi", "--policy", "{empty}"], "not a readable draftgym policy"),
+    ("policy-truncated", ["generate", "hi", "--policy", "{policy_truncated}"], "policy"),
+    ("policy-pickle", ["generate", "hi", "--policy", "{pickle}"], "not a readable draftgym policy"),
+    ("policy-hostile-member", ["generate", "hi", "--policy", "{policy_pickle}"], "cannot restore"),
+    ("device", ["generate", "hi", "--device", "tpu:7"], "device"),
+]
+BENCH = [
+    ("per-category-zero", ["bench", "--per-category", "0"], "--per-category: must be >= 1"),
+    ("per-category-negative", ["bench", "--per-category", "-1"], "--per-category: must be >= 1"),
+    ("limit-zero", ["bench", "--limit", "0"], "--limit: must be >= 1"),
+    ("max-new-zero", ["bench", "--max-new-tokens", "0"], "--max-new-tokens: must be >= 1"),
+    ("unknown-arm-drafter", ["bench", "--methods", "bogus-d3"], "unknown drafter 'bogus'"),
+    ("unreadable-arm", ["bench", "--methods", "ngram-dX"], "cannot read arm"),
+    ("arm-without-depth", ["bench", "--methods", "ngram-k2"], "has no depth"),
+    ("arm-depth-zero", ["bench", "--methods", "ngram-d0"], "depth must be >= 1"),
+    ("method-twice", ["bench", "--methods", "ar,ar"], "lists a method twice"),
+    ("no-method", ["bench", "--methods", ",,"], "names no method"),
+    ("workload-missing", ["bench", "--workload", "{tmp}/q.jsonl"], "hemingkx/Spec-Bench"),
+    ("workload-not-utf8", ["bench", "--workload", "{bin}"], "not UTF-8"),
+    ("workload-empty", ["bench", "--workload", "{empty}"], "has no prompts"),
+    ("workload-directory", ["bench", "--workload", "{dir}"], "is a directory"),
+    ("workload-garbage", ["bench", "--workload", "{garbage}"], "not a Spec-Bench question line"),
+    ("workload-json-list", ["bench", "--workload", "{jsonlist}"], "not a Spec-Bench question line"),
+    ("workload-no-turns", ["bench", "--workload", "{jsonl_noturns}"], "not a Spec-Bench question line"),
+    ("workload-empty-turn", ["bench", "--workload", "{jsonl_emptyturn}"], "first turn is empty"),
+    ("out-under-a-file", ["bench", "--out", "{blocker}/run", "--methods", "ar"], "not a directory"),
+    ("out-is-a-file", ["bench", "--out", "{blocker}", "--methods", "ar"], "is a file"),
+    (
+        "policy-not-zip",
+        ["bench", "--policy", "{bin}", "--out", "{tmp}/run"],
+        "not a readable draftgym policy",
+    ),
+]
+RECORD = [
+    ("out-under-a-file", ["record", "--out", "{blocker}/t.npz", "--limit", "1"], "not a directory"),
+    ("out-exists", ["record", "--out", "{garbage}"], "already exists"),
+    ("out-directory", ["record", "--out", "{dir}"], "is a directory"),
+    ("max-new-one", ["record", "--out", "{tmp}/t.npz", "--max-new-tokens", "1"], "must be >= 2"),
+    ("max-new-negative", ["record", "--out", "{tmp}/t.npz", "--max-new-tokens", "-3"], "must be >= 1"),
+    ("per-category-zero", ["record", "--out", "{tmp}/t.npz", "--per-category", "0"], "must be >= 1"),
+    ("limit-zero", ["record", "--out", "{tmp}/t.npz", "--limit", "0"], "must be >= 1"),
+    ("unknown-drafter", ["record", "--out", "{tmp}/t.npz", "--drafters", "ngram,nope"], "unknown drafter"),
+    ("workload-not-utf8", ["record", "--out", "{tmp}/t.npz", "--workload", "{bin}"], "not UTF-8"),
+    ("no-out", ["record"], "--out"),
+]
+CALIBRATE = [
+    ("reps-zero", ["calibrate", "--reps", "0"], "--reps: must be >= 1"),
+    ("reps-huge-garbage", ["calibrate", "--reps", "1e99"], "expected an integer"),
+    ("unknown-drafter", ["calibrate", "--drafters", "ngram,nope"], "unknown drafter 'nope'"),
+    ("out-under-a-file", ["calibrate", "--out", "{blocker}/c.json"], "not a directory"),
+    ("out-directory", ["calibrate", "--out", "{dir}"], "is a directory"),
+]
+CONFIG_COMMANDS = [
+    (f"{cmd}-{name}", [cmd, *args], needle)
+    for cmd in ("run", "sweep", "train")
+    for name, args, needle in [
+        ("missing", ["{tmp}/nope.toml"], "does not exist"),
+        ("directory", ["{dir}"], "is a directory"),
+        ("not-utf8", ["{bin}"], "not UTF-8"),
+        ("garbage", ["{toml_garbage}"], "not valid TOML"),
+        ("unknown-key", ["{toml_unknown}"], "did you mean 'max_new_tokens'"),
+        ("wrong-type", ["{toml_type}"], "decode.max_new_tokens must be"),
+        ("set-unknown-key", [str(CONFIGS / "bandit.toml"), "--set", "decode.nope=1"], "nope"),
+        ("set-no-equals", [str(CONFIGS / "bandit.toml"), "--set", "decode.max_new_tokens"], "KEY=VALUE"),
+        (
+            "set-out-of-range",
+            [str(CONFIGS / "bandit.toml"), "--set", "decode.max_new_tokens=-4"],
+            "max_new_tokens",
+        ),
+    ]
+]
+RUN_SWEEP_TRAIN = [
+    (
+        "run-out-under-a-file",
+        ["run", str(CONFIGS / "bandit.toml"), "--out", "{blocker}/r"],
+        "not a directory",
+    ),
+    ("run-unknown-method", ["run", "{toml_nopolicy}", "--set", 'methods=["bogus-d2"]'], "unknown drafter"),
+    (
+        "sweep-out-under-a-file",
+        ["sweep", str(CONFIGS / "tree_sweep.toml"), "--out", "{blocker}/s"],
+        "not a directory",
+    ),
+    (
+        "sweep-workers-zero",
+        ["sweep", str(CONFIGS / "tree_sweep.toml"), "--workers", "0"],
+        "--workers: must be >= 1",
+    ),
+    (
+        "sweep-workers-negative",
+        ["sweep", str(CONFIGS / "tree_sweep.toml"), "--workers", "-3"],
+        "must be >= 1",
+    ),
+    (
+        "sweep-storage",
+        ["sweep", str(CONFIGS / "tree_sweep.toml"), "--storage", "bogus://x", "--out", "{tmp}/s"],
+        "storage",
+    ),
+    ("train-live-backend", ["train", "{toml_live}", "--out", "{tmp}/t"], "backend"),
+    ("train-no-policies", ["train", "{toml_nopolicy}", "--out", "{tmp}/t"], "no [policies.NAME]"),
+    ("train-empty-config", ["train", "{empty}", "--out", "{tmp}/t"], "no [policies.NAME]"),
+    (
+        "train-unknown-policy",
+        ["train", str(CONFIGS / "bandit.toml"), "--policy", "nope", "--out", "{tmp}/t"],
+        "no [policies.nope]",
+    ),
+    (
+        "train-out-under-a-file",
+        ["train", str(CONFIGS / "bandit.toml"), "--out", "{blocker}/t"],
+        "not a directory",
+    ),
+]
+READERS = [
+    ("report-missing", ["report", "{tmp}/none"], "is not a directory"),
+    ("report-default-out-missing-dir", ["report", "{tmp}/none", "{tmp}/other"], "is not a directory"),
+    ("report-file", ["report", "{garbage}"], "is not a directory"),
+    ("report-empty-dir", ["report", "{tmp}"], "is not a run directory"),
+    ("agreement-missing", ["agreement", "{tmp}/none"], "no bench.json"),
+    ("agreement-empty-dir", ["agreement", "{tmp}"], "no bench.json"),
+    ("agreement-eps-negative", ["agreement", "{tmp}", "--eps", "-1"], "--eps: must be in"),
+]
+POLICY_FILES = [
+    ("evaluate-policy-missing", ["evaluate", "{tmp}/p.zip", "--no-live"], "does not exist"),
+    ("evaluate-policy-not-zip", ["evaluate", "{bin}", "--no-live"], "not a readable draftgym policy"),
+    ("evaluate-policy-pickle", ["evaluate", "{pickle}", "--no-live"], "not a readable draftgym policy"),
+    ("evaluate-policy-hostile", ["evaluate", "{policy_pickle}", "--no-live"], "cannot restore"),
+    ("evaluate-trace-not-npz", ["evaluate", "--trace", "{bin}", "--no-live"], "not a draftgym trace"),
+    ("evaluate-trace-pickle", ["evaluate", "--trace", "{pickle}", "--no-live"], "not a draftgym trace"),
+    ("evaluate-trace-hostile", ["evaluate", "--trace", "{npzpickle}", "--no-live"], "not a readable trace"),
+    ("evaluate-trace-truncated", ["evaluate", "--trace", "{trace_truncated}", "--no-live"], "trace"),
+    ("evaluate-cost-not-utf8", ["evaluate", "--cost-model", "{bin}", "--no-live"], "is not JSON"),
+    ("evaluate-cost-pickle", ["evaluate", "--cost-model", "{pickle}", "--no-live"], "is not JSON"),
+    ("evaluate-cost-truncated", ["evaluate", "--cost-model", "{cost_truncated}", "--no-live"], "is not JSON"),
+    (
+        "evaluate-cost-json-list",
+        ["evaluate", "--cost-model", "{jsonlist}", "--no-live"],
+        "not a draftgym cost model",
+    ),
+    ("evaluate-test-zero", ["evaluate", "--test-per-category", "0", "--no-live"], "must be >= 1"),
+    ("evaluate-limit-zero", ["evaluate", "--limit", "0"], "--limit: must be >= 1"),
+    (
+        "evaluate-json-under-a-file",
+        ["evaluate", "--no-live", "--json", "{blocker}/e.json"],
+        "not a directory",
+    ),
+    ("oracle-gap-trace-empty", ["oracle-gap", "--trace", "{empty}"], "not a draftgym trace"),
+    ("oracle-gap-trace-hostile", ["oracle-gap", "--trace", "{npzpickle}"], "not a readable trace"),
+    ("oracle-gap-cost-empty", ["oracle-gap", "--cost-model", "{empty}"], "is not JSON"),
+    ("oracle-gap-cost-pickle", ["oracle-gap", "--cost-model", "{pickle}"], "is not JSON"),
+    ("oracle-gap-unknown-arm", ["oracle-gap", "--arms", "none,bogus-d3"], "unknown drafter"),
+    ("oracle-gap-test-zero", ["oracle-gap", "--test-per-category", "0"], "must be >= 1"),
+    ("oracle-gap-json-under-a-file", ["oracle-gap", "--json", "{blocker}/o.json"], "not a directory"),
+]
+TRAIN_DRAFTER = [
+    ("kind", ["train-drafter", "medusa"], "invalid choice"),
+    ("cpu-minutes-zero", ["train-drafter", "eagle", "--cpu-minutes", "0"], "--cpu-minutes: must be in"),
+    ("cpu-minutes-negative", ["train-drafter", "eagle", "--cpu-minutes", "-1"], "--cpu-minutes: must be in"),
+    ("lr-zero", ["train-drafter", "eagle", "--lr", "0"], "--lr: must be in"),
+    ("prompt-frac", ["train-drafter", "eagle", "--prompt-frac", "2"], "--prompt-frac: must be in"),
+    ("per-category-zero", ["train-drafter", "eagle", "--per-category", "0"], "must be >= 1"),
+    ("exit-layer-zero", ["train-drafter", "early_exit", "--exit-layer", "0"], "must be >= 1"),
+    ("capture-layers", ["train-drafter", "eagle", "--capture-layers", "a,b"], "--capture-layers must be"),
+    ("out-under-a-file", ["train-drafter", "eagle", "--out", "{blocker}/h"], "not a directory"),
+    ("work-under-a-file", ["train-drafter", "eagle", "--work", "{blocker}/w"], "not a directory"),
+    ("workload-missing", ["train-drafter", "eagle", "--workload", "{tmp}/q.jsonl"], "Spec-Bench"),
+]
+TOP = [
+    ("no-command", [], "required"),
+    ("unknown-command", ["serve"], "invalid choice"),
+    ("abbreviated-command-option", ["bench", "--method", "ar"], "unrecognized arguments: --method"),
+]
+# cases that load the embedded model before the input is found to be bad
+MODEL = [
+    (
+        "generate-prompt-longer-than-context",
+        ["generate", "--prompt-file", "{long}", "--dtype", "fp32"],
+        "context is",
+    ),
+    (
+        "bench-prompt-longer-than-context",
+        ["bench", "--workload", "{jsonl_long}", "--methods", "ar", "--dtype", "fp32", "--out", "{tmp}/run"],
+        "context is",
+    ),
+    (
+        "record-prompt-longer-than-context",
+        ["record", "--workload", "{jsonl_long}", "--out", "{tmp}/t.npz"],
+        "context is",
+    ),
+    (
+        "train-drafter-workload-empty",
+        ["train-drafter", "eagle", "--workload", "{empty}", "--work", "{tmp}/w"],
+        "has no prompts",
+    ),
+]
+
+CASES = [
+    *(("generate-" + i, a, n) for i, a, n in GENERATE),
+    *(("bench-" + i, a, n) for i, a, n in BENCH),
+    *(("record-" + i, a, n) for i, a, n in RECORD),
+    *(("calibrate-" + i, a, n) for i, a, n in CALIBRATE),
+    *CONFIG_COMMANDS,
+    *RUN_SWEEP_TRAIN,
+    *READERS,
+    *POLICY_FILES,
+    *(("train-drafter-" + i, a, n) for i, a, n in TRAIN_DRAFTER),
+    *TOP,
+]
+
+
+def _expand(args: list[str], files: dict[str, Path], tmp: Path) -> list[str]:
+    subs = {f"{{{k}}}": str(v) for k, v in files.items()} | {"{tmp}": str(tmp)}
+    out = []
+    for a in args:
+        for key, val in subs.items():
+            a = a.replace(key, val)
+        out.append(a)
+    return out
+
+
+def _check(argv: list[str], needle: str, files: dict[str, Path], tmp: Path, capsys, monkeypatch) -> None:
+    from experiments.cli import main
+
+    monkeypatch.chdir(tmp)  # default output folders (runs/...) land in the case's folder
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    before = {p for p in files["dir"].parent.rglob("*")}
+    code = main(argv)
+    # the last of each \r-separated segment: tqdm redraws a bar on one line, without a newline
+    err = [line.split("\r")[-1] for line in capsys.readouterr().err.splitlines()]
+    err = [line for line in err if line.strip() and "%|" not in line and "Loading weights" not in line]
+    assert code == 2, (argv, err)
+    assert len(err) == 1, err
+    assert needle.lower() in err[0].lower(), err[0]
+    assert "Traceback" not in err[0]
+    assert not files["marker"].exists(), "a hostile payload ran"
+    after = {p for p in files["dir"].parent.rglob("*")}
+    assert after == before, f"left files behind: {sorted(map(str, after - before))}"
+    written = [p for p in tmp.rglob("*") if p.is_file()]
+    assert not written, f"a refused command wrote {written}"
+
+
+@pytest.mark.parametrize("argv, needle", [pytest.param(a, n, id=i) for i, a, n in CASES])
+def test_bad_input_is_one_line_and_exit_2(argv, needle, files, tmp_path, capsys, monkeypatch):
+    _check(_expand(argv, files, tmp_path), needle, files, tmp_path, capsys, monkeypatch)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("argv, needle", [pytest.param(a, n, id=i) for i, a, n in MODEL])
+def test_bad_input_found_after_loading_the_model(argv, needle, files, tmp_path, capsys, monkeypatch):
+    _check(_expand(argv, files, tmp_path), needle, files, tmp_path, capsys, monkeypatch)
+
+
+def test_payload_is_live(tmp_path):
+    """The hostile files above are real: unpickling their payload does create the marker file."""
+    import pickle
+
+    marker = tmp_path / MARKER
+    pickle.loads(payload(marker))
+    assert marker.exists()
+
+
+def test_every_command_is_covered():
+    """Every subcommand of ``draftgym`` has bad-input cases here."""
+    from experiments.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    covered = {argv[0] for _, argv, _ in [*CASES, *MODEL] if argv}
+    assert set(sub.choices) <= covered, sorted(set(sub.choices) - covered)

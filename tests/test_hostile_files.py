@@ -1,0 +1,182 @@
+"""Every kind of file draftgym reads, given empty, truncated, wrong-format and hostile content: each is refused
+with its package's one-line error (or loaded as data), and a pickle planted in it never runs (the marker file it
+would create stays absent). Policy files and stable-baselines3 zips: ``tests/policies/test_safe_files.py``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.hostile import npz_payload, payload, replace_members, torch_payload
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _variants(tmp: Path, good: bytes, hostile: bytes) -> dict[str, Path]:
+    out = {}
+    for name, data in {
+        "empty": b"",
+        "truncated": good[: max(1, len(good) // 3)],
+        "garbage": b"\x00\xffthis is no file format\x81",
+        "json-instead": b'{"format": "something else"}',
+        "hostile": hostile,
+    }.items():
+        out[name] = tmp / f"{name}.bin"
+        out[name].write_bytes(data)
+    return out
+
+
+KINDS = ["empty", "truncated", "garbage", "json-instead", "hostile"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_trace(kind, tmp_path):
+    from env.trace import TraceError, default_trace_path, load_trace
+
+    marker = tmp_path / "RAN"
+    files = _variants(tmp_path, default_trace_path().read_bytes(), npz_payload(marker))
+    with pytest.raises(TraceError) as err:
+        load_trace(files[kind])
+    assert "\n" not in str(err.value) and not marker.exists()
+
+
+def test_trace_with_an_invalid_tree_is_refused(tmp_path):
+    """A trace whose recorded tree points a node at a later parent (an out-of-bounds walk in replay)."""
+    from env.trace import TraceError, default_trace_path, load_trace
+
+    with np.load(default_trace_path(), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    off = arrays["tree/ngram/off"]
+    t = int(np.argmax(np.diff(off) >= 2))  # the first tree with a draft node
+    parents = arrays["tree/ngram/parents"].copy()
+    parents[off[t] + 1] = 5  # its node 1: a parent that is not before it
+    arrays["tree/ngram/parents"] = parents
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(TraceError, match=f"invalid tree/ngram: node 1 of tree {t} has parent 5"):
+        load_trace(tmp_path / "bad.npz")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cost_model(kind, tmp_path):
+    from env.cost import CostModelError, default_cost_model_path, load_cost_model
+
+    marker = tmp_path / "RAN"
+    files = _variants(tmp_path, default_cost_model_path().read_bytes(), payload(marker))
+    with pytest.raises(CostModelError) as err:
+        load_cost_model(files[kind])
+    assert "\n" not in str(err.value) and not marker.exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_head_weights(kind, tmp_path):
+    """A head's tensors replaced by damaged or hostile bytes (its JSON description left valid)."""
+    from drafters import DrafterError
+    from drafters.heads import load_head
+    from tests.drafters.tiny import random_head, tiny_loaded
+
+    loaded = tiny_loaded()
+    path = random_head("eagle", loaded, tmp_path / "h").with_suffix(".safetensors")
+    marker = tmp_path / "RAN"
+    files = _variants(tmp_path, path.read_bytes(), torch_payload(marker))
+    shutil.copy(files[kind], path)
+    with pytest.raises(DrafterError) as err:
+        load_head(path, "eagle", loaded.model, loaded.model_id)
+    assert "\n" not in str(err.value) and not marker.exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_head_description(kind, tmp_path):
+    from drafters import DrafterError
+    from drafters.heads import load_head
+    from tests.drafters.tiny import random_head, tiny_loaded
+
+    loaded = tiny_loaded()
+    path = random_head("eagle", loaded, tmp_path / "h").with_suffix(".json")
+    marker = tmp_path / "RAN"
+    files = _variants(tmp_path, path.read_bytes(), payload(marker))
+    shutil.copy(files[kind], path)
+    with pytest.raises(DrafterError) as err:
+        load_head(path, "eagle", loaded.model, loaded.model_id)
+    assert "\n" not in str(err.value) and not marker.exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_drafter_training_state(kind, tmp_path):
+    """The resumable state of ``train-drafter`` (it was read with ``weights_only=False``)."""
+    import torch
+
+    from drafters import DrafterError
+    from drafters.train import load_train_state
+
+    good = tmp_path / "good.pt"
+    torch.save({"head": {"w": torch.ones(2)}, "opt": {}, "step": 3, "cpu_s": 1.0, "epoch": 0}, good)
+    assert load_train_state(good)["step"] == 3  # the real format loads
+    marker = tmp_path / "RAN"
+    files = _variants(tmp_path, good.read_bytes(), torch_payload(marker))
+    with pytest.raises(DrafterError) as err:
+        load_train_state(files[kind])
+    assert "\n" not in str(err.value) and not marker.exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bandit_policy_state(kind, tmp_path):
+    """A draftgym policy whose state member is damaged or a pickle (checksum made to match)."""
+    from policies import PolicyError, load_policy
+
+    src = ROOT / "policies" / "data" / "linucb.zip"
+    with zipfile.ZipFile(src) as z:
+        good = z.read("state.npz")
+        header = json.loads(z.read("header.json"))
+    marker = tmp_path / "RAN"
+    data = _variants(tmp_path, good, npz_payload(marker))[kind].read_bytes()
+    header["payload"]["state.npz"] = hashlib.sha256(data).hexdigest()
+    path = replace_members(
+        src, tmp_path / "p.zip", {"state.npz": data, "header.json": json.dumps(header).encode()}
+    )
+    with pytest.raises(PolicyError) as err:
+        load_policy(path)
+    assert "\n" not in str(err.value) and not marker.exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_config(kind, tmp_path):
+    """TOML cannot carry code; damaged content is a ConfigError (an empty file is a valid, all-default config)."""
+    from experiments.config import load_config
+    from experiments.strict_toml import ConfigError
+
+    good = (ROOT / "experiments" / "configs" / "bandit.toml").read_bytes()
+    good = good[: good.index(b'= "') + 4] * 3  # truncated: cut inside a string
+    path = _variants(tmp_path, good, payload(tmp_path / "RAN"))[kind]
+    if kind == "empty":
+        assert load_config(path).name
+        return
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "\n" not in str(err.value) and not (tmp_path / "RAN").exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_workload(kind, tmp_path):
+    from env.workloads import WorkloadError, builtin_path, load_workload
+
+    path = _variants(tmp_path, builtin_path().read_bytes(), payload(tmp_path / "RAN"))[kind]
+    with pytest.raises(WorkloadError) as err:
+        load_workload(path)
+    assert "\n" not in str(err.value)
+
+
+def test_bench_records_with_a_torn_line_resume(tmp_path):
+    """A killed bench leaves a torn last line in records.jsonl: it is dropped (and cut), the rest kept."""
+    from experiments.bench import Record, load_done
+
+    rec = Record("ar", "p1", "qa", 3, 2, 0.1, 2, 1.0, [5, 6])
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps(rec.__dict__) + "\n" + '{"method": "ar", "prom')
+    assert load_done(path) == [rec]
+    assert path.read_text().endswith("\n")
