@@ -6,7 +6,10 @@
   is a ratio of aggregate throughputs (sum of tokens / sum of seconds over the prompts), i.e. a ratio of
   token-weighted means, not a mean of per-prompt ratios;
 - reward of a step = (tokens committed / step cost) * (cost of one autoregressive token): the step's
-  instantaneous speedup.
+  instantaneous speedup;
+- goodput under a load = committed tokens of all requests / seconds from the first arrival to the last finish
+  (tokens/s of the whole server, not of one request); time per output token (TPOT) of a request = (finish - first
+  token) / (tokens - 1); time to first token (TTFT) = first token - arrival (queueing and prefill included).
 """
 
 from __future__ import annotations
@@ -42,3 +45,14 @@ def chain_expected_tokens(alpha: float, depth: int) -> float:
     if alpha >= 1.0:
         return float(depth + 1)
     return (1 - alpha ** (depth + 1)) / (1 - alpha)
+
+
+def goodput(tokens: Iterable[int], first_arrival_s: float, last_finish_s: float) -> float:
+    """Committed tokens per second over all requests of a load level (DESIGN.md "Batches and load")."""
+    span = last_finish_s - first_arrival_s
+    return sum(tokens) / span if span > 0 else 0.0
+
+
+def tpot(tokens: int, first_token_s: float, finish_s: float) -> float | None:
+    """Seconds per output token after the first; None for a one-token answer."""
+    return (finish_s - first_token_s) / (tokens - 1) if tokens > 1 else None

@@ -18,6 +18,7 @@ from experiments.errors import EXIT_USAGE, describe_os_error, is_user_error, one
 COMMAND_MODULES: tuple[str, ...] = (
     "experiments.generate",
     "experiments.bench",
+    "experiments.serve_bench",
     "experiments.agreement",
     "experiments.runner",
     "experiments.sweep",

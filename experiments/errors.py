@@ -20,6 +20,7 @@ USER_ERROR_TYPES: frozenset[str] = frozenset(
         "env.cost:CostModelError",
         "env.trace:TraceError",
         "env.spec_env:EnvError",
+        "env.serving:ServeError",
         "policies.base:PolicyError",
         "experiments.strict_toml:ConfigError",
         "experiments.methods:MethodError",

@@ -175,3 +175,21 @@ def compare_runs(runs: list[tuple[str, list[dict[str, Any]], list[str]]], path: 
     ax.set_title("Runs side by side")
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def goodput_vs_concurrency(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
+    """One line per method: goodput (committed tokens/s over all requests) against the load level."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for m in dict.fromkeys(r["method"] for r in rows):
+        pts = sorted((r["concurrency"], r["goodput_tok_s"]) for r in rows if r["method"] == m)
+        ax.plot([c for c, _ in pts], [g for _, g in pts], marker="o", label=m)
+    ax.set_xscale("log", base=2)
+    levels = sorted({r["concurrency"] for r in rows})
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("goodput (tokens/s, all requests)")
+    ax.set_title(title or "Goodput against load")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 
-class _Creates:
+class Creates:
     def __init__(self, marker: Path) -> None:
         self.marker = str(marker)
 
@@ -25,7 +25,7 @@ class _Creates:
 
 def payload(marker: Path) -> bytes:
     """A pickle that creates ``marker`` when loaded."""
-    return pickle.dumps({"weights": _Creates(marker)})
+    return pickle.dumps({"weights": Creates(marker)})
 
 
 def torch_payload(marker: Path) -> bytes:
@@ -34,7 +34,7 @@ def torch_payload(marker: Path) -> bytes:
     import torch
 
     buf = io.BytesIO()
-    torch.save({"head": _Creates(marker), "opt": {}, "step": 0, "cpu_s": 0.0, "epoch": 0}, buf)
+    torch.save({"head": Creates(marker), "opt": {}, "step": 0, "cpu_s": 0.0, "epoch": 0}, buf)
     return buf.getvalue()
 
 
@@ -42,7 +42,7 @@ def npz_payload(marker: Path, **arrays: np.ndarray) -> bytes:
     """An ``.npz`` archive with an object array holding the hostile object (next to ``arrays``)."""
     buf = io.BytesIO()
     obj = np.empty(1, dtype=object)
-    obj[0] = _Creates(marker)
+    obj[0] = Creates(marker)
     np.savez(buf, header=np.array('{"format": "draftgym-trace", "version": 1}'), evil=obj, **arrays)
     return buf.getvalue()
 

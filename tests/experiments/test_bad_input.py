@@ -275,6 +275,21 @@ TRAIN_DRAFTER = [
     ("work-under-a-file", ["train-drafter", "eagle", "--work", "{blocker}/w"], "not a directory"),
     ("workload-missing", ["train-drafter", "eagle", "--workload", "{tmp}/q.jsonl"], "Spec-Bench"),
 ]
+SERVE = [
+    ("concurrency-zero", ["serve-bench", "--concurrency", "0"], "levels must be >= 1"),
+    ("concurrency-negative", ["serve-bench", "--concurrency", "1,-2"], "levels must be >= 1"),
+    ("concurrency-garbage", ["serve-bench", "--concurrency", "1,x"], "comma list of integers"),
+    ("rate-zero", ["serve-bench", "--rate", "0"], "--rate: must be in"),
+    ("rate-negative", ["serve-bench", "--rate", "-3"], "--rate: must be in"),
+    ("max-batch-zero", ["serve-bench", "--max-batch", "0"], "--max-batch: must be >= 1"),
+    ("kv-budget-zero", ["serve-bench", "--kv-budget", "0"], "--kv-budget: must be >= 1"),
+    ("unknown-method", ["serve-bench", "--methods", "ar,bogus-d3"], "unknown drafter 'bogus'"),
+    ("empty-mix", ["serve-bench", "--methods", "mix()"], "a mix needs at least one arm"),
+    ("bad-mix", ["serve-bench", "--methods", "mix(ngram-d2"], "cannot read method"),
+    ("method-twice", ["serve-bench", "--methods", "ar,ar"], "each method once"),
+    ("workload-missing", ["serve-bench", "--workload", "{tmp}/q.jsonl"], "Spec-Bench"),
+    ("out-under-a-file", ["serve-bench", "--out", "{blocker}/s"], "not a directory"),
+]
 TOP = [
     ("no-command", [], "required"),
     ("unknown-command", ["serve"], "invalid choice"),
@@ -298,6 +313,16 @@ MODEL = [
         "context is",
     ),
     (
+        "serve-bench-kv-budget-too-small",
+        ["serve-bench", "--kv-budget", "50", "--limit", "1", "--dtype", "fp32", "--out", "{tmp}/s"],
+        "too small for one request",
+    ),
+    (
+        "serve-bench-prompt-longer-than-context",
+        ["serve-bench", "--workload", "{jsonl_long}", "--dtype", "fp32", "--out", "{tmp}/s"],
+        "context is",
+    ),
+    (
         "train-drafter-workload-empty",
         ["train-drafter", "eagle", "--workload", "{empty}", "--work", "{tmp}/w"],
         "has no prompts",
@@ -314,6 +339,7 @@ CASES = [
     *READERS,
     *POLICY_FILES,
     *(("train-drafter-" + i, a, n) for i, a, n in TRAIN_DRAFTER),
+    *(("serve-bench-" + i, a, n) for i, a, n in SERVE),
     *TOP,
 ]
 

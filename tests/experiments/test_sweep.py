@@ -125,7 +125,13 @@ def test_killed_workers_leave_a_study_that_resumes(storage, tmp_path):
             return None
         return next((t for t in trials if t.state.name == "RUNNING" and t.user_attrs.get("worker", "").endswith(f":{pid}")), None)  # fmt: skip
 
-    victim = _wait_for(lambda: running_of(pids[0]), 300, "a trial of worker 0")
+    def mid_trial(
+        pid: int,
+    ):  # a trial with one of its 3 prompts done: 0.8 s of work left, so the kill lands in it
+        t = running_of(pid)
+        return t if t is not None and len(t.intermediate_values) == 1 else None
+
+    victim = _wait_for(lambda: mid_trial(pids[0]), 300, "a trial of worker 0 half done")
     os.kill(pids[0], signal.SIGKILL)  # worker 0 dies mid-trial
     done_before = sum(t.state.name == "COMPLETE" for t in _trials(storage, study))
     _wait_for(lambda: sum(t.state.name == "COMPLETE" for t in _trials(storage, study)) > done_before, 300,

@@ -21,20 +21,11 @@ import torch
 from policies import PolicyError, load_policy
 from policies.rl import SB3Policy, train_sb3
 from policies.sb3_files import read_checkpoint, save_checkpoint
+from tests.hostile import Creates as Payload  # unpickles into open(marker, "w")
 from tests.policies.synthetic import SYNTH_ARMS
 from tests.policies.test_rl import SMALL, make_venv
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class Payload:
-    """Unpickles into ``open(marker, "w")``: the file appears when anything unpickles it."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
 
 
 def pickled(marker: Path) -> bytes:

@@ -1,0 +1,167 @@
+"""Continuous batching over the batch-native engine (``env.batch``): requests arrive (open loop: arrival times, e.g.
+Poisson at a rate or a recorded trace; closed loop: a fixed number in flight), join the running batch at any step
+once a row slot and their KV reservation are free (whole prefill on admission), and leave at end of sequence or
+``max_new_tokens``; their slots are reused. A request that does not fit waits; nothing is killed for memory.
+
+Times are wall-clock seconds from the start of the run; per request: arrival, first token, finish, and the
+generated token ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from env.batch import BatchEngine, Row
+from env.decoder import truncate
+from env.engine import Arm
+
+
+class ServeError(ValueError):
+    """A load setting that cannot be served (concurrency, rate, batch or KV budget); meant for the user."""
+
+
+@dataclass(frozen=True)
+class Request:
+    rid: str
+    prompt_ids: list[int]
+    arm: Arm
+    max_new_tokens: int
+    arrival_s: float = 0.0
+
+    @property
+    def reservation(self) -> int:
+        """KV positions the request may need: its prompt, its answer and one step's largest tree."""
+        draft = 0 if self.arm.drafter is None else self.arm.shape.max_nodes
+        return len(self.prompt_ids) + self.max_new_tokens + draft + 1
+
+
+@dataclass
+class Served:
+    """What a request got: its tokens and its times (seconds from the start of the run)."""
+
+    rid: str
+    arm: str
+    token_ids: list[int] = field(default_factory=list)
+    arrival_s: float = 0.0
+    first_token_s: float = 0.0
+    finish_s: float = 0.0
+    steps: int = 0  # verification steps (the prefill's first token counts as one)
+    accepted: int = 0
+    drafted: int = 0
+
+
+@dataclass
+class _Flight:
+    req: Request
+    row: Row
+    out: Served
+
+
+def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
+    """``n`` arrival times (s) of a Poisson process of ``rate`` requests/s, the first at 0."""
+    if rate <= 0:
+        raise ServeError(f"the arrival rate must be > 0 requests/s, got {rate}")
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps).tolist()
+
+
+def check_load(
+    requests: Sequence[Request], *, concurrency: int | None, max_batch: int, kv_budget: int
+) -> None:
+    if concurrency is not None and concurrency < 1:
+        raise ServeError(f"concurrency must be >= 1, got {concurrency}")
+    if max_batch < 1:
+        raise ServeError(f"the max batch must be >= 1, got {max_batch}")
+    big = max((r.reservation for r in requests), default=0)
+    if big > kv_budget:
+        raise ServeError(f"the KV budget of {kv_budget} positions is too small for one request (needs {big})")
+
+
+def serve(
+    engine: BatchEngine,
+    requests: Sequence[Request],
+    *,
+    concurrency: int | None = None,
+    max_batch: int = 16,
+    kv_budget: int = 1 << 20,
+    on_finish: Callable[[Served], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[Served]:
+    """Serve ``requests`` (arrival times in ``arrival_s``) with continuous batching. Closed loop when
+    ``concurrency`` is given (at most that many in flight, arrival times ignored: the next one enters as soon as
+    one leaves), open loop otherwise (a request enters at its arrival time, or later when the batch is full)."""
+    check_load(requests, concurrency=concurrency, max_batch=max_batch, kv_budget=kv_budget)
+    limit = min(max_batch, concurrency or max_batch, engine.target.max_rows)
+    eos = engine.target.eos_ids
+    queue = deque(sorted(requests, key=lambda r: r.arrival_s))
+    flights: list[_Flight] = []  # in slot order: flights[i].row is engine.target.rows[i]
+    done: list[Served] = []
+    reserved = 0
+    t0 = clock()
+
+    def now() -> float:
+        return clock() - t0
+
+    def finish(f: _Flight) -> None:
+        nonlocal reserved
+        f.out.finish_s = now()
+        f.out.token_ids = truncate(f.out.token_ids, eos, f.req.max_new_tokens)
+        engine.retire(f.row)
+        reserved -= f.req.reservation
+        done.append(f.out)
+        if on_finish is not None:
+            on_finish(f.out)
+
+    while queue or flights:
+        while (
+            queue
+            and len(flights) < limit
+            and (concurrency is not None or queue[0].arrival_s <= now())
+            and reserved + queue[0].reservation <= kv_budget
+        ):
+            req = queue.popleft()
+            arrival = now() if concurrency is not None else req.arrival_s
+            names = [] if req.arm.drafter is None else [req.arm.drafter]
+            row, first = engine.admit(req.prompt_ids, names)
+            reserved += req.reservation
+            out = Served(req.rid, req.arm.name, [first], arrival_s=arrival, first_token_s=now(), steps=1)
+            f = _Flight(req, row, out)
+            flights.append(f)
+            if first in eos or req.max_new_tokens <= 1 or engine.target.room(row) < 1:
+                flights.remove(f)
+                finish(f)
+        _check_order(flights, engine)
+        if not flights:
+            if queue:  # open loop, idle until the next arrival
+                time.sleep(max(0.0, min(queue[0].arrival_s - now(), 0.05)))
+            continue
+        results, _, _ = engine.step([f.req.arm for f in flights])
+        leaving = []
+        for f, res in zip(flights, results):
+            o = f.out
+            o.token_ids.extend(res.committed)
+            o.steps += 1
+            o.accepted += res.accepted
+            o.drafted += res.drafted
+            if (
+                not eos.isdisjoint(res.committed)
+                or len(o.token_ids) >= f.req.max_new_tokens
+                or engine.target.room(f.row) < 1
+            ):
+                leaving.append(f)
+        for f in sorted(leaving, key=lambda f: -f.row.slot):  # the last slots first: packing moves fewer rows
+            flights.remove(f)
+            finish(f)
+            flights.sort(key=lambda g: g.row.slot)
+    return sorted(done, key=lambda s: s.rid)
+
+
+def _check_order(flights: list[_Flight], engine: BatchEngine) -> None:
+    rows = engine.target.rows
+    assert len(rows) == len(flights) and all(f.row is r for f, r in zip(flights, rows)), "rows out of order"

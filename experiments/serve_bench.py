@@ -1,0 +1,307 @@
+"""``draftgym serve-bench``: a workload served under a list of load levels, every method on the same requests at the
+same load, with continuous batching (``env.serving``) on the batch-native engine (``env.batch``).
+
+Methods: ``ar`` (our engine, no draft), arm names (``ngram-d4``, ``recycling-d3-k2-b6``, ...), ``mix(ARM,ARM,...)``
+(the arms given to the requests in turn, so one batch holds rows with different arms) and ``hf_batch`` (Hugging
+Face ``generate`` on left-padded batches of ``concurrency`` prompts, wave after wave: the static-batching peer).
+Closed loop by default (``concurrency`` requests in flight); ``--rate R``: open loop, Poisson arrivals at R
+requests/s, at most ``concurrency`` in the batch.
+
+Per method and load: goodput (committed tokens/s over all requests, ``env.metrics.goodput``), time per output token
+(mean, p50, p99), time to first token (p50), τ, and speedup over ``ar`` at the same load. ``OUT/cells.jsonl`` gets
+one line per finished (method, load) as it finishes (a rerun skips those: resume after a kill);
+``OUT/serve.json`` (``rows``, ``requests``, settings, provenance) and ``OUT/goodput.png`` at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from env.files import atomic_write_text
+
+HF_BATCH = "hf_batch"
+DEFAULT_METHODS = ("ar", HF_BATCH, "ngram-d2", "ngram-d4", "ngram-d8")
+DEFAULT_LEVELS = (1, 2, 4, 8, 16)
+
+
+def split_methods(text: str) -> list[str]:
+    """``ar,mix(none,ngram-d4),ngram-d8`` -> ``["ar", "mix(none,ngram-d4)", "ngram-d8"]`` (commas in parentheses
+    stay)."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur.strip())
+    return [m for m in out if m]
+
+
+def method_arms(method: str) -> list[Any]:
+    """The arms a method gives its requests, in turn (``mix``), or its one arm."""
+    from drafters import DrafterError
+    from env.engine import parse_arm
+
+    if method == HF_BATCH:
+        return []
+    if method.startswith("mix(") and method.endswith(")"):
+        names = [a.strip() for a in method[4:-1].split(",") if a.strip()]
+        if not names:
+            raise DrafterError(f"{method}: a mix needs at least one arm, e.g. mix(none,ngram-d4)")
+        return [parse_arm(a) for a in names]
+    if "(" in method or ")" in method:
+        raise DrafterError(f"cannot read method {method!r}; a mix is written mix(ARM,ARM,...)")
+    return [parse_arm(method)]
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def summarize_cell(method: str, level: int, served: list[dict[str, Any]]) -> dict[str, Any]:
+    from env.metrics import goodput, tau, tpot
+
+    tokens = [len(s["token_ids"]) for s in served]
+    tpots = [
+        t for s in served if (t := tpot(len(s["token_ids"]), s["first_token_s"], s["finish_s"])) is not None
+    ]
+    ttfts = [s["first_token_s"] - s["arrival_s"] for s in served if s.get("first_token_s") is not None]
+    steps = sum(s["steps"] for s in served)
+    return {
+        "method": method,
+        "concurrency": level,
+        "requests": len(served),
+        "tokens": sum(tokens),
+        "goodput_tok_s": goodput(
+            tokens, min(s["arrival_s"] for s in served), max(s["finish_s"] for s in served)
+        ),
+        "tpot_ms_mean": 1e3 * statistics.fmean(tpots) if tpots else None,
+        "tpot_ms_p50": None if not tpots else 1e3 * _pct(tpots, 50),
+        "tpot_ms_p99": None if not tpots else 1e3 * _pct(tpots, 99),
+        "ttft_ms_p50": None if not ttfts else 1e3 * _pct(ttfts, 50),
+        "tau": tau(sum(tokens), steps) if steps else None,
+    }
+
+
+def run_hf_batch(
+    loaded: Any, prompts: list[list[int]], rids: list[str], level: int, max_new: int
+) -> list[dict]:
+    """Hugging Face ``generate`` on left-padded waves of ``level`` prompts (greedy); per request its tokens (cut at
+    end of sequence), and the wave's times (every request of a wave finishes with it; no first-token time)."""
+    import torch
+
+    tok = loaded.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    eos = loaded.model.generation_config.eos_token_id
+    eos = {eos} if isinstance(eos, int) else set(eos or [])
+    out, t0 = [], time.perf_counter()
+    for i in range(0, len(prompts), level):
+        wave = prompts[i : i + level]
+        width = max(len(p) for p in wave)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in wave], device=loaded.device)
+        att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in wave], device=loaded.device)
+        start = time.perf_counter() - t0
+        with torch.no_grad():
+            gen = loaded.model.generate(
+                ids, attention_mask=att, max_new_tokens=max_new, do_sample=False, pad_token_id=pad
+            )
+        end = time.perf_counter() - t0
+        for j, row in enumerate(gen[:, width:].tolist()):
+            cut = next((k + 1 for k, t in enumerate(row) if t in eos), len(row))
+            toks = row[:cut]
+            out.append({"rid": rids[i + j], "arm": HF_BATCH, "token_ids": toks, "arrival_s": 0.0,
+                        "first_token_s": None, "finish_s": end, "steps": len(toks), "accepted": 0, "drafted": 0,
+                        "wave_start_s": start})  # fmt: skip
+    for s in out:  # time per output token: the wave's decode steps are shared by its requests
+        n = len(s["token_ids"])
+        s["first_token_s"] = s["wave_start_s"] + (s["finish_s"] - s["wave_start_s"]) / max(n, 1)
+    return out
+
+
+def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[dict[str, Any]]:
+    from dataclasses import asdict
+
+    from env.batch import BatchEngine
+    from env.serving import Request, poisson_arrivals, serve
+
+    if method == HF_BATCH:
+        return run_hf_batch(loaded, prompts, rids, level, args.max_new_tokens)
+    arms = method_arms(method)
+    arrivals = poisson_arrivals(len(prompts), args.rate, args.seed) if args.rate else [0.0] * len(prompts)
+    reqs = [Request(r, p, arms[i % len(arms)], args.max_new_tokens, arrivals[i])
+            for i, (r, p) in enumerate(zip(rids, prompts))]  # fmt: skip
+    rows = min(args.max_batch or level, level)
+    engine = engine_cache.get(rows)
+    if engine is None:
+        engine = engine_cache[rows] = BatchEngine(loaded, max_rows=rows)
+    served = serve(
+        engine, reqs, concurrency=None if args.rate else level, max_batch=rows, kv_budget=args.kv_budget
+    )
+    return [asdict(s) for s in served]
+
+
+def load_cells(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """Finished cells of an earlier (maybe killed) run; a torn last line is dropped."""
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        try:
+            c = json.loads(line)
+            out[(c["method"], int(c["concurrency"]))] = c
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def cmd_serve_bench(args: Any) -> int:
+    from tqdm import tqdm
+
+    from env.decoder import chat_prompt
+    from env.model import load_model
+    from env.serving import ServeError, check_load
+    from env.target import Target
+    from env.workloads import load_workload
+    from experiments import plots
+    from experiments.args import output_dir
+    from experiments.errors import UserError
+    from experiments.provenance import provenance
+
+    levels = parse_levels(args.concurrency)
+    methods = split_methods(args.methods)
+    if not methods or len(set(methods)) != len(methods):
+        raise UserError(f"--methods must name each method once, got {methods}")
+    for m in methods:
+        method_arms(m)  # bad names fail before the model loads
+    if args.rate is not None and args.rate <= 0:
+        raise ServeError(f"--rate must be > 0 requests/s, got {args.rate}")
+    prompts = load_workload(args.workload, per_category=args.per_category)
+    if args.limit:
+        prompts = prompts[: args.limit]
+    out = output_dir(args.out or "runs/serve-bench")
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    ids = [chat_prompt(loaded.tokenizer, p.text) for p in prompts]
+    rids = [p.prompt_id for p in prompts]
+    target = Target(loaded)
+    for p, i in zip(prompts, ids):
+        target.check_prompt(i, f"prompt {p.prompt_id}")
+    from env.serving import Request
+
+    for m in methods:  # the KV budget must hold the largest request of every method
+        for arm in method_arms(m) or []:
+            check_load([Request(r, i, arm, args.max_new_tokens) for r, i in zip(rids, ids)],
+                       concurrency=max(levels), max_batch=args.max_batch or max(levels), kv_budget=args.kv_budget)  # fmt: skip
+    settings = {
+        "model": loaded.model_id, "dtype": str(loaded.dtype).removeprefix("torch."), "device": str(loaded.device),
+        "workload": args.workload or "builtin", "per_category": args.per_category, "requests": len(prompts),
+        "max_new_tokens": args.max_new_tokens, "concurrency": levels, "rate": args.rate, "methods": methods,
+        "max_batch": args.max_batch, "kv_budget": args.kv_budget, "loop": "open" if args.rate else "closed",
+        "command": " ".join(["draftgym", *sys.argv[1:]]),
+    }  # fmt: skip
+    cells_path = out / "cells.jsonl"
+    cells = load_cells(cells_path)
+    todo = [(m, c) for c in levels for m in methods if (m, c) not in cells]
+    engines: dict[int, Any] = {}
+    if todo:  # warm-up, untimed: the first call of each method pays for lazy initialisation
+        warm = args.__class__(**{**vars(args), "max_new_tokens": 4, "rate": None})
+        for m in dict.fromkeys(m for m, _ in todo):
+            run_cell(loaded, m, 1, ids[:1], rids[:1], warm, engines)
+    bar = tqdm(total=len(levels) * len(methods), initial=len(cells), desc="serve-bench", disable=args.json)
+    with cells_path.open("a") as fh:
+        for m, c in todo:
+            served = run_cell(loaded, m, c, ids, rids, args, engines)
+            cell = {"method": m, "concurrency": c, "served": served, "summary": summarize_cell(m, c, served)}
+            fh.write(json.dumps(cell) + "\n")
+            fh.flush()
+            cells[(m, c)] = cell
+            bar.update(1)
+            bar.set_postfix_str(f"{m} @ {c}: {cell['summary']['goodput_tok_s']:.1f} tok/s")
+    bar.close()
+    rows = [cells[(m, c)]["summary"] for c in levels for m in methods]
+    ar = {r["concurrency"]: r["goodput_tok_s"] for r in rows if r["method"] == "ar"}
+    for r in rows:
+        base = ar.get(r["concurrency"])
+        r["speedup_vs_ar"] = r["goodput_tok_s"] / base if base else None
+    requests = [{"prompt_id": s["rid"], "method": m, "concurrency": c, "token_ids": s["token_ids"], "arm": s["arm"],
+                 "ttft_ms": None if s.get("first_token_s") is None else 1e3 * (s["first_token_s"] - s["arrival_s"]),
+                 "steps": s["steps"]}
+                for c in levels for m in methods for s in cells[(m, c)]["served"]]  # fmt: skip
+    result = {"settings": settings, "provenance": provenance(), "rows": rows, "requests": requests}
+    atomic_write_text(out / "serve.json", json.dumps(result))
+    png = plots.goodput_vs_concurrency(
+        rows, out / "goodput.png", title=f"{loaded.model_id} ({settings['dtype']})"
+    )
+    if args.json:
+        print(json.dumps({"rows": rows, "out": str(out)}))
+    else:
+        print(format_rows(rows))
+        print(f"\ngoodput: committed tokens/s over all requests; results in {out}/serve.json, plot {png}")
+    return 0
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    head = f"{'method':<28}{'conc':>5}{'goodput':>9}{'x ar':>7}{'tpot p50':>10}{'tpot p99':>10}{'ttft p50':>10}{'tau':>6}"
+    lines = [head, "-" * len(head)]
+
+    def f(x, spec):
+        return "-" if x is None else format(x, spec)
+
+    for r in rows:
+        lines.append(
+            f"{r['method']:<28}{r['concurrency']:>5}{f(r['goodput_tok_s'], '.1f'):>9}{f(r.get('speedup_vs_ar'), '.2f'):>7}"
+            f"{f(r['tpot_ms_p50'], '.1f'):>10}{f(r['tpot_ms_p99'], '.1f'):>10}{f(r['ttft_ms_p50'], '.0f'):>10}"
+            f"{f(r['tau'], '.2f'):>6}"
+        )
+    return "\n".join(lines)
+
+
+def parse_levels(text: str) -> list[int]:
+    from experiments.errors import UserError
+
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--concurrency must be a comma list of integers, got {text!r}") from None
+    if not levels or any(c < 1 for c in levels):
+        raise UserError(f"--concurrency levels must be >= 1, got {text!r}")
+    return sorted(dict.fromkeys(levels))
+
+
+def register(sub: Any) -> None:
+    from experiments.args import float_in, int_at_least, model_args, new_tokens, positive_int
+
+    p = sub.add_parser(
+        "serve-bench", help="goodput against load: continuous batching, every method, each level"
+    )
+    p.add_argument("--workload", default=None, help="Spec-Bench JSONL file (default: the built-in set)")
+    p.add_argument("--per-category", type=positive_int, default=None, help="first N prompts of each category")
+    p.add_argument("--limit", type=positive_int, default=None, help="first N prompts in all")
+    p.add_argument(
+        "--concurrency", default=",".join(map(str, DEFAULT_LEVELS)), help="load levels, e.g. 1,2,4,8,16"
+    )
+    p.add_argument("--rate", type=float_in(0.0, 1e6, low_open=True), default=None,
+                   help="open loop: Poisson arrivals at R requests/s (default: closed loop)")  # fmt: skip
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help="comma list: ar, hf_batch, arm names, mix(ARM,ARM,...)")  # fmt: skip
+    p.add_argument("--max-new-tokens", type=new_tokens, default=128)
+    p.add_argument(
+        "--max-batch", type=positive_int, default=None, help="rows in the batch at most (default: the level)"
+    )
+    p.add_argument("--kv-budget", type=int_at_least(1), default=1 << 22,
+                   help="KV positions all requests in flight may reserve (prompt + answer + a tree each)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="arrival seed (--rate)")
+    p.add_argument(
+        "--out", default=None, help="run directory (default runs/serve-bench); re-use it to resume"
+    )
+    model_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_serve_bench)

@@ -1,0 +1,127 @@
+"""The batch-native engine and continuous batching: rows of different lengths and arms verified in one forward give
+each row exactly what decoding it alone gives (greedy), requests join and leave while others run, and bad load
+settings are one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drafters import DraftTree
+from env.batch import BatchEngine, BatchTarget
+from env.engine import parse_arm
+from env.model import ModelError
+from env.serving import Request, ServeError, check_load, poisson_arrivals, serve
+from tests.drafters.tiny import decode, tiny_loaded
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randint(3, 90, (int(torch.randint(4, 30, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
+
+
+def test_one_forward_over_ragged_rows_equals_each_row_alone():
+    """Logits of a batched tree forward over rows of different lengths equal the single-sequence target's."""
+    from env.target import Target
+
+    loaded = tiny_loaded()
+    bt = BatchTarget(loaded, max_rows=3)
+    single = Target(loaded)
+    prompts = _prompts(3, seed=1)
+    states, trees = [], []
+    shapes = [[-1], [-1, 0, 1, 2], [-1, 0, 0, 1, 2]]
+    for p, par in zip(prompts, shapes):
+        row, _ = bt.admit(p, lambda row, hidden: None)
+        row.tokens.append(7)
+        st, _ = single.prefill(p)
+        single.append_root(st, 7)
+        states.append(st)
+        toks = torch.tensor([7] + [11 + i for i in range(len(par) - 1)])
+        trees.append(DraftTree(tokens=toks, parents=torch.tensor(par)))
+    logits, _, _, _ = bt.forward_trees(trees)
+    for i, (st, tree) in enumerate(zip(states, trees)):
+        want = single.forward_tree(st, tree).logits
+        torch.testing.assert_close(logits[i, : tree.num_nodes], want, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_continuous_batching_gives_each_request_its_greedy_tokens(concurrency):
+    """7 requests, rows joining and leaving, arms mixed per request: every output equals its AR decoding alone."""
+    loaded = tiny_loaded()
+    arms = ["none", "ngram-d4", "ngram-d4-k2-b6", "recycling-d3-k2-b5", "ngram-d2", "recycling-d2", "none"]
+    prompts = _prompts(len(arms), seed=2)
+    n = [12, 20, 7, 16, 25, 3, 18]
+    reqs = [Request(str(i), p, parse_arm(a), k) for i, (p, a, k) in enumerate(zip(prompts, arms, n))]
+    out = serve(BatchEngine(loaded, max_rows=3), reqs, concurrency=concurrency)
+    assert [o.rid for o in out] == [r.rid for r in reqs]
+    for r, o in zip(reqs, out):
+        want, _ = decode(loaded, None, r.prompt_ids, r.max_new_tokens)
+        assert o.token_ids == want, (r.arm.name, r.rid)
+        assert o.first_token_s <= o.finish_s and o.steps <= len(o.token_ids)
+    assert any(o.steps < len(o.token_ids) for o in out)  # drafts were accepted
+
+
+def test_open_loop_respects_arrivals_and_the_kv_budget():
+    loaded = tiny_loaded()
+    prompts = _prompts(5, seed=3)
+    arrivals = poisson_arrivals(5, rate=200.0, seed=1)
+    reqs = [
+        Request(str(i), p, parse_arm("ngram-d3"), 10, a) for i, (p, a) in enumerate(zip(prompts, arrivals))
+    ]
+    budget = max(r.reservation for r in reqs) + 1  # room for one request at a time
+    out = serve(BatchEngine(loaded, max_rows=4), reqs, kv_budget=budget)
+    for r, o in zip(reqs, out):
+        assert o.first_token_s >= r.arrival_s
+        assert o.token_ids == decode(loaded, None, r.prompt_ids, 10)[0]
+    spans = sorted((o.first_token_s, o.finish_s) for o in out)
+    assert all(
+        b[0] >= a[1] for a, b in zip(spans, spans[1:])
+    )  # one at a time: each waits for the last to leave
+
+
+def test_bad_load_settings_are_one_line_errors():
+    reqs = [Request("a", [1, 2, 3], parse_arm("ngram-d4"), 8)]
+    for kwargs, needle in [
+        ({"concurrency": 0, "max_batch": 4, "kv_budget": 100}, "concurrency must be >= 1"),
+        ({"concurrency": None, "max_batch": 0, "kv_budget": 100}, "max batch must be >= 1"),
+        ({"concurrency": 2, "max_batch": 4, "kv_budget": 5}, "too small for one request"),
+    ]:
+        with pytest.raises(ServeError, match=needle):
+            check_load(reqs, **kwargs)
+    with pytest.raises(ServeError, match="rate must be > 0"):
+        poisson_arrivals(3, 0.0)
+
+
+def test_other_architectures_are_refused_in_one_line():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from env.model import LoadedModel
+
+    m = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).eval()
+    loaded = LoadedModel(
+        model=m, tokenizer=None, model_id="gpt2-tiny", dtype=torch.float32, device=torch.device("cpu")
+    )
+    with pytest.raises(ModelError, match="'gpt2' model"):
+        BatchTarget(loaded, max_rows=2)
+
+
+@pytest.mark.model
+def test_embedded_model_mixed_arms_equal_hf_greedy(fp32_model):
+    """The CI sample of the exactness acceptance: 6 built-in prompts at concurrency 4 (requests join as others
+    finish), none / n-gram chain / n-gram tree / recycling / eagle mixed in one batch, fp32, each equal to Hugging
+    Face greedy on that prompt alone."""
+    from env.decoder import chat_prompt
+    from env.workloads import load_workload
+    from tests.hf_reference import hf_greedy
+
+    arms = ["none", "ngram-d4", "ngram-d4-k2-b6", "recycling-d3-k2-b5", "eagle-d3-k2-b6", "ngram-d2"]
+    prompts = load_workload()[: len(arms)]
+    reqs = [Request(p.prompt_id, chat_prompt(fp32_model.tokenizer, p.text), parse_arm(a), 24)
+            for p, a in zip(prompts, arms)]  # fmt: skip
+    out = serve(BatchEngine(fp32_model, max_rows=4), reqs, concurrency=4)
+    by_id = {o.rid: o for o in out}
+    for r in reqs:
+        assert by_id[r.rid].token_ids == hf_greedy(fp32_model, r.prompt_ids, 24), r.arm.name
