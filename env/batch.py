@@ -30,6 +30,7 @@ import kernels
 from drafters import DraftContext, Drafter, DraftTree, Feedback, make_drafter
 from env.engine import Arm, Sampling
 from env.model import LoadedModel, ModelError
+from env.target import check_prompt, eos_ids
 
 # config.model_type. Mistral and Qwen2 read the cache the same way but may use a sliding window, which the masks
 # built here do not reproduce: refused until tested; Gemma's layers differ (norms, embedding scale).
@@ -145,9 +146,7 @@ class BatchTarget:
             c.num_hidden_layers, max_rows, c.num_key_value_heads, head_dim, loaded.dtype, loaded.device
         )
         self.rows: list[Row] = []  # row i lives in slot i
-        eos = loaded.model.generation_config.eos_token_id
-        eos = loaded.tokenizer.eos_token_id if eos is None else eos
-        self.eos_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self.eos_ids: frozenset[int] = eos_ids(loaded)
 
     @property
     def max_rows(self) -> int:
@@ -190,14 +189,7 @@ class BatchTarget:
     def admit(self, prompt_ids: list[int], ctx_factory) -> tuple[Row, torch.Tensor]:
         """Prefill ``prompt_ids`` into the next free slot (whole prompt, one forward); returns the row and the
         logits [V] that predict its first new token (the caller appends it: it becomes the root)."""
-        from env.target import PromptError
-
-        if not prompt_ids:
-            raise PromptError("the prompt is empty")
-        if len(prompt_ids) >= self.max_context:
-            raise PromptError(
-                f"the prompt has {len(prompt_ids)} tokens; the model's context is {self.max_context} tokens"
-            )
+        check_prompt(prompt_ids, self.max_context)
         if len(self.rows) >= self.max_rows:
             raise RuntimeError("no free row slot")  # the scheduler admits only when a slot is free
         slot = len(self.rows)

@@ -23,6 +23,22 @@ class PromptError(ValueError):
     """A prompt that cannot be decoded (empty, or longer than the context); the message is meant for the user."""
 
 
+def check_prompt(prompt_ids: list[int], max_context: int, what: str = "the prompt") -> None:
+    """A ``PromptError`` for a prompt that cannot be decoded: empty, or no room after it in the context."""
+    if not prompt_ids:
+        raise PromptError(f"{what} is empty")
+    if len(prompt_ids) >= max_context:
+        raise PromptError(f"{what} has {len(prompt_ids)} tokens; the model's context is {max_context} tokens")
+
+
+def eos_ids(loaded: LoadedModel) -> frozenset[int]:
+    """The ids that end a generation (the generation config's, else the tokenizer's)."""
+    eos = loaded.model.generation_config.eos_token_id
+    if eos is None:
+        eos = loaded.tokenizer.eos_token_id
+    return frozenset([eos] if isinstance(eos, int) else (eos or []))
+
+
 @dataclass
 class TargetState:
     """One sequence being decoded by the target. ``tokens`` holds every committed token (prompt included);
@@ -57,10 +73,7 @@ class Target:
         self.device = loaded.device
         self.dtype = loaded.dtype
         self.max_context = loaded.max_context
-        eos = loaded.model.generation_config.eos_token_id
-        if eos is None:
-            eos = loaded.tokenizer.eos_token_id
-        self.eos_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self.eos_ids: frozenset[int] = eos_ids(loaded)
 
     @torch.no_grad()
     def _forward(self, ids: torch.Tensor, cache: DynamicCache, positions: torch.Tensor, mask) -> torch.Tensor:
@@ -75,13 +88,7 @@ class Target:
         return self.model.lm_head(hidden)
 
     def check_prompt(self, prompt_ids: list[int], what: str = "the prompt") -> None:
-        """A ``PromptError`` for a prompt that cannot be decoded: empty, or no room after it in the context."""
-        if not prompt_ids:
-            raise PromptError(f"{what} is empty")
-        if len(prompt_ids) >= self.max_context:
-            raise PromptError(
-                f"{what} has {len(prompt_ids)} tokens; the model's context is {self.max_context} tokens"
-            )
+        check_prompt(prompt_ids, self.max_context, what)
 
     def prefill(self, prompt_ids: list[int]) -> tuple[TargetState, torch.Tensor]:
         """Run the prompt; returns the state (root = last prompt token is *in* the cache here, see below) and the

@@ -25,7 +25,7 @@ from env.engine import Sampling, parse_arm
 from env.files import atomic_write_text
 from env.metrics import speedup, throughput
 from env.model import LoadedModel
-from env.target import Target
+from env.target import check_prompt
 from env.workloads import Prompt
 from experiments.provenance import provenance
 
@@ -142,9 +142,8 @@ def run_bench(
     for m in methods:
         if m not in HF_METHODS and m not in decoders:
             parse_arm(m)  # fail before any work on a bad method name
-    target = Target(loaded)
     for p in prompts:  # and on a prompt that does not fit the context
-        target.check_prompt(chat_prompt(loaded.tokenizer, p.text), f"prompt {p.prompt_id}")
+        check_prompt(chat_prompt(loaded.tokenizer, p.text), loaded.max_context, f"prompt {p.prompt_id}")
     out_dir.mkdir(parents=True, exist_ok=True)
     rec_path = out_dir / "records.jsonl"
     records = load_done(rec_path)

@@ -117,7 +117,7 @@ def train_policy(
         policy = train_predictor(env, **params)
     elif pcfg.kind == "sb3":
         from env.vector_env import make_sb3_vec_env
-        from policies.rl import plateau, train_sb3
+        from policies.rl_train import plateau, train_sb3
 
         # validation prompts (for the eval callback and the best checkpoint) come out of the training prompts
         cats = train_trace.header["prompts"]["categories"]

@@ -169,7 +169,7 @@ def cmd_serve_bench(args: Any) -> int:
     from env.decoder import chat_prompt
     from env.model import load_model
     from env.serving import ServeError, check_load
-    from env.target import Target
+    from env.target import check_prompt
     from env.workloads import load_workload
     from experiments import plots
     from experiments.args import output_dir
@@ -191,9 +191,8 @@ def cmd_serve_bench(args: Any) -> int:
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     ids = [chat_prompt(loaded.tokenizer, p.text) for p in prompts]
     rids = [p.prompt_id for p in prompts]
-    target = Target(loaded)
     for p, i in zip(prompts, ids):
-        target.check_prompt(i, f"prompt {p.prompt_id}")
+        check_prompt(i, loaded.max_context, f"prompt {p.prompt_id}")
     from env.serving import Request
 
     for m in methods:  # the KV budget must hold the largest request of every method

@@ -36,6 +36,7 @@ from env.files import atomic_write_text
 from experiments.args import output_dir
 from experiments.config import Config, ConfigError, diff_configs, load_config, to_toml
 from experiments.space import default_params, sample, to_overrides, tuned_method
+from experiments.sweep_recovery import fail_orphaned_trials, retry_callback
 
 FINISHED = ("COMPLETE", "PRUNED")
 
@@ -76,7 +77,7 @@ def open_storage(url: str, cfg: Config) -> Any:
             # again (at most 3 times), so that a kill loses no point of the search, the config as written included.
             return optuna.storages.RDBStorage(
                 url,
-                heartbeat_stale_trial_callback=_retry_callback(),
+                heartbeat_stale_trial_callback=retry_callback(),
                 engine_kwargs=engine,
                 heartbeat_interval=cfg.sweep.heartbeat_s,
                 grace_period=cfg.sweep.grace_s,
@@ -84,72 +85,6 @@ def open_storage(url: str, cfg: Config) -> Any:
     except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StorageError(f"cannot open storage {mask(url)}: {first}") from err
-
-
-def _retry_callback() -> Any:
-    """Optuna's retry of a stale trial (at most 3 times), whose retry does not inherit the dead trial's
-    ``worker``: a retry names its worker once one runs it (``fail_orphaned_trials`` reads that name)."""
-    import optuna
-
-    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # optuna >= 4.9
-    retry = (retry or optuna.storages.RetryFailedTrialCallback)(max_retry=3)
-
-    def callback(study: Any, trial: Any) -> None:
-        trial.user_attrs = {k: v for k, v in trial.user_attrs.items() if k != "worker"}
-        retry(study, trial)
-
-    return callback
-
-
-def _worker_gone(worker: str) -> bool:
-    """Whether the worker ``host:pid`` is known to be dead: a process of this machine that no longer runs (or
-    is a zombie), or this very process id (which runs no trial while it checks: a previous process's id)."""
-    host, _, pid = worker.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False  # another machine: only its heartbeat tells
-    if int(pid) == os.getpid():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def fail_orphaned_trials(study: Any, grace_s: float) -> list[int]:
-    """Fail the RUNNING trials whose worker is known to be dead, without waiting ``grace_s`` for its heartbeat to
-    go stale: a worker of this machine whose process is gone, and a trial that never named its worker (killed
-    before its first heartbeat, which Optuna's staleness check never fails) started over ``grace_s`` ago. Each is
-    retried as a stale trial is, so a local rerun after a kill runs the killed trial's point first, as an
-    uninterrupted study would have. Returns the numbers of the failed trials."""
-    import copy
-    import datetime as dt
-
-    import optuna
-
-    storage, now = study._storage, dt.datetime.now()
-    failed = []
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        worker = t.user_attrs.get("worker")
-        if worker is not None:
-            gone = _worker_gone(str(worker))
-        else:
-            gone = t.datetime_start is not None and (now - t.datetime_start).total_seconds() > grace_s
-        try:
-            if gone and storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL):
-                failed.append(t)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            continue  # another worker failed it first
-    callback = storage.get_heartbeat_stale_trial_callback()
-    for t in failed:
-        if callback is not None:
-            callback(study, copy.deepcopy(storage.get_trial(t._trial_id)))
-    return [t.number for t in failed]
 
 
 def _driver(url: str) -> str:

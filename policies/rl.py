@@ -12,11 +12,7 @@ Reward used for training (``reward``):
 - ``"speedup"``: the env's own reward, the step's instantaneous speedup. Its sum over an episode favours many
   short steps (plain decoding earns 1 per token), which is not the speedup of the episode.
 
-Training (``train_sb3``) writes into its run directory: ``tb/`` (TensorBoard), ``checkpoints/`` (every
-``checkpoint_freq`` steps, written atomically; a killed run resumes from the latest readable one, DQN with its
-replay buffer), ``eval.jsonl`` (the replay speedup of the deterministic policy on validation prompts every
-``eval_freq`` steps, with the wall and CPU seconds spent so far) and ``best.zip`` (the best policy by that speedup,
-a draftgym policy file).
+Training: ``policies.rl_train`` (``train_sb3``, checkpoints, the evaluation callback, the plateau).
 
 Saved policies and checkpoints hold tensors and JSON, never pickles (``policies.sb3_files``): stable-baselines3's
 own ``load`` and replay-buffer files are not used, so no file read here runs code at load.
@@ -25,25 +21,19 @@ own ``load`` and replay-buffer files are not used, so no file read here runs cod
 from __future__ import annotations
 
 import json
-import re
-import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from policies.base import BasePolicy, PolicyError, is_sb3_zip, json_bytes, load_policy
+from policies.base import BasePolicy, PolicyError, json_bytes
 from policies.sb3_files import (
     DEFAULT_ACTIVATION,
     SpacesEnv,
     activation_module,
-    apply_checkpoint,
     check_state,
-    read_checkpoint,
     read_sb3_zip,
     read_tensors,
-    save_checkpoint,
     state_shapes,
     tensor_bytes,
 )
@@ -353,159 +343,3 @@ def _forward(layers: list[tuple[str, Any, Any]], x: np.ndarray) -> np.ndarray:
         else:
             x = np.maximum(x, 0.0)
     return x
-
-
-# ---- training ------------------------------------------------------------------------------------------------------
-
-
-def time_saved_wrapper(venv: Any) -> Any:
-    """Replace the env's reward by ``tokens - cost_s / ar_cost_s`` (autoregressive steps saved by the step)."""
-    from stable_baselines3.common.vec_env import VecEnvWrapper
-
-    class TimeSaved(VecEnvWrapper):
-        def reset(self) -> np.ndarray:
-            return self.venv.reset()
-
-        def step_wait(self):
-            obs, _, dones, infos = self.venv.step_wait()
-            reward = np.array([i["tokens"] - i["cost_s"] / i["ar_cost_s"] for i in infos], dtype=np.float32)
-            return obs, reward, dones, infos
-
-    return TimeSaved(venv)
-
-
-def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    out = []
-    for p in folder.glob("model_*_steps.zip"):
-        m = re.fullmatch(r"model_(\d+)_steps\.zip", p.name)
-        if m:
-            out.append((int(m.group(1)), p))
-    return sorted(out)
-
-
-def _callbacks(policy: SB3Policy, out: Path, eval_fn, eval_freq: int, checkpoint_freq: int, n_envs: int):
-    """Checkpoints (atomic, replay buffer included: ``policies.sb3_files.save_checkpoint``) and the replay eval."""
-    from stable_baselines3.common.callbacks import BaseCallback
-
-    log = out / "eval.jsonl"
-    prev = (
-        [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
-    )
-    base_wall = prev[-1]["wall_s"] if prev else 0.0
-    base_cpu = prev[-1]["cpu_s"] if prev else 0.0
-    best = max((r["replay_speedup"] for r in prev), default=-np.inf)
-
-    class Train(BaseCallback):
-        def _on_training_start(self) -> None:
-            self.t0, self.c0 = time.perf_counter(), time.process_time()
-            self.next_eval = (self.num_timesteps // eval_freq + 1) * eval_freq
-            self.next_ckpt = (self.num_timesteps // checkpoint_freq + 1) * checkpoint_freq
-            self.best = best
-            if not prev:
-                self._evaluate()
-
-        def _evaluate(self) -> None:
-            speedup = float(eval_fn(policy))
-            row = {
-                "timesteps": int(self.num_timesteps),
-                "wall_s": round(base_wall + time.perf_counter() - self.t0, 2),
-                "cpu_s": round(base_cpu + time.process_time() - self.c0, 2),
-                "replay_speedup": speedup,
-            }
-            with log.open("a") as fh:
-                fh.write(json.dumps(row) + "\n")
-            self.logger.record("eval/replay_speedup", speedup)
-            if speedup > self.best:
-                self.best = speedup
-                policy.save(out / "best.zip")  # a draftgym policy file, written atomically
-
-        def _on_step(self) -> bool:
-            if self.num_timesteps >= self.next_eval:
-                self.next_eval += eval_freq
-                self._evaluate()
-            if self.num_timesteps >= self.next_ckpt:
-                self.next_ckpt += checkpoint_freq
-                ckpt = out / "checkpoints"
-                ckpt.mkdir(parents=True, exist_ok=True)
-                save_checkpoint(self.model, policy.network(), ckpt / f"model_{self.num_timesteps}_steps.zip")
-                for _, old in _checkpoints(ckpt)[:-2]:  # keep the last two
-                    old.unlink(missing_ok=True)
-            return True
-
-    return Train()
-
-
-def _resume(policy: SB3Policy, model: Any, folder: Path) -> None:
-    """Load the latest readable checkpoint of ``folder`` into the fresh ``model`` (none: start afresh)."""
-    for _, path in reversed(_checkpoints(folder)):
-        try:
-            ckpt = read_checkpoint(path)
-        except PolicyError:
-            if is_sb3_zip(path):
-                raise PolicyError(
-                    f"{path} is a checkpoint of an earlier draftgym (a pickled stable-baselines3 zip, not read); "
-                    f"delete {folder} to train afresh"
-                ) from None
-            continue  # torn by a kill: try the one before
-        apply_checkpoint(model, ckpt, policy.network(), str(path))
-        return
-
-
-def train_sb3(
-    policy: SB3Policy,
-    venv: Any,
-    out: str | Path,
-    *,
-    total_timesteps: int,
-    eval_fn,
-    eval_freq: int = 20_000,
-    checkpoint_freq: int = 20_000,
-    progress: bool = False,
-) -> SB3Policy:
-    """Train ``policy`` on the stable-baselines3 VecEnv ``venv`` (``env.vector_env.make_sb3_vec_env``) for
-    ``total_timesteps`` env steps in all, resuming from ``out/checkpoints`` when a killed run left one there.
-    ``eval_fn(policy) -> replay speedup`` scores the deterministic policy on validation prompts. Returns the policy
-    holding the best model by that score."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small MLPs: one thread is fastest, and the machine is shared
-    try:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        if policy.reward == "time_saved":
-            venv = time_saved_wrapper(venv)
-        model = policy.build(venv, tensorboard_log=str(out / "tb"))
-        _resume(policy, model, out / "checkpoints")
-        policy._layers = None  # the numpy copy would go stale while training
-        remaining = int(total_timesteps) - int(model.num_timesteps)
-        if remaining > 0:
-            callback = _callbacks(policy, out, eval_fn, eval_freq, checkpoint_freq, venv.num_envs)
-            model.learn(
-                total_timesteps=remaining,
-                callback=callback,
-                reset_num_timesteps=model.num_timesteps == 0,
-                tb_log_name=policy.algo,
-                progress_bar=progress,
-            )
-            callback._evaluate()
-        best = out / "best.zip"
-        if best.is_file():
-            policy.attach(load_policy(best, arms=policy.arm_names, obs_size=policy.obs_size).model)
-        return policy
-    finally:
-        torch.set_num_threads(threads)
-
-
-def plateau(out: str | Path, tol: float = 0.01) -> dict[str, float] | None:
-    """When training reached its plateau: the first evaluation within ``tol`` (relative) of the best replay
-    speedup in ``out/eval.jsonl``, with its step count and the wall and CPU seconds spent until then."""
-    log = Path(out) / "eval.jsonl"
-    if not log.is_file():
-        return None
-    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    if not rows:
-        return None
-    best = max(r["replay_speedup"] for r in rows)
-    first = next(r for r in rows if r["replay_speedup"] >= best * (1 - tol))
-    return {"best": best, **{k: first[k] for k in ("timesteps", "wall_s", "cpu_s", "replay_speedup")}}

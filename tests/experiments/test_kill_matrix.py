@@ -420,7 +420,8 @@ def test_orphaned_sweep_trials_are_failed_and_retried_at_once(tmp_path):
 
     from experiments.config import load_config
     from experiments.space import sample
-    from experiments.sweep import fail_orphaned_trials, open_study
+    from experiments.sweep import open_study
+    from experiments.sweep_recovery import fail_orphaned_trials
 
     cfg = load_config(None, text=SWEEP_TOML)
     study = open_study(cfg, f"sqlite:///{tmp_path / 'study.db'}")

@@ -17,7 +17,8 @@ import pytest
 
 from policies import PolicyError, load_policy
 from policies.oracle import score_batch
-from policies.rl import SB3Policy, train_sb3
+from policies.rl import SB3Policy
+from policies.rl_train import train_sb3
 from tests.policies.synthetic import SYNTH_ARMS, synthetic_cost_model
 
 SMALL = {
@@ -82,7 +83,8 @@ def test_bad_hyperparameters():
 RESUME_SCRIPT = """
 import sys
 from policies.oracle import score_batch
-from policies.rl import SB3Policy, train_sb3
+from policies.rl import SB3Policy
+from policies.rl_train import train_sb3
 from tests.policies.synthetic import synthetic_env, synthetic_trace
 from tests.policies.test_rl import make_venv
 trace = synthetic_trace()

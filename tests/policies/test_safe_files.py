@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from policies import PolicyError, load_policy
-from policies.rl import SB3Policy, train_sb3
+from policies.rl import SB3Policy
+from policies.rl_train import train_sb3
 from policies.sb3_files import read_checkpoint, save_checkpoint
 from tests.hostile import Creates as Payload  # unpickles into open(marker, "w")
 from tests.policies.synthetic import SYNTH_ARMS
@@ -292,7 +293,7 @@ def test_a_dqn_checkpoint_holds_its_whole_training_state(synth_trace, synth_env,
     assert c.counters["num_timesteps"] == int(re.search(r"_(\d+)_", ckpt.name).group(1))
     assert c.buffer_pos["pos"] > 0 and c.buffer["observations"].any()
     # a fresh model takes it all back (weights, optimizer moments, counters, replay buffer), and saves it again
-    from policies.rl import _resume
+    from policies.rl_train import _resume
 
     model = policy.build(make_venv(synth_trace, n_envs=4))
     _resume(policy, model, ckpt.parent)
