@@ -8,7 +8,7 @@ target logits predict the depth-1 children. ``parents[0] == -1`` and ``parents[i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -106,17 +106,45 @@ def check_tree(tokens: Any, parents: Any, vocab_size: int | None = None) -> None
         raise DrafterError(f"not a valid draft tree: {problem}")
 
 
+@runtime_checkable
+class KVView(Protocol):
+    """One sequence's committed keys and values in the target's cache, per layer: ``[1, kv_heads, >= past, dim]``
+    (positions ``0 .. past - 1`` hold the committed tokens but the root; later ones are scratch)."""
+
+    def keys(self, layer: int) -> torch.Tensor: ...
+
+    def values(self, layer: int) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class TargetModel(Protocol):
+    """What a drafter may read of the target (``env.batch.BatchTarget`` is one): the Hugging Face causal LM whose
+    embeddings, LM head and first layers trained heads reuse, its id (heads are trained for one model), the dtype
+    and device it runs in, and its vocabulary size."""
+
+    model: Any  # a transformers causal LM (``model.model.layers``, ``model.lm_head``, ``model.config``)
+    model_id: str
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def vocab_size(self) -> int: ...
+
+
 @dataclass
 class DraftContext:
-    """What the decoder hands a drafter each step. ``tokens`` is every committed token, prompt included; its last
-    entry is the root of the next tree. ``target`` is the target wrapper (for drafters that reuse its layers or
-    features); ``last_hidden`` the target's final hidden state at the last verified node ([H], may be None)."""
+    """What the engine hands a drafter each step. ``tokens`` is every committed token, prompt included; its last
+    entry is the root of the next tree. ``target`` is the target (for drafters that reuse its layers or features);
+    ``last_hidden`` the target's final hidden state at the last verified node ([H], may be None);
+    ``prompt_hidden`` the final hidden states of the prompt ([P, H], EAGLE's first features; None when not kept);
+    ``target_kv`` this sequence's entries in the target's KV cache (early exit reads them; None when not shared)."""
 
     tokens: list[int]
     prompt_len: int
-    target: Any = None
+    target: TargetModel | None = None
     last_hidden: torch.Tensor | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    prompt_hidden: torch.Tensor | None = None
+    target_kv: KVView | None = None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ over x_{t+2}. Drafting deeper feeds the head its own f' (the pair (f'_{t+1}, x_{
 
 Runtime state: the head's own KV cache over committed pairs, grown from the features the engine hands back after
 each verification (``Feedback.path_hidden``) and, at the start, from the prompt's features
-(``ctx.extras["prompt_hidden"]``). Tree nodes get temporary cache slots, dropped after each proposal.
+(``ctx.prompt_hidden``). Tree nodes get temporary cache slots, dropped after each proposal.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from drafters.base import DraftContext, DrafterError, DraftTree, Feedback, TreeShape
+from drafters.base import DraftContext, DrafterError, DraftTree, Feedback, TargetModel, TreeShape
 from drafters.heads import (
     DraftLayer,
     HeadConfig,
@@ -30,7 +30,6 @@ from drafters.heads import (
     head_dtype,
     load_head,
     load_state,
-    target_model_id,
 )
 from drafters.trees import TREE_BUILDERS, GrowingTree, build_tree
 
@@ -138,16 +137,16 @@ class EagleDrafter:
         self._target_key: tuple[int, torch.dtype] | None = None
 
     # ---- loading ----
-    def _load(self, target) -> None:
+    def _load(self, target: TargetModel) -> None:
         if self._target_key == (id(target.model), target.dtype):
             return
-        model_id = target_model_id(target)
+        model_id = target.model_id
         path = find_head("eagle", model_id, self.weights)
         cfg, tensors, self.meta = load_head(path, "eagle", target.model, model_id)
         head = EagleHead(cfg)
         load_state(head, tensors, str(path))
         self.dtype = head_dtype(target)
-        self.device = torch.device(getattr(target, "device", "cpu"))
+        self.device = torch.device(target.device)
         self.head = head.to(self.device, self.dtype).eval().requires_grad_(False)
         self.d2t = tensors["d2t"].to(self.device)
         self.w_draft = target.model.lm_head.weight.detach()[self.d2t].to(self.dtype)  # [Vd, H]
@@ -165,7 +164,7 @@ class EagleDrafter:
         self.pending: list[torch.Tensor] = []  # features f_j, j = first_pair + kv.n + i, not yet in the cache
         self.root_feat: torch.Tensor | None = None  # f' of the root pair (head output), valid for root_at
         self.root_at = -1
-        prompt_hidden = ctx.extras.get("prompt_hidden")
+        prompt_hidden = ctx.prompt_hidden
         n_feat = len(ctx.tokens) - 1  # features f_0 .. f_{n-2} are known after prefill
         if prompt_hidden is not None and prompt_hidden.shape[0] == n_feat:
             self.pending = list(prompt_hidden.to(self.device, self.dtype))

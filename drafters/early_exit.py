@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from drafters.base import DraftContext, DrafterError, DraftTree, Feedback, TreeShape
+from drafters.base import DraftContext, DrafterError, DraftTree, Feedback, TargetModel, TreeShape
 from drafters.eagle import KVBuffer, TreeSlots
 from drafters.heads import (
     DraftLayer,
@@ -31,7 +31,6 @@ from drafters.heads import (
     head_dtype,
     load_head,
     load_state,
-    target_model_id,
 )
 from drafters.trees import TREE_BUILDERS, GrowingTree, build_tree
 
@@ -70,10 +69,10 @@ class EarlyExitDrafter:
         self.adapter: ExitAdapter | None = None
         self._target_key = None
 
-    def _load(self, target) -> None:
+    def _load(self, target: TargetModel) -> None:
         if self._target_key == (id(target.model), target.dtype):
             return
-        model_id = target_model_id(target)
+        model_id = target.model_id
         path = find_head("early_exit", model_id, self.weights)
         cfg, tensors, self.meta = load_head(path, "early_exit", target.model, model_id)
         if not 1 <= cfg.exit_layer < target.model.config.num_hidden_layers:
@@ -82,7 +81,7 @@ class EarlyExitDrafter:
         load_state(adapter, tensors, str(path))
         self.dtype = target.dtype  # the target's layers run in its dtype; the adapter follows head_dtype
         self.adapter_dtype = head_dtype(target)
-        self.device = torch.device(getattr(target, "device", "cpu"))
+        self.device = torch.device(target.device)
         self.adapter = adapter.to(self.device, self.adapter_dtype).eval().requires_grad_(False)
         self.d2t = tensors["d2t"].to(self.device)
         self.w_draft = target.model.lm_head.weight.detach()[self.d2t].to(self.adapter_dtype)
@@ -107,11 +106,9 @@ class EarlyExitDrafter:
         root = ctx.tokens[-1]
         if shape.depth == 0 or self.adapter is None:
             return DraftTree.root_only(root)
-        cache = _target_cache(ctx)
+        cache = ctx.target_kv
         if cache is None:
-            raise DrafterError(
-                "the early_exit drafter needs the target's KV cache (ctx.extras['target_cache'])"
-            )
+            raise DrafterError("the early_exit drafter needs the target's KV cache (DraftContext.target_kv)")
         with torch.inference_mode():
             past = len(ctx.tokens) - 1  # tokens in the target's cache
             extra = self._catch_up(ctx.tokens, cache, past)  # per layer: [K, V] of the root (temporary)
@@ -144,8 +141,8 @@ class EarlyExitDrafter:
             k = attn.k_proj(h).view(b, q_len, -1, d).transpose(1, 2)
             v = attn.v_proj(h).view(b, q_len, -1, d).transpose(1, 2)
             q, k = _apply_rope(q, k, cos, sin)
-            keys = [cache.layers[i].keys[:, :, :past]] + ([extra[i][0]] if extra else []) + [k]
-            vals = [cache.layers[i].values[:, :, :past]] + ([extra[i][1]] if extra else []) + [v]
+            keys = [cache.keys(i)[:, :, :past]] + ([extra[i][0]] if extra else []) + [k]
+            vals = [cache.values(i)[:, :, :past]] + ([extra[i][1]] if extra else []) + [v]
             a = attend(q, torch.cat(keys, 2), torch.cat(vals, 2), allowed)
             x = x + attn.o_proj(a.transpose(1, 2).reshape(b, q_len, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
@@ -210,8 +207,3 @@ def _apply_rope(q, k, cos, sin):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     return apply_rotary_pos_emb(q, k, cos, sin)
-
-
-def _target_cache(ctx: DraftContext):
-    """The target's KV cache for this sequence: ``ctx.extras["target_cache"]`` (set by the engine)."""
-    return ctx.extras.get("target_cache")

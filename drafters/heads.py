@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from drafters.base import DrafterError
+from drafters.base import DrafterError, TargetModel
 
 FORMAT = "draftgym-head"
 VERSION = 1
@@ -252,16 +252,9 @@ def find_head(kind: str, model_id: str, weights: str | None) -> Path:
     )
 
 
-def target_model_id(target: Any) -> str:
-    """The target wrapper's model id (drafters do not import env/: read it loosely)."""
-    loaded = getattr(target, "loaded", None)
-    return str(getattr(loaded, "model_id", "") or getattr(target, "model_id", ""))
-
-
-def head_dtype(target: Any) -> torch.dtype:
+def head_dtype(target: TargetModel) -> torch.dtype:
     """The head computes in the target's dtype, except bf16 on a CPU without native bf16 (slow there): fp32."""
-    dtype = getattr(target, "dtype", torch.float32)
-    device = getattr(target, "device", torch.device("cpu"))
+    dtype, device = target.dtype, target.device
     if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not _cpu_bf16():
         return torch.float32
     return dtype

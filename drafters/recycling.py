@@ -75,7 +75,7 @@ class RecyclingDrafter:
 
     # ---- Drafter protocol ----
     def reset(self, ctx: DraftContext) -> None:
-        vocab = _vocab_size(ctx.target)
+        vocab = 0 if ctx.target is None else int(ctx.target.vocab_size)
         if vocab:
             self._ensure(vocab)
         self.seed_from_prompt(ctx.tokens)
@@ -99,11 +99,3 @@ class RecyclingDrafter:
             s = int(feedback.path_logits.shape[0])
             path_tokens = [int(tree.tokens[0]), *feedback.committed[: s - 1]]
             self.update(torch.tensor(path_tokens, dtype=torch.long), feedback.path_logits)
-
-
-def _vocab_size(target) -> int:
-    """The target's vocabulary size, read loosely (drafters do not import env/)."""
-    try:
-        return int(target.model.config.vocab_size)
-    except AttributeError:
-        return 0

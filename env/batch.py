@@ -10,16 +10,18 @@
   padding. The commit moves each row's accepted path into place (``kernels.compact_kv_``). Rows are kept packed in
   slots ``0 .. B-1``: a retired row's slot takes the last row, so the cache the model reads is a view, not a copy.
 - ``BatchEngine``: drafts per row (each row has its own drafter instances and ``DraftContext``), verifies all trees
-  with ``kernels.verify`` in one call, commits per row and gives each row's drafters their feedback.
+  with ``kernels.verify`` in one call, commits per row and gives each row's drafters their feedback. A single
+  sequence is a batch of one: the decoder, the live env, the trace recorder and calibration all run this step
+  (through ``env.step.Stepper``, which owns the bookkeeping around it).
 
-Works for Llama-architecture models (``LlamaForCausalLM``: SmolLM2, Llama 2/3, any local folder of that
-architecture); other architectures are refused with one line.
-Invariants match ``env.target`` (the single-sequence path): greedy output equals greedy autoregressive output.
+Architectures: see ``SUPPORTED``; others are refused with one line.
+Invariant: greedy output equals greedy autoregressive output (Hugging Face ``generate``), token for token in fp32.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,16 +29,25 @@ import torch
 from transformers.cache_utils import Cache
 
 import kernels
-from drafters import DraftContext, Drafter, DraftTree, Feedback, make_drafter
-from env.engine import Arm, Sampling
+from drafters import DraftContext, Drafter, DraftTree, Feedback
+from env.engine import Arm, Sampling, StepResult
 from env.model import LoadedModel, ModelError
 from env.target import check_prompt, eos_ids
 
-# config.model_type. Mistral and Qwen2 read the cache the same way but may use a sliding window, which the masks
-# built here do not reproduce: refused until tested; Gemma's layers differ (norms, embedding scale).
-SUPPORTED = ("llama",)
-BATCH_DRAFTERS = ("ngram", "recycling", "eagle")  # early_exit runs the target's first layers on its own cache
 CHUNK = 256  # cache growth, in positions
+
+
+@dataclass(frozen=True)
+class _Write:
+    """Where a forward's nodes go: ``slots[b, i]`` of row ``rows[b, i]``; the model reads rows ``lo .. hi - 1``,
+    positions ``0 .. span - 1``; ``past``: committed positions of a single row (its mask built by the model)."""
+
+    rows: torch.Tensor
+    slots: torch.Tensor
+    lo: int
+    hi: int
+    span: int
+    past: int
 
 
 class RaggedCache(Cache):
@@ -50,9 +61,7 @@ class RaggedCache(Cache):
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.lens = [0] * rows
-        self._write: tuple[torch.Tensor, torch.Tensor, int, int] | None = (
-            None  # set by BatchTarget per forward
-        )
+        self._write: _Write | None = None  # set by BatchTarget for the duration of a forward
         self.grow(CHUNK)
 
     def grow(self, need: int) -> None:
@@ -74,14 +83,26 @@ class RaggedCache(Cache):
     # ---- what the model calls ----
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         """Write this forward's ``[B, H, q, D]`` states at each row's positions; return ``[B, H, S, D]`` views."""
-        rows_idx, pos_idx, batch, span = self._write  # pos_idx: [B, q] absolute slots of the nodes
+        w = self._write
         k, v = self.k[layer_idx], self.v[layer_idx]
-        k[rows_idx, :, pos_idx] = key_states.transpose(1, 2)
-        v[rows_idx, :, pos_idx] = value_states.transpose(1, 2)
-        return k[:batch, :, :span], v[:batch, :, :span]
+        k[w.rows, :, w.slots] = key_states.transpose(1, 2)
+        v[w.rows, :, w.slots] = value_states.transpose(1, 2)
+        return k[w.lo : w.hi, :, : w.span], v[w.lo : w.hi, :, : w.span]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return max(self.lens) if self.lens else 0
+        return self._write.past if self._write is not None else max(self.lens, default=0)
+
+    # A forward of one row whose mask the model builds itself (``BatchTarget._forward`` with ``mask=None``): the
+    # sizes Hugging Face's mask functions ask for, as a DynamicCache of that row would give them.
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self._write.past + query_length, 0
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return self._write.past
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
 
     # ---- rows ----
     def move_row(self, src: int, dst: int) -> None:
@@ -110,33 +131,59 @@ class Row:
         return len(self.tokens) - 1
 
 
-@dataclass(frozen=True)
-class RowStep:
-    """One row's outcome of a batch step (the per-row ``StepResult``)."""
+class RowKV:
+    """Row ``row``'s entries in the ragged cache as a ``drafters.KVView`` (``[1, kv_heads, capacity, dim]`` per
+    layer); follows the row when it moves to another slot."""
 
-    arm: Arm
-    committed: list[int]  # accepted draft tokens + the bonus token
-    accepted: int
-    drafted: int
-    nodes: int  # verified nodes of this row's tree, root included (its share of the forward)
+    def __init__(self, cache: RaggedCache, row: Row) -> None:
+        self.cache, self.row = cache, row
+
+    def keys(self, layer: int) -> torch.Tensor:
+        s = self.row.slot
+        return self.cache.k[layer][s : s + 1]
+
+    def values(self, layer: int) -> torch.Tensor:
+        s = self.row.slot
+        return self.cache.v[layer][s : s + 1]
+
+
+# config.model_type -> when the batch engine reproduces the model exactly (its masks are full causal attention over
+# each row: no sliding window). Each was checked token for token against Hugging Face greedy ``generate`` on a
+# small random model of that architecture (tests/env/test_architectures.py).
+SUPPORTED = {
+    "llama": "Llama 2/3, SmolLM2, any LlamaForCausalLM folder",
+    "qwen2": "Qwen2 / Qwen2.5 without a sliding window",
+    "mistral": "Mistral without a sliding window (or one longer than the context)",
+}
 
 
 def check_architecture(loaded: LoadedModel) -> None:
-    kind = getattr(loaded.model.config, "model_type", "?")
+    c = loaded.model.config
+    kind = getattr(c, "model_type", "?")
     if kind not in SUPPORTED:
         raise ModelError(
-            f"the batch engine runs {', '.join(SUPPORTED)} models; {loaded.model_id} is a {kind!r} model "
-            "(use draftgym generate / bench, which decode one sequence at a time with any causal LM)"
+            f"{loaded.model_id} is a {kind!r} model; the engine runs {', '.join(SUPPORTED)} models "
+            "(Gemma and others differ in their attention or logits and are not supported yet)"
+        )
+    window = getattr(c, "sliding_window", None)
+    if kind == "qwen2" and not getattr(c, "use_sliding_window", False):
+        window = None
+    if window is not None and window < loaded.max_context:
+        raise ModelError(
+            f"{loaded.model_id} attends through a sliding window of {window} tokens, shorter than its context of "
+            f"{loaded.max_context}; the engine's masks are full causal attention (not supported yet)"
         )
 
 
 class BatchTarget:
-    """The target over a ``RaggedCache`` of ``max_rows`` slots: prefill into a slot, batched tree forward, commit."""
+    """The target over a ``RaggedCache`` of ``max_rows`` slots: prefill into a slot, batched tree forward, commit.
+    It is the ``drafters.TargetModel`` the drafters see."""
 
     def __init__(self, loaded: LoadedModel, max_rows: int) -> None:
         check_architecture(loaded)
         self.loaded = loaded
         self.model = loaded.model
+        self.model_id = loaded.model_id
         self.device = loaded.device
         self.dtype = loaded.dtype
         self.max_context = loaded.max_context
@@ -149,78 +196,82 @@ class BatchTarget:
         self.eos_ids: frozenset[int] = eos_ids(loaded)
 
     @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @property
     def max_rows(self) -> int:
         return self.cache.rows
 
     def room(self, row: Row) -> int:
+        """How many tree nodes still fit in the row's context."""
         return self.max_context - row.past_len
 
     @torch.no_grad()
     def _forward(
-        self, ids: torch.Tensor, pos: torch.Tensor, allowed: torch.Tensor, lens: list[int]
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        allowed: torch.Tensor | None,
+        lens: list[int],
+        first: int = 0,
     ) -> torch.Tensor:
-        """ids, pos: [B, q] (rows 0..B-1); allowed: bool [B, q, q] (node i may see node j); returns hidden [B, q, H]."""
+        """Rows ``first .. first+B-1``: ids, pos [B, q]; allowed: bool [B, q, q] (node i may see node j), None for
+        causal over the new nodes; returns hidden [B, q, H].
+
+        One row under causal attention (a plain token, a chain, a prefill) is what Hugging Face decodes itself:
+        the model builds its own mask from the cache's sizes, as it would over a ``DynamicCache``, so a batch of
+        one computes exactly what ``generate`` computes (bf16 included). Otherwise each row gets its own mask:
+        its committed positions, and of this step's nodes its tree ancestors and itself."""
         b, q = ids.shape
         span = max(lens) + q
         self.cache.grow(span)
-        base = torch.tensor(lens, device=self.device)[:, None]
-        slots = base + torch.arange(q, device=self.device)[None]  # [B, q] where the nodes go
-        key_pos = torch.arange(span, device=self.device)
-        see = key_pos[None, None, :] < base[:, :, None]  # [B, 1, S] committed positions
-        see = see.expand(b, q, span).clone()
-        rel = key_pos[None, :] - base  # [B, S] node index of each key position, for this step's slots
-        in_step = (rel >= 0) & (rel < q)
-        node_of = rel.clamp(0, q - 1)
-        tree_see = torch.gather(allowed.to(self.device), 2, node_of[:, None, :].expand(b, q, span))
-        see |= tree_see & in_step[:, None, :]
-        mask = torch.zeros(b, 1, q, span, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~see[:, None], torch.finfo(self.dtype).min)
-        rows_idx = torch.arange(b, device=self.device)[:, None].expand(b, q)
-        self.cache._write = (rows_idx, slots, b, span)
+        dev = self.device
+        base = torch.tensor(lens, device=dev)[:, None]
+        slots = base + torch.arange(q, device=dev)[None]  # [B, q] where the nodes go
+        mask = None
+        if b > 1 or allowed is not None:
+            key_pos = torch.arange(span, device=dev)
+            see = key_pos[None, None, :] < base[:, :, None]  # [B, 1, S] committed positions
+            rel = key_pos[None, :] - base  # [B, S] node index of each key position, for this step's slots
+            in_step = ((rel >= 0) & (rel < q))[:, None, :]
+            if allowed is None:  # causal over the new nodes
+                see = see | (in_step & (rel[:, None, :] <= torch.arange(q, device=dev)[None, :, None]))
+            else:
+                node_of = rel.clamp(0, q - 1)
+                tree_see = torch.gather(allowed.to(dev), 2, node_of[:, None, :].expand(b, q, span))
+                see = see | (tree_see & in_step)
+            mask = torch.zeros(b, 1, q, span, dtype=self.dtype, device=dev)
+            mask.masked_fill_(~see[:, None], torch.finfo(self.dtype).min)
+        rows_idx = torch.arange(first, first + b, device=dev)[:, None].expand(b, q)
+        self.cache._write = _Write(rows_idx, slots, first, first + b, span, lens[0])
         try:
             out = self.model.model(
-                input_ids=ids.to(self.device), attention_mask=mask, position_ids=pos.to(self.device),
+                input_ids=ids.to(dev), attention_mask=mask, position_ids=pos.to(dev),
                 cache=self.cache, use_cache=True,
             )  # fmt: skip
         finally:
             self.cache._write = None
         return out.last_hidden_state
 
-    def admit(self, prompt_ids: list[int], ctx_factory) -> tuple[Row, torch.Tensor]:
-        """Prefill ``prompt_ids`` into the next free slot (whole prompt, one forward); returns the row and the
-        logits [V] that predict its first new token (the caller appends it: it becomes the root)."""
+    def admit(self, prompt_ids: list[int]) -> tuple[Row, torch.Tensor]:
+        """Prefill ``prompt_ids`` (whole prompt, one forward) into the next free slot, which the other rows take
+        no part in; returns the row and the prompt's final hidden states [P, H] (the last predicts its first new
+        token: the caller appends it, it becomes the root)."""
         check_prompt(prompt_ids, self.max_context)
         if len(self.rows) >= self.max_rows:
             raise RuntimeError("no free row slot")  # the scheduler admits only when a slot is free
         slot = len(self.rows)
         p = len(prompt_ids)
-        hidden = self._prefill_one(slot, prompt_ids)  # the other rows take no part in a prefill
+        ids = torch.tensor([prompt_ids], dtype=torch.long)
+        hidden = self._forward(ids, torch.arange(p)[None], None, [0], first=slot)[0]
         self.cache.lens[slot] = p
         row = Row(tokens=list(prompt_ids), prompt_len=p, ctx=None, slot=slot)  # type: ignore[arg-type]
         row.last_hidden = hidden[-1]
-        row.last_logits = self.model.lm_head(hidden[-1])
-        row.ctx = ctx_factory(row, hidden)
+        with torch.no_grad():
+            row.last_logits = self.model.lm_head(hidden[-1])
         self.rows.append(row)
-        return row, row.last_logits
-
-    def _prefill_one(self, slot: int, prompt_ids: list[int]) -> torch.Tensor:
-        """Prefill a single row into ``slot`` without touching the others: its states are computed on a one-row
-        cache and copied into the slot."""
-        p = len(prompt_ids)
-        one = RaggedCache(
-            self.cache.n_layers, 1, self.cache.kv_heads, self.cache.head_dim, self.dtype, self.device
-        )
-        saved, self.cache = self.cache, one
-        try:
-            allowed = torch.tril(torch.ones(p, p, dtype=torch.bool))[None]
-            hidden = self._forward(torch.tensor([prompt_ids]), torch.arange(p)[None], allowed, [0])[0]
-        finally:
-            self.cache = saved
-        self.cache.grow(p)
-        for store, src in ((self.cache.k, one.k), (self.cache.v, one.v)):
-            for t, s in zip(store, src):
-                t[slot, :, :p] = s[0, :, :p]
-        return hidden
+        return row, hidden
 
     def retire(self, row: Row) -> None:
         """Free the row's slot; the last row moves into it (rows stay packed in slots 0..B-1)."""
@@ -249,39 +300,52 @@ class BatchTarget:
             tokens[i, : t.num_nodes] = t.tokens
             parents[i, : t.num_nodes] = t.parents
         parents[:, 1:].clamp_(min=0)  # padding nodes hang off the root: masked by num_nodes in verify
-        buf = kernels.tree_buffers(parents, num_nodes=num)
-        allowed = buf.ancestor_mask.clone()  # [B, N, N] node i sees its ancestors and itself
-        pad = torch.arange(n)[None, :] >= num[:, None]  # padding nodes see only themselves
-        allowed[pad] = torch.eye(n, dtype=torch.bool)[None].expand(b, n, n)[pad]
         lens = [self.cache.lens[r] for r in range(b)]
-        pos = torch.tensor(lens)[:, None] + buf.depth.cpu()
+        chain = torch.arange(-1, n - 1)
+        if all(t.num_nodes == n and torch.equal(t.parents, chain) for t in trees):  # chains of one length
+            allowed, depth = None, torch.arange(n)[None].expand(b, n)
+        else:
+            buf = kernels.tree_buffers(parents, num_nodes=num)
+            allowed = buf.ancestor_mask.clone()  # [B, N, N] node i sees its ancestors and itself
+            pad = torch.arange(n)[None, :] >= num[:, None]  # padding nodes see only themselves
+            allowed[pad] = torch.eye(n, dtype=torch.bool)[None].expand(b, n, n)[pad]
+            depth = buf.depth.cpu()
+        pos = torch.tensor(lens)[:, None] + depth
         hidden = self._forward(tokens, pos, allowed, lens)
-        return self.model.lm_head(hidden), hidden, tokens, parents
+        with torch.no_grad():
+            logits = self.model.lm_head(hidden)
+        return logits, hidden, tokens, parents
 
     def commit(self, row: Row, tree: DraftTree, path: torch.Tensor, next_token: int) -> list[int]:
         """Keep the row's accepted path in its cache (moved into place), make ``next_token`` its new root."""
         s = int(path.shape[0])
         base = self.cache.lens[row.slot]
-        if not torch.equal(path.cpu(), torch.arange(s)):
+        path_cpu = path.cpu()
+        if not torch.equal(path_cpu, torch.arange(s)):
             idx = path.to(self.device)
             for store in (self.cache.k, self.cache.v):
                 for t in store:
                     kernels.compact_kv_(t[row.slot : row.slot + 1], base, idx)
         self.cache.lens[row.slot] = base + s
-        committed = [int(x) for x in tree.tokens[path.cpu()[1:]].tolist()] + [int(next_token)]
+        committed = [int(x) for x in tree.tokens[path_cpu[1:]].tolist()] + [int(next_token)]
         row.tokens.extend(committed)
         return committed
 
 
 class BatchEngine:
-    """Rows with their own arms, one verification forward per step (``step``), prefill on ``admit``."""
+    """Rows with their own arms, one verification forward per step (``step``), prefill on ``admit``. The sampling
+    settings and the generator may be set between steps (``configure``)."""
 
-    def __init__(self, loaded: LoadedModel, max_rows: int, sampling: Sampling = Sampling(), seed: int = 0,
-                 drafter_options: dict[str, dict[str, Any]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, loaded: LoadedModel, max_rows: int, sampling: Sampling = Sampling(), seed: int = 0
+    ) -> None:
         self.target = BatchTarget(loaded, max_rows)
         self.sampling = sampling
         self.generator = torch.Generator().manual_seed(seed)
-        self.drafter_options = drafter_options or {}
+
+    def configure(self, sampling: Sampling, seed: int) -> None:
+        self.sampling = sampling
+        self.generator.manual_seed(seed)
 
     def _verify(self, tokens, parents, logits, num_nodes) -> kernels.Verdict:
         s = self.sampling
@@ -290,30 +354,20 @@ class BatchEngine:
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, generator=self.generator,
         )  # fmt: skip
 
-    def admit(self, prompt_ids: list[int], drafter_names: list[str]) -> tuple[Row, int]:
-        """Prefill a new row and pick its first token; ``drafter_names``: the drafters its arms use."""
-        for name in drafter_names:
-            if name not in BATCH_DRAFTERS:
-                from drafters import DrafterError
-
-                raise DrafterError(
-                    f"drafter {name!r} does not run in the batch engine yet; batch drafters: {', '.join(BATCH_DRAFTERS)}"
-                )
-
-        def make_ctx(row: Row, hidden: torch.Tensor) -> DraftContext:
-            ctx = DraftContext(tokens=row.tokens, prompt_len=row.prompt_len, target=self.target)
-            ctx.extras["prompt_hidden"] = hidden
-            return ctx
-
-        row, logits = self.target.admit(prompt_ids, make_ctx)
+    def admit(self, prompt_ids: list[int], drafters: Mapping[str, Drafter]) -> tuple[Row, int]:
+        """Prefill a new row and pick its first token; ``drafters``: the row's drafter instances by name (reset
+        here for this sequence: a drafter instance serves one row at a time)."""
+        row, hidden = self.target.admit(prompt_ids)
+        logits = row.last_logits
         root = DraftTree.root_only(prompt_ids[-1])
         v = self._verify(root.tokens[None], root.parents[None], logits[None, None], torch.tensor([1]))
         first = int(v.next_token[0])
         row.tokens.append(first)
-        row.ctx.last_hidden = row.last_hidden
-        row.drafters = {
-            n: make_drafter(n, **self.drafter_options.get(n, {})) for n in dict.fromkeys(drafter_names)
-        }
+        row.ctx = DraftContext(
+            tokens=row.tokens, prompt_len=row.prompt_len, target=self.target, last_hidden=row.last_hidden,
+            prompt_hidden=hidden, target_kv=RowKV(self.target.cache, row),
+        )  # fmt: skip
+        row.drafters = dict(drafters)
         for d in row.drafters.values():
             d.reset(row.ctx)
         return row, first
@@ -321,39 +375,54 @@ class BatchEngine:
     def retire(self, row: Row) -> None:
         self.target.retire(row)
 
-    def step(self, arms: list[Arm]) -> tuple[list[RowStep], float, float]:
-        """One step over every row (``arms[i]`` for ``target.rows[i]``): draft, one forward, verify, commit.
-        Returns the per-row results, the drafting seconds and the verify (forward + verify + commit) seconds."""
+    def propose(self, row: Row, arm: Arm) -> DraftTree:
+        """The row's tree for ``arm`` (the root alone for no draft, or when the context is nearly full)."""
+        root = row.tokens[-1]
+        if arm.drafter is None or arm.shape.depth == 0:
+            return DraftTree.root_only(root)
+        drafter = row.drafters.get(arm.drafter)
+        if drafter is None:
+            known = ", ".join(sorted(row.drafters)) or "(none)"
+            raise KeyError(f"arm {arm.name} needs drafter {arm.drafter!r}; the row's drafters: {known}")
+        tree = drafter.propose(row.ctx, arm.shape)
+        return tree if tree.num_nodes <= self.target.room(row) else DraftTree.root_only(root)
+
+    def verify(self, arms: list[Arm], trees: list[DraftTree], draft_s: list[float]) -> list[StepResult]:
+        """One forward over every row's tree (``trees[i]`` for ``target.rows[i]``), verify, commit, feedback.
+        ``draft_s``: each row's drafting seconds; every row's ``verify_s`` is this batch forward's."""
         rows = self.target.rows
-        assert len(arms) == len(rows)
-        t0 = time.perf_counter()
-        trees = []
-        for row, arm in zip(rows, arms):
-            root = row.tokens[-1]
-            if arm.drafter is None or arm.shape.depth == 0:
-                tree = DraftTree.root_only(root)
-            else:
-                tree = row.drafters[arm.drafter].propose(row.ctx, arm.shape)
-                if tree.num_nodes > self.target.room(row):
-                    tree = DraftTree.root_only(root)
-            trees.append(tree)
+        if not len(arms) == len(trees) == len(rows):
+            raise ValueError(f"{len(rows)} rows but {len(arms)} arms and {len(trees)} trees")
         t1 = time.perf_counter()
         logits, hidden, tokens, parents = self.target.forward_trees(trees)
         num = torch.tensor([t.num_nodes for t in trees])
         verdict = self._verify(tokens, parents, logits, num)
-        out = []
-        for i, (row, arm, tree) in enumerate(zip(rows, arms, trees)):
+        done = []
+        for i, (row, tree) in enumerate(zip(rows, trees)):
             path = verdict.path[i]
             path = path[path >= 0]
             committed = self.target.commit(row, tree, path, int(verdict.next_token[i]))
             last = int(path[-1])
             row.last_hidden = hidden[i, last]
-            row.last_logits = logits[i, last].clone()
+            row.last_logits = logits[i, last].clone()  # a copy: frees the step's [B, N, V] logits
             row.ctx.last_hidden = row.last_hidden
             if row.drafters:
                 fb = Feedback(committed=committed, tree=tree, path_logits=logits[i, path], path=path,
                               tree_logits=logits[i, : tree.num_nodes], path_hidden=hidden[i, path])  # fmt: skip
                 for d in row.drafters.values():
                     d.observe(row.ctx, fb)
-            out.append(RowStep(arm, committed, int(verdict.accept_len[i]), tree.num_draft, tree.num_nodes))
-        return out, t1 - t0, time.perf_counter() - t1
+            done.append((committed, int(verdict.accept_len[i])))
+        verify_s = time.perf_counter() - t1
+        return [
+            StepResult(arm, committed, accepted, tree.num_draft, ds, verify_s, tree.parents)
+            for arm, tree, ds, (committed, accepted) in zip(arms, trees, draft_s, done)
+        ]
+
+    def step(self, arms: list[Arm]) -> list[StepResult]:
+        """Draft with ``arms[i]`` for ``target.rows[i]``, then ``verify``."""
+        trees, draft_s = [], []
+        for row, arm in zip(self.target.rows, arms):
+            t0 = time.perf_counter()
+            trees.append(self.propose(row, arm))
+            draft_s.append(time.perf_counter() - t0)
+        return self.verify(list(arms), trees, draft_s)

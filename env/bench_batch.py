@@ -51,7 +51,7 @@ def engine_step_ms(loaded, rows: int, context: int, reps: int) -> float:
     eng = BatchEngine(loaded, max_rows=rows)
     g = torch.Generator().manual_seed(0)
     for _ in range(rows):
-        eng.admit(torch.randint(100, 1000, (context - 1,), generator=g).tolist(), [])
+        eng.admit(torch.randint(100, 1000, (context - 1,), generator=g).tolist(), {})
     arms = [NO_DRAFT] * rows
 
     def step():

@@ -4,7 +4,7 @@ rewards"), calibrated by measurement on this machine (``draftgym calibrate``) an
 A step costs ``draft(arm) + verify(N, context, chain)``:
 
 - ``verify``: the engine's verification phase (tree forward over N nodes, verification, KV commit, drafter
-  feedback) measured through ``Engine.step`` on a grid of N, for chains (causal attention) and branching trees
+  feedback) measured through ``env.batch.BatchEngine.step`` (a batch of one) on a grid of N, for chains (causal attention) and branching trees
   (explicit tree mask), at two context lengths. Model: a piecewise-linear curve in N at ``context_ref`` (linear
   extrapolation past the grid) plus ``(per_context + per_node_context * N) * (context - context_ref)``;
 - ``draft``: each drafter's ``propose`` time per arm shape (median over real contexts), with a linear fit in the
@@ -33,9 +33,8 @@ import numpy as np
 import torch
 
 from drafters import DraftContext, DraftTree, TreeShape, make_drafter
-from env.engine import Arm, Engine
+from env.engine import Arm
 from env.model import LoadedModel
-from env.target import Target
 
 FORMAT = "draftgym-cost-model"
 CHAIN_NODES = (1, 2, 3, 5, 9, 13, 17, 25)
@@ -282,7 +281,7 @@ def _context_ids(tokenizer: Any, length: int) -> list[int]:
 
 
 def _time_verify(
-    engine: Engine,
+    loaded: LoadedModel,
     fixed: _FixedTree,
     prompts: Sequence[list[int]],
     grid: Sequence[tuple[int, bool]],
@@ -292,12 +291,15 @@ def _time_verify(
     """Median verify seconds per (nodes, chain, context): one sequence per context, every (context, cell)
     measured once per pass in a shuffled order, so that a drift in machine load spreads over all cells instead
     of biasing some. Returns [(nodes, chain, mean context, median s)]."""
+    from env.batch import BatchEngine
+
     arm = Arm("_fixed", TreeShape(depth=1))
-    seqs = [engine.start(p)[0] for p in prompts]
+    engines = [BatchEngine(loaded, max_rows=1) for _ in prompts]  # one sequence each: single-row steps
+    seqs = [e.admit(p, {"_fixed": fixed})[0] for e, p in zip(engines, prompts)]
     fixed.parents = [-1, 0]
-    for seq in seqs:  # warm-up
+    for e in engines:  # warm-up
         for _ in range(2):
-            engine.step(seq, arm)
+            e.step([arm])
     cells = [(i, n, c) for i in range(len(seqs)) for n, c in grid]
     samples: dict[tuple[int, int, bool], list[tuple[int, float]]] = {cell: [] for cell in cells}
     rng = random.Random(seed)
@@ -307,8 +309,8 @@ def _time_verify(
             if n > LARGE and r % 2:
                 continue
             fixed.parents = tree_parents(n, c)
-            ctx = seqs[i].state.past_len
-            samples[(i, n, c)].append((ctx, engine.step(seqs[i], arm).verify_s))
+            ctx = seqs[i].past_len
+            samples[(i, n, c)].append((ctx, engines[i].step([arm])[0].verify_s))
     return [
         (n, c, statistics.mean(x for x, _ in v), statistics.median(s for _, s in v))
         for (i, n, c), v in sorted(samples.items())
@@ -355,22 +357,29 @@ def _fit_verify(rows: list[tuple[int, bool, float, float]], context_ref: int):
 
 
 def _time_drafters(
-    engine: Engine, names: Sequence[str], options: dict[str, dict[str, Any]], prompts, shapes, positions: int
+    loaded: LoadedModel,
+    names: Sequence[str],
+    options: dict[str, dict[str, Any]],
+    prompts,
+    shapes,
+    positions: int,
 ) -> dict[str, dict[str, Any]]:
+    from env.batch import BatchEngine
+
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         drafter = make_drafter(name, **options.get(name, {}))
         samples: dict[str, list[float]] = {}
         for prompt in prompts:
-            seq, _ = engine.start(prompt)
-            drafter.reset(seq.ctx)
+            engine = BatchEngine(loaded, max_rows=1)
+            row, _ = engine.admit(prompt, {name: drafter})
             for _ in range(positions):
                 for shape in shapes:
                     arm = Arm(name, shape)
                     t0 = time.perf_counter()
-                    drafter.propose(seq.ctx, shape)
+                    drafter.propose(row.ctx, shape)
                     samples.setdefault(arm.name, []).append(time.perf_counter() - t0)
-                engine.step(seq, Arm(None))
+                engine.step([Arm(None)])
         med = {k: statistics.median(v) for k, v in samples.items()}
         sizes = {Arm(name, s).name: s.max_nodes for s in shapes}
         xs = np.array([sizes[k] for k in med], dtype=np.float64)
@@ -403,17 +412,15 @@ def calibrate(
     """Measure the verify phase on a grid of tree sizes at two contexts and each drafter's propose time, then fit.
     About a minute for the embedded model on a 2-core CPU."""
     t_start = time.perf_counter()
-    target = Target(loaded)
     vocab = int(loaded.model.config.vocab_size)
     fixed = _FixedTree(vocab)
-    engine = Engine(target, {"_fixed": fixed})
     grid = [(n, True) for n in chain_nodes] + [(n, False) for n in tree_nodes]
     if progress:
         print(
             f"calibrate: verify phase, {len(grid)} tree sizes x contexts {list(contexts)} x {reps}",
             flush=True,
         )
-    rows = _time_verify(engine, fixed, [_context_ids(loaded.tokenizer, c) for c in contexts], grid, reps)
+    rows = _time_verify(loaded, fixed, [_context_ids(loaded.tokenizer, c) for c in contexts], grid, reps)
     context_ref = int(contexts[0])
     chain, tree, a, b = _fit_verify(rows, context_ref)
     if progress:
@@ -424,7 +431,7 @@ def calibrate(
     prompts = [chat_prompt(loaded.tokenizer, p.text) for p in load_workload()[:draft_prompts]]
     shapes = list(dict.fromkeys([*draft_shapes, *extra_shapes]))
     drafters = _time_drafters(
-        engine,
+        loaded,
         [n for n in drafter_names if n != "none"],
         drafter_options or {},
         prompts,

@@ -7,21 +7,41 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-import torch
-
-from drafters import TreeShape
-from env.engine import NO_DRAFT, Arm, Engine, Sampling, StepResult
-from env.features import FeatureSpec, ObservationBuilder
+from drafters import Drafter, TreeShape, make_drafter
+from env.batch import BatchEngine
+from env.cost import CostModel, CostModelError, load_cost_model
+from env.engine import NO_DRAFT, Arm, Sampling
+from env.features import FeatureSpec
 from env.model import LoadedModel
-from env.target import PromptError, Target
+from env.step import StepCosts, Stepper, truncate
+from env.target import PromptError, eos_ids
 
 
 class ArmChooser(Protocol):
     """What the decoder needs of a policy (policies.Policy satisfies it)."""
 
     def act(self, obs: Any) -> int: ...
+
+
+@runtime_checkable
+class EpisodicChooser(Protocol):
+    """A policy with per-generation state: ``reset`` before each generation."""
+
+    def act(self, obs: Any) -> int: ...
+
+    def reset(self) -> None: ...
+
+
+@runtime_checkable
+class OnlineChooser(Protocol):
+    """A policy that learns while it decodes (policies' online bandits): ``update`` after every step with the
+    step's reward and ``info`` (as ``SpecDecodeEnv`` gives them, plus ``wall_s``)."""
+
+    def act(self, obs: Any) -> int: ...
+
+    def update(self, obs: Any, action: int, reward: float, info: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -69,7 +89,9 @@ def chat_prompt(tokenizer: Any, text: str) -> list[int]:
 
 
 class SpeculativeDecoder:
-    """Greedy or sampled speculative decoding of one target with a menu of arms.
+    """Greedy or sampled speculative decoding of one target with a menu of arms: a batch of one on the
+    batch-native engine (``env.step.Stepper`` over ``env.batch.BatchEngine``, the step the live env, the trace
+    recorder and ``serve-bench`` run too).
 
     With one arm the decoder is static; with a policy it asks ``policy.act(obs)`` for an arm index every step,
     where ``obs`` is the observation ``SpecDecodeEnv`` gives for the same arm menu (``env.features``), so a policy
@@ -85,30 +107,24 @@ class SpeculativeDecoder:
         policy: ArmChooser | None = None,
         drafter_options: dict[str, dict[str, Any]] | None = None,
         features: FeatureSpec | None = None,
-        cost_model: Any = None,
+        cost_model: CostModel | None = None,
     ) -> None:
         self.loaded = loaded
         self.feature_spec = features or FeatureSpec()
-        self.cost_model = cost_model  # step rewards for policy.update (None: the shipped one when it fits)
-        self.target = Target(loaded)
         self.arms = list(arms or [default_arm()])
         self.policy = policy
         self.drafter_options = drafter_options or {}
         if policy is None and len(self.arms) != 1:
             raise ValueError("several arms need a policy to choose between them")
-
-    def _engine(self, sampling: Sampling, seed: int) -> Engine:
-        from drafters import make_drafter
-
+        self.engine = BatchEngine(loaded, max_rows=1)
+        self.eos_ids = eos_ids(loaded)
         # Drafters are built once and kept across calls: trained heads load once, and stateful drafters (Token
         # Recycling's adjacency table) carry what they learned from one prompt to the next, as in their papers.
         names = sorted({a.drafter for a in self.arms if a.drafter is not None})
-        cache = self.__dict__.setdefault("_drafters", {})
-        for n in names:
-            if n not in cache:
-                cache[n] = make_drafter(n, **self.drafter_options.get(n, {}))
-        drafters = {n: cache[n] for n in names}
-        return Engine(self.target, drafters, sampling, torch.Generator().manual_seed(seed))
+        self.drafters: dict[str, Drafter] = {
+            n: make_drafter(n, **self.drafter_options.get(n, {})) for n in names
+        }
+        self.costs = _step_costs(self, cost_model) if isinstance(policy, OnlineChooser) else None
 
     def generate(
         self,
@@ -129,54 +145,34 @@ class SpeculativeDecoder:
             prompt_ids = [int(i) for i in prompt]
         if not prompt_ids:
             raise PromptError("the prompt is empty")
-        engine = self._engine(sampling, seed)
-        obs_builder = None
-        if self.policy is not None:
-            obs_builder = self.observation_builder()  # the env's observation, for policy.act(obs)
-            if hasattr(self.policy, "reset"):
-                self.policy.reset()
-        rewards = StepRewards(self) if hasattr(self.policy, "update") else None
+        self.engine.configure(sampling, seed)
+        online = self.policy if isinstance(self.policy, OnlineChooser) else None
+        features = self.feature_spec if self.policy is not None else None
+        stepper = Stepper(self.engine, self.arms, features=features, costs=self.costs)
+        if isinstance(self.policy, EpisodicChooser):
+            self.policy.reset()
+        arms: list[str] = []
         t0 = time.perf_counter()
-        seq, first = engine.start(prompt_ids)
+        seq = stepper.start(prompt_ids, max_new_tokens, self.drafters)
         prefill_s = time.perf_counter() - t0
-        out = list(first.committed)
-        steps, accepted, drafted, arms = 1, 0, 0, []
-        eos = self.target.eos_ids
-        while not (out[-1] in eos or len(out) >= max_new_tokens):
-            if self.target.room(seq.state) < 1:
-                break  # the context is full
-            obs = None
-            if obs_builder is not None:
-                st = seq.state
-                proposals = obs_builder.proposals(engine.drafters, seq.ctx)  # for draft features, if any
-                obs = obs_builder.observe(
-                    st.last_logits, st.last_hidden, st.tokens, len(out), max_new_tokens, proposals
-                )
-            idx = self._choose(obs)
-            arm = self.arms[idx]
-            context = seq.state.past_len
-            res: StepResult = engine.step(seq, arm)
-            steps += 1
-            accepted += res.accepted
-            drafted += res.drafted
-            arms.append(arm.name)
-            if obs_builder is not None:  # history features count tokens as the env does (cut at eos / max)
-                counted = len(truncate(res.committed, eos, max_new_tokens - len(out)))
-                obs_builder.record(idx, min(res.accepted, counted), res.drafted, counted)
-            if rewards is not None:  # reward = the step's instantaneous speedup, info as the env gives it
-                counted = len(truncate(res.committed, eos, max_new_tokens - len(out)))
-                self.policy.update(obs, idx, *rewards(res, context, counted))
-            out.extend(res.committed)
-            if not eos.isdisjoint(res.committed):
-                break  # an end of sequence accepted inside the path ends the generation (truncated below)
+        try:
+            while not seq.done:
+                obs = stepper.observe(seq) if self.policy is not None else None
+                idx = self._choose(obs)
+                (res,) = stepper.step([idx])
+                arms.append(self.arms[idx].name)
+                if online is not None:  # reward and info as the env gives them, plus the measured wall time
+                    online.update(obs, idx, res.reward, {**res.info, "wall_s": res.result.wall_s})
+        finally:
+            stepper.retire(seq)
         wall = time.perf_counter() - t0
-        out = truncate(out, eos, max_new_tokens)
+        out = seq.tokens
         stats = GenerationStats(
             new_tokens=len(out),
-            steps=steps,
-            tau=len(out) / steps,
-            accepted=accepted,
-            drafted=drafted,
+            steps=seq.steps,
+            tau=len(out) / seq.steps,
+            accepted=seq.accepted,
+            drafted=seq.drafted,
             tokens_per_s=len(out) / wall if wall > 0 else 0.0,
             wall_s=wall,
             prefill_s=prefill_s,
@@ -184,15 +180,9 @@ class SpeculativeDecoder:
         text = tok.decode(out, skip_special_tokens=True)
         return Generation(text=text, token_ids=out, prompt_ids=prompt_ids, stats=stats, arms=arms)
 
-    def observation_builder(self) -> ObservationBuilder:
-        """Observations as ``SpecDecodeEnv`` computes them for this arm menu (``env.features``)."""
-        depths = [0 if a.drafter is None else a.shape.depth for a in self.arms]
-        hidden = int(self.loaded.model.config.hidden_size)
-        return ObservationBuilder(self.feature_spec, [a.name for a in self.arms], depths, hidden)
-
     @property
     def feature_names(self) -> list[str]:
-        return list(self.observation_builder().names)
+        return list(Stepper(self.engine, self.arms, features=self.feature_spec).builder.names)
 
     def _choose(self, obs) -> int:
         if self.policy is None:
@@ -203,48 +193,20 @@ class SpeculativeDecoder:
         return idx
 
 
-class StepRewards:
-    """Rewards for ``policy.update`` as ``SpecDecodeEnv`` defines them: ``tokens * ar_cost_s / cost_s``, with costs
-    from the decoder's cost model (given, else the shipped one when it was calibrated for this model and dtype,
-    and in both cases only when it calibrated every drafter of the arm menu). Without a fitting cost model the
-    step's measured wall time is the cost and the last measured root-only step (a plain autoregressive step) the
-    unit."""
-
-    def __init__(self, dec: SpeculativeDecoder) -> None:
-        from env.cost import CostModelError, load_cost_model
-
-        self.cm = dec.cost_model
-        if self.cm is None:
-            try:
-                self.cm = load_cost_model()
-                self.cm.check_model(dec.loaded.model_id, str(dec.loaded.dtype).removeprefix("torch."))
-            except CostModelError:
-                self.cm = None
-        if self.cm is not None and not self.cm.covers(dec.arms):
-            self.cm = None  # a drafter it never calibrated: measured wall time for every step, never a mix
-        self.ar_wall: float | None = None
-
-    def __call__(self, res: StepResult, context: int, tokens: int) -> tuple[float, dict[str, Any]]:
-        if self.cm is not None:
-            chain = res.parents is None or res.parents.tolist() == list(range(-1, res.parents.shape[0] - 1))
-            ar = float(self.cm.ar_cost(context))
-            cost = float(self.cm.step_cost(res.arm, res.drafted + 1, context, chain))
-        else:
-            cost = res.wall_s
-            if res.drafted == 0 or self.ar_wall is None:
-                self.ar_wall = res.wall_s
-            ar = self.ar_wall
-        info = {"tokens": tokens, "accepted": min(res.accepted, tokens), "drafted": res.drafted, "cost_s": cost,
-                "ar_cost_s": ar, "arm": res.arm.name, "wall_s": res.wall_s}  # fmt: skip
-        return (tokens * ar / cost if cost > 0 else 0.0), info
-
-
-def truncate(tokens: list[int], eos: frozenset[int], max_new_tokens: int) -> list[int]:
-    """Cut at the first end-of-sequence token (kept) and at ``max_new_tokens``."""
-    for i, t in enumerate(tokens[:max_new_tokens]):
-        if t in eos:
-            return tokens[: i + 1]
-    return tokens[:max_new_tokens]
+def _step_costs(dec: SpeculativeDecoder, cost_model: CostModel | None) -> StepCosts:
+    """Rewards for an online policy as ``SpecDecodeEnv`` defines them: from the decoder's cost model (given, else
+    the shipped one when it was calibrated for this model and dtype), in both cases only when it calibrated every
+    drafter of the arm menu; without one, measured wall times (``StepCosts``)."""
+    cm = cost_model
+    if cm is None:
+        try:
+            cm = load_cost_model()
+            cm.check_model(dec.loaded.model_id, str(dec.loaded.dtype).removeprefix("torch."))
+        except CostModelError:
+            cm = None
+    if cm is not None and not cm.covers(dec.arms):
+        cm = None  # a drafter it never calibrated: measured wall time for every step, never a mix
+    return StepCosts(cm)
 
 
 def default_arm() -> Arm:
@@ -261,4 +223,5 @@ __all__ = [
     "Sampling",
     "SpeculativeDecoder",
     "chat_prompt",
+    "truncate",
 ]

@@ -1,19 +1,15 @@
-"""One speculation step, as data flows in DESIGN.md: propose -> tree forward -> verify -> commit -> observe.
-
-The decoder loop, the live Gymnasium env and the trace recorder all call ``Engine.step``; nothing else runs the
-target during decoding.
+"""The data of a speculation step: the arm a policy picks (drafter x tree shape), the sampling settings and what a
+step gives back. The step itself (propose -> tree forward -> verify -> commit -> observe, DESIGN.md) is
+``env.batch.BatchEngine``; ``env.step.Stepper`` owns the bookkeeping around it for every caller.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
-import kernels
-from drafters import DraftContext, Drafter, DraftTree, Feedback, TreeShape, make_drafter
-from env.target import Target, TargetState
+from drafters import TreeShape
 
 
 @dataclass(frozen=True)
@@ -59,9 +55,15 @@ class StepResult:
     committed: list[int]  # accepted draft tokens + the bonus token
     accepted: int  # accepted draft tokens (bonus excluded)
     drafted: int  # draft nodes in the verified tree (root excluded)
-    draft_s: float
-    verify_s: float
+    draft_s: float  # this row's drafting
+    verify_s: float  # the step's forward, verification and commit (shared by the rows of a batch)
     parents: torch.Tensor | None = None  # [N] the verified tree's parents (its shape: chain or branching)
+
+    @property
+    def chain(self) -> bool:
+        """The verified tree was a chain (the root alone included)."""
+        p = self.parents
+        return p is None or bool(torch.equal(p, torch.arange(-1, p.shape[0] - 1)))
 
     @property
     def tokens(self) -> int:
@@ -70,115 +72,6 @@ class StepResult:
     @property
     def wall_s(self) -> float:
         return self.draft_s + self.verify_s
-
-
-@dataclass
-class Decoding:
-    """A sequence in flight: the target state plus what the drafters see."""
-
-    state: TargetState
-    ctx: DraftContext
-
-
-class Engine:
-    """Holds the target, the drafters and the sampling settings; runs prefill and speculation steps."""
-
-    def __init__(
-        self,
-        target: Target,
-        drafters: dict[str, Drafter] | None = None,
-        sampling: Sampling = Sampling(),
-        generator: torch.Generator | None = None,
-    ) -> None:
-        self.target = target
-        self.drafters = dict(drafters or {})
-        self.sampling = sampling
-        self.generator = generator
-
-    @classmethod
-    def build(
-        cls, target: Target, names: list[str], sampling: Sampling = Sampling(), seed: int = 0
-    ) -> Engine:
-        drafters = {n: make_drafter(n) for n in names if n != "none"}
-        return cls(target, drafters, sampling, torch.Generator().manual_seed(seed))
-
-    def _verify(self, tree: DraftTree, logits: torch.Tensor) -> kernels.Verdict:
-        s = self.sampling
-        draft_probs = None if tree.draft_probs is None else tree.draft_probs[None].to(logits.device)
-        return kernels.verify(
-            tree.tokens[None].to(logits.device),
-            tree.parents[None].to(logits.device),
-            logits[None],
-            temperature=s.temperature,
-            top_k=s.top_k,
-            top_p=s.top_p,
-            draft_probs=draft_probs,
-            generator=self.generator,
-        )
-
-    def start(self, prompt_ids: list[int]) -> tuple[Decoding, StepResult]:
-        """Prefill and pick the first new token (a step of the "no draft" arm)."""
-        t0 = time.perf_counter()
-        state, logits = self.target.prefill(prompt_ids)
-        root = DraftTree.root_only(prompt_ids[-1])
-        verdict = self._verify(root, logits[None])
-        first = int(verdict.next_token[0])
-        self.target.append_root(state, first)
-        ctx = DraftContext(tokens=state.tokens, prompt_len=state.prompt_len, target=self.target)
-        ctx.last_hidden = state.last_hidden
-        # for drafters that read the target: the prompt's features (EAGLE) and its KV cache (early exit)
-        ctx.extras.update(prompt_hidden=state.prompt_hidden, target_cache=state.cache)
-        for d in self.drafters.values():
-            d.reset(ctx)
-        result = StepResult(NO_DRAFT, [first], 0, 0, 0.0, time.perf_counter() - t0)
-        seq = Decoding(state=state, ctx=ctx)
-        return seq, result
-
-    def step(self, seq: Decoding, arm: Arm) -> StepResult:
-        """Draft with ``arm``, verify in one target pass, commit the accepted path and the bonus token."""
-        t0 = time.perf_counter()
-        root = seq.state.tokens[-1]
-        if arm.drafter is None or arm.shape.depth == 0:
-            tree = DraftTree.root_only(root)
-        else:
-            drafter = self.drafters.get(arm.drafter)
-            if drafter is None:
-                known = ", ".join(sorted(self.drafters)) or "(none loaded)"
-                raise KeyError(f"arm {arm.name} needs drafter {arm.drafter!r}; loaded drafters: {known}")
-            tree = drafter.propose(seq.ctx, arm.shape)
-            if tree.num_nodes > self.target.room(seq.state):
-                tree = DraftTree.root_only(root)  # the context is nearly full: no room to draft
-        t1 = time.perf_counter()
-        out = self.target.forward_tree(seq.state, tree)
-        verdict = self._verify(tree, out.logits)
-        path = verdict.path[0]
-        path = path[path >= 0]
-        committed = self.target.commit(seq.state, tree, path, int(verdict.next_token[0]))
-        seq.state.last_hidden = out.hidden[int(path[-1])]
-        seq.state.last_logits = out.logits[int(path[-1])].clone()  # a copy: frees the tree's [N, V] logits
-        seq.ctx.last_hidden = seq.state.last_hidden
-        if self.drafters:
-            feedback = Feedback(
-                committed=committed,
-                tree=tree,
-                path_logits=out.logits[path],
-                path=path,
-                tree_logits=out.logits,
-                path_hidden=out.hidden[path],
-            )
-            for d in self.drafters.values():
-                d.observe(seq.ctx, feedback)
-        t2 = time.perf_counter()
-        result = StepResult(
-            arm=arm,
-            committed=committed,
-            accepted=int(verdict.accept_len[0]),
-            drafted=tree.num_draft,
-            draft_s=t1 - t0,
-            verify_s=t2 - t1,
-            parents=tree.parents,
-        )
-        return result
 
 
 def parse_arm(name: str) -> Arm:

@@ -16,7 +16,7 @@ The observation is a float32 vector, every entry normalized into the bounds belo
 |                      | final hidden state that produced the root                                        |         |
 | ``draft/<d>/width``  | only with ``FeatureSpec.draft_features``, per drafter ``d`` of the menu: children | [0, 1]  |
 |                      | of the root in the drafter's largest proposal at the root (its recorded shape,    |         |
-|                      | ``env.trace.largest_shape``) / 8 (how many different continuations it found)      |         |
+|                      | ``env.step.largest_shape``)    / 8 (how many different continuations it found)      |         |
 | ``draft/<d>/depth``  | ... and that proposal's depth / 16 (how far its continuation reaches)             | [0, 1]  |
 | ``accept/<arm>``     | one per drafting arm of the menu: moving average (weight ``1 - decay`` on the     | [0, 1]  |
 |                      | newest) of accepted / depth over the steps that used it                          |         |
@@ -236,8 +236,10 @@ class ObservationBuilder:
         generated: int,
         max_new_tokens: int,
         proposals: dict[str, Any] | None = None,
+        hist: np.ndarray | None = None,
     ) -> np.ndarray:
-        """``proposals``: with ``spec.draft_features``, each of ``self.drafters``' largest proposal tree."""
+        """``proposals``: with ``spec.draft_features``, each of ``self.drafters``' largest proposal tree; ``hist``:
+        the sequence's history features ([1, K + 2], from ``history_init``; default: the builder's own)."""
         pos_feat = position_features(logits, hidden, tokens, self.spec, self.proj)
         if self.drafters:
             missing = [d for d in self.drafters if d not in (proposals or {})]
@@ -246,21 +248,15 @@ class ObservationBuilder:
             extra = [draft_features(proposals[d].parents) for d in self.drafters]
             pos_feat = np.concatenate([pos_feat, *extra])
         frac = min(generated / max_new_tokens, 1.0)
-        return assemble(frac, pos_feat, self.hist[0], self.cols, np.empty(self.size, dtype=np.float32))
+        hist = self.hist if hist is None else hist
+        return assemble(frac, pos_feat, hist[0], self.cols, np.empty(self.size, dtype=np.float32))
 
-    def proposals(self, drafters: dict[str, Any], ctx: Any) -> dict[str, Any] | None:
-        """What ``observe`` needs for the draft features: each of ``self.drafters``' largest proposal at the root
-        (``drafters``: the engine's, by name; ``ctx``: the sequence's ``DraftContext``). None without them."""
-        if not self.drafters:
-            return None
-        from env.trace import largest_shape
-
-        return {n: drafters[n].propose(ctx, largest_shape(drafters[n])) for n in self.drafters}
-
-    def record(self, arm: int, accepted: int, drafted: int, tokens: int) -> None:
+    def record(
+        self, arm: int, accepted: int, drafted: int, tokens: int, hist: np.ndarray | None = None
+    ) -> None:
         depth = int(self.arm_depth[arm])
         history_update(
-            self.hist,
+            self.hist if hist is None else hist,
             0,
             arm,
             history_inputs(accepted, drafted, tokens, depth, self.max_tokens, self.spec.decay),

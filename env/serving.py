@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from env.batch import BatchEngine, Row
-from env.decoder import truncate
+from drafters import make_drafter
+from env.batch import BatchEngine
 from env.engine import Arm
+from env.step import Seq, Stepper
 
 
 class ServeError(ValueError):
@@ -58,7 +59,7 @@ class Served:
 @dataclass
 class _Flight:
     req: Request
-    row: Row
+    seq: Seq
     out: Served
 
 
@@ -90,17 +91,22 @@ def serve(
     concurrency: int | None = None,
     max_batch: int = 16,
     kv_budget: int = 1 << 20,
+    drafter_options: dict[str, dict[str, object]] | None = None,
     on_finish: Callable[[Served], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[Served]:
     """Serve ``requests`` (arrival times in ``arrival_s``) with continuous batching. Closed loop when
     ``concurrency`` is given (at most that many in flight, arrival times ignored: the next one enters as soon as
-    one leaves), open loop otherwise (a request enters at its arrival time, or later when the batch is full)."""
+    one leaves), open loop otherwise (a request enters at its arrival time, or later when the batch is full).
+    Each request gets drafter instances of its own (its arm's drafter)."""
     check_load(requests, concurrency=concurrency, max_batch=max_batch, kv_budget=kv_budget)
     limit = min(max_batch, concurrency or max_batch, engine.target.max_rows)
-    eos = engine.target.eos_ids
+    menu = list(dict.fromkeys(r.arm for r in requests))
+    index = {a: i for i, a in enumerate(menu)}
+    stepper = Stepper(engine, menu)
+    options = drafter_options or {}
     queue = deque(sorted(requests, key=lambda r: r.arrival_s))
-    flights: list[_Flight] = []  # in slot order: flights[i].row is engine.target.rows[i]
+    flights: dict[int, _Flight] = {}  # by id(seq)
     done: list[Served] = []
     reserved = 0
     t0 = clock()
@@ -111,8 +117,10 @@ def serve(
     def finish(f: _Flight) -> None:
         nonlocal reserved
         f.out.finish_s = now()
-        f.out.token_ids = truncate(f.out.token_ids, eos, f.req.max_new_tokens)
-        engine.retire(f.row)
+        f.out.token_ids = list(f.seq.tokens)
+        f.out.steps, f.out.accepted, f.out.drafted = f.seq.steps, f.seq.accepted, f.seq.drafted
+        stepper.retire(f.seq)
+        del flights[id(f.seq)]
         reserved -= f.req.reservation
         done.append(f.out)
         if on_finish is not None:
@@ -127,41 +135,24 @@ def serve(
         ):
             req = queue.popleft()
             arrival = now() if concurrency is not None else req.arrival_s
-            names = [] if req.arm.drafter is None else [req.arm.drafter]
-            row, first = engine.admit(req.prompt_ids, names)
+            d = req.arm.drafter
+            drafters = {} if d is None else {d: make_drafter(d, **options.get(d, {}))}
+            seq = stepper.start(req.prompt_ids, req.max_new_tokens, drafters)
             reserved += req.reservation
-            out = Served(req.rid, req.arm.name, [first], arrival_s=arrival, first_token_s=now(), steps=1)
-            f = _Flight(req, row, out)
-            flights.append(f)
-            if first in eos or req.max_new_tokens <= 1 or engine.target.room(row) < 1:
-                flights.remove(f)
+            f = flights[id(seq)] = _Flight(
+                req, seq, Served(req.rid, req.arm.name, arrival_s=arrival, first_token_s=now())
+            )
+            if seq.done:
                 finish(f)
-        _check_order(flights, engine)
         if not flights:
             if queue:  # open loop, idle until the next arrival
                 time.sleep(max(0.0, min(queue[0].arrival_s - now(), 0.05)))
             continue
-        results, _, _ = engine.step([f.req.arm for f in flights])
-        leaving = []
-        for f, res in zip(flights, results):
-            o = f.out
-            o.token_ids.extend(res.committed)
-            o.steps += 1
-            o.accepted += res.accepted
-            o.drafted += res.drafted
-            if (
-                not eos.isdisjoint(res.committed)
-                or len(o.token_ids) >= f.req.max_new_tokens
-                or engine.target.room(f.row) < 1
-            ):
-                leaving.append(f)
-        for f in sorted(leaving, key=lambda f: -f.row.slot):  # the last slots first: packing moves fewer rows
-            flights.remove(f)
-            finish(f)
-            flights.sort(key=lambda g: g.row.slot)
+        live = [flights[id(s)] for s in stepper.seqs]
+        stepper.step([index[f.req.arm] for f in live])
+        for f in sorted(
+            live, key=lambda f: -f.seq.row.slot
+        ):  # the last slots first: packing moves fewer rows
+            if f.seq.done:
+                finish(f)
     return sorted(done, key=lambda s: s.rid)
-
-
-def _check_order(flights: list[_Flight], engine: BatchEngine) -> None:
-    rows = engine.target.rows
-    assert len(rows) == len(flights) and all(f.row is r for f, r in zip(flights, rows)), "rows out of order"

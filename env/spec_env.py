@@ -13,14 +13,12 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 from gymnasium import spaces
 
 from env.arms import arm_depths, drafter_names, make_arms
 from env.cost import CostModelError, load_cost_model
 from env.engine import Arm, Sampling
-from env.features import FeatureSpec, ObservationBuilder, feature_names, observation_bounds
-from env.metrics import step_reward
+from env.features import FeatureSpec, feature_names, observation_bounds
 from env.replay import build_tables, replay_observe, replay_step
 from env.trace import Trace, TraceError, load_trace, model_fingerprint
 
@@ -30,11 +28,6 @@ COSTS = ("model", "measured")
 
 class EnvError(ValueError):
     """A bad env argument or action; the message is meant for the user."""
-
-
-def is_chain(parents: Any) -> bool:
-    p = list(parents.tolist() if hasattr(parents, "tolist") else parents)
-    return p == list(range(-1, len(p) - 1))
 
 
 class SpecDecodeEnv(gym.Env):
@@ -197,9 +190,9 @@ class SpecDecodeEnv(gym.Env):
         self, model, dtype, device, workload, spec, max_new_tokens, sampling, drafter_options
     ) -> None:
         from drafters import make_drafter
-        from env.engine import Engine
+        from env.batch import BatchEngine
         from env.model import LoadedModel, load_model
-        from env.target import Target
+        from env.step import StepCosts, Stepper
         from env.workloads import Prompt, load_workload
 
         self.loaded = (
@@ -220,11 +213,12 @@ class SpecDecodeEnv(gym.Env):
         if self.max_new_tokens < 2:
             raise EnvError(f"max_new_tokens must be >= 2, got {self.max_new_tokens}")
         opts = drafter_options or {}
-        drafters = {n: make_drafter(n, **opts.get(n, {})) for n in drafter_names(self.arms)}
-        self.engine = Engine(Target(self.loaded), drafters, self.sampling, torch.Generator())
+        self.drafters = {n: make_drafter(n, **opts.get(n, {})) for n in drafter_names(self.arms)}
+        self.engine = BatchEngine(self.loaded, max_rows=1, sampling=self.sampling)
         self.feature_spec = spec
-        hidden = int(self.loaded.model.config.hidden_size)
-        self.builder = ObservationBuilder(spec, self.arm_names, arm_depths(self.arms), hidden)
+        costs = StepCosts(self.cost_model, measured=self.cost == "measured")
+        self.stepper = Stepper(self.engine, self.arms, features=spec, costs=costs)
+        self._seq = None
 
     # ---- Gymnasium API ----
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -311,65 +305,29 @@ class SpecDecodeEnv(gym.Env):
         return self._token_cache[p]
 
     def _reset_live(self, p: int | None):
-        eos = self.engine.target.eos_ids
+        st = self.stepper
         for _ in range(16):
             q = int(self.np_random.integers(len(self.prompts))) if p is None else p
-            self.engine.generator.manual_seed(int(self.np_random.integers(2**62)))
-            self._seq, first = self.engine.start(self._prompt_tokens(q))
-            if first.committed[-1] not in eos or p is not None:
+            self.engine.configure(self.sampling, int(self.np_random.integers(2**62)))
+            if self._seq is not None:
+                st.retire(self._seq)
+            self._seq = st.start(self._prompt_tokens(q), self.max_new_tokens, self.drafters)
+            if not self._seq.terminated or p is not None:
                 break
-        if first.committed[-1] in eos:
+        if self._seq.terminated:
             raise EnvError(f"prompt {self.prompt_ids[q]!r} ends after its first token: nothing to decode")
-        self._p, self._generated = q, 1
-        self.builder.reset()
-        return self._observe_live(), {"prompt_id": self.prompt_ids[q]}
-
-    def _observe_live(self) -> np.ndarray:
-        st = self._seq.state
-        proposals = self.builder.proposals(self.engine.drafters, self._seq.ctx)
-        obs = self.builder.observe(
-            st.last_logits, st.last_hidden, st.tokens, self._generated, self.max_new_tokens, proposals
-        )
-        return obs.clip(self.observation_space.low, self.observation_space.high)
+        self._p = q
+        return self.stepper.observe(self._seq), {"prompt_id": self.prompt_ids[q]}
 
     def _step_live(self, a: int):
-        arm = self.arms[a]
-        st = self._seq.state
-        context = st.past_len
-        res = self.engine.step(self._seq, arm)
-        eos = self.engine.target.eos_ids
-        room = self.max_new_tokens - self._generated
-        counted = []
-        for t in res.committed[:room]:
-            counted.append(t)
-            if t in eos:
-                break
-        tokens, accepted = len(counted), min(res.accepted, len(counted))
-        self._generated += tokens
-        terminated = counted[-1] in eos
-        truncated = not terminated and (
-            self._generated >= self.max_new_tokens or self.engine.target.room(st) < 1
-        )
-        self._done = terminated or truncated
-        ar = float(self.cost_model.ar_cost(context))
-        if self.cost == "measured":
-            cost_s = res.wall_s
-        else:
-            cost_s = float(self.cost_model.step_cost(arm, res.drafted + 1, context, is_chain(res.parents)))
-        self.builder.record(a, accepted, res.drafted, tokens)
-        info = {
-            "tokens": tokens,
-            "accepted": accepted,
-            "drafted": res.drafted,
-            "cost_s": cost_s,
-            "ar_cost_s": ar,
-            "arm": arm.name,
-        }
-        self.last_wall_s = res.wall_s  # measured; kept out of info, which must be deterministic
-        return self._observe_live(), float(step_reward(tokens, cost_s, ar)), terminated, truncated, info
+        (out,) = self.stepper.step([a])
+        self._done = out.terminated or out.truncated
+        self.last_wall_s = out.result.wall_s  # measured; kept out of info, which must be deterministic
+        obs = self.stepper.observe(self._seq)
+        return obs, float(out.reward), out.terminated, out.truncated, dict(out.info)
 
     def close(self) -> None:
-        for name in ("engine", "loaded", "_seq"):
+        for name in ("stepper", "engine", "loaded", "_seq"):
             if hasattr(self, name):
                 delattr(self, name)
 

@@ -37,13 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from drafters import Drafter, DraftTree, Feedback, TreeShape, make_drafter, tree_problem
+from drafters import Drafter, DraftTree, make_drafter, tree_problem
 from env.features import FeatureSpec, position_feature_names, position_features, projection
 from env.files import atomic_write_text
+from env.step import Stepper, largest_shape
 
 FORMAT = "draftgym-trace"
 VERSION = 1
-RECORD_SHAPE = TreeShape(depth=16, topk=8)  # recorded for drafters that do not name their largest shape
 
 
 class TraceError(ValueError):
@@ -225,11 +225,6 @@ def model_fingerprint(loaded: Any) -> dict[str, Any]:
     }
 
 
-def largest_shape(d: Drafter) -> TreeShape:
-    """The proposal shape a trace records for ``d`` (and the live draft features probe with)."""
-    return getattr(d, "max_shape", RECORD_SHAPE)
-
-
 def _drafter_header(name: str, d: Drafter, options: dict[str, Any]) -> dict[str, Any]:
     s = largest_shape(d)
     exact = bool(getattr(d, "exact_replay", False)) and hasattr(d, "max_shape")
@@ -237,42 +232,32 @@ def _drafter_header(name: str, d: Drafter, options: dict[str, Any]) -> dict[str,
 
 
 def record_prompt(
-    engine: Any,
+    stepper: Stepper,
     probes: dict[str, Drafter],
     prompt_ids: list[int],
     max_new_tokens: int,
     spec: FeatureSpec,
     proj: np.ndarray,
 ) -> dict[str, np.ndarray]:
-    """Greedy autoregressive decoding of one prompt; at every root, its position features and each probe
-    drafter's largest proposal. Returns the arrays of one part."""
-    from env.engine import NO_DRAFT
-
-    seq, first = engine.start(prompt_ids)
-    for d in probes.values():
-        d.reset(seq.ctx)
-    state = seq.state
-    eos = engine.target.eos_ids
+    """Greedy autoregressive decoding of one prompt (``stepper``'s menu: no draft alone); at every root, its
+    position features and each probe drafter's largest proposal. Returns the arrays of one part."""
+    seq = stepper.start(prompt_ids, max_new_tokens, probes)
+    row = seq.row
     feats: list[np.ndarray] = []
     trees: dict[str, list[DraftTree]] = {n: [] for n in probes}
-    generated = 1
-    while True:
-        feats.append(position_features(state.last_logits, state.last_hidden, state.tokens, spec, proj))
-        for name, d in probes.items():
-            trees[name].append(d.propose(seq.ctx, largest_shape(d)))
-        if state.tokens[-1] in eos or generated >= max_new_tokens or engine.target.room(state) < 1:
-            break
-        root = state.tokens[-1]
-        res = engine.step(seq, NO_DRAFT)
-        generated += 1
-        fb = Feedback(
-            committed=res.committed, tree=DraftTree.root_only(root), path_logits=state.last_logits[None]
-        )
-        for d in probes.values():
-            d.observe(seq.ctx, fb)
+    try:
+        while True:
+            feats.append(position_features(row.last_logits, row.last_hidden, row.tokens, spec, proj))
+            for name, tree in stepper.proposals(seq, list(probes)).items():
+                trees[name].append(tree)
+            if seq.done:
+                break
+            stepper.step([0])
+    finally:
+        stepper.retire(seq)
     out = {
         "prompt": np.asarray(prompt_ids, dtype=np.int32),
-        "traj": np.asarray(state.tokens[state.prompt_len :], dtype=np.int32),
+        "traj": np.asarray(row.tokens[row.prompt_len :], dtype=np.int32),
         "feat": np.stack(feats).astype(np.float32),
     }
     for name, ts in trees.items():
@@ -324,9 +309,10 @@ def record(
     parts were deleted); one of other settings is refused unless ``overwrite``."""
     from tqdm import tqdm
 
+    from env.batch import BatchEngine
     from env.decoder import chat_prompt
-    from env.engine import Engine
-    from env.target import Target
+    from env.engine import NO_DRAFT
+    from env.target import check_prompt
 
     out = Path(out)
     spec = spec or FeatureSpec()
@@ -340,9 +326,9 @@ def record(
     ids = [str(p.prompt_id) for p in prompts]
     if len(set(ids)) != len(ids):
         raise TraceError("the workload repeats a prompt id; a trace needs unique prompt ids")
-    target = Target(loaded)
+    engine = BatchEngine(loaded, max_rows=1)
     for p in prompts:  # every prompt fits, before anything is written
-        target.check_prompt(chat_prompt(loaded.tokenizer, p.text), f"prompt {p.prompt_id}")
+        check_prompt(chat_prompt(loaded.tokenizer, p.text), loaded.max_context, f"prompt {p.prompt_id}")
     header = {
         "format": FORMAT,
         "version": VERSION,
@@ -378,7 +364,7 @@ def record(
     else:
         parts_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(head_file, json.dumps(header))  # torn, it would stop every later resume
-    engine = Engine(target, {})
+    stepper = Stepper(engine, [NO_DRAFT])
     proj = projection(int(loaded.model.config.hidden_size), spec)
     parts = []
     bar = tqdm(prompts, desc="record", unit="prompt", disable=not progress)
@@ -386,7 +372,7 @@ def record(
         part_file = parts_dir / f"{i:05d}.npz"
         if not part_file.is_file():
             arrays = record_prompt(
-                engine, probes, chat_prompt(loaded.tokenizer, p.text), max_new_tokens, spec, proj
+                stepper, probes, chat_prompt(loaded.tokenizer, p.text), max_new_tokens, spec, proj
             )
             tmp = parts_dir / f"{i:05d}.tmp.npz"
             np.savez(tmp, **arrays)

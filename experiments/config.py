@@ -206,8 +206,9 @@ def load_config(
         overridden[keys] = f"sweep trial ({key})"
     for item in sets:
         keys, value = parse_set(item)
-        apply_override(raw, keys, value, f"--set {item}")
-        overridden[keys] = f"--set {item}"
+        shown = item if item.isprintable() else repr(item)  # one line, whatever the item holds
+        apply_override(raw, keys, value, f"--set {shown}")
+        overridden[keys] = f"--set {shown}"
     where = Origin(file, text, overridden)
     cfg = build(Config, raw, (), where)
     validate(cfg, where)

@@ -20,10 +20,10 @@ def tiny(tmp_path_factory):
 def test_unrolled_training_matches_tree_drafting(tiny):
     """Level s at pair j of ``EagleHead.unrolled`` == the depth-(s-1) node of a chain rooted at pair j-s+1 whose
     tokens are the true ones, drafted through the drafter's own cache and tree mask."""
-    from env.target import Target
+    from env.batch import BatchTarget
 
     loaded, path = tiny
-    target = Target(loaded)
+    target = BatchTarget(loaded, max_rows=1)
     d = EagleDrafter(weights=str(path))
     d._load(target)
     gen = torch.Generator().manual_seed(1)
@@ -68,10 +68,10 @@ def test_greedy_exact_on_tiny_target(tiny):
 def test_feedback_without_hidden_states_still_decodes(tiny):
     """A caller that keeps only the last feature (e.g. a trace recorder) still gets valid proposals."""
     from drafters import DraftContext, DraftTree, Feedback, TreeShape
-    from env.target import Target
+    from env.batch import BatchTarget
 
     loaded, path = tiny
-    target = Target(loaded)
+    target = BatchTarget(loaded, max_rows=1)
     d = EagleDrafter(weights=str(path))
     ctx = DraftContext(tokens=[3, 4, 5], prompt_len=2, target=target, last_hidden=torch.randn(32))
     d.reset(ctx)  # no prompt features: starts from the last one

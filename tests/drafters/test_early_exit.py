@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from drafters import DraftContext, TreeShape
+from drafters import TreeShape
 from drafters.early_exit import EarlyExitDrafter
 from tests.drafters.tiny import decode, random_head, tiny_loaded
 
@@ -19,15 +19,19 @@ def tiny(tmp_path_factory):
 
 
 def test_root_state_equals_the_target_layers_on_the_full_sequence(tiny):
-    from env.target import Target
+    """Read through the engine's ragged cache (``DraftContext.target_kv``), as in a batch step."""
+    from env.batch import BatchEngine
 
     loaded, path = tiny
-    target = Target(loaded)
+    engine = BatchEngine(loaded, max_rows=2)
+    engine.admit([9, 9, 9, 9], {})  # another row in slot 0: the drafter must read its own
     tokens = [5, 17, 33, 17, 5, 60, 2, 8]
-    state, _ = target.prefill(tokens[:-1])
-    target.append_root(state, tokens[-1])
+    row, _ = engine.admit(tokens[:-1], {})
+    row.tokens[-1] = tokens[-1]  # the root
+    ctx = row.ctx
+    cache = engine.target.cache
+    before = [t[:, :, :7].clone() for t in cache.k]
     d = EarlyExitDrafter(weights=str(path))
-    ctx = DraftContext(tokens=state.tokens, prompt_len=7, target=target, extras={"target_cache": state.cache})
     d.reset(ctx)
     with torch.no_grad():
         hs = loaded.model(torch.tensor([tokens]), output_hidden_states=True).hidden_states[
@@ -35,11 +39,12 @@ def test_root_state_equals_the_target_layers_on_the_full_sequence(tiny):
         ]  # after 2 layers
         expected = d.adapter.forward_train(hs)[0, -1]
     with torch.inference_mode():
-        d._catch_up(state.tokens, state.cache, len(state.tokens) - 1)
+        d._catch_up(row.tokens, ctx.target_kv, len(row.tokens) - 1)
     torch.testing.assert_close(d.root_out, expected, atol=1e-4, rtol=1e-4)
-    assert state.cache.get_seq_length() == 7  # read only: nothing was written into the target's cache
     tree = d.propose(ctx, TreeShape(depth=3, topk=2, budget=5))
-    assert tree.num_nodes == 6 and state.cache.get_seq_length() == 7
+    assert tree.num_nodes == 6
+    assert cache.lens == [4, 7]  # read only: nothing was written into the target's cache
+    assert all(torch.equal(t[:, :, :7], b) for t, b in zip(cache.k, before))
 
 
 def test_greedy_exact_on_tiny_target(tiny):

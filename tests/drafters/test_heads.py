@@ -16,9 +16,11 @@ from tests.drafters.tiny import random_head, tiny_loaded
 
 
 def _ctx(loaded):
-    from env.target import Target
+    from env.batch import BatchTarget
 
-    return DraftContext(tokens=[1, 2, 3], prompt_len=2, target=Target(loaded), last_hidden=torch.zeros(32))
+    return DraftContext(
+        tokens=[1, 2, 3], prompt_len=2, target=BatchTarget(loaded, max_rows=1), last_hidden=torch.zeros(32)
+    )
 
 
 def test_round_trip(tmp_path):

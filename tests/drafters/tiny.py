@@ -58,21 +58,18 @@ def random_head(kind: str, loaded, path: Path, seed: int = 0, exit_layer: int = 
 def decode(
     loaded, arm_name: str | None, prompt: list[int], n: int, drafter_options=None
 ) -> tuple[list[int], int]:
-    """Greedy decoding with one arm through the engine; returns (new tokens, steps)."""
+    """Greedy decoding with one arm through the engine (a batch of one); returns (new tokens, steps)."""
     from drafters import make_drafter
-    from env.engine import NO_DRAFT, Engine, parse_arm
-    from env.target import Target
+    from env.batch import BatchEngine
+    from env.engine import NO_DRAFT, parse_arm
+    from env.step import Stepper
 
-    target = Target(loaded)
     arm = NO_DRAFT if arm_name is None else parse_arm(arm_name)
     drafters = (
         {} if arm.drafter is None else {arm.drafter: make_drafter(arm.drafter, **(drafter_options or {}))}
     )
-    engine = Engine(target, drafters, generator=torch.Generator().manual_seed(0))
-    seq, first = engine.start(prompt)
-    out, steps = list(first.committed), 1
-    while len(out) < n and out[-1] not in target.eos_ids:
-        out.extend(engine.step(seq, arm).committed)
-        steps += 1
-    cut = next((i + 1 for i, t in enumerate(out) if t in target.eos_ids), len(out))
-    return out[: min(cut, n)], steps
+    stepper = Stepper(BatchEngine(loaded, max_rows=1), [arm])
+    seq = stepper.start(prompt, n, drafters)
+    while not seq.done:
+        stepper.step([0])
+    return seq.tokens, seq.steps

@@ -24,27 +24,28 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 
 def test_one_forward_over_ragged_rows_equals_each_row_alone():
-    """Logits of a batched tree forward over rows of different lengths equal the single-sequence target's."""
-    from env.target import Target
-
+    """Logits of a batched tree forward over rows of different lengths equal a plain Hugging Face forward (no
+    cache) over each node's own sequence: the row's prompt, the root and the node's ancestors."""
     loaded = tiny_loaded()
     bt = BatchTarget(loaded, max_rows=3)
-    single = Target(loaded)
     prompts = _prompts(3, seed=1)
-    states, trees = [], []
+    trees = []
     shapes = [[-1], [-1, 0, 1, 2], [-1, 0, 0, 1, 2]]
     for p, par in zip(prompts, shapes):
-        row, _ = bt.admit(p, lambda row, hidden: None)
+        row, _ = bt.admit(p)
         row.tokens.append(7)
-        st, _ = single.prefill(p)
-        single.append_root(st, 7)
-        states.append(st)
         toks = torch.tensor([7] + [11 + i for i in range(len(par) - 1)])
         trees.append(DraftTree(tokens=toks, parents=torch.tensor(par)))
     logits, _, _, _ = bt.forward_trees(trees)
-    for i, (st, tree) in enumerate(zip(states, trees)):
-        want = single.forward_tree(st, tree).logits
-        torch.testing.assert_close(logits[i, : tree.num_nodes], want, atol=2e-5, rtol=0)
+    for i, (p, tree) in enumerate(zip(prompts, trees)):
+        for node in range(tree.num_nodes):
+            path, u = [], node
+            while u >= 0:
+                path.append(int(tree.tokens[u]))
+                u = int(tree.parents[u])
+            with torch.no_grad():
+                want = loaded.model(torch.tensor([p + path[::-1]])).logits[0, -1]
+            torch.testing.assert_close(logits[i, node], want, atol=2e-5, rtol=0)
 
 
 @pytest.mark.parametrize("concurrency", [1, 3])
@@ -110,14 +111,22 @@ def test_other_architectures_are_refused_in_one_line():
 
 @pytest.mark.model
 def test_embedded_model_mixed_arms_equal_hf_greedy(fp32_model):
-    """The CI sample of the exactness acceptance: 6 built-in prompts at concurrency 4 (requests join as others
-    finish), none / n-gram chain / n-gram tree / recycling / eagle mixed in one batch, fp32, each equal to Hugging
-    Face greedy on that prompt alone."""
+    """The CI sample of the exactness acceptance: 7 built-in prompts at concurrency 4 (requests join as others
+    finish), none / n-gram chain / n-gram tree / recycling / eagle / early exit mixed in one batch, fp32, each equal
+    to Hugging Face greedy on that prompt alone."""
     from env.decoder import chat_prompt
     from env.workloads import load_workload
     from tests.hf_reference import hf_greedy
 
-    arms = ["none", "ngram-d4", "ngram-d4-k2-b6", "recycling-d3-k2-b5", "eagle-d3-k2-b6", "ngram-d2"]
+    arms = [
+        "none",
+        "ngram-d4",
+        "ngram-d4-k2-b6",
+        "recycling-d3-k2-b5",
+        "eagle-d3-k2-b6",
+        "early_exit-d3",
+        "ngram-d2",
+    ]
     prompts = load_workload()[: len(arms)]
     reqs = [Request(p.prompt_id, chat_prompt(fp32_model.tokenizer, p.text), parse_arm(a), 24)
             for p, a in zip(prompts, arms)]  # fmt: skip

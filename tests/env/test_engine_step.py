@@ -7,7 +7,8 @@ import pytest
 
 import kernels
 from env.decoder import SpeculativeDecoder
-from env.engine import Sampling, parse_arm
+from env.engine import parse_arm
+from env.step import Stepper
 
 pytestmark = pytest.mark.model
 
@@ -29,9 +30,13 @@ def test_a_step_leaves_node_prob_lazy_and_keeps_no_history(fp32_model, monkeypat
 
     monkeypatch.setattr(kernels, "verify", verify)
     dec = SpeculativeDecoder(fp32_model, [parse_arm("ngram-d4-k2-b6")])
-    engine = dec._engine(Sampling(), 0)
-    seq, _ = engine.start(dec.loaded.tokenizer("Count: one two three four five six")["input_ids"])
+    stepper = Stepper(dec.engine, dec.arms)
+    seq = stepper.start(
+        dec.loaded.tokenizer("Count: one two three four five six")["input_ids"], 64, dec.drafters
+    )
     for _ in range(6):
-        engine.step(seq, dec.arms[0])
+        stepper.step([0])
     assert forced == []
-    assert not any(isinstance(v, list) and len(v) >= 6 for v in vars(seq).values())
+    kept = [v for v in (*vars(seq).values(), *vars(stepper).values()) if isinstance(v, list) and len(v) >= 6]
+    assert all(isinstance(x, int) for v in kept for x in v)  # the generated tokens only, no per-step results
+    stepper.retire(seq)

@@ -1,0 +1,232 @@
+"""The one step object: ``Stepper`` runs the batch engine's step (``env.batch.BatchEngine``) for every caller — the
+decoder (a batch of one), the live Gymnasium env, the trace recorder, calibration and continuous batching — and
+owns the bookkeeping they share:
+
+- when a sequence ends: at its first end-of-sequence token (kept; tokens accepted after it are not counted), at
+  ``max_new_tokens``, or when its context is full;
+- the observation (``env.features``): each drafter proposes once per root — the proposal the draft features read
+  is the one the step verifies, cut down to the chosen arm's shape (``drafters.trees.prune``);
+- the reward and ``info`` of a step (``StepCosts``: from a cost model, or measured), the history features.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from drafters import Drafter, DraftTree, TreeShape
+from drafters.trees import prune
+from env.batch import BatchEngine, Row
+from env.cost import CostModel
+from env.engine import Arm, StepResult
+from env.features import FeatureSpec, ObservationBuilder, history_init
+from env.metrics import step_reward
+
+
+def truncate(tokens: list[int], eos: frozenset[int], max_new_tokens: int) -> list[int]:
+    """Cut at the first end-of-sequence token (kept) and at ``max_new_tokens``."""
+    for i, t in enumerate(tokens[:max_new_tokens]):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens[:max_new_tokens]
+
+
+def largest_shape(d: Drafter) -> TreeShape:
+    """The proposal shape a trace records for ``d`` and the draft features probe with."""
+    return getattr(d, "max_shape", RECORD_SHAPE)
+
+
+RECORD_SHAPE = TreeShape(depth=16, topk=8)  # for drafters that do not name their largest shape
+
+
+def _fits(shape: TreeShape, within: TreeShape) -> bool:
+    return shape.depth <= within.depth and shape.topk <= within.topk and shape.max_nodes <= within.max_nodes
+
+
+class StepCosts:
+    """``(cost_s, ar_cost_s)`` of a step, the two terms of its reward ``tokens * ar_cost_s / cost_s``:
+
+    - a cost model: both from it (``step_cost`` of the arm and tree, ``ar_cost`` at the step's context);
+    - a cost model and ``measured``: the step's wall time against the model's autoregressive cost;
+    - no cost model: the step's wall time against the last measured root-only step's (a plain autoregressive
+      step; the first step of a sequence is one)."""
+
+    def __init__(self, cost_model: CostModel | None, measured: bool = False) -> None:
+        if measured and cost_model is None:
+            raise ValueError("measured costs need a cost model for the autoregressive unit")
+        self.cost_model, self.measured = cost_model, measured
+        self.ar_wall: float | None = None
+
+    def __call__(self, res: StepResult, context: int) -> tuple[float, float]:
+        cm = self.cost_model
+        if cm is None:
+            if res.drafted == 0 or self.ar_wall is None:
+                self.ar_wall = res.wall_s
+            return res.wall_s, self.ar_wall
+        ar = float(cm.ar_cost(context))
+        if self.measured:
+            return res.wall_s, ar
+        return float(cm.step_cost(res.arm, res.drafted + 1, context, res.chain)), ar
+
+
+@dataclass
+class Seq:
+    """A sequence under the step object: its row in the engine and what it has generated (cut as above)."""
+
+    row: Row
+    max_new_tokens: int
+    tokens: list[int]  # the generated ids counted so far
+    terminated: bool = False  # ended at an end-of-sequence token
+    truncated: bool = False  # ended at max_new_tokens or a full context
+    steps: int = 1  # verification steps (the prefill's first token counts as one)
+    accepted: int = 0
+    drafted: int = 0
+    hist: np.ndarray = field(default_factory=lambda: np.zeros((1, 0), np.float32))
+    _proposals: dict[str, DraftTree] = field(default_factory=dict)
+    _root_at: int = -1  # len(row.tokens) when _proposals were made
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+    @property
+    def context(self) -> int:
+        return self.row.past_len
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one step gave one sequence: the engine's result, the counted tokens, the reward and ``info``."""
+
+    seq: Seq
+    result: StepResult
+    tokens: list[int]  # counted (cut at end of sequence / max_new_tokens)
+    reward: float
+    info: dict[str, Any]  # tokens, accepted, drafted, cost_s, ar_cost_s, arm (deterministic: no wall time)
+
+    @property
+    def terminated(self) -> bool:
+        return self.seq.terminated
+
+    @property
+    def truncated(self) -> bool:
+        return self.seq.truncated
+
+
+class Stepper:
+    """Sequences over one ``BatchEngine`` with an arm menu. ``start`` admits one, ``observe`` gives its
+    observation, ``step`` runs one batch step with an arm index per live sequence (in slot order), ``retire``
+    frees a finished one. ``features``: the observation the env and the policies see (None: no observations)."""
+
+    def __init__(
+        self,
+        engine: BatchEngine,
+        arms: Sequence[Arm],
+        *,
+        features: FeatureSpec | None = None,
+        costs: StepCosts | None = None,
+    ) -> None:
+        self.engine = engine
+        self.arms = list(arms)
+        self.costs = costs or StepCosts(None)
+        self.builder: ObservationBuilder | None = None
+        if features is not None:
+            depths = [0 if a.drafter is None else a.shape.depth for a in self.arms]
+            hidden = int(engine.target.model.config.hidden_size)
+            self.builder = ObservationBuilder(features, [a.name for a in self.arms], depths, hidden)
+        self.seqs: list[Seq] = []  # in slot order: seqs[i].row is engine.target.rows[i]
+
+    @property
+    def eos(self) -> frozenset[int]:
+        return self.engine.target.eos_ids
+
+    def start(self, prompt_ids: list[int], max_new_tokens: int, drafters: Mapping[str, Drafter]) -> Seq:
+        """Prefill a new sequence and pick its first token; it may be done at once (``seq.done``)."""
+        row, first = self.engine.admit(prompt_ids, drafters)
+        k = len(self.arms)
+        seq = Seq(row, max_new_tokens, [first], hist=history_init(1, k))
+        self.seqs.append(seq)
+        self._check_end(seq)
+        return seq
+
+    def retire(self, seq: Seq) -> None:
+        self.engine.retire(seq.row)
+        self.seqs.remove(seq)
+        self.seqs.sort(key=lambda s: s.row.slot)
+
+    def proposals(self, seq: Seq, names: Sequence[str] | None = None) -> dict[str, DraftTree]:
+        """Each drafter's largest proposal at the sequence's root (``names``: default, those the draft features
+        read), made once per root: the step verifies them, pruned to its arm."""
+        names = list(self.builder.drafters if names is None and self.builder else names or [])
+        if seq._root_at != len(seq.row.tokens):
+            seq._proposals, seq._root_at = {}, len(seq.row.tokens)
+        for n in names:
+            if n not in seq._proposals:
+                d = seq.row.drafters[n]
+                seq._proposals[n] = d.propose(seq.row.ctx, largest_shape(d))
+        return {n: seq._proposals[n] for n in names}
+
+    def observe(self, seq: Seq) -> np.ndarray:
+        """The observation at the sequence's root (``env.features``; replay computes the same)."""
+        if self.builder is None:
+            raise ValueError("this stepper was built without features: it has no observations")
+        row = seq.row
+        props = self.proposals(seq) if self.builder.drafters else None
+        obs = self.builder.observe(row.last_logits, row.last_hidden, row.tokens, len(seq.tokens),
+                                   seq.max_new_tokens, props, hist=seq.hist)  # fmt: skip
+        return obs.clip(self.builder.low, self.builder.high)
+
+    def _tree(self, seq: Seq, arm: Arm) -> DraftTree:
+        if arm.drafter is not None and seq._root_at == len(seq.row.tokens) and arm.drafter in seq._proposals:
+            d = seq.row.drafters[arm.drafter]
+            if _fits(arm.shape, largest_shape(d)):
+                tree = prune(seq._proposals[arm.drafter], arm.shape)
+                if tree.num_nodes <= self.engine.target.room(seq.row):
+                    return tree
+                return DraftTree.root_only(seq.row.tokens[-1])
+        return self.engine.propose(seq.row, arm)
+
+    def step(self, choices: Sequence[int]) -> list[Outcome]:
+        """One step of every live sequence (``choices[i]``: the arm index of ``seqs[i]``)."""
+        import time
+
+        if len(choices) != len(self.seqs):
+            raise ValueError(f"{len(self.seqs)} sequences but {len(choices)} choices")
+        if any(s.done for s in self.seqs):
+            raise ValueError("a finished sequence is still in the batch: retire it before the next step")
+        arms = [self.arms[int(c)] for c in choices]
+        trees, draft_s = [], []
+        for seq, arm in zip(self.seqs, arms):
+            t0 = time.perf_counter()
+            trees.append(self._tree(seq, arm))
+            draft_s.append(time.perf_counter() - t0)
+        contexts = [s.context for s in self.seqs]
+        results = self.engine.verify(arms, trees, draft_s)
+        out = []
+        for seq, c, res, context in zip(self.seqs, choices, results, contexts):
+            counted = truncate(res.committed, self.eos, seq.max_new_tokens - len(seq.tokens))
+            seq.tokens.extend(counted)
+            seq.steps += 1
+            accepted = min(res.accepted, len(counted))
+            seq.accepted += accepted
+            seq.drafted += res.drafted
+            self._check_end(seq)
+            if self.builder is not None:
+                self.builder.record(int(c), accepted, res.drafted, len(counted), hist=seq.hist)
+            cost_s, ar_s = self.costs(res, context)
+            info = {"tokens": len(counted), "accepted": accepted, "drafted": res.drafted, "cost_s": cost_s,
+                    "ar_cost_s": ar_s, "arm": res.arm.name}  # fmt: skip
+            out.append(Outcome(seq, res, counted, step_reward(len(counted), cost_s, ar_s), info))
+        return out
+
+    def _check_end(self, seq: Seq) -> None:
+        if seq.tokens[-1] in self.eos:
+            seq.terminated = True
+        elif len(seq.tokens) >= seq.max_new_tokens or self.engine.target.room(seq.row) < 1:
+            seq.truncated = True
+
+
+__all__ = ["Outcome", "Seq", "StepCosts", "Stepper", "largest_shape", "truncate"]

@@ -1,0 +1,70 @@
+"""Which architectures the batch engine runs: small random models of each supported one decode, with drafts and
+rows of different lengths in one batch, exactly what Hugging Face greedy ``generate`` gives; the others are
+refused with one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from env.batch import BatchEngine
+from env.engine import parse_arm
+from env.model import LoadedModel, ModelError
+from env.serving import Request, serve
+from tests.hf_reference import hf_greedy
+
+SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=96, max_position_embeddings=256)  # fmt: skip
+
+
+def _loaded(config_cls, model_cls, **extra) -> LoadedModel:
+    torch.manual_seed(0)
+    cfg = config_cls(**SMALL, **extra)
+    cfg._attn_implementation = "sdpa"
+    model = model_cls(cfg).eval().requires_grad_(False)
+    with torch.no_grad():  # sharper logits: greedy falls into loops the n-gram drafter can follow
+        model.get_input_embeddings().weight.mul_(8.0)
+    model.generation_config.eos_token_id = 95
+    model.generation_config.pad_token_id = 0
+    return LoadedModel(model=model, tokenizer=None, model_id=cfg.model_type + "-tiny", dtype=torch.float32,
+                       device=torch.device("cpu"))  # fmt: skip
+
+
+def _qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return _loaded(Qwen2Config, Qwen2ForCausalLM, use_sliding_window=False)
+
+
+def _mistral():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    return _loaded(MistralConfig, MistralForCausalLM, sliding_window=None)
+
+
+@pytest.mark.parametrize("make", [_qwen2, _mistral], ids=["qwen2", "mistral"])
+def test_supported_architectures_decode_exactly(make):
+    loaded = make()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (5, 17, 9, 26)]
+    arms = ["none", "ngram-d4", "ngram-d3-k2-b5", "recycling-d3-k2-b5"]
+    reqs = [Request(str(i), p, parse_arm(a), 20) for i, (p, a) in enumerate(zip(prompts, arms))]
+    out = serve(BatchEngine(loaded, max_rows=3), reqs, concurrency=3)
+    for r, o in zip(reqs, out):
+        assert o.token_ids == hf_greedy(loaded, r.prompt_ids, 20), r.arm.name
+
+
+def test_a_short_sliding_window_is_refused():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    loaded = _loaded(MistralConfig, MistralForCausalLM, sliding_window=16)
+    with pytest.raises(ModelError, match="sliding window of 16"):
+        BatchEngine(loaded, max_rows=1)
+
+
+def test_gemma_is_refused_in_one_line():
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    loaded = _loaded(GemmaConfig, GemmaForCausalLM, head_dim=8)
+    with pytest.raises(ModelError, match="'gemma' model"):
+        BatchEngine(loaded, max_rows=1)
