@@ -6,11 +6,13 @@ from collections.abc import Callable
 from typing import Any
 
 from drafters.base import (
+    BatchProposer,
     DraftContext,
     Drafter,
     DrafterError,
     DraftTree,
     Feedback,
+    Forkable,
     KVView,
     TargetModel,
     TreeShape,
@@ -39,6 +41,8 @@ def make_drafter(name: str, **kwargs: Any) -> Drafter:
 
 
 __all__ = [
+    "BatchProposer",
+    "Forkable",
     "DRAFTERS",
     "check_tree",
     "tree_problem",

@@ -176,3 +176,20 @@ class Drafter(Protocol):
 
     def observe(self, ctx: DraftContext, feedback: Feedback) -> None:
         """Learn from the verified step (optional state update)."""
+
+
+@runtime_checkable
+class BatchProposer(Protocol):
+    """A drafter that drafts for several sequences in one go (the rows of a batch that chose it):
+    ``propose_batch([(drafter, ctx, shape), ...])``, one drafter instance per sequence, returns their trees — the
+    same trees ``propose`` gives one at a time."""
+
+    def propose_batch(self, items: list[tuple[Any, DraftContext, TreeShape]]) -> list[DraftTree]: ...
+
+
+@runtime_checkable
+class Forkable(Protocol):
+    """A drafter whose loaded weights another sequence can share: ``fork()`` is a fresh drafter (own state)
+    over the same read-only weights."""
+
+    def fork(self) -> Any: ...

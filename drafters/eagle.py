@@ -13,6 +13,10 @@ over x_{t+2}. Drafting deeper feeds the head its own f' (the pair (f'_{t+1}, x_{
 Runtime state: the head's own KV cache over committed pairs, grown from the features the engine hands back after
 each verification (``Feedback.path_hidden``) and, at the start, from the prompt's features
 (``ctx.prompt_hidden``). Tree nodes get temporary cache slots, dropped after each proposal.
+
+Batches: ``propose_batch`` drafts for many sequences at once (the rows of a batch that chose eagle): their trees
+grow in lockstep, one head pass and one draft-vocabulary projection per depth over every row's frontier, each
+row's attention over its own cache. ``fork`` gives another sequence its own state over the same loaded head.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from drafters.heads import (
     load_head,
     load_state,
 )
-from drafters.trees import TREE_BUILDERS, GrowingTree, build_tree
+from drafters.trees import TREE_BUILDERS, GrowingTree, tree_steps
 
 
 class EagleHead(nn.Module):
@@ -196,29 +200,59 @@ class EagleDrafter:
         if want > 0:
             self.pending.extend([ctx.last_hidden.to(self.device, self.dtype)] * want)
 
+    def fork(self) -> EagleDrafter:
+        """A drafter for another sequence over the same loaded head (weights are read once, shared read-only)."""
+        other = EagleDrafter(self.weights, self.tree, self.min_prob)
+        if self.head is not None:
+            for name in ("meta", "dtype", "device", "head", "d2t", "w_draft", "embed", "cfg", "_target_key"):
+                setattr(other, name, getattr(self, name))
+        return other
+
     def propose(self, ctx: DraftContext, shape: TreeShape) -> DraftTree:
-        root = ctx.tokens[-1]
-        if shape.depth == 0 or self.head is None:
-            return DraftTree.root_only(root)
-        self._sync(ctx)
+        return self.propose_batch([(self, ctx, shape)])[0]
+
+    def propose_batch(self, items: list[tuple[EagleDrafter, DraftContext, TreeShape]]) -> list[DraftTree]:
+        """Trees for several sequences (``(drafter, ctx, shape)``, one drafter per sequence), grown in lockstep:
+        per round, one head pass over the frontier nodes of every sequence that shares this drafter's head, and
+        one projection to the draft vocabulary. The same trees as proposing one at a time."""
+        out: list[DraftTree | None] = [None] * len(items)
+        live = {}
         with torch.inference_mode():
-            self._catch_up(ctx.tokens)
-            slots = TreeSlots(self.kv.n)
-            feats: dict[int, torch.Tensor] = {}
-            base = len(ctx.tokens) - 2  # pair index of the root pair (f_{n-2}, x_{n-1})
-
-            def expand(frontier: list[int], g: GrowingTree) -> tuple[torch.Tensor, torch.Tensor]:
-                if frontier == [0]:
-                    out = self.root_feat[None]
-                else:
-                    out = self._tree_step(frontier, g, feats, slots, base)
-                for u, f in zip(frontier, out):
-                    feats[u] = f
-                lp = torch.log_softmax((out @ self.w_draft.T).float(), dim=-1)
-                top_lp, top_i = lp.topk(max(shape.topk, 1), dim=-1)
-                return top_lp, self.d2t[top_i]
-
-            return build_tree(self.tree, root, expand, shape, self.min_prob)
+            for i, (d, ctx, shape) in enumerate(items):
+                if shape.depth == 0 or d.head is None:
+                    out[i] = DraftTree.root_only(ctx.tokens[-1])
+                    continue
+                d._sync(ctx)
+                d._catch_up(ctx.tokens)
+                live[i] = _Growing(d, shape, tree_steps(d.tree, ctx.tokens[-1], shape, d.min_prob),
+                                   TreeSlots(d.kv.n), len(ctx.tokens) - 2)  # fmt: skip
+            for i, gr in list(live.items()):
+                gr.request = _advance(gr, None)
+                if gr.request is None:
+                    out[i] = gr.result
+                    del live[i]
+            while live:
+                by_head: dict[int, list[int]] = {}
+                for i, gr in live.items():
+                    by_head.setdefault(id(gr.d.head), []).append(i)
+                for idx in by_head.values():
+                    grows = [live[i] for i in idx]
+                    feats = _head_pass(grows)
+                    d0 = grows[0].d
+                    lp = torch.log_softmax((torch.cat(feats) @ d0.w_draft.T).float(), dim=-1)
+                    top_lp, top_i = lp.topk(max(max(g.shape.topk, 1) for g in grows), dim=-1)
+                    top_i = d0.d2t[top_i]
+                    at = 0
+                    for i, gr, f in zip(idx, grows, feats):
+                        n, k = f.shape[0], max(gr.shape.topk, 1)
+                        for u, feat in zip(gr.request[0], f):
+                            gr.feats[u] = feat
+                        gr.request = _advance(gr, (top_lp[at : at + n, :k], top_i[at : at + n, :k]))
+                        at += n
+                        if gr.request is None:
+                            out[i] = gr.result
+                            del live[i]
+        return out  # type: ignore[return-value]
 
     # ---- internals ----
     def _catch_up(self, tokens: list[int]) -> None:
@@ -239,18 +273,69 @@ class EagleDrafter:
         self.root_feat = self.head.norm(self.head.layer.finish(x[:, -1:], a))[0, 0]
         self.root_at = len(tokens) - 1
 
-    def _tree_step(self, frontier, g: GrowingTree, feats, slots: TreeSlots, base: int) -> torch.Tensor:
-        """One batched head pass over frontier nodes (depth >= 1): input (f' of parent, e(token)). [F, H] out."""
-        ids = torch.tensor([g.tokens[u] for u in frontier], device=self.device)
-        parent_f = torch.stack([feats[g.parents[u]] for u in frontier])
-        x = self.head.pair(self.embed(ids).to(self.dtype), parent_f)[None]  # [1, F, H]
-        pos = torch.tensor([base + g.depths[u] for u in frontier], device=self.device)  # absolute pair index
-        q, k, v = self.head.layer.project(x, pos)
-        at = self.kv.n + len(slots.slot)
-        for i, u in enumerate(frontier):
-            slots.slot[u] = at + i
-        self.kv.write(at, k, v)
-        mask = slots.mask(frontier, g, self.device)
-        end = at + len(frontier)
-        a = attend(q, self.kv.k[:, :, :end], self.kv.v[:, :, :end], mask)
-        return self.head.norm(self.head.layer.finish(x, a))[0]
+
+class _Growing:
+    """One sequence's tree in a lockstep proposal: its builder, its frontier request and the features so far."""
+
+    def __init__(self, d: EagleDrafter, shape: TreeShape, steps, slots: TreeSlots, base: int) -> None:
+        self.d, self.shape, self.steps, self.slots, self.base = d, shape, steps, slots, base
+        self.feats: dict[
+            int, torch.Tensor
+        ] = {}  # tree node -> f' (the root's: the head output at the root pair)
+        self.request = None
+        self.result: DraftTree | None = None
+
+
+def _advance(gr: _Growing, answer) -> tuple[list[int], GrowingTree] | None:
+    """Send the builder its answer (None: start it); its next request, or None when the tree is done."""
+    try:
+        return next(gr.steps) if answer is None else gr.steps.send(answer)
+    except StopIteration as stop:
+        gr.result = stop.value
+        return None
+
+
+def _head_pass(grows: list[_Growing]) -> list[torch.Tensor]:
+    """One batched head pass over every sequence's frontier (input: (f' of the parent, e(token))); the attention
+    of each sequence over its own cache (committed pairs, then its tree slots). Returns each one's [F, H]."""
+    d0 = grows[0].d
+    head = d0.head
+    outs: list[torch.Tensor | None] = [None] * len(grows)
+    todo = []
+    for j, gr in enumerate(grows):
+        frontier, _ = gr.request
+        if frontier == [0]:
+            outs[j] = gr.d.root_feat[None]  # the root's f' came with the catch-up
+        else:
+            todo.append(j)
+    if todo:
+        ids, parent_f, pos = [], [], []
+        for j in todo:
+            frontier, g = grows[j].request
+            ids += [g.tokens[u] for u in frontier]
+            parent_f += [grows[j].feats[g.parents[u]] for u in frontier]
+            pos += [grows[j].base + g.depths[u] for u in frontier]  # absolute pair index
+        dev = d0.device
+        x = head.pair(d0.embed(torch.tensor(ids, device=dev)).to(d0.dtype), torch.stack(parent_f))[None]
+        q, k, v = head.layer.project(x, torch.tensor(pos, device=dev))
+        parts, at = [], 0
+        for j in todo:
+            gr = grows[j]
+            frontier, g = gr.request
+            n = len(frontier)
+            kv, slots = gr.d.kv, gr.slots
+            start = kv.n + len(slots.slot)
+            for i, u in enumerate(frontier):
+                slots.slot[u] = start + i
+            kv.write(start, k[:, :, at : at + n], v[:, :, at : at + n])
+            mask = slots.mask(frontier, g, dev)
+            end = start + n
+            parts.append(attend(q[:, :, at : at + n], kv.k[:, :, :end], kv.v[:, :, :end], mask))
+            at += n
+        h = head.norm(head.layer.finish(x, torch.cat(parts, dim=2)))[0]
+        at = 0
+        for j in todo:
+            n = len(grows[j].request[0])
+            outs[j] = h[at : at + n]
+            at += n
+    return outs  # type: ignore[return-value]

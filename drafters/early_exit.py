@@ -91,6 +91,15 @@ class EarlyExitDrafter:
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
         self._target_key = (id(target.model), target.dtype)
 
+    def fork(self) -> EarlyExitDrafter:
+        """A drafter for another sequence over the same loaded adapter (read once, shared read-only)."""
+        other = EarlyExitDrafter(self.weights, self.tree, self.min_prob)
+        if self.adapter is not None:
+            for name in ("meta", "dtype", "adapter_dtype", "device", "adapter", "d2t", "w_draft", "cfg", "layers",
+                         "embed", "rotary", "_target_key"):  # fmt: skip
+                setattr(other, name, getattr(self, name))
+        return other
+
     # ---- Drafter protocol ----
     def reset(self, ctx: DraftContext) -> None:
         if ctx.target is None:

@@ -6,7 +6,7 @@ the kept set is a tree)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -93,16 +93,38 @@ def _children(logp: torch.Tensor, toks: torch.Tensor, row: int, k: int) -> list[
     return [(a, int(b)) for a, b in zip(lp, tk) if a != -math.inf]
 
 
+TreeSteps = Generator[tuple[list[int], "GrowingTree"], tuple[torch.Tensor, torch.Tensor], DraftTree]
+"""A tree builder as a generator: it yields ``(frontier, tree)`` — an ``expand`` request — receives the answer
+``(log_probs [F, K], tokens [F, K])``, and returns the finished ``DraftTree``. ``drive`` runs one with an ``expand``
+function; a drafter that batches over sequences (``drafters.eagle.propose_batch``) runs many in lockstep, one
+batched pass per round."""
+
+
+def drive(steps: TreeSteps, expand: Expand) -> DraftTree:
+    """Run a tree builder to its end, answering each request with ``expand``."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(expand(*request))
+    except StopIteration as stop:
+        return stop.value
+
+
 def chain_tree(root: int, expand: Expand, depth: int, min_prob: float = 0.0) -> DraftTree:
     """Greedy chain: the drafter's top-1 child at each depth; stop early once the path probability falls below
     ``min_prob`` (the confidence stop of Kangaroo / DISCO / dynamic depth decoding, on the cumulative value)."""
-    return dynamic_tree(root, expand, depth=depth, topk=1, budget=depth, min_prob=min_prob)
+    return drive(dynamic_steps(root, depth=depth, topk=1, budget=depth, min_prob=min_prob), expand)
 
 
 def kary_tree(root: int, expand: Expand, depth: int, topk: int, budget: int) -> DraftTree:
     """Fixed k-ary tree, filled breadth first: every node of a level gets its ``topk`` best children (best first),
     level by level, until ``budget`` draft nodes or ``depth`` levels. Token Recycling's static template is this
     shape (arXiv 2408.08696); with a model drafter it costs one ``expand`` call per level."""
+    return drive(kary_steps(root, depth, topk, budget), expand)
+
+
+def kary_steps(root: int, depth: int, topk: int, budget: int) -> TreeSteps:
+    """``kary_tree`` as a generator (``TreeSteps``)."""
     g = GrowingTree.start(root)
     level = [0]
     for _ in range(depth):
@@ -110,7 +132,7 @@ def kary_tree(root: int, expand: Expand, depth: int, topk: int, budget: int) -> 
         if room <= 0 or not level:
             break
         level = level[: -(-room // topk)]  # only nodes whose children can still fit
-        logp, toks = expand(level, g)
+        logp, toks = yield level, g
         nxt = []
         for f, node in enumerate(level):
             for lp, tok in _children(logp, toks, f, topk):
@@ -131,13 +153,18 @@ def dynamic_tree(
     ``topk**2`` candidates form the next frontier. Rerank: of all candidates, keep the ``budget`` of highest
     cumulative log-probability (``rerank``). Nodes whose path probability is below ``min_prob`` are not expanded.
     """
+    return drive(dynamic_steps(root, depth, topk, budget, min_prob), expand)
+
+
+def dynamic_steps(root: int, depth: int, topk: int, budget: int, min_prob: float = 0.0) -> TreeSteps:
+    """``dynamic_tree`` as a generator (``TreeSteps``)."""
     g = GrowingTree.start(root)
     frontier = [0]
     min_logp = math.log(min_prob) if min_prob > 0 else -math.inf
     for _ in range(depth):
         if not frontier:
             break
-        logp, toks = expand(frontier, g)  # [F, K]
+        logp, toks = yield frontier, g  # [F, K]
         new = [
             g.add(n, tok, lp) for f, n in enumerate(frontier) for lp, tok in _children(logp, toks, f, topk)
         ]
@@ -155,15 +182,25 @@ TREE_BUILDERS = ("chain", "kary", "dynamic")
 def build_tree(kind: str, root: int, expand: Expand, shape: TreeShape, min_prob: float = 0.0) -> DraftTree:
     """One entry point for drafters with probabilities: ``kind`` in ``TREE_BUILDERS``; ``shape.topk == 1`` is
     always a chain. ``shape.max_nodes`` bounds the draft nodes."""
+    return drive(tree_steps(kind, root, shape, min_prob), expand)
+
+
+def tree_steps(kind: str, root: int, shape: TreeShape, min_prob: float = 0.0) -> TreeSteps:
+    """``build_tree`` as a generator (``TreeSteps``)."""
+    if kind not in TREE_BUILDERS:
+        raise DrafterError(f"unknown tree builder {kind!r}; valid: {', '.join(TREE_BUILDERS)}")
     if shape.depth == 0:
-        return DraftTree.root_only(root)
+        return _done(DraftTree.root_only(root))
     if shape.topk == 1 or kind == "chain":
-        return chain_tree(root, expand, shape.depth, min_prob)
+        return dynamic_steps(root, shape.depth, 1, shape.depth, min_prob)
     if kind == "kary":
-        return kary_tree(root, expand, shape.depth, shape.topk, shape.max_nodes)
-    if kind == "dynamic":
-        return dynamic_tree(root, expand, shape.depth, shape.topk, shape.max_nodes, min_prob)
-    raise DrafterError(f"unknown tree builder {kind!r}; valid: {', '.join(TREE_BUILDERS)}")
+        return kary_steps(root, shape.depth, shape.topk, shape.max_nodes)
+    return dynamic_steps(root, shape.depth, shape.topk, shape.max_nodes, min_prob)
+
+
+def _done(tree: DraftTree) -> TreeSteps:
+    return tree
+    yield  # a generator that asks nothing
 
 
 def rerank(tokens: list[int], parents: list[int], scores: list[float], budget: int) -> DraftTree:

@@ -29,7 +29,7 @@ import torch
 from transformers.cache_utils import Cache
 
 import kernels
-from drafters import DraftContext, Drafter, DraftTree, Feedback
+from drafters import BatchProposer, DraftContext, Drafter, DraftTree, Feedback
 from env.engine import Arm, Sampling, StepResult
 from env.model import LoadedModel, ModelError
 from env.target import check_prompt, eos_ids
@@ -375,17 +375,48 @@ class BatchEngine:
     def retire(self, row: Row) -> None:
         self.target.retire(row)
 
-    def propose(self, row: Row, arm: Arm) -> DraftTree:
-        """The row's tree for ``arm`` (the root alone for no draft, or when the context is nearly full)."""
-        root = row.tokens[-1]
-        if arm.drafter is None or arm.shape.depth == 0:
-            return DraftTree.root_only(root)
-        drafter = row.drafters.get(arm.drafter)
+    def _drafter(self, row: Row, arm: Arm) -> Drafter:
+        drafter = row.drafters.get(arm.drafter)  # type: ignore[arg-type]
         if drafter is None:
             known = ", ".join(sorted(row.drafters)) or "(none)"
             raise KeyError(f"arm {arm.name} needs drafter {arm.drafter!r}; the row's drafters: {known}")
-        tree = drafter.propose(row.ctx, arm.shape)
-        return tree if tree.num_nodes <= self.target.room(row) else DraftTree.root_only(root)
+        return drafter
+
+    def propose(
+        self, arms: list[Arm], given: list[DraftTree | None] | None = None
+    ) -> tuple[list[DraftTree], list[float]]:
+        """Every row's tree for its arm (``given[i]``: a tree already made for row i), and each row's drafting
+        seconds. Rows whose drafter batches (``drafters.BatchProposer``) are drafted in one call per drafter kind;
+        a row gets the root alone for no draft, or when its context is nearly full."""
+        rows = self.target.rows
+        trees: list[DraftTree | None] = list(given) if given is not None else [None] * len(rows)
+        draft_s = [0.0] * len(rows)
+        groups: dict[type, list[int]] = {}
+        for i, (row, arm) in enumerate(zip(rows, arms)):
+            if trees[i] is not None:
+                continue
+            if arm.drafter is None or arm.shape.depth == 0:
+                trees[i] = DraftTree.root_only(row.tokens[-1])
+                continue
+            d = self._drafter(row, arm)
+            if isinstance(d, BatchProposer):
+                groups.setdefault(type(d), []).append(i)
+                continue
+            t0 = time.perf_counter()
+            trees[i] = d.propose(row.ctx, arm.shape)
+            draft_s[i] = time.perf_counter() - t0
+        for idx in groups.values():
+            t0 = time.perf_counter()
+            items = [(rows[i].drafters[arms[i].drafter], rows[i].ctx, arms[i].shape) for i in idx]
+            for i, tree in zip(idx, items[0][0].propose_batch(items)):
+                trees[i] = tree
+            share = (time.perf_counter() - t0) / len(idx)
+            for i in idx:
+                draft_s[i] = share
+        for i, row in enumerate(rows):
+            if trees[i].num_nodes > self.target.room(row):  # type: ignore[union-attr]
+                trees[i] = DraftTree.root_only(row.tokens[-1])
+        return trees, draft_s  # type: ignore[return-value]
 
     def verify(self, arms: list[Arm], trees: list[DraftTree], draft_s: list[float]) -> list[StepResult]:
         """One forward over every row's tree (``trees[i]`` for ``target.rows[i]``), verify, commit, feedback.
@@ -420,9 +451,5 @@ class BatchEngine:
 
     def step(self, arms: list[Arm]) -> list[StepResult]:
         """Draft with ``arms[i]`` for ``target.rows[i]``, then ``verify``."""
-        trees, draft_s = [], []
-        for row, arm in zip(self.target.rows, arms):
-            t0 = time.perf_counter()
-            trees.append(self.propose(row, arm))
-            draft_s.append(time.perf_counter() - t0)
+        trees, draft_s = self.propose(list(arms))
         return self.verify(list(arms), trees, draft_s)

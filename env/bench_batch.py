@@ -3,7 +3,12 @@ forward of B rows x 1 token on a ``DynamicCache`` of ``--context`` tokens per ro
 itself costs), and one autoregressive step of ``env.batch.BatchEngine`` over B rows of the same context (the ragged
 cache, masks, verification, commit); prints the medians and the engine's share of the raw bound.
 
-    python -m env.bench_batch --rows 1,4,8,16 --context 300 --dtype bf16
+With ``--serve N``, also AR served end to end at each concurrency C = B (closed loop, ``N * C`` requests whose
+prompts average ``--context`` minus half the answer, so that rows average ``--context`` tokens while they
+decode): goodput over the whole run (prefills and the final drain included) and over the decode steps alone,
+against the raw bound ``C / c(B=C, q=1)``.
+
+    python -m env.bench_batch --rows 1,4,8,16 --context 300 --dtype bf16 --serve 4
 """
 
 from __future__ import annotations
@@ -16,17 +21,22 @@ import time
 import torch
 
 
-def _median_ms(fn, reps: int) -> float:
-    fn()  # warm-up
-    times = []
+def _interleaved_ms(fns, reps: int) -> list[float]:
+    """Median ms of each function, timed in turn within every repetition (a drift of the machine's speed hits
+    them alike)."""
+    for fn in fns:
+        fn()  # warm-up
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [1e3 * statistics.median(ts) for ts in times]
 
 
-def raw_forward_ms(loaded, rows: int, context: int, reps: int) -> float:
+def raw_forward(loaded, rows: int, context: int):
+    """One bare Hugging Face forward of ``rows`` x 1 token over a ``DynamicCache`` of ``context`` tokens."""
     from transformers import DynamicCache
 
     model = loaded.model
@@ -34,17 +44,19 @@ def raw_forward_ms(loaded, rows: int, context: int, reps: int) -> float:
     with torch.no_grad():
         cache = DynamicCache(config=model.config)
         model(input_ids=ids.to(loaded.device), cache=cache, use_cache=True)
-        nxt = torch.randint(100, 1000, (rows, 1)).to(loaded.device)
-        pos = torch.full((rows, 1), context, device=loaded.device)
+    nxt = torch.randint(100, 1000, (rows, 1)).to(loaded.device)
+    pos = torch.full((rows, 1), context, device=loaded.device)
 
-        def step():
-            model(input_ids=nxt, position_ids=pos, cache=cache, use_cache=True)
-            cache.crop(-1)
+    @torch.no_grad()
+    def step():
+        model(input_ids=nxt, position_ids=pos, cache=cache, use_cache=True)
+        cache.crop(-1)
 
-        return _median_ms(step, reps)
+    return step
 
 
-def engine_step_ms(loaded, rows: int, context: int, reps: int) -> float:
+def engine_step(loaded, rows: int, context: int):
+    """One AR step of the engine over ``rows`` rows of ``context`` tokens (put back after each call)."""
     from env.batch import BatchEngine
     from env.engine import NO_DRAFT
 
@@ -60,7 +72,30 @@ def engine_step_ms(loaded, rows: int, context: int, reps: int) -> float:
             r.tokens.pop()
             eng.target.cache.lens[r.slot] -= 1
 
-    return _median_ms(step, reps)
+    return step
+
+
+def serve_ar(loaded, rows: int, context: int, per_row: int, max_new_tokens: int, seed: int = 0) -> dict:
+    """AR served closed-loop at concurrency ``rows`` over ``per_row * rows`` requests (see the module docstring)."""
+    from env.batch import BatchEngine
+    from env.engine import NO_DRAFT
+    from env.serving import Request, ServeLog, serve
+
+    g = torch.Generator().manual_seed(seed)
+    mean_prompt = max(context - max_new_tokens // 2, 8)
+    lo, hi = max(mean_prompt - 64, 4), mean_prompt + 64
+    reqs = []
+    for i in range(per_row * rows):
+        n = int(torch.randint(lo, hi + 1, (1,), generator=g))
+        ids = torch.randint(100, 20000, (n,), generator=g).tolist()
+        reqs.append(Request(str(i), ids, NO_DRAFT, max_new_tokens))
+    log = ServeLog()
+    t0 = time.perf_counter()
+    out = serve(BatchEngine(loaded, max_rows=rows), reqs, concurrency=rows, log=log)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o.token_ids) for o in out)
+    return {"requests": len(reqs), "tokens": tokens, "wall_s": wall, "goodput": tokens / wall,
+            "decode_goodput": log.step_tokens / log.step_s, **log.as_dict()}  # fmt: skip
 
 
 def main() -> None:
@@ -70,6 +105,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
+    ap.add_argument("--serve", type=int, default=0, help="also serve AR end to end: N requests per row")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--json", default=None, help="write the rows to this file")
     args = ap.parse_args()
     from env.cost import machine_info
@@ -77,12 +114,24 @@ def main() -> None:
 
     loaded = load_model(dtype=args.dtype, device="cpu")
     out = []
-    print(f"{'rows':>5}{'raw ms':>9}{'engine ms':>11}{'engine / raw':>14}")
+    print(f"{'rows':>5}{'raw ms':>9}{'engine ms':>11}{'raw / engine':>14}")
     for b in [int(x) for x in args.rows.split(",")]:
-        raw = raw_forward_ms(loaded, b, args.context, args.reps)
-        eng = engine_step_ms(loaded, b, args.context, args.reps)
+        raw, eng = _interleaved_ms([raw_forward(loaded, b, args.context), engine_step(loaded, b, args.context)],
+                                   args.reps)  # fmt: skip
         out.append({"rows": b, "context": args.context, "raw_ms": raw, "engine_ms": eng, "share": raw / eng})
-        print(f"{b:>5}{raw:>9.1f}{eng:>11.1f}{raw / eng:>14.2f}")
+        print(f"{b:>5}{raw:>9.1f}{eng:>11.1f}{raw / eng:>14.2f}", flush=True)
+    if args.serve:
+        print(f"\nAR served, closed loop, {args.serve} requests per row, {args.max_new_tokens} new tokens")
+        print(f"{'C':>4}{'bound tok/s':>13}{'goodput':>9}{'/ bound':>9}{'decode':>8}{'/ bound':>9}"
+              f"{'mean B':>8}{'prefill %':>11}")  # fmt: skip
+        for r in out:
+            b = r["rows"]
+            sv = serve_ar(loaded, b, args.context, args.serve, args.max_new_tokens)
+            bound = 1e3 * b / r["raw_ms"]
+            r["serve"] = {**sv, "bound_tok_s": bound}
+            print(f"{b:>4}{bound:>13.1f}{sv['goodput']:>9.1f}{sv['goodput'] / bound:>9.2f}"
+                  f"{sv['decode_goodput']:>8.1f}{sv['decode_goodput'] / bound:>9.2f}{sv['mean_batch']:>8.1f}"
+                  f"{100 * sv['prefill_s'] / sv['wall_s']:>11.0f}", flush=True)  # fmt: skip
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"rows": out, "dtype": str(loaded.dtype), "machine": machine_info()}, fh, indent=2)

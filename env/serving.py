@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from drafters import make_drafter
+from drafters import Drafter, Forkable, make_drafter
 from env.batch import BatchEngine
 from env.engine import Arm
 from env.step import Seq, Stepper
@@ -57,6 +57,28 @@ class Served:
 
 
 @dataclass
+class ServeLog:
+    """Where a run's time went: prefills on admission, batch steps (draft, forward, verify, commit), the rows
+    those steps carried, and the tokens they committed (first tokens from prefill excluded)."""
+
+    prefill_s: float = 0.0
+    prefills: int = 0
+    step_s: float = 0.0
+    steps: int = 0
+    row_steps: int = 0  # sum over steps of the rows in the batch
+    step_tokens: int = 0
+
+    @property
+    def mean_batch(self) -> float:
+        return self.row_steps / self.steps if self.steps else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["mean_batch"] = self.mean_batch
+        return out
+
+
+@dataclass
 class _Flight:
     req: Request
     seq: Seq
@@ -94,21 +116,34 @@ def serve(
     drafter_options: dict[str, dict[str, object]] | None = None,
     on_finish: Callable[[Served], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    log: ServeLog | None = None,
 ) -> list[Served]:
     """Serve ``requests`` (arrival times in ``arrival_s``) with continuous batching. Closed loop when
     ``concurrency`` is given (at most that many in flight, arrival times ignored: the next one enters as soon as
     one leaves), open loop otherwise (a request enters at its arrival time, or later when the batch is full).
-    Each request gets drafter instances of its own (its arm's drafter)."""
+    Each request gets drafter instances of its own (its arm's drafter); ``log`` collects where the time went."""
     check_load(requests, concurrency=concurrency, max_batch=max_batch, kv_budget=kv_budget)
     limit = min(max_batch, concurrency or max_batch, engine.target.max_rows)
     menu = list(dict.fromkeys(r.arm for r in requests))
     index = {a: i for i, a in enumerate(menu)}
     stepper = Stepper(engine, menu)
     options = drafter_options or {}
+    loaded_once: dict[
+        str, Drafter
+    ] = {}  # per drafter name: the first request's, whose weights later ones share
+
+    def drafter_for(name: str) -> Drafter:
+        first = loaded_once.get(name)
+        if first is None:
+            first = loaded_once[name] = make_drafter(name, **options.get(name, {}))
+            return first
+        return first.fork() if isinstance(first, Forkable) else make_drafter(name, **options.get(name, {}))
+
     queue = deque(sorted(requests, key=lambda r: r.arrival_s))
     flights: dict[int, _Flight] = {}  # by id(seq)
     done: list[Served] = []
     reserved = 0
+    log = log if log is not None else ServeLog()
     t0 = clock()
 
     def now() -> float:
@@ -136,8 +171,11 @@ def serve(
             req = queue.popleft()
             arrival = now() if concurrency is not None else req.arrival_s
             d = req.arm.drafter
-            drafters = {} if d is None else {d: make_drafter(d, **options.get(d, {}))}
+            drafters = {} if d is None else {d: drafter_for(d)}
+            a = clock()
             seq = stepper.start(req.prompt_ids, req.max_new_tokens, drafters)
+            log.prefill_s += clock() - a
+            log.prefills += 1
             reserved += req.reservation
             f = flights[id(seq)] = _Flight(
                 req, seq, Served(req.rid, req.arm.name, arrival_s=arrival, first_token_s=now())
@@ -149,7 +187,12 @@ def serve(
                 time.sleep(max(0.0, min(queue[0].arrival_s - now(), 0.05)))
             continue
         live = [flights[id(s)] for s in stepper.seqs]
-        stepper.step([index[f.req.arm] for f in live])
+        a = clock()
+        outcomes = stepper.step([index[f.req.arm] for f in live])
+        log.step_s += clock() - a
+        log.steps += 1
+        log.row_steps += len(live)
+        log.step_tokens += sum(len(o.tokens) for o in outcomes)
         for f in sorted(
             live, key=lambda f: -f.seq.row.slot
         ):  # the last slots first: packing moves fewer rows

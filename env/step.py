@@ -179,30 +179,22 @@ class Stepper:
                                    seq.max_new_tokens, props, hist=seq.hist)  # fmt: skip
         return obs.clip(self.builder.low, self.builder.high)
 
-    def _tree(self, seq: Seq, arm: Arm) -> DraftTree:
-        if arm.drafter is not None and seq._root_at == len(seq.row.tokens) and arm.drafter in seq._proposals:
-            d = seq.row.drafters[arm.drafter]
-            if _fits(arm.shape, largest_shape(d)):
-                tree = prune(seq._proposals[arm.drafter], arm.shape)
-                if tree.num_nodes <= self.engine.target.room(seq.row):
-                    return tree
-                return DraftTree.root_only(seq.row.tokens[-1])
-        return self.engine.propose(seq.row, arm)
+    def _cached(self, seq: Seq, arm: Arm) -> DraftTree | None:
+        """The tree for ``arm`` cut from this root's proposal, when the drafter already proposed here."""
+        if arm.drafter is None or seq._root_at != len(seq.row.tokens) or arm.drafter not in seq._proposals:
+            return None
+        if not _fits(arm.shape, largest_shape(seq.row.drafters[arm.drafter])):
+            return None
+        return prune(seq._proposals[arm.drafter], arm.shape)
 
     def step(self, choices: Sequence[int]) -> list[Outcome]:
         """One step of every live sequence (``choices[i]``: the arm index of ``seqs[i]``)."""
-        import time
-
         if len(choices) != len(self.seqs):
             raise ValueError(f"{len(self.seqs)} sequences but {len(choices)} choices")
         if any(s.done for s in self.seqs):
             raise ValueError("a finished sequence is still in the batch: retire it before the next step")
         arms = [self.arms[int(c)] for c in choices]
-        trees, draft_s = [], []
-        for seq, arm in zip(self.seqs, arms):
-            t0 = time.perf_counter()
-            trees.append(self._tree(seq, arm))
-            draft_s.append(time.perf_counter() - t0)
+        trees, draft_s = self.engine.propose(arms, [self._cached(s, a) for s, a in zip(self.seqs, arms)])
         contexts = [s.context for s in self.seqs]
         results = self.engine.verify(arms, trees, draft_s)
         out = []
