@@ -131,6 +131,20 @@ class Row:
         return len(self.tokens) - 1
 
 
+@dataclass
+class Prefill:
+    """A prompt being prefilled into a cache of its own (``BatchTarget.begin_prefill``), ``done`` tokens so far."""
+
+    prompt_ids: list[int]
+    cache: RaggedCache
+    done: int = 0
+    hidden: list[torch.Tensor] = field(default_factory=list)  # final hidden states of each chunk
+
+    @property
+    def finished(self) -> bool:
+        return self.done == len(self.prompt_ids)
+
+
 class RowKV:
     """Row ``row``'s entries in the ragged cache as a ``drafters.KVView`` (``[1, kv_heads, capacity, dim]`` per
     layer); follows the row when it moves to another slot."""
@@ -215,17 +229,19 @@ class BatchTarget:
         allowed: torch.Tensor | None,
         lens: list[int],
         first: int = 0,
+        cache: RaggedCache | None = None,
     ) -> torch.Tensor:
-        """Rows ``first .. first+B-1``: ids, pos [B, q]; allowed: bool [B, q, q] (node i may see node j), None for
+        """Rows ``first .. first+B-1`` of ``cache`` (default: the batch's): ids, pos [B, q]; allowed: bool [B, q, q] (node i may see node j), None for
         causal over the new nodes; returns hidden [B, q, H].
 
         One row under causal attention (a plain token, a chain, a prefill) is what Hugging Face decodes itself:
         the model builds its own mask from the cache's sizes, as it would over a ``DynamicCache``, so a batch of
         one computes exactly what ``generate`` computes (bf16 included). Otherwise each row gets its own mask:
         its committed positions, and of this step's nodes its tree ancestors and itself."""
+        cache = self.cache if cache is None else cache
         b, q = ids.shape
         span = max(lens) + q
-        self.cache.grow(span)
+        cache.grow(span)
         dev = self.device
         base = torch.tensor(lens, device=dev)[:, None]
         slots = base + torch.arange(q, device=dev)[None]  # [B, q] where the nodes go
@@ -244,33 +260,53 @@ class BatchTarget:
             mask = torch.zeros(b, 1, q, span, dtype=self.dtype, device=dev)
             mask.masked_fill_(~see[:, None], torch.finfo(self.dtype).min)
         rows_idx = torch.arange(first, first + b, device=dev)[:, None].expand(b, q)
-        self.cache._write = _Write(rows_idx, slots, first, first + b, span, lens[0])
+        cache._write = _Write(rows_idx, slots, first, first + b, span, lens[0])
         try:
             out = self.model.model(
                 input_ids=ids.to(dev), attention_mask=mask, position_ids=pos.to(dev),
-                cache=self.cache, use_cache=True,
+                cache=cache, use_cache=True,
             )  # fmt: skip
         finally:
-            self.cache._write = None
+            cache._write = None
         return out.last_hidden_state
 
-    def admit(self, prompt_ids: list[int]) -> tuple[Row, torch.Tensor]:
-        """Prefill ``prompt_ids`` (whole prompt, one forward) into the next free slot, which the other rows take
-        no part in; returns the row and the prompt's final hidden states [P, H] (the last predicts its first new
-        token: the caller appends it, it becomes the root)."""
+    def begin_prefill(self, prompt_ids: list[int]) -> Prefill:
+        """A prompt to prefill, chunk by chunk (``prefill_chunk``), into a one-row cache of its own: the rows of
+        the batch take no part in it and may step in between."""
         check_prompt(prompt_ids, self.max_context)
+        c = self.cache
+        own = RaggedCache(c.n_layers, 1, c.kv_heads, c.head_dim, self.dtype, self.device)
+        return Prefill(list(prompt_ids), own)
+
+    def prefill_chunk(self, pf: Prefill, chunk: int | None = None) -> bool:
+        """Run the next ``chunk`` prompt tokens (None: all that are left); True when the prompt is done."""
+        a = pf.done
+        b = len(pf.prompt_ids) if chunk is None else min(len(pf.prompt_ids), a + chunk)
+        ids = torch.tensor([pf.prompt_ids[a:b]], dtype=torch.long)
+        pf.hidden.append(self._forward(ids, torch.arange(a, b)[None], None, [a], cache=pf.cache)[0])
+        pf.cache.lens[0] = pf.done = b
+        return pf.finished
+
+    def admit(self, pf: Prefill) -> tuple[Row, torch.Tensor]:
+        """Move a finished prefill into the next free slot; returns the row and the prompt's final hidden states
+        [P, H] (the last predicts its first new token: the caller appends it, it becomes the root)."""
+        if not pf.finished:
+            raise RuntimeError("the prompt is not prefilled yet")
         if len(self.rows) >= self.max_rows:
             raise RuntimeError("no free row slot")  # the scheduler admits only when a slot is free
-        slot = len(self.rows)
-        p = len(prompt_ids)
-        ids = torch.tensor([prompt_ids], dtype=torch.long)
-        hidden = self._forward(ids, torch.arange(p)[None], None, [0], first=slot)[0]
+        slot, p = len(self.rows), len(pf.prompt_ids)
+        self.cache.grow(p)
+        for store, own in ((self.cache.k, pf.cache.k), (self.cache.v, pf.cache.v)):
+            for t, o in zip(store, own):
+                t[slot, :, :p] = o[0, :, :p]
         self.cache.lens[slot] = p
-        row = Row(tokens=list(prompt_ids), prompt_len=p, ctx=None, slot=slot)  # type: ignore[arg-type]
+        hidden = pf.hidden[0] if len(pf.hidden) == 1 else torch.cat(pf.hidden)
+        row = Row(tokens=list(pf.prompt_ids), prompt_len=p, ctx=None, slot=slot)  # type: ignore[arg-type]
         row.last_hidden = hidden[-1]
         with torch.no_grad():
             row.last_logits = self.model.lm_head(hidden[-1])
         self.rows.append(row)
+        pf.cache = None  # type: ignore[assignment]  # its entries live in the slot now
         return row, hidden
 
     def retire(self, row: Row) -> None:
@@ -354,10 +390,24 @@ class BatchEngine:
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, generator=self.generator,
         )  # fmt: skip
 
-    def admit(self, prompt_ids: list[int], drafters: Mapping[str, Drafter]) -> tuple[Row, int]:
-        """Prefill a new row and pick its first token; ``drafters``: the row's drafter instances by name (reset
-        here for this sequence: a drafter instance serves one row at a time)."""
-        row, hidden = self.target.admit(prompt_ids)
+    def begin_prefill(self, prompt_ids: list[int]) -> Prefill:
+        return self.target.begin_prefill(prompt_ids)
+
+    def prefill_chunk(self, pf: Prefill, chunk: int | None = None) -> bool:
+        return self.target.prefill_chunk(pf, chunk)
+
+    def admit(
+        self, prompt_ids: list[int], drafters: Mapping[str, Drafter], prefill: Prefill | None = None
+    ) -> tuple[Row, int]:
+        """Prefill a new row (whole, or ``prefill``: one already prefilled chunk by chunk) and pick its first
+        token; ``drafters``: the row's drafter instances by name (reset here for this sequence: a drafter
+        instance serves one row at a time)."""
+        if prefill is None:
+            prefill = self.begin_prefill(prompt_ids)
+            self.prefill_chunk(prefill)
+        elif prefill.prompt_ids != list(prompt_ids):
+            raise ValueError("the prefill is of another prompt")
+        row, hidden = self.target.admit(prefill)
         logits = row.last_logits
         root = DraftTree.root_only(prompt_ids[-1])
         v = self._verify(root.tokens[None], root.parents[None], logits[None, None], torch.tensor([1]))

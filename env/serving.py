@@ -1,7 +1,7 @@
 """Continuous batching over the batch-native engine (``env.batch``): requests arrive (open loop: arrival times, e.g.
 Poisson at a rate or a recorded trace; closed loop: a fixed number in flight), join the running batch at any step
-once a row slot and their KV reservation are free (whole prefill on admission), and leave at end of sequence or
-``max_new_tokens``; their slots are reused. A request that does not fit waits; nothing is killed for memory.
+once a row slot and their KV reservation are free (whole prefill on admission, or chunk by chunk between batch
+steps), and leave at end of sequence or ``max_new_tokens``; their slots are reused. A request that does not fit waits; nothing is killed for memory.
 
 Times are wall-clock seconds from the start of the run; per request: arrival, first token, finish, and the
 generated token ids.
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from drafters import Drafter, Forkable, make_drafter
-from env.batch import BatchEngine
+from env.batch import BatchEngine, Prefill
 from env.engine import Arm
 from env.step import Seq, Stepper
 
@@ -117,12 +117,17 @@ def serve(
     on_finish: Callable[[Served], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     log: ServeLog | None = None,
+    prefill_chunk: int | None = None,
 ) -> list[Served]:
     """Serve ``requests`` (arrival times in ``arrival_s``) with continuous batching. Closed loop when
     ``concurrency`` is given (at most that many in flight, arrival times ignored: the next one enters as soon as
     one leaves), open loop otherwise (a request enters at its arrival time, or later when the batch is full).
-    Each request gets drafter instances of its own (its arm's drafter); ``log`` collects where the time went."""
+    Each request gets drafter instances of its own (its arm's drafter); ``log`` collects where the time went.
+    ``prefill_chunk``: prefill the entering request ``prefill_chunk`` tokens at a time, one chunk between two
+    steps of the running batch (their time per output token stays bounded), instead of whole on admission."""
     check_load(requests, concurrency=concurrency, max_batch=max_batch, kv_budget=kv_budget)
+    if prefill_chunk is not None and prefill_chunk < 1:
+        raise ServeError(f"the prefill chunk must be >= 1 token, got {prefill_chunk}")
     limit = min(max_batch, concurrency or max_batch, engine.target.max_rows)
     menu = list(dict.fromkeys(r.arm for r in requests))
     index = {a: i for i, a in enumerate(menu)}
@@ -130,7 +135,7 @@ def serve(
     options = drafter_options or {}
     loaded_once: dict[
         str, Drafter
-    ] = {}  # per drafter name: the first request's, whose weights later ones share
+    ] = {}  # per drafter name: the first request's; later ones share its weights
 
     def drafter_for(name: str) -> Drafter:
         first = loaded_once.get(name)
@@ -144,6 +149,7 @@ def serve(
     done: list[Served] = []
     reserved = 0
     log = log if log is not None else ServeLog()
+    pending: tuple[Request, Prefill, float] | None = None  # the request being prefilled chunk by chunk
     t0 = clock()
 
     def now() -> float:
@@ -161,29 +167,54 @@ def serve(
         if on_finish is not None:
             on_finish(f.out)
 
-    while queue or flights:
-        while (
+    def can_enter() -> bool:
+        busy = len(flights) + (pending is not None)
+        return bool(
             queue
-            and len(flights) < limit
+            and busy < limit
             and (concurrency is not None or queue[0].arrival_s <= now())
             and reserved + queue[0].reservation <= kv_budget
-        ):
-            req = queue.popleft()
-            arrival = now() if concurrency is not None else req.arrival_s
-            d = req.arm.drafter
-            drafters = {} if d is None else {d: drafter_for(d)}
-            a = clock()
-            seq = stepper.start(req.prompt_ids, req.max_new_tokens, drafters)
-            log.prefill_s += clock() - a
-            log.prefills += 1
-            reserved += req.reservation
-            f = flights[id(seq)] = _Flight(
-                req, seq, Served(req.rid, req.arm.name, arrival_s=arrival, first_token_s=now())
-            )
-            if seq.done:
-                finish(f)
+        )
+
+    def enter(req: Request, arrival: float, pf: Prefill | None) -> None:
+        d = req.arm.drafter
+        drafters = {} if d is None else {d: drafter_for(d)}
+        seq = stepper.start(req.prompt_ids, req.max_new_tokens, drafters, prefill=pf)
+        f = flights[id(seq)] = _Flight(
+            req, seq, Served(req.rid, req.arm.name, arrival_s=arrival, first_token_s=now())
+        )
+        if seq.done:
+            finish(f)
+
+    while queue or flights or pending:
+        if prefill_chunk is None:  # whole prefill on admission, as many as may enter
+            while can_enter():
+                req = queue.popleft()
+                arrival = now() if concurrency is not None else req.arrival_s
+                reserved += req.reservation
+                a = clock()
+                enter(req, arrival, None)
+                log.prefill_s += clock() - a
+                log.prefills += 1
+        else:  # one request prefills at a time, one chunk between two steps of the batch
+            if pending is None and can_enter():
+                req = queue.popleft()
+                reserved += req.reservation
+                pending = (
+                    req,
+                    engine.begin_prefill(req.prompt_ids),
+                    now() if concurrency is not None else req.arrival_s,
+                )
+            if pending is not None:
+                req, pf, arrival = pending
+                a = clock()
+                if engine.prefill_chunk(pf, prefill_chunk):
+                    pending = None
+                    enter(req, arrival, pf)
+                    log.prefills += 1
+                log.prefill_s += clock() - a
         if not flights:
-            if queue:  # open loop, idle until the next arrival
+            if queue and pending is None:  # open loop, idle until the next arrival
                 time.sleep(max(0.0, min(queue[0].arrival_s - now(), 0.05)))
             continue
         live = [flights[id(s)] for s in stepper.seqs]

@@ -19,7 +19,7 @@ import numpy as np
 
 from drafters import Drafter, DraftTree, TreeShape
 from drafters.trees import prune
-from env.batch import BatchEngine, Row
+from env.batch import BatchEngine, Prefill, Row
 from env.cost import CostModel
 from env.engine import Arm, StepResult
 from env.features import FeatureSpec, ObservationBuilder, history_init
@@ -143,9 +143,16 @@ class Stepper:
     def eos(self) -> frozenset[int]:
         return self.engine.target.eos_ids
 
-    def start(self, prompt_ids: list[int], max_new_tokens: int, drafters: Mapping[str, Drafter]) -> Seq:
-        """Prefill a new sequence and pick its first token; it may be done at once (``seq.done``)."""
-        row, first = self.engine.admit(prompt_ids, drafters)
+    def start(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        drafters: Mapping[str, Drafter],
+        prefill: Prefill | None = None,
+    ) -> Seq:
+        """Prefill a new sequence (or take ``prefill``, done chunk by chunk) and pick its first token; it may be
+        done at once (``seq.done``)."""
+        row, first = self.engine.admit(prompt_ids, drafters, prefill)
         k = len(self.arms)
         seq = Seq(row, max_new_tokens, [first], hist=history_init(1, k))
         self.seqs.append(seq)

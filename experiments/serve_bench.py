@@ -5,7 +5,8 @@ Methods: ``ar`` (our engine, no draft), arm names (``ngram-d4``, ``recycling-d3-
 (the arms given to the requests in turn, so one batch holds rows with different arms) and ``hf_batch`` (Hugging
 Face ``generate`` on left-padded batches of ``concurrency`` prompts, wave after wave: the static-batching peer).
 Closed loop by default (``concurrency`` requests in flight); ``--rate R``: open loop, Poisson arrivals at R
-requests/s, at most ``concurrency`` in the batch.
+requests/s, at most ``concurrency`` in the batch; ``--arrivals FILE``: open loop from a recorded arrival trace.
+``--prefill-chunk N``: entering requests are prefilled N tokens at a time between batch steps.
 
 Per method and load: goodput (committed tokens/s over all requests, ``env.metrics.goodput``), time per output token
 (mean, p50, p99), time to first token (p50), τ, and speedup over ``ar`` at the same load. ``OUT/cells.jsonl`` gets
@@ -67,7 +68,9 @@ def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def summarize_cell(method: str, level: int, served: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize_cell(
+    method: str, level: int, served: list[dict[str, Any]], log: dict[str, Any] | None = None
+) -> dict[str, Any]:
     from env.metrics import goodput, tau, tpot
 
     tokens = [len(s["token_ids"]) for s in served]
@@ -89,6 +92,8 @@ def summarize_cell(method: str, level: int, served: list[dict[str, Any]]) -> dic
         "tpot_ms_p99": None if not tpots else 1e3 * _pct(tpots, 99),
         "ttft_ms_p50": None if not ttfts else 1e3 * _pct(ttfts, 50),
         "tau": tau(sum(tokens), steps) if steps else None,
+        "mean_batch": None if log is None else log["mean_batch"],  # rows per batch step (hf_batch: none)
+        "prefill_s": None if log is None else log["prefill_s"],  # time spent prefilling on admission
     }
 
 
@@ -131,22 +136,28 @@ def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[d
     from dataclasses import asdict
 
     from env.batch import BatchEngine
-    from env.serving import Request, poisson_arrivals, serve
+    from env.serving import Request, ServeLog, poisson_arrivals, serve
 
     if method == HF_BATCH:
-        return run_hf_batch(loaded, prompts, rids, level, args.max_new_tokens)
+        return run_hf_batch(loaded, prompts, rids, level, args.max_new_tokens), None
     arms = method_arms(method)
-    arrivals = poisson_arrivals(len(prompts), args.rate, args.seed) if args.rate else [0.0] * len(prompts)
+    if args.arrivals:
+        arrivals = args.arrival_times
+    elif args.rate:
+        arrivals = poisson_arrivals(len(prompts), args.rate, args.seed)
+    else:
+        arrivals = [0.0] * len(prompts)
+    open_loop = bool(args.rate or args.arrivals)
     reqs = [Request(r, p, arms[i % len(arms)], args.max_new_tokens, arrivals[i])
             for i, (r, p) in enumerate(zip(rids, prompts))]  # fmt: skip
     rows = min(args.max_batch or level, level)
     engine = engine_cache.get(rows)
     if engine is None:
         engine = engine_cache[rows] = BatchEngine(loaded, max_rows=rows)
-    served = serve(
-        engine, reqs, concurrency=None if args.rate else level, max_batch=rows, kv_budget=args.kv_budget
-    )
-    return [asdict(s) for s in served]
+    log = ServeLog()
+    served = serve(engine, reqs, concurrency=None if open_loop else level, max_batch=rows, kv_budget=args.kv_budget,
+                   prefill_chunk=args.prefill_chunk, log=log)  # fmt: skip
+    return [asdict(s) for s in served], log.as_dict()
 
 
 def load_cells(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
@@ -184,9 +195,12 @@ def cmd_serve_bench(args: Any) -> int:
         method_arms(m)  # bad names fail before the model loads
     if args.rate is not None and args.rate <= 0:
         raise ServeError(f"--rate must be > 0 requests/s, got {args.rate}")
+    if args.rate is not None and args.arrivals:
+        raise UserError("--rate and --arrivals both set the arrivals; give one")
     prompts = load_workload(args.workload, per_category=args.per_category)
     if args.limit:
         prompts = prompts[: args.limit]
+    args.arrival_times = read_arrivals(args.arrivals, len(prompts)) if args.arrivals else None
     out = output_dir(args.out or "runs/serve-bench")
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     ids = [chat_prompt(loaded.tokenizer, p.text) for p in prompts]
@@ -203,7 +217,8 @@ def cmd_serve_bench(args: Any) -> int:
         "model": loaded.model_id, "dtype": str(loaded.dtype).removeprefix("torch."), "device": str(loaded.device),
         "workload": args.workload or "builtin", "per_category": args.per_category, "requests": len(prompts),
         "max_new_tokens": args.max_new_tokens, "concurrency": levels, "rate": args.rate, "methods": methods,
-        "max_batch": args.max_batch, "kv_budget": args.kv_budget, "loop": "open" if args.rate else "closed",
+        "max_batch": args.max_batch, "kv_budget": args.kv_budget, "arrivals": args.arrivals,
+        "prefill_chunk": args.prefill_chunk, "loop": "open" if args.rate or args.arrivals else "closed",
         "command": " ".join(["draftgym", *sys.argv[1:]]),
     }  # fmt: skip
     cells_path = out / "cells.jsonl"
@@ -212,13 +227,19 @@ def cmd_serve_bench(args: Any) -> int:
     engines: dict[int, Any] = {}
     if todo:  # warm-up, untimed: the first call of each method pays for lazy initialisation
         warm = args.__class__(**{**vars(args), "max_new_tokens": 4, "rate": None})
+        warm.arrivals, warm.arrival_times = None, None
         for m in dict.fromkeys(m for m, _ in todo):
             run_cell(loaded, m, 1, ids[:1], rids[:1], warm, engines)
     bar = tqdm(total=len(levels) * len(methods), initial=len(cells), desc="serve-bench", disable=args.json)
     with cells_path.open("a") as fh:
         for m, c in todo:
-            served = run_cell(loaded, m, c, ids, rids, args, engines)
-            cell = {"method": m, "concurrency": c, "served": served, "summary": summarize_cell(m, c, served)}
+            served, log = run_cell(loaded, m, c, ids, rids, args, engines)
+            cell = {
+                "method": m,
+                "concurrency": c,
+                "served": served,
+                "summary": summarize_cell(m, c, served, log),
+            }
             fh.write(json.dumps(cell) + "\n")
             fh.flush()
             cells[(m, c)] = cell
@@ -263,6 +284,35 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def read_arrivals(path: str, n: int) -> list[float]:
+    """A recorded arrival trace: one arrival time (seconds from the start, non-decreasing) per line, the i-th for
+    the i-th request; at least as many as there are requests."""
+    from experiments.errors import UserError, describe_os_error
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(
+            f"--arrivals {path}: {describe_os_error(err) if isinstance(err, OSError) else 'not UTF-8 text'}"
+        ) from None
+    times = []
+    for k, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            t = float(line)
+        except ValueError:
+            raise UserError(
+                f"--arrivals {path}, line {k}: {line.strip()[:40]!r} is not a time in seconds"
+            ) from None
+        if not np.isfinite(t) or t < 0 or (times and t < times[-1]):
+            raise UserError(f"--arrivals {path}, line {k}: times must be finite, >= 0 and non-decreasing")
+        times.append(t)
+    if len(times) < n:
+        raise UserError(f"--arrivals {path} has {len(times)} arrival times for {n} requests")
+    return times[:n]
+
+
 def parse_levels(text: str) -> list[int]:
     from experiments.errors import UserError
 
@@ -289,6 +339,17 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--rate", type=float_in(0.0, 1e6, low_open=True), default=None,
                    help="open loop: Poisson arrivals at R requests/s (default: closed loop)")  # fmt: skip
+    p.add_argument(
+        "--arrivals",
+        default=None,
+        help="open loop from a recorded arrival trace: one time in seconds per line, per request",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=positive_int,
+        default=None,
+        help="prefill entering requests N tokens at a time between batch steps (default: whole)",
+    )
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma list: ar, hf_batch, arm names, mix(ARM,ARM,...)")  # fmt: skip
     p.add_argument("--max-new-tokens", type=new_tokens, default=128)

@@ -32,7 +32,9 @@ def test_one_forward_over_ragged_rows_equals_each_row_alone():
     trees = []
     shapes = [[-1], [-1, 0, 1, 2], [-1, 0, 0, 1, 2]]
     for p, par in zip(prompts, shapes):
-        row, _ = bt.admit(p)
+        pf = bt.begin_prefill(p)
+        bt.prefill_chunk(pf)
+        row, _ = bt.admit(pf)
         row.tokens.append(7)
         toks = torch.tensor([7] + [11 + i for i in range(len(par) - 1)])
         trees.append(DraftTree(tokens=toks, parents=torch.tensor(par)))
@@ -134,3 +136,24 @@ def test_embedded_model_mixed_arms_equal_hf_greedy(fp32_model):
     by_id = {o.rid: o for o in out}
     for r in reqs:
         assert by_id[r.rid].token_ids == hf_greedy(fp32_model, r.prompt_ids, 24), r.arm.name
+
+
+@pytest.mark.parametrize("chunk", [3, 8])
+def test_chunked_prefill_gives_each_request_its_greedy_tokens(chunk):
+    """Prompts prefilled a few tokens at a time, between steps of the running rows, decode exactly as a whole
+    prefill does; the running rows keep stepping while a prompt is prefilled."""
+    from env.serving import ServeLog
+
+    loaded = tiny_loaded()
+    arms = ["none", "ngram-d4", "recycling-d3-k2-b5", "ngram-d3-k2-b5", "none"]
+    prompts = _prompts(len(arms), seed=5)
+    reqs = [Request(str(i), p, parse_arm(a), 14) for i, (p, a) in enumerate(zip(prompts, arms))]
+    log = ServeLog()
+    out = serve(BatchEngine(loaded, max_rows=2), reqs, concurrency=2, prefill_chunk=chunk, log=log)
+    for r, o in zip(reqs, out):
+        assert o.token_ids == decode(loaded, None, r.prompt_ids, 14)[0], (r.arm.name, r.rid)
+    chunks = sum(-(-len(p) // chunk) for p in prompts)
+    assert log.prefills == len(reqs) and log.steps > 0
+    with pytest.raises(ServeError, match="prefill chunk must be >= 1"):
+        serve(BatchEngine(loaded, max_rows=2), reqs, concurrency=2, prefill_chunk=0)
+    assert chunks > len(reqs)  # the prompts did take several chunks each

@@ -46,3 +46,25 @@ def test_serve_bench_writes_the_documented_json_and_resumes(tmp_path, capsys):
     assert main(argv) == 0  # a rerun: every cell is done, nothing is served again
     assert (out / "cells.jsonl").read_text() == cells
     assert json.loads((out / "serve.json").read_text())["rows"] == data["rows"]
+
+
+def test_recorded_arrivals_and_chunked_prefill_serve_the_same_tokens(tmp_path, capsys):
+    """Open loop from an arrival trace, prompts prefilled 16 tokens at a time: the same greedy tokens as closed
+    loop with whole prefills; the settings and the time spent prefilling are in the JSON."""
+    arrivals = tmp_path / "arrivals.txt"
+    arrivals.write_text("0\n0.05\n0.3\n")
+    runs = {}
+    for name, extra in [("closed", []), ("open", ["--arrivals", str(arrivals), "--prefill-chunk", "16"])]:
+        out = tmp_path / name
+        argv = ["serve-bench", "--limit", "3", "--concurrency", "2", "--methods", "ar,ngram-d3", "--max-new-tokens",
+                "8", "--dtype", "fp32", "--out", str(out), "--json", *extra]  # fmt: skip
+        assert main(argv) == 0
+        runs[name] = json.loads((out / "serve.json").read_text())
+    s = runs["open"]["settings"]
+    assert s["loop"] == "open" and s["prefill_chunk"] == 16 and s["arrivals"] == str(arrivals)
+    assert all(r["prefill_s"] > 0 and r["mean_batch"] >= 1 for r in runs["open"]["rows"])
+
+    def tokens(run):
+        return sorted((q["method"], q["prompt_id"], tuple(q["token_ids"])) for q in run["requests"])
+
+    assert tokens(runs["open"]) == tokens(runs["closed"])
