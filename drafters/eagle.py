@@ -35,6 +35,7 @@ from drafters.heads import (
     load_head,
     load_state,
 )
+from drafters.lockstep import Growing, propose_lockstep
 from drafters.trees import TREE_BUILDERS, GrowingTree, tree_steps
 
 
@@ -212,47 +213,20 @@ class EagleDrafter:
         return self.propose_batch([(self, ctx, shape)])[0]
 
     def propose_batch(self, items: list[tuple[EagleDrafter, DraftContext, TreeShape]]) -> list[DraftTree]:
-        """Trees for several sequences (``(drafter, ctx, shape)``, one drafter per sequence), grown in lockstep:
-        per round, one head pass over the frontier nodes of every sequence that shares this drafter's head, and
-        one projection to the draft vocabulary. The same trees as proposing one at a time."""
-        out: list[DraftTree | None] = [None] * len(items)
-        live = {}
+        """Trees for several sequences (``(drafter, ctx, shape)``, one drafter per sequence), grown in lockstep
+        (``drafters.lockstep``): per round, one head pass over the frontier nodes of every sequence that shares
+        this drafter's head, and one projection to the draft vocabulary. The same trees as one at a time."""
+        grows: list[Growing | DraftTree] = []
         with torch.inference_mode():
-            for i, (d, ctx, shape) in enumerate(items):
+            for d, ctx, shape in items:
                 if shape.depth == 0 or d.head is None:
-                    out[i] = DraftTree.root_only(ctx.tokens[-1])
+                    grows.append(DraftTree.root_only(ctx.tokens[-1]))
                     continue
                 d._sync(ctx)
                 d._catch_up(ctx.tokens)
-                live[i] = _Growing(d, shape, tree_steps(d.tree, ctx.tokens[-1], shape, d.min_prob),
-                                   TreeSlots(d.kv.n), len(ctx.tokens) - 2)  # fmt: skip
-            for i, gr in list(live.items()):
-                gr.request = _advance(gr, None)
-                if gr.request is None:
-                    out[i] = gr.result
-                    del live[i]
-            while live:
-                by_head: dict[int, list[int]] = {}
-                for i, gr in live.items():
-                    by_head.setdefault(id(gr.d.head), []).append(i)
-                for idx in by_head.values():
-                    grows = [live[i] for i in idx]
-                    feats = _head_pass(grows)
-                    d0 = grows[0].d
-                    lp = torch.log_softmax((torch.cat(feats) @ d0.w_draft.T).float(), dim=-1)
-                    top_lp, top_i = lp.topk(max(max(g.shape.topk, 1) for g in grows), dim=-1)
-                    top_i = d0.d2t[top_i]
-                    at = 0
-                    for i, gr, f in zip(idx, grows, feats):
-                        n, k = f.shape[0], max(gr.shape.topk, 1)
-                        for u, feat in zip(gr.request[0], f):
-                            gr.feats[u] = feat
-                        gr.request = _advance(gr, (top_lp[at : at + n, :k], top_i[at : at + n, :k]))
-                        at += n
-                        if gr.request is None:
-                            out[i] = gr.result
-                            del live[i]
-        return out  # type: ignore[return-value]
+                steps = tree_steps(d.tree, ctx.tokens[-1], shape, d.min_prob)
+                grows.append(Growing(d, shape, steps, slots=TreeSlots(d.kv.n), base=len(ctx.tokens) - 2))
+            return propose_lockstep(grows, _head_pass)
 
     # ---- internals ----
     def _catch_up(self, tokens: list[int]) -> None:
@@ -274,28 +248,7 @@ class EagleDrafter:
         self.root_at = len(tokens) - 1
 
 
-class _Growing:
-    """One sequence's tree in a lockstep proposal: its builder, its frontier request and the features so far."""
-
-    def __init__(self, d: EagleDrafter, shape: TreeShape, steps, slots: TreeSlots, base: int) -> None:
-        self.d, self.shape, self.steps, self.slots, self.base = d, shape, steps, slots, base
-        self.feats: dict[
-            int, torch.Tensor
-        ] = {}  # tree node -> f' (the root's: the head output at the root pair)
-        self.request = None
-        self.result: DraftTree | None = None
-
-
-def _advance(gr: _Growing, answer) -> tuple[list[int], GrowingTree] | None:
-    """Send the builder its answer (None: start it); its next request, or None when the tree is done."""
-    try:
-        return next(gr.steps) if answer is None else gr.steps.send(answer)
-    except StopIteration as stop:
-        gr.result = stop.value
-        return None
-
-
-def _head_pass(grows: list[_Growing]) -> list[torch.Tensor]:
+def _head_pass(grows: list[Growing]) -> list[torch.Tensor]:
     """One batched head pass over every sequence's frontier (input: (f' of the parent, e(token))); the attention
     of each sequence over its own cache (committed pairs, then its tree slots). Returns each one's [F, H]."""
     d0 = grows[0].d
@@ -314,7 +267,7 @@ def _head_pass(grows: list[_Growing]) -> list[torch.Tensor]:
             frontier, g = grows[j].request
             ids += [g.tokens[u] for u in frontier]
             parent_f += [grows[j].feats[g.parents[u]] for u in frontier]
-            pos += [grows[j].base + g.depths[u] for u in frontier]  # absolute pair index
+            pos += [grows[j].state["base"] + g.depths[u] for u in frontier]  # absolute pair index
         dev = d0.device
         x = head.pair(d0.embed(torch.tensor(ids, device=dev)).to(d0.dtype), torch.stack(parent_f))[None]
         q, k, v = head.layer.project(x, torch.tensor(pos, device=dev))
@@ -323,7 +276,7 @@ def _head_pass(grows: list[_Growing]) -> list[torch.Tensor]:
             gr = grows[j]
             frontier, g = gr.request
             n = len(frontier)
-            kv, slots = gr.d.kv, gr.slots
+            kv, slots = gr.d.kv, gr.state["slots"]
             start = kv.n + len(slots.slot)
             for i, u in enumerate(frontier):
                 slots.slot[u] = start + i

@@ -32,7 +32,8 @@ from drafters.heads import (
     load_head,
     load_state,
 )
-from drafters.trees import TREE_BUILDERS, GrowingTree, build_tree
+from drafters.lockstep import Growing, propose_lockstep
+from drafters.trees import TREE_BUILDERS, tree_steps
 
 
 class ExitAdapter(nn.Module):
@@ -112,50 +113,58 @@ class EarlyExitDrafter:
         pass  # the target's cache already holds what the next proposal needs
 
     def propose(self, ctx: DraftContext, shape: TreeShape) -> DraftTree:
-        root = ctx.tokens[-1]
-        if shape.depth == 0 or self.adapter is None:
-            return DraftTree.root_only(root)
-        cache = ctx.target_kv
-        if cache is None:
-            raise DrafterError("the early_exit drafter needs the target's KV cache (DraftContext.target_kv)")
+        return self.propose_batch([(self, ctx, shape)])[0]
+
+    def propose_batch(self, items: list[tuple[EarlyExitDrafter, DraftContext, TreeShape]]) -> list[DraftTree]:
+        """Trees for several sequences (one drafter each), grown in lockstep (``drafters.lockstep``): per round,
+        the target's first layers and the adapter run once over every sequence's frontier (each attending to its
+        own cache rows). The same trees as one at a time."""
+        grows: list[Growing | DraftTree] = []
         with torch.inference_mode():
-            past = len(ctx.tokens) - 1  # tokens in the target's cache
-            extra = self._catch_up(ctx.tokens, cache, past)  # per layer: [K, V] of the root (temporary)
-            slots = TreeSlots(self.kv.n)
-
-            def expand(frontier: list[int], g: GrowingTree) -> tuple[torch.Tensor, torch.Tensor]:
-                out = (
-                    self.root_out[None]
-                    if frontier == [0]
-                    else self._tree_step(frontier, g, cache, past, extra, slots)
+            for d, ctx, shape in items:
+                if shape.depth == 0 or d.adapter is None:
+                    grows.append(DraftTree.root_only(ctx.tokens[-1]))
+                    continue
+                cache = ctx.target_kv
+                if cache is None:
+                    raise DrafterError(
+                        "the early_exit drafter needs the target's KV cache (DraftContext.target_kv)"
+                    )
+                past = len(ctx.tokens) - 1  # tokens in the target's cache
+                extra = d._catch_up(ctx.tokens, cache, past)  # per layer: [K, V] of the root (temporary)
+                steps = tree_steps(d.tree, ctx.tokens[-1], shape, d.min_prob)
+                grows.append(
+                    Growing(d, shape, steps, cache=cache, past=past, extra=extra, slots=TreeSlots(d.kv.n))
                 )
-                lp = torch.log_softmax((out @ self.w_draft.T).float(), dim=-1)
-                top_lp, top_i = lp.topk(max(shape.topk, 1), dim=-1)
-                return top_lp, self.d2t[top_i]
-
-            return build_tree(self.tree, root, expand, shape, self.min_prob)
+            return propose_lockstep(grows, _exit_pass)
 
     # ---- internals ----
-    def _layers(self, x, pos, cache, past, extra, allowed):
-        """Target layers 0..l-1 on x [1, q, H] at positions pos [q]; keys = cache[:past] ++ extra[l] ++ own.
-        Returns (hidden [1, q, H], own keys/values per layer)."""
+    def _layers(self, x, pos, seqs):
+        """Target layers 0..l-1 on x [1, T, H] at positions pos [T], T the nodes of ``seqs`` in turn: per sequence
+        ``(n, cache, past, extra, allowed)``, its ``n`` nodes attend to keys cache[:past] ++ extra[l] ++ its own
+        (``allowed`` [1, 1, n, keys]). Returns (hidden [1, T, H], per sequence its own keys/values per layer)."""
         cos, sin = self.rotary(x, pos[None])
-        own = []
+        sizes = [n for n, *_ in seqs]
+        own: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in seqs]
+        hd = self.cfg.head_dim
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            b, q_len, _ = h.shape
-            d = self.cfg.head_dim
-            q = attn.q_proj(h).view(b, q_len, -1, d).transpose(1, 2)
-            k = attn.k_proj(h).view(b, q_len, -1, d).transpose(1, 2)
-            v = attn.v_proj(h).view(b, q_len, -1, d).transpose(1, 2)
+            b, t, _ = h.shape
+            q = attn.q_proj(h).view(b, t, -1, hd).transpose(1, 2)
+            k = attn.k_proj(h).view(b, t, -1, hd).transpose(1, 2)
+            v = attn.v_proj(h).view(b, t, -1, hd).transpose(1, 2)
             q, k = _apply_rope(q, k, cos, sin)
-            keys = [cache.keys(i)[:, :, :past]] + ([extra[i][0]] if extra else []) + [k]
-            vals = [cache.values(i)[:, :, :past]] + ([extra[i][1]] if extra else []) + [v]
-            a = attend(q, torch.cat(keys, 2), torch.cat(vals, 2), allowed)
-            x = x + attn.o_proj(a.transpose(1, 2).reshape(b, q_len, -1))
+            parts = []
+            for s, (qs, ks, vs) in enumerate(zip(*(torch.split(z, sizes, dim=2) for z in (q, k, v)))):
+                _, cache, past, extra, allowed = seqs[s]
+                keys = [cache.keys(i)[:, :, :past]] + ([extra[i][0]] if extra else []) + [ks]
+                vals = [cache.values(i)[:, :, :past]] + ([extra[i][1]] if extra else []) + [vs]
+                parts.append(attend(qs, torch.cat(keys, 2), torch.cat(vals, 2), allowed))
+                own[s].append((ks, vs))
+            a = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+            x = x + attn.o_proj(a.transpose(1, 2).reshape(b, t, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-            own.append((k, v))
         return x, own
 
     def _catch_up(self, tokens: list[int], cache, past: int):
@@ -171,7 +180,7 @@ class EarlyExitDrafter:
         allowed[-1, -1] = True  # the root sees itself (its keys are the last column)
         x = self.embed(ids)[None].to(self.dtype)
         # the catch-up rows' own keys are already in the cache: keep only the root's
-        h, own = self._layers(x, pos, cache, past, None, allowed[None, None])
+        h, (own,) = self._layers(x, pos, [(q_len, cache, past, None, allowed[None, None])])
         extra = [(k[:, :, -1:], v[:, :, -1:]) for k, v in own]
         h = h.to(self.adapter_dtype)
         q, k, v = self.adapter.layer.project(h, pos)
@@ -183,33 +192,62 @@ class EarlyExitDrafter:
         self._root_slot = (k[:, :, -1:], v[:, :, -1:])
         return extra
 
-    def _tree_step(self, frontier, g: GrowingTree, cache, past: int, extra, slots: TreeSlots) -> torch.Tensor:
-        ids = torch.tensor([g.tokens[u] for u in frontier], device=self.device)
-        pos = torch.tensor([past + g.depths[u] for u in frontier], device=self.device)
-        # target layers: prefix cache + root + drafted ancestors + self. extra[l] holds the root's keys, then the
-        # tree nodes' in slot order; the adapter's buffer holds committed entries, the root's, then the same slots.
-        if not slots.slot:
-            self.kv.write(self.kv.n, *self._root_slot)
-            slots.committed = (
-                self.kv.n + 1
-            )  # the root's adapter entry counts as committed during this proposal
+
+def _exit_pass(grows: list[Growing]) -> list[torch.Tensor]:
+    """One pass of the target's first layers and the adapter over every sequence's frontier (the root's output
+    came with the catch-up). Per sequence, the target layers see its cache prefix, the root, its drafted
+    ancestors and itself (``extra[l]`` holds the root's keys, then the tree nodes' in slot order); the adapter
+    sees its committed entries, the root's, then the same slots. Returns each sequence's [F, H]."""
+    outs: list[torch.Tensor | None] = [None] * len(grows)
+    todo = [j for j, gr in enumerate(grows) if gr.request[0] != [0]]
+    for j, gr in enumerate(grows):
+        if j not in todo:
+            outs[j] = gr.d.root_out[None]
+    if not todo:
+        return outs  # type: ignore[return-value]
+    d0 = grows[0].d
+    dev = d0.device
+    ids, pos, seqs, masks = [], [], [], []
+    for j in todo:
+        gr = grows[j]
+        d, (frontier, g), st = gr.d, gr.request, gr.state
+        slots, past = st["slots"], st["past"]
+        if not slots.slot:  # the root's adapter entry counts as committed during this proposal
+            d.kv.write(d.kv.n, *d._root_slot)
+            slots.committed = d.kv.n + 1
         n_tree, f = len(slots.slot), len(frontier)
         at = slots.committed + n_tree
         for i, u in enumerate(frontier):
             slots.slot[u] = at + i
-        mask = slots.mask(frontier, g, self.device)  # [1, 1, F, at + F]: committed + ancestors + self
-        allowed = torch.ones(f, past + 1 + n_tree + f, dtype=torch.bool, device=self.device)
+        mask = slots.mask(frontier, g, dev)  # [1, 1, F, at + F]: committed + ancestors + self
+        allowed = torch.ones(f, past + 1 + n_tree + f, dtype=torch.bool, device=dev)
         allowed[:, past + 1 :] = mask[0, 0, :, slots.committed :]
-        x = self.embed(ids)[None].to(self.dtype)
-        h, own = self._layers(x, pos, cache, past, extra, allowed[None, None])
-        for i, (k, v) in enumerate(own):
-            extra[i] = (torch.cat([extra[i][0], k], 2), torch.cat([extra[i][1], v], 2))
-        # adapter: committed entries + root + tree slots of ancestors + self
-        h = h.to(self.adapter_dtype)
-        q, k, v = self.adapter.layer.project(h, pos)
-        self.kv.write(at, k, v)
-        a = attend(q, self.kv.k[:, :, : at + f], self.kv.v[:, :, : at + f], mask)
-        return self.adapter.norm(self.adapter.layer.finish(h, a))[0]
+        ids += [g.tokens[u] for u in frontier]
+        pos += [past + g.depths[u] for u in frontier]
+        seqs.append((f, st["cache"], past, st["extra"], allowed[None, None]))
+        masks.append((mask, at, f))
+    pos_t = torch.tensor(pos, device=dev)
+    x = d0.embed(torch.tensor(ids, device=dev))[None].to(d0.dtype)
+    h, own = d0._layers(x, pos_t, seqs)
+    h = h.to(d0.adapter_dtype)
+    q, k, v = d0.adapter.layer.project(h, pos_t)
+    sizes = [f for *_, f in masks]
+    parts = []
+    for j, (mask, at, f), kv_own, qs, ks, vs in zip(
+        todo, masks, own, *(torch.split(z, sizes, dim=2) for z in (q, k, v))
+    ):
+        gr = grows[j]
+        extra = gr.state["extra"]
+        for i, (lk, lv) in enumerate(kv_own):
+            extra[i] = (torch.cat([extra[i][0], lk], 2), torch.cat([extra[i][1], lv], 2))
+        kv = gr.d.kv
+        kv.write(at, ks, vs)
+        parts.append(attend(qs, kv.k[:, :, : at + f], kv.v[:, :, : at + f], mask))
+    a = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+    out = d0.adapter.norm(d0.adapter.layer.finish(h, a))[0]
+    for j, o in zip(todo, torch.split(out, sizes, dim=0)):
+        outs[j] = o
+    return outs  # type: ignore[return-value]
 
 
 def _apply_rope(q, k, cos, sin):

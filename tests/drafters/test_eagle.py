@@ -46,9 +46,10 @@ def test_unrolled_training_matches_tree_drafting(tiny):
         g = GrowingTree.start(toks[r])
         g.add(0, toks[r + 1], -0.1)
         g.add(1, toks[r + 2], -0.1)
-        from drafters.eagle import TreeSlots, _Growing, _head_pass
+        from drafters.eagle import TreeSlots, _head_pass
+        from drafters.lockstep import Growing
 
-        gr = _Growing(d, TreeShape(depth=2), None, TreeSlots(d.kv.n), base=r - 1)
+        gr = Growing(d, TreeShape(depth=2), None, slots=TreeSlots(d.kv.n), base=r - 1)
         gr.feats[0] = d.root_feat
         gr.request = ([1], g)
         f1 = _head_pass([gr])[0][0]
