@@ -8,7 +8,7 @@ import torch
 from drafters import TreeShape
 from drafters.eagle import EagleDrafter
 from drafters.trees import GrowingTree
-from tests.drafters.tiny import decode, random_head, tiny_loaded
+from tests.drafters.tiny import check_batched_drafting, decode, random_head, tiny_loaded
 
 
 @pytest.fixture(scope="module")
@@ -89,34 +89,6 @@ def test_feedback_without_hidden_states_still_decodes(tiny):
 
 
 def test_batched_proposals_equal_one_at_a_time(tiny):
-    """Rows that chose eagle are drafted in lockstep (one head pass per depth over all their frontiers): the trees
-    equal those each row's drafter proposes alone, and greedy serving with several eagle rows stays exact."""
-    from env.batch import BatchEngine
-    from env.engine import parse_arm
-    from env.serving import Request, serve
-
+    """Rows that chose eagle are drafted in lockstep (one head pass per depth over all their frontiers)."""
     loaded, path = tiny
-    g = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (6, 19, 11)]
-    engine = BatchEngine(loaded, max_rows=3)
-    first = EagleDrafter(weights=str(path))
-    rows = [engine.admit(prompts[0], {"eagle": first})[0]]  # loads the head
-    drafters = [first, first.fork(), first.fork()]
-    rows += [engine.admit(p, {"eagle": d})[0] for p, d in zip(prompts[1:], drafters[1:])]
-    assert drafters[2].head is first.head  # forks share the loaded head
-    shapes = [TreeShape(depth=3, topk=2, budget=5), TreeShape(depth=4), TreeShape(depth=2, topk=3, budget=6)]
-    batched = first.propose_batch([(d, r.ctx, s) for d, r, s in zip(drafters, rows, shapes)])
-    alone = [d.propose(r.ctx, s) for d, r, s in zip(drafters, rows, shapes)]
-    for a, b in zip(batched, alone):
-        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
-        assert torch.allclose(a.scores, b.scores, atol=1e-5)
-    arms = ["eagle-d3-k2-b5", "eagle-d4", "none", "eagle-d2-k3-b6", "eagle-d3"]
-    reqs = [Request(str(i), p, parse_arm(a), 18) for i, (p, a) in enumerate(zip(prompts * 2, arms))]
-    out = serve(
-        BatchEngine(loaded, max_rows=3),
-        reqs,
-        concurrency=3,
-        drafter_options={"eagle": {"weights": str(path)}},
-    )
-    for r, o in zip(reqs, out):
-        assert o.token_ids == decode(loaded, None, r.prompt_ids, 18)[0], r.arm.name
+    check_batched_drafting(loaded, EagleDrafter(weights=str(path)), "eagle", {"weights": str(path)})

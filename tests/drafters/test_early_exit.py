@@ -8,7 +8,7 @@ import torch
 
 from drafters import TreeShape
 from drafters.early_exit import EarlyExitDrafter
-from tests.drafters.tiny import decode, random_head, tiny_loaded
+from tests.drafters.tiny import check_batched_drafting, decode, random_head, tiny_loaded
 
 
 @pytest.fixture(scope="module")
@@ -58,31 +58,6 @@ def test_greedy_exact_on_tiny_target(tiny):
 
 def test_batched_proposals_equal_one_at_a_time(tiny):
     """Rows that chose early exit are drafted in lockstep (the target's first layers and the adapter once per
-    depth over every row's frontier, each row attending to its own cache rows): the same trees as one at a time,
-    and greedy serving with several early-exit rows stays exact."""
-    from drafters import TreeShape
-    from env.batch import BatchEngine
-    from env.engine import parse_arm
-    from env.serving import Request, serve
-
+    depth over every row's frontier, each row attending to its own cache rows)."""
     loaded, path = tiny
-    g = torch.Generator().manual_seed(6)
-    prompts = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (7, 21, 12)]
-    engine = BatchEngine(loaded, max_rows=3)
-    first = EarlyExitDrafter(weights=str(path))
-    rows = [engine.admit(prompts[0], {"early_exit": first})[0]]
-    drafters = [first, first.fork(), first.fork()]
-    rows += [engine.admit(p, {"early_exit": d})[0] for p, d in zip(prompts[1:], drafters[1:])]
-    assert drafters[2].adapter is first.adapter  # forks share the loaded adapter
-    shapes = [TreeShape(depth=3, topk=2, budget=5), TreeShape(depth=4), TreeShape(depth=2, topk=3, budget=6)]
-    batched = first.propose_batch([(d, r.ctx, s) for d, r, s in zip(drafters, rows, shapes)])
-    alone = [d.propose(r.ctx, s) for d, r, s in zip(drafters, rows, shapes)]
-    for a, b in zip(batched, alone):
-        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
-        assert torch.allclose(a.scores, b.scores, atol=1e-5)
-    arms = ["early_exit-d3-k2-b5", "early_exit-d4", "none", "early_exit-d2-k3-b6", "early_exit-d3"]
-    reqs = [Request(str(i), p, parse_arm(a), 18) for i, (p, a) in enumerate(zip(prompts * 2, arms))]
-    opts = {"early_exit": {"weights": str(path)}}
-    out = serve(BatchEngine(loaded, max_rows=3), reqs, concurrency=3, drafter_options=opts)
-    for r, o in zip(reqs, out):
-        assert o.token_ids == decode(loaded, None, r.prompt_ids, 18)[0], r.arm.name
+    check_batched_drafting(loaded, EarlyExitDrafter(weights=str(path)), "early_exit", {"weights": str(path)})
