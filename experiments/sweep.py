@@ -36,7 +36,7 @@ from env.files import atomic_write_text
 from experiments.args import output_dir
 from experiments.config import Config, ConfigError, diff_configs, load_config, to_toml
 from experiments.space import default_params, sample, to_overrides, tuned_method
-from experiments.sweep_recovery import fail_orphaned_trials, retry_callback
+from experiments.sweep_recovery import fail_orphaned_trials, recovery_lock, retry_callback
 
 FINISHED = ("COMPLETE", "PRUNED")
 
@@ -236,8 +236,11 @@ def work(
     bar = tqdm(total=n, desc=f"sweep {study.study_name}", disable=not progress)
     try:
         while True:
-            optuna.storages.fail_stale_trials(study)
-            fail_orphaned_trials(study, base.sweep.grace_s)
+            with recovery_lock(
+                out
+            ):  # one worker at a time fails and retries dead trials (SQLite has no row locks)
+                optuna.storages.fail_stale_trials(study)
+                fail_orphaned_trials(study, base.sweep.grace_s)
             c = counts(study)
             done = sum(c.get(s, 0) for s in FINISHED)
             bar.n = min(n, done)

@@ -8,8 +8,11 @@ uninterrupted one would have, in the same order.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,20 @@ def retry_callback() -> Any:
         retry(study, trial)
 
     return callback
+
+
+@contextlib.contextmanager
+def recovery_lock(run_dir: Path) -> Iterator[None]:
+    """Held while a worker fails and retries dead trials: the workers of one run (one machine, one run folder)
+    take turns. Without it two workers could both fail the same dead trial — SQLite reads a RUNNING trial in both
+    before either writes FAIL — and both retry it, so its point would run twice. (PostgreSQL locks the row.)"""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".recovery.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def worker_gone(worker: str) -> bool:
