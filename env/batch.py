@@ -418,8 +418,12 @@ class BatchEngine:
             prompt_hidden=hidden, target_kv=RowKV(self.target.cache, row),
         )  # fmt: skip
         row.drafters = dict(drafters)
-        for d in row.drafters.values():
-            d.reset(row.ctx)
+        try:
+            for d in row.drafters.values():
+                d.reset(row.ctx)
+        except BaseException:
+            self.target.retire(row)  # a drafter that cannot start (no trained head, ...) leaves no row behind
+            raise
         return row, first
 
     def retire(self, row: Row) -> None:

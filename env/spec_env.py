@@ -311,6 +311,7 @@ class SpecDecodeEnv(gym.Env):
             self.engine.configure(self.sampling, int(self.np_random.integers(2**62)))
             if self._seq is not None:
                 st.retire(self._seq)
+                self._seq = None
             self._seq = st.start(self._prompt_tokens(q), self.max_new_tokens, self.drafters)
             if not self._seq.terminated or p is not None:
                 break

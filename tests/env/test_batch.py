@@ -157,3 +157,17 @@ def test_chunked_prefill_gives_each_request_its_greedy_tokens(chunk):
     with pytest.raises(ServeError, match="prefill chunk must be >= 1"):
         serve(BatchEngine(loaded, max_rows=2), reqs, concurrency=2, prefill_chunk=0)
     assert chunks > len(reqs)  # the prompts did take several chunks each
+
+
+def test_a_drafter_that_cannot_start_leaves_no_row_behind(tmp_path):
+    """A row whose drafter fails to start (here: a head file that does not exist) is freed again, so the next
+    request, or the next ``generate`` of a batch of one, still finds its slot."""
+    from drafters import DrafterError, make_drafter
+
+    loaded = tiny_loaded()
+    engine = BatchEngine(loaded, max_rows=1)
+    with pytest.raises(DrafterError):
+        engine.admit([5, 6, 7], {"eagle": make_drafter("eagle", weights=str(tmp_path / "missing"))})
+    assert engine.target.rows == [] and engine.target.cache.lens == [0]
+    row, _ = engine.admit([5, 6, 7], {})
+    assert row.slot == 0
