@@ -9,6 +9,10 @@ decode): goodput over the whole run (prefills and the final drain included) and 
 against the raw bound ``C / c(B=C, q=1)``.
 
     python -m env.bench_batch --rows 1,4,8,16 --context 300 --dtype bf16 --serve 4
+
+With ``--draft ARM[,ARM]`` (trained-head arms, e.g. ``eagle-d3-k2-b6``), also the proposal time of B rows that chose
+that arm, drafted together (``propose_batch``) against row by row, next to one AR step (each row's catch-up on
+its last committed token is done before the timing).
 """
 
 from __future__ import annotations
@@ -98,6 +102,38 @@ def serve_ar(loaded, rows: int, context: int, per_row: int, max_new_tokens: int,
             "decode_goodput": log.step_tokens / log.step_s, **log.as_dict()}  # fmt: skip
 
 
+def draft_ms(loaded, arm_name: str, rows: int, context: int, reps: int) -> tuple[float, float, float]:
+    """Median ms: ``rows`` rows' proposals for ``arm_name`` drafted together, row by row, and one AR step."""
+    from drafters import Forkable, make_drafter
+    from env.batch import BatchEngine
+    from env.engine import NO_DRAFT, parse_arm
+
+    arm = parse_arm(arm_name)
+    eng = BatchEngine(loaded, max_rows=rows)
+    g = torch.Generator().manual_seed(0)
+    first = make_drafter(arm.drafter)
+    if not isinstance(first, Forkable):
+        raise SystemExit(f"--draft: {arm.drafter} does not draft rows together")
+    ds = []
+    for i in range(rows):
+        d = first if i == 0 else first.fork()
+        eng.admit(torch.randint(100, 20000, (context,), generator=g).tolist(), {arm.drafter: d})
+        ds.append(d)
+    items = [(d, r.ctx, arm.shape) for d, r in zip(ds, eng.target.rows)]
+    together, alone, step = [], [], []
+    for _ in range(reps + 1):
+        first.propose_batch(items)  # the catch-up on the last committed token, untimed
+        t0 = time.perf_counter()
+        first.propose_batch(items)
+        t1 = time.perf_counter()
+        for d, ctx, shape in items:
+            d.propose(ctx, shape)
+        t2 = time.perf_counter()
+        eng.step([NO_DRAFT] * rows)  # the rows move on by one token
+        together.append(t1 - t0), alone.append(t2 - t1), step.append(time.perf_counter() - t2)
+    return tuple(1e3 * statistics.median(x[1:]) for x in (together, alone, step))  # type: ignore[return-value]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m env.bench_batch", description=__doc__.split("\n\n")[0],
                                  allow_abbrev=False)  # fmt: skip
@@ -107,6 +143,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
     ap.add_argument("--serve", type=int, default=0, help="also serve AR end to end: N requests per row")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--draft", default="", help="also time drafting these arms' rows together vs row by row")
     ap.add_argument("--json", default=None, help="write the rows to this file")
     args = ap.parse_args()
     from env.cost import machine_info
@@ -132,9 +169,21 @@ def main() -> None:
             print(f"{b:>4}{bound:>13.1f}{sv['goodput']:>9.1f}{sv['goodput'] / bound:>9.2f}"
                   f"{sv['decode_goodput']:>8.1f}{sv['decode_goodput'] / bound:>9.2f}{sv['mean_batch']:>8.1f}"
                   f"{100 * sv['prefill_s'] / sv['wall_s']:>11.0f}", flush=True)  # fmt: skip
+    drafts = []
+    for name in [a for a in args.draft.split(",") if a]:
+        print(f"\n{name}: proposal ms for B rows of {args.context} tokens")
+        print(f"{'rows':>5}{'together':>10}{'row by row':>12}{'AR step':>9}")
+        for b in [int(x) for x in args.rows.split(",")]:
+            t, a, st = draft_ms(loaded, name, b, args.context, args.reps)
+            drafts.append({"arm": name, "rows": b, "together_ms": t, "row_by_row_ms": a, "ar_step_ms": st})
+            print(f"{b:>5}{t:>10.1f}{a:>12.1f}{st:>9.1f}", flush=True)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"rows": out, "dtype": str(loaded.dtype), "machine": machine_info()}, fh, indent=2)
+            json.dump(
+                {"rows": out, "drafts": drafts, "dtype": str(loaded.dtype), "machine": machine_info()},
+                fh,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

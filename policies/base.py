@@ -202,12 +202,7 @@ def write_policy(path: str | Path, header: Header, files: dict[str, bytes]) -> N
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr("header.json", json.dumps(meta, indent=2))
-        for name, data in sorted(files.items()):
-            zf.writestr(name, data)
-    tmp.replace(path)
+    write_archive(path, "header.json", meta, files)
 
 
 def read_policy(path: str | Path) -> tuple[Header, dict[str, bytes]]:
@@ -215,23 +210,7 @@ def read_policy(path: str | Path) -> tuple[Header, dict[str, bytes]]:
     path = Path(path)
     if not path.is_file():
         raise PolicyError(f"policy file {path} does not exist")
-    try:
-        with zipfile.ZipFile(path) as zf:
-            names = zf.namelist()
-            if "header.json" not in names:
-                raise PolicyError(f"{path} is not a draftgym policy file (no header.json)")
-            meta = json.loads(zf.read("header.json"))
-            files = {n: zf.read(n) for n in names if n != "header.json"}
-    except (zipfile.BadZipFile, EOFError, OSError, zlib_error()) as err:
-        raise PolicyError(f"{path} is not a readable draftgym policy file ({err})") from err
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise PolicyError(f"{path}: header.json is corrupted ({err})") from err
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise PolicyError(f"{path} is not a draftgym policy file (format {meta.get('format')!r})")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise PolicyError(
-            f"{path} has policy format version {meta.get('format_version')}; this draftgym reads {FORMAT_VERSION}"
-        )
+    meta, files = read_archive(path, "header.json", FORMAT, FORMAT_VERSION, "draftgym policy file")
     try:
         header = Header(
             type=str(meta["type"]),
@@ -253,6 +232,50 @@ def read_policy(path: str | Path) -> tuple[Header, dict[str, bytes]]:
         if hashlib.sha256(files[name]).hexdigest() != digest:
             raise PolicyError(f"{path} is corrupted: member {name} does not match its checksum")
     return header, files
+
+
+def write_archive(
+    path: Path,
+    head: str,
+    meta: dict[str, Any],
+    files: dict[str, bytes],
+    compression: int = zipfile.ZIP_DEFLATED,
+) -> None:
+    """A zip of the JSON member ``head`` (``meta``) and data members, written atomically (temporary name, rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=compression) as zf:
+        zf.writestr(head, json.dumps(meta, indent=2))
+        for name, data in sorted(files.items()):
+            zf.writestr(name, data)
+    tmp.replace(path)
+
+
+def read_archive(
+    path: Path, head: str, fmt: str, version: int, what: str
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The JSON member ``head`` of a zip and its other members, as data (nothing is unpickled), checked to be
+    ``fmt`` at ``version``; every problem is a one-line ``PolicyError`` naming the file (``what`` it should be)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+            if head not in names:
+                raise PolicyError(f"{path} is not a {what} (no {head})")
+            raw = zf.read(head)
+            files = {n: zf.read(n) for n in names if n != head}
+    except (zipfile.BadZipFile, EOFError, OSError, zlib_error()) as err:
+        raise PolicyError(f"{path} is not a readable {what} ({one_line(err)})") from err
+    try:
+        meta = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise PolicyError(f"{path}: {head} is corrupted ({one_line(err)})") from err
+    found = meta.get("format") if isinstance(meta, dict) else None
+    if found != fmt:
+        raise PolicyError(f"{path} is not a {what} (format {found!r})")
+    if meta.get("format_version") != version:
+        raise PolicyError(
+            f"{path} has {what} format version {meta.get('format_version')}; this draftgym reads {version}"
+        )
+    return meta, files
 
 
 def zlib_error() -> type[Exception]:

@@ -31,7 +31,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from policies.base import PolicyError, npz_bytes, one_line, read_npz
+from policies.base import PolicyError, npz_bytes, one_line, read_archive, read_npz, write_archive
 
 # activation name in our files -> torch.nn class name (what stable-baselines3's ``activation_fn`` holds)
 ACTIVATIONS = {
@@ -365,31 +365,14 @@ def save_checkpoint(model: Any, network: dict[str, Any], path: Path) -> None:
         arrays = {k: getattr(rb, k) for k in BUFFER_ARRAYS if getattr(rb, k, None) is not None}
         files["replay_buffer.npz"] = npz_bytes(**arrays)
         meta["replay_buffer"] = {"pos": int(rb.pos), "full": bool(rb.full)}
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
-        zf.writestr("state.json", json.dumps(meta, indent=2))
-        for name, data in files.items():
-            zf.writestr(name, data)
-    tmp.replace(path)
+    write_archive(path, "state.json", meta, files, compression=zipfile.ZIP_STORED)
 
 
 def read_checkpoint(path: Path) -> Checkpoint:
     """Read a checkpoint as data; a torn or foreign file is a ``PolicyError``."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            names = set(zf.namelist())
-            if "state.json" not in names:
-                raise PolicyError(f"{path} is not a draftgym checkpoint (no state.json)")
-            meta = json.loads(zf.read("state.json"))
-            files = {n: zf.read(n) for n in names - {"state.json"}}
-    except (zipfile.BadZipFile, EOFError, OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise PolicyError(f"{path} is not a readable checkpoint ({one_line(err)})") from err
-    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
-        raise PolicyError(f"{path} is not a draftgym checkpoint")
-    if meta.get("format_version") != CHECKPOINT_VERSION:
-        raise PolicyError(
-            f"{path} has checkpoint version {meta.get('format_version')}, not {CHECKPOINT_VERSION}"
-        )
+    meta, files = read_archive(
+        path, "state.json", CHECKPOINT_FORMAT, CHECKPOINT_VERSION, "draftgym checkpoint"
+    )
     for name in ("policy.safetensors", "optimizer.pt"):
         if name not in files:
             raise PolicyError(f"{path} lacks {name}")

@@ -35,15 +35,20 @@ def _variants(tmp: Path, good: bytes, hostile: bytes) -> dict[str, Path]:
 KINDS = ["empty", "truncated", "garbage", "json-instead", "hostile"]
 
 
+def _refused(error: type[Exception], load, marker: Path) -> None:
+    """``load()`` fails with ``error`` in one line, and the hostile payload did not run."""
+    with pytest.raises(error) as err:
+        load()
+    assert "\n" not in str(err.value) and not marker.exists()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_trace(kind, tmp_path):
     from env.trace import TraceError, default_trace_path, load_trace
 
     marker = tmp_path / "RAN"
     files = _variants(tmp_path, default_trace_path().read_bytes(), npz_payload(marker))
-    with pytest.raises(TraceError) as err:
-        load_trace(files[kind])
-    assert "\n" not in str(err.value) and not marker.exists()
+    _refused(TraceError, lambda: load_trace(files[kind]), marker)
 
 
 def test_trace_with_an_invalid_tree_is_refused(tmp_path):
@@ -68,9 +73,7 @@ def test_cost_model(kind, tmp_path):
 
     marker = tmp_path / "RAN"
     files = _variants(tmp_path, default_cost_model_path().read_bytes(), payload(marker))
-    with pytest.raises(CostModelError) as err:
-        load_cost_model(files[kind])
-    assert "\n" not in str(err.value) and not marker.exists()
+    _refused(CostModelError, lambda: load_cost_model(files[kind]), marker)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -87,9 +90,7 @@ def test_head(member, kind, tmp_path):
     hostile = torch_payload(marker) if member == ".safetensors" else payload(marker)
     files = _variants(tmp_path, path.read_bytes(), hostile)
     shutil.copy(files[kind], path)
-    with pytest.raises(DrafterError) as err:
-        load_head(path, "eagle", loaded.model, loaded.model_id)
-    assert "\n" not in str(err.value) and not marker.exists()
+    _refused(DrafterError, lambda: load_head(path, "eagle", loaded.model, loaded.model_id), marker)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -105,9 +106,7 @@ def test_drafter_training_state(kind, tmp_path):
     assert load_train_state(good)["step"] == 3  # the real format loads
     marker = tmp_path / "RAN"
     files = _variants(tmp_path, good.read_bytes(), torch_payload(marker))
-    with pytest.raises(DrafterError) as err:
-        load_train_state(files[kind])
-    assert "\n" not in str(err.value) and not marker.exists()
+    _refused(DrafterError, lambda: load_train_state(files[kind]), marker)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -125,9 +124,7 @@ def test_bandit_policy_state(kind, tmp_path):
     path = replace_members(
         src, tmp_path / "p.zip", {"state.npz": data, "header.json": json.dumps(header).encode()}
     )
-    with pytest.raises(PolicyError) as err:
-        load_policy(path)
-    assert "\n" not in str(err.value) and not marker.exists()
+    _refused(PolicyError, lambda: load_policy(path), marker)
 
 
 @pytest.mark.parametrize("kind", KINDS)
