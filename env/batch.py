@@ -27,8 +27,9 @@ import torch
 import kernels
 from drafters import BatchProposer, DraftContext, Drafter, DraftTree, Feedback
 from env.engine import Arm, Sampling, StepResult
+from env.lean import lean_of
 from env.model import LoadedModel, ModelError
-from env.ragged_cache import RaggedCache, RowKV, Write
+from env.ragged_cache import RaggedCache, RowKV, Write, hf_ragged_cache
 from env.target import check_prompt, eos_ids
 
 
@@ -74,7 +75,7 @@ SUPPORTED = {
 
 
 def check_architecture(loaded: LoadedModel) -> None:
-    c = loaded.model.config
+    c = loaded.config
     kind = getattr(c, "model_type", "?")
     if kind not in SUPPORTED:
         raise ModelError(
@@ -98,22 +99,38 @@ class BatchTarget:
     def __init__(self, loaded: LoadedModel, max_rows: int) -> None:
         check_architecture(loaded)
         self.loaded = loaded
-        self.model = loaded.model
         self.model_id = loaded.model_id
         self.device = loaded.device
         self.dtype = loaded.dtype
         self.max_context = loaded.max_context
-        c = loaded.model.config
+        c = self.config = loaded.config
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        self.cache = RaggedCache(
-            c.num_hidden_layers, max_rows, c.num_key_value_heads, head_dim, loaded.dtype, loaded.device
+        self.net = lean_of(loaded)  # the lean forward (Llama family), else None: the transformers forward
+        self._cache_cls = RaggedCache if self.net is not None else hf_ragged_cache
+        self.cache = self._cache_cls(
+            c.num_hidden_layers,
+            max_rows,
+            getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
+            head_dim,
+            loaded.dtype,
+            loaded.device,
         )
         self.rows: list[Row] = []  # row i lives in slot i
         self.eos_ids: frozenset[int] = eos_ids(loaded)
+        self.weights = loaded.weights if self.net is not None else "dense"
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of final hidden states (the target's LM head, in its weight format)."""
+        return self.net.head(hidden) if self.net is not None else self.model.lm_head(hidden)
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.config.vocab_size)
+        return int(self.config.vocab_size)
+
+    @property
+    def model(self):
+        """The transformers model (drafters with trained heads use its layers; built on first use)."""
+        return self.loaded.model
 
     @property
     def max_rows(self) -> int:
@@ -147,7 +164,7 @@ class BatchTarget:
         dev = self.device
         base = torch.tensor(lens, device=dev)[:, None]
         slots = base + torch.arange(q, device=dev)[None]  # [B, q] where the nodes go
-        mask = None
+        mask = see = None
         if b > 1 or allowed is not None:
             key_pos = torch.arange(span, device=dev)
             see = key_pos[None, None, :] < base[:, :, None]  # [B, 1, S] committed positions
@@ -159,10 +176,16 @@ class BatchTarget:
                 node_of = rel.clamp(0, q - 1)
                 tree_see = torch.gather(allowed.to(dev), 2, node_of[:, None, :].expand(b, q, span))
                 see = see | (tree_see & in_step)
-            mask = torch.zeros(b, 1, q, span, dtype=self.dtype, device=dev)
-            mask.masked_fill_(~see[:, None], torch.finfo(self.dtype).min)
+            if self.net is None:
+                mask = torch.zeros(b, 1, q, span, dtype=self.dtype, device=dev)
+                mask.masked_fill_(~see[:, None], torch.finfo(self.dtype).min)
         rows_idx = torch.arange(first, first + b, device=dev)[:, None].expand(b, q)
-        cache._write = Write(rows_idx, slots, first, first + b, span, lens[0])
+        write = Write(rows_idx, slots, first, first + b, span, lens[0])
+        if self.net is not None:
+            return self.net.forward(
+                ids.to(dev), pos.to(dev), cache, write, None if see is None else see[:, None]
+            )
+        cache._write = write
         try:
             out = self.model.model(
                 input_ids=ids.to(dev), attention_mask=mask, position_ids=pos.to(dev),
@@ -177,7 +200,7 @@ class BatchTarget:
         the batch take no part in it and may step in between."""
         check_prompt(prompt_ids, self.max_context)
         c = self.cache
-        own = RaggedCache(c.n_layers, 1, c.kv_heads, c.head_dim, self.dtype, self.device)
+        own = self._cache_cls(c.n_layers, 1, c.kv_heads, c.head_dim, self.dtype, self.device)
         return Prefill(list(prompt_ids), own)
 
     def prefill_chunk(self, pf: Prefill, chunk: int | None = None) -> bool:
@@ -206,7 +229,7 @@ class BatchTarget:
         row = Row(tokens=list(pf.prompt_ids), prompt_len=p, ctx=None, slot=slot)  # type: ignore[arg-type]
         row.last_hidden = hidden[-1]
         with torch.no_grad():
-            row.last_logits = self.model.lm_head(hidden[-1])
+            row.last_logits = self.head(hidden[-1])
         self.rows.append(row)
         pf.cache = None  # type: ignore[assignment]  # its entries live in the slot now
         return row, hidden
@@ -251,7 +274,7 @@ class BatchTarget:
         pos = torch.tensor(lens)[:, None] + depth
         hidden = self._forward(tokens, pos, allowed, lens)
         with torch.no_grad():
-            logits = self.model.lm_head(hidden)
+            logits = self.head(hidden)
         return logits, hidden, tokens, parents
 
     def commit(self, row: Row, tree: DraftTree, path: torch.Tensor, next_token: int) -> list[int]:

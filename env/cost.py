@@ -257,7 +257,10 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
+    from env.model import cpu_label
+
     info: dict[str, Any] = {
+        "cpu_label": cpu_label(),
         "host": platform.node(),
         "platform": platform.platform(),
         "cpu": cpu,
@@ -412,7 +415,7 @@ def calibrate(
     """Measure the verify phase on a grid of tree sizes at two contexts and each drafter's propose time, then fit.
     About a minute for the embedded model on a 2-core CPU."""
     t_start = time.perf_counter()
-    vocab = int(loaded.model.config.vocab_size)
+    vocab = int(loaded.config.vocab_size)
     fixed = _FixedTree(vocab)
     grid = [(n, True) for n in chain_nodes] + [(n, False) for n in tree_nodes]
     if progress:
@@ -440,6 +443,8 @@ def calibrate(
     )
     meta = {
         "machine": machine_info(),
+        "weights": getattr(loaded, "weights", "dense"),  # the target's format (env.lean): its own curve
+        "forward": getattr(loaded, "forward", "hf"),
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "calibration_s": round(time.perf_counter() - t_start, 1),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,

@@ -74,6 +74,24 @@ class StepResult:
         return self.draft_s + self.verify_s
 
 
+WEIGHT_FORMATS = ("dense", "int8", "int4")
+
+
+def split_weights(method: str) -> tuple[str, str | None]:
+    """A benchmark method ``ARM@FORMAT`` (``ar@int4``, ``ngram-d8@int8``): the arm, decoded by the target in that
+    weight format for the whole run (``env.model.with_weights``); no ``@``: the loaded format (None)."""
+    from drafters import DrafterError
+
+    if "@" not in method:
+        return method, None
+    base, fmt = method.rsplit("@", 1)
+    if fmt not in WEIGHT_FORMATS:
+        raise DrafterError(
+            f"method {method!r}: unknown weight format {fmt!r}; valid: {', '.join(WEIGHT_FORMATS)}"
+        )
+    return base, fmt
+
+
 def parse_arm(name: str) -> Arm:
     """Inverse of ``Arm.name``: ``none`` | ``{drafter}-d{depth}[-k{topk}][-b{budget}]`` (e.g. ``ngram-d8-k3-b16``)."""
     from drafters import DRAFTERS, DrafterError

@@ -2,6 +2,10 @@
 requests in turn (so every batch mixes them), and compare every request's token ids with Hugging Face greedy
 ``generate`` on that prompt alone. fp32 greedy is the contract (identical ids); other dtypes report agreement.
 
+With ``--weights int8|int4`` the target is its own model: every request must equal that model's own
+autoregressive output (our AR loop, one request at a time), and its agreement with the fp32 model (Hugging Face
+greedy in fp32) is reported.
+
     python -m env.exactness --workload Spec-Bench/data/spec_bench/question.jsonl --per-category 5 \\
         --concurrency 8 --arms none,ngram-d4,ngram-d6-k2-b10,recycling-d3-k2-b6,eagle-d3-k2-b6,early_exit-d3
 """
@@ -22,9 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", default="none,ngram-d4,ngram-d6-k2-b10,recycling-d3-k2-b6,eagle-d3-k2-b6")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="fp32", choices=["auto", "bf16", "fp32"])
+    ap.add_argument("--weights", default="dense", choices=["dense", "int8", "int4"])
     args = ap.parse_args(argv)
 
-    import torch
     from tqdm import tqdm
 
     from env.batch import BatchEngine
@@ -34,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from env.serving import Request, serve
     from env.workloads import load_workload
 
-    loaded = load_model(dtype=args.dtype, device="cpu")
+    loaded = load_model(dtype=args.dtype, device="cpu", weights=args.weights)
     prompts = load_workload(args.workload, per_category=args.per_category)
     arms = [parse_arm(a) for a in args.arms.split(",")]
     reqs = [Request(p.prompt_id, chat_prompt(loaded.tokenizer, p.text), arms[i % len(arms)], args.max_new_tokens)
@@ -46,24 +50,57 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     served_s = time.perf_counter() - t0
     got = {o.rid: o.token_ids for o in out}
-    same, first_diff = 0, []
-    for r in tqdm(reqs, desc="hf greedy", unit="req"):
-        ids = torch.tensor([r.prompt_ids])
-        with torch.no_grad():
-            ref = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=r.max_new_tokens,
-                                        do_sample=False, pad_token_id=2)[0, ids.shape[1]:].tolist()  # fmt: skip
-        if got[r.rid] == ref:
-            same += 1
-        else:
-            k = next(
-                (i for i, (a, b) in enumerate(zip(got[r.rid], ref)) if a != b), min(len(ref), len(got[r.rid]))
-            )
-            first_diff.append(f"{r.rid} ({r.arm.name}) at token {k}")
+    if args.weights != "dense":
+        own = {}
+        for r in tqdm(reqs, desc=f"{args.weights} AR", unit="req"):
+            (o,) = serve(BatchEngine(loaded, max_rows=1), [Request(r.rid, r.prompt_ids, parse_arm("none"),
+                                                                   r.max_new_tokens)], concurrency=1)  # fmt: skip
+            own[r.rid] = o.token_ids
+        same, diffs = _compare(reqs, got, own)
+        print(f"{same} of {len(reqs)} requests identical to the {args.weights} model's own AR loop ({loaded.dtype}, "
+              f"concurrency {args.concurrency}, arms {args.arms}; served in {served_s:.0f} s)")  # fmt: skip
+        for d in diffs:
+            print("  differs:", d)
+        fp32 = load_model(dtype="fp32", device="cpu")
+        ref = {r.rid: _hf_greedy(fp32, r) for r in tqdm(reqs, desc="fp32 hf greedy", unit="req")}
+        agree, _ = _compare(reqs, own, ref)
+        firsts = sorted(_first_diff(own[r.rid], ref[r.rid]) for r in reqs)
+        tokens = sum(min(len(own[r.rid]), len(ref[r.rid])) for r in reqs)
+        equal = sum(sum(a == b for a, b in zip(own[r.rid], ref[r.rid])) for r in reqs)
+        print(f"agreement with the fp32 model: {agree} of {len(reqs)} answers identical; first divergence at token "
+              f"{firsts[len(firsts) // 2]} (median); {equal / max(tokens, 1):.1%} of positions equal")  # fmt: skip
+        return 0 if same == len(reqs) else 1
+    ref = {r.rid: _hf_greedy(loaded, r) for r in tqdm(reqs, desc="hf greedy", unit="req")}
+    same, diffs = _compare(reqs, got, ref)
     print(f"{same} of {len(reqs)} requests identical to Hugging Face greedy ({loaded.dtype}, concurrency "
           f"{args.concurrency}, arms {args.arms}; served in {served_s:.0f} s)")  # fmt: skip
-    for d in first_diff:
+    for d in diffs:
         print("  differs:", d)
     return 0 if same == len(reqs) or args.dtype != "fp32" else 1
+
+
+def _hf_greedy(loaded, r) -> list[int]:
+    import torch
+
+    ids = torch.tensor([r.prompt_ids])
+    with torch.no_grad():
+        out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=r.max_new_tokens,
+                                    do_sample=False, pad_token_id=2)  # fmt: skip
+    return out[0, ids.shape[1] :].tolist()
+
+
+def _first_diff(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _compare(reqs, got: dict, ref: dict) -> tuple[int, list[str]]:
+    same, diffs = 0, []
+    for r in reqs:
+        if got[r.rid] == ref[r.rid]:
+            same += 1
+        else:
+            diffs.append(f"{r.rid} ({r.arm.name}) at token {_first_diff(got[r.rid], ref[r.rid])}")
+    return same, diffs
 
 
 if __name__ == "__main__":

@@ -9,10 +9,11 @@ read the folder in about a second.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,17 +26,125 @@ class ModelError(ValueError):
     """A model path or dtype that cannot be used; the message is meant for the user."""
 
 
-@dataclass(frozen=True)
+class ModelConfig:
+    """A model's ``config.json`` with attribute access (``config.hidden_size``), for loads that build no
+    transformers model; ``to_dict()`` as transformers' configs have it."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self._values = dict(values)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["_values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
 class LoadedModel:
-    model: torch.nn.Module  # a transformers *ForCausalLM in eval mode
-    tokenizer: object
-    model_id: str  # "smollm2-135m-instruct" or the folder path
-    dtype: torch.dtype
-    device: torch.device
+    """The target as loaded: its config, tokenizer, dtype and device, the engine's weight format and forward, and
+    the transformers model — built on first use of ``model`` when the load did not need it (the lean forward runs
+    from the folder's state dict; drafters with trained heads, the Hugging Face baselines and training use
+    ``model``)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+        model_id: str = DEFAULT_MODEL,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        weights: str = "dense",
+        forward: str = "lean",
+        folder: Path | None = None,
+        config: Any = None,
+        state: dict[str, torch.Tensor] | None = None,
+        derived: dict[str, Any] | None = None,
+    ) -> None:
+        if model is None and (folder is None or config is None):
+            raise ValueError("a LoadedModel needs a model, or a folder and its config")
+        self._model = model
+        self._tokenizer = tokenizer
+        self.model_id, self.dtype, self.device = model_id, dtype, torch.device(device)
+        self.weights, self.forward, self.folder = weights, forward, folder
+        self.config = config if config is not None else model.config  # type: ignore[union-attr]
+        self.derived: dict[str, Any] = (
+            {} if derived is None else derived
+        )  # built once per load, shared by variants
+        if state is not None:
+            self.derived.setdefault("state", state)
+
+    def __deepcopy__(self, memo: dict) -> LoadedModel:
+        """A load is read-only and shared (gymnasium deep-copies an env's kwargs): copies are the load itself."""
+        return self
+
+    def __repr__(self) -> str:
+        return f"LoadedModel({self.model_id!r}, {self.dtype}, {self.device}, weights={self.weights})"
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The transformers *ForCausalLM in eval mode (loaded now if this load has not needed it yet)."""
+        if self._model is None:  # one per load: variants (``replace``) share ``derived``
+            if "hf" not in self.derived:
+                self.derived["hf"] = _hf_model(self.folder, self.dtype, self.device)  # type: ignore[arg-type]
+            self._model = self.derived["hf"]
+        return self._model
+
+    @property
+    def state(self) -> dict[str, torch.Tensor]:
+        """The weights by transformers name: the folder's ``model.safetensors`` (read on first use), else the
+        transformers model's state dict."""
+        if "state" not in self.derived:
+            path = None if self.folder is None else Path(self.folder) / "model.safetensors"
+            if self._model is None and path is not None and path.is_file():
+                from safetensors.torch import load_file
+
+                self.derived["state"] = load_file(str(path))
+            else:
+                self.derived["state"] = self.model.state_dict()
+        return self.derived["state"]
+
+    @property
+    def has_model(self) -> bool:
+        return self._model is not None
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.folder)
+        return self._tokenizer
 
     @property
     def max_context(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+        return int(getattr(self.config, "max_position_embeddings", 2048))
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """The ids that end a generation: the generation config's, else the tokenizer's."""
+        if self._model is not None:
+            eos = self._model.generation_config.eos_token_id
+        else:
+            gen = None if self.folder is None else Path(self.folder) / "generation_config.json"
+            eos = (
+                json.loads(gen.read_text()).get("eos_token_id") if gen is not None and gen.is_file() else None
+            )
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return [eos] if isinstance(eos, int) else list(eos or [])
+
+    def replace(self, **changes: Any) -> LoadedModel:
+        """The same load with some fields changed; shares the transformers model, the state and ``derived``."""
+        fields = dict(
+            model=self._model, tokenizer=self._tokenizer, model_id=self.model_id, dtype=self.dtype,
+            device=self.device, weights=self.weights, forward=self.forward, folder=self.folder, config=self.config,
+            derived=self.derived,
+        )  # fmt: skip
+        fields.update(changes)
+        return LoadedModel(**fields)
 
 
 def cache_dir() -> Path:
@@ -53,6 +162,29 @@ def cpu_has_bf16() -> bool:
     except OSError:
         return False
     return any(f in flags for f in (" avx512_bf16", " amx_bf16", " bf16"))
+
+
+def cpu_label() -> str:
+    """The CPU as a figure should name it: model name, family/model, and its bf16 flags."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    fields: dict[str, str] = {}
+    for line in info.splitlines():
+        if ":" in line:
+            k, v = (x.strip() for x in line.split(":", 1))
+            fields.setdefault(k, v)
+        elif fields:
+            break  # the first processor only
+    flags = set(fields.get("flags", "").split())
+    bf16 = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile", "bf16") if f in flags] or ["no native bf16"]
+    name = fields.get("model name", "?")
+    return (
+        f"{name} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}; {', '.join(bf16)})"
+    )
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -116,12 +248,51 @@ def embedded_model_folder() -> Path:
     return folder
 
 
-def load_model(model: str | None = None, *, dtype: str = "auto", device: str = "auto") -> LoadedModel:
-    """Load the target: ``None`` or ``"smollm2-135m-instruct"`` for the embedded model, else a local folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+WEIGHTS = ("dense", "bf16", "fp32", "int8", "int4", "auto")
 
+
+def resolve_weights(name: str, device: torch.device) -> str:
+    """The engine's weight format: ``dense`` (also ``bf16``/``fp32``: the weights in the activation dtype), ``int8``,
+    ``int4``; ``auto`` = int4 on the CPU (its int4 kernel; ~3x fewer weight bytes per token), dense on CUDA."""
+    if name not in WEIGHTS:
+        raise ModelError(f"unknown weight format {name!r}; valid: {', '.join(WEIGHTS)}")
+    if name == "auto":
+        return "int4" if device.type == "cpu" else "dense"
+    return "dense" if name in ("bf16", "fp32") else name
+
+
+def with_weights(loaded: LoadedModel, fmt: str | None) -> LoadedModel:
+    """The same load with the engine in weight format ``fmt`` (None: as loaded); shares the transformers model and
+    every derived lean model (one per format, built on first use)."""
+    if fmt is None or fmt == loaded.weights:
+        return loaded
+    if fmt not in ("dense", "int8", "int4"):
+        raise ModelError(f"unknown weight format {fmt!r}; valid: dense, int8, int4")
+    if loaded.forward == "hf":
+        raise ModelError(f"weight format {fmt} needs the lean forward")
+    key = f"variant-{fmt}"
+    if key not in loaded.derived:
+        loaded.derived[key] = loaded.replace(weights=fmt)  # the same ``derived``: lean models are shared
+    return loaded.derived[key]
+
+
+def load_model(
+    model: str | None = None,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    weights: str = "dense",
+    forward: str = "lean",
+) -> LoadedModel:
+    """Load the target: ``None`` or ``"smollm2-135m-instruct"`` for the embedded model, else a local folder.
+    ``weights``: see ``resolve_weights``; ``forward``: ``lean`` (env.lean, Llama family) or ``hf``."""
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
+    fmt = resolve_weights(weights, dev)
+    if forward not in ("lean", "compiled", "hf"):
+        raise ModelError(f"unknown forward {forward!r}; valid: lean, compiled, hf")
+    if fmt != "dense" and forward == "hf":
+        raise ModelError(f"--weights {weights} needs the lean forward (--forward lean)")
     if model in (None, "", DEFAULT_MODEL):
         folder, model_id = embedded_model_folder(), DEFAULT_MODEL
     else:
@@ -130,18 +301,58 @@ def load_model(model: str | None = None, *, dtype: str = "auto", device: str = "
             raise ModelError(f"model path {model} does not exist or is not a folder")
         if not (folder / "config.json").is_file():
             raise ModelError(f"model path {model} has no config.json (not a Hugging Face model folder)")
+    try:
+        values = json.loads((folder / "config.json").read_text())
+        if not isinstance(values, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as err:
+        raise ModelError(f"cannot read {folder / 'config.json'}: {str(err).splitlines()[0]}") from err
+    weights_file = folder / "model.safetensors"
+    from env.lean import LEAN_TYPES
+
+    if forward != "hf" and values.get("model_type") in LEAN_TYPES and weights_file.is_file():
+        # The lean forward runs from the state dict (or its own cached copy, env.lean): no transformers model
+        # (nor import) until something needs it. The file's header is checked now, its tensors read on use.
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(weights_file), framework="pt") as f:
+                if "model.embed_tokens.weight" not in f.keys():  # noqa: SIM118  (a safe_open handle)
+                    raise ModelError(
+                        f"{weights_file} has no model.embed_tokens.weight (not a Llama-family model)"
+                    )
+        except (OSError, SafetensorError) as err:
+            raise ModelError(f"cannot load model from {folder}: {str(err).splitlines()[0]}") from err
+        tok = None
+        if model_id == DEFAULT_MODEL and (folder / "tokenizer.json").is_file():
+            from env.tokenizer import FastTokenizer
+
+            tok = FastTokenizer(folder)
+        return LoadedModel(None, tok, model_id, torch_dtype, dev, fmt, forward, folder, ModelConfig(values))
+    net = _hf_model(folder, torch_dtype, dev)
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as err:
+        raise ModelError(f"cannot load the tokenizer from {folder}: {str(err).splitlines()[0]}") from err
+    return LoadedModel(net, tok, model_id, torch_dtype, dev, fmt, forward, folder)
+
+
+def _hf_model(folder: Path, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """The transformers model of a folder, in eval mode without gradients."""
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a one-second load needs no progress bar
     try:
-        net = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa")
-        tok = AutoTokenizer.from_pretrained(folder)
+        net = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
     except (OSError, ValueError) as err:
         raise ModelError(f"cannot load model from {folder}: {str(err).splitlines()[0]}") from err
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    net.to(dev).eval()
+    net.to(device).eval()
     net.requires_grad_(False)
-    return LoadedModel(model=net, tokenizer=tok, model_id=model_id, dtype=torch_dtype, device=dev)
+    return net

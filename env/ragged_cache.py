@@ -3,15 +3,18 @@
 committed token of its sequence but the last, the root of its next tree), and a forward writes row ``r``'s ``q``
 nodes at positions ``lens[r] .. lens[r] + q - 1`` of that row — so rows of different lengths share one forward.
 ``RowKV`` is one row's entries as a ``drafters.KVView``.
+
+The lean forward (``env.lean``) writes and reads the slots itself; the transformers forward needs a ``Cache``:
+``hf_ragged_cache`` makes one of the same class with transformers' ``Cache`` mixed in (imported only then).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers.cache_utils import Cache
 
 if TYPE_CHECKING:
     from env.batch import Row
@@ -32,11 +35,10 @@ class Write:
     past: int
 
 
-class RaggedCache(Cache):
+class RaggedCache:
     """Per-layer K/V ``[rows, kv_heads, capacity, dim]``; ``lens[r]`` committed positions of row ``r``."""
 
     def __init__(self, layers: int, rows: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: Any):
-        super().__init__(layers=[])
         self.n_layers, self.rows, self.kv_heads, self.head_dim = layers, rows, kv_heads, head_dim
         self.dtype, self.device = dtype, device
         self.capacity = 0
@@ -94,6 +96,27 @@ class RaggedCache(Cache):
             for t in store:
                 t[dst, :, :n] = t[src, :, :n]
         self.lens[dst], self.lens[src] = n, 0
+
+
+@cache
+def _hf_class() -> type:
+    from transformers.cache_utils import Cache
+
+    class HFRaggedCache(RaggedCache, Cache):
+        """A ``RaggedCache`` the transformers forward accepts (its ``update`` and sizes are RaggedCache's)."""
+
+        def __init__(self, *args: Any) -> None:
+            Cache.__init__(self, layers=[])
+            RaggedCache.__init__(self, *args)
+
+    return HFRaggedCache
+
+
+def hf_ragged_cache(
+    layers: int, rows: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: Any
+) -> RaggedCache:
+    """A ``RaggedCache`` that is also a transformers ``Cache`` (for ``BatchTarget``'s transformers forward)."""
+    return _hf_class()(layers, rows, kv_heads, head_dim, dtype, device)
 
 
 class RowKV:

@@ -135,7 +135,7 @@ class Stepper:
         self.builder: ObservationBuilder | None = None
         if features is not None:
             depths = [0 if a.drafter is None else a.shape.depth for a in self.arms]
-            hidden = int(engine.target.model.config.hidden_size)
+            hidden = int(engine.target.config.hidden_size)
             self.builder = ObservationBuilder(features, [a.name for a in self.arms], depths, hidden)
         self.seqs: list[Seq] = []  # in slot order: seqs[i].row is engine.target.rows[i]
 

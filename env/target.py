@@ -21,7 +21,4 @@ def check_prompt(prompt_ids: list[int], max_context: int, what: str = "the promp
 
 def eos_ids(loaded: LoadedModel) -> frozenset[int]:
     """The ids that end a generation (the generation config's, else the tokenizer's)."""
-    eos = loaded.model.generation_config.eos_token_id
-    if eos is None:
-        eos = loaded.tokenizer.eos_token_id
-    return frozenset([eos] if isinstance(eos, int) else (eos or []))
+    return frozenset(loaded.eos_token_ids)

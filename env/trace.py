@@ -213,15 +213,15 @@ def model_fingerprint(loaded: Any) -> dict[str, Any]:
     tok = loaded.tokenizer
     vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
     sha = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
-    eos = loaded.model.generation_config.eos_token_id
+    eos = loaded.eos_token_ids
     eos = [eos] if isinstance(eos, int) else list(eos or [tok.eos_token_id])
     return {
         "model_id": loaded.model_id,
-        "vocab_size": int(loaded.model.config.vocab_size),
+        "vocab_size": int(loaded.config.vocab_size),
         "tokenizer_sha256": sha,
         "eos_ids": [int(e) for e in eos],
         "dtype": str(loaded.dtype).removeprefix("torch."),
-        "hidden_size": int(loaded.model.config.hidden_size),
+        "hidden_size": int(loaded.config.hidden_size),
     }
 
 
@@ -365,7 +365,7 @@ def record(
         parts_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(head_file, json.dumps(header))  # torn, it would stop every later resume
     stepper = Stepper(engine, [NO_DRAFT])
-    proj = projection(int(loaded.model.config.hidden_size), spec)
+    proj = projection(int(loaded.config.hidden_size), spec)
     parts = []
     bar = tqdm(prompts, desc="record", unit="prompt", disable=not progress)
     for i, p in enumerate(bar):

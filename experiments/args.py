@@ -68,6 +68,16 @@ def model_args(p: argparse.ArgumentParser) -> None:
         "--dtype", default="auto", choices=["auto", "bf16", "fp32"], help="auto: bf16 where supported"
     )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument(
+        "--weights", default="dense", choices=["dense", "bf16", "fp32", "int8", "int4", "auto"],
+        help="the target's weight format (lean forward): dense (in --dtype; bf16/fp32 say the same), int8 per "
+        "channel, int4 per 32 weights (the GGUF's own Q4_1 blocks for the embedded model); auto: int4 on a CPU",
+    )  # fmt: skip
+    p.add_argument(
+        "--forward", default="lean", choices=["lean", "compiled", "hf"],
+        help="lean: draftgym's Llama-family forward (default); compiled: the same through torch.compile "
+        "(inductor, cached on disk; see the README for when it pays); hf: the transformers model's forward",
+    )  # fmt: skip
 
 
 def arm_args(p: argparse.ArgumentParser) -> None:

@@ -1,10 +1,13 @@
 """``draftgym bench``: methods side by side on the same prompts, interleaved, in one run.
 
 Methods: ``hf_greedy`` (Hugging Face ``generate``, greedy), ``hf_pld`` (its prompt lookup,
-``prompt_lookup_num_tokens``), ``ar`` (our autoregressive loop) and any arm name of ours (``ngram-d8``,
-``ngram-d12-k3-b24``, ...). For each prompt every method runs once, in an order rotated from prompt to prompt so
-that slow drifts of the machine spread evenly. Records are appended to ``records.jsonl`` as they finish; a
-re-run with the same ``--out`` skips what is done.
+``prompt_lookup_num_tokens``), ``llama_cpp`` (llama-cpp-python on the same GGUF, greedy, in a worker process:
+``experiments.llama_cpp``; the extra ``pip install 'draftgym[llama]'``), ``ar`` (our autoregressive loop) and
+any arm name of ours (``ngram-d8``, ``ngram-d12-k3-b24``, ...). For each prompt every method runs once, in an
+order rotated from prompt to prompt so that slow drifts of the machine spread evenly. Records are appended to
+``records.jsonl`` as they finish; a re-run with the same ``--out`` skips what is done. A llama_cpp worker that
+dies (or cannot start) fails that method only: its remaining prompts are not run (and not recorded, so a
+re-run retries them), the table says why in one line, and every other method finishes.
 """
 
 from __future__ import annotations
@@ -21,15 +24,18 @@ import torch
 from tqdm import tqdm
 
 from env.decoder import SpeculativeDecoder, chat_prompt
-from env.engine import Sampling, parse_arm
+from env.engine import Sampling, parse_arm, split_weights
 from env.files import atomic_write_text
 from env.metrics import speedup, throughput
-from env.model import LoadedModel
+from env.model import LoadedModel, with_weights
 from env.target import check_prompt
 from env.workloads import Prompt
+from experiments.llama_cpp import METHOD as LLAMA_CPP
+from experiments.llama_cpp import LlamaCppError, LlamaCppRunner, runner_for
 from experiments.provenance import provenance
 
-HF_METHODS = ("hf_greedy", "hf_pld")
+HF_METHODS = ("hf_greedy", "hf_pld")  # run by HFRunner
+EXTERNAL_METHODS = (*HF_METHODS, LLAMA_CPP)  # the baselines that are not arms of ours
 DEFAULT_METHODS = ("hf_greedy", "hf_pld", "ar", "ngram-d8", "ngram-d12-k4-b24")
 
 
@@ -90,11 +96,25 @@ def run_method(
         ids, wall = runner.run(prompt_ids, max_new_tokens)
         steps, tau = (len(ids), 1.0) if method == "hf_greedy" else (0, None)
         return ids, wall, steps, tau, []
+    if method == LLAMA_CPP:  # raises LlamaCppError when its worker cannot run
+        if method not in decoders:
+            decoders[method] = runner_for(loaded)
+        ids, wall = decoders[method].run(prompt_ids, max_new_tokens)
+        return ids, wall, len(ids), 1.0, []
     dec = decoders.get(method)
     if dec is None:
-        dec = decoders[method] = SpeculativeDecoder(loaded, [parse_arm(method)])
+        arm, fmt = split_weights(method)
+        dec = decoders[method] = SpeculativeDecoder(with_weights(loaded, fmt), [parse_arm(arm)])
     g = dec.generate(prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
     return g.token_ids, g.stats.wall_s, g.stats.steps, g.stats.tau, list(g.arms)
+
+
+def interleaved(todo: list[tuple[int, Prompt]], methods: list[str], done: set[tuple[str, str]]):
+    """Per prompt ``(i, p)`` of ``todo``: ``(i, p, the methods not done for it)``, rotated by ``i`` so that slow drifts
+    of the machine spread evenly over the methods (what ``bench`` and ``run`` both do)."""
+    for i, p in todo:
+        k = i % len(methods)
+        yield i, p, [m for m in methods[k:] + methods[:k] if (m, p.prompt_id) not in done]
 
 
 def warm_up(method: str, loaded: LoadedModel, decoders: dict[str, Any], prompt_ids: list[int]) -> None:
@@ -136,44 +156,86 @@ def run_bench(
     settings: dict[str, Any],
     progress: bool = True,
     decoders: dict[str, Any] | None = None,
+    llama_cpp_gguf: Path | None = None,
 ) -> dict[str, Any]:
-    """``decoders``: ready decoders by method name (e.g. ``policy:NAME`` -> a decoder driven by a policy)."""
+    """``decoders``: ready decoders by method name (e.g. ``policy:NAME`` -> a decoder driven by a policy).
+    ``llama_cpp_gguf``: the GGUF the llama_cpp method runs (default: the embedded model's); its worker starts
+    here, once, and ends with the run. A llama_cpp worker that cannot start or dies ends that method only: the
+    result's ``failures`` says why, and every other method runs to the end."""
     decoders = dict(decoders or {})
     for m in methods:
-        if m not in HF_METHODS and m not in decoders:
-            parse_arm(m)  # fail before any work on a bad method name
+        if m not in EXTERNAL_METHODS and m not in decoders:
+            parse_arm(split_weights(m)[0])  # fail before any work on a bad method name
+    longest = 0
     for p in prompts:  # and on a prompt that does not fit the context
-        check_prompt(chat_prompt(loaded.tokenizer, p.text), loaded.max_context, f"prompt {p.prompt_id}")
+        ids = chat_prompt(loaded.tokenizer, p.text)
+        check_prompt(ids, loaded.max_context, f"prompt {p.prompt_id}")
+        longest = max(longest, len(ids))
     out_dir.mkdir(parents=True, exist_ok=True)
     rec_path = out_dir / "records.jsonl"
     records = load_done(rec_path)
     done = {(r.method, r.prompt_id) for r in records}
     todo = [(i, p) for i, p in enumerate(prompts) if any((m, p.prompt_id) not in done for m in methods)]
+    failures: dict[str, str] = {}  # method -> why it stopped (the llama_cpp worker's death)
+    started: list[LlamaCppRunner] = []
+    if (
+        LLAMA_CPP in methods
+        and LLAMA_CPP not in decoders
+        and any((LLAMA_CPP, p.prompt_id) not in done for _, p in todo)
+    ):
+        try:  # loads the GGUF and warms up in its own process
+            runner = runner_for(
+                loaded, llama_cpp_gguf, n_ctx=min(loaded.max_context, longest + max_new_tokens)
+            )
+        except LlamaCppError as err:
+            failures[LLAMA_CPP] = str(err)
+        else:
+            decoders[LLAMA_CPP] = runner
+            started.append(runner)
+            settings = {**settings, LLAMA_CPP: runner.info}
     if todo:  # warm-up: the first call of each method pays for lazy initialisation; untimed
         warm_ids = chat_prompt(loaded.tokenizer, "Say hello.")
         for m in methods:
-            warm_up(m, loaded, decoders, warm_ids)
+            if m != LLAMA_CPP:  # its worker warmed up when it started
+                warm_up(m, loaded, decoders, warm_ids)
     bar = tqdm(total=len(prompts) * len(methods), initial=len(done), desc="bench", disable=not progress)
-    with rec_path.open("a") as fh:
-        for i, p in todo:
-            prompt_ids = chat_prompt(loaded.tokenizer, p.text)
-            order = methods[i % len(methods) :] + methods[: i % len(methods)]
-            for m in order:
-                if (m, p.prompt_id) in done:
-                    continue
-                ids, wall, steps, tau, arms = run_method(m, loaded, decoders, prompt_ids, max_new_tokens)
-                rec = Record(
-                    m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids, arms
-                )
-                fh.write(json.dumps(asdict(rec)) + "\n")
-                fh.flush()
-                records.append(rec)
-                bar.update(1)
+    try:
+        with rec_path.open("a") as fh:
+            for _, p, order in interleaved(todo, methods, done):
+                prompt_ids = chat_prompt(loaded.tokenizer, p.text)
+                for m in order:
+                    if m in failures:
+                        bar.update(1)
+                        continue
+                    try:
+                        ids, wall, steps, tau, arms = run_method(
+                            m, loaded, decoders, prompt_ids, max_new_tokens
+                        )
+                    except LlamaCppError as err:  # its worker died: that method stops, the run goes on
+                        failures[m] = f"{err} on prompt {p.prompt_id}"
+                        bar.update(1)
+                        continue
+                    rec = Record(
+                        m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids, arms
+                    )
+                    fh.write(json.dumps(asdict(rec)) + "\n")
+                    fh.flush()
+                    records.append(rec)
+                    bar.update(1)
+    finally:
+        for runner in started:
+            runner.close()
     bar.close()
     keep = {p.prompt_id for p in prompts}
     records = [r for r in records if r.prompt_id in keep and r.method in methods]
+    have = {(r.method, r.prompt_id) for r in records}
+    for m, why in failures.items():
+        missing = sum((m, p.prompt_id) not in have for p in prompts)
+        failures[m] = (
+            f"{why}; {missing} of {len(prompts)} prompts not run (a re-run with the same --out retries them)"
+        )
     summary = summarize(records, methods)
-    result = {"settings": settings, "provenance": provenance(), "summary": summary}
+    result = {"settings": settings, "provenance": provenance(), "summary": summary, "failures": failures}
     atomic_write_text(out_dir / "bench.json", json.dumps(result, indent=2))
     return result
 
@@ -210,7 +272,9 @@ def summarize(records: list[Record], methods: list[str]) -> list[dict[str, Any]]
     return rows
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
+def format_table(rows: list[dict[str, Any]], failures: dict[str, str] | None = None) -> str:
+    """The summary rows as a table; each failed method (``failures``: method -> why) adds one line below."""
+
     def f(x: Any, spec: str) -> str:
         return "-" if x is None else format(x, spec)
 
@@ -225,6 +289,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             f"{r['category']:<15}{r['method']:<20}{r['prompts']:>8}{r['tokens']:>8}{r['tokens_per_s']:>8.2f}"
             f"{f(r['tau'], '.2f'):>7}{f(r['speedup_vs_hf'], '.2f'):>7}{f(r['speedup_vs_ar'], '.2f'):>7}"
         )
+    if failures:
+        lines += [""] + [f"{m} failed: {why}" for m, why in failures.items()]
     best = best_by_category(rows)
     if best and len({r["method"] for r in rows} - BASELINES) > 1:
         overall = best.get("overall", ("-", 0.0))[0]
@@ -234,7 +300,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-BASELINES = {"hf_greedy", "hf_pld", "ar", "none"}
+BASELINES = {"hf_greedy", "hf_pld", "llama_cpp", "ar", "none"}
 
 
 def best_by_category(rows: list[dict[str, Any]]) -> dict[str, tuple[str, float]]:
@@ -267,14 +333,23 @@ def cmd_bench(args: Any) -> int:
     if len(set(methods)) != len(methods):
         raise UserError(f"--methods lists a method twice: {methods}")
     for m in methods:
-        if m not in HF_METHODS:
-            parse_arm(m)  # a bad method name fails before the model loads
+        if m not in EXTERNAL_METHODS:
+            parse_arm(split_weights(m)[0])  # a bad method name fails before the model loads
+    gguf = None
+    if LLAMA_CPP in methods:  # a folder model without --llama-cpp-gguf fails here, before the model loads
+        from experiments.llama_cpp import gguf_of
+
+        gguf = gguf_of(args.model, args.llama_cpp_gguf)
+    elif args.llama_cpp_gguf is not None:
+        raise UserError("--llama-cpp-gguf is for the llama_cpp method, which --methods does not list")
     prompts = load_workload(args.workload, per_category=args.per_category)
     if args.limit:
         prompts = prompts[: args.limit]
     out = Path(args.out or f"runs/bench-{dt.datetime.now():%Y%m%d-%H%M%S}")
     output_dir(out)
-    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    loaded = load_model(
+        args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
+    )
     decoders = {}
     for path in args.policy or []:  # each saved policy is one more method, "policy:<file stem>"
         from experiments.policy_commands import policy_decoder
@@ -301,11 +376,12 @@ def cmd_bench(args: Any) -> int:
         settings=settings,
         progress=not args.json,
         decoders=decoders,
+        llama_cpp_gguf=gguf,
     )
     if args.json:
         print(json.dumps(result))
     else:
-        print(format_table(result["summary"]))
+        print(format_table(result["summary"], result["failures"]))
         print(f"\nspeedups are ratios of aggregate tokens/s in this run; results in {out}/")
     return 0
 
@@ -323,7 +399,16 @@ def register(sub: Any) -> None:
     b.add_argument("--per-category", type=positive_int, default=None, help="first N prompts of each category")
     b.add_argument("--limit", type=positive_int, default=None, help="first N prompts in all (smoke runs)")
     b.add_argument(
-        "--methods", default=None, help="comma list: hf_greedy,hf_pld,ar,ngram-d8,ngram-d12-k4-b24,..."
+        "--methods",
+        default=None,
+        help="comma list: hf_greedy,hf_pld,llama_cpp,ar,ngram-d8,ngram-d12-k4-b24,... (llama_cpp needs the extra "
+        "draftgym[llama])",
+    )
+    b.add_argument(
+        "--llama-cpp-gguf",
+        default=None,
+        metavar="PATH",
+        help="the GGUF the llama_cpp method runs (default: the embedded model's; required with --model FOLDER)",
     )
     b.add_argument("--max-new-tokens", type=new_tokens, default=128)
     b.add_argument("--out", default=None, help="run directory (re-use it to resume a killed run)")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from experiments.errors import EXIT_USAGE, describe_os_error, is_user_error, one_line
@@ -29,6 +31,48 @@ COMMAND_MODULES: tuple[str, ...] = (
     "experiments.oracle_gap",
 )
 
+# Each subcommand's module and one-line help, so that ``draftgym CMD`` imports CMD's module alone and
+# ``draftgym --help`` imports none (torch and the model code take seconds to import). A test checks this table
+# against what the modules register.
+COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "generate": ("experiments.generate", "generate text with speculative decoding"),
+        "bench": ("experiments.bench", "benchmark methods side by side against Hugging Face generate"),
+        "serve-bench": (
+            "experiments.serve_bench",
+            "goodput against load: continuous batching, every method, each level",
+        ),
+        "agreement": (
+            "experiments.agreement",
+            "token agreement of a bench run with HF greedy; near-tie analysis",
+        ),
+        "run": ("experiments.runner", "run the workload x methods of a config into a run directory"),
+        "sweep": ("experiments.sweep", "an Optuna study over tree shapes or policy hyper-parameters"),
+        "report": ("experiments.report", "a Markdown report of run and sweep directories, side by side"),
+        "calibrate": ("experiments.env_commands", "measure this machine's step costs into a cost-model JSON"),
+        "record": (
+            "experiments.env_commands",
+            "record a replay trace (greedy) of a workload; re-run to resume",
+        ),
+        "train-drafter": (
+            "experiments.train_drafter",
+            "train an eagle or early_exit draft head by self-distillation",
+        ),
+        "train": (
+            "experiments.policy_commands",
+            "train the policies of a config on the replay env (bandits, RL, predictors)",
+        ),
+        "evaluate": (
+            "experiments.policy_commands",
+            "policies vs the best static arm and the oracles, replay and live",
+        ),
+        "oracle-gap": (
+            "experiments.oracle_gap",
+            "how much of the per-step oracle's gain predictors can learn (replay)",
+        ),
+    }
+)
+
 
 class _Parser(argparse.ArgumentParser):
     """No abbreviations (``--prompt`` is not ``--prompt-file``); an error is one line and exit code 2."""
@@ -42,20 +86,37 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser (every module registers its subcommands); with ``command``, only that command's module
+    registers, the others are listed from ``COMMANDS`` (for the top-level help) without being imported."""
     p = _Parser(
         prog="draftgym", description="Adaptive speculative decoding: decode, benchmark, train, sweep."
     )
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    if command is None:
+        for name in COMMAND_MODULES:
+            importlib.import_module(name).register(sub)
+        return p
+    module = COMMANDS[command][0] if command in COMMANDS else None
+    if module is not None:
+        importlib.import_module(module).register(sub)
+    for name, (_, help_) in COMMANDS.items():
+        if name not in sub.choices:
+            sub.add_parser(name, help=help_, add_help=False)
     return p
+
+
+def _command_of(argv: list[str]) -> str:
+    """The subcommand ``argv`` names ("" for none: ``draftgym --help`` lists them all without importing any)."""
+    first = next((a for a in argv if not a.startswith("-")), "")
+    return first if first in COMMANDS else ""
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns its exit code (2: bad input, reported in one line on stderr)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(_command_of(argv)).parse_args(argv)
     except SystemExit as exit_:  # --help (0), or an argument argparse refused (2, already reported)
         return int(exit_.code or 0)
     try:

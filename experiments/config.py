@@ -6,8 +6,8 @@ Every field carries a docstring (cleanrl style); every example config explains i
 (``load_config(path, trial=..., sets=...)``).
 
 A method (one entry of ``methods``) is one of: ``ar`` (our autoregressive loop), ``hf_greedy`` / ``hf_pld``
-(Hugging Face ``generate``), an arm name (``ngram-d8``, ``ngram-d12-k4-b24``), or ``policy:NAME`` for the
-policy described by the table ``[policies.NAME]``.
+(Hugging Face ``generate``), ``llama_cpp`` (llama-cpp-python on the embedded model's GGUF), an arm name
+(``ngram-d8``, ``ngram-d12-k4-b24``), or ``policy:NAME`` for the policy described by the table ``[policies.NAME]``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from experiments.strict_toml import (
 from experiments.strict_toml import opt as _f
 
 Scalar = int | float | str | bool
-HF_METHODS = ("hf_greedy", "hf_pld")
+# The baselines that are not arms of ours, run by ``experiments.bench.run_method``, greedy only: Hugging Face
+# ``generate`` (greedy, prompt lookup) and llama-cpp-python on the embedded GGUF (``experiments.llama_cpp``).
+HF_METHODS = ("hf_greedy", "hf_pld", "llama_cpp")
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ class Config:
     seed: int = 0
     """Seed of sampled decoding and of policies."""
     methods: tuple[str, ...] = ("ar", "ngram-d8")
-    """Methods run on every prompt, interleaved: ar, hf_greedy, hf_pld, arm names, policy:NAME."""
+    """Methods run on every prompt, interleaved: ar, hf_greedy, hf_pld, llama_cpp, arm names, policy:NAME."""
     model: ModelConfig = ModelConfig()
     workload: WorkloadConfig = WorkloadConfig()
     decode: DecodeConfig = DecodeConfig()
@@ -237,6 +239,12 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
         elif m in HF_METHODS:
             if cfg.decode.temperature > 0:
                 fail(key, f"is {m!r}, which only runs greedy; set decode.temperature = 0 or drop it")
+            if m == "llama_cpp" and cfg.model.name not in ("", ModelConfig.name):
+                fail(
+                    key,
+                    "is 'llama_cpp', which a config runs on the embedded model's GGUF only (model.name is a "
+                    "folder); for another model use draftgym bench --llama-cpp-gguf PATH",
+                )
         else:
             _check_arm(m, key, fail, DRAFTERS)
     for name, p in cfg.policies.items():
@@ -312,10 +320,10 @@ def diff_configs(a: Config, b: Config, ignore: tuple[str, ...] = ()) -> list[str
 
 def _check_arm(name: str, key: tuple[str, ...], fail: Any, registry: dict[str, Any]) -> None:
     from drafters import DrafterError
-    from env.engine import parse_arm
+    from env.engine import parse_arm, split_weights
 
     try:
-        arm = parse_arm(name)
+        arm = parse_arm(split_weights(name)[0])
     except DrafterError as err:
         fail(key, f"is not a method: {err}")
         return

@@ -34,7 +34,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise UserError(f"--reps must be >= 1, got {args.reps}")
     names = _drafter_list(args.drafters)
     out = output_file(args.out)
-    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    loaded = load_model(
+        args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
+    )
     t0 = time.perf_counter()
     cm = calibrate(loaded, names, reps=args.reps, progress=not args.json)
     cm.meta["command"] = " ".join(["draftgym", *sys.argv[1:]])
@@ -44,6 +46,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         "seconds": round(time.perf_counter() - t0, 1),
         "model": cm.model_id,
         "dtype": cm.dtype,
+        "weights": cm.meta.get("weights", "dense"),
         "ar_ms": round(1e3 * float(cm.ar_cost(cm.context_ref)), 2),
         "chain_ms": {n: round(1e3 * s, 2) for n, s in zip(cm.chain.nodes, cm.chain.seconds)},
         "tree_ms": {n: round(1e3 * s, 2) for n, s in zip(cm.tree.nodes, cm.tree.seconds)},
@@ -88,7 +91,9 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.limit:
         prompts = prompts[: args.limit]
     done = part_progress(out)
-    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    loaded = load_model(
+        args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
+    )
     if done and not args.json:
         print(f"resuming: {done} of {len(prompts)} prompts already recorded", file=sys.stderr)
     t0 = time.perf_counter()

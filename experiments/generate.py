@@ -70,7 +70,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UserError("the prompt is empty")
     arm = None if args.policy else arm_from_args(args)
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    loaded = load_model(
+        args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
+    )
     if args.policy:  # a saved policy picks the arm each step (experiments.policy_commands)
         from experiments.policy_commands import policy_decoder
 
@@ -89,6 +91,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "token_ids": g.token_ids,
                     "arm": label,
                     "arms": g.arms,
+                    "weights": loaded.weights,
                     "stats": g.stats.as_dict(),
                 }
             )

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from env.decoder import SpeculativeDecoder
-from env.engine import Sampling, parse_arm
-from env.model import LoadedModel
+from env.engine import Sampling, parse_arm, split_weights
+from env.model import LoadedModel, with_weights
 from experiments.config import HF_METHODS, Config, PolicyConfig, keywords_of, policy_class, policy_types
 
 
@@ -79,7 +79,10 @@ def make_decoders(cfg: Config, loaded: LoadedModel, state_dir: Path | None = Non
             policy = build_policy(name, p, seed=cfg.seed, state=state, obs_size=len(names), features=names)
             decoders[m] = policy_decoder(loaded, policy, arms, options)
         else:
-            decoders[m] = SpeculativeDecoder(loaded, [parse_arm(m)], drafter_options=options)
+            arm, fmt = split_weights(m)
+            decoders[m] = SpeculativeDecoder(
+                with_weights(loaded, fmt), [parse_arm(arm)], drafter_options=options
+            )
     return decoders
 
 
@@ -120,7 +123,7 @@ def warmup_decoders(cfg: Config, loaded: LoadedModel) -> dict[str, Any]:
         if is_policy(m):
             arms += list(cfg.policies[m.removeprefix("policy:")].arms)
         elif m not in HF_METHODS:
-            arms.append(m)
+            arms.append(split_weights(m)[0])
     out: dict[str, Any] = {
         a: SpeculativeDecoder(loaded, [parse_arm(a)], drafter_options=options) for a in arms
     }

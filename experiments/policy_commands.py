@@ -393,7 +393,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         output_dir(args.out)
     loaded = None
     if not args.no_live:
-        loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+        loaded = load_model(
+            args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
+        )
     result = evaluate(
         paths, trace_path=args.trace, cost_model=args.cost_model, test_per_category=args.test_per_category,
         seed=args.seed, live=not args.no_live, loaded=loaded, workload=args.workload,

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from env.files import atomic_write_text
 from env.workloads import Prompt, load_workload
-from experiments.bench import Record, format_table, load_done, run_method, summarize
+from experiments.bench import Record, format_table, interleaved, load_done, run_method, summarize
 from experiments.config import Config, diff_configs, load_config, to_toml
 from experiments.provenance import provenance
 
@@ -109,12 +109,9 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
             total=len(prompts) * len(methods), initial=len(done), desc=f"run {cfg.name}", disable=not progress
         )
         with rec_path.open("a") as fh:
-            for i, p in todo:
+            for i, p, order in interleaved(todo, methods, done):
                 prompt_ids = chat_prompt(loaded.tokenizer, p.text)
-                order = methods[i % len(methods) :] + methods[: i % len(methods)]
                 for m in order:
-                    if (m, p.prompt_id) in done:
-                        continue
                     ids, wall, steps, tau, arms = run_method(
                         m,
                         loaded,

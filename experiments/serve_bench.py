@@ -106,8 +106,7 @@ def run_hf_batch(
 
     tok = loaded.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    eos = loaded.model.generation_config.eos_token_id
-    eos = {eos} if isinstance(eos, int) else set(eos or [])
+    eos = set(loaded.eos_token_ids)
     out, t0 = [], time.perf_counter()
     for i in range(0, len(prompts), level):
         wave = prompts[i : i + level]
@@ -202,7 +201,9 @@ def cmd_serve_bench(args: Any) -> int:
         prompts = prompts[: args.limit]
     args.arrival_times = read_arrivals(args.arrivals, len(prompts)) if args.arrivals else None
     out = output_dir(args.out or "runs/serve-bench")
-    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    loaded = load_model(
+        args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
+    )
     ids = [chat_prompt(loaded.tokenizer, p.text) for p in prompts]
     rids = [p.prompt_id for p in prompts]
     for p, i in zip(prompts, ids):

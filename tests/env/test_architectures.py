@@ -68,3 +68,19 @@ def test_gemma_is_refused_in_one_line():
     loaded = _loaded(GemmaConfig, GemmaForCausalLM, head_dim=8)
     with pytest.raises(ModelError, match="'gemma' model"):
         BatchEngine(loaded, max_rows=1)
+
+
+@pytest.mark.parametrize("forward", ["hf", "compiled"])
+def test_the_other_forwards_decode_exactly(forward):
+    """The transformers forward (the generic path) and the lean one through torch.compile give the same tokens as
+    Hugging Face greedy (qwen2: q/k/v biases)."""
+    loaded = _qwen2().replace(forward=forward)
+    assert (BatchEngine(loaded, 1).target.net is None) == (forward == "hf")
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (7, 15)]
+    reqs = [
+        Request(str(i), p, parse_arm(a), 12) for i, (p, a) in enumerate(zip(prompts, ["ngram-d3", "none"]))
+    ]
+    out = serve(BatchEngine(loaded, max_rows=2), reqs, concurrency=2)
+    for r, o in zip(reqs, out):
+        assert o.token_ids == hf_greedy(loaded, r.prompt_ids, 12), r.arm.name

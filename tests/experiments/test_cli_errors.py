@@ -32,3 +32,30 @@ def test_generate_json_has_the_documented_fields():
     assert set(out) >= {"text", "token_ids", "stats"}
     assert set(out["stats"]) >= {"new_tokens", "steps", "tau", "tokens_per_s", "wall_s"}
     assert len(out["token_ids"]) == out["stats"]["new_tokens"] <= 8
+
+
+def test_the_command_table_is_what_the_modules_register():
+    """``draftgym CMD`` imports CMD's module alone, from ``COMMANDS``: it must name every subcommand's module and
+    help as the modules register them (a new command, or a changed help line, fails here until it is listed)."""
+    import importlib
+
+    from experiments.cli import COMMAND_MODULES, COMMANDS, _Parser
+
+    found = {}
+    for module in COMMAND_MODULES:
+        p = _Parser(prog="draftgym")
+        sub = p.add_subparsers(dest="command", parser_class=_Parser)
+        importlib.import_module(module).register(sub)
+        for action in sub._choices_actions:
+            found[action.dest] = (module, action.help)
+    assert found == COMMANDS
+
+
+def test_the_top_level_help_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys; from experiments.cli import main; main(['--help']); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "False"
+    assert "generate" in out.stdout and "serve-bench" in out.stdout

@@ -70,7 +70,12 @@ def _declared() -> set[str]:
 
 
 # import name -> distribution name, where they differ
-DIST = {"sklearn": "scikit-learn", "stable_baselines3": "stable-baselines3", "psycopg2": "psycopg2-binary"}
+DIST = {
+    "sklearn": "scikit-learn",
+    "stable_baselines3": "stable-baselines3",
+    "psycopg2": "psycopg2-binary",
+    "llama_cpp": "llama-cpp-python",
+}
 
 
 def test_every_third_party_import_is_a_declared_dependency():

@@ -1,0 +1,106 @@
+"""What one target forward costs, per forward path and weight format: ``python -m env.bench_forward`` times, for
+each node count q, the Hugging Face forward of ``--rows`` rows x q tokens over a ``DynamicCache`` of ``--context``
+tokens (its own causal mask), and the engine's forward (``env.batch.BatchTarget``) of the same over the ragged cache
+in each ``--weights`` format of the lean forward (``env.lean``); LM head included (logits of all q nodes), median
+ms, all timed in turn within every repetition.
+
+    python -m env.bench_forward --q 1,4,8,16,32 --context 300 --dtype bf16 --weights dense,int8,int4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from env.bench_batch import _interleaved_ms
+
+
+def hf_forward(loaded, rows: int, context: int, q: int):
+    from transformers import DynamicCache
+
+    model = loaded.model
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, 1000, (rows, context), generator=gen)
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids.to(loaded.device), cache=cache, use_cache=True)
+    nxt = torch.randint(100, 1000, (rows, q), generator=gen).to(loaded.device)
+    pos = (context + torch.arange(q))[None].expand(rows, q).to(loaded.device)
+
+    @torch.no_grad()
+    def step():
+        model(input_ids=nxt, position_ids=pos, cache=cache, use_cache=True)
+        cache.crop(-q)
+
+    return step
+
+
+def engine_forward(loaded, rows: int, context: int, q: int):
+    from env.batch import BatchEngine
+
+    eng = BatchEngine(loaded, rows)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(rows):
+        eng.admit(torch.randint(100, 1000, (context,), generator=gen).tolist(), {})
+    t = eng.target
+    nxt = torch.randint(100, 1000, (rows, q), generator=gen)
+    lens = [t.cache.lens[r] for r in range(rows)]
+    pos = torch.tensor(lens)[:, None] + torch.arange(q)[None]
+
+    @torch.no_grad()
+    def step():
+        t.head(t._forward(nxt, pos, None, lens))  # nothing committed: the next call writes the same slots
+
+    return step
+
+
+def main(argv: list[str] | None = None) -> int:
+    from env.model import ModelError, cpu_label, load_model
+
+    ap = argparse.ArgumentParser(prog="python -m env.bench_forward", description=__doc__.splitlines()[0])
+    ap.add_argument("--q", default="1,4,8,16,32", help="node counts per row (default 1,4,8,16,32)")
+    ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "auto"])
+    ap.add_argument(
+        "--weights", default="dense,int8,int4", help="lean weight formats (default dense,int8,int4)"
+    )
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--json", default=None, help="write the table as JSON to this file")
+    args = ap.parse_args(argv)
+    try:
+        qs = [int(x) for x in args.q.split(",")]
+        formats = [w.strip() for w in args.weights.split(",") if w.strip()]
+        base = load_model(args.model, dtype=args.dtype, device="cpu")
+        variants = {w: base.replace(weights=w) for w in formats}
+    except (ValueError, ModelError) as err:
+        print(f"error: {err}")
+        return 2
+    torch.manual_seed(0)
+    names = ["hf"] + [f"lean-{w}" for w in formats]
+    table = []
+    for q in qs:
+        fns = [hf_forward(base, args.rows, args.context, q)]
+        fns += [engine_forward(variants[w], args.rows, args.context, q) for w in formats]
+        ms = _interleaved_ms(fns, args.reps)
+        table.append({"q": q, **dict(zip(names, ms))})
+    machine = f"{cpu_label()}, {torch.get_num_threads()} threads"
+    print(f"# median ms per forward (LM head included), rows={args.rows}, context={args.context}, "
+          f"dtype={args.dtype}; {machine}")  # fmt: skip
+    print("| forward | " + " | ".join(f"q={r['q']}" for r in table) + " |")
+    print("|---|" + "---:|" * len(table))
+    for n in names:
+        print(f"| {n} | " + " | ".join(f"{r[n]:.1f}" for r in table) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"machine": machine, "rows": args.rows, "context": args.context, "table": table}, f, indent=1
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,98 @@
+"""A tokenizer that starts in milliseconds: the model folder's ``tokenizer.json`` through the ``tokenizers`` library
+and its chat template through jinja2, as transformers renders it — without importing transformers (seconds of a
+fresh process). It has the part of the transformers tokenizer API draftgym uses: ``__call__(text)["input_ids"]``,
+``apply_chat_template``, ``decode``, ``get_vocab``, ``chat_template``, ``eos_token_id``, ``pad_token_id``.
+
+``tests/env/test_tokenizer.py`` checks it gives the transformers tokenizer's ids, chat prompts, decoded text and
+vocabulary on the workloads. Used for the embedded model; other folders keep ``AutoTokenizer``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _token(value: Any) -> str | None:
+    if isinstance(value, dict):  # {"content": "<|im_end|>", ...}
+        return value.get("content")
+    return value
+
+
+class FastTokenizer:
+    def __init__(self, folder: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        conf_path = folder / "tokenizer_config.json"
+        conf = json.loads(conf_path.read_text()) if conf_path.is_file() else {}
+        template = folder / "chat_template.jinja"
+        self.chat_template: str | None = (
+            template.read_text() if template.is_file() else conf.get("chat_template")
+        )
+        self.special = {
+            k: _token(conf.get(k))
+            for k in ("bos_token", "eos_token", "pad_token", "unk_token")
+            if conf.get(k)
+        }
+        self._template = None
+
+    def __deepcopy__(self, memo: dict) -> FastTokenizer:
+        return self  # read-only
+
+    def _id(self, name: str) -> int | None:
+        tok = self.special.get(name)
+        return None if tok is None else self._tok.token_to_id(tok)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._id("eos_token")
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._id("pad_token")
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._id("bos_token")
+
+    def __call__(self, text: str) -> dict[str, list[int]]:
+        return {"input_ids": self._tok.encode(text).ids}
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def get_vocab(self) -> dict[str, int]:
+        return self._tok.get_vocab(with_added_tokens=True)
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, str]],
+        add_generation_prompt: bool = False,
+        tokenize: bool = True,
+        **kw: Any,
+    ) -> Any:
+        """Rendered as transformers renders it (a sandboxed jinja2 environment, trim_blocks and lstrip_blocks,
+        the special tokens as variables), then tokenized without adding special tokens."""
+        if self.chat_template is None:
+            raise ValueError("this tokenizer has no chat template")
+        if self._template is None:
+            from jinja2.ext import loopcontrols
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(message: str) -> None:
+                raise ValueError(message)
+
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+            )
+            env.globals["raise_exception"] = raise_exception
+            self._template = env.from_string(self.chat_template)
+        text = self._template.render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **self.special, **kw
+        )
+        return self.encode(text, add_special_tokens=False) if tokenize else text

@@ -1,0 +1,167 @@
+"""Weight formats of a linear layer ``y = x W^T (+ b)``: dense (the activation dtype), int8 weight-only (one scale
+per output channel, ``torch._weight_int8pack_mm``) and int4 weight-only (a scale and a zero per 32 input weights,
+``torch._weight_int4pack_mm_for_cpu`` on the CPU; on CUDA the same weights are dequantized once and run dense).
+
+int4 weights come either from quantizing a dense weight (min/max per group of 32) or straight from a GGUF file's
+Q4_1 blocks (``q4_1_blocks``): Q4_1 stores, per 32 weights, ``d`` and ``m`` (fp16) and 4-bit ``q`` with
+``w = d * q + m``; torch's layout is ``w = (q - 8) * scale + zero``, so ``scale = d`` and ``zero = m + 8 d`` — the
+GGUF's own quantization, kept instead of requantizing a dequantized copy. Activations stay in the model's dtype
+(bf16 or fp32); the scales follow it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+FORMATS = ("dense", "int8", "int4")
+GROUP = 32  # int4 group size: one Q4_1 block
+
+
+def int4_fits(out_features: int, in_features: int) -> bool:
+    """The CPU int4 layout packs 16 output channels and 32 input weights at a time."""
+    return out_features % 16 == 0 and in_features % GROUP == 0
+
+
+class QLinear:
+    """One linear layer in one weight format; ``__call__(x)`` for x [..., K]. ``nbytes``: the weight bytes a forward
+    reads (the cost models' bytes term)."""
+
+    def __init__(self, fmt: str, out_features: int, in_features: int, bias: torch.Tensor | None, **parts):
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown weight format {fmt!r}; valid: {', '.join(FORMATS)}")
+        self.fmt, self.n, self.k, self.bias = fmt, out_features, in_features, bias
+        self.weight: torch.Tensor | None = parts.get("weight")
+        self.qweight: torch.Tensor | None = parts.get("qweight")
+        self.scales: torch.Tensor | None = parts.get("scales")
+
+    # ---- builders ----
+    @staticmethod
+    def dense(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> QLinear:
+        n, k = weight.shape
+        b = None if bias is None else bias.to(dtype)
+        return QLinear("dense", n, k, b, weight=weight.to(dtype).contiguous())
+
+    @staticmethod
+    def int8(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> QLinear:
+        """Symmetric per-output-channel int8 of a dense weight."""
+        w = weight.float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+        n, k = w.shape
+        b = None if bias is None else bias.to(dtype)
+        return QLinear("int8", n, k, b, qweight=q, scales=scale.to(dtype))
+
+    @staticmethod
+    def int4(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> QLinear:
+        """Asymmetric int4 per group of 32 input weights (min/max) of a dense weight."""
+        w = weight.float()
+        n, k = w.shape
+        g = w.reshape(n, k // GROUP, GROUP)
+        lo, hi = g.amin(-1), g.amax(-1)
+        scale = ((hi - lo) / 15.0).clamp(min=1e-12)
+        q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).reshape(n, k)
+        return QLinear.from_int4(q, scale, lo + 8 * scale, bias, dtype)
+
+    @staticmethod
+    def from_int4(
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        zero: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+    ) -> QLinear:
+        """q int32 [N, K] in 0..15, scale and zero [N, K/32]: ``w = (q - 8) * scale + zero``."""
+        n, k = q.shape
+        if not int4_fits(n, k):
+            raise ValueError(
+                f"int4 needs in_features divisible by {GROUP} and out_features by 16, got {n}x{k}"
+            )
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 2)
+        sz = torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous()  # [K/32, N, 2]
+        b = None if bias is None else bias.to(dtype)
+        return QLinear("int4", n, k, b, qweight=packed, scales=sz)
+
+    # ---- use ----
+    def to(self, device: torch.device) -> QLinear:
+        """On CUDA a quantized layer is dequantized (the CPU kernels' packing is CPU-only)."""
+        if device.type == "cpu":
+            return self
+        w = self.dequantized().to(device)
+        b = None if self.bias is None else self.bias.to(device)
+        return QLinear("dense", self.n, self.k, b, weight=w)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight [N, K] this layer multiplies by, in the activation dtype (for tests and CUDA)."""
+        if self.fmt == "dense":
+            return self.weight  # type: ignore[return-value]
+        dtype = self.scales.dtype  # type: ignore[union-attr]
+        eye = torch.eye(self.k, dtype=dtype)
+        if self.fmt == "int8":
+            return (self.qweight.to(dtype) * self.scales[:, None]).contiguous()  # type: ignore[union-attr,index]
+        return (
+            torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.qweight, GROUP, self.scales).t().contiguous()
+        )
+
+    def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Its tensors by name (to save; ``from_tensors`` reads them back)."""
+        parts = {"weight": self.weight, "qweight": self.qweight, "scales": self.scales, "bias": self.bias}
+        return {f"{prefix}.{k}": v.contiguous() for k, v in parts.items() if v is not None}
+
+    @staticmethod
+    def from_tensors(flat: dict[str, torch.Tensor], prefix: str, fmt: str, n: int, k: int) -> QLinear:
+        """Read back what ``tensors`` saved; every tensor's shape and dtype are checked against ``fmt``, ``n``, ``k``
+        (a kernel given a packed weight of another size reads out of bounds): ``ValueError`` when they differ."""
+        get = {name: flat.get(f"{prefix}.{name}") for name in ("weight", "qweight", "scales", "bias")}
+        want: dict[str, tuple[tuple[int, ...], tuple[torch.dtype, ...]]] = {
+            "dense": {"weight": ((n, k), (torch.float32, torch.bfloat16, torch.float16))},
+            "int8": {"qweight": ((n, k), (torch.int8,)), "scales": ((n,), (torch.float32, torch.bfloat16))},
+            "int4": {
+                "qweight": ((n, k // 2), (torch.uint8,)),
+                "scales": ((k // GROUP, n, 2), (torch.float32, torch.bfloat16)),
+            },  # fmt: skip
+        }.get(fmt)  # type: ignore[assignment]
+        if want is None or (fmt == "int4" and not int4_fits(n, k)):
+            raise ValueError(f"{prefix}: format {fmt} of {n}x{k} cannot be read")
+        for name, (shape, dtypes) in want.items():
+            t = get[name]
+            if t is None or tuple(t.shape) != shape or t.dtype not in dtypes:
+                raise ValueError(
+                    f"{prefix}.{name}: expected {shape} {dtypes}, found {None if t is None else t.shape}"
+                )
+        bias = get.pop("bias")
+        if bias is not None and tuple(bias.shape) != (n,):
+            raise ValueError(f"{prefix}.bias: expected ({n},)")
+        return QLinear(fmt, n, k, bias, **{key: v for key, v in get.items() if v is not None})
+
+    @property
+    def nbytes(self) -> int:
+        parts = [self.weight, self.qweight, self.scales, self.bias]
+        return sum(int(p.numel() * p.element_size()) for p in parts if p is not None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fmt == "dense":
+            return F.linear(x, self.weight, self.bias)  # type: ignore[arg-type]
+        shape = x.shape
+        x2 = x.reshape(-1, self.k)
+        if self.fmt == "int8":
+            y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.qweight, GROUP, self.scales)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.n)
+
+
+def q4_1_blocks(raw: np.ndarray, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GGUF Q4_1 tensor's bytes (``[n, k/32 * 20]`` uint8: per block fp16 ``d``, fp16 ``m``, 16 bytes of nibbles,
+    low nibbles weights 0..15 and high nibbles 16..31) as ``q`` int32 [n, k], ``scale`` and ``zero`` fp32
+    [n, k/32] in torch's int4 convention (``w = (q - 8) * scale + zero``)."""
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // GROUP, 20)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    qs = blocks[..., 4:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int32).reshape(n, k)
+    scale = torch.from_numpy(d)
+    return torch.from_numpy(q), scale, torch.from_numpy(m) + 8 * scale
