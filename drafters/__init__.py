@@ -23,12 +23,14 @@ from drafters.eagle import EagleDrafter
 from drafters.early_exit import EarlyExitDrafter
 from drafters.ngram import NGramDrafter
 from drafters.recycling import RecyclingDrafter
+from drafters.suffix import SuffixDrafter
 
 DRAFTERS: dict[str, Callable[..., Drafter]] = {
     "eagle": EagleDrafter,
     "early_exit": EarlyExitDrafter,
     "ngram": NGramDrafter,
     "recycling": RecyclingDrafter,
+    "suffix": SuffixDrafter,
 }
 
 
@@ -57,6 +59,7 @@ __all__ = [
     "EarlyExitDrafter",
     "NGramDrafter",
     "RecyclingDrafter",
+    "SuffixDrafter",
     "TreeShape",
     "make_drafter",
 ]

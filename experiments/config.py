@@ -44,6 +44,8 @@ class ModelConfig:
     """auto: bf16 on CUDA and on CPUs with native bf16, else fp32. Exactness tests use fp32."""
     device: str = "auto"
     """auto, cpu, cuda, cuda:N."""
+    weights: str = _f("dense", choices=("dense", "bf16", "fp32", "int8", "int4", "auto"))
+    """The target's weight format (the lean forward): dense (in ``dtype``), int8, int4; auto: int4 on a CPU."""
 
 
 @dataclass(frozen=True)

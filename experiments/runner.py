@@ -89,7 +89,9 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
     if todo:
         bar = tqdm(total=1, desc="load model", disable=not progress, leave=False)
         if loaded is None:
-            loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device)
+            loaded = load_model(
+                cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device, weights=cfg.model.weights
+            )
         bar.update(1)
         bar.close()
         state_dir = out / "policies"

@@ -11,7 +11,7 @@ from tests.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.model
 
-ARMS = ["eagle-d5-k3-b10", "early_exit-d3-k2-b5", "recycling-d4-k4-b8"]
+ARMS = ["eagle-d5-k3-b10", "early_exit-d3-k2-b5", "recycling-d4-k4-b8", "suffix-d6", "suffix-d8-k3-b12"]
 N = 20
 
 

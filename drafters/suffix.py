@@ -1,0 +1,202 @@
+"""Suffix decoding (SuffixDecoding, arXiv 2411.04975): match the longest suffix of the context in suffix tries of
+this request's tokens (prompt and answer so far) and of earlier requests' answers, and propose the most frequent
+continuations as a tree, each node with a frequency-based probability.
+
+Each trie holds, for every position of its text, the next ``depth_limit`` tokens (a suffix trie cut at that depth;
+a node counts how often its path occurs), so appending a token costs ``depth_limit`` dictionary steps and a lookup
+walks at most ``max_match`` nodes per match length tried: microseconds per token, not milliseconds. The global
+trie keeps the answers of the last ``cache_requests`` requests (least recently added first out: an evicted answer's
+counts are taken back); every fork of a drafter shares it, so requests served together learn from each other.
+
+A proposal grows best-first from the matched node: a node's probability is its parent's times its share of the
+parent's continuations; the ``shape.max_nodes`` most probable nodes are kept, at most ``shape.topk`` children per
+node and ``shape.depth`` levels. Of the local and the global candidate, the one with the longer match is proposed
+(a longer match is the stronger evidence), on equal lengths the one with the larger expected accepted length (the
+sum of node probabilities; the local one when equal).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Any
+
+import torch
+
+from drafters.base import DraftContext, DraftTree, Feedback, TreeShape
+
+
+class _Node:
+    __slots__ = ("count", "kids")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.kids: dict[int, _Node] = {}
+
+
+class SuffixTrie:
+    """Suffix trie of one or more token sequences, cut at ``depth_limit`` tokens per path."""
+
+    def __init__(self, depth_limit: int) -> None:
+        self.depth_limit = depth_limit
+        self.root = _Node()
+
+    def open(self) -> list[_Node]:
+        """The open suffixes of a new sequence (to ``extend``): only the empty one."""
+        return [self.root]
+
+    def extend(self, active: list[_Node], token: int) -> list[_Node]:
+        """Append ``token`` to a sequence whose open suffixes end at ``active`` (shortest first)."""
+        nxt = [self.root]
+        for node in active[: self.depth_limit]:
+            child = node.kids.get(token)
+            if child is None:
+                child = node.kids[token] = _Node()
+            child.count += 1
+            nxt.append(child)
+        return nxt
+
+    def add(self, tokens: list[int]) -> None:
+        active = self.open()
+        for t in tokens:
+            active = self.extend(active, t)
+
+    def remove(self, tokens: list[int]) -> None:
+        """Take back what ``add(tokens)`` counted (nodes whose count drops to 0 go)."""
+        for start in range(len(tokens)):
+            node = self.root
+            for t in tokens[start : start + self.depth_limit]:
+                child = node.kids.get(t)
+                if child is None:
+                    break
+                child.count -= 1
+                if child.count <= 0:
+                    del node.kids[t]
+                    break
+                node = child
+
+    def match(self, tokens: list[int], max_match: int, min_match: int = 1) -> tuple[_Node | None, int]:
+        """The node of the longest suffix of ``tokens`` (``min_match .. max_match`` long) that occurs followed
+        by something; ``(None, 0)`` when none does."""
+        longest = min(max_match, len(tokens), self.depth_limit - 1)
+        for n in range(longest, min_match - 1, -1):
+            node = self.root
+            for t in tokens[len(tokens) - n :]:
+                node = node.kids.get(t)  # type: ignore[assignment]
+                if node is None:
+                    break
+            if node is not None and node.kids:
+                return node, n
+        return None, 0
+
+
+def _grow(start: _Node, root_token: int, shape: TreeShape) -> tuple[list[int], list[int], list[float]]:
+    """Best-first tree from ``start``: tokens, parents (root first) and each node's path probability."""
+    tokens, parents, probs = [root_token], [-1], [1.0]
+    budget = shape.max_nodes
+    heap: list[tuple[float, int, int, int, _Node]] = []  # (-prob, tiebreak, parent index, token, node)
+    tick = 0
+
+    def push_kids(node: _Node, index: int, prob: float, depth: int) -> None:
+        nonlocal tick
+        if depth >= shape.depth or not node.kids:
+            return
+        total = sum(k.count for k in node.kids.values())
+        best = heapq.nlargest(shape.topk, node.kids.items(), key=lambda kv: kv[1].count)
+        for tok, kid in best:
+            tick += 1
+            heapq.heappush(heap, (-prob * kid.count / total, tick, index, tok, kid))
+
+    depths = [0]
+    push_kids(start, 0, 1.0, 0)
+    while heap and len(tokens) - 1 < budget:
+        neg, _, parent, tok, node = heapq.heappop(heap)
+        tokens.append(tok)
+        parents.append(parent)
+        probs.append(-neg)
+        depths.append(depths[parent] + 1)
+        push_kids(node, len(tokens) - 1, -neg, depths[-1])
+    return tokens, parents, probs
+
+
+class SuffixDrafter:
+    """``depth_limit``: trie depth (match + continuation); ``max_match``: longest suffix matched;
+    ``cache_requests``: earlier answers kept in the shared global trie (0: no cross-request cache)."""
+
+    name = "suffix"
+    exact_replay = False  # the global cache makes a proposal depend on the requests served before
+
+    def __init__(self, depth_limit: int = 32, max_match: int = 16, cache_requests: int = 256) -> None:
+        if depth_limit < 2 or not 1 <= max_match < depth_limit or cache_requests < 0:
+            raise ValueError(
+                "suffix needs depth_limit >= 2, 1 <= max_match < depth_limit and cache_requests >= 0, got "
+                f"{depth_limit}, {max_match}, {cache_requests}"
+            )
+        self.depth_limit, self.max_match, self.cache_requests = depth_limit, max_match, cache_requests
+        self.shared: dict[str, Any] = {"trie": SuffixTrie(depth_limit), "answers": deque()}
+        self.max_shape = TreeShape(depth=depth_limit - 1, topk=4, budget=64)
+        self._local = SuffixTrie(depth_limit)
+        self._active: list[_Node] = []
+        self._tokens: list[int] = []
+        self._prompt_len = 0
+        self._seen = 0
+
+    def fork(self) -> SuffixDrafter:
+        """A drafter for another sequence over the same global cache."""
+        other = SuffixDrafter(self.depth_limit, self.max_match, self.cache_requests)
+        other.shared = self.shared
+        return other
+
+    def _remember_answer(self) -> None:
+        """The finished sequence's answer into the global trie (oldest answers out beyond ``cache_requests``)."""
+        answer = self._tokens[self._prompt_len :]
+        if self.cache_requests == 0 or len(answer) < 2:
+            return
+        trie, answers = self.shared["trie"], self.shared["answers"]
+        trie.add(answer)
+        answers.append(answer)
+        while len(answers) > self.cache_requests:
+            trie.remove(answers.popleft())
+
+    # ---- Drafter protocol ----
+    def reset(self, ctx: DraftContext) -> None:
+        if self._tokens:
+            self._remember_answer()
+        self._local = SuffixTrie(self.depth_limit)
+        self._active = self._local.open()
+        self._tokens, self._seen, self._prompt_len = [], 0, ctx.prompt_len
+        self._catch_up(ctx.tokens)
+
+    def _catch_up(self, tokens: list[int]) -> None:
+        if tokens[: self._seen] != self._tokens[: self._seen]:  # rewritten: start over
+            self._local, self._seen = SuffixTrie(self.depth_limit), 0
+            self._active = self._local.open()
+        for t in tokens[self._seen :]:
+            self._active = self._local.extend(self._active, t)
+        self._tokens, self._seen = list(tokens), len(tokens)
+
+    def propose(self, ctx: DraftContext, shape: TreeShape) -> DraftTree:
+        root = ctx.tokens[-1]
+        if shape.depth == 0:
+            return DraftTree.root_only(root)
+        self._catch_up(ctx.tokens)
+        best: tuple[tuple[int, float], tuple[list[int], list[int], list[float]]] | None = None
+        for trie in (self._local, self.shared["trie"]):
+            node, n = trie.match(ctx.tokens, self.max_match)
+            if node is None:
+                continue
+            grown = _grow(node, root, shape)
+            rank = (n, sum(grown[2][1:]))  # the longer match, then the larger expected accepted length
+            if best is None or rank > best[0]:  # a tie keeps this request's own trie (the first)
+                best = (rank, grown)
+        if best is None:
+            return DraftTree.root_only(root)
+        tokens, parents, probs = best[1]
+        return DraftTree(
+            torch.tensor(tokens, dtype=torch.long),
+            torch.tensor(parents, dtype=torch.long),
+            scores=torch.tensor(probs, dtype=torch.float32).log(),
+        )
+
+    def observe(self, ctx: DraftContext, feedback: Feedback) -> None:
+        pass  # the local trie catches up from ctx.tokens at the next proposal

@@ -1,0 +1,58 @@
+"""The suffix drafter: its suffix trie (counts, removal), frequency-ranked proposals, the cross-request cache
+shared by forks (on, off, evicted)."""
+
+from __future__ import annotations
+
+import pytest
+
+from drafters import DraftContext, SuffixDrafter, TreeShape
+from drafters.suffix import SuffixTrie
+
+
+def _ctx(tokens, prompt_len=None):
+    return DraftContext(tokens=list(tokens), prompt_len=len(tokens) if prompt_len is None else prompt_len)
+
+
+def test_the_trie_counts_paths_and_removal_takes_them_back():
+    t = SuffixTrie(depth_limit=3)
+    t.add([1, 2, 1, 2])
+    assert t.root.kids[1].count == 2 and t.root.kids[1].kids[2].count == 2
+    assert t.root.kids[2].kids[1].kids[2].count == 1  # cut at 3 tokens per path
+    t.add([7, 1])
+    t.remove([1, 2, 1, 2])
+    assert set(t.root.kids) == {7, 1} and t.root.kids[1].count == 1 and not t.root.kids[1].kids
+
+
+def test_the_most_frequent_continuation_comes_first():
+    toks = [5, 1, 2, 9, 1, 2, 8, 1, 2, 8, 3, 1, 2]  # after "1 2": 8 twice, 9 once
+    d = SuffixDrafter()
+    d.reset(_ctx(toks))
+    chain = d.propose(_ctx(toks), TreeShape(depth=2))
+    assert chain.tokens.tolist()[:2] == [2, 8]
+    tree = d.propose(_ctx(toks), TreeShape(depth=1, topk=2))
+    assert sorted(tree.tokens.tolist()[1:]) == [8, 9] and tree.tokens.tolist()[1] == 8
+    assert tree.scores is not None and float(tree.scores[1].exp()) == pytest.approx(2 / 3)
+
+
+def test_an_earlier_answer_is_proposed_to_a_later_request_and_not_without_the_cache():
+    answer = [40, 41, 42, 43, 44, 45]
+    for cache, expect in ((8, [41, 42, 43]), (0, [])):
+        d = SuffixDrafter(cache_requests=cache)
+        d.reset(_ctx([1, 2, 3]))
+        d.propose(_ctx([1, 2, 3, *answer], prompt_len=3), TreeShape(depth=3))
+        other = d.fork()  # another row of the same server: the same global cache
+        other.reset(_ctx([9, 9]))
+        d.reset(_ctx([7, 8, 40]))  # the first answer goes into the cache at the next reset
+        got = d.propose(_ctx([7, 8, 40]), TreeShape(depth=3)).tokens.tolist()[1:]
+        assert got == expect
+        assert other.propose(_ctx([9, 9, 40]), TreeShape(depth=3)).tokens.tolist()[1:] == expect
+
+
+def test_the_cache_keeps_the_last_requests_only():
+    d = SuffixDrafter(cache_requests=1)
+    for i, answer in enumerate(([40, 41, 42], [50, 51, 52], [60, 61, 62])):
+        d.reset(_ctx([i]))
+        d.propose(_ctx([i, *answer], prompt_len=1), TreeShape(depth=2))
+    d.reset(_ctx([0, 40]))  # [60, 61, 62] is the one cached now
+    assert d.propose(_ctx([0, 40]), TreeShape(depth=2)).num_nodes == 1
+    assert d.propose(_ctx([0, 60]), TreeShape(depth=2)).tokens.tolist() == [60, 61, 62]
