@@ -27,6 +27,9 @@ def retry_callback() -> Any:
 
     def callback(study: Any, trial: Any) -> None:
         trial.user_attrs = {k: v for k, v in trial.user_attrs.items() if k != "worker"}
+        trial.system_attrs = {
+            k: v for k, v in trial.system_attrs.items() if k != ORPHANED
+        }  # the retry is not
         retry(study, trial)
 
     return callback
@@ -66,6 +69,9 @@ def worker_gone(worker: str) -> bool:
         return False
 
 
+ORPHANED = "draftgym_orphaned"  # system attr of a trial failed because its worker died (it must be retried)
+
+
 def fail_orphaned_trials(study: Any, grace_s: float) -> list[int]:
     """Fail the RUNNING trials whose worker is known to be dead, without waiting ``grace_s`` for its heartbeat to
     go stale: a worker of this machine whose process is gone, and a trial that never named its worker (killed
@@ -78,19 +84,28 @@ def fail_orphaned_trials(study: Any, grace_s: float) -> list[int]:
     import optuna
 
     storage, now = study._storage, dt.datetime.now()
-    failed = []
+    callback = storage.get_heartbeat_stale_trial_callback()
+    trials = study.get_trials(deepcopy=False)
+    # A worker that failed an orphan and died before enqueueing its retry left it unretried: retry it now.
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    failed = [
+        t for t in trials
+        if t.state == optuna.trial.TrialState.FAIL and t.system_attrs.get(ORPHANED) and t.number not in retried
+    ]  # fmt: skip
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         worker = t.user_attrs.get("worker")
         if worker is not None:
             gone = worker_gone(str(worker))
         else:
             gone = t.datetime_start is not None and (now - t.datetime_start).total_seconds() > grace_s
+        if not gone:
+            continue
         try:
-            if gone and storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL):
+            storage.set_trial_system_attr(t._trial_id, ORPHANED, True)  # marked first: see above
+            if storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL):
                 failed.append(t)
         except optuna.exceptions.UpdateFinishedTrialError:
             continue  # another worker failed it first
-    callback = storage.get_heartbeat_stale_trial_callback()
     for t in failed:
         if callback is not None:
             callback(study, copy.deepcopy(storage.get_trial(t._trial_id)))
