@@ -2,9 +2,11 @@
 each node count q, the Hugging Face forward of ``--rows`` rows x q tokens over a ``DynamicCache`` of ``--context``
 tokens (its own causal mask), and the engine's forward (``env.batch.BatchTarget``) of the same over the ragged cache
 in each ``--weights`` format of the lean forward (``env.lean``); LM head included (logits of all q nodes), median
-ms, all timed in turn within every repetition.
+ms, all timed in turn within every repetition. ``--compiled`` adds each format through ``torch.compile``
+(``--forward compiled``; compiled before timing); ``--prefill N`` adds the prefill of one N-token prompt per path.
 
     python -m env.bench_forward --q 1,4,8,16,32 --context 300 --dtype bf16 --weights dense,int8,int4
+    python -m env.bench_forward --q 1,4,8 --weights dense,int4 --compiled --prefill 250
 """
 
 from __future__ import annotations
@@ -56,6 +58,28 @@ def engine_forward(loaded, rows: int, context: int, q: int):
     return step
 
 
+def engine_prefill(loaded, n: int):
+    from env.batch import BatchEngine
+
+    eng = BatchEngine(loaded, 1)
+    ids = torch.randint(100, 1000, (n,), generator=torch.Generator().manual_seed(1)).tolist()
+
+    def step():
+        eng.prefill_chunk(eng.begin_prefill(ids))
+
+    return step
+
+
+def hf_prefill(loaded, n: int):
+    ids = torch.randint(100, 1000, (1, n), generator=torch.Generator().manual_seed(1)).to(loaded.device)
+
+    @torch.no_grad()
+    def step():
+        loaded.model(input_ids=ids, use_cache=True)
+
+    return step
+
+
 def main(argv: list[str] | None = None) -> int:
     from env.model import ModelError, cpu_label, load_model
 
@@ -67,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--weights", default="dense,int8,int4", help="lean weight formats (default dense,int8,int4)"
     )
+    ap.add_argument("--compiled", action="store_true", help="also each format through torch.compile")
+    ap.add_argument(
+        "--prefill", type=int, default=0, help="also time the prefill of a prompt of this many tokens"
+    )
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--model", default=None)
     ap.add_argument("--json", default=None, help="write the table as JSON to this file")
@@ -75,22 +103,33 @@ def main(argv: list[str] | None = None) -> int:
         qs = [int(x) for x in args.q.split(",")]
         formats = [w.strip() for w in args.weights.split(",") if w.strip()]
         base = load_model(args.model, dtype=args.dtype, device="cpu")
-        variants = {w: base.replace(weights=w) for w in formats}
+        variants = {f"lean-{w}": base.replace(weights=w) for w in formats}
+        if args.compiled:
+            variants.update({f"compiled-{w}": base.replace(weights=w, forward="compiled") for w in formats})
     except (ValueError, ModelError) as err:
         print(f"error: {err}")
         return 2
     torch.manual_seed(0)
-    names = ["hf"] + [f"lean-{w}" for w in formats]
+    names = ["hf", *variants]
     table = []
     for q in qs:
         fns = [hf_forward(base, args.rows, args.context, q)]
-        fns += [engine_forward(variants[w], args.rows, args.context, q) for w in formats]
+        fns += [engine_forward(v, args.rows, args.context, q) for v in variants.values()]
         ms = _interleaved_ms(fns, args.reps)
         table.append({"q": q, **dict(zip(names, ms))})
+    if args.prefill:
+        fns = [hf_prefill(base, args.prefill)] + [engine_prefill(v, args.prefill) for v in variants.values()]
+        table.append(
+            {"q": f"prefill {args.prefill}", **dict(zip(names, _interleaved_ms(fns, max(3, args.reps // 4))))}
+        )
     machine = f"{cpu_label()}, {torch.get_num_threads()} threads"
     print(f"# median ms per forward (LM head included), rows={args.rows}, context={args.context}, "
           f"dtype={args.dtype}; {machine}")  # fmt: skip
-    print("| forward | " + " | ".join(f"q={r['q']}" for r in table) + " |")
+    print(
+        "| forward | "
+        + " | ".join(f"q={r['q']}" if isinstance(r["q"], int) else r["q"] for r in table)
+        + " |"
+    )
     print("|---|" + "---:|" * len(table))
     for n in names:
         print(f"| {n} | " + " | ".join(f"{r[n]:.1f}" for r in table) + " |")

@@ -291,7 +291,7 @@ INT4_FILE = "int4_q4_1.safetensors"  # the GGUF's Q4_1 blocks in HF order, cache
 def _cached_int4(loaded: Any, cfg: Mapping[str, Any], state: Mapping[str, torch.Tensor]):
     """The embedded model's Q4_1 blocks: read from the GGUF once, then from the cache folder (q packed two per
     byte, scale and zero fp32). None for models without a GGUF (their int4 is quantized from the dense weights)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     from env.model import DEFAULT_MODEL, embedded_gguf_path
 
@@ -327,10 +327,22 @@ def _cached_int4(loaded: Any, cfg: Mapping[str, Any], state: Mapping[str, torch.
         q8 = q.to(torch.uint8).reshape(q.shape[0], -1, 2)
         flat[name + ".q"] = (q8[..., 0] | (q8[..., 1] << 4)).contiguous()
         flat[name + ".scale"], flat[name + ".zero"] = s.contiguous(), z.contiguous()
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    save_file(flat, str(tmp))
-    tmp.replace(path)  # atomic: a killed write leaves no half file
+    _save_tensors(flat, path)
     return blocks
+
+
+def _save_tensors(flat: dict[str, torch.Tensor], path: Path, meta: dict[str, str] | None = None) -> None:
+    """Write a safetensors cache file atomically (a killed write leaves no half file; processes building at once
+    each write their own temporary); a folder that cannot be written is no error: it is built again next time."""
+    from safetensors.torch import save_file
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        save_file({k: v.contiguous() for k, v in flat.items()}, str(tmp), metadata=meta)
+        tmp.replace(path)
+    except (OSError, RuntimeError):
+        pass  # read-only, or tensors safetensors will not write
 
 
 def lean_of(loaded: Any) -> LeanLlama | None:
@@ -399,8 +411,6 @@ def _saved_path(loaded: Any) -> Path | None:
 
 
 def _save(net: LeanLlama, path: Path, loaded: Any) -> None:
-    from safetensors.torch import save_file
-
     flat = {"embed": net.embed, "norm": net.norm, "inv_freq": net.inv_freq}
     formats = {}
     for i, L in enumerate(net.layers):
@@ -417,13 +427,7 @@ def _save(net: LeanLlama, path: Path, loaded: Any) -> None:
     formats["lm_head"] = [net.lm_head.fmt, net.lm_head.n, net.lm_head.k]
     meta = {"formats": json.dumps(formats), "attention_scaling": str(net.attention_scaling),
             "source": _source_stamp(loaded), "weights": net.weights, "tied": str(int(tied))}  # fmt: skip
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes building at once each write their own
-        save_file({k: v.contiguous() for k, v in flat.items()}, str(tmp), metadata=meta)
-        tmp.replace(path)  # atomic: a killed write leaves no half file
-    except (OSError, RuntimeError):
-        pass  # a read-only folder (or tensors safetensors will not write): built again next time
+    _save_tensors(flat, path, meta)
 
 
 def _read_saved(path: Path, conf: Mapping[str, Any], loaded: Any) -> LeanLlama | None:

@@ -30,12 +30,12 @@ from env.metrics import speedup, throughput
 from env.model import LoadedModel, with_weights
 from env.target import check_prompt
 from env.workloads import Prompt
+from experiments.config import EXTERNAL_METHODS
 from experiments.llama_cpp import METHOD as LLAMA_CPP
 from experiments.llama_cpp import LlamaCppError, LlamaCppRunner, runner_for
 from experiments.provenance import provenance
 
-HF_METHODS = ("hf_greedy", "hf_pld")  # run by HFRunner
-EXTERNAL_METHODS = (*HF_METHODS, LLAMA_CPP)  # the baselines that are not arms of ours
+HF_METHODS = ("hf_greedy", "hf_pld")  # run by HFRunner; with llama_cpp: config.EXTERNAL_METHODS
 DEFAULT_METHODS = ("hf_greedy", "hf_pld", "ar", "ngram-d8", "ngram-d12-k4-b24")
 
 

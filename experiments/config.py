@@ -33,7 +33,7 @@ from experiments.strict_toml import opt as _f
 Scalar = int | float | str | bool
 # The baselines that are not arms of ours, run by ``experiments.bench.run_method``, greedy only: Hugging Face
 # ``generate`` (greedy, prompt lookup) and llama-cpp-python on the embedded GGUF (``experiments.llama_cpp``).
-HF_METHODS = ("hf_greedy", "hf_pld", "llama_cpp")
+EXTERNAL_METHODS = ("hf_greedy", "hf_pld", "llama_cpp")
 
 
 @dataclass(frozen=True)
@@ -238,7 +238,7 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
             if m[7:] not in cfg.policies:
                 known = ", ".join(sorted(cfg.policies)) or "none defined"
                 fail(key, f"is {m!r} but there is no [policies.{m[7:]}] table (defined: {known})")
-        elif m in HF_METHODS:
+        elif m in EXTERNAL_METHODS:
             if cfg.decode.temperature > 0:
                 fail(key, f"is {m!r}, which only runs greedy; set decode.temperature = 0 or drop it")
             if m == "llama_cpp" and cfg.model.name not in ("", ModelConfig.name):

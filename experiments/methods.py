@@ -13,7 +13,7 @@ from typing import Any
 from env.decoder import SpeculativeDecoder
 from env.engine import Sampling, parse_arm, split_weights
 from env.model import LoadedModel, with_weights
-from experiments.config import HF_METHODS, Config, PolicyConfig, keywords_of, policy_class, policy_types
+from experiments.config import EXTERNAL_METHODS, Config, PolicyConfig, keywords_of, policy_class, policy_types
 
 
 class MethodError(ValueError):
@@ -68,7 +68,7 @@ def make_decoders(cfg: Config, loaded: LoadedModel, state_dir: Path | None = Non
     options = {name: dict(opts) for name, opts in cfg.drafters.items()}
     decoders: dict[str, Any] = {}
     for m in cfg.methods:
-        if m in HF_METHODS:
+        if m in EXTERNAL_METHODS:
             continue
         if is_policy(m):
             name = m.removeprefix("policy:")
@@ -122,7 +122,7 @@ def warmup_decoders(cfg: Config, loaded: LoadedModel) -> dict[str, Any]:
     for m in cfg.methods:
         if is_policy(m):
             arms += list(cfg.policies[m.removeprefix("policy:")].arms)
-        elif m not in HF_METHODS:
+        elif m not in EXTERNAL_METHODS:
             arms.append(split_weights(m)[0])
     out: dict[str, Any] = {
         a: SpeculativeDecoder(loaded, [parse_arm(a)], drafter_options=options) for a in arms

@@ -23,7 +23,7 @@ from typing import Any
 
 from drafters import TreeShape
 from env.engine import Arm, parse_arm
-from experiments.config import HF_METHODS, Config, ConfigError, policy_class
+from experiments.config import EXTERNAL_METHODS, Config, ConfigError, policy_class
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def tuned_method(cfg: Config) -> str:
     if cfg.sweep.method:
         return cfg.sweep.method
     for m in reversed(cfg.methods):
-        if m.startswith("policy:") or (m not in HF_METHODS and parse_arm(m).drafter is not None):
+        if m.startswith("policy:") or (m not in EXTERNAL_METHODS and parse_arm(m).drafter is not None):
             return m
     raise ConfigError("nothing to sweep: methods has no arm or policy; set methods and sweep.method")
 
