@@ -10,9 +10,10 @@ generated token ids.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -67,6 +68,7 @@ class ServeLog:
     steps: int = 0
     row_steps: int = 0  # sum over steps of the rows in the batch
     step_tokens: int = 0
+    arm_rows: Counter = field(default_factory=Counter)  # arm name -> rows that stepped with it
 
     @property
     def mean_batch(self) -> float:
@@ -74,6 +76,7 @@ class ServeLog:
 
     def as_dict(self) -> dict[str, float]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["arm_rows"] = dict(self.arm_rows)
         out["mean_batch"] = self.mean_batch
         return out
 
@@ -118,18 +121,43 @@ def serve(
     clock: Callable[[], float] = time.perf_counter,
     log: ServeLog | None = None,
     prefill_chunk: int | None = None,
+    caps: Sequence[int] | None = None,
+    policy: Any = None,
+    arms: Sequence[Arm] | None = None,
+    cost: Any = None,
+    obs_max_batch: int | None = None,
 ) -> list[Served]:
     """Serve ``requests`` (arrival times in ``arrival_s``) with continuous batching. Closed loop when
     ``concurrency`` is given (at most that many in flight, arrival times ignored: the next one enters as soon as
     one leaves), open loop otherwise (a request enters at its arrival time, or later when the batch is full).
     Each request gets drafter instances of its own (its arm's drafter); ``log`` collects where the time went.
     ``prefill_chunk``: prefill the entering request ``prefill_chunk`` tokens at a time, one chunk between two
-    steps of the running batch (their time per output token stays bounded), instead of whole on admission."""
+    steps of the running batch (their time per output token stays bounded), instead of whole on admission.
+    ``caps``: closed loop with a concurrency per request (request i enters while fewer than ``caps[i]`` are in
+    flight: a load ramp), in the order of ``requests``.
+
+    ``policy``: an object with ``act(obs)`` choosing, every step, the arm of the batch (an int) or of each row (one
+    int per row, in slot order) from ``arms`` (requests' own arms are then ignored), on the observation of
+    ``env.serve_env`` (``LiveObserver``: the same features as replay); online policies (``update``) learn from
+    each step's goodput relative to autoregressive decoding, priced by the batch cost model ``cost`` against the
+    step's wall time; ``obs_max_batch``: the row slots of the observation (the policy's ``max_batch``; default
+    ``max_batch``)."""
+    if caps is not None:
+        if len(caps) != len(requests) or min(caps, default=1) < 1:
+            raise ServeError("caps: one concurrency >= 1 per request")
+        concurrency = max(caps, default=1)
+    if policy is not None and not arms:
+        raise ServeError("a serving policy needs its arm menu (arms)")
     check_load(requests, concurrency=concurrency, max_batch=max_batch, kv_budget=kv_budget)
     if prefill_chunk is not None and prefill_chunk < 1:
         raise ServeError(f"the prefill chunk must be >= 1 token, got {prefill_chunk}")
     limit = min(max_batch, concurrency or max_batch, engine.target.max_rows)
-    menu = list(dict.fromkeys(r.arm for r in requests))
+    menu = list(arms) if policy is not None else list(dict.fromkeys(r.arm for r in requests))
+    observer = None
+    if policy is not None:
+        from env.serve_env import LiveObserver
+
+        observer = LiveObserver(menu, obs_max_batch or max_batch)
     index = {a: i for i, a in enumerate(menu)}
     stepper = Stepper(engine, menu)
     options = drafter_options or {}
@@ -144,7 +172,13 @@ def serve(
             return first
         return first.fork() if isinstance(first, Forkable) else make_drafter(name, **options.get(name, {}))
 
-    queue = deque(sorted(requests, key=lambda r: r.arrival_s))
+    cap_of = {id(r): c for r, c in zip(requests, caps)} if caps is not None else {}
+    deepest = max((a.shape.max_nodes for a in menu if a.drafter is not None), default=0)
+
+    def need(req: Request) -> int:  # KV positions to reserve: with a policy, for the menu's largest tree
+        return req.reservation if observer is None else len(req.prompt_ids) + req.max_new_tokens + deepest + 1
+
+    queue = deque(requests if caps is not None else sorted(requests, key=lambda r: r.arrival_s))
     flights: dict[int, _Flight] = {}  # by id(seq)
     done: list[Served] = []
     reserved = 0
@@ -160,9 +194,11 @@ def serve(
         f.out.finish_s = now()
         f.out.token_ids = list(f.seq.tokens)
         f.out.steps, f.out.accepted, f.out.drafted = f.seq.steps, f.seq.accepted, f.seq.drafted
+        if observer is not None:
+            observer.forget(f.seq)
         stepper.retire(f.seq)
         del flights[id(f.seq)]
-        reserved -= f.req.reservation
+        reserved -= need(f.req)
         done.append(f.out)
         if on_finish is not None:
             on_finish(f.out)
@@ -171,14 +207,17 @@ def serve(
         busy = len(flights) + (pending is not None)
         return bool(
             queue
-            and busy < limit
+            and busy < min(limit, cap_of.get(id(queue[0]), limit))
             and (concurrency is not None or queue[0].arrival_s <= now())
-            and reserved + queue[0].reservation <= kv_budget
+            and reserved + need(queue[0]) <= kv_budget
         )
 
     def enter(req: Request, arrival: float, pf: Prefill | None) -> None:
-        d = req.arm.drafter
-        drafters = {} if d is None else {d: drafter_for(d)}
+        if observer is not None:  # every drafter of the menu: the policy may pick any arm
+            drafters = {d: drafter_for(d) for d in observer.drafters}
+        else:
+            d = req.arm.drafter
+            drafters = {} if d is None else {d: drafter_for(d)}
         seq = stepper.start(req.prompt_ids, req.max_new_tokens, drafters, prefill=pf)
         f = flights[id(seq)] = _Flight(
             req, seq, Served(req.rid, req.arm.name, arrival_s=arrival, first_token_s=now())
@@ -191,7 +230,7 @@ def serve(
             while can_enter():
                 req = queue.popleft()
                 arrival = now() if concurrency is not None else req.arrival_s
-                reserved += req.reservation
+                reserved += need(req)
                 a = clock()
                 enter(req, arrival, None)
                 log.prefill_s += clock() - a
@@ -199,7 +238,7 @@ def serve(
         else:  # one request prefills at a time, one chunk between two steps of the batch
             if pending is None and can_enter():
                 req = queue.popleft()
-                reserved += req.reservation
+                reserved += need(req)
                 pending = (
                     req,
                     engine.begin_prefill(req.prompt_ids),
@@ -219,11 +258,24 @@ def serve(
             continue
         live = [flights[id(s)] for s in stepper.seqs]
         a = clock()
-        outcomes = stepper.step([index[f.req.arm] for f in live])
-        log.step_s += clock() - a
+        if observer is not None:
+            arrived = sum(1 for r in queue if r.arrival_s <= now()) if concurrency is None else 0
+            obs = observer.observe(stepper, arrived)
+            choices = observer.choices(policy.act(obs), len(live))
+        else:
+            choices = [index[f.req.arm] for f in live]
+        outcomes = stepper.step(choices)
+        wall = clock() - a
+        log.step_s += wall
         log.steps += 1
         log.row_steps += len(live)
         log.step_tokens += sum(len(o.tokens) for o in outcomes)
+        for c in choices:
+            log.arm_rows[menu[c].name] += 1
+        if observer is not None:
+            observer.record(outcomes, choices)
+            if cost is not None and hasattr(policy, "update"):
+                policy.update(obs, int(choices[0]), observer.reward(outcomes, wall, cost), {})
         for f in sorted(
             live, key=lambda f: -f.seq.row.slot
         ):  # the last slots first: packing moves fewer rows

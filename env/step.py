@@ -72,7 +72,7 @@ class StepCosts:
         return float(cm.step_cost(res.arm, res.drafted + 1, context, res.chain)), ar
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: its fields hold tensors
 class Seq:
     """A sequence under the step object: its row in the engine and what it has generated (cut as above)."""
 

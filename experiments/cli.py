@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "experiments.train_drafter",
     "experiments.policy_commands",
     "experiments.oracle_gap",
+    "experiments.serve_policies",
 )
 
 # Each subcommand's module and one-line help, so that ``draftgym CMD`` imports CMD's module alone and
@@ -65,6 +66,10 @@ COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
         "evaluate": (
             "experiments.policy_commands",
             "policies vs the best static arm and the oracles, replay and live",
+        ),
+        "serve-train": (
+            "experiments.serve_policies",
+            "fit and train the serving policies on the replayed serving env",
         ),
         "oracle-gap": (
             "experiments.oracle_gap",

@@ -33,10 +33,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.reps < 1:
         raise UserError(f"--reps must be >= 1, got {args.reps}")
     names = _drafter_list(args.drafters)
-    out = output_file(args.out)
+    out = output_file(args.out or ("runs/batch_cost.json" if args.batch else "runs/cost_model.json"))
     loaded = load_model(
         args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
     )
+    if args.batch:
+        return _calibrate_batch(args, loaded, names, out)
     t0 = time.perf_counter()
     cm = calibrate(loaded, names, reps=args.reps, progress=not args.json)
     cm.meta["command"] = " ".join(["draftgym", *sys.argv[1:]])
@@ -127,6 +129,33 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate_batch(args: argparse.Namespace, loaded: Any, names: list[str], out: Any) -> int:
+    from env.batch_cost import calibrate_batch
+
+    t0 = time.perf_counter()
+    bc = calibrate_batch(loaded, names, reps=max(args.reps, 3), progress=not args.json)
+    bc.meta["command"] = " ".join(["draftgym", *sys.argv[1:]])
+    bc.save(out)
+    ms = {
+        f"{r}x{n}": round(1e3 * float(bc.base[i, j]), 2)
+        for i, r in enumerate(bc.rows)
+        for j, n in enumerate(bc.nodes)
+    }
+    summary = {"out": str(out), "seconds": round(time.perf_counter() - t0, 1), "model": bc.model_id, "dtype": bc.dtype,
+               "weights": bc.weights, "context_ref": bc.context_ref, "step_ms": ms,
+               "draft_us_per_row": {k: round(1e6 * v, 1) for k, v in bc.drafters.items()}}  # fmt: skip
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"batch cost model for {bc.model_id} ({bc.dtype}, {bc.weights}) -> {out}  [{summary['seconds']} s]")
+    print(f"ms of a batch step at context {bc.context_ref} (rows x nodes per row):")
+    print(f"{'rows':>6}" + "".join(f"{n:>9}" for n in bc.nodes))
+    for i, r in enumerate(bc.rows):
+        print(f"{r:>6}" + "".join(f"{1e3 * bc.base[i, j]:9.1f}" for j in range(len(bc.nodes))))
+    print(f"drafters, us per row: {summary['draft_us_per_row']}")
+    return 0
+
+
 def register(sub: Any) -> None:
     from experiments.args import model_args, new_tokens, positive_int
 
@@ -137,8 +166,12 @@ def register(sub: Any) -> None:
         "--reps", type=positive_int, default=4, help="measurements per grid point (the median is kept)"
     )
     c.add_argument(
-        "--out", default="runs/cost_model.json", help="output JSON (default: runs/cost_model.json)"
+        "--out",
+        default=None,
+        help="output JSON (default: runs/cost_model.json; --batch: runs/batch_cost.json)",
     )
+    c.add_argument("--batch", action="store_true",
+                   help="the batch cost model of the serving env: the step over rows x nodes x context, prefill")  # fmt: skip
     c.add_argument("--json", action="store_true", help="print one JSON summary")
     c.set_defaults(func=cmd_calibrate)
 

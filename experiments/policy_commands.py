@@ -384,6 +384,10 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from env.model import load_model
 
+    if args.serve:
+        from experiments.serve_policies import cmd_evaluate_serve
+
+        return cmd_evaluate_serve(args)
     paths = [Path(p) for p in args.policies] or shipped_policy_paths()
     if args.limit is not None and args.limit < 1:
         raise _user_error(f"--limit must be >= 1, got {args.limit}")
@@ -469,4 +473,7 @@ def register(sub: Any) -> None:
     e.add_argument("--out", default=None, help="live run directory (re-use it to resume)")
     e.add_argument("--json", default=None, metavar="FILE", help="write the rows as JSON to FILE")
     _model_args(e)
+    from experiments.serve_policies import add_serve_args
+
+    add_serve_args(e)
     e.set_defaults(func=cmd_evaluate)

@@ -48,11 +48,11 @@ def split_methods(text: str) -> list[str]:
 
 
 def method_arms(method: str) -> list[Any]:
-    """The arms a method gives its requests, in turn (``mix``), or its one arm."""
+    """The arms a method gives its requests, in turn (``mix``), or its one arm (a policy: none of its own)."""
     from drafters import DrafterError
     from env.engine import parse_arm
 
-    if method == HF_BATCH:
+    if method == HF_BATCH or method.startswith("policy:"):
         return []
     if method.startswith("mix(") and method.endswith(")"):
         names = [a.strip() for a in method[4:-1].split(",") if a.strip()]
@@ -135,11 +135,13 @@ def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[d
     from dataclasses import asdict
 
     from env.batch import BatchEngine
+    from env.engine import NO_DRAFT, parse_arm
     from env.serving import Request, ServeLog, poisson_arrivals, serve
 
     if method == HF_BATCH:
         return run_hf_batch(loaded, prompts, rids, level, args.max_new_tokens), None
-    arms = method_arms(method)
+    policy = args.policy_objects.get(method)
+    arms = method_arms(method) if policy is None else [NO_DRAFT]
     if args.arrivals:
         arrivals = args.arrival_times
     elif args.rate:
@@ -154,8 +156,17 @@ def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[d
     if engine is None:
         engine = engine_cache[rows] = BatchEngine(loaded, max_rows=rows)
     log = ServeLog()
+    extra: dict[str, Any] = {}
+    if policy is not None:  # the policy picks every step's arm from its menu (env.serve_env observation)
+        extra = {
+            "policy": policy,
+            "arms": [parse_arm(a) for a in policy.arm_names],
+            "cost": args.batch_cost_model,
+            "obs_max_batch": args.policy_max_batch[method],
+        }
+        rows = min(rows, args.policy_max_batch[method])
     served = serve(engine, reqs, concurrency=None if open_loop else level, max_batch=rows, kv_budget=args.kv_budget,
-                   prefill_chunk=args.prefill_chunk, log=log)  # fmt: skip
+                   prefill_chunk=args.prefill_chunk, log=log, **extra)  # fmt: skip
     return [asdict(s) for s in served], log.as_dict()
 
 
@@ -188,6 +199,20 @@ def cmd_serve_bench(args: Any) -> int:
 
     levels = parse_levels(args.concurrency)
     methods = split_methods(args.methods)
+    args.policy_objects, args.policy_max_batch, args.batch_cost_model = {}, {}, None
+    for path in args.policy or []:  # serving policies (draftgym serve-train): one method each
+        from env.batch_cost import load_batch_cost
+        from env.serve_env import obs_size
+        from policies.base import PolicyError, load_policy
+
+        pol = load_policy(path)
+        m = int(pol.meta.get("max_batch", 16))
+        if pol.obs_size != obs_size(m):
+            raise PolicyError(f"{path} is not a serving policy (draftgym serve-train makes them)")
+        name = f"policy:{Path(path).stem}"
+        methods.append(name)
+        args.policy_objects[name], args.policy_max_batch[name] = pol, m
+        args.batch_cost_model = load_batch_cost(args.batch_cost)
     if not methods or len(set(methods)) != len(methods):
         raise UserError(f"--methods must name each method once, got {methods}")
     for m in methods:
@@ -353,6 +378,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma list: ar, hf_batch, arm names, mix(ARM,ARM,...)")  # fmt: skip
+    p.add_argument("--policy", action="append", default=None, metavar="PATH",
+                   help="a serving policy (draftgym serve-train) choosing each step's arm: method policy:NAME")  # fmt: skip
+    p.add_argument("--batch-cost", default=None,
+                   help="--policy: the batch cost model its online updates price steps with (default: the shipped)")  # fmt: skip
     p.add_argument("--max-new-tokens", type=new_tokens, default=128)
     p.add_argument(
         "--max-batch", type=positive_int, default=None, help="rows in the batch at most (default: the level)"

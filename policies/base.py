@@ -9,7 +9,7 @@ load instead of silently choosing the wrong arms.
 The saved file is a zip archive:
 
 - ``header.json``: ``format`` ("draftgym-policy"), ``format_version``, ``type`` (the registry key below),
-  ``kind`` (static | heuristic | bandit | rl | predictor | oracle), ``arms`` (arm names, in action order),
+  ``kind`` (static | schedule | heuristic | bandit | rl | predictor | oracle), ``arms`` (arm names, in action order),
   ``obs_size``, ``features`` (observation feature names, when known), ``params`` (the constructor's JSON
   arguments), ``versions`` (library versions at save time), ``created`` and ``payload`` (sha256 of every other
   member, so a truncated or altered file fails at load with a clear message);
@@ -44,7 +44,7 @@ import numpy as np
 
 FORMAT = "draftgym-policy"
 FORMAT_VERSION = 1
-KINDS = ("static", "heuristic", "bandit", "rl", "predictor", "oracle")
+KINDS = ("static", "schedule", "heuristic", "bandit", "rl", "predictor", "oracle")
 
 # type -> "module:Class". Lazy, so that loading a bandit does not import torch or stable-baselines3.
 POLICY_TYPES: dict[str, str] = {
@@ -57,6 +57,9 @@ POLICY_TYPES: dict[str, str] = {
     "linucb": "policies.linucb:LinUCB",
     "sb3": "policies.rl:SB3Policy",
     "predictor": "policies.predictor:PredictorPolicy",
+    "serve_table": "policies.serving:BatchTablePolicy",
+    "smartspec": "policies.serving:SmartSpecPolicy",
+    "bucket_ucb": "policies.serving:BucketUCB",
 }
 
 

@@ -299,6 +299,40 @@ SERVE = [
     ("workload-missing", ["serve-bench", "--workload", "{tmp}/q.jsonl"], "Spec-Bench"),
     ("out-under-a-file", ["serve-bench", "--out", "{blocker}/s"], "not a directory"),
 ]
+SERVE_POLICIES = [
+    (
+        "serve-train-unknown-accelerator",
+        ["serve-train", "--batch-cost", "roofline:tpu9/llama-3.1-8b"],
+        "unknown accelerator",
+    ),
+    (
+        "serve-train-unknown-model-size",
+        ["serve-train", "--batch-cost", "roofline:h200/llama-99b"],
+        "unknown model size",
+    ),
+    ("serve-train-cost-missing", ["serve-train", "--batch-cost", "{tmp}/none.json"], "does not exist"),
+    ("serve-train-cost-garbage", ["serve-train", "--batch-cost", "{garbage}"], "is not JSON"),
+    ("serve-train-cost-pickle", ["serve-train", "--batch-cost", "{pickle}"], "is not JSON"),
+    ("serve-train-unknown-arm", ["serve-train", "--arms", "none,bogus-d3"], "unknown drafter 'bogus'"),
+    ("serve-train-trace-garbage", ["serve-train", "--trace", "{garbage}"], "trace"),
+    (
+        "evaluate-serve-unknown-load",
+        ["evaluate", "--serve", "--no-live", "--loads", "1,huge"],
+        "unknown load",
+    ),
+    (
+        "evaluate-serve-load-too-big",
+        ["evaluate", "--serve", "--no-live", "--loads", "64"],
+        "concurrency must be in",
+    ),
+    ("evaluate-serve-policy-garbage", ["evaluate", "--serve", "--no-live", "{garbage}"], "garbage"),
+    (
+        "evaluate-serve-cost-garbage",
+        ["evaluate", "--serve", "--no-live", "--batch-cost", "{garbage}"],
+        "is not JSON",
+    ),
+    ("serve-bench-policy-garbage", ["serve-bench", "--policy", "{garbage}"], "garbage"),
+]
 TOP = [
     ("no-command", [], "required"),
     ("unknown-command", ["serve"], "invalid choice"),
@@ -349,6 +383,7 @@ CASES = [
     *POLICY_FILES,
     *(("train-drafter-" + i, a, n) for i, a, n in TRAIN_DRAFTER),
     *(("serve-bench-" + i, a, n) for i, a, n in SERVE),
+    *SERVE_POLICIES,
     *TOP,
 ]
 

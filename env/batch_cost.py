@@ -1,0 +1,501 @@
+"""Batch cost models: seconds of one batch step of the engine over ``rows`` sequences, each verifying a tree padded
+to ``nodes`` nodes (1: a plain autoregressive step) at a mean past length of ``context`` tokens, plus the
+drafters' proposals for the rows that draft and the prefill of an entering request. The serving env
+(``env.serve_env``) prices every step with one; ``draftgym calibrate --batch`` fits one on this machine.
+
+Two kinds, one interface (``BatchCost``):
+
+- ``FittedBatchCost``: measured on this machine through ``env.batch.BatchEngine.step`` (propose, one target
+  forward, verification, commit) on a grid of rows x nodes at two contexts; bilinear in (rows, nodes), extended
+  linearly past the grid, linear in context (a slope per grid cell); prefill a curve over prompt length; each
+  drafter's propose time per row. Saved as JSON with provenance (machine, model, weight format, times).
+- ``RooflineCost``: an analytic model of a named accelerator running a named model size (``roofline:h200/
+  llama-3.1-8b``): a forward costs a fixed overhead plus the larger of (bytes of weights and KV read) / bandwidth
+  and FLOPs / peak, each at an achievable fraction. Simulated: every figure made with one says so (``label``).
+
+Both are plain numbers: a file is read as JSON and checked, never run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import random
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from env.cost import CostModelError, Curve
+
+FORMAT = "draftgym-batch-cost-model"
+ROOFLINE_FORMAT = "draftgym-roofline-cost-model"
+ROWS = (1, 2, 4, 8, 16)
+NODES = (1, 2, 3, 4, 6, 9)
+CONTEXTS = (128, 512)
+PREFILL_TOKENS = (16, 64, 192, 448)
+
+
+class BatchCost(Protocol):
+    label: str  # what the figures name: the machine measured, or "roofline:ACC/MODEL (simulated)"
+    simulated: bool
+
+    def forward_s(self, rows: Any, nodes: Any, context: Any) -> Any: ...
+
+    def draft_s(self, drafter: str | None, rows: Any) -> Any: ...
+
+    def prefill_s(self, tokens: Any) -> Any: ...
+
+
+def step_s(cost: BatchCost, rows: Any, nodes: Any, context: Any, draft_rows: Mapping[str, Any]) -> Any:
+    """A batch step: the forward of ``rows`` x ``nodes`` plus each drafter's proposals (``draft_rows``: drafter ->
+    rows that drafted with it)."""
+    out = np.asarray(cost.forward_s(rows, nodes, context), dtype=np.float64)
+    for name, n in draft_rows.items():
+        out = out + cost.draft_s(name, n)
+    return out
+
+
+def _axis(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Lower grid index and weight of ``x`` (weights past [0, 1] extend the end segments linearly)."""
+    if len(grid) == 1:
+        return np.zeros(x.shape, np.int64), np.zeros(x.shape)
+    i = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
+    return i, (x - grid[i]) / (grid[i + 1] - grid[i])
+
+
+def bilinear(gx: np.ndarray, gy: np.ndarray, values: np.ndarray, x: Any, y: Any) -> np.ndarray:
+    """``values[i, j]`` at (gx[i], gy[j]), interpolated at (x, y) (broadcast), linear past the grid."""
+    x, y = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(y, np.float64))
+    i, wx = _axis(gx, x)
+    j, wy = _axis(gy, y)
+    i1, j1 = np.minimum(i + 1, len(gx) - 1), np.minimum(j + 1, len(gy) - 1)  # a one-point axis: weight 0
+    v00, v10 = values[i, j], values[i1, j]
+    v01, v11 = values[i, j1], values[i1, j1]
+    return (v00 * (1 - wx) + v10 * wx) * (1 - wy) + (v01 * (1 - wx) + v11 * wx) * wy
+
+
+@dataclass(frozen=True)
+class FittedBatchCost:
+    model_id: str
+    dtype: str
+    weights: str
+    rows: tuple[int, ...]
+    nodes: tuple[int, ...]
+    context_ref: int
+    base: np.ndarray  # [R, N] seconds of a step at context_ref
+    slope: np.ndarray  # [R, N] seconds per token of mean context
+    prefill: Curve  # seconds of a prefill over prompt tokens
+    drafters: dict[str, float] = field(default_factory=dict)  # name -> propose seconds per row
+    meta: dict[str, Any] = field(default_factory=dict)
+    simulated: bool = False
+
+    @property
+    def label(self) -> str:
+        m = self.meta.get("machine", {})
+        return f"measured: {m.get('cpu_label') or m.get('cpu', 'this machine')}, {self.dtype}/{self.weights}"
+
+    def forward_s(self, rows: Any, nodes: Any, context: Any) -> Any:
+        gx, gy = np.asarray(self.rows, np.float64), np.asarray(self.nodes, np.float64)
+        base = bilinear(gx, gy, self.base, rows, nodes)
+        slope = bilinear(gx, gy, self.slope, rows, nodes)
+        out = base + slope * (np.asarray(context, np.float64) - self.context_ref)
+        return np.maximum(out, 0.25 * np.maximum(base, 1e-6))
+
+    def draft_s(self, drafter: str | None, rows: Any) -> Any:
+        if drafter is None:
+            return np.zeros_like(np.asarray(rows, np.float64))
+        if drafter not in self.drafters:
+            known = ", ".join(sorted(self.drafters)) or "none"
+            raise CostModelError(
+                f"the batch cost model has no calibration for drafter {drafter!r} (it has: {known}); "
+                f"run: draftgym calibrate --batch --drafters {drafter}"
+            )
+        return self.drafters[drafter] * np.asarray(rows, np.float64)
+
+    def prefill_s(self, tokens: Any) -> Any:
+        return np.maximum(self.prefill(tokens), 1e-6)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": 1,
+            "model_id": self.model_id,
+            "dtype": self.dtype,
+            "weights": self.weights,
+            "rows": list(self.rows),
+            "nodes": list(self.nodes),
+            "context_ref": self.context_ref,
+            "base_s": self.base.tolist(),
+            "slope_s_per_token": self.slope.tolist(),
+            "prefill": {"tokens": list(self.prefill.nodes), "seconds": list(self.prefill.seconds)},
+            "drafters_s_per_row": self.drafters,
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], source: str = "batch cost model") -> FittedBatchCost:
+        try:
+            rows = tuple(int(r) for r in d["rows"])
+            nodes = tuple(int(n) for n in d["nodes"])
+            base = np.asarray(d["base_s"], dtype=np.float64)
+            slope = np.asarray(d["slope_s_per_token"], dtype=np.float64)
+            pf = d["prefill"]
+            prefill = Curve(tuple(int(t) for t in pf["tokens"]), tuple(float(s) for s in pf["seconds"]))
+            drafters = {str(k): float(v) for k, v in dict(d.get("drafters_s_per_row", {})).items()}
+            out = cls(str(d["model_id"]), str(d["dtype"]), str(d.get("weights", "dense")), rows, nodes,
+                      int(d["context_ref"]), base, slope, prefill, drafters, dict(d.get("meta", {})))  # fmt: skip
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
+            raise CostModelError(f"{source} is malformed ({err!r})") from err
+        shape = (len(rows), len(nodes))
+        if base.shape != shape or slope.shape != shape:
+            raise CostModelError(f"{source}: base_s and slope_s_per_token must be {shape} grids")
+        if (
+            sorted(set(rows)) != list(rows)
+            or sorted(set(nodes)) != list(nodes)
+            or rows[0] < 1
+            or nodes[0] < 1
+        ):
+            raise CostModelError(f"{source}: rows and nodes must be increasing positive integers")
+        values = [base, slope, np.asarray(prefill.seconds), np.asarray(list(drafters.values()) or [0.0])]
+        if (
+            not all(np.isfinite(v).all() for v in values)
+            or (base <= 0).any()
+            or (np.asarray(prefill.seconds) <= 0).any()
+            or any((v < 0).any() for v in values)
+        ):
+            raise CostModelError(f"{source}: costs must be finite and positive")
+        if (
+            len(prefill.nodes) < 1
+            or len(prefill.nodes) != len(prefill.seconds)
+            or sorted(set(prefill.nodes)) != list(prefill.nodes)
+        ):
+            raise CostModelError(f"{source}: prefill tokens must be increasing")
+        return out
+
+    def save(self, path: str | Path) -> Path:
+        from env.files import atomic_write_text
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
+        return path
+
+
+# ---- roofline models of named accelerators -------------------------------------------------------------------------
+
+# Published peak figures (dense bf16 tensor FLOP/s, HBM bytes/s). ``overhead_s``: a graph-captured decode step's
+# fixed cost (scheduling, sampling, kernel launches), an assumption of this model.
+ACCELERATORS: dict[str, dict[str, float | str]] = {
+    "h100-sxm": {"name": "NVIDIA H100 SXM", "bytes_s": 3.35e12, "flops": 989e12, "overhead_s": 6e-4},
+    "h200": {"name": "NVIDIA H200", "bytes_s": 4.8e12, "flops": 989e12, "overhead_s": 6e-4},
+    "a100-80gb": {"name": "NVIDIA A100 80GB", "bytes_s": 2.039e12, "flops": 312e12, "overhead_s": 8e-4},
+    "l4": {"name": "NVIDIA L4", "bytes_s": 3.0e11, "flops": 121e12, "overhead_s": 8e-4},
+}
+# Llama-family shapes: parameters, layers, hidden size, query heads, KV heads, head size (bf16 weights and KV).
+MODELS: dict[str, dict[str, float]] = {
+    "llama-3.1-8b": {
+        "params": 8.03e9,
+        "layers": 32,
+        "hidden": 4096,
+        "heads": 32,
+        "kv_heads": 8,
+        "head_dim": 128,
+    },
+    "llama-3.2-1b": {
+        "params": 1.24e9,
+        "layers": 16,
+        "hidden": 2048,
+        "heads": 32,
+        "kv_heads": 8,
+        "head_dim": 64,
+    },
+    "qwen2.5-7b": {
+        "params": 7.62e9,
+        "layers": 28,
+        "hidden": 3584,
+        "heads": 28,
+        "kv_heads": 4,
+        "head_dim": 128,
+    },
+    "smollm2-135m": {
+        "params": 1.35e8,
+        "layers": 30,
+        "hidden": 576,
+        "heads": 9,
+        "kv_heads": 3,
+        "head_dim": 64,
+    },
+}
+BW_EFFICIENCY = 0.8  # achievable fraction of peak HBM bandwidth in decode kernels
+FLOP_EFFICIENCY = 0.6  # achievable fraction of peak tensor FLOP/s
+HOST_DRAFT_S = {"ngram": 3e-5, "suffix": 5e-5, "recycling": 4e-5}  # host-side proposal per row (assumed)
+
+
+@dataclass(frozen=True)
+class RooflineCost:
+    accelerator: str
+    model: str
+    acc: dict[str, Any]
+    shape: dict[str, float]
+    bw_efficiency: float = BW_EFFICIENCY
+    flop_efficiency: float = FLOP_EFFICIENCY
+    draft_per_row_s: dict[str, float] = field(default_factory=lambda: dict(HOST_DRAFT_S))
+    simulated: bool = True
+
+    @property
+    def label(self) -> str:
+        return f"roofline:{self.accelerator}/{self.model} (simulated)"
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        s = self.shape
+        return 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * 2  # K and V, bf16
+
+    def _time(self, tokens: Any, kv_tokens: Any, attn_pairs: Any) -> Any:
+        s, a = self.shape, self.acc
+        weights = 2 * s["params"]
+        read = weights + np.asarray(kv_tokens, np.float64) * self.kv_bytes_per_token
+        flops = 2 * s["params"] * np.asarray(tokens, np.float64) + 4 * s["layers"] * s["heads"] * s[
+            "head_dim"
+        ] * np.asarray(attn_pairs, np.float64)
+        return a["overhead_s"] + np.maximum(
+            read / (a["bytes_s"] * self.bw_efficiency), flops / (a["flops"] * self.flop_efficiency)
+        )
+
+    def forward_s(self, rows: Any, nodes: Any, context: Any) -> Any:
+        rows, nodes, context = (np.asarray(x, np.float64) for x in (rows, nodes, context))
+        return self._time(rows * nodes, rows * (context + nodes), rows * nodes * (context + nodes / 2))
+
+    def draft_s(self, drafter: str | None, rows: Any) -> Any:
+        per = 0.0 if drafter is None else self.draft_per_row_s.get(drafter, 5e-5)
+        return per * np.asarray(rows, np.float64)
+
+    def prefill_s(self, tokens: Any) -> Any:
+        t = np.asarray(tokens, np.float64)
+        return self._time(t, t, t * t / 2)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": ROOFLINE_FORMAT, "version": 1, "accelerator": self.accelerator, "model": self.model,
+                "acc": self.acc, "shape": self.shape, "bw_efficiency": self.bw_efficiency,
+                "flop_efficiency": self.flop_efficiency, "draft_per_row_s": self.draft_per_row_s}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], source: str = "roofline cost model") -> RooflineCost:
+        try:
+            acc = {k: (str(v) if k == "name" else float(v)) for k, v in dict(d["acc"]).items()}
+            shape = {k: float(v) for k, v in dict(d["shape"]).items()}
+            out = cls(str(d["accelerator"]), str(d["model"]), acc, shape,
+                      float(d.get("bw_efficiency", BW_EFFICIENCY)), float(d.get("flop_efficiency", FLOP_EFFICIENCY)),
+                      {str(k): float(v) for k, v in dict(d.get("draft_per_row_s", HOST_DRAFT_S)).items()})  # fmt: skip
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
+            raise CostModelError(f"{source} is malformed ({err!r})") from err
+        need_acc, need_shape = (
+            ("bytes_s", "flops", "overhead_s"),
+            ("params", "layers", "heads", "kv_heads", "head_dim"),
+        )
+        missing = [k for k in need_acc if k not in acc] + [k for k in need_shape if k not in shape]
+        if missing:
+            raise CostModelError(f"{source} lacks {', '.join(missing)}")
+        nums = (
+            [acc[k] for k in need_acc]
+            + [shape[k] for k in need_shape]
+            + [out.bw_efficiency, out.flop_efficiency]
+        )
+        if not all(math.isfinite(x) and x >= 0 for x in nums) or acc["bytes_s"] <= 0 or acc["flops"] <= 0:
+            raise CostModelError(f"{source}: figures must be finite and positive")
+        if not (0 < out.bw_efficiency <= 1 and 0 < out.flop_efficiency <= 1):
+            raise CostModelError(f"{source}: efficiencies must be in (0, 1]")
+        return out
+
+
+def roofline(accelerator: str, model: str) -> RooflineCost:
+    if accelerator not in ACCELERATORS:
+        raise CostModelError(f"unknown accelerator {accelerator!r}; known: {', '.join(ACCELERATORS)}")
+    if model not in MODELS:
+        raise CostModelError(f"unknown model size {model!r}; known: {', '.join(MODELS)}")
+    return RooflineCost(accelerator, model, dict(ACCELERATORS[accelerator]), dict(MODELS[model]))
+
+
+def default_batch_cost_path() -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("env") / "data" / "batch_cost.json"))
+
+
+def load_batch_cost(source: str | Path | BatchCost | None = None) -> BatchCost:
+    """``None``: the shipped fitted model (embedded SmolLM2-135M, calibrated on the machine its meta names);
+    ``roofline:ACC/MODEL``: a named roofline model (simulated); else a JSON file of either kind."""
+    if source is not None and not isinstance(source, (str, Path)):
+        return source
+    if isinstance(source, str) and source.startswith("roofline:"):
+        acc, _, model = source.removeprefix("roofline:").partition("/")
+        return roofline(acc, model or "llama-3.1-8b")
+    path = default_batch_cost_path() if source is None else Path(source)
+    if not path.is_file():
+        raise CostModelError(
+            f"batch cost model {path} does not exist (make one with: draftgym calibrate --batch --out FILE, "
+            f"or name a roofline model: roofline:{'|'.join(ACCELERATORS)}/{'|'.join(MODELS)})"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as err:
+        raise CostModelError(f"batch cost model {path} is not JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise CostModelError(f"batch cost model {path} is not a draftgym batch cost model")
+    if data.get("format") == FORMAT:
+        return FittedBatchCost.from_json(data, str(path))
+    if data.get("format") == ROOFLINE_FORMAT:
+        return RooflineCost.from_json(data, str(path))
+    raise CostModelError(f"{path} is not a draftgym batch cost model (format {data.get('format')!r})")
+
+
+# ---- calibration -----------------------------------------------------------------------------------------------------
+
+
+def _time_grid(loaded: Any, rows: Sequence[int], nodes: Sequence[int], contexts: Sequence[int], reps: int,
+               progress: bool) -> dict[tuple[int, int, int], float]:  # fmt: skip
+    """Median seconds of ``BatchEngine.step`` over (rows, nodes, context): every row drafts a random chain of
+    ``nodes - 1`` tokens (``nodes`` 1: no draft), the step's commits are rolled back so that the context stays."""
+    import torch
+
+    from drafters import TreeShape
+    from env.batch import BatchEngine
+    from env.cost import _context_ids, _FixedTree, tree_parents
+    from env.engine import NO_DRAFT, Arm
+
+    fixed = _FixedTree(int(loaded.config.vocab_size))
+    engines = {}
+    for c in contexts:
+        ids = _context_ids(loaded.tokenizer, c)
+        for r in rows:
+            eng = BatchEngine(loaded, max_rows=r)
+            for _ in range(r):
+                eng.admit(ids, {"_fixed": fixed})
+            engines[(r, c)] = eng
+    cells = [(r, n, c) for r in rows for n in nodes for c in contexts]
+    samples: dict[tuple[int, int, int], list[float]] = {cell: [] for cell in cells}
+    rng = random.Random(0)
+
+    def run(r: int, n: int, c: int) -> float:
+        eng = engines[(r, c)]
+        arm = NO_DRAFT if n == 1 else Arm("_fixed", TreeShape(depth=n - 1))
+        fixed.parents = tree_parents(n, True)
+        t0 = time.perf_counter()
+        results = eng.step([arm] * r)
+        wall = time.perf_counter() - t0
+        for row, res in zip(eng.target.rows, results):  # back to the same context
+            k = len(res.committed)
+            del row.tokens[-k:]
+            eng.target.cache.lens[row.slot] -= k
+        return wall
+
+    with torch.inference_mode():
+        for cell in cells:  # warm-up
+            run(*cell)
+        it = range(reps)
+        if progress:
+            from tqdm import tqdm
+
+            it = tqdm(it, desc="calibrate --batch", unit="pass")
+        for _ in it:
+            rng.shuffle(cells)
+            for cell in cells:
+                samples[cell].append(run(*cell))
+    return {cell: statistics.median(v) for cell, v in samples.items()}
+
+
+def _time_prefill(loaded: Any, lengths: Sequence[int], reps: int) -> list[float]:
+    import torch
+
+    from env.batch import BatchEngine
+    from env.cost import _context_ids
+
+    eng = BatchEngine(loaded, max_rows=1)
+    out = []
+    with torch.inference_mode():
+        for n in lengths:
+            ids = _context_ids(loaded.tokenizer, n)
+            ts = []
+            for _ in range(reps + 1):
+                t0 = time.perf_counter()
+                row, _ = eng.admit(ids, {})
+                ts.append(time.perf_counter() - t0)
+                eng.retire(row)
+            out.append(statistics.median(ts[1:]))
+    return out
+
+
+def calibrate_batch(
+    loaded: Any,
+    drafter_names: Sequence[str] = ("ngram",),
+    *,
+    rows: Sequence[int] = ROWS,
+    nodes: Sequence[int] = NODES,
+    contexts: Sequence[int] = CONTEXTS,
+    reps: int = 5,
+    progress: bool = False,
+) -> FittedBatchCost:
+    """Measure the batch step on the (rows, nodes, context) grid, the prefill, and each drafter's propose time
+    per row; fit. About two minutes for the embedded model on a 2-core CPU."""
+    from env.cost import _time_drafters, machine_info
+    from env.decoder import chat_prompt
+    from env.workloads import load_workload
+
+    if len(contexts) != 2:
+        raise ValueError("calibrate_batch measures at exactly two contexts")
+    t_start = time.perf_counter()
+    med = _time_grid(loaded, rows, nodes, contexts, reps, progress)
+    c0, c1 = int(contexts[0]), int(contexts[1])
+    base = np.array([[med[(r, n, c0)] for n in nodes] for r in rows])
+    slope = np.array(
+        [[max((med[(r, n, c1)] - med[(r, n, c0)]) / (c1 - c0), 0.0) for n in nodes] for r in rows]
+    )
+    for arr in (base, slope):  # more rows or more nodes never cost less
+        np.maximum.accumulate(arr, axis=0, out=arr)
+        np.maximum.accumulate(arr, axis=1, out=arr)
+    pf = _time_prefill(loaded, PREFILL_TOKENS, max(reps // 2, 2))
+    from env.cost import isotonic
+
+    prefill = Curve(tuple(PREFILL_TOKENS), tuple(isotonic(pf)))
+    prompts = [chat_prompt(loaded.tokenizer, p.text) for p in load_workload()[:3]]
+    from drafters import TreeShape
+
+    shapes = [TreeShape(d) for d in (1, 2, 3, 5, 8)]
+    names = [n for n in drafter_names if n != "none"]
+    timed = _time_drafters(loaded, names, {}, prompts, shapes, positions=4)
+    drafters = {n: float(statistics.median(v["shapes"].values())) for n, v in timed.items()}
+    meta = {
+        "machine": machine_info(),
+        "forward": getattr(loaded, "forward", "hf"),
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "calibration_s": round(time.perf_counter() - t_start, 1),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "reps": reps,
+        "contexts": [c0, c1],
+        "measurements": [[r, n, c, s] for (r, n, c), s in sorted(med.items())],
+        "prefill_measured": pf,
+    }
+    return FittedBatchCost(
+        model_id=loaded.model_id,
+        dtype=str(loaded.dtype).removeprefix("torch."),
+        weights=str(getattr(loaded, "weights", "dense")),
+        rows=tuple(int(r) for r in rows),
+        nodes=tuple(int(n) for n in nodes),
+        context_ref=c0,
+        base=base,
+        slope=slope,
+        prefill=prefill,
+        drafters=drafters,
+        meta=meta,
+    )
+
+
+__all__ = ["ACCELERATORS", "MODELS", "BatchCost", "FittedBatchCost", "RooflineCost", "calibrate_batch",
+           "load_batch_cost", "roofline", "step_s"]  # fmt: skip

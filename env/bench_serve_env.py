@@ -1,0 +1,71 @@
+"""Speed of the vectorized serving replay: ``python -m env.bench_serve_env`` steps ``SpecServeVectorEnv`` (numpy,
+same-step autoreset, random batch actions) for each ``--envs`` count and prints request-steps per second (the
+rows stepped, summed over servers) and env steps per second, median of ``--reps`` timed runs. ``--loads``: the
+loads drawn per episode (default: all of ``env.serve_env.DEFAULT_LOADS``; a server at concurrency 1 steps one row).
+
+    python -m env.bench_serve_env --envs 64,256,1024 --steps 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+
+def bench(num_envs: int, steps: int, reps: int, cost: str | None, action: str, loads: list[str] | None = None
+          ) -> dict[str, float]:  # fmt: skip
+    from env.serve_env import DEFAULT_LOADS, SpecServeVectorEnv
+
+    venv = SpecServeVectorEnv(num_envs, cost=cost, action=action, autoreset_mode="same_step", seed=0,
+                              loads=loads or list(DEFAULT_LOADS))  # fmt: skip
+    venv.reset(seed=0)
+    rng = np.random.default_rng(0)
+    acts = rng.integers(0, len(venv.arms), size=(steps, *venv.action_space.shape))
+    rates, step_rates = [], []
+    for _ in range(reps + 1):
+        rows = 0
+        t0 = time.perf_counter()
+        for a in acts:
+            _, _, _, _, info = venv.step(a)
+            rows += int(info["rows"].sum())
+        dt = time.perf_counter() - t0
+        rates.append(rows / dt)
+        step_rates.append(steps / dt)
+    return {"envs": num_envs, "loads": ",".join(loads or []) or "default", "request_steps_s": statistics.median(rates[1:]),
+            "env_steps_s": statistics.median(step_rates[1:]) * num_envs}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m env.bench_serve_env", description=__doc__.split("\n\n")[0],
+                                 allow_abbrev=False)  # fmt: skip
+    ap.add_argument("--envs", default="64,256,1024")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cost", default=None, help="batch cost model (default: the shipped one)")
+    ap.add_argument("--action", default="batch", choices=["batch", "row"])
+    ap.add_argument(
+        "--loads", default=None, help="comma list of loads (default: env.serve_env.DEFAULT_LOADS)"
+    )
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    from env.cost import machine_info
+
+    out = []
+    print(f"{'envs':>6}{'request-steps/s':>18}{'env steps/s':>14}")
+    for e in [int(x) for x in args.envs.split(",")]:
+        r = bench(
+            e, args.steps, args.reps, args.cost, args.action, args.loads.split(",") if args.loads else None
+        )
+        out.append(r)
+        print(f"{e:>6}{r['request_steps_s']:>18,.0f}{r['env_steps_s']:>14,.0f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"rows": out, "machine": machine_info()}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,424 @@
+"""Policies under load: ``draftgym serve-train`` (fit, train and save the serving policies on the replayed serving
+env ``draftgym/SpecServe-v0``, on the training prompts of a split) and ``draftgym evaluate --serve`` (every policy's
+goodput per load level, on a load ramp 1 -> 16 -> 1 ("mixed") and on bursty arrivals, on held-out prompts, in
+replay and live, next to every static arm, the best static arm of each load, the best single static arm overall
+and the per-step oracle).
+
+Replay prices steps with a batch cost model (``env.batch_cost``: fitted on this machine, or ``roofline:ACC/MODEL``,
+simulated and labelled so); live serves the same request streams (prompts, arrival times, concurrency caps) with
+the batch-native engine (``env.serving.serve`` with the policy choosing each step's arm).
+
+``--json FILE``: ``{"rows": [{"policy", "kind", "load", "replay_goodput", "live_goodput",
+"replay_goodput_live_stream"}, ...], "settings", ...}`` (``replay_goodput``: the median over ``--episodes`` request
+streams; ``replay_goodput_live_stream``: the replay of the one stream served live, for replay fidelity).
+Live cells are appended to ``OUT/live.jsonl`` as they finish (a rerun with the same ``--out`` skips them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from env.files import atomic_write_text
+
+EVAL_LOADS = ("1", "2", "4", "8", "16", "mixed", "bursty")
+TRAIN_LOADS = ("1", "2", "4", "8", "16", "ramp", "bursty")  # at max_batch 16 (``train_loads``)
+
+
+def train_loads(max_batch: int) -> list[str]:
+    from env.serve_env import levels_upto
+
+    return [str(c) for c in levels_upto(max_batch)] + ["ramp", "bursty"]
+
+
+def sim_load(load: str) -> str:
+    return "ramp" if load == "mixed" else load
+
+
+def shipped_serve_policies() -> list[Path]:
+    folder = Path(str(resources.files("policies") / "data" / "serve"))
+    return sorted(folder.glob("*.zip")) if folder.is_dir() else []
+
+
+def _split(trace: Any, test_per_category: int, seed: int) -> Any:
+    from policies.split import trace_split
+
+    return trace_split(trace, test_per_category, seed)
+
+
+def _sim_factory(trace: Any, cost: Any, arms: list[str], prompts: Any, max_new: int, requests: int,
+                 max_batch: int, reward: str = "goodput_ratio"):  # fmt: skip
+    from env.serve_env import ServeSim
+
+    def make(num_envs: int, loads: Any = TRAIN_LOADS, seed: int = 0) -> Any:
+        return ServeSim(num_envs, trace=trace, arms=arms, cost=cost, max_batch=max_batch, loads=list(loads),
+                        requests=requests, max_new_tokens=max_new, prompt_ids=prompts, reward=reward, seed=seed)  # fmt: skip
+
+    return make
+
+
+# ---------------------------------------------------------------------------------------------------- training
+
+
+def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, max_new: int, requests: int,
+              max_batch: int, timesteps: int, seed: int, progress: bool) -> dict[str, Any]:  # fmt: skip
+    from env.serve_env import feature_names, make_sb3_serve_env, obs_size
+    from policies.linucb import LinUCB
+    from policies.serving import (
+        BucketUCB,
+        SmartSpecPolicy,
+        fit_batch_table,
+        run_policy,
+        static_goodputs,
+        train_serve_ppo,  # fmt: skip
+        trt_auto,
+    )
+
+    feats, size = feature_names(max_batch), obs_size(max_batch)
+    loads = train_loads(max_batch)
+    make = _sim_factory(trace, cost, arms, list(split.train), max_new, requests, max_batch)
+    meta = {"split": split.as_dict(), "batch_cost": cost.label, "max_new_tokens": max_new, "requests": requests,
+            "max_batch": max_batch, "trace_prompts": trace.num_prompts}  # fmt: skip
+    report: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    goodputs = static_goodputs(make, arms, [x for x in loads if x.isdigit()], episodes=16, seed=seed)
+    report["static_train_goodput"] = goodputs
+    policies: dict[str, Any] = {"fitted-table": fit_batch_table(goodputs, arms, size, feats)}
+    if all(a in arms for a in ("ngram-d5", "ngram-d3", "none")):
+        policies["trt-auto"] = trt_auto(arms, size, feats)
+    policies["smartspec"] = SmartSpecPolicy(arms, size, feats, cost=cost.to_json())
+    # online bandits: trained in replay on the training prompts, over the mixed training loads
+    bucket = BucketUCB(arms, size, feats)
+    lin = LinUCB(arms, size, feats, alpha=0.3)
+    for pol in (bucket, lin):
+        sim = make(8, loads=loads, seed=seed + 1)
+        for _ in range(3):
+            sim.reset()
+            run_policy(sim, pol, learn=True)
+    policies["bucket-ucb"], policies["linucb"] = bucket, lin
+    report["fit_s"] = round(time.perf_counter() - t0, 1)
+    t1 = time.perf_counter()
+
+    def make_vec() -> Any:
+        return make_sb3_serve_env(64, trace=trace, arms=arms, cost=cost, max_batch=max_batch, loads=loads,
+                                  requests=requests, max_new_tokens=max_new, prompt_ids=list(split.train),
+                                  reward="goodput_ratio", seed=seed)  # fmt: skip
+
+    if timesteps > 0:
+
+        def make_eval() -> Any:
+            sim = make(8, loads=["ramp"], seed=seed + 2)
+            sim.reset()
+            return sim
+
+        policies["ppo"], curve = train_serve_ppo(make_vec, arms, size, feats, timesteps=timesteps, seed=seed,
+                                                 progress=progress, make_eval=make_eval)  # fmt: skip
+        report["ppo_s"] = round(time.perf_counter() - t1, 1)
+        report["ppo_timesteps"] = timesteps
+        report["ppo_curve"] = curve  # replayed goodput on a ramp of training prompts, training seconds
+        if curve:
+            top = max(c["goodput"] for c in curve)
+            first = next(c for c in curve if c["goodput"] >= 0.99 * top)
+            report["ppo_plateau"] = {
+                "goodput": top,
+                "timesteps": first["timesteps"],
+                "seconds": first["seconds"],
+            }
+    out.mkdir(parents=True, exist_ok=True)
+    for name, pol in policies.items():
+        pol.meta = {**meta, "name": name}
+        pol.save(out / f"{name}.zip")
+    report["saved"] = sorted(policies)
+    return report
+
+
+def cmd_serve_train(args: argparse.Namespace) -> int:
+    from env.batch_cost import load_batch_cost
+    from env.serve_env import DEFAULT_ARMS, default_serve_trace
+    from env.trace import load_trace
+    from experiments.args import output_dir
+
+    trace = default_serve_trace() if args.trace is None else load_trace(args.trace)
+    cost = load_batch_cost(args.batch_cost)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else list(DEFAULT_ARMS)
+    split = _split(trace, args.test_per_category, args.seed)
+    out = output_dir(args.out)
+    rep = train_all(trace, cost, arms, split, out=out, max_new=args.max_new_tokens, requests=args.requests,
+                    max_batch=args.max_batch, timesteps=args.timesteps, seed=args.seed,
+                    progress=sys.stderr.isatty() and not args.json)  # fmt: skip
+    rep.update(
+        out=str(out), batch_cost=cost.label, train_prompts=len(split.train), test_prompts=len(split.test)
+    )
+    atomic_write_text(out / "train.json", json.dumps(rep, indent=1))
+    if args.json:
+        print(json.dumps(rep))
+    else:
+        print(f"serving policies ({', '.join(rep['saved'])}) -> {out}  [{cost.label}]")
+        table = next((p for p in rep["saved"] if p == "fitted-table"), None)
+        if table:
+            print("best static arm per concurrency (replay, training prompts):")
+            for load, g in rep["static_train_goodput"].items():
+                best = max(g, key=g.get)
+                print(
+                    f"  {load:>3}: {best:<10} {g[best]:8.1f} tok/s   (none: {g.get('none', float('nan')):.1f})"
+                )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------- evaluation
+
+
+def _streams(make: Any, load: str, episodes: int, seed: int) -> Any:
+    sim = make(episodes, loads=[sim_load(load)], seed=seed)
+    sim.reset()
+    return sim
+
+
+def _replay(
+    make: Any, load: str, episodes: int, seed: int, policy: Any = None, oracle: bool = False
+) -> tuple[float, float]:
+    """(median replayed goodput over ``episodes`` request streams, that of stream 0: the one served live)."""
+    from policies.serving import run_policy
+
+    sim = _streams(make, load, episodes, seed)
+    g = run_policy(sim, policy, oracle=oracle)
+    return float(np.median(g)), float(g[0])
+
+
+def _live(
+    loaded: Any, sim: Any, policy: Any, arms: list[Any], max_batch: int, max_new: int, cost: Any
+) -> float:
+    """Serve server 0's request stream of ``sim`` (after ``reset``) live; committed tokens per second."""
+    from env.batch import BatchEngine
+    from env.engine import NO_DRAFT
+    from env.serving import Request, serve
+
+    k = int(sim.n_req[0])
+    prompts = sim.req_prompt[0, :k]
+    reqs = [Request(str(i), sim.trace.prompt(int(p)), NO_DRAFT, max_new, float(sim.req_arr[0, i]))
+            for i, p in enumerate(prompts)]  # fmt: skip
+    closed = bool(sim.closed[0])
+    caps = [int(c) for c in sim.req_cap[0, :k]] if closed else None
+    engine = BatchEngine(loaded, max_rows=max_batch)
+    t0 = time.perf_counter()
+    served = serve(engine, reqs, caps=caps, max_batch=max_batch, policy=policy, arms=arms, cost=cost)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(s.token_ids) for s in served)
+    first = min(s.arrival_s for s in served)
+    return tokens / max(max(s.finish_s for s in served) - first, 1e-9) if wall > 0 else 0.0
+
+
+class _Static:
+    kind = "static"
+
+    def __init__(self, k: int, name: str) -> None:
+        self.k, self.name = k, name
+
+    def act(self, obs: Any) -> int:
+        return self.k
+
+    def act_batch(self, obs: np.ndarray) -> np.ndarray:
+        return np.full(len(obs), self.k)
+
+
+def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms: list[str], split: Any, *,
+                   loads: list[str], episodes: int, max_new: int, requests: int, max_batch: int, seed: int,
+                   loaded: Any = None, repeats: int = 3, live_policies: set[str] | None = None,
+                   out: Path | None = None, progress: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Replay every policy (and every static arm, the oracle) at every load on held-out prompts; live (when
+    ``loaded``) the policies named in ``live_policies`` (default: all), ``repeats`` runs each, the median kept."""
+    from env.engine import parse_arm
+
+    make = _sim_factory(trace, cost, arms, list(split.test), max_new, requests, max_batch)
+    statics = [(f"static:{a}", _Static(k, a)) for k, a in enumerate(arms)]
+    rows: list[dict[str, Any]] = []
+    done = {}
+    live_path = None if out is None else out / "live.jsonl"
+    if live_path is not None and live_path.is_file():
+        for line in live_path.read_text().splitlines():
+            try:
+                c = json.loads(line)
+                done[(c["policy"], c["load"])] = c["live_goodput"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+    menu = [parse_arm(a) for a in arms]
+    cells = [(name, pol, load) for load in loads for name, pol in [*statics, *policies]]
+    it = cells
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(cells, desc="evaluate --serve", unit="cell")
+    replay: dict[tuple[str, str], float] = {}
+    stream0: dict[tuple[str, str], float] = {}
+    for name, pol, load in it:
+        replay[(name, load)], stream0[(name, load)] = _replay(make, load, episodes, seed, pol)
+    oracle = {load: _replay(make, load, episodes, seed, oracle=True)[0] for load in loads}
+    # the best static arm of each load, and the best single static arm over the per-level loads
+    best_at = {load: max(arms, key=lambda a: replay[(f"static:{a}", load)]) for load in loads}
+    levels = [x for x in loads if x.isdigit()]
+    overall = max(arms, key=lambda a: statistics.fmean(replay[(f"static:{a}", x)] for x in (levels or loads)))
+    kinds = {name: getattr(pol, "kind", "static") for name, pol in [*statics, *policies]}
+    want_live = {n for n, _ in policies} if live_policies is None else set(live_policies)
+
+    live_statics = {f"static:{best_at[x]}" for x in loads} | {f"static:{overall}"}
+    live_set = [
+        (n, p)
+        for n, p in [*statics, *policies]
+        if (n in live_statics if n.startswith("static:") else n in want_live)
+    ]
+    live: dict[tuple[str, str], float] = {}
+    for load in loads if loaded is not None else []:
+        todo = [(n, p) for n, p in live_set if (n, load) not in done]
+        runs: dict[str, list[float]] = {n: [] for n, _ in todo}
+        for _ in range(repeats):  # interleaved: a drift of the machine's speed hits every policy alike
+            for name, pol in todo:
+                runs[name].append(
+                    _live(loaded, _streams(make, load, 1, seed), pol, menu, max_batch, max_new, cost)
+                )
+        for name, _ in live_set:
+            if (name, load) in done:
+                live[(name, load)] = done[(name, load)]
+                continue
+            live[(name, load)] = float(statistics.median(runs[name]))
+            if live_path is not None:
+                with live_path.open("a") as fh:
+                    fh.write(json.dumps({"policy": name, "load": load, "live_goodput": live[(name, load)],
+                                         "runs": runs[name]}) + "\n")  # fmt: skip
+    for load in loads:
+        for name, _ in [*statics, *policies]:
+            rows.append({"policy": name, "kind": kinds[name], "load": load, "replay_goodput": replay[(name, load)],
+                         "live_goodput": live.get((name, load)),
+                         "replay_goodput_live_stream": stream0[(name, load)]})  # fmt: skip
+        rows.append({"policy": "oracle", "kind": "oracle", "load": load, "replay_goodput": oracle[load],
+                     "live_goodput": None, "replay_goodput_live_stream": None})  # fmt: skip
+    return {"rows": rows, "best_static_per_load": best_at, "best_static_overall": overall}
+
+
+def cmd_evaluate_serve(args: argparse.Namespace) -> int:
+    from env.batch_cost import load_batch_cost
+    from env.serve_env import DEFAULT_ARMS, default_serve_trace
+    from env.trace import load_trace
+    from experiments.args import output_dir, output_file
+    from experiments.errors import UserError
+    from policies.base import load_policy
+
+    paths = [Path(p) for p in args.policies] or shipped_serve_policies()
+    policies = []
+    for p in paths:
+        pol = load_policy(p)
+        policies.append((p.stem, pol))
+    meta = policies[0][1].meta if policies else {}
+    arms = list(policies[0][1].arm_names) if policies else list(DEFAULT_ARMS)
+    for name, pol in policies:
+        if list(pol.arm_names) != arms:
+            raise UserError(
+                f"{name}: its arms {list(pol.arm_names)} differ from {arms}; evaluate one menu at a time"
+            )
+    trace = default_serve_trace() if args.trace is None else load_trace(args.trace)
+    cost = load_batch_cost(args.batch_cost)
+    tpc = args.test_per_category or meta.get("split", {}).get("test_per_category", 4)
+    split = _split(
+        trace, int(tpc), args.seed if args.test_per_category else meta.get("split", {}).get("seed", args.seed)
+    )
+    loads = [x.strip() for x in args.loads.split(",") if x.strip()]
+    for x in loads:
+        if x not in ("mixed", "bursty") and not x.isdigit() and not x.startswith("poisson@"):
+            raise UserError(f"--loads: unknown load {x!r}; valid: concurrencies, mixed, bursty, poisson@X")
+    max_new = args.max_new_tokens or int(meta.get("max_new_tokens", 64))
+    max_batch = int(meta.get("max_batch", 16))
+    if args.json:
+        output_file(args.json, flag="--json")
+    out = output_dir(args.out or "runs/evaluate-serve")
+    loaded = None
+    if not args.no_live:
+        from env.model import load_model
+
+        loaded = load_model(
+            args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
+        )
+    live_names = None if not args.live_policies else {x.strip() for x in args.live_policies.split(",")}
+    res = evaluate_serve(policies, trace, cost, arms, split, loads=loads, episodes=args.episodes, max_new=max_new,
+                         requests=args.requests, max_batch=max_batch, seed=args.seed, loaded=loaded,
+                         repeats=args.repeats, live_policies=live_names, out=out,
+                         progress=sys.stderr.isatty())  # fmt: skip
+    from env.cost import machine_info
+    from experiments.provenance import provenance
+
+    res["settings"] = {"batch_cost": cost.label, "simulated": bool(cost.simulated), "loads": loads,
+                       "episodes": args.episodes, "requests": args.requests, "max_new_tokens": max_new,
+                       "max_batch": max_batch, "test_prompts": list(split.test), "arms": arms,
+                       "live": loaded is not None, "repeats": args.repeats, "machine": machine_info(),
+                       "command": " ".join(["draftgym", *sys.argv[1:]])}  # fmt: skip
+    res["provenance"] = provenance()
+    text = json.dumps(res, indent=1)
+    atomic_write_text(out / "evaluate.json", text)
+    if args.json:
+        atomic_write_text(args.json, text)
+    print(format_table(res))
+    return 0
+
+
+def format_table(res: dict[str, Any]) -> str:
+    rows, s = res["rows"], res.get("settings", {})
+    loads = list(dict.fromkeys(r["load"] for r in rows))
+    names = list(dict.fromkeys(r["policy"] for r in rows))
+    cell = {(r["policy"], r["load"]): r for r in rows}
+    head = f"{'policy':<22}{'kind':<10}" + "".join(f"{x:>16}" for x in loads)
+    lines = [f"goodput, tok/s: replay / live   [{s.get('batch_cost', '')}]", head, "-" * len(head)]
+    for n in names:
+        kind = next(r["kind"] for r in rows if r["policy"] == n)
+        vals = []
+        for x in loads:
+            r = cell.get((n, x))
+            if r is None:
+                vals.append(f"{'':>16}")
+                continue
+            lv = "-" if r["live_goodput"] is None else f"{r['live_goodput']:.1f}"
+            vals.append(f"{r['replay_goodput']:>9.1f}/{lv:<6}")
+        lines.append(f"{n:<22}{kind:<10}" + "".join(vals))
+    lines.append(
+        f"best static per load: {res['best_static_per_load']}; best single static: {res['best_static_overall']}"
+    )
+    return "\n".join(lines)
+
+
+def add_serve_args(e: Any) -> None:
+    from experiments.args import positive_int
+
+    e.add_argument("--serve", action="store_true", help="evaluate serving policies under load (SpecServe-v0)")
+    e.add_argument("--batch-cost", default=None,
+                   help="--serve: batch cost model JSON, or roofline:ACC/MODEL (simulated); default the shipped")  # fmt: skip
+    e.add_argument("--loads", default=",".join(EVAL_LOADS), help="--serve: load levels, mixed (ramp), bursty")
+    e.add_argument("--episodes", type=positive_int, default=16, help="--serve: replayed servers per load")
+    e.add_argument(
+        "--requests", type=positive_int, default=32, help="--serve: requests per episode (mixed: 46)"
+    )
+    e.add_argument("--repeats", type=positive_int, default=3, help="--serve: live runs per cell (median)")
+    e.add_argument("--live-policies", default=None, help="--serve: live only these policies (comma list)")
+
+
+def register(sub: Any) -> None:
+    from experiments.args import new_tokens, positive_int
+
+    t = sub.add_parser("serve-train", help="fit and train the serving policies on the replayed serving env")
+    t.add_argument("--trace", default=None, help="replay trace (default: the bundled serving trace)")
+    t.add_argument("--batch-cost", default=None,
+                   help="batch cost model JSON, or roofline:ACC/MODEL (simulated); default the shipped")  # fmt: skip
+    t.add_argument("--arms", default=None, help="arm menu, comma list (default: env.serve_env.DEFAULT_ARMS)")
+    t.add_argument("--test-per-category", type=positive_int, default=4, help="held-out prompts per category")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--max-new-tokens", type=new_tokens, default=64)
+    t.add_argument("--requests", type=positive_int, default=32, help="requests per training episode")
+    t.add_argument("--max-batch", type=positive_int, default=16)
+    t.add_argument("--timesteps", type=int, default=600_000, help="PPO steps (0: no PPO)")
+    t.add_argument("--out", default="runs/serve-policies", help="output folder of the policy files")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=cmd_serve_train)

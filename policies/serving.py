@@ -1,0 +1,347 @@
+"""Serving policies: the arm of a whole batch under load, from the observation of ``draftgym/SpecServe-v0``
+(``env.serve_env.feature_names``: load features, pooled and per-row request features).
+
+Baselines as the engines ship them:
+
+- ``BatchTablePolicy`` (kind ``schedule``): a table rows -> arm, as vLLM's ``num_speculative_tokens_per_batch_size``
+  and TensorRT-LLM's ``draft_len_schedule`` are written. ``fit_batch_table`` fits one the way their users do: the
+  best static arm at each concurrency, measured (here: replayed) on this machine. ``trt_auto`` is TensorRT-LLM's
+  AUTO rule for n-gram drafts (depth 5 up to 4 rows, 3 up to 32, off above);
+- ``SmartSpecPolicy`` (kind ``heuristic``): SmartSpec/TurboSpec's rule: each request's per-token acceptance
+  estimated online (``env.serve_env.alpha_estimate``, the per-row feature), the depth that maximizes the
+  estimated goodput ``sum_i E[tokens_i(d)] / c(rows, d + 1, context)`` under a batch cost model (rows whose
+  drafter has no match expect one token);
+- ``BucketUCB`` (kind ``bandit``): UCB1 per batch-size bucket (as mit-han-lab/fastrl's per-batch-size bandit).
+
+Learned ones use the policies of the single-sequence env on this observation: ``policies.rl.SB3Policy`` (PPO on
+the vectorized serving env, ``train_serve_ppo``) and ``policies.linucb.LinUCB`` (a contextual bandit on the load
+features). Every file is JSON and arrays (``policies.base``), never code.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from policies.base import BasePolicy, PolicyError, npz_bytes, read_npz
+
+# indices into the serving observation (env.serve_env.feature_names); checked against the feature names at load
+ROWS_AT, MATCH_ROWS_AT, CTX_AT, ROW_BLOCK_AT, ROW_WIDTH = 0, 4, 2, 9, 6
+
+
+def _max_batch(obs_size: int) -> int:
+    m, r = divmod(obs_size - ROW_BLOCK_AT, ROW_WIDTH)
+    if r or m < 1:
+        raise PolicyError(f"an observation of size {obs_size} is not a serving observation")
+    return m
+
+
+def rows_of(obs: np.ndarray, max_batch: int) -> int:
+    return int(round(float(obs[ROWS_AT]) * max_batch))
+
+
+def _check_serving(policy: BasePolicy) -> int:
+    m = _max_batch(policy.obs_size)
+    if policy.features is not None:
+        from env.serve_env import feature_names
+
+        if tuple(policy.features) != tuple(feature_names(m)):
+            raise PolicyError(f"{policy.name}: the observation is not the serving env's (features differ)")
+    return m
+
+
+class BatchTablePolicy(BasePolicy):
+    """``table``: ``[[max_rows, arm], ...]`` in increasing ``max_rows``; a batch of ``r`` rows takes the arm of the
+    first entry with ``r <= max_rows`` (past the last: the last entry's arm)."""
+
+    type_name = "serve_table"
+    kind = "schedule"
+
+    def __init__(self, arms: Sequence[str], obs_size: int = 0, features: Sequence[str] | None = None, *,
+                 table: Sequence[Sequence[Any]], label: str = "table") -> None:  # fmt: skip
+        super().__init__(arms, obs_size, features)
+        self.label = str(label)
+        self.max_batch = _check_serving(self)
+        try:
+            self.table = [(int(r), str(a)) for r, a in table]
+        except (TypeError, ValueError) as err:
+            raise PolicyError(f"a batch table is [[max_rows, arm], ...], got {table!r}") from err
+        if not self.table:
+            raise PolicyError("a batch table needs at least one entry")
+        if [r for r, _ in self.table] != sorted({r for r, _ in self.table}):
+            raise PolicyError("the batch table's max_rows must increase")
+        bad = [a for _, a in self.table if a not in self.arm_names]
+        if bad:
+            raise PolicyError(f"batch table arms {bad} are not in the arm menu {list(self.arm_names)}")
+        self._bounds = np.array([r for r, _ in self.table])
+        self._index = np.array([self.arm_names.index(a) for _, a in self.table])
+
+    @property
+    def name(self) -> str:
+        return self.label
+
+    def params(self) -> dict[str, Any]:
+        return {"table": [[r, a] for r, a in self.table], "label": self.label}
+
+    def act(self, obs: np.ndarray | None) -> int:
+        x = self._check_obs(obs)
+        i = min(int(np.searchsorted(self._bounds, rows_of(x, self.max_batch))), len(self.table) - 1)
+        return int(self._index[i])
+
+    def act_batch(self, obs: np.ndarray) -> np.ndarray:
+        rows = np.rint(np.asarray(obs)[:, ROWS_AT] * self.max_batch)
+        i = np.minimum(np.searchsorted(self._bounds, rows), len(self.table) - 1)
+        return self._index[i]
+
+
+def trt_auto(arms: Sequence[str], obs_size: int, features: Sequence[str] | None = None) -> BatchTablePolicy:
+    """TensorRT-LLM's AUTO rule for n-gram speculation: depth 5 up to 4 rows, depth 3 up to 32, off above."""
+    need = ("ngram-d5", "ngram-d3", "none")
+    if any(a not in arms for a in need):
+        raise PolicyError(f"the TensorRT-LLM AUTO rule needs arms {list(need)} in the menu")
+    return BatchTablePolicy(arms, obs_size, features, table=[[4, "ngram-d5"], [32, "ngram-d3"], [1 << 30, "none"]],
+                            label="trt-auto")  # fmt: skip
+
+
+class SmartSpecPolicy(BasePolicy):
+    """The SmartSpec/TurboSpec rule over the menu's chain arms (and "none") under the batch cost model ``cost``
+    (the JSON of a ``env.batch_cost`` model: fitted or roofline)."""
+
+    type_name = "smartspec"
+    kind = "heuristic"
+
+    def __init__(self, arms: Sequence[str], obs_size: int = 0, features: Sequence[str] | None = None, *,
+                 cost: dict[str, Any]) -> None:  # fmt: skip
+        super().__init__(arms, obs_size, features)
+        self.max_batch = _check_serving(self)
+        from env.batch_cost import FORMAT, ROOFLINE_FORMAT, FittedBatchCost, RooflineCost
+        from env.cost import CostModelError
+        from env.engine import parse_arm
+
+        if not isinstance(cost, dict) or cost.get("format") not in (FORMAT, ROOFLINE_FORMAT):
+            raise PolicyError("SmartSpec needs the JSON of a batch cost model (env.batch_cost)")
+        try:
+            self.cost_model = (FittedBatchCost if cost["format"] == FORMAT else RooflineCost).from_json(cost)
+        except CostModelError as err:
+            raise PolicyError(f"SmartSpec: {err}") from err
+        self.cost = cost
+        self.arms = [parse_arm(a) for a in self.arm_names]
+        for a in self.arms:
+            if a.drafter is not None and a.shape.topk != 1:
+                raise PolicyError(f"SmartSpec prices chains only; {a.name} is a tree")
+        self.depths = np.array([0 if a.drafter is None else a.shape.depth for a in self.arms], np.float64)
+
+    def params(self) -> dict[str, Any]:
+        return {"cost": self.cost}
+
+    def scores(self, obs: np.ndarray) -> np.ndarray:
+        """Estimated goodput of every arm (tokens per second of the batch)."""
+        from env.serve_env import CTX_NORM, DEPTH_NORM
+
+        m = self.max_batch
+        block = np.asarray(obs[ROW_BLOCK_AT:], np.float64).reshape(m, ROW_WIDTH)
+        live = block[:, 0] > 0.5
+        rows = max(int(live.sum()), 1)
+        alpha = np.clip(block[live, 2], 0.0, 0.999)
+        match = block[live, 4] * DEPTH_NORM  # the drafter's longest proposal here (0: nothing to draft)
+        ctx = float(block[live, 1].mean() * CTX_NORM) if live.any() else 0.0
+        out = np.zeros(len(self.arms))
+        for k, (a, d) in enumerate(zip(self.arms, self.depths)):
+            dd = np.minimum(d, match)  # a chain cannot be longer than the proposal
+            tokens = np.where(dd > 0, (1 - alpha ** (dd + 1)) / (1 - alpha), 1.0).sum()
+            nodes = 1 + (dd.max() if dd.size else 0)
+            t = float(self.cost_model.forward_s(rows, nodes, ctx))
+            if a.drafter is not None:
+                t += float(self.cost_model.draft_s(a.drafter, rows))
+            out[k] = tokens / t
+        return out
+
+    def act(self, obs: np.ndarray | None) -> int:
+        return int(np.argmax(self.scores(self._check_obs(obs))))
+
+
+class BucketUCB(BasePolicy):
+    """UCB1 over the arms, one bandit per batch-size bucket (``buckets``: upper bounds of rows); learns online
+    from the step's reward."""
+
+    type_name = "bucket_ucb"
+    kind = "bandit"
+
+    def __init__(self, arms: Sequence[str], obs_size: int = 0, features: Sequence[str] | None = None, *,
+                 buckets: Sequence[int] = (1, 2, 4, 8, 16), c: float = 0.5) -> None:  # fmt: skip
+        super().__init__(arms, obs_size, features)
+        self.max_batch = _check_serving(self)
+        self.buckets = np.array(sorted({int(b) for b in buckets}), np.int64)
+        if self.buckets.size == 0 or self.buckets[0] < 1:
+            raise PolicyError("bucket bounds must be positive row counts")
+        if c < 0:
+            raise PolicyError(f"the exploration constant must be >= 0, got {c}")
+        self.c = float(c)
+        self.counts = np.zeros((len(self.buckets), self.num_arms))
+        self.sums = np.zeros((len(self.buckets), self.num_arms))
+
+    @property
+    def name(self) -> str:
+        return "bucket-ucb"
+
+    def params(self) -> dict[str, Any]:
+        return {"buckets": self.buckets.tolist(), "c": self.c}
+
+    def bucket(self, obs: np.ndarray) -> int:
+        return min(int(np.searchsorted(self.buckets, rows_of(obs, self.max_batch))), len(self.buckets) - 1)
+
+    def act(self, obs: np.ndarray | None) -> int:
+        b = self.bucket(self._check_obs(obs))
+        n, s = self.counts[b], self.sums[b]
+        if (n == 0).any():
+            return int(np.flatnonzero(n == 0)[0])
+        return int(np.argmax(s / n + self.c * np.sqrt(np.log(n.sum()) / n)))
+
+    def update(
+        self, obs: np.ndarray | None, action: int, reward: float, info: dict[str, Any] | None = None
+    ) -> None:
+        b = self.bucket(self._check_obs(obs))
+        self.counts[b, action] += 1
+        self.sums[b, action] += float(reward)
+
+    def state(self) -> dict[str, bytes]:
+        return {"state.npz": npz_bytes(counts=self.counts, sums=self.sums)}
+
+    def restore(self, files: dict[str, bytes]) -> None:
+        if "state.npz" not in files:
+            raise PolicyError("bucket bandit file has no state.npz")
+        s = read_npz(files["state.npz"])
+        shape = (len(self.buckets), self.num_arms)
+        if s.get("counts") is None or s["counts"].shape != shape or s["sums"].shape != shape:
+            raise PolicyError(f"bucket bandit state has the wrong shape (expected {shape})")
+        if not (np.isfinite(s["counts"]).all() and np.isfinite(s["sums"]).all()) or (s["counts"] < 0).any():
+            raise PolicyError("bucket bandit state holds negative or non-finite counts")
+        self.counts, self.sums = s["counts"], s["sums"]
+
+
+# ---- fitting and training in replay --------------------------------------------------------------------------------
+
+
+def run_policy(sim: Any, policy: Any, *, learn: bool = False, oracle: bool = False) -> np.ndarray:
+    """Run every server of ``sim`` (reset) to the end of its episode under ``policy`` (``oracle``: the myopic
+    oracle instead); ``learn``: online policies update after each step. Returns each server's goodput."""
+    act_batch = getattr(policy, "act_batch", None)
+    while not sim.done().all():
+        live = ~sim.done()
+        if oracle:
+            a = sim.myopic_best()
+        else:
+            obs = sim.observe()
+            if act_batch is not None:
+                a = np.asarray(act_batch(obs), np.int64).reshape(-1)
+            else:
+                a = np.array([policy.act(obs[i]) if live[i] else 0 for i in range(sim.num_envs)], np.int64)
+            if learn and hasattr(policy, "update"):
+                obs = obs.copy()
+        r, o = sim.step(a)
+        if learn and not oracle and hasattr(policy, "update"):
+            for i in np.flatnonzero(live):
+                policy.update(obs[i], int(a[i]), float(r[i]), {})
+    return sim.goodput()
+
+
+def static_goodputs(make_sim: Any, arms: Sequence[str], loads: Sequence[str], episodes: int, seed: int = 0
+                    ) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Replayed goodput of every static arm at every load: ``{load: {arm: tokens/s}}`` (``episodes`` servers each,
+    the same request streams for every arm)."""
+    out: dict[str, dict[str, float]] = {}
+    for load in loads:
+        out[load] = {}
+        for k, arm in enumerate(arms):
+            sim = make_sim(episodes, loads=[load], seed=seed)
+            sim.reset()
+            out[load][arm] = float(np.median(run_policy(sim, _Const(k))))
+    return out
+
+
+class _Const:
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def act_batch(self, obs: np.ndarray) -> np.ndarray:
+        return np.full(len(obs), self.k)
+
+
+def fit_batch_table(goodputs: dict[str, dict[str, float]], arms: Sequence[str], obs_size: int,
+                    features: Sequence[str] | None = None) -> BatchTablePolicy:  # fmt: skip
+    """The table a vLLM / TensorRT-LLM user writes: the best static arm at each closed-loop concurrency."""
+    levels = sorted(int(x) for x in goodputs if str(x).isdigit())
+    if not levels:
+        raise PolicyError("fitting a batch table needs goodputs at integer concurrencies")
+    table = [[c, max(goodputs[str(c)], key=goodputs[str(c)].get)] for c in levels]
+    merged: list[list[Any]] = []
+    for r, a in table:  # adjacent levels with the same arm merge
+        if merged and merged[-1][1] == a:
+            merged[-1][0] = r
+        else:
+            merged.append([r, a])
+    merged[-1][0] = 1 << 30
+    return BatchTablePolicy(arms, obs_size, features, table=merged, label="fitted-table")
+
+
+def train_serve_ppo(make_vec: Any, arms: Sequence[str], obs_size: int, features: Sequence[str], *,
+                    timesteps: int, seed: int = 0, progress: bool = False, make_eval: Any = None,
+                    eval_every: int = 16384) -> tuple[Any, list[dict[str, float]]]:  # fmt: skip
+    """PPO (stable-baselines3) on the vectorized serving env ``make_vec()`` (``draftgym serve-train`` builds it with
+    the env's own reward, the step's goodput relative to AR at the same batch; ``time_saved`` learned less here). ``make_eval()``: a fresh
+    ``ServeSim`` (reset) whose median replayed goodput under the current policy is logged every ``eval_every``
+    steps — the learning curve, ``[{"timesteps", "seconds", "goodput"}]``. Returns ``(SB3Policy, curve)``."""
+    import time
+
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from policies.rl import SB3Policy, numpy_actor
+
+    venv = make_vec()
+    policy = SB3Policy(arms, obs_size, features, algo="ppo", net_arch="128,128", seed=seed, gamma=0.9,
+                       n_steps=64, batch_size=1024, n_epochs=4, learning_rate=3e-4, ent_coef=0.003)  # fmt: skip
+    model = policy.build(venv)
+    curve: list[dict[str, float]] = []
+    t0 = time.perf_counter()
+    eval_s = [0.0]
+
+    class Curve(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.next = 0
+
+        def _on_rollout_end(self) -> None:
+            if make_eval is None or self.num_timesteps < self.next:
+                return
+            self.next = self.num_timesteps + eval_every
+            a = time.perf_counter()
+            layers = numpy_actor(self.model)
+            from policies.rl import _forward
+
+            class Greedy:
+                def act_batch(self, obs: np.ndarray) -> np.ndarray:
+                    return np.argmax(_forward(layers, obs.astype(np.float32)), axis=-1)
+
+            g = float(np.median(run_policy(make_eval(), Greedy())))
+            eval_s[0] += time.perf_counter() - a
+            curve.append({"timesteps": int(self.num_timesteps),
+                          "seconds": round(time.perf_counter() - t0 - eval_s[0], 2), "goodput": g})  # fmt: skip
+
+        def _on_step(self) -> bool:
+            return True
+
+    model.learn(total_timesteps=int(timesteps), progress_bar=progress, callback=Curve())
+    policy.attach(model)
+    return policy, curve
+
+
+def describe(policy: Any) -> str:
+    p = getattr(policy, "params", lambda: {})()
+    return json.dumps({k: v for k, v in p.items() if k != "cost"})
+
+
+__all__ = ["BatchTablePolicy", "BucketUCB", "SmartSpecPolicy", "fit_batch_table", "run_policy", "static_goodputs",
+           "train_serve_ppo", "trt_auto"]  # fmt: skip

@@ -1,0 +1,395 @@
+"""Batch cost models (``env.batch_cost``): the fitted model is bilinear in (rows, nodes) on its grid and linear past
+it and in context; its JSON round-trips; damaged and hostile files are one-line ``CostModelError``s naming the file;
+the roofline model has the analytic answers (memory-bound at one token, compute-bound at many, monotone); a tiny
+calibration on the embedded model gives a usable model."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from env.batch_cost import (
+    ACCELERATORS,
+    FORMAT,
+    MODELS,
+    ROOFLINE_FORMAT,
+    FittedBatchCost,
+    RooflineCost,
+    bilinear,
+    load_batch_cost,
+    roofline,
+    step_s,
+)
+from env.cost import CostModelError, Curve
+from tests.hostile import Creates
+
+ROWS, NODES, REF = (1, 2, 4), (1, 3, 9), 128
+# increasing in both axes, not bilinear itself (the interpolation is what is tested)
+BASE = np.array([[0.010, 0.012, 0.020], [0.011, 0.014, 0.025], [0.013, 0.018, 0.040]])
+SLOPE = np.array([[1e-6, 2e-6, 3e-6], [2e-6, 3e-6, 5e-6], [3e-6, 5e-6, 9e-6]])
+
+
+def fitted(**kw) -> FittedBatchCost:
+    args = dict(model_id="m", dtype="float32", weights="dense", rows=ROWS, nodes=NODES, context_ref=REF,
+                base=BASE.copy(), slope=SLOPE.copy(), prefill=Curve((16, 64, 256), (0.01, 0.03, 0.1)),
+                drafters={"ngram": 2e-4}, meta={"machine": {"cpu": "test cpu"}})  # fmt: skip
+    args.update(kw)
+    return FittedBatchCost(**args)
+
+
+# ---- the fitted model ---------------------------------------------------------------------------------------------
+
+
+def test_exact_at_every_grid_point():
+    c = fitted()
+    for i, r in enumerate(ROWS):
+        for j, n in enumerate(NODES):
+            assert c.forward_s(r, n, REF) == pytest.approx(BASE[i, j], rel=1e-12)
+            assert c.forward_s(r, n, REF + 100) == pytest.approx(BASE[i, j] + 100 * SLOPE[i, j], rel=1e-12)
+
+
+def test_bilinear_between_grid_points():
+    c = fitted()
+    # rows 3 is half way between 2 and 4, nodes 2 half way between 1 and 3
+    want = 0.25 * (BASE[1, 0] + BASE[2, 0] + BASE[1, 1] + BASE[2, 1])
+    assert c.forward_s(3, 2, REF) == pytest.approx(want, rel=1e-12)
+    # a quarter of the way in rows (1 -> 2 at 1.25), on a node grid line
+    assert c.forward_s(1.25, 9, REF) == pytest.approx(0.75 * BASE[0, 2] + 0.25 * BASE[1, 2], rel=1e-12)
+    # vectorized: broadcast over arrays
+    out = c.forward_s(np.array([1, 3, 4]), np.array([[1], [9]]), REF)
+    assert out.shape == (2, 3)
+    assert out[1, 2] == pytest.approx(BASE[2, 2]) and out[0, 0] == pytest.approx(BASE[0, 0])
+
+
+def test_linear_past_the_grid():
+    c = fitted()
+    # rows 8: the last rows segment (2 -> 4) extended by 2 more of its width
+    want = BASE[1, 1] + (BASE[2, 1] - BASE[1, 1]) * (8 - 2) / (4 - 2)
+    assert c.forward_s(8, 3, REF) == pytest.approx(want, rel=1e-12)
+    # nodes 15: the last nodes segment (3 -> 9) extended
+    want = BASE[0, 1] + (BASE[0, 2] - BASE[0, 1]) * (15 - 3) / (9 - 3)
+    assert c.forward_s(1, 15, REF) == pytest.approx(want, rel=1e-12)
+    # both at once: bilinear in the extended corner cell
+    wx, wy = (16 - 2) / 2, (27 - 3) / 6
+    want = (BASE[1, 1] * (1 - wx) + BASE[2, 1] * wx) * (1 - wy) + (
+        BASE[1, 2] * (1 - wx) + BASE[2, 2] * wx
+    ) * wy
+    assert c.forward_s(16, 27, REF) == pytest.approx(want, rel=1e-12)
+
+
+def test_linear_in_context_with_a_floor():
+    c = fitted()
+    xs = np.array([REF, REF + 1000, REF + 5000])
+    ys = c.forward_s(4, 9, xs)
+    assert np.allclose(np.diff(ys) / np.diff(xs), SLOPE[2, 2], rtol=1e-9)
+    # far below the reference context the line would go negative: floored at a quarter of the base
+    steep = fitted(slope=np.full((3, 3), 1e-3))
+    assert steep.forward_s(1, 1, 0) == pytest.approx(0.25 * BASE[0, 0])
+
+
+def test_bilinear_function_on_a_single_row_grid():
+    vals = np.array([[1.0, 2.0, 4.0]])
+    out = bilinear(np.array([1.0]), np.array([1.0, 2.0, 4.0]), vals, np.array([1, 7, 3]), np.array([1, 3, 8]))
+    assert np.allclose(out, [1.0, 3.0, 8.0])  # rows ignored, linear past the node grid (slope 1 from 4)
+
+
+def test_a_single_node_grid_is_usable():
+    c = FittedBatchCost.from_json(
+        fitted(nodes=(1,), base=BASE[:, :1].copy(), slope=SLOPE[:, :1].copy()).to_json()
+    )
+    assert c.forward_s(2, 1, REF) == pytest.approx(BASE[1, 0])
+
+
+def test_draft_and_prefill_and_step():
+    c = fitted()
+    assert np.allclose(c.draft_s("ngram", np.array([0, 1, 5])), [0, 2e-4, 1e-3])
+    assert np.all(c.draft_s(None, np.array([3, 4])) == 0)
+    with pytest.raises(CostModelError, match="no calibration for drafter 'eagle'.*ngram"):
+        c.draft_s("eagle", 2)
+    assert c.prefill_s(40) == pytest.approx(0.02)
+    assert c.prefill_s(512) == pytest.approx(0.1 + (0.1 - 0.03) / 192 * 256)  # linear past the last length
+    s = step_s(c, 4, 3, REF, {"ngram": 3})
+    assert s == pytest.approx(BASE[2, 1] + 3 * 2e-4)
+    assert not c.simulated and "test cpu" in c.label
+
+
+def test_json_round_trip(tmp_path):
+    c = fitted()
+    path = c.save(tmp_path / "sub" / "bc.json")
+    back = load_batch_cost(path)
+    assert isinstance(back, FittedBatchCost)
+    assert back.to_json() == c.to_json()
+    assert json.loads(path.read_text())["format"] == FORMAT
+    r, n, x = np.meshgrid([1, 3, 7], [1, 2, 5, 12], [0, 128, 900])
+    assert np.array_equal(back.forward_s(r, n, x), c.forward_s(r, n, x))
+    assert back.prefill_s(100) == c.prefill_s(100) and back.drafters == c.drafters
+    assert not list(tmp_path.glob("sub/*.tmp"))  # written atomically
+
+
+def test_an_object_passes_through_and_the_default_is_named():
+    c = fitted()
+    assert load_batch_cost(c) is c
+    r = load_batch_cost("roofline:h200")  # the model size defaults to llama-3.1-8b
+    assert isinstance(r, RooflineCost) and r.model == "llama-3.1-8b" and r.accelerator == "h200"
+
+
+# ---- damaged and hostile files ------------------------------------------------------------------------------------
+
+
+def _good() -> dict:
+    return fitted().to_json()
+
+
+def _set(path: tuple, value):
+    def edit(d):
+        node = d
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+
+    return edit
+
+
+def _drop(key: str):
+    return lambda d: d.pop(key)
+
+
+BAD_FITTED = {
+    "nan-base": _set(("base_s",), [[float("nan"), 0.01, 0.02], [0.01, 0.02, 0.03], [0.02, 0.03, 0.04]]),
+    "negative-base": _set(("base_s", 1), [-0.01, 0.02, 0.03]),
+    "zero-base": _set(("base_s", 0), [0.0, 0.02, 0.03]),
+    "inf-slope": _set(("slope_s_per_token", 2), [0.0, 0.0, float("inf")]),
+    "nan-drafter": _set(("drafters_s_per_row",), {"ngram": float("nan")}),
+    "zero-prefill": _set(("prefill", "seconds"), [0.0, 0.03, 0.1]),
+    "unsorted-prefill": _set(("prefill", "tokens"), [64, 16, 256]),
+    "empty-prefill": _set(("prefill",), {"tokens": [], "seconds": []}),
+    "grid-too-small": _set(("base_s",), [[0.01, 0.02], [0.02, 0.03]]),
+    "grid-transposed": _set(("slope_s_per_token",), [[0.0] * 3] * 2),
+    "ragged-grid": _set(("base_s",), [[0.01, 0.02, 0.03], [0.01], [0.01, 0.02, 0.03]]),
+    "flat-grid": _set(("base_s",), [0.01] * 9),
+    "unsorted-rows": _set(("rows",), [1, 4, 2]),
+    "repeated-nodes": _set(("nodes",), [1, 3, 3]),
+    "zero-rows": _set(("rows",), [0, 2, 4]),
+    "text-in-grid": _set(("base_s", 0), ["fast", 0.02, 0.03]),
+    "text-drafter": _set(("drafters_s_per_row",), {"ngram": "quick"}),
+    "list-drafters": _set(("drafters_s_per_row",), [1, 2, 3]),
+    "prefill-not-a-table": _set(("prefill",), 7),
+    "rows-not-a-list": _set(("rows",), 3),
+    **{
+        f"missing-{k}": _drop(k)
+        for k in (
+            "rows",
+            "nodes",
+            "base_s",
+            "slope_s_per_token",
+            "prefill",
+            "context_ref",
+            "model_id",
+            "dtype",
+        )
+    },  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FITTED))
+def test_a_malformed_fitted_file_is_refused_naming_it(case, tmp_path):
+    d = _good()
+    BAD_FITTED[case](d)
+    path = tmp_path / f"{case}.json"
+    path.write_text(json.dumps(d))  # NaN and Infinity are written as the JSON extensions Python reads
+    with pytest.raises(CostModelError) as err:
+        load_batch_cost(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def _rl() -> dict:
+    return roofline("h200", "llama-3.1-8b").to_json()
+
+
+BAD_ROOFLINE = {
+    "missing-acc": lambda d: d.pop("acc"),
+    "missing-shape": lambda d: d.pop("shape"),
+    "missing-bytes": lambda d: d["acc"].pop("bytes_s"),
+    "missing-layers": lambda d: d["shape"].pop("layers"),
+    "nan-flops": _set(("acc", "flops"), float("nan")),
+    "zero-bandwidth": _set(("acc", "bytes_s"), 0.0),
+    "negative-overhead": _set(("acc", "overhead_s"), -1e-3),
+    "inf-params": _set(("shape", "params"), float("inf")),
+    "text-heads": _set(("shape", "heads"), "many"),
+    "acc-not-a-table": _set(("acc",), [1, 2]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ROOFLINE))
+def test_a_malformed_roofline_file_is_refused_naming_it(case, tmp_path):
+    d = _rl()
+    BAD_ROOFLINE[case](d)
+    path = tmp_path / f"{case}.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(CostModelError) as err:
+        load_batch_cost(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "kind", ["empty", "garbage", "truncated", "pickle", "a-list", "other-format", "no-format"]
+)
+def test_files_that_are_no_batch_cost_model_are_refused(kind, tmp_path):
+    marker = tmp_path / "RAN"
+    good = json.dumps(_good()).encode()
+    data = {
+        "empty": b"",
+        "garbage": b"\x00\xffthis is no file format\x81",
+        "truncated": good[: len(good) // 3],
+        "pickle": pickle.dumps({"base_s": Creates(marker)}),
+        "a-list": b"[1, 2, 3]",
+        "other-format": json.dumps({**_good(), "format": "draftgym-cost-model"}).encode(),
+        "no-format": json.dumps({k: v for k, v in _good().items() if k != "format"}).encode(),
+    }[kind]
+    path = tmp_path / "bc.json"
+    path.write_bytes(data)
+    with pytest.raises(CostModelError) as err:
+        load_batch_cost(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    assert not marker.exists()
+
+
+def test_a_missing_file_or_a_folder_is_refused(tmp_path):
+    for path in (tmp_path / "nope.json", tmp_path):
+        with pytest.raises(CostModelError, match="does not exist.*roofline:") as err:
+            load_batch_cost(path)
+        assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("field", ["context_ref", "rows"])
+def test_infinity_in_an_integer_field_is_refused(field, tmp_path):
+    d = _good()
+    d[field] = float("inf") if field == "context_ref" else [1, 2, float("inf")]
+    path = tmp_path / "bc.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(CostModelError):
+        load_batch_cost(path)
+
+
+def test_prefill_tables_of_different_lengths_are_refused(tmp_path):
+    d = _good()
+    d["prefill"]["seconds"] = [0.01]
+    path = tmp_path / "bc.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(CostModelError):
+        load_batch_cost(path).prefill_s(40)
+
+
+def test_a_negative_drafter_time_is_refused(tmp_path):
+    d = _good()
+    d["drafters_s_per_row"] = {"ngram": -1.0}
+    path = tmp_path / "bc.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(CostModelError):
+        load_batch_cost(path)
+
+
+def test_a_zero_efficiency_roofline_is_refused(tmp_path):
+    d = _rl()
+    d["bw_efficiency"] = 0.0
+    path = tmp_path / "rl.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(CostModelError):
+        load_batch_cost(path)
+
+
+# ---- the roofline model -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("acc", sorted(ACCELERATORS))
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen2.5-7b"])
+def test_one_token_is_memory_bound(acc, model):
+    c = roofline(acc, model)
+    a, s = ACCELERATORS[acc], MODELS[model]
+    want = a["overhead_s"] + 2 * s["params"] / (a["bytes_s"] * c.bw_efficiency)
+    assert c.forward_s(1, 1, 0) == pytest.approx(want, rel=1e-4)  # the KV of one token is next to nothing
+    # exactly: the weights plus the KV of the one position read once
+    kv = 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * 2
+    exact = a["overhead_s"] + (2 * s["params"] + kv) / (a["bytes_s"] * c.bw_efficiency)
+    assert c.forward_s(1, 1, 0) == pytest.approx(exact, rel=1e-12)
+    assert c.simulated and c.label == f"roofline:{acc}/{model} (simulated)"
+
+
+def test_many_tokens_are_compute_bound_and_linear():
+    c = roofline("h200", "llama-3.1-8b")
+    a, s = ACCELERATORS["h200"], MODELS["llama-3.1-8b"]
+    n = np.array([4096, 8192, 16384])
+    t = c.forward_s(n, 1, 0) - a["overhead_s"]
+    assert np.allclose(t[1:] / t[:-1], 2.0, rtol=1e-9)  # twice the tokens, twice the time
+    per_token = 2 * s["params"] + 4 * s["layers"] * s["heads"] * s["head_dim"] * 0.5
+    assert np.allclose(t, n * per_token / (a["flops"] * c.flop_efficiency), rtol=1e-12)
+    # while at one token the same model is memory-bound: far below the compute line's 1/4096 share
+    assert c.forward_s(1, 1, 0) - a["overhead_s"] > 50 * t[0] / 4096
+
+
+@pytest.mark.parametrize("acc", ["h200", "l4"])
+def test_roofline_is_monotone_in_rows_nodes_and_context(acc):
+    c = roofline(acc, "llama-3.1-8b")
+    r = np.array([1, 2, 3, 4, 8, 16, 32, 64, 256])[:, None, None]
+    n = np.array([1, 2, 3, 5, 9, 17, 64])[None, :, None]
+    x = np.array([0, 1, 100, 1000, 8000, 32000])[None, None, :]
+    t = c.forward_s(r, n, x)
+    assert t.shape == (9, 7, 6) and np.isfinite(t).all()
+    for axis in range(3):
+        assert (np.diff(t, axis=axis) >= 0).all(), axis
+    assert (np.diff(c.prefill_s(np.array([1, 16, 64, 512, 4096]))) > 0).all()
+    assert np.allclose(c.draft_s("ngram", np.array([0, 2])), [0, 6e-5]) and c.draft_s(None, 3) == 0
+    assert c.draft_s("some-drafter", 1) > 0  # an unlisted drafter is priced, not refused
+
+
+def test_unknown_accelerator_or_model_is_refused():
+    with pytest.raises(CostModelError, match="unknown accelerator 'tpu-v9'.*h200"):
+        roofline("tpu-v9", "llama-3.1-8b")
+    with pytest.raises(CostModelError, match="unknown model size 'gpt-9'.*llama-3.1-8b"):
+        roofline("h200", "gpt-9")
+    with pytest.raises(CostModelError, match="unknown accelerator"):
+        load_batch_cost("roofline:tpu-v9/llama-3.1-8b")
+    with pytest.raises(CostModelError, match="unknown model size"):
+        load_batch_cost("roofline:h200/gpt-9")
+
+
+def test_roofline_json_round_trip(tmp_path):
+    c = roofline("a100-80gb", "llama-3.2-1b")
+    path = tmp_path / "rl.json"
+    path.write_text(json.dumps(c.to_json()))
+    back = load_batch_cost(path)
+    assert isinstance(back, RooflineCost) and back.to_json()["format"] == ROOFLINE_FORMAT
+    assert back.to_json() == c.to_json()
+    r, n, x = np.meshgrid([1, 5], [1, 9], [10, 3000])
+    assert np.array_equal(back.forward_s(r, n, x), c.forward_s(r, n, x))
+    # a changed figure is read, not replaced by the named accelerator's
+    d = copy.deepcopy(c.to_json())
+    d["acc"]["bytes_s"] *= 2
+    path.write_text(json.dumps(d))
+    faster = load_batch_cost(path)
+    assert faster.forward_s(1, 1, 0) < c.forward_s(1, 1, 0)
+
+
+# ---- calibration on the embedded model ----------------------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_a_tiny_calibration_gives_a_usable_model(fp32_model, tmp_path):
+    from env.batch_cost import calibrate_batch
+
+    c = calibrate_batch(fp32_model, rows=(1, 2), nodes=(1, 2), reps=1)
+    assert c.rows == (1, 2) and c.nodes == (1, 2) and c.base.shape == c.slope.shape == (2, 2)
+    assert (c.base > 0).all() and (c.slope >= 0).all() and np.isfinite(c.base).all()
+    assert (np.diff(c.base, axis=0) >= 0).all() and (np.diff(c.base, axis=1) >= 0).all()  # made monotone
+    assert c.drafters.get("ngram", 0) > 0 and (np.asarray(c.prefill.seconds) > 0).all()
+    assert c.model_id == fp32_model.model_id and c.dtype == "float32" and c.context_ref == 128
+    assert len(c.meta["measurements"]) == 2 * 2 * 2
+    path = c.save(tmp_path / "bc.json")
+    back = load_batch_cost(Path(path))
+    assert back.to_json() == json.loads(json.dumps(c.to_json()))
+    assert back.forward_s(2, 2, 128) == pytest.approx(c.base[1, 1])

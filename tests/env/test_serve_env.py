@@ -1,0 +1,487 @@
+"""``draftgym/SpecServe-v0`` (``env.serve_env``) on a synthetic trace priced by the H200 roofline model: the API
+contract (Gymnasium's and stable-baselines3's checkers, registration, the vector env), greedy replay (every arm
+commits the same tokens: the trajectories), the loads (closed-loop concurrency, the ramp's peak, open-loop
+arrivals), the rewards' known values, row and batch actions, invalid actions, autoreset, the myopic oracle, the
+observation's packing and determinism for a seed."""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import env  # noqa: F401  (registers draftgym/SpecServe-v0)
+from env.serve_env import (
+    CTX_NORM,
+    DEFAULT_ARMS,
+    ROW_FEATURES,
+    SERVE_ID,
+    Load,
+    ServeEnvError,
+    ServeSim,
+    SpecServeEnv,
+    SpecServeVectorEnv,
+    alpha_estimate,
+    feature_names,
+    make_sb3_serve_env,
+    obs_size,
+    parse_load,
+    ramp_caps,
+    request_stream,
+    serve_observation,
+)
+from tests.env.conftest import make_trace
+
+COST = "roofline:h200/llama-3.1-8b"
+M = 4  # max_batch
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return make_trace(seed=0, prompts=8, max_new=40)
+
+
+def kw(trace, **over):
+    args = dict(
+        trace=trace, cost=COST, max_batch=M, requests=6, loads=["1", "3", "ramp", "bursty", "poisson@2"]
+    )
+    args.update(over)
+    return args
+
+
+def run_const(sim: ServeSim, k: int) -> None:
+    while not sim.done().all():
+        sim.step(np.full(sim.num_envs, k))
+
+
+# ---- API contract -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("action", ["batch", "row"])
+def test_gymnasium_and_sb3_checkers_pass(trace, action):
+    from gymnasium.utils.env_checker import check_env as gym_check
+    from stable_baselines3.common.env_checker import check_env as sb3_check
+
+    e = SpecServeEnv(action=action, **kw(trace))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gym_check(e, skip_render_check=True)
+        sb3_check(e, warn=True)
+    assert [str(w.message) for w in caught] == []
+    assert e.observation_space.shape == (obs_size(M),) and len(e.feature_names) == obs_size(M)
+    if action == "batch":
+        assert e.action_space == gym.spaces.Discrete(len(DEFAULT_ARMS))
+    else:
+        assert e.action_space == gym.spaces.MultiDiscrete([len(DEFAULT_ARMS)] * M)
+
+
+def test_registered_env_runs_an_episode_through_the_wrappers(trace):
+    e = gym.make(SERVE_ID, **kw(trace))
+    assert e.spec.id == SERVE_ID and isinstance(e.unwrapped, SpecServeEnv)
+    obs, info = e.reset(seed=1)
+    assert e.observation_space.contains(obs) and info["row_mask"].sum() >= 1
+    e.action_space.seed(1)
+    for _ in range(2000):
+        obs, r, term, trunc, info = e.step(e.action_space.sample())
+        assert e.observation_space.contains(obs) and np.isfinite(r) and not trunc
+        if term:
+            break
+    assert term and info["goodput"] > 0
+
+
+def test_make_vec_uses_the_vector_entry_point(trace):
+    v = gym.make_vec(SERVE_ID, num_envs=4, vectorization_mode="vector_entry_point", **kw(trace))
+    assert isinstance(v.unwrapped, SpecServeVectorEnv) and v.num_envs == 4
+    obs, _ = v.reset(seed=0)
+    assert obs.shape == (4, obs_size(M)) and v.single_observation_space.contains(obs[0])
+    obs, r, term, trunc, info = v.step(np.zeros(4, np.int64))
+    assert obs.shape == (4, obs_size(M)) and r.shape == term.shape == trunc.shape == (4,)
+    assert np.all(r == 1.0) and info["tokens"].shape == (4,)  # arm 0 is "none"
+
+
+def test_bad_arguments_are_serve_env_errors(trace):
+    for over, needle in [
+        ({"reward": "speed"}, "unknown reward 'speed'"),
+        ({"arms": ["none", "nosuch-d3"]}, "unknown drafter 'nosuch'"),
+        ({"arms": []}, "menu is empty"),
+        ({"arms": ["none", "suffix-d3"]}, "no recorded trees for suffix"),
+        ({"loads": []}, "load list is empty"),
+        ({"loads": ["9"]}, r"concurrency must be in 1\.\.4"),
+        ({"loads": ["poisson@-1"]}, "positive multiple"),
+        ({"loads": ["heavy"]}, "unknown load 'heavy'"),
+        ({"prompt_ids": ["p0", "zz"]}, "not in the trace: zz"),
+        ({"max_batch": 0}, ">= 1"),
+        ({"max_new_tokens": 400}, "max_new_tokens must be in 2..40"),
+    ]:
+        with pytest.raises(ServeEnvError, match=needle):
+            SpecServeEnv(**kw(trace, **over))
+    with pytest.raises(ServeEnvError, match="unknown action mode 'slot'"):
+        SpecServeEnv(action="slot", **kw(trace))
+
+
+# ---- greedy replay: only time differs between arms ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("load", ["2", "ramp", "bursty", "poisson@3"])
+def test_every_static_arm_commits_the_recorded_tokens(trace, load):
+    max_new = 20
+    lengths = np.minimum(np.diff(trace.traj_off), max_new)  # each trajectory cut at max_new_tokens
+    runs = {}
+    for k in range(len(DEFAULT_ARMS)):
+        sim = ServeSim(3, **kw(trace, loads=[load], requests=8, max_new_tokens=max_new, seed=11))
+        sim.reset()
+        run_const(sim, k)
+        runs[k] = sim
+    first = runs[0]
+    want = np.array([lengths[first.req_prompt[i, : first.n_req[i]]].sum() for i in range(3)])
+    for k, sim in runs.items():
+        assert np.array_equal(sim.req_prompt, first.req_prompt)  # the same request streams
+        assert np.array_equal(sim.finished, sim.n_req)
+        # the prefill's first token plus every step's: the whole trajectory, whatever the arm
+        assert np.array_equal(sim.tokens_total, want), DEFAULT_ARMS[k]
+    deep = runs[len(DEFAULT_ARMS) - 1]
+    assert deep.steps.sum() < first.steps.sum()  # fewer steps, and less simulated time, with drafts
+    assert (deep.clock < first.clock).all()
+    assert np.allclose(first.goodput(), first.tokens_total / first.clock)
+
+
+# ---- loads ----------------------------------------------------------------------------------------------------------
+
+
+def test_parse_load_and_request_streams():
+    assert parse_load(" 3 ", 4) == Load("3", True, 3.0)
+    assert parse_load("poisson@1.5", 4) == Load("poisson@1.5", False, 1.5)
+    assert parse_load("ramp", 4).closed and not parse_load("bursty", 4).closed
+    for bad in ["0", "5", "poisson@0", "poisson@x", "mixed", ""]:
+        with pytest.raises(ServeEnvError):
+            parse_load(bad, 4)
+    rng = np.random.default_rng(0)
+    arr, cap = request_stream(parse_load("ramp", 8), 5, 8, 1.0, rng)
+    assert cap.tolist() == ramp_caps(8) and (arr == 0).all() and max(ramp_caps(8)) == 8
+    assert ramp_caps(4)[:3] == [1, 2, 2] and max(ramp_caps(4)) == 4
+    for name in ["bursty", "poisson@2"]:
+        arr, cap = request_stream(parse_load(name, 8), 30, 8, 2.0, rng)
+        assert len(arr) == 30 and arr[0] == 0 and (np.diff(arr) >= 0).all() and (cap == 8).all()
+    arr, _ = request_stream(parse_load("bursty", 8), 200, 8, 2.0, rng)
+    assert (np.diff(arr) == 0).sum() > 100  # bursts: many requests arrive together
+
+
+def test_closed_loop_keeps_exactly_c_in_flight(trace):
+    sim = ServeSim(4, **kw(trace, loads=["3"], requests=10, seed=2))
+    sim.reset()
+    rng = np.random.default_rng(0)
+    while not sim.done().all():
+        rows = sim.active.sum(1)
+        assert (rows <= 3).all()
+        assert np.array_equal(rows, np.minimum(3, sim.n_req - sim.finished))  # the next enters as one leaves
+        assert (sim.queue() == 0).all()
+        sim.step(rng.integers(0, len(DEFAULT_ARMS), size=(4, M)))
+    assert (sim.finished == 10).all()
+
+
+def test_the_ramp_reaches_its_peak(trace):
+    sim = ServeSim(2, **kw(trace, loads=["ramp"], max_batch=8, seed=3))
+    sim.reset()
+    assert (sim.n_req == len(ramp_caps(8))).all() and (sim.active.sum(1) <= 2).all()  # it starts low
+    peak = np.zeros(2, np.int64)
+    while not sim.done().all():
+        peak = np.maximum(peak, sim.active.sum(1))
+        sim.step(np.full(2, 2))
+    assert (peak == 8).all()
+
+
+def test_closed_loop_caps_apply_per_request_as_live(trace):
+    sim = ServeSim(1, **kw(trace, loads=["1"], requests=4))
+    long = [i for i in range(trace.num_prompts) if trace.traj_off[i + 1] - trace.traj_off[i] == 40]
+    assert len(long) >= 2
+    p = [long[0], long[1], long[0], long[1]]
+    sim.set_requests(0, p, [0.0] * 4, [1, 4, 2, 2], closed=True)
+    # live: request 0 enters (0 < 1), request 1 too (1 < 4), request 2 waits (2 < 2 is false)
+    assert sim.active.sum() == 2
+    sim.step(np.zeros(1, np.int64))  # nothing finishes (40 tokens each): nothing more may enter
+    assert sim.active.sum() == 2
+
+
+@pytest.mark.parametrize("load", ["poisson@4", "bursty"])
+def test_open_loop_admits_no_request_before_it_arrives(trace, load):
+    sim = ServeSim(4, **kw(trace, loads=[load], requests=12, seed=4))
+    admitted = []
+    inner = sim._admit
+
+    def spy(idx=None):
+        ptr, clock, busy = sim.ptr.copy(), sim.clock.copy(), sim.active.any(1)
+        inner(idx)
+        for i in range(sim.num_envs):
+            for j in range(ptr[i], sim.ptr[i]):
+                admitted.append((sim.req_arr[i, j], clock[i], sim.clock[i], busy[i]))
+
+    sim._admit = spy
+    sim.reset()
+    queued = 0
+    while not sim.done().all():
+        queued = max(queued, int(sim.queue().max()))
+        sim.step(np.full(4, 3))
+    assert len(admitted) == 4 * 12
+    for arrival, before, after, busy in admitted:
+        assert arrival <= after + 1e-12
+        if busy:  # a busy server admits what has arrived by now (an idle one jumps to the next arrival)
+            assert arrival <= before + 1e-12
+    assert any(a > 0 for a, *_ in admitted)  # the arrivals were spread out
+    assert queued >= 0
+
+
+# ---- rewards ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reward, want", [("goodput_ratio", 1.0), ("time_saved", 0.0)])
+def test_plain_decoding_has_the_reward_of_autoregressive_decoding(trace, reward, want):
+    e = SpecServeEnv(reward=reward, **kw(trace))
+    for seed in range(3):
+        e.reset(seed=seed)
+        term, n = False, 0
+        while not term:
+            _, r, term, _, info = e.step(0)
+            assert r == want and info["cost_s"] == info["ar_cost_s"]
+            n += 1
+        assert n > 1
+
+
+def test_rewards_follow_their_formulas(trace):
+    e = SpecServeEnv(**kw(trace))
+    f = SpecServeEnv(reward="time_saved", **kw(trace))
+    e.reset(seed=5)
+    f.reset(seed=5)
+    term, ratios = False, []
+    rng = np.random.default_rng(1)
+    while not term:
+        k = int(rng.integers(len(DEFAULT_ARMS)))
+        _, r, term, _, info = e.step(k)
+        _, s, _, _, info2 = f.step(k)
+        t, rows, c, ar = info["tokens"], info["rows"], info["cost_s"], info["ar_cost_s"]
+        assert r == pytest.approx(t * ar / (rows * c), rel=1e-6)
+        assert s == pytest.approx(t / rows - c / ar, rel=1e-5, abs=1e-6)
+        assert info2["tokens"] == t and info2["cost_s"] == c
+        ratios.append(r)
+    assert max(ratios) > 1.5  # drafts on the repetitive trace pay at this batch
+
+
+def test_row_actions_all_k_equal_the_batch_action_k(trace):
+    b = SpecServeEnv(action="batch", **kw(trace))
+    r = SpecServeEnv(action="row", **kw(trace))
+    for seed in range(3):
+        ob, _ = b.reset(seed=seed)
+        orow, _ = r.reset(seed=seed)
+        assert np.array_equal(ob, orow)
+        ks = np.random.default_rng(seed).integers(0, len(DEFAULT_ARMS), 10_000)
+        for k in ks:
+            ob, rb, tb, _, ib = b.step(int(k))
+            orow, rr, tr, _, ir = r.step(np.full(M, k))
+            assert np.array_equal(ob, orow) and rb == rr and tb == tr
+            assert {x: ib[x] for x in ("tokens", "rows", "cost_s", "clock_s")} == {
+                x: ir[x] for x in ("tokens", "rows", "cost_s", "clock_s")}  # fmt: skip
+            if tb:
+                assert ib["goodput"] == ir["goodput"]
+                break
+
+
+def test_row_actions_are_in_the_observations_order(trace):
+    sim = ServeSim(1, **kw(trace, loads=["4"]))
+    sim.reset()
+    sim.active[0] = [False, True, False, True]  # rows in slots 1 and 3: the observation lists them first
+    slots = sim._actions(np.array([[2, 5, 0, 0]]))
+    assert slots[0, 1] == 2 and slots[0, 3] == 5
+
+
+# ---- invalid actions ----------------------------------------------------------------------------------------------
+
+
+def test_invalid_actions_are_refused(trace):
+    k = len(DEFAULT_ARMS)
+    b = SpecServeEnv(**kw(trace, loads=["1"]))
+    b.reset(seed=0)
+    for bad, needle in [(k, f"action {k} is not a valid arm"), (-1, "action -1"), (2.5, "integer arm indices"),
+                        (np.array([0, 1]), "one arm index"), (np.zeros((1, 1)), "one arm index")]:  # fmt: skip
+        with pytest.raises(ServeEnvError, match=needle):
+            b.step(bad)
+    b.step(np.int64(1))
+    b.step(2.0)  # a whole float is an index
+    r = SpecServeEnv(action="row", **kw(trace, loads=["1"]))
+    r.reset(seed=0)
+    for bad, needle in [(np.zeros(M - 1, np.int64), r"shape \(4,\)"), (np.full(M, k), f"action {k}"),
+                        (np.full(M, 0.5), "integer")]:  # fmt: skip
+        with pytest.raises(ServeEnvError, match=needle):
+            r.step(bad)
+    _, _, _, _, info = r.step(np.array([1, 99, -7, 99]))  # one row (load 1): the other slots are ignored
+    assert info["rows"] == 1
+    while True:
+        *_, term, _, _ = b.step(0)
+        if term:
+            break
+    with pytest.raises(ServeEnvError, match="call reset"):
+        b.step(0)
+
+
+# ---- the vector env -----------------------------------------------------------------------------------------------
+
+
+def test_same_step_autoreset_gives_the_final_observation(trace):
+    v = SpecServeVectorEnv(
+        4, autoreset_mode=AutoresetMode.SAME_STEP, **kw(trace, loads=["1", "2"], requests=2)
+    )
+    v.reset(seed=0)
+    seen = 0
+    for _ in range(500):
+        obs, r, term, trunc, info = v.step(np.full(4, 3))
+        assert not trunc.any()
+        if term.any():
+            assert np.array_equal(info["_final_obs"], term)
+            fin = info["final_obs"][term]
+            assert (fin[:, 0] == 0).all()  # the final observation: every request finished, no row left
+            assert (obs[term][:, 0] > 0).all()  # while the returned one starts the next episode
+            assert (info["goodput"][term] > 0).all() and np.isnan(info["goodput"][~term]).all()
+            seen += int(term.sum())
+        if seen >= 8:
+            break
+    assert seen >= 8
+
+
+def test_autoreset_mode_by_its_documented_name(trace):
+    v = SpecServeVectorEnv(2, autoreset_mode="same_step", **kw(trace))
+    assert v.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+
+
+def test_next_step_autoreset(trace):
+    v = SpecServeVectorEnv(3, **kw(trace, loads=["2"], requests=2))
+    v.reset(seed=0)
+    ended = np.zeros(3, bool)
+    for _ in range(500):
+        obs, r, term, _, _ = v.step(np.full(3, 4))
+        assert not (term & ended).any()  # the step after an end resets: not terminated again
+        assert (r[ended] == 0).all()
+        assert (obs[ended][:, 0] > 0).all()  # a fresh episode's first rows
+        if ended.any():
+            break
+        ended = term.copy()
+    assert ended.any()
+
+
+def test_the_vector_replay_is_deterministic_for_a_seed(trace):
+    def rollout(seed):
+        v = SpecServeVectorEnv(4, action="row", **kw(trace))
+        obs, _ = v.reset(seed=seed)
+        rng = np.random.default_rng(0)
+        out = [obs]
+        for _ in range(60):
+            obs, r, term, _, info = v.step(rng.integers(0, len(DEFAULT_ARMS), (4, M)))
+            out += [obs, r, term, info["cost_s"]]
+        return out, v.sim.req_prompt.copy()
+
+    a, pa = rollout(7)
+    b, pb = rollout(7)
+    c, pc = rollout(8)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b)) and np.array_equal(pa, pb)
+    assert not np.array_equal(pa, pc)
+
+
+def test_the_sb3_vec_env_reports_terminal_observations(trace):
+    venv = make_sb3_serve_env(3, **kw(trace, loads=["1"], requests=2))
+    venv.seed(0)
+    obs = venv.reset()
+    assert obs.shape == (3, obs_size(M))
+    for _ in range(500):
+        venv.step_async(np.full(3, 2))
+        obs, r, done, infos = venv.step_wait()
+        if done.any():
+            i = int(np.flatnonzero(done)[0])
+            assert infos[i]["terminal_observation"][0] == 0 and infos[i]["goodput"] > 0
+            assert infos[i]["TimeLimit.truncated"] is False
+            break
+    assert done.any()
+
+
+# ---- the myopic oracle and the observation ---------------------------------------------------------------------------
+
+
+def test_myopic_best_commits_the_most_tokens_per_second(trace):
+    sim = ServeSim(6, **kw(trace, seed=9))
+    sim.reset()
+    rng = np.random.default_rng(2)
+    checked = 0
+    while not sim.done().all():
+        best = sim.myopic_best()
+        o = sim.outcome(np.broadcast_to(best[:, None], (6, M)))
+        rate = o["tokens"] / o["cost"]
+        for k in range(len(DEFAULT_ARMS)):
+            ok = sim.outcome(np.full((6, M), k))
+            live = ~sim.done()
+            assert (rate[live] >= (ok["tokens"] / ok["cost"])[live] * (1 - 1e-12)).all()
+        checked += 1
+        sim.step(rng.integers(0, len(DEFAULT_ARMS), 6))
+    assert checked > 5
+
+
+def test_serve_observation_packs_active_rows_first():
+    active = np.array([[False, True, False, True], [True, True, False, False]])
+    context = np.array([[900, 100, 800, 300], [50, 60, 70, 80]])
+    s = np.array([[9.0, 1.0, 9.0, 3.0], [0.0, 2.0, 5.0, 5.0]])
+    n = np.array([[9.0, 2.0, 9.0, 3.0], [2.0, 2.0, 5.0, 5.0]])
+    last = np.array([[8, 2, 8, 4], [0, 1, 3, 3]])
+    match = np.array([[16, 0, 16, 8], [4, 0, 9, 9]])
+    prog = np.array([[0.9, 0.1, 0.9, 0.5], [0.2, 0.4, 0.8, 0.8]])
+    obs = serve_observation(active, context, s, n, last, match, prog, np.array([2, 0]), 4)
+    assert obs.shape == (2, obs_size(4)) and len(feature_names(4)) == obs_size(4)
+    block = obs[:, 9:].reshape(2, 4, len(ROW_FEATURES))
+    # server 0: slots 1 and 3 listed first, in slot order, then zeros
+    assert block[0, :, 0].tolist() == [1, 1, 0, 0]
+    assert np.allclose(block[0, :2, 1], np.array([100, 300]) / CTX_NORM)
+    assert np.allclose(block[0, :2, 2], [alpha_estimate(1, 2), alpha_estimate(3, 3)])
+    assert np.allclose(block[0, :2, 3], [2 / 8, 4 / 8]) and np.allclose(block[0, :2, 4], [0, 8 / 16])
+    assert np.allclose(block[0, :2, 5], [0.1, 0.5]) and (block[0, 2:] == 0).all()
+    assert obs[0, 0] == 2 / 4 and obs[0, 1] == 2 / 4 and obs[0, 4] == 1 / 4  # rows, queue, rows with a match
+    assert obs[0, 3] == pytest.approx(300 / CTX_NORM)  # the longest active context, not the idle slots'
+    assert obs[0, 5] == pytest.approx((alpha_estimate(1, 2) + alpha_estimate(3, 3)) / 2)
+    # server 1: already packed
+    assert block[1, :, 0].tolist() == [1, 1, 0, 0] and np.allclose(
+        block[1, :2, 1], np.array([50, 60]) / CTX_NORM
+    )
+    # a sim's observation lists its active rows first too
+    sim_obs = serve_observation(active[:1], context[:1], s[:1], n[:1], last[:1], match[:1], prog[:1], [0], 6)
+    assert sim_obs.shape == (1, obs_size(6)) and sim_obs[0, 9::6].tolist() == [1, 1, 0, 0, 0, 0]
+
+
+# ---- the shipped defaults ------------------------------------------------------------------------------------------
+
+
+def test_default_env_uses_the_bundled_trace_and_the_shipped_cost_model():
+    from env.batch_cost import FittedBatchCost, load_batch_cost
+
+    e = gym.make(SERVE_ID)
+    obs, info = e.reset(seed=0)
+    assert obs.shape == (obs_size(16),) and e.unwrapped.arm_names == list(DEFAULT_ARMS)
+    assert e.unwrapped.sim.trace.num_prompts == 60  # 10 Spec-Bench prompts per category
+    cost = load_batch_cost(None)
+    assert isinstance(cost, FittedBatchCost) and cost.model_id == "smollm2-135m-instruct"
+    assert "machine" in cost.meta and cost.meta["command"].startswith("draftgym calibrate --batch")
+    _, reward, *_ = e.step(0)
+    assert reward == pytest.approx(1.0)  # plain decoding is the unit
+
+
+def test_shipped_serving_policies_load_for_the_default_env():
+    from experiments.serve_policies import shipped_serve_policies
+    from policies.base import load_policy
+
+    paths = shipped_serve_policies()
+    names = {p.stem for p in paths}
+    assert {"fitted-table", "trt-auto", "smartspec", "bucket-ucb", "linucb", "ppo"} <= names
+    obs = gym.make(SERVE_ID).reset(seed=1)[0]
+    for p in paths:
+        pol = load_policy(p)
+        assert list(pol.arm_names) == list(DEFAULT_ARMS) and pol.obs_size == obs_size(16)
+        assert tuple(pol.features) == tuple(feature_names(16))
+        assert 0 <= pol.act(obs) < len(DEFAULT_ARMS)
+        assert pol.meta["split"]["test"] and not set(pol.meta["split"]["test"]) & set(
+            pol.meta["split"]["train"]
+        )

@@ -1,0 +1,151 @@
+"""``draftgym serve-train`` and ``draftgym evaluate --serve`` end to end in replay (no model: ``--no-live``) on a
+saved synthetic trace of two categories, priced by the H200 roofline model: the policy files, the documented JSON
+rows, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+from experiments.cli import main
+from tests.env.conftest import make_trace
+
+COST = "roofline:h200/llama-3.1-8b"
+SAVED = {"bucket-ucb", "fitted-table", "linucb", "smartspec", "trt-auto"}
+KINDS = {"static", "schedule", "heuristic", "bandit", "oracle"}
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory):
+    t = make_trace(seed=0, prompts=8, max_new=40)
+    t.header["prompts"]["categories"] = ["a"] * 4 + ["b"] * 4  # the split holds out one of each
+    return t.save(tmp_path_factory.mktemp("trace") / "serve.npz")
+
+
+def _train_argv(trace_path, out, *extra):
+    return ["serve-train", "--trace", str(trace_path), "--batch-cost", COST, "--timesteps", "0",
+            "--test-per-category", "1", "--requests", "4", "--max-new-tokens", "20", "--out", str(out), *extra]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(trace_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("serve-train")
+    with threadpool_limits(1):  # LinUCB solves small systems each step: BLAS threads only contend on 2 cores
+        assert main(_train_argv(trace_path, out)) == 0
+    return out
+
+
+def test_serve_train_writes_the_policy_files(trained, trace_path):
+    from env.serve_env import feature_names
+    from policies.base import load_policy
+
+    assert {p.stem for p in trained.glob("*.zip")} == SAVED  # --timesteps 0: no PPO
+    report = json.loads((trained / "train.json").read_text())
+    assert set(report["saved"]) == SAVED and report["batch_cost"].startswith("roofline:h200/llama-3.1-8b")
+    assert report["train_prompts"] == 6 and report["test_prompts"] == 2
+    assert set(report["static_train_goodput"]) == {"1", "2", "4", "8", "16"}
+    kinds = {}
+    for path in trained.glob("*.zip"):
+        p = load_policy(path)
+        kinds[path.stem] = p.kind
+        assert p.features == tuple(feature_names(16))
+        assert p.meta["split"]["test_per_category"] == 1 and len(p.meta["split"]["test"]) == 2
+        assert p.meta["name"] == path.stem and p.meta["max_new_tokens"] == 20
+    assert kinds == {"bucket-ucb": "bandit", "fitted-table": "schedule", "linucb": "bandit",
+                     "smartspec": "heuristic", "trt-auto": "schedule"}  # fmt: skip
+    bandit = load_policy(trained / "bucket-ucb.zip")
+    assert bandit.counts.sum() > 0  # trained in replay
+
+
+def _eval_argv(trained, trace_path, tmp_path, loads="1,4,mixed", *extra):
+    return ["evaluate", "--serve", *sorted(str(p) for p in trained.glob("*.zip")), "--trace", str(trace_path),
+            "--batch-cost", COST, "--no-live", "--episodes", "2", "--requests", "4", "--loads", loads,
+            "--out", str(tmp_path / "eval"), *extra]  # fmt: skip
+
+
+def test_evaluate_serve_writes_the_documented_rows(trained, trace_path, tmp_path, capsys):
+    from env.serve_env import DEFAULT_ARMS, obs_size
+    from policies.base import load_policy
+
+    f = tmp_path / "serve.json"
+    with threadpool_limits(1):
+        assert main(_eval_argv(trained, trace_path, tmp_path, "1,4,mixed", "--json", str(f))) == 0
+    printed = capsys.readouterr().out
+    assert "roofline:h200/llama-3.1-8b (simulated)" in printed and "oracle" in printed
+    data = json.loads(f.read_text())
+    assert data == json.loads((tmp_path / "eval" / "evaluate.json").read_text())
+    rows = data["rows"]
+    names = [f"static:{a}" for a in DEFAULT_ARMS] + sorted(SAVED) + ["oracle"]
+    assert len(rows) == 3 * len(names)
+    for r in rows:
+        assert set(r) == {
+            "policy",
+            "kind",
+            "load",
+            "replay_goodput",
+            "live_goodput",
+            "replay_goodput_live_stream",
+        }
+        assert r["kind"] in KINDS and r["live_goodput"] is None  # --no-live
+        assert np.isfinite(r["replay_goodput"]) and r["replay_goodput"] > 0
+    assert {r["load"] for r in rows} == {"1", "4", "mixed"}
+    for load in ("1", "4", "mixed"):
+        assert sorted(r["policy"] for r in rows if r["load"] == load) == sorted(names)
+    cell = {(r["policy"], r["load"]): r for r in rows}
+    assert all(r["kind"] == "static" for (p, _), r in cell.items() if p.startswith("static:"))
+    assert cell[("oracle", "1")]["kind"] == "oracle" and cell[("smartspec", "4")]["kind"] == "heuristic"
+    # the same request streams for everyone: at concurrency 1 a batch table is the static arm it picks at one row
+    table = load_policy(trained / "fitted-table.zip")
+    one_row = np.zeros(obs_size(16), np.float32)
+    one_row[0] = 1 / 16
+    arm = table.arm_names[table.act(one_row)]
+    assert cell[("fitted-table", "1")]["replay_goodput"] == cell[(f"static:{arm}", "1")]["replay_goodput"]
+    s = data["settings"]
+    assert s["simulated"] is True and s["live"] is False and s["loads"] == ["1", "4", "mixed"]
+    assert (
+        s["episodes"] == 2
+        and s["requests"] == 4
+        and s["max_new_tokens"] == 20
+        and len(s["test_prompts"]) == 2
+    )
+    assert data["best_static_overall"] in DEFAULT_ARMS and set(data["best_static_per_load"]) == {
+        "1",
+        "4",
+        "mixed",
+    }
+
+
+@pytest.mark.parametrize(
+    "loads, needle", [("1,heavy", "--loads: unknown load 'heavy'"), ("ramp", "unknown load")]
+)
+def test_a_bad_load_is_one_line_and_exit_2(trained, trace_path, tmp_path, capsys, loads, needle):
+    assert main(_eval_argv(trained, trace_path, tmp_path, loads)) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("loads", ["99", "poisson@x"])
+def test_a_load_the_env_refuses_is_one_line_and_exit_2(trained, trace_path, tmp_path, capsys, loads):
+    assert main(_eval_argv(trained, trace_path, tmp_path, loads)) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_missing_trace_or_bad_cost_model_is_one_line(trained, trace_path, tmp_path, capsys):
+    argv = _train_argv(tmp_path / "nope.npz", tmp_path / "o")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "nope.npz" in err and len(err.strip().splitlines()) == 1
+    argv = _train_argv(trace_path, tmp_path / "o")
+    argv[argv.index(COST)] = "roofline:tpu/llama-3.1-8b"
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "unknown accelerator 'tpu'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_serve_train_with_a_smaller_batch(trace_path, tmp_path):
+    with threadpool_limits(1):
+        assert main(_train_argv(trace_path, tmp_path / "small", "--max-batch", "4")) == 0

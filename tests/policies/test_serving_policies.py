@@ -1,0 +1,312 @@
+"""Serving policies (``policies.serving``): the batch table picks by rows, TensorRT-LLM's AUTO table, a table fitted
+from goodputs, SmartSpec's rule at the extremes of acceptance under the H200 roofline, save and load through
+``policies.base.load_policy`` (and a damaged bandit state refused), and runs on the replayed server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+import zipfile
+
+import numpy as np
+import pytest
+
+from env.batch_cost import roofline
+from env.serve_env import DEFAULT_ARMS, ROW_FEATURES, ServeSim, feature_names, obs_size
+from policies.base import PolicyError, load_policy, npz_bytes
+from policies.serving import (
+    BatchTablePolicy,
+    BucketUCB,
+    SmartSpecPolicy,
+    fit_batch_table,
+    run_policy,
+    static_goodputs,
+    train_serve_ppo,
+    trt_auto,
+)
+from tests.env.conftest import make_trace
+from tests.hostile import npz_payload, replace_members
+
+ARMS = list(DEFAULT_ARMS)  # none, ngram-d1, d2, d3, d5, d8
+COST = "roofline:h200/llama-3.1-8b"
+
+
+def obs_with(m: int, rows: int, alpha: float = 0.5, match: float = 8.0, context: float = 256.0) -> np.ndarray:
+    """A serving observation of ``rows`` active rows of the same acceptance, match depth and context."""
+    x = np.zeros(obs_size(m), np.float32)
+    x[0] = rows / m
+    block = x[9:].reshape(m, len(ROW_FEATURES))
+    block[:rows, 0] = 1.0
+    block[:rows, 1] = context / 1024
+    block[:rows, 2] = alpha
+    block[:rows, 4] = match / 16
+    return x
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return make_trace(seed=0, prompts=8, max_new=40)
+
+
+def make_sim(trace, num_envs=4, loads=("1", "4"), seed=0, **kw):
+    return ServeSim(
+        num_envs, trace=trace, cost=COST, max_batch=4, loads=list(loads), requests=6, seed=seed, **kw
+    )
+
+
+# ---- batch tables ---------------------------------------------------------------------------------------------------
+
+
+def test_a_batch_table_picks_by_rows():
+    m = 16
+    p = BatchTablePolicy(
+        ARMS, obs_size(m), feature_names(m), table=[[2, "ngram-d8"], [8, "ngram-d3"], [1 << 30, "none"]]
+    )
+    want = {1: "ngram-d8", 2: "ngram-d8", 3: "ngram-d3", 8: "ngram-d3", 9: "none", 16: "none"}
+    for rows, arm in want.items():
+        assert ARMS[p.act(obs_with(m, rows))] == arm, rows
+    batch = np.stack([obs_with(m, r) for r in want])
+    assert [ARMS[a] for a in p.act_batch(batch)] == list(want.values())
+    short = BatchTablePolicy(ARMS, obs_size(m), table=[[4, "ngram-d5"]])  # past the last bound: its arm
+    assert ARMS[short.act(obs_with(m, 12))] == "ngram-d5"
+    assert p.kind == "schedule" and p.type_name == "serve_table"
+
+
+def test_bad_batch_tables_are_refused():
+    size = obs_size(4)
+    for table, needle in [([], "at least one entry"), ([[4, "none"], [2, "ngram-d1"]], "must increase"),
+                          ([[2, "none"], [2, "ngram-d1"]], "must increase"), ([[2, "eagle-d3"]], "not in the arm menu"),
+                          ([["x", "none"]], "max_rows, arm"), ([[1, "none", 3]], "max_rows, arm")]:  # fmt: skip
+        with pytest.raises(PolicyError, match=needle):
+            BatchTablePolicy(ARMS, size, table=table)
+    with pytest.raises(PolicyError, match="not a serving observation"):
+        BatchTablePolicy(ARMS, 20, table=[[1, "none"]])  # 9 + 6 * M it is not
+    with pytest.raises(PolicyError, match="features differ"):
+        BucketUCB(ARMS, size, [f"f{i}" for i in range(size)])
+
+
+def test_a_batch_table_for_other_features_is_refused():
+    size = obs_size(4)
+    with pytest.raises(PolicyError, match="features differ"):
+        BatchTablePolicy(ARMS, size, [f"f{i}" for i in range(size)], table=[[1, "none"]])
+
+
+def test_trt_auto_is_tensorrt_llms_rule():
+    m = 64
+    p = trt_auto(ARMS, obs_size(m), feature_names(m))
+    assert p.table == [(4, "ngram-d5"), (32, "ngram-d3"), (1 << 30, "none")] and p.name == "trt-auto"
+    for rows, arm in {
+        1: "ngram-d5",
+        4: "ngram-d5",
+        5: "ngram-d3",
+        32: "ngram-d3",
+        33: "none",
+        64: "none",
+    }.items():
+        assert ARMS[p.act(obs_with(m, rows))] == arm, rows
+    with pytest.raises(PolicyError, match="needs arms"):
+        trt_auto(["none", "ngram-d3"], obs_size(4))
+
+
+def test_fit_batch_table_takes_the_best_arm_per_level_and_merges():
+    g = {
+        "1": {"none": 1.0, "ngram-d5": 3.0, "ngram-d3": 2.0},
+        "2": {"none": 2.0, "ngram-d5": 4.0, "ngram-d3": 3.5},
+        "4": {"none": 4.0, "ngram-d5": 4.5, "ngram-d3": 5.0},
+        "8": {"none": 7.0, "ngram-d5": 5.0, "ngram-d3": 7.5},
+        "16": {"none": 9.0, "ngram-d5": 5.0, "ngram-d3": 8.0},
+        "ramp": {"none": 99.0, "ngram-d5": 0.0, "ngram-d3": 0.0},  # not a concurrency: ignored
+    }
+    p = fit_batch_table(g, ARMS, obs_size(16), feature_names(16))
+    assert p.table == [(2, "ngram-d5"), (8, "ngram-d3"), (1 << 30, "none")]  # the last bound is open
+    assert p.name == "fitted-table"
+    one = fit_batch_table(
+        {"1": {"none": 1.0, "ngram-d2": 2.0}, "4": {"none": 1.0, "ngram-d2": 3.0}}, ARMS, obs_size(4)
+    )
+    assert one.table == [(1 << 30, "ngram-d2")]
+    with pytest.raises(PolicyError, match="integer concurrencies"):
+        fit_batch_table({"ramp": {"none": 1.0}}, ARMS, obs_size(4))
+
+
+# ---- SmartSpec -------------------------------------------------------------------------------------------------------
+
+
+def smartspec(m: int = 16, arms=ARMS) -> SmartSpecPolicy:
+    return SmartSpecPolicy(
+        arms, obs_size(m), feature_names(m), cost=roofline("h200", "llama-3.1-8b").to_json()
+    )
+
+
+def test_smartspec_drafts_deep_when_drafts_are_accepted_and_not_when_rejected():
+    p = smartspec()
+    assert (
+        ARMS[p.act(obs_with(16, 1, alpha=1.0, match=16))] == "ngram-d8"
+    )  # ~9 tokens for about one step's time
+    assert ARMS[p.act(obs_with(16, 1, alpha=0.0, match=16))] == "none"  # one token either way: the cheapest
+    assert ARMS[p.act(obs_with(16, 1, alpha=1.0, match=0))] == "none"  # nothing to draft: nothing gained
+    # a chain is no longer than the drafter's proposal: at match depth 3, d3 ~ d5 ~ d8 in tokens, d3 cheapest
+    s = p.scores(obs_with(16, 1, alpha=1.0, match=3))
+    assert ARMS[int(np.argmax(s))] == "ngram-d3" and s[ARMS.index("ngram-d3")] > s[ARMS.index("ngram-d1")]
+    # at alpha 0.5 the expected tokens are (1 - a^(d+1)) / (1 - a); the score is tokens / the step's seconds
+    c = roofline("h200", "llama-3.1-8b")
+    s = p.scores(obs_with(16, 2, alpha=0.5, match=16, context=512))
+    d = 2
+    t = c.forward_s(2, d + 1, 512) + c.draft_s("ngram", 2)
+    assert s[ARMS.index("ngram-d2")] == pytest.approx(2 * (1 - 0.5 ** (d + 1)) / 0.5 / t, rel=1e-4)
+
+
+def test_smartspec_refuses_trees_and_non_cost_models():
+    with pytest.raises(PolicyError, match="prices chains only"):
+        smartspec(arms=["none", "ngram-d4-k2-b8"])
+    with pytest.raises(PolicyError, match="batch cost model"):
+        SmartSpecPolicy(ARMS, obs_size(4), cost={"format": "draftgym-cost-model"})
+    bad = roofline("h200", "llama-3.1-8b").to_json()
+    bad["acc"]["bytes_s"] = float("nan")
+    with pytest.raises(PolicyError, match="SmartSpec"):
+        SmartSpecPolicy(ARMS, obs_size(4), cost=bad)
+
+
+# ---- save and load ---------------------------------------------------------------------------------------------------
+
+
+def _trained_bucket(trace) -> BucketUCB:
+    b = BucketUCB(ARMS, obs_size(4), feature_names(4), buckets=(1, 2, 4), c=0.3)
+    sim = make_sim(trace)
+    sim.reset()
+    run_policy(sim, b, learn=True)
+    assert b.counts.sum() > 0
+    return b
+
+
+def test_round_trips_through_load_policy(trace, tmp_path):
+    rng = np.random.default_rng(0)
+    obs = np.stack([obs_with(4, int(r), alpha=float(a), match=float(d))
+                    for r, a, d in zip(rng.integers(1, 5, 60), rng.random(60), rng.integers(0, 17, 60))])  # fmt: skip
+    policies = {
+        "serve_table": BatchTablePolicy(
+            ARMS, obs_size(4), feature_names(4), table=[[1, "ngram-d8"], [3, "ngram-d2"], [1 << 30, "none"]]
+        ),  # fmt: skip
+        "smartspec": smartspec(4),
+        "bucket_ucb": _trained_bucket(trace),
+    }
+    for type_name, p in policies.items():
+        p.meta = {"name": type_name}
+        p.save(tmp_path / f"{type_name}.zip")
+        back = load_policy(
+            tmp_path / f"{type_name}.zip", arms=ARMS, obs_size=obs_size(4), features=feature_names(4)
+        )
+        assert type(back) is type(p) and back.type_name == type_name and back.kind == p.kind
+        assert back.params() == p.params() and back.meta == {"name": type_name}
+        assert [back.act(o) for o in obs] == [p.act(o) for o in obs]
+    back = load_policy(tmp_path / "bucket_ucb.zip")
+    assert np.array_equal(back.counts, policies["bucket_ucb"].counts)
+    assert np.array_equal(back.sums, policies["bucket_ucb"].sums)
+    assert len({p.act(o) for o in obs for p in [policies["smartspec"]]}) > 1  # the comparison is not trivial
+    with pytest.raises(PolicyError, match="trained for arms"):
+        load_policy(tmp_path / "serve_table.zip", arms=ARMS[:3])
+
+
+def _with_state(src, dst, state: bytes):
+    with zipfile.ZipFile(src) as z:
+        header = json.loads(z.read("header.json"))
+    header["payload"]["state.npz"] = hashlib.sha256(state).hexdigest()  # the checksum made to match
+    return replace_members(src, dst, {"state.npz": state, "header.json": json.dumps(header).encode()})
+
+
+def test_a_damaged_bucket_bandit_state_is_refused(trace, tmp_path):
+    b = _trained_bucket(trace)
+    b.save(tmp_path / "b.zip")
+    neg = b.counts.copy()
+    neg[0, 0] = -3
+    marker = tmp_path / "RAN"
+    for name, state, needle in [
+        ("negative", npz_bytes(counts=neg, sums=b.sums), "negative or non-finite"),
+        ("nan", npz_bytes(counts=b.counts, sums=b.sums * np.nan), "negative or non-finite"),
+        ("shape", npz_bytes(counts=b.counts[:1], sums=b.sums[:1]), "wrong shape"),
+        ("no-sums", npz_bytes(counts=b.counts), "cannot restore"),
+        ("pickle", npz_payload(marker, counts=b.counts, sums=b.sums), "cannot restore"),
+    ]:
+        path = _with_state(tmp_path / "b.zip", tmp_path / f"{name}.zip", state)
+        with pytest.raises(PolicyError, match=needle) as err:
+            load_policy(path)
+        assert "\n" not in str(err.value), name
+    assert not marker.exists()
+    # a changed state without its checksum is caught as corruption
+    replace_members(
+        tmp_path / "b.zip", tmp_path / "tampered.zip", {"state.npz": npz_bytes(counts=neg, sums=b.sums)}
+    )
+    with pytest.raises(PolicyError, match="does not match its checksum"):
+        load_policy(tmp_path / "tampered.zip")
+    # the same state, unchanged, still loads
+    assert load_policy(
+        _with_state(tmp_path / "b.zip", tmp_path / "ok.zip", npz_bytes(counts=b.counts, sums=b.sums))
+    )
+
+
+def test_bucket_ucb_tries_every_arm_then_exploits():
+    b = BucketUCB(ARMS, obs_size(4), buckets=(1, 4), c=0.0)
+    o1, o4 = obs_with(4, 1), obs_with(4, 3)
+    assert [b.bucket(o1), b.bucket(o4), b.bucket(obs_with(4, 4))] == [0, 1, 1]
+    tried = []
+    for _ in range(len(ARMS)):
+        a = b.act(o1)
+        tried.append(a)
+        b.update(o1, a, 2.0 if a == 3 else 1.0)
+    assert sorted(tried) == list(range(len(ARMS)))  # one pull each, in order
+    assert b.act(o1) == 3 and b.act(o4) == 0  # bucket 1 has learned nothing yet
+    with pytest.raises(PolicyError):
+        BucketUCB(ARMS, obs_size(4), buckets=(0, 2))
+    with pytest.raises(PolicyError):
+        BucketUCB(ARMS, obs_size(4), c=-1)
+
+
+# ---- running in replay ------------------------------------------------------------------------------------------------
+
+
+def test_run_policy_gives_finite_positive_goodputs(trace):
+    m = 4
+    policies = [trt_auto(ARMS, obs_size(m), feature_names(m)), smartspec(m),
+                BucketUCB(ARMS, obs_size(m), feature_names(m))]  # fmt: skip
+    for p in policies:
+        sim = make_sim(trace)
+        sim.reset()
+        g = run_policy(sim, p, learn=isinstance(p, BucketUCB))
+        assert g.shape == (4,) and np.isfinite(g).all() and (g > 0).all() and sim.done().all()
+    assert policies[2].counts.sum() > 0
+    sim = make_sim(trace)
+    sim.reset()
+    g_oracle = run_policy(sim, None, oracle=True)
+    assert np.isfinite(g_oracle).all() and (g_oracle > 0).all()
+
+
+def test_static_goodputs_use_the_same_streams(trace):
+    def make(n, loads, seed):
+        return make_sim(trace, n, loads=loads, seed=seed)
+
+    g = static_goodputs(make, ARMS, ["1", "4"], episodes=3, seed=1)
+    assert set(g) == {"1", "4"} and all(set(v) == set(ARMS) for v in g.values())
+    assert all(x > 0 and np.isfinite(x) for v in g.values() for x in v.values())
+    assert g["1"]["ngram-d5"] > g["1"]["none"]  # drafts pay at one row on the repetitive trace
+    assert g["4"]["none"] > g["1"]["none"]  # batching pays without drafts
+
+
+def test_a_few_hundred_ppo_steps_give_a_loadable_policy(trace, tmp_path):
+    from env.serve_env import make_sb3_serve_env
+
+    def make_vec():
+        return make_sb3_serve_env(4, trace=trace, cost=COST, max_batch=4, loads=["1", "4"], requests=4,
+                                  reward="time_saved", seed=0)  # fmt: skip
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*mini-batch size.*")
+        p, _ = train_serve_ppo(make_vec, ARMS, obs_size(4), feature_names(4), timesteps=256, seed=0)
+    assert p.kind == "rl" and p.arm_names == tuple(ARMS)
+    sim = make_sim(trace)
+    sim.reset()
+    g = run_policy(sim, p)
+    assert np.isfinite(g).all() and (g > 0).all()
+    p.save(tmp_path / "ppo.zip")
+    back = load_policy(tmp_path / "ppo.zip", arms=ARMS, obs_size=obs_size(4))
+    obs = np.stack([obs_with(4, r, alpha=a) for r in (1, 2, 3, 4) for a in (0.0, 0.5, 1.0)])
+    assert np.array_equal(back.act_batch(obs), p.act_batch(obs))
