@@ -1,0 +1,637 @@
+"""The serving simulator behind ``draftgym/SpecServe-v0`` (``env.serve_env``, the Gymnasium adapters): ``ServeSim``,
+a server decoding a stream of requests with continuous batching, numpy-vectorized over many independent servers,
+replayed from a recorded trace and priced by a batch cost model (``env.batch_cost``); the loads and their request
+streams; the observation (``serve_observation``), which the live server (``env.serving.serve(policy=...)``) builds
+with the same function through ``LiveObserver``.
+
+Loads (``loads``: one is drawn per episode):
+
+- ``"C"`` (an integer): closed loop, C requests in flight (the next enters as soon as one leaves);
+- ``"ramp"``: closed loop whose concurrency doubles from 1 to ``max_batch`` and back (1, 2, 4, 8, 16, 8, 4, 2, 1
+  at 16), each level held for as many requests as the level (``ramp_caps``);
+- ``"poisson@X"``: open loop, Poisson arrivals at X times the unit rate (the rate at which one row decoding
+  autoregressively finishes requests of the trace's mean length under the cost model);
+- ``"bursty"``: open loop, bursts of a geometric number of requests (mean 8) arriving together, at 2x the unit
+  rate on average.
+
+Greedy replay is exact for the n-gram drafter (DESIGN.md "Traces and replay"): the tokens a request commits are
+its recorded trajectory whatever the arms, so only the time and the steps differ between policies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from env.batch_cost import BatchCost, load_batch_cost
+from env.engine import Arm, parse_arm
+from env.trace import Trace, TraceError, load_trace
+
+SERVE_ID = "draftgym/SpecServe-v0"
+DEFAULT_ARMS = ("none", "ngram-d1", "ngram-d2", "ngram-d3", "ngram-d5", "ngram-d8")
+DEFAULT_LOADS = ("1", "2", "4", "8", "16", "ramp", "bursty")
+ACTIONS = ("batch", "row")
+REWARDS = ("goodput_ratio", "time_saved")
+DECAY = 0.8  # of the per-row acceptance estimate
+CTX_NORM = 1024.0
+LOAD_FEATURES = (
+    "load/rows",
+    "load/queue",
+    "load/tokens_in_flight",
+    "load/max_context",
+    "load/rows_with_match",
+)
+POOLED_FEATURES = ("pool/alpha", "pool/last_accepted", "pool/match_depth", "pool/progress")
+ROW_FEATURES = ("active", "context", "alpha", "last_accepted", "match_depth", "progress")
+LAST_NORM, DEPTH_NORM = 8.0, 16.0
+
+
+class ServeEnvError(ValueError):
+    """A bad serving env argument or action; the message is meant for the user."""
+
+
+def feature_names(max_batch: int) -> list[str]:
+    return [*LOAD_FEATURES, *POOLED_FEATURES] + [
+        f"row{i}/{f}" for i in range(max_batch) for f in ROW_FEATURES
+    ]
+
+
+def obs_size(max_batch: int) -> int:
+    return len(LOAD_FEATURES) + len(POOLED_FEATURES) + len(ROW_FEATURES) * max_batch
+
+
+def obs_bounds(max_batch: int) -> tuple[np.ndarray, np.ndarray]:
+    names = feature_names(max_batch)
+    high = np.array(
+        [4.0 if n.endswith(("queue", "context", "tokens_in_flight")) else 1.0 for n in names], np.float32
+    )
+    return np.zeros(len(names), np.float32), high
+
+
+def alpha_estimate(s: Any, n: Any) -> Any:
+    """Per-token acceptance estimate from decayed counts of accepted drafts ``s`` and trials ``n`` (an accepted
+    draft token, or the first rejection of a step): the posterior mean under a uniform prior."""
+    return (s + 1.0) / (n + 2.0)
+
+
+def update_alpha(s: Any, n: Any, accepted: Any, drafted: Any, depth: Any) -> tuple[Any, Any]:
+    """One step's evidence into the decayed counts (rows that did not draft keep theirs)."""
+    drew = drafted > 0
+    stopped = accepted < np.minimum(drafted, depth)
+    s2 = np.where(drew, DECAY * s + accepted, s)
+    n2 = np.where(drew, DECAY * n + accepted + stopped, n)
+    return s2, n2
+
+
+def serve_observation(active, context, s, n, last_acc, match_depth, progress, queue, max_batch: int,
+                      out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """The observation of ``E`` servers from per-row arrays ``[E, M]`` (``queue``: ``[E]`` requests arrived and
+    waiting). The row block lists the active rows first, in slot order (as the live engine packs them), then
+    zeros; pooled features are means over active rows."""
+    a = np.asarray(active, bool)
+    e, m = a.shape
+    af = a.astype(np.float32)
+    rows = af.sum(1)
+    denom = np.maximum(rows, 1.0)
+    ctx = np.asarray(context, np.float32) / CTX_NORM * af
+    alpha = alpha_estimate(np.asarray(s, np.float32), np.asarray(n, np.float32)) * af
+    last = np.minimum(np.asarray(last_acc, np.float32) / LAST_NORM, 1.0) * af
+    depth = np.minimum(np.asarray(match_depth, np.float32) / DEPTH_NORM, 1.0) * af
+    prog = np.minimum(np.asarray(progress, np.float32), 1.0) * af
+    if out is None:
+        out = np.empty((e, obs_size(max_batch)), np.float32)
+    out[:, 0] = rows / max_batch
+    out[:, 1] = np.minimum(np.asarray(queue, np.float32) / max_batch, 4.0)
+    out[:, 2] = np.minimum(ctx.sum(1) / max_batch, 4.0)
+    out[:, 3] = np.minimum(ctx.max(1), 4.0)
+    out[:, 4] = (depth > 0).sum(1) / max_batch
+    out[:, 5] = alpha.sum(1) / denom
+    out[:, 6] = last.sum(1) / denom
+    out[:, 7] = depth.sum(1) / denom
+    out[:, 8] = prog.sum(1) / denom
+    slots = np.stack([af, np.minimum(ctx, 4.0), alpha, last, depth, prog], axis=-1)  # [E, m, F], slot order
+    block = out[:, 9:].reshape(e, max_batch, len(ROW_FEATURES))
+    block[:, m:] = 0.0
+    if (a[:, :-1] >= a[:, 1:]).all():  # already packed
+        block[:, :m] = slots
+    else:  # the active rows to the front, in slot order (inactive rows are zeros: their order does not matter)
+        block[np.arange(e)[:, None], packed_positions(a)] = slots
+    return out
+
+
+def packed_positions(active: np.ndarray) -> np.ndarray:
+    """``[E, M]``: where each slot's row goes when the active rows are packed to the front in slot order."""
+    on = np.cumsum(active, axis=1) - 1
+    off = active.sum(1, keepdims=True) + np.cumsum(~active, axis=1) - 1
+    return np.where(active, on, off)
+
+
+@dataclass(frozen=True)
+class Load:
+    name: str
+    closed: bool
+    level: float  # concurrency (closed), or multiple of the unit rate (open)
+
+
+def parse_load(text: str, max_batch: int) -> Load:
+    t = str(text).strip()
+    if t in ("ramp", "bursty"):
+        return Load(t, t == "ramp", 0.0)
+    if t.startswith("poisson@"):
+        try:
+            x = float(t.removeprefix("poisson@"))
+        except ValueError:
+            x = -1.0
+        if not x > 0:
+            raise ServeEnvError(
+                f"load {t!r}: the rate is a positive multiple of the unit rate, e.g. poisson@2"
+            )
+        return Load(t, False, x)
+    try:
+        c = int(t)
+    except ValueError:
+        raise ServeEnvError(
+            f"unknown load {t!r}; valid: a concurrency (1, 2, 4, ...), ramp, bursty, poisson@X"
+        ) from None
+    if not 1 <= c <= max_batch:
+        raise ServeEnvError(f"load {t}: the concurrency must be in 1..{max_batch} (max_batch)")
+    return Load(t, True, float(c))
+
+
+def levels_upto(max_batch: int) -> list[int]:
+    """1, 2, 4, ... up to ``max_batch`` (which ends the list)."""
+    up = [1]
+    while up[-1] * 2 <= max_batch:
+        up.append(up[-1] * 2)
+    if up[-1] != max_batch:
+        up.append(max_batch)
+    return up
+
+
+def ramp_caps(max_batch: int) -> list[int]:
+    """The ramp's concurrency cap per request: 1, 2, 4, ... ``max_batch`` and back down, each level held for as
+    many requests as the level."""
+    up = levels_upto(max_batch)
+    caps = []
+    for c in up + up[-2::-1]:
+        caps += [c] * c
+    return caps
+
+
+def request_stream(load: Load, requests: int, max_batch: int, unit_rate: float,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(arrival seconds, closed-loop concurrency cap) per request of one episode (``ramp``: its own count)."""
+    if load.name == "ramp":
+        caps = np.asarray(ramp_caps(max_batch), np.int64)
+        return np.zeros(len(caps)), caps
+    if load.closed:
+        return np.zeros(requests), np.full(requests, int(load.level), np.int64)
+    if load.name == "bursty":
+        sizes = []
+        while sum(sizes) < requests:
+            sizes.append(int(rng.geometric(1 / 8)))
+        mean_gap = 8.0 / (2.0 * unit_rate)
+        starts = np.cumsum(rng.exponential(mean_gap, size=len(sizes)))
+        starts[0] = 0.0
+        arr = np.repeat(starts, sizes)[:requests]
+    else:
+        gaps = rng.exponential(1.0 / (load.level * unit_rate), size=requests)
+        gaps[0] = 0.0
+        arr = np.cumsum(gaps)
+    return arr, np.full(requests, max_batch, np.int64)
+
+
+def _tables(trace: Trace, arms: Sequence[Arm], max_new: int):
+    from env.cost import load_cost_model
+    from env.replay import build_tables, tree_index
+
+    if any(a.drafter is not None and a.drafter not in trace.trees for a in arms):
+        missing = sorted({a.drafter for a in arms if a.drafter is not None and a.drafter not in trace.trees})
+        raise ServeEnvError(
+            f"the trace has no recorded trees for {', '.join(missing)} (it has: {', '.join(trace.trees)})"
+        )
+    tb = build_tables(trace, arms, load_cost_model(None), max_new_tokens=max_new)
+    npos = trace.traj.shape[0]
+    match = np.zeros(npos, np.int64)
+    names = sorted({a.drafter for a in arms if a.drafter is not None}) or sorted(trace.trees)[:1]
+    if names:  # the longest proposal the menu's first drafter has at each position
+        ix = tree_index(trace, names[0])
+        np.maximum.at(match, ix["pos"], ix["depth"])
+    return tb, match
+
+
+class ServeSim:
+    """``num_envs`` independent servers replaying ``trace`` (vectorized with numpy). ``reset(mask)``, ``step(a)``
+    with ``a`` of shape ``[E]`` (one arm per server) or ``[E, M]`` (one per row slot; empty slots ignored),
+    ``observe()``."""
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        *,
+        trace: Trace | str | None = None,
+        arms: Sequence[str | Arm] = DEFAULT_ARMS,
+        cost: BatchCost | str | None = None,
+        max_batch: int = 16,
+        loads: Sequence[str] = DEFAULT_LOADS,
+        requests: int = 32,
+        max_new_tokens: int | None = None,
+        prompt_ids: Sequence[str] | None = None,
+        reward: str = "goodput_ratio",
+        seed: int | None = None,
+    ) -> None:
+        from drafters import DrafterError
+
+        if reward not in REWARDS:
+            raise ServeEnvError(f"unknown reward {reward!r}; valid: {', '.join(REWARDS)}")
+        self.reward_kind = reward
+
+        if num_envs < 1 or max_batch < 1 or requests < 1:
+            raise ServeEnvError("num_envs, max_batch and requests must all be >= 1")
+        try:
+            self.arms = [a if isinstance(a, Arm) else parse_arm(str(a)) for a in arms]
+        except DrafterError as err:
+            raise ServeEnvError(str(err)) from err
+        if not self.arms:
+            raise ServeEnvError("the arm menu is empty")
+        self.arm_names = [a.name for a in self.arms]
+        self.trace = (
+            trace
+            if isinstance(trace, Trace)
+            else (default_serve_trace() if trace is None else load_trace(trace))
+        )
+        self.cost = load_batch_cost(cost)
+        self.num_envs, self.max_batch, self.requests = int(num_envs), int(max_batch), int(requests)
+        self.loads = [
+            parse_load(x, self.max_batch) for x in (loads if not isinstance(loads, str) else [loads])
+        ]
+        if not self.loads:
+            raise ServeEnvError("the load list is empty")
+        max_new = self.trace.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        try:
+            self.tb, self.match = _tables(self.trace, self.arms, max_new)
+        except TraceError as err:
+            raise ServeEnvError(str(err)) from err
+        ids = self.trace.prompt_ids
+        if prompt_ids is None:
+            chosen = np.arange(len(ids))
+        else:
+            where = {p: i for i, p in enumerate(ids)}
+            bad = [p for p in prompt_ids if p not in where]
+            if bad:
+                raise ServeEnvError(f"prompt ids not in the trace: {', '.join(map(str, bad[:5]))}")
+            chosen = np.array([where[p] for p in prompt_ids], np.int64)
+        self.pool = np.intersect1d(chosen, self.tb.startable)
+        if self.pool.size == 0:
+            raise ServeEnvError("no prompt of the trace has a step to take")
+        self.prompt_len = self.trace.prompt_len.astype(np.int64)
+        tb = self.tb
+        self._table = np.stack([tb.tokens, tb.accepted, tb.drafted, tb.ends > 0]).astype(
+            np.int32
+        )  # [4, K, T]
+        self._offset = tb.offset.astype(np.int32)
+        self.depth = np.array([0 if a.drafter is None else a.shape.depth for a in self.arms], np.int64)
+        names = sorted({a.drafter for a in self.arms if a.drafter is not None})
+        self.drafter_names = names
+        self.arm_drafter = np.array([-1 if a.drafter is None else names.index(a.drafter) for a in self.arms])
+        # the unit rate: one row decoding autoregressively, requests of the mean length at the mean context
+        lengths = self.tb.length[self.pool].astype(np.float64)
+        ctx = float(np.mean(self.prompt_len[self.pool] + lengths / 2))
+        ar1 = float(self.cost.forward_s(1, 1, ctx))
+        self.unit_rate = 1.0 / (
+            float(np.mean(lengths)) * ar1 + float(np.mean(self.cost.prefill_s(self.prompt_len[self.pool])))
+        )
+        q = max(self.requests, len(ramp_caps(self.max_batch)))
+        e, m = self.num_envs, self.max_batch
+        self.q_max = q
+        self.active = np.zeros((e, m), bool)
+        self.prompt = np.zeros((e, m), np.int32)
+        self.pos = np.zeros((e, m), np.int32)
+        self.s = np.zeros((e, m), np.float64)
+        self.n = np.zeros((e, m), np.float64)
+        self.last = np.zeros((e, m), np.int64)
+        self.req_prompt = np.zeros((e, q), np.int64)
+        self.req_arr = np.full((e, q), np.inf)
+        self.req_cap = np.ones((e, q), np.int64)
+        self.n_req = np.zeros(e, np.int64)
+        self.closed = np.ones(e, bool)
+        self.load_index = np.zeros(e, np.int64)
+        self.ptr = np.zeros(e, np.int64)
+        self.finished = np.zeros(e, np.int64)
+        self.clock = np.zeros(e, np.float64)
+        self.tokens_total = np.zeros(e, np.int64)
+        self.steps = np.zeros(e, np.int64)
+        self.rngs = [np.random.default_rng(None if seed is None else [seed, i]) for i in range(e)]
+        self._obs = np.empty((e, obs_size(m)), np.float32)
+
+    # ---- episodes ------------------------------------------------------------------------------------------------
+
+    def seed(self, seed: int | None) -> None:
+        self.rngs = [np.random.default_rng(None if seed is None else [seed, i]) for i in range(self.num_envs)]
+
+    def reset(self, mask: np.ndarray | None = None, load: str | None = None) -> None:
+        """Start new episodes (``mask``: those servers only); ``load``: that load instead of a random one."""
+        idx = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
+        fixed = None if load is None else parse_load(load, self.max_batch)
+        for i in idx:
+            rng = self.rngs[i]
+            li = int(rng.integers(len(self.loads)))
+            ld = fixed or self.loads[li]
+            arr, cap = request_stream(ld, self.requests, self.max_batch, self.unit_rate, rng)
+            k = len(arr)
+            self.n_req[i], self.closed[i], self.load_index[i] = k, ld.closed, li
+            self.req_arr[i, :k], self.req_cap[i, :k] = arr, cap
+            self.req_arr[i, k:] = np.inf
+            self.req_prompt[i, :k] = rng.choice(self.pool, size=k)
+        self.active[idx] = False
+        self.ptr[idx] = 0
+        self.finished[idx] = 0
+        self.clock[idx] = 0.0
+        self.tokens_total[idx] = 0
+        self.steps[idx] = 0
+        self._admit(idx)
+
+    def set_requests(self, i: int, prompts: Sequence[int], arrivals: Sequence[float], caps: Sequence[int],
+                     closed: bool) -> None:  # fmt: skip
+        """Server ``i`` starts an episode of exactly these requests (trace prompt indices, arrival seconds, closed-
+        loop caps): evaluation replays the stream a live run serves."""
+        k = len(prompts)
+        if k > self.q_max:
+            self._grow(k)
+        self.n_req[i], self.closed[i] = k, closed
+        self.req_prompt[i, :k], self.req_arr[i, :k], self.req_cap[i, :k] = prompts, arrivals, caps
+        self.req_arr[i, k:] = np.inf
+        self.active[i] = False
+        self.ptr[i] = self.finished[i] = self.tokens_total[i] = self.steps[i] = 0
+        self.clock[i] = 0.0
+        self._admit(np.array([i]))
+
+    def _grow(self, q: int) -> None:
+        pad = q - self.q_max
+        self.req_prompt = np.pad(self.req_prompt, ((0, 0), (0, pad)))
+        self.req_arr = np.pad(self.req_arr, ((0, 0), (0, pad)), constant_values=np.inf)
+        self.req_cap = np.pad(self.req_cap, ((0, 0), (0, pad)), constant_values=1)
+        self.q_max = q
+
+    def _may_admit(self) -> np.ndarray:
+        """Servers where a request may enter now (a cheap test; ``_admit`` decides)."""
+        rows = self.active.sum(1)
+        ix = np.arange(self.num_envs)
+        ptr = np.minimum(self.ptr, self.q_max - 1)
+        ok = np.where(
+            self.closed, rows < self.req_cap[ix, ptr], (self.req_arr[ix, ptr] <= self.clock) | (rows == 0)
+        )
+        return ok & (self.ptr < self.n_req) & (rows < self.max_batch)
+
+    def _admit(self, idx: np.ndarray | None = None) -> None:
+        """Requests enter free slots (closed loop: up to the cap; open loop: those that arrived), each paying its
+        prefill; an idle open-loop server jumps to its next arrival."""
+        e = np.arange(self.num_envs) if idx is None else np.asarray(idx)
+        if e.size == 0:
+            return
+        for _ in range(2):  # the second pass: idle open-loop servers, after the jump
+            act = self.active[e]
+            rows = act.sum(1)
+            left = self.n_req[e] - self.ptr[e]
+            arrived = (self.req_arr[e] <= self.clock[e, None]).sum(1)
+            arrived = np.minimum(arrived, self.n_req[e])
+            n_open = np.maximum(arrived - self.ptr[e], 0)
+            # closed loop: request ptr + k enters while fewer than its own cap are in flight (as env.serving does)
+            ks = np.arange(self.max_batch)
+            qk = np.minimum(self.ptr[e, None] + ks, self.q_max - 1)
+            ok = rows[:, None] + ks < np.take_along_axis(self.req_cap[e], qk, 1)
+            n = np.where(self.closed[e], np.cumprod(ok, 1).sum(1), n_open)
+            n = np.minimum(np.minimum(n, self.max_batch - rows), left)
+            if n.any():
+                free = ~act
+                rank = np.cumsum(free, axis=1) - 1
+                new = free & (rank < n[:, None])
+                q = np.minimum(self.ptr[e, None] + rank, self.q_max - 1)
+                rp = np.take_along_axis(self.req_prompt[e], q, 1)
+                sub_prompt = self.prompt[e]
+                sub_prompt[new] = rp[new]
+                self.prompt[e] = sub_prompt
+                for arr in (self.pos, self.last):
+                    sub = arr[e]
+                    sub[new] = 0
+                    arr[e] = sub
+                for arr in (self.s, self.n):
+                    sub = arr[e]
+                    sub[new] = 0.0
+                    arr[e] = sub
+                self.active[e] = act | new
+                pf = np.where(new, self.cost.prefill_s(self.prompt_len[rp]), 0.0).sum(1)
+                self.clock[e] += pf
+                self.tokens_total[e] += new.sum(1)  # the prefill's first token
+                self.ptr[e] += n
+            idle = (~self.active[e].any(1)) & (self.ptr[e] < self.n_req[e]) & ~self.closed[e]
+            if not idle.any():
+                return
+            ii = e[idle]
+            self.clock[ii] = np.maximum(self.clock[ii], self.req_arr[ii, self.ptr[ii]])
+            e = ii
+
+    # ---- steps ---------------------------------------------------------------------------------------------------
+
+    def done(self) -> np.ndarray:
+        return self.finished >= self.n_req
+
+    def queue(self) -> np.ndarray:
+        arrived = np.minimum((self.req_arr <= self.clock[:, None]).sum(1), self.n_req)
+        return np.where(self.closed, 0, np.maximum(arrived - self.ptr, 0))
+
+    def observe(self) -> np.ndarray:
+        g = self.tb.offset[self.prompt] + self.pos
+        progress = (self.pos + 1) / self.tb.max_new_tokens
+        return serve_observation(self.active, self.prompt_len[self.prompt] + self.pos, self.s, self.n, self.last,
+                                 self.match[g], progress, self.queue(), self.max_batch, self._obs)  # fmt: skip
+
+    def _actions(self, actions: Any) -> np.ndarray:
+        a = np.asarray(actions)
+        if a.ndim == 1 and a.shape[0] == self.num_envs:
+            a = np.broadcast_to(a[:, None], (self.num_envs, self.max_batch))
+        elif a.shape == (self.num_envs, self.max_batch):  # per row, in the observation's order: back to slots
+            a = np.take_along_axis(a, packed_positions(self.active), 1)
+        else:
+            raise ServeEnvError(
+                f"actions must have shape ({self.num_envs},) or ({self.num_envs}, {self.max_batch}), got {a.shape}"
+            )
+        if not np.issubdtype(a.dtype, np.integer):
+            if not np.all(np.mod(a, 1) == 0):
+                raise ServeEnvError("actions must be integer arm indices")
+            a = a.astype(np.int64)
+        k = len(self.arms)
+        live = a[self.active]
+        if live.size and (live.min() < 0 or live.max() >= k):
+            bad = int(live.min()) if live.min() < 0 else int(live.max())
+            raise ServeEnvError(
+                f"action {bad} is not a valid arm index; valid: 0..{k - 1} ({', '.join(self.arm_names)})"
+            )
+        return np.clip(a, 0, k - 1)
+
+    def outcome(self, a: np.ndarray) -> dict[str, np.ndarray]:
+        """What actions ``a`` ([E, M]) would do this step, without doing it."""
+        act = self.active
+        g = np.where(act, self._offset[self.prompt] + self.pos, 0)
+        tok, acc, dr, end = self._table[:, a, g] * act  # one gather: tokens, accepted, drafted, ends
+        end = end > 0
+        rows = act.sum(1)
+        nodes = np.where(act, dr + 1, 1).max(1)
+        ctx = self.prompt_len[self.prompt] + self.pos
+        r1 = np.maximum(rows, 1)
+        ctx_mean = (ctx * act).sum(1) / r1
+        e = self.num_envs
+        both = np.asarray(self.cost.forward_s(np.tile(r1, 2), np.concatenate([nodes, np.ones(e)]),
+                                              np.tile(ctx_mean, 2)), np.float64)  # fmt: skip
+        cost, ar = both[:e], both[e:]  # the step, and an autoregressive step of the same rows
+        ad = self.arm_drafter[a]
+        for j, name in enumerate(self.drafter_names):
+            cost = cost + self.cost.draft_s(name, ((ad == j) & act).sum(1))
+        total = tok.sum(1)
+        if self.reward_kind == "time_saved":  # autoregressive batch steps saved: tokens / rows - cost / ar
+            reward = np.where(rows > 0, total / r1 - cost / ar, 0.0)
+        else:  # goodput relative to autoregressive decoding at the same batch
+            reward = np.where(rows > 0, total * ar / (r1 * cost), 0.0)
+        return {"tok": tok, "acc": acc, "dr": dr, "end": end, "rows": rows, "nodes": nodes, "cost": cost,
+                "ar": ar, "tokens": total, "reward": reward}  # fmt: skip
+
+    def step(self, actions: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """One batch step of every server not done; returns (reward [E], info arrays)."""
+        a = self._actions(actions)
+        running = ~self.done()
+        o = self.outcome(a)
+        act = self.active
+        o["cost"] = np.where(running, o["cost"], 0.0)
+        self.clock += o["cost"]
+        self.s, self.n = update_alpha(self.s, self.n, o["acc"], o["dr"], self.depth[a])
+        self.last = np.where(act & (o["dr"] > 0), o["acc"], self.last)
+        self.pos = self.pos + o["tok"]
+        self.active = act & ~o["end"]
+        self.finished += o["end"].sum(1)
+        self.tokens_total += o["tokens"]
+        self.steps += running
+        self._admit(np.flatnonzero(self._may_admit()))
+        return o["reward"].astype(np.float32), o
+
+    def goodput(self) -> np.ndarray:
+        """Committed tokens per simulated second of each server's episode so far."""
+        return np.where(self.clock > 0, self.tokens_total / np.maximum(self.clock, 1e-12), 0.0)
+
+    def myopic_best(self) -> np.ndarray:
+        """The oracle's batch arm: the one that commits the most tokens per second this step."""
+        best, arg = np.full(self.num_envs, -np.inf), np.zeros(self.num_envs, np.int64)
+        for k in range(len(self.arms)):
+            o = self.outcome(np.full((self.num_envs, self.max_batch), k))
+            rate = o["tokens"] / np.maximum(o["cost"], 1e-12)
+            better = rate > best
+            best, arg = np.where(better, rate, best), np.where(better, k, arg)
+        return arg
+
+
+def tree_depth(parents: Any) -> int:
+    """The depth of a draft tree (0: the root alone)."""
+    par = [int(p) for p in parents]
+    depth = [0] * len(par)
+    for i in range(1, len(par)):
+        depth[i] = depth[par[i]] + 1
+    return max(depth, default=0)
+
+
+class LiveObserver:
+    """The serving observation of a live batch (``env.serving.serve`` with a policy): the same per-row arrays as
+    ``ServeSim`` keeps, from the live sequences; the drafter's match depth is the depth of its largest proposal
+    at the root (the proposal the step then verifies, pruned to the arm)."""
+
+    def __init__(self, arms: Sequence[Arm], max_batch: int) -> None:
+        self.arms, self.max_batch = list(arms), int(max_batch)
+        self.drafters = sorted({a.drafter for a in self.arms if a.drafter is not None})
+        self.depth = [0 if a.drafter is None else a.shape.depth for a in self.arms]
+        self.stats: dict[int, list[float]] = {}  # id(seq) -> [s, n, last accepted]
+
+    def observe(self, stepper: Any, queue: int) -> np.ndarray:
+        m = self.max_batch
+        z = [np.zeros((1, m)) for _ in range(6)]
+        active = np.zeros((1, m), bool)
+        ctx, s, n, last, match, prog = z
+        for i, seq in enumerate(stepper.seqs[:m]):
+            st = self.stats.setdefault(id(seq), [0.0, 0.0, 0.0])
+            active[0, i] = True
+            ctx[0, i], s[0, i], n[0, i], last[0, i] = seq.context, st[0], st[1], st[2]
+            prog[0, i] = len(seq.tokens) / seq.max_new_tokens
+            if self.drafters:
+                name = self.drafters[0]
+                match[0, i] = tree_depth(stepper.proposals(seq, [name])[name].parents)
+        return serve_observation(active, ctx, s, n, last, match, prog, np.array([queue]), m)[0]
+
+    def choices(self, action: Any, rows: int) -> list[int]:
+        a = np.asarray(action).reshape(-1)
+        k = len(self.arms)
+        picked = [int(a[0])] * rows if a.size == 1 else [int(x) for x in a[:rows]]
+        if len(picked) != rows or any(not 0 <= c < k for c in picked):
+            raise ServeEnvError(f"the policy chose {a.tolist()} for {rows} rows; valid arms: 0..{k - 1}")
+        return picked
+
+    def record(self, outcomes: Sequence[Any], choices: Sequence[int]) -> None:
+        for o, c in zip(outcomes, choices):
+            st = self.stats.setdefault(id(o.seq), [0.0, 0.0, 0.0])
+            acc, dr = o.info["accepted"], o.info["drafted"]
+            s2, n2 = update_alpha(np.float64(st[0]), np.float64(st[1]), acc, dr, self.depth[c])
+            st[0], st[1] = float(s2), float(n2)
+            if dr > 0:
+                st[2] = float(acc)
+
+    def forget(self, seq: Any) -> None:
+        self.stats.pop(id(seq), None)
+
+    @staticmethod
+    def reward(outcomes: Sequence[Any], wall_s: float, cost: Any) -> float:
+        rows = len(outcomes)
+        tokens = sum(o.info["tokens"] for o in outcomes)
+        ctx = float(np.mean([o.seq.context for o in outcomes])) if rows else 0.0
+        ar = float(cost.forward_s(max(rows, 1), 1, ctx))
+        return tokens * ar / (max(rows, 1) * wall_s) if wall_s > 0 else 0.0
+
+
+def default_serve_trace() -> Trace:
+    """The bundled serving trace (Spec-Bench prompts, the embedded model, n-gram trees)."""
+    from importlib import resources
+    from pathlib import Path
+
+    path = Path(str(resources.files("env") / "data" / "serve_trace.npz"))
+    return load_trace(path if path.is_file() else None)
+
+
+__all__ = [
+    "DEPTH_NORM",
+    "LAST_NORM",
+    "SERVE_ID",
+    "DEFAULT_ARMS",
+    "DEFAULT_LOADS",
+    "ACTIONS",
+    "REWARDS",
+    "DECAY",
+    "CTX_NORM",
+    "LOAD_FEATURES",
+    "POOLED_FEATURES",
+    "ROW_FEATURES",
+    "ServeEnvError",
+    "feature_names",
+    "obs_size",
+    "obs_bounds",
+    "alpha_estimate",
+    "update_alpha",
+    "serve_observation",
+    "packed_positions",
+    "Load",
+    "parse_load",
+    "levels_upto",
+    "ramp_caps",
+    "request_stream",
+    "ServeSim",
+    "tree_depth",
+    "LiveObserver",
+    "default_serve_trace",
+]
