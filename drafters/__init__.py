@@ -19,15 +19,18 @@ from drafters.base import (
     check_tree,
     tree_problem,
 )
-from drafters.eagle import EagleDrafter
+from drafters.eagle import Eagle3Drafter, EagleDrafter
 from drafters.early_exit import EarlyExitDrafter
+from drafters.hybrid import HybridDrafter
 from drafters.ngram import NGramDrafter
 from drafters.recycling import RecyclingDrafter
 from drafters.suffix import SuffixDrafter
 
 DRAFTERS: dict[str, Callable[..., Drafter]] = {
     "eagle": EagleDrafter,
+    "eagle3": Eagle3Drafter,
     "early_exit": EarlyExitDrafter,
+    "hybrid": HybridDrafter,
     "ngram": NGramDrafter,
     "recycling": RecyclingDrafter,
     "suffix": SuffixDrafter,
@@ -56,7 +59,9 @@ __all__ = [
     "KVView",
     "TargetModel",
     "EagleDrafter",
+    "Eagle3Drafter",
     "EarlyExitDrafter",
+    "HybridDrafter",
     "NGramDrafter",
     "RecyclingDrafter",
     "SuffixDrafter",

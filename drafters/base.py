@@ -137,7 +137,9 @@ class DraftContext:
     entry is the root of the next tree. ``target`` is the target (for drafters that reuse its layers or features);
     ``last_hidden`` the target's final hidden state at the last verified node ([H], may be None);
     ``prompt_hidden`` the final hidden states of the prompt ([P, H], EAGLE's first features; None when not kept);
-    ``target_kv`` this sequence's entries in the target's KV cache (early exit reads them; None when not shared)."""
+    ``target_kv`` this sequence's entries in the target's KV cache (early exit reads them; None when not shared);
+    ``aux_layers`` the layer counts n whose residual streams (after n target layers) the engine keeps, side by side
+    in ``last_aux`` ([len(aux_layers) * H]) and ``prompt_aux`` ([P, ...]): EAGLE-3's low, middle and high features."""
 
     tokens: list[int]
     prompt_len: int
@@ -145,6 +147,9 @@ class DraftContext:
     last_hidden: torch.Tensor | None = None
     prompt_hidden: torch.Tensor | None = None
     target_kv: KVView | None = None
+    last_aux: torch.Tensor | None = None
+    prompt_aux: torch.Tensor | None = None
+    aux_layers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,7 @@ class Feedback:
     path: torch.Tensor | None = None  # [S] int64 node indices of the accepted path, root first
     tree_logits: torch.Tensor | None = None  # [N, V] target logits of every verified node
     path_hidden: torch.Tensor | None = None  # [S, H] target final-norm hidden states along the path
+    path_aux: torch.Tensor | None = None  # [S, len(aux_layers) * H] the residual streams at the aux layers
 
 
 @runtime_checkable
@@ -176,6 +182,9 @@ class Drafter(Protocol):
 
     def observe(self, ctx: DraftContext, feedback: Feedback) -> None:
         """Learn from the verified step (optional state update)."""
+
+    # Optional: ``finish(ctx)``, called once when the sequence ends (the engine retires its row); a drafter that
+    # learns across requests (the suffix drafter's global cache) takes the finished answer then.
 
 
 @runtime_checkable

@@ -40,7 +40,12 @@ from drafters.trees import TREE_BUILDERS, GrowingTree, tree_steps
 
 
 class EagleHead(nn.Module):
-    """fc(e(x_{t+1}) ++ f_t) -> decoder layer -> norm: f'_{t+1}. ~4.2M parameters at hidden 576."""
+    """fc(e(x_{t+1}) ++ f_t) -> decoder layer -> norm: f'_{t+1}. ~4.2M parameters at hidden 576.
+
+    EAGLE-3 (``cfg.fuse_layers``): the first feature is not the target's final hidden state but a fusion of its
+    low, middle and high residual streams, g_t = fuse(norm(l_t) ++ norm(m_t) ++ norm(h_t)) (a norm per stream: the
+    residual streams of Llama-family models carry activations of 1e4 in a few channels); deeper drafts feed the
+    head its own output as before. With no feature to regress to, it trains on the tokens alone."""
 
     def __init__(self, cfg: HeadConfig) -> None:
         super().__init__()
@@ -48,9 +53,18 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * cfg.hidden, cfg.hidden, bias=True)
         self.layer = DraftLayer(cfg)
         self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        k = len(cfg.fuse_layers)
+        if k:
+            self.fuse_norms = nn.ModuleList(RMSNorm(cfg.hidden, cfg.rms_eps) for _ in range(k))
+            self.fuse = nn.Linear(k * cfg.hidden, cfg.hidden, bias=False)
 
     def pair(self, emb: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.cat([emb, feat], dim=-1))
+
+    def fused(self, aux: torch.Tensor) -> torch.Tensor:
+        """[..., k * H] residual streams at ``cfg.fuse_layers`` -> [..., H] the head's first feature."""
+        parts = aux.chunk(len(self.fuse_norms), dim=-1)
+        return self.fuse(torch.cat([n(x) for n, x in zip(self.fuse_norms, parts)], dim=-1))
 
     def unrolled(self, feats: torch.Tensor, emb_next: torch.Tensor, levels: int) -> list[torch.Tensor]:
         """Training-time test (EAGLE-3): ``levels`` passes over a batch of sequences, pass s feeding the head its own
@@ -132,6 +146,7 @@ class EagleDrafter:
     ``min_prob`` (do not expand paths less likely than this, 0: off)."""
 
     name = "eagle"
+    kind = "eagle"  # the head kind it loads
     exact_replay = False  # dynamic trees do not prune to smaller arms (replay records them as approximations)
 
     def __init__(self, weights: str | None = None, tree: str = "dynamic", min_prob: float = 0.0) -> None:
@@ -146,8 +161,8 @@ class EagleDrafter:
         if self._target_key == (id(target.model), target.dtype):
             return
         model_id = target.model_id
-        path = find_head("eagle", model_id, self.weights)
-        cfg, tensors, self.meta = load_head(path, "eagle", target.model, model_id)
+        path = find_head(self.kind, model_id, self.weights)
+        cfg, tensors, self.meta = load_head(path, self.kind, target.model, model_id)
         head = EagleHead(cfg)
         load_state(head, tensors, str(path))
         self.dtype = head_dtype(target)
@@ -157,6 +172,7 @@ class EagleDrafter:
         self.w_draft = target.model.lm_head.weight.detach()[self.d2t].to(self.dtype)  # [Vd, H]
         self.embed = target.model.get_input_embeddings()
         self.cfg = cfg
+        self.fused = bool(cfg.fuse_layers)  # EAGLE-3: fed the fused residual streams, not the final feature
         self._target_key = (id(target.model), target.dtype)
 
     # ---- Drafter protocol ----
@@ -169,23 +185,29 @@ class EagleDrafter:
         self.pending: list[torch.Tensor] = []  # features f_j, j = first_pair + kv.n + i, not yet in the cache
         self.root_feat: torch.Tensor | None = None  # f' of the root pair (head output), valid for root_at
         self.root_at = -1
-        prompt_hidden = ctx.prompt_hidden
+        if self.fused and tuple(ctx.aux_layers) != self.cfg.fuse_layers:
+            raise DrafterError(
+                f"the {self.name} head fuses the target's layers {list(self.cfg.fuse_layers)}, the engine keeps "
+                f"{list(ctx.aux_layers)}"
+            )
+        prompt_hidden = ctx.prompt_aux if self.fused else ctx.prompt_hidden
+        last = ctx.last_aux if self.fused else ctx.last_hidden
         n_feat = len(ctx.tokens) - 1  # features f_0 .. f_{n-2} are known after prefill
         if prompt_hidden is not None and prompt_hidden.shape[0] == n_feat:
             self.pending = list(prompt_hidden.to(self.device, self.dtype))
-        elif ctx.last_hidden is not None:  # no prompt features: start from the last one alone
+        elif last is not None:  # no prompt features: start from the last one alone
             self.first_pair = n_feat - 1
-            self.pending = [ctx.last_hidden.to(self.device, self.dtype)]
+            self.pending = [last.to(self.device, self.dtype)]
         else:
             raise DrafterError(
-                "the eagle drafter needs the target's hidden states (DraftContext.last_hidden)"
+                f"the {self.name} drafter needs the target's hidden states (DraftContext.last_hidden/last_aux)"
             )
 
     def observe(self, ctx: DraftContext, feedback: Feedback) -> None:
         if self.head is None:
             return
         want = self._missing(ctx)
-        ph = getattr(feedback, "path_hidden", None)
+        ph = getattr(feedback, "path_aux" if self.fused else "path_hidden", None)
         if want > 0 and ph is not None and ph.shape[0] >= want:
             self.pending.extend(ph[-want:].to(self.device, self.dtype))
         self._sync(ctx)
@@ -199,13 +221,25 @@ class EagleDrafter:
         ``observe``): the missing ones are filled with it (weaker drafts, still exact decoding)."""
         want = self._missing(ctx)
         if want > 0:
-            self.pending.extend([ctx.last_hidden.to(self.device, self.dtype)] * want)
+            last = ctx.last_aux if self.fused else ctx.last_hidden
+            self.pending.extend([last.to(self.device, self.dtype)] * want)
 
     def fork(self) -> EagleDrafter:
         """A drafter for another sequence over the same loaded head (weights are read once, shared read-only)."""
-        other = EagleDrafter(self.weights, self.tree, self.min_prob)
+        other = type(self)(self.weights, self.tree, self.min_prob)
         if self.head is not None:
-            for name in ("meta", "dtype", "device", "head", "d2t", "w_draft", "embed", "cfg", "_target_key"):
+            for name in (
+                "meta",
+                "dtype",
+                "device",
+                "head",
+                "d2t",
+                "w_draft",
+                "embed",
+                "cfg",
+                "fused",
+                "_target_key",
+            ):
                 setattr(other, name, getattr(self, name))
         return other
 
@@ -235,7 +269,9 @@ class EagleDrafter:
             return  # proposing again at the same root: root_feat still holds
         j0 = self.first_pair + self.kv.n
         n = len(self.pending)
-        feats = torch.stack(self.pending)  # [n, H]
+        feats = torch.stack(self.pending)  # [n, H] (fused: [n, k * H], fused here in one pass)
+        if self.fused:
+            feats = self.head.fused(feats)
         ids = torch.tensor(tokens[j0 + 1 : j0 + 1 + n], device=self.device)
         x = self.head.pair(self.embed(ids).to(self.dtype), feats)[None]  # [1, n, H]
         pos = torch.arange(j0, j0 + n, device=self.device)
@@ -292,3 +328,12 @@ def _head_pass(grows: list[Growing]) -> list[torch.Tensor]:
             outs[j] = h[at : at + n]
             at += n
     return outs  # type: ignore[return-value]
+
+
+class Eagle3Drafter(EagleDrafter):
+    """EAGLE-3: the same drafting over a head that fuses the target's low, middle and high residual streams
+    (``EagleHead.fused``; the engine keeps them, ``DraftContext.aux_layers``) and was trained with a deeper
+    training-time test on the corpus of ``experiments.corpus`` (``draftgym train-drafter eagle3``)."""
+
+    name = "eagle3"
+    kind = "eagle3"

@@ -27,6 +27,12 @@ VERSION = 1
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
 
+def aux_layers(num_layers: int) -> tuple[int, ...]:
+    """The layer counts whose residual streams the engine keeps beside the final hidden state of every forward:
+    low, middle and high, as EAGLE-3 fuses them (after 2, L/2 and L-3 layers; arXiv 2503.01840, section 3)."""
+    return tuple(sorted({min(2, num_layers), max(1, num_layers // 2), max(1, num_layers - 3)}))
+
+
 @dataclass(frozen=True)
 class HeadConfig:
     kind: str  # "eagle" | "early_exit"
@@ -39,6 +45,10 @@ class HeadConfig:
     rms_eps: float
     draft_vocab: int
     exit_layer: int = 0  # early_exit: the adapter reads the residual stream after this many target layers
+    fuse_layers: tuple[int, ...] = ()  # eagle3: the target layer counts whose residual streams the head fuses
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fuse_layers", tuple(int(n) for n in self.fuse_layers))
 
     @classmethod
     def from_target(cls, model: Any, kind: str, draft_vocab: int, **over: Any) -> HeadConfig:

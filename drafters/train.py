@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from drafters.base import DrafterError
-from drafters.heads import HeadConfig, check_fingerprint, save_head, target_fingerprint
+from drafters.heads import HeadConfig, aux_layers, check_fingerprint, save_head, target_fingerprint
 from drafters.train_data import Sequence, draft_vocab, load_data, split
 
 # ---------------------------------------------------------------- training
@@ -37,7 +37,7 @@ from drafters.train_data import Sequence, draft_vocab, load_data, split
 
 @dataclass(frozen=True)
 class TrainSettings:
-    kind: str  # eagle | early_exit
+    kind: str  # eagle | eagle3 | early_exit
     draft_vocab: int = 6144
     exit_layer: int = 4  # early_exit only
     levels: int = 2  # eagle: training-time-test depth (also the chain length of the held-out metric)
@@ -62,7 +62,7 @@ def build_head(kind: str, cfg: HeadConfig, model: Any) -> torch.nn.Module:
     from drafters.eagle import EagleHead
     from drafters.early_exit import ExitAdapter
 
-    head = EagleHead(cfg) if kind == "eagle" else ExitAdapter(cfg)
+    head = EagleHead(cfg) if kind in ("eagle", "eagle3") else ExitAdapter(cfg)
     src = model.model.layers[cfg.exit_layer]
     mine = head.layer
     pairs = [
@@ -84,6 +84,28 @@ def build_head(kind: str, cfg: HeadConfig, model: Any) -> torch.nn.Module:
             for a, b in pairs:
                 a.weight.copy_(b.weight.float())
     return head.float()
+
+
+def windows(seqs: list[Sequence], size: int, min_len: int = 16) -> list[Sequence]:
+    """Sequences longer than ``size`` cut into consecutive pieces of ``size`` positions (the last one at least
+    ``min_len``), so that training sees every position and not only each sequence's last window."""
+    out = []
+    for s in seqs:
+        n = int(s.tokens.shape[0])
+        for a in range(0, n, size):
+            b = min(n, a + size)
+            if b - a < min_len and a > 0:
+                break
+            out.append(
+                Sequence(
+                    tokens=s.tokens[a:b],
+                    feats=s.feats[a:b],
+                    exits={k: v[a:b] for k, v in s.exits.items()},
+                    answer_start=min(max(0, s.answer_start - a), b - a),
+                    prompt_id=s.prompt_id,
+                )
+            )
+    return out
 
 
 def _batches(seqs: list[Sequence], size: int, gen: torch.Generator):
@@ -108,6 +130,9 @@ def _collate(
     }
     if kind == "early_exit":
         out["inputs"] = torch.zeros(len(batch), t, h)
+    fuse = tuple(sorted(batch[0].exits)) if kind == "eagle3" else ()
+    if fuse:
+        out["aux"] = torch.zeros(len(batch), t, len(fuse) * h)
     for b, s in enumerate(batch):
         cut = max(0, s.tokens.shape[0] - t)
         if gen is not None and cut and s.answer_start >= s.tokens.shape[0]:
@@ -117,6 +142,9 @@ def _collate(
         out["feats"][b, :n] = s.feats[cut : cut + n].float()
         out["lens"][b] = n
         out["answer_start"][b] = max(0, s.answer_start - cut)
+        if fuse:
+            for k, n_layer in enumerate(fuse):
+                out["aux"][b, :n, k * h : (k + 1) * h] = s.exits[n_layer][cut : cut + n].float()
         if kind == "early_exit":
             if exit_layer not in s.exits:
                 raise DrafterError(
@@ -151,6 +179,8 @@ def loss_eagle(head, batch, w_draft, embed, st: TrainSettings, gen=None, stats: 
     inputs = feats
     if gen is not None and st.feat_noise > 0:  # training: robustness to the head's own (noisy) features
         inputs = feats + (torch.rand(feats.shape, generator=gen) * 2 - 1) * st.feat_noise
+    if "aux" in batch:  # EAGLE-3: the first feature is the fusion of the low, middle and high streams
+        inputs = head.fused(batch["aux"])
     outs = head.unrolled(inputs, emb_next, st.levels)
     with torch.no_grad():
         teacher_all = torch.softmax(target[sel] @ w_draft.T, dim=-1)  # [M, Vd], shared by the levels
@@ -161,8 +191,9 @@ def loss_eagle(head, batch, w_draft, embed, st: TrainSettings, gen=None, stats: 
         teacher = teacher_all[j_sel >= s - 1]
         logp = torch.log_softmax(out[m] @ w_draft.T, dim=-1)
         ce = -(teacher * logp).sum(-1)
-        reg = F.smooth_l1_loss(out[m], target[m], reduction="none").mean(-1)
-        total = total + (ce + st.reg_weight * reg).mean()
+        if st.reg_weight > 0:
+            ce = ce + st.reg_weight * F.smooth_l1_loss(out[m], target[m], reduction="none").mean(-1)
+        total = total + ce.mean()
         if stats is not None:
             hit = torch.zeros_like(m)
             hit[m] = logp.argmax(-1) == teacher.argmax(-1)
@@ -204,7 +235,7 @@ def evaluate(head, seqs: list[Sequence], w_draft, embed, st: TrainSettings) -> d
     tau_sum, tau_n = 0.0, 0
     for i in range(0, len(seqs), st.batch_size):
         batch = _collate(seqs[i : i + st.batch_size], st.kind, st.exit_layer, st.window)
-        if st.kind == "eagle":
+        if st.kind in ("eagle", "eagle3"):
             loss_eagle(head, batch, w_draft, embed, st, None, stats)
             hits = stats.pop("_hits")
             alive = hits[1][1]
@@ -262,12 +293,22 @@ def train_head(
     torch.manual_seed(st.seed)
     seqs = load_data(*data_dirs)
     train, held = split(seqs)
+    if st.kind == "eagle3":  # every position trains: long sequences are cut into windows
+        train, held = windows(train, st.window), windows(held, st.window)
     eos = model.generation_config.eos_token_id
     size = min(st.draft_vocab, int(model.config.vocab_size))
     d2t = draft_vocab(train, size, always=tuple(eos if isinstance(eos, list) else [eos]))
     hidden = model.config.hidden_size
+    fuse: tuple[int, ...] = ()
+    if st.kind == "eagle3":
+        fuse = tuple(sorted(seqs[0].exits))
+        want = aux_layers(int(model.config.num_hidden_layers))
+        if fuse != want:
+            raise DrafterError(
+                f"eagle3 needs the data's streams after layers {list(want)}; it has {list(fuse)}"
+            )
     cfg = HeadConfig.from_target(
-        model, st.kind, len(d2t), exit_layer=st.exit_layer if st.kind != "eagle" else 0
+        model, st.kind, len(d2t), exit_layer=st.exit_layer if st.kind == "early_exit" else 0, fuse_layers=fuse
     )
     w_draft = model.lm_head.weight.detach()[d2t].float()
     embed = model.get_input_embeddings()
@@ -343,7 +384,7 @@ def train_head(
             for g in opt.param_groups:
                 g["lr"] = lr
             tens = _collate(batch, st.kind, st.exit_layer, st.window, gen)
-            if st.kind == "eagle":
+            if st.kind in ("eagle", "eagle3"):
                 loss = loss_eagle(head, tens, w_draft, embed, st, gen)
             else:
                 loss = loss_exit(head, tens, w_draft, st, gen)

@@ -26,6 +26,7 @@ import torch
 
 import kernels
 from drafters import BatchProposer, DraftContext, Drafter, DraftTree, Feedback
+from drafters.heads import aux_layers
 from env.engine import Arm, Sampling, StepResult
 from env.lean import lean_of
 from env.model import LoadedModel, ModelError
@@ -44,6 +45,8 @@ class Row:
     last_hidden: torch.Tensor | None = None
     last_logits: torch.Tensor | None = None
     slot: int = -1
+    last_aux: torch.Tensor | None = None  # the target's residual streams at ``aux_layers`` at the last node
+    prompt_aux: torch.Tensor | None = None  # the prompt's, between prefill and the drafters' reset
 
     @property
     def past_len(self) -> int:
@@ -58,6 +61,7 @@ class Prefill:
     cache: RaggedCache
     done: int = 0
     hidden: list[torch.Tensor] = field(default_factory=list)  # final hidden states of each chunk
+    aux: list[torch.Tensor] = field(default_factory=list)  # residual streams at the target's aux layers
 
     @property
     def finished(self) -> bool:
@@ -116,6 +120,8 @@ class BatchTarget:
             loaded.device,
         )
         self.rows: list[Row] = []  # row i lives in slot i
+        self.aux_layers = aux_layers(int(c.num_hidden_layers))
+        self.last_aux: torch.Tensor | None = None  # [B, q, len(aux_layers) * H] of the last forward
         self.eos_ids: frozenset[int] = eos_ids(loaded)
         self.weights = loaded.weights if self.net is not None else "dense"
 
@@ -182,17 +188,19 @@ class BatchTarget:
         rows_idx = torch.arange(first, first + b, device=dev)[:, None].expand(b, q)
         write = Write(rows_idx, slots, first, first + b, span, lens[0])
         if self.net is not None:
-            return self.net.forward(
-                ids.to(dev), pos.to(dev), cache, write, None if see is None else see[:, None]
+            hidden, self.last_aux = self.net.forward(
+                ids.to(dev), pos.to(dev), cache, write, None if see is None else see[:, None], self.aux_layers
             )
+            return hidden
         cache._write = write
         try:
             out = self.model.model(
                 input_ids=ids.to(dev), attention_mask=mask, position_ids=pos.to(dev),
-                cache=cache, use_cache=True,
+                cache=cache, use_cache=True, output_hidden_states=True,
             )  # fmt: skip
         finally:
             cache._write = None
+        self.last_aux = torch.cat([out.hidden_states[n] for n in self.aux_layers], dim=-1)
         return out.last_hidden_state
 
     def begin_prefill(self, prompt_ids: list[int]) -> Prefill:
@@ -209,6 +217,7 @@ class BatchTarget:
         b = len(pf.prompt_ids) if chunk is None else min(len(pf.prompt_ids), a + chunk)
         ids = torch.tensor([pf.prompt_ids[a:b]], dtype=torch.long)
         pf.hidden.append(self._forward(ids, torch.arange(a, b)[None], None, [a], cache=pf.cache)[0])
+        pf.aux.append(self.last_aux[0])
         pf.cache.lens[0] = pf.done = b
         return pf.finished
 
@@ -228,6 +237,9 @@ class BatchTarget:
         hidden = pf.hidden[0] if len(pf.hidden) == 1 else torch.cat(pf.hidden)
         row = Row(tokens=list(pf.prompt_ids), prompt_len=p, ctx=None, slot=slot)  # type: ignore[arg-type]
         row.last_hidden = hidden[-1]
+        pf_aux = pf.aux[0] if len(pf.aux) == 1 else torch.cat(pf.aux)
+        row.last_aux = pf_aux[-1]
+        row.prompt_aux = pf_aux  # handed to the drafters with the context, then dropped
         with torch.no_grad():
             row.last_logits = self.head(hidden[-1])
         self.rows.append(row)
@@ -333,6 +345,7 @@ class BatchEngine:
         elif prefill.prompt_ids != list(prompt_ids):
             raise ValueError("the prefill is of another prompt")
         row, hidden = self.target.admit(prefill)
+        prompt_aux, row.prompt_aux = row.prompt_aux, None
         logits = row.last_logits
         root = DraftTree.root_only(prompt_ids[-1])
         v = self._verify(root.tokens[None], root.parents[None], logits[None, None], torch.tensor([1]))
@@ -340,7 +353,8 @@ class BatchEngine:
         row.tokens.append(first)
         row.ctx = DraftContext(
             tokens=row.tokens, prompt_len=row.prompt_len, target=self.target, last_hidden=row.last_hidden,
-            prompt_hidden=hidden, target_kv=RowKV(self.target.cache, row),
+            prompt_hidden=hidden, target_kv=RowKV(self.target.cache, row), last_aux=row.last_aux,
+            prompt_aux=prompt_aux, aux_layers=self.target.aux_layers,
         )  # fmt: skip
         row.drafters = dict(drafters)
         try:
@@ -352,6 +366,12 @@ class BatchEngine:
         return row, first
 
     def retire(self, row: Row) -> None:
+        """The row's sequence ended: its drafters hear of it (``finish``, optional: the suffix drafter's
+        cross-request cache takes the answer then), and its slot is freed."""
+        for d in row.drafters.values():
+            finish = getattr(d, "finish", None)
+            if finish is not None:
+                finish(row.ctx)
         self.target.retire(row)
 
     def _drafter(self, row: Row, arm: Arm) -> Drafter:
@@ -405,6 +425,7 @@ class BatchEngine:
             raise ValueError(f"{len(rows)} rows but {len(arms)} arms and {len(trees)} trees")
         t1 = time.perf_counter()
         logits, hidden, tokens, parents = self.target.forward_trees(trees)
+        aux = self.target.last_aux
         num = torch.tensor([t.num_nodes for t in trees])
         verdict = self._verify(tokens, parents, logits, num)
         done = []
@@ -416,9 +437,11 @@ class BatchEngine:
             row.last_hidden = hidden[i, last]
             row.last_logits = logits[i, last].clone()  # a copy: frees the step's [B, N, V] logits
             row.ctx.last_hidden = row.last_hidden
+            row.last_aux = row.ctx.last_aux = aux[i, last]
             if row.drafters:
                 fb = Feedback(committed=committed, tree=tree, path_logits=logits[i, path], path=path,
-                              tree_logits=logits[i, : tree.num_nodes], path_hidden=hidden[i, path])  # fmt: skip
+                              tree_logits=logits[i, : tree.num_nodes], path_hidden=hidden[i, path],
+                              path_aux=aux[i, path])  # fmt: skip
                 for d in row.drafters.values():
                     d.observe(row.ctx, fb)
             done.append((committed, int(verdict.accept_len[i])))

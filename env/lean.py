@@ -162,11 +162,14 @@ class LeanLlama:
 
     @torch.no_grad()
     def forward(
-        self, ids: torch.Tensor, pos: torch.Tensor, cache: Any, write: Any, mask: torch.Tensor | None
-    ):
+        self, ids: torch.Tensor, pos: torch.Tensor, cache: Any, write: Any, mask: torch.Tensor | None,
+        aux: tuple[int, ...] = (),
+    ):  # fmt: skip
         """ids, pos [B, q]; ``write``: an ``env.ragged_cache.Write`` (where the nodes go, which rows and positions
         are read); ``mask``: bool [B, 1, q, span] (True: may attend), or None for one row's causal forward.
-        Returns the final hidden states [B, q, H] (after the last norm)."""
+        Returns the final hidden states [B, q, H] (after the last norm) and, for ``aux`` (layer counts n), the
+        residual streams after n layers side by side [B, q, len(aux) * H] (EAGLE-3's fused features; None when
+        ``aux`` is empty)."""
         b, q = ids.shape
         x = F.embedding(ids, self.embed)
         freqs = pos.float()[..., None] * self.inv_freq  # [B, q, D/2], in fp32 as transformers computes it
@@ -183,9 +186,9 @@ class LeanLlama:
         # a single row's nodes go to consecutive slots: a slice copy instead of an indexed write
         at = int(write.slots[0, 0]) if b == 1 else -1
         run = self._layers if self._compiled is None else self._compiled
-        x = run(x, cos, sin, mask, causal, cache.k, cache.v, write.rows, write.slots, write.lo, write.hi,
-                write.span, at)  # fmt: skip
-        return self._rms(x, self.norm)
+        x, taps = run(x, cos, sin, mask, causal, cache.k, cache.v, write.rows, write.slots, write.lo, write.hi,
+                      write.span, at, aux)  # fmt: skip
+        return self._rms(x, self.norm), (torch.cat(taps, dim=-1) if taps else None)
 
     def compile(self) -> None:
         """Run the layers through ``torch.compile`` (inductor; dynamic shapes, so node counts, rows and context
@@ -198,8 +201,9 @@ class LeanLlama:
         self._compiled = torch.compile(self._layers, dynamic=True)
 
     def _layers(self, x, cos, sin, mask, causal: bool, ks_cache, vs_cache, rows, slots, lo: int, hi: int,
-                span: int, at: int):  # fmt: skip
+                span: int, at: int, aux: tuple[int, ...] = ()):  # fmt: skip
         b, q = x.shape[0], x.shape[1]
+        taps = []
         hd, nq, nk = self.head_dim, self.q_size, self.kv_size
         nh = self.heads + self.kv_heads
         for i, L in enumerate(self.layers):
@@ -223,7 +227,9 @@ class LeanLlama:
             x = x + L.o(a.transpose(1, 2).reshape(b, q, nq))
             gu = L.gate_up(self._rms(x, L.ln2))
             x = x + L.down(F.silu(gu[..., : self.inter]) * gu[..., self.inter :])
-        return x
+            if i + 1 in aux:
+                taps.append(x)
+        return x, taps
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,10 @@ benchmark does. A small built-in set, written for this project, ships with the p
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
+import sysconfig
 from collections import defaultdict
 from dataclasses import dataclass
 from importlib import resources
@@ -43,6 +46,8 @@ def load_workload(
     group (for mt_bench: spread over its sub-categories, round robin); ``categories`` keeps only those groups."""
     if per_category is not None and per_category < 1:
         raise WorkloadError(f"per_category must be >= 1, got {per_category}")
+    if isinstance(path, str) and path.startswith(CODE_PREFIX):
+        return _code_workload(path[len(CODE_PREFIX) :], per_category, categories)
     file = builtin_path() if path in (None, BUILTIN) else Path(path)
     if file.is_dir():
         raise WorkloadError(f"workload {file} is a directory, not a JSONL file")
@@ -82,6 +87,84 @@ def load_workload(
     if not out:
         raise WorkloadError(f"workload {file} has no prompts")
     return out
+
+
+CODE_PREFIX = "code:"
+
+
+def _code_workload(source: str, per_category: int | None, categories: list[str] | None) -> list[Prompt]:
+    """``code:PACKAGE``: code instructions from an installed package's docstrings (category ``code``)."""
+    if categories and set(categories) != {"code"}:
+        raise WorkloadError(
+            f"unknown categories {sorted(set(categories) - {'code'})}; this workload has ['code']"
+        )
+    try:
+        found = code_prompts(source, limit=per_category or 200)
+    except ValueError as err:
+        raise WorkloadError(f"workload code:{source}: {err}") from err
+    if not found:
+        raise WorkloadError(f"workload code:{source} has no documented public functions")
+    return [Prompt(prompt_id=pid, category="code", text=text) for pid, text in found]
+
+
+def _stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _source_files(root: Path) -> list[Path]:
+    """Python files of a source tree in a fixed order, without test suites and vendored third-party trees."""
+    skip = {"test", "tests", "site-packages", "dist-packages", "idle_test", "__pycache__", "lib2to3"}
+    return sorted(p for p in root.rglob("*.py") if not (set(p.relative_to(root).parts[:-1]) & skip))
+
+
+def _summary(doc: str) -> str:
+    """The first paragraph of a docstring, on one line."""
+    para = doc.strip().split("\n\n")[0]
+    return " ".join(para.split())
+
+
+def code_prompts(source: str = "stdlib", limit: int = 600, min_words: int = 6) -> list[tuple[str, str]]:
+    """(prompt id, text) code instructions from the public functions with a docstring in a source tree, parsed
+    with ``ast`` (nothing is imported or run): ``stdlib`` (training) or an installed package such as ``numpy``
+    (held out: another source). Deterministic: files and functions in order, every k-th kept up to ``limit``."""
+    found = list(_documented_functions(source, min_words))
+    step = max(1, len(found) // max(1, limit))
+    return found[::step][:limit]
+
+
+@functools.lru_cache(maxsize=8)
+def _documented_functions(source: str, min_words: int) -> tuple[tuple[str, str], ...]:
+    if source == "stdlib":
+        root = _stdlib_root()
+    else:
+        import importlib.util
+
+        spec = importlib.util.find_spec(source)
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(f"package {source!r} is not installed")
+        root = Path(next(iter(spec.submodule_search_locations)))
+    found = []
+    for path in _source_files(root):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc:
+                continue
+            summary = _summary(doc)
+            if len(summary.split()) < min_words or len(summary) > 400:
+                continue
+            args = [a.arg for a in node.args.args if a.arg not in ("self", "cls")]
+            text = (
+                f"Write a Python function `{node.name}({', '.join(args)})` that does the following: {summary}"
+                " Explain briefly how it works."
+            )
+            found.append((f"code-{source}-{path.relative_to(root).as_posix()}:{node.name}", text))
+    return tuple(found)
 
 
 def _round_robin(rows: list[tuple[str, Prompt]]) -> list[Prompt]:

@@ -1,6 +1,12 @@
-"""``draftgym train-drafter eagle|early_exit``: self-distillation data from the target, then a trained head.
+"""``draftgym train-drafter eagle|eagle3|early_exit``: self-distillation data from the target, then a trained head.
 
     draftgym train-drafter eagle --workload question.jsonl --cpu-minutes 8
+    draftgym train-drafter eagle3 --workload question.jsonl --cpu-minutes 60
+
+``eagle3`` trains on the corpus of ``experiments.corpus`` (the target's answers decoded on the batch engine to
+non-MT-bench instruction prompts and standard-library code instructions, plus teacher-forced standard-library
+source; every MT-bench prompt and the benchmark prompts stay out) with the low/middle/high fused features and a
+deeper training-time test (``--levels``, default 4 for it). The others keep their smaller data set:
 
 The prompts are the workload minus its benchmark prompts (the first ``--exclude-per-category`` of each category,
 the ones ``draftgym bench --per-category`` uses), then the first ``--per-category`` of each category. Data are
@@ -17,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-KINDS = ("eagle", "early_exit")
+KINDS = ("eagle", "eagle3", "early_exit")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,7 +64,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--draft-vocab", type=positive_int, default=6144, help="size of the reduced draft vocabulary"
     )
-    p.add_argument("--levels", type=positive_int, default=2, help="eagle: training-time-test unroll depth")
+    p.add_argument(
+        "--levels",
+        type=positive_int,
+        default=None,
+        help="eagle: training-time-test unroll depth (2; eagle3: 4)",
+    )
+    p.add_argument(
+        "--code-prompts", type=nonnegative_int, default=600, help="eagle3: standard-library code instructions"
+    )
+    p.add_argument(
+        "--general-prompts",
+        type=nonnegative_int,
+        default=500,
+        help="eagle3: general instructions (templates)",
+    )
+    p.add_argument(
+        "--text-tokens",
+        type=nonnegative_int,
+        default=720_000,
+        help="eagle3: teacher-forced tokens of standard-library source",
+    )
+    p.add_argument("--batch", type=positive_int, default=16, help="eagle3: rows of the distillation engine")
     p.add_argument(
         "--cpu-minutes",
         type=float_in(0.0, 1e6, low_open=True),
@@ -90,7 +117,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--model", default=None, help="local Hugging Face model folder (default: embedded SmolLM2-135M)"
     )
     p.add_argument(
-        "--dtype", default="fp32", choices=["auto", "bf16", "fp32"], help="target dtype for the data"
+        "--dtype",
+        default=None,
+        choices=["auto", "bf16", "fp32"],
+        help="target dtype for the data (fp32; eagle3: bf16 answers, the dtype it drafts for; its text is fp32)",
     )
     p.add_argument("--json", action="store_true", help="print the head's metadata as JSON")
     p.set_defaults(func=cmd_train_drafter)
@@ -110,6 +140,10 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
 
     if args.per_category < 1 or args.max_new_tokens < 1 or args.cpu_minutes <= 0:
         raise UserError("--per-category, --max-new-tokens and --cpu-minutes must be positive")
+    if args.kind == "eagle3":
+        return _train_eagle3(args)
+    args.dtype = args.dtype or "fp32"
+    args.levels = args.levels or 2
     try:
         layers = tuple(sorted({int(x) for x in args.capture_layers.split(",") if x.strip()}))
     except ValueError as err:
@@ -203,6 +237,10 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     meta = train_head(
         loaded.model, loaded.model_id, dirs, out, settings, work_dir=work, data_info=info, progress=progress
     )
+    return _report(args, meta, out)
+
+
+def _report(args: argparse.Namespace, meta: dict, out: Path) -> int:
     if args.json:
         print(json.dumps(meta))
     else:
@@ -213,3 +251,73 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
             f"{t['train_positions']} positions ({t['train_answer_tokens']} answer tokens)"
         )
     return 0
+
+
+def _train_eagle3(args: argparse.Namespace) -> int:
+    """The corpus (answers on the batch engine + standard-library text), then the fused head."""
+    import torch
+
+    from drafters.heads import cache_heads_dir, head_name
+    from drafters.train import TrainSettings, train_head
+    from env.decoder import chat_prompt
+    from env.model import cache_dir, load_model
+    from experiments import corpus
+    from experiments.args import output_dir, output_file
+
+    if args.out:
+        output_file(Path(args.out).with_suffix(".safetensors"))
+    if args.work:
+        output_dir(args.work, flag="--work")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = args.dtype or "bf16"
+    loaded = load_model(args.model, dtype=dtype, device="cpu")
+    texts = corpus.instruction_prompts(
+        args.workload, args.exclude_per_category, args.code_prompts, args.general_prompts
+    )
+    ids = [(pid, chat_prompt(loaded.tokenizer, t)) for pid, t in texts]
+    key = hashlib.sha256(json.dumps([loaded.model_id, dtype, args.max_new_tokens, ids]).encode()).hexdigest()[
+        :12
+    ]
+    work = Path(args.work) if args.work else cache_dir() / "corpus" / f"{Path(loaded.model_id).name}-{key}"
+    out = Path(args.out) if args.out else cache_heads_dir() / head_name("eagle3", loaded.model_id)
+    progress = not args.json
+    if progress:
+        print(
+            f"{len(ids)} instruction prompts, {args.text_tokens} text tokens; data in {work}", file=sys.stderr
+        )
+    answers = corpus.distill_answers(
+        loaded, ids, work / "answers", max_new_tokens=args.max_new_tokens, batch=args.batch, progress=progress
+    )
+    dirs = [work / "answers"]
+    info = {"answers": answers, "cpu_s": answers["cpu_s"]}
+    if args.text_tokens:
+        text_model = load_model(args.model, dtype="fp32", device="cpu")
+        windows = list(corpus.text_windows(text_model.tokenizer, args.text_tokens, 512))
+        text = corpus.text_features(text_model, windows, work / "text", progress=progress)
+        dirs.append(work / "text")
+        info.update(text=text, cpu_s=answers["cpu_s"] + text["cpu_s"])
+    info.update(
+        workload=str(args.workload or "builtin"),
+        excluded="mt_bench (all), the first --exclude-per-category of every other category",
+        target_dtype=dtype,
+        prompt_ids_sha=key,
+    )
+    settings = TrainSettings(
+        kind="eagle3",
+        draft_vocab=args.draft_vocab,
+        levels=args.levels or 4,
+        lr=args.lr,
+        feat_noise=0.0,
+        reg_weight=0.0,
+        prompt_frac=args.prompt_frac,
+        cpu_minutes=args.cpu_minutes,
+        steps=args.steps,
+        save_every_s=args.save_every_s,
+        seed=args.seed,
+        window=args.train_window,
+    )
+    meta = train_head(
+        loaded.model, loaded.model_id, dirs, out, settings, work_dir=work, data_info=info, progress=progress
+    )
+    return _report(args, meta, out)

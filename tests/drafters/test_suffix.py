@@ -56,3 +56,74 @@ def test_the_cache_keeps_the_last_requests_only():
     d.reset(_ctx([0, 40]))  # [60, 61, 62] is the one cached now
     assert d.propose(_ctx([0, 40]), TreeShape(depth=2)).num_nodes == 1
     assert d.propose(_ctx([0, 60]), TreeShape(depth=2)).tokens.tolist() == [60, 61, 62]
+
+
+def test_a_fork_gives_its_answer_to_the_cache_when_its_row_retires():
+    """In serving every request drafts with a fork that is never reset again: the answer enters the shared
+    cache when the engine retires the row (``finish``), and a later request's fork proposes from it."""
+    from drafters.suffix import SuffixDrafter
+    from env.batch import BatchEngine
+    from env.engine import parse_arm
+    from tests.drafters.tiny import tiny_loaded
+
+    loaded = tiny_loaded()
+    eng = BatchEngine(loaded, max_rows=2)
+    first = SuffixDrafter()
+    d = first.fork()
+    row, _ = eng.admit([5, 17, 33, 8], {"suffix": d})
+    for _ in range(6):
+        eng.step([parse_arm("none")])
+    answer = row.tokens[4:]
+    eng.retire(row)
+    assert list(first.shared["answers"]) == [answer]
+    later = first.fork()
+    ctx_tokens = [60, 61, *answer[:3]]
+    row2, _ = eng.admit(ctx_tokens[:-1], {"suffix": later})
+    row2.ctx.tokens[-1:] = ctx_tokens[-1:]  # root = answer[2]: the cache continues with answer[3:]
+    from drafters import TreeShape
+
+    t = later.propose(row2.ctx, TreeShape(depth=2))
+    assert t.tokens[1:].tolist() == answer[3:5]
+
+
+def test_equal_counts_prefer_the_most_recent_continuation():
+    from drafters import DraftContext, TreeShape
+    from drafters.suffix import SuffixDrafter
+
+    d = SuffixDrafter(cache_requests=0)
+    tokens = [1, 2, 7, 8, 9, 1, 2, 5, 6, 9, 1, 2]  # "1 2" was followed by 7 8, then by 5 6
+    ctx = DraftContext(tokens=tokens, prompt_len=len(tokens))
+    d.reset(ctx)
+    assert d.propose(ctx, TreeShape(depth=2)).tokens[1:].tolist() == [5, 6]
+
+
+def test_local_and_global_candidates_are_merged():
+    """With ``choose="merge"`` a proposal holds this request's continuation and the cache's; ``match`` only the
+    longer match's."""
+    from drafters import DraftContext, TreeShape
+    from drafters.suffix import SuffixDrafter
+
+    def paths(t):
+        toks, pars = t.tokens.tolist(), t.parents.tolist()
+        out: list[tuple[int, ...]] = [()]
+        for i in range(1, len(toks)):
+            out.append((*out[pars[i]], toks[i]))
+        return set(out[1:])
+
+    got = {}
+    for choose in ("merge", "match"):
+        d = SuffixDrafter(choose=choose)
+        d.reset(DraftContext(tokens=[40, 41], prompt_len=1))
+        d.finish(DraftContext(tokens=[40, 41, 3, 4, 5, 6, 3, 4, 8], prompt_len=1))  # cache: "3 4" -> 5 / 8
+        ctx = DraftContext(tokens=[20, 3, 4, 9, 3, 4], prompt_len=6)  # here "3 4" -> 9
+        d.reset(ctx)
+        got[choose] = paths(d.propose(ctx, TreeShape(depth=1, topk=3, budget=3)))
+    assert {(9,), (8,)} <= got["merge"]
+    assert len(got["match"]) < len(got["merge"])
+
+
+def test_an_unknown_choice_is_refused():
+    from drafters.suffix import SuffixDrafter
+
+    with pytest.raises(ValueError, match="choose"):
+        SuffixDrafter(choose="best")

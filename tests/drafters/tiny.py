@@ -44,8 +44,11 @@ def random_head(kind: str, loaded, path: Path, seed: int = 0, exit_layer: int = 
     torch.manual_seed(seed)
     vocab = loaded.model.config.vocab_size
     d2t = torch.arange(vocab - 6)
+    from drafters.heads import aux_layers
+
+    fuse = aux_layers(int(loaded.model.config.num_hidden_layers)) if kind == "eagle3" else ()
     cfg = HeadConfig.from_target(
-        loaded.model, kind, len(d2t), exit_layer=exit_layer if kind != "eagle" else 0
+        loaded.model, kind, len(d2t), exit_layer=exit_layer if kind == "early_exit" else 0, fuse_layers=fuse
     )
     head = build_head(kind, cfg, loaded.model)
     with torch.no_grad():

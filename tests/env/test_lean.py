@@ -24,7 +24,7 @@ def _lean_logits(loaded, ids: torch.Tensor) -> torch.Tensor:
     cache = RaggedCache(c.num_hidden_layers, 1, c.num_key_value_heads, c.head_dim, loaded.dtype, "cpu")
     q = ids.shape[1]
     write = Write(torch.zeros(1, q, dtype=torch.long), torch.arange(q)[None], 0, 1, q, 0)
-    return net.head(net.forward(ids, torch.arange(q)[None], cache, write, None))
+    return net.head(net.forward(ids, torch.arange(q)[None], cache, write, None)[0])
 
 
 def test_lean_logits_equal_the_transformers_model_in_fp32(fp32_model):

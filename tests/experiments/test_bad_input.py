@@ -133,6 +133,7 @@ BENCH = [
     ("workload-empty", ["bench", "--workload", "{empty}"], "has no prompts"),
     ("workload-directory", ["bench", "--workload", "{dir}"], "is a directory"),
     ("workload-garbage", ["bench", "--workload", "{garbage}"], "not a Spec-Bench question line"),
+    ("workload-code-unknown", ["bench", "--workload", "code:no_such_package_here"], "is not installed"),
     ("workload-json-list", ["bench", "--workload", "{jsonlist}"], "not a Spec-Bench question line"),
     ("workload-no-turns", ["bench", "--workload", "{jsonl_noturns}"], "not a Spec-Bench question line"),
     ("workload-empty-turn", ["bench", "--workload", "{jsonl_emptyturn}"], "first turn is empty"),
@@ -266,6 +267,8 @@ POLICY_FILES = [
 ]
 TRAIN_DRAFTER = [
     ("kind", ["train-drafter", "medusa"], "invalid choice"),
+    ("eagle3-levels-zero", ["train-drafter", "eagle3", "--levels", "0"], "must be >= 1"),
+    ("eagle3-text-negative", ["train-drafter", "eagle3", "--text-tokens", "-5"], "must be >= 0"),
     ("cpu-minutes-zero", ["train-drafter", "eagle", "--cpu-minutes", "0"], "--cpu-minutes: must be in"),
     ("cpu-minutes-negative", ["train-drafter", "eagle", "--cpu-minutes", "-1"], "--cpu-minutes: must be in"),
     ("lr-zero", ["train-drafter", "eagle", "--lr", "0"], "--lr: must be in"),

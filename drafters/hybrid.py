@@ -1,0 +1,190 @@
+"""Hybrid trees: one draft tree from two drafters within one node budget (TensorRT-LLM's EAGLE-3 + suffix automaton;
+Arctic Inference's suffix decoding switched per request against a model drafter, arXiv 2411.04975 section 4.3).
+
+Both drafters propose for the arm's shape; their trees are merged into one prefix tree (a path both propose is one
+path), and the ``shape.max_nodes`` draft nodes with the highest path probability -- either drafter's own estimate,
+the larger where both propose a node -- are kept, at most ``shape.topk`` children per node. Path probabilities only
+fall along a path, so the kept nodes always include their parents. A node without a score (a drafter that gives
+none) counts ``unscored`` per level.
+
+Before paying for the second (model) drafter, the first (cheap) one's tree is priced: when its expected accepted
+length (the sum of its node probabilities) reaches ``skip_at`` and -- for a drafter that reports it, as the suffix
+drafter does -- its suffix match is at least ``skip_match`` tokens long, its tree is proposed alone
+(SuffixDecoding's adaptive rule: a long match is strong evidence; a one-token match with a single continuation
+has probability 1 on every node and is not). The merged tree carries no draft distributions, so sampled
+verification treats it as deterministic proposals (lossless for any tree).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+import torch
+
+from drafters.base import BatchProposer, DraftContext, DrafterError, DraftTree, Feedback, Forkable, TreeShape
+
+
+def node_probs(tree: DraftTree, unscored: float) -> list[float]:
+    """Path probability of every node (the root 1): from ``scores`` (log path probabilities), else ``unscored``
+    per level."""
+    n = tree.num_nodes
+    if tree.scores is not None:
+        p = tree.scores.float().exp().tolist()
+        p[0] = 1.0
+        return p
+    parents = tree.parents.tolist()
+    out = [1.0] * n
+    for i in range(1, n):
+        out[i] = out[parents[i]] * unscored
+    return out
+
+
+def merge_trees(trees: list[DraftTree], probs: list[list[float]], shape: TreeShape) -> DraftTree:
+    """The prefix-tree union of ``trees`` (same root), cut to the ``shape.max_nodes`` most probable draft nodes,
+    ``shape.topk`` children per node and ``shape.depth`` levels. Ties keep the earlier tree's node first."""
+    # union: node key = path of tokens; value = best probability
+    best: dict[tuple[int, ...], float] = {}
+    order: dict[tuple[int, ...], int] = {}
+    root = int(trees[0].tokens[0])
+    for t, p in zip(trees, probs):
+        if int(t.tokens[0]) != root:
+            raise DrafterError("hybrid parts proposed trees with different roots")
+        toks, pars = t.tokens.tolist(), t.parents.tolist()
+        paths: list[tuple[int, ...]] = [()]
+        for i in range(1, len(toks)):
+            path = (*paths[pars[i]], int(toks[i]))
+            paths.append(path)
+            if len(path) > shape.depth:
+                continue
+            if path not in best or p[i] > best[path]:
+                best[path] = p[i]
+            order.setdefault(path, len(order))
+    # best-first from the root: a child enters only after its parent
+    kids: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for path in best:
+        kids.setdefault(path[:-1], []).append(path)
+    tokens, parents = [root], [-1]
+    scores = [0.0]
+    index: dict[tuple[int, ...], int] = {(): 0}
+    used: dict[tuple[int, ...], int] = {}
+    heap = [(-best[c], order[c], c) for c in kids.get((), [])]
+    heapq.heapify(heap)
+    budget = shape.max_nodes
+    while heap and len(tokens) - 1 < budget:
+        neg, _, path = heapq.heappop(heap)
+        parent = path[:-1]
+        if used.get(parent, 0) >= shape.topk:
+            continue
+        used[parent] = used.get(parent, 0) + 1
+        index[path] = len(tokens)
+        tokens.append(path[-1])
+        parents.append(index[parent])
+        scores.append(math.log(max(-neg, 1e-30)))
+        for c in kids.get(path, []):
+            heapq.heappush(heap, (-best[c], order[c], c))
+    return DraftTree(
+        torch.tensor(tokens, dtype=torch.long),
+        torch.tensor(parents, dtype=torch.long),
+        scores=torch.tensor(scores, dtype=torch.float32),
+    )
+
+
+class HybridDrafter:
+    """``parts``: two registered drafter names, cheap first (``"suffix,eagle3"``); ``skip_at``: expected accepted
+    length of the first tree at which the second is not asked (0: always merge), ``skip_match``: the suffix match
+    that needs too; ``unscored``: per-level
+    probability of a node without scores; ``options``: keyword options per part (``{"eagle3": {...}}``)."""
+
+    name = "hybrid"
+    exact_replay = False
+
+    def __init__(
+        self,
+        parts: str | list[str] = "suffix,eagle3",
+        skip_at: float = 2.5,
+        skip_match: int = 4,
+        unscored: float = 0.6,
+        options: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        from drafters import DRAFTERS, make_drafter
+
+        names = [p.strip() for p in parts.split(",")] if isinstance(parts, str) else list(parts)
+        if len(names) != 2 or len(set(names)) != 2 or "hybrid" in names:
+            raise DrafterError(f"hybrid needs two different drafters as parts, got {names}")
+        for n in names:
+            if n not in DRAFTERS:
+                raise DrafterError(
+                    f"unknown hybrid part {n!r}; known drafters: {', '.join(sorted(DRAFTERS))}"
+                )
+        if skip_at < 0 or skip_match < 0 or not 0.0 < unscored <= 1.0:
+            raise DrafterError(
+                f"hybrid needs skip_at >= 0, skip_match >= 0 and 0 < unscored <= 1, got {skip_at}, {skip_match}, "
+                f"{unscored}"
+            )
+        self.part_names, self.skip_at, self.unscored = names, float(skip_at), float(unscored)
+        self.skip_match = int(skip_match)
+        self.options = dict(options or {})
+        self.parts = [make_drafter(n, **self.options.get(n, {})) for n in names]
+        self.skipped = 0  # proposals where the second drafter was not asked
+
+    def fork(self) -> HybridDrafter:
+        other = HybridDrafter.__new__(HybridDrafter)
+        other.part_names, other.skip_at, other.unscored = self.part_names, self.skip_at, self.unscored
+        other.skip_match = self.skip_match
+        other.options = self.options
+        other.parts = [p.fork() if isinstance(p, Forkable) else type(p)(**self.options.get(n, {}))
+                       for p, n in zip(self.parts, self.part_names)]  # fmt: skip
+        other.skipped = 0
+        return other
+
+    def reset(self, ctx: DraftContext) -> None:
+        for p in self.parts:
+            p.reset(ctx)
+
+    def observe(self, ctx: DraftContext, feedback: Feedback) -> None:
+        for p in self.parts:
+            p.observe(ctx, feedback)
+
+    def finish(self, ctx: DraftContext) -> None:
+        for p in self.parts:
+            finish = getattr(p, "finish", None)
+            if finish is not None:
+                finish(ctx)
+
+    def propose(self, ctx: DraftContext, shape: TreeShape) -> DraftTree:
+        return self.propose_batch([(self, ctx, shape)])[0]
+
+    def propose_batch(self, items: list[tuple[HybridDrafter, DraftContext, TreeShape]]) -> list[DraftTree]:
+        """Every row's first-part tree; the second part (batched when it can) only for the rows whose first tree
+        is not strong enough alone; then the merges."""
+        first = [d.parts[0].propose(ctx, shape) for d, ctx, shape in items]
+        p_first = [node_probs(t, self.unscored) for t in first]
+
+        def strong(i: int) -> bool:
+            d = items[i][0]
+            match = getattr(d.parts[0], "last_match", None)
+            return (
+                d.skip_at > 0
+                and sum(p_first[i][1:]) >= d.skip_at
+                and (match is None or match >= d.skip_match)
+            )
+
+        ask = [i for i, (_, _, shape) in enumerate(items) if shape.depth > 0 and not strong(i)]
+        out = list(first)
+        if ask:
+            second_items = [(items[i][0].parts[1], items[i][1], items[i][2]) for i in ask]
+            lead = second_items[0][0]
+            if isinstance(lead, BatchProposer):
+                seconds = lead.propose_batch(second_items)
+            else:
+                seconds = [d.propose(ctx, shape) for d, ctx, shape in second_items]
+            for i, t2 in zip(ask, seconds):
+                out[i] = merge_trees([first[i], t2], [p_first[i], node_probs(t2, self.unscored)], items[i][2])
+        for i, (d, _, _) in enumerate(items):
+            if i not in ask:
+                d.skipped += 1
+            if out[i].draft_probs is not None:  # deterministic proposals: any tree verifies losslessly
+                out[i] = DraftTree(out[i].tokens, out[i].parents, scores=out[i].scores)
+        return out

@@ -1,0 +1,97 @@
+"""What one expansion step of a model drafter costs against a target forward at the same batch size:
+``python -m env.bench_draft`` admits ``--rows`` rows of ``--context`` tokens, then times, interleaved within every
+repetition, the target's forward of one token per row (LM head included) and the drafter's batched proposal
+(``propose_batch`` over all rows) at depths 2 .. ``--max-depth`` with ``--topk`` children per node. The cost of one
+expansion step (one head pass over every row's frontier, the projection to the draft vocabulary and the top-k) is
+the least-squares slope of proposal time over depth; a proposal at the same root is idempotent, so it repeats.
+
+    python -m env.bench_draft --drafters eagle3,eagle --rows 1,4,16 --topk 1,4 --dtype bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from env.bench_batch import _interleaved_ms
+
+
+def _slope(xs: list[int], ys: list[float]) -> float:
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def measure(loaded, drafter: str, rows: int, context: int, topk: int, max_depth: int, reps: int) -> dict:
+    from drafters import DraftTree, TreeShape, make_drafter
+    from env.batch import BatchEngine
+
+    eng = BatchEngine(loaded, rows)
+    gen = torch.Generator().manual_seed(0)
+    first = make_drafter(drafter)
+    ds = []
+    for i in range(rows):
+        d = first if i == 0 else first.fork()
+        eng.admit(torch.randint(100, 1000, (context,), generator=gen).tolist(), {drafter: d})
+        ds.append(d)
+    t = eng.target
+    ctxs = [r.ctx for r in t.rows]
+    depths = list(range(2, max_depth + 1))
+
+    def forward():
+        with torch.no_grad():
+            t.forward_trees([DraftTree.root_only(r.tokens[-1]) for r in t.rows])  # nothing committed
+
+    def proposal(depth: int):
+        shape = TreeShape(depth=depth, topk=topk, budget=depth * topk)
+        return lambda: first.propose_batch([(d, c, shape) for d, c in zip(ds, ctxs)])
+
+    ms = _interleaved_ms([forward] + [proposal(dp) for dp in depths], reps)
+    step = _slope(depths, ms[1:])
+    return {
+        "drafter": drafter,
+        "rows": rows,
+        "topk": topk,
+        "context": context,
+        "forward_ms": round(ms[0], 3),
+        "proposal_ms": {dp: round(m, 3) for dp, m in zip(depths, ms[1:])},
+        "expansion_ms": round(step, 3),
+        "expansion_vs_forward": round(step / ms[0], 4),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    from env.model import cpu_label, load_model
+
+    p = argparse.ArgumentParser(prog="python -m env.bench_draft", description=__doc__.split("\n\n")[0])
+    p.add_argument("--drafters", default="eagle3,eagle")
+    p.add_argument("--rows", default="1,4,16")
+    p.add_argument("--topk", default="1,4")
+    p.add_argument("--context", type=int, default=300)
+    p.add_argument("--max-depth", type=int, default=6)
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--dtype", default="bf16", choices=["auto", "bf16", "fp32"])
+    p.add_argument("--weights", default="dense")
+    p.add_argument("--json", default=None, help="also write the rows to this file")
+    args = p.parse_args(argv)
+    loaded = load_model(None, dtype=args.dtype, device="auto", weights=args.weights)
+    print(f"# {loaded.model_id} {args.dtype}/{args.weights} on {loaded.device}; CPU {cpu_label()}")
+    print("| drafter | rows | top-k | target forward ms | one expansion ms | expansion / forward |")
+    print("|---|---:|---:|---:|---:|---:|")
+    out = []
+    for name in [x.strip() for x in args.drafters.split(",") if x.strip()]:
+        for rows in [int(x) for x in args.rows.split(",")]:
+            for k in [int(x) for x in args.topk.split(",")]:
+                r = measure(loaded, name, rows, args.context, k, args.max_depth, args.reps)
+                out.append(r)
+                print(f"| {name} | {rows} | {k} | {r['forward_ms']:.2f} | {r['expansion_ms']:.2f} | "
+                      f"{100 * r['expansion_vs_forward']:.1f}% |", flush=True)  # fmt: skip
+    if args.json:
+        from env.files import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps({"rows": out, "cpu": cpu_label()}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

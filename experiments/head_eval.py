@@ -1,0 +1,72 @@
+"""Held-out agreement of trained heads on the same data: ``python -m experiments.head_eval --data DIR ...`` loads
+the distillation data, takes its held-out split (``drafters.train_data.split``: every 10th answered sequence, in
+windows as eagle3 trains), and scores each head -- the shipped ``eagle`` (final-norm features) and ``eagle3`` (fused
+features), or files given with ``--weights`` -- with ``drafters.train.evaluate``: top-1 agreement with the target
+per draft depth on answer tokens, and the mean accepted length of a greedy chain of ``--levels`` drafts.
+
+    python -m experiments.head_eval --data ~/.cache/draftgym/corpus/smollm2-135m-instruct-KEY/answers --levels 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    from drafters.eagle import EagleHead
+    from drafters.heads import find_head, load_head, load_state
+    from drafters.train import TrainSettings, evaluate, windows
+    from drafters.train_data import load_data, split
+    from env.model import load_model
+
+    p = argparse.ArgumentParser(prog="python -m experiments.head_eval", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", nargs="+", required=True, help="distillation data folders")
+    p.add_argument("--heads", default="eagle,eagle3", help="head kinds to score")
+    p.add_argument("--weights", nargs="*", default=[], help="head files, in the order of --heads")
+    p.add_argument("--levels", type=int, default=4)
+    p.add_argument("--window", type=int, default=512)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    loaded = load_model(None, dtype="fp32", device="cpu")
+    model = loaded.model
+    _, held = split(load_data(*[Path(d) for d in args.data]))
+    held = windows(held, args.window)
+    out = []
+    kinds = [k.strip() for k in args.heads.split(",") if k.strip()]
+    for i, kind in enumerate(kinds):
+        path = find_head(kind, loaded.model_id, args.weights[i] if i < len(args.weights) else None)
+        cfg, tensors, meta = load_head(path, kind, model, loaded.model_id)
+        head = EagleHead(cfg)
+        load_state(head, tensors, str(path))
+        head = head.float().eval()
+        d2t = tensors["d2t"]
+        w_draft = model.lm_head.weight.detach()[d2t].float()
+        st = TrainSettings(
+            kind=kind, draft_vocab=len(d2t), levels=args.levels, window=args.window, batch_size=8
+        )
+        with torch.no_grad():
+            metric = evaluate(head, held, w_draft, model.get_input_embeddings(), st)
+        tokens = [t for s in held for t in s.tokens[s.answer_start :].tolist()]
+        vocab = set(d2t.tolist())
+        cover = sum(t in vocab for t in tokens) / max(1, len(tokens))
+        row = {
+            "head": kind,
+            "file": path.name,
+            "draft_vocab": len(d2t),
+            "answer_coverage": round(cover, 4),
+            **metric,
+        }
+        out.append(row)
+        print(json.dumps(row))
+    if args.json:
+        from env.files import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

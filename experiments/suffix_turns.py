@@ -1,0 +1,170 @@
+"""The suffix drafter's cross-request cache on a workload that repeats requests of one family: MT-bench's two
+turns. Every question's first turn is answered (greedy, the batch engine, closed loop), then its second turn in the
+same conversation (user, assistant's first answer, user); the drafters are then scored on these exact greedy
+outputs in serving order -- all first turns, then all second turns -- with ``drafters.offline.greedy_tau`` (for
+drafters that read only the committed tokens it is the engine's τ, tested so): n-gram, suffix with the cache off,
+suffix with the cache on.
+
+    python -m experiments.suffix_turns --workload Spec-Bench/data/spec_bench/question.jsonl --out runs/turns
+
+Answers are cached in ``OUT/answers.json`` (a rerun after a kill generates only the missing ones); the table goes
+to stdout and ``OUT/turns.json`` (with provenance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _turns(path: str) -> list[tuple[str, str, str]]:
+    """(question id, turn 1, turn 2) of the MT-bench questions of a Spec-Bench file."""
+    from env.workloads import MT_BENCH, WorkloadError
+
+    out = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise WorkloadError(f"cannot read workload {path}: {err}") from err
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if row["category"] in MT_BENCH and len(row["turns"]) >= 2:
+                out.append((str(row["question_id"]), str(row["turns"][0]), str(row["turns"][1])))
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise WorkloadError(f"{path}:{n}: not a Spec-Bench question line ({err})") from err
+    if not out:
+        raise WorkloadError(f"{path} has no two-turn MT-bench questions")
+    return out
+
+
+def _answer(loaded, prompts: dict[str, list[int]], max_new: int, batch: int) -> dict[str, list[int]]:
+    from env.batch import BatchEngine
+    from env.engine import NO_DRAFT
+    from env.serving import Request, serve
+
+    reqs = [Request(rid, ids, NO_DRAFT, max_new) for rid, ids in prompts.items()]
+    out = serve(BatchEngine(loaded, max_rows=batch), reqs, concurrency=batch)
+    return {s.rid: list(s.token_ids) for s in out}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from experiments.args import new_tokens, positive_int
+
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.suffix_turns", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--workload", required=True, help="Spec-Bench question.jsonl (its MT-bench questions)")
+    p.add_argument("--questions", type=positive_int, default=80, help="first N two-turn questions")
+    p.add_argument("--max-new-tokens", type=new_tokens, default=128)
+    p.add_argument("--batch", type=positive_int, default=16)
+    p.add_argument("--dtype", default="bf16", choices=["auto", "bf16", "fp32"])
+    p.add_argument("--weights", default="dense", help="weight format of the target (dense, int8, int4, auto)")
+    p.add_argument("--arms", default="ngram-d8,suffix-d8,ngram-d12-k4-b24,suffix-d12-k4-b24")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    from drafters import make_drafter
+    from drafters.offline import greedy_tau
+    from env.decoder import chat_prompt
+    from env.engine import parse_arm
+    from env.files import atomic_write_text
+    from env.model import cpu_label, load_model
+    from experiments.provenance import library_versions, machine
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    arms = [parse_arm(a.strip()) for a in args.arms.split(",") if a.strip()]
+    if any(a.drafter not in ("ngram", "suffix") for a in arms):
+        print("error: --arms takes n-gram and suffix arms (drafters scored offline)", file=sys.stderr)
+        return 2
+    turns = _turns(args.workload)[: args.questions]
+    loaded = load_model(None, dtype=args.dtype, device="cpu", weights=args.weights)
+    tok = loaded.tokenizer
+    cache = out / "answers.json"
+    answers: dict[str, list[int]] = json.loads(cache.read_text()) if cache.is_file() else {}
+    t0 = time.time()
+    first = {f"{q}/1": chat_prompt(tok, t1) for q, t1, _ in turns}
+    todo = {k: v for k, v in first.items() if k not in answers}
+    if todo:
+        answers.update(_answer(loaded, todo, args.max_new_tokens, args.batch))
+        atomic_write_text(cache, json.dumps(answers))
+    second = {}
+    for q, t1, t2 in turns:
+        a1 = tok.decode(answers[f"{q}/1"], skip_special_tokens=True)
+        msgs = [
+            {"role": "user", "content": t1},
+            {"role": "assistant", "content": a1},
+            {"role": "user", "content": t2},
+        ]
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        second[f"{q}/2"] = [int(i) for i in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+    todo = {k: v for k, v in second.items() if k not in answers}
+    if todo:
+        answers.update(_answer(loaded, todo, args.max_new_tokens, args.batch))
+        atomic_write_text(cache, json.dumps(answers))
+    gen_s = time.time() - t0
+    order = [(first[k] + answers[k], len(first[k])) for k in first] + [
+        (second[k] + answers[k], len(second[k])) for k in second
+    ]
+    n1 = len(first)
+    rows = []
+    for arm in arms:
+        for cache_on in (False, True) if arm.drafter == "suffix" else (None,):
+            opts = {} if cache_on is None else {"cache_requests": 256 if cache_on else 0}
+            res = greedy_tau(make_drafter(arm.drafter, **opts), arm.shape, order)
+
+            def tau(rs):
+                return round(sum(r.committed for r in rs) / max(1, sum(r.steps for r in rs)), 3)
+
+            rows.append(
+                {
+                    "arm": arm.name,
+                    "cache": {None: "-", False: "off", True: "on"}[cache_on],
+                    "tau_turn1": tau(res[:n1]),
+                    "tau_turn2": tau(res[n1:]),
+                    "tau_all": tau(res),
+                }
+            )
+    print(f"MT-bench, {n1} questions, two turns, {args.max_new_tokens} new tokens; target {loaded.model_id} "
+          f"{args.dtype}/{args.weights}; CPU {cpu_label()}")  # fmt: skip
+    print("| arm | cross-request cache | τ turn 1 | τ turn 2 | τ all |")
+    print("|---|---|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| `{r['arm']}` | {r['cache']} | {r['tau_turn1']:.2f} | {r['tau_turn2']:.2f} | {r['tau_all']:.2f} |"
+        )
+    doc = {
+        "rows": rows,
+        "questions": n1,
+        "max_new_tokens": args.max_new_tokens,
+        "generation_s": round(gen_s, 1),
+        "provenance": {
+            "command": "python -m experiments.suffix_turns " + " ".join(sys.argv[1:]),
+            "machine": machine(),
+            "libraries": library_versions(),
+            "target": {"model_id": loaded.model_id, "dtype": args.dtype, "weights": args.weights},
+        },
+    }
+    atomic_write_text(out / "turns.json", json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    from experiments.errors import EXIT_USAGE, is_user_error, one_line
+
+    try:
+        raise SystemExit(main())
+    except Exception as err:  # noqa: BLE001 - a user's mistake is one line, anything else a traceback
+        if not is_user_error(err):
+            raise
+        print(f"suffix_turns: error: {one_line(err)}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None

@@ -1,0 +1,54 @@
+"""The eagle3 training corpus: which prompts and text it takes, and what it keeps out."""
+
+from __future__ import annotations
+
+import pytest
+
+from env.workloads import WorkloadError, code_prompts, load_workload
+from experiments.corpus import general_prompts, instruction_prompts, text_windows
+
+
+def test_instruction_prompts_keep_mt_bench_and_the_benchmark_prompts_out():
+    bench = {p.prompt_id for p in load_workload(None, per_category=2)}
+    mt = {p.prompt_id for p in load_workload(None) if p.category == "mt_bench"}
+    got = instruction_prompts(None, 2, code_limit=5, general_limit=7)
+    ids = [pid for pid, _ in got]
+    assert len(ids) == len(set(ids))
+    assert not (set(ids) & bench) and not (set(ids) & mt)
+    assert sum(pid.startswith("code-stdlib-") for pid in ids) == 5
+    assert sum(pid.startswith("general-") for pid in ids) == 7
+    assert all(text.strip() for _, text in got)
+
+
+def test_code_prompts_are_deterministic_and_held_out_sources_differ():
+    a, b = code_prompts("stdlib", limit=40), code_prompts("stdlib", limit=40)
+    assert a == b and len(a) == 40
+    assert all(t.startswith("Write a Python function `") for _, t in a)
+    held = code_prompts("numpy", limit=40)
+    assert held and not ({pid for pid, _ in held} & {pid for pid, _ in code_prompts("stdlib", limit=10_000)})
+
+
+def test_code_workloads_and_their_errors():
+    w = load_workload("code:numpy", per_category=3)
+    assert [p.category for p in w] == ["code"] * 3
+    with pytest.raises(WorkloadError, match="is not installed"):
+        load_workload("code:no_such_package_here")
+    with pytest.raises(WorkloadError, match="unknown categories"):
+        load_workload("code:numpy", categories=["qa"])
+
+
+def test_general_prompts_spread_over_templates_and_topics():
+    g = general_prompts(20)
+    assert len({pid for pid, _ in g}) == 20
+    assert len({pid.split("-")[1] for pid, _ in g}) == 10  # every template among the first 20
+
+
+def test_text_windows_are_fixed_size_and_bounded():
+    class Tok:
+        def encode(self, text):
+            return [ord(c) % 97 for c in text]
+
+    w = list(text_windows(Tok(), 5000, window=256))
+    assert sum(len(ids) for _, ids in w) >= 5000 > sum(len(ids) for _, ids in w[:-1])
+    assert all(64 <= len(ids) <= 256 for _, ids in w)
+    assert w == list(text_windows(Tok(), 5000, window=256))
