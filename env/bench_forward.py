@@ -7,6 +7,10 @@ ms, all timed in turn within every repetition. ``--compiled`` adds each format t
 
     python -m env.bench_forward --q 1,4,8,16,32 --context 300 --dtype bf16 --weights dense,int8,int4
     python -m env.bench_forward --q 1,4,8 --weights dense,int4 --compiled --prefill 250
+    python -m env.bench_forward --q 1,16 --rows 8 --weights dense,int4 --prefill 700 --wide-native
+
+``--wide-native`` adds each format with wide products (128 rows or more) in the activation dtype, as if
+``DRAFTGYM_WIDE_MATMUL=native`` (``kernels.quant.wide_in_fp32``), timed in turn with the probed setting.
 """
 
 from __future__ import annotations
@@ -80,6 +84,22 @@ def hf_prefill(loaded, n: int):
     return step
 
 
+def _natively(step, dtype: torch.dtype):
+    """``step`` with wide products in the activation dtype (the probe's decision put back after each call)."""
+    from kernels import quant
+
+    def run():
+        quant.wide_in_fp32(dtype)  # the probed setting, decided before it is overridden
+        saved = quant._wide.get(dtype)
+        quant._wide[dtype] = False
+        try:
+            step()
+        finally:
+            quant._wide[dtype] = saved  # type: ignore[assignment]
+
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     from env.model import ModelError, cpu_label, load_model
 
@@ -94,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compiled", action="store_true", help="also each format through torch.compile")
     ap.add_argument(
         "--prefill", type=int, default=0, help="also time the prefill of a prompt of this many tokens"
+    )
+    ap.add_argument(
+        "--wide-native",
+        action="store_true",
+        help="also each format with wide products in the activation dtype",
     )
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--model", default=None)
@@ -110,15 +135,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}")
         return 2
     torch.manual_seed(0)
-    names = ["hf", *variants]
+    names = ["hf", *variants, *(f"{n}-native" for n in variants if args.wide_native)]
+
+    def engines(make, *shape):
+        fns = [make(v, *shape) for v in variants.values()]
+        return fns + (
+            [_natively(make(v, *shape), base.dtype) for v in variants.values()] if args.wide_native else []
+        )
+
     table = []
     for q in qs:
-        fns = [hf_forward(base, args.rows, args.context, q)]
-        fns += [engine_forward(v, args.rows, args.context, q) for v in variants.values()]
+        fns = [
+            hf_forward(base, args.rows, args.context, q),
+            *engines(engine_forward, args.rows, args.context, q),
+        ]
         ms = _interleaved_ms(fns, args.reps)
         table.append({"q": q, **dict(zip(names, ms))})
     if args.prefill:
-        fns = [hf_prefill(base, args.prefill)] + [engine_prefill(v, args.prefill) for v in variants.values()]
+        fns = [hf_prefill(base, args.prefill), *engines(engine_prefill, args.prefill)]
         table.append(
             {"q": f"prefill {args.prefill}", **dict(zip(names, _interleaved_ms(fns, max(3, args.reps // 4))))}
         )

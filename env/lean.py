@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kernels.quant import GROUP, QLinear, int4_fits, q4_1_blocks
+from kernels.quant import GROUP, WIDE_ROWS, QLinear, int4_fits, q4_1_blocks, wide_in_fp32
 
 # config.model_type values the lean forward reproduces (full causal attention; see env.batch.check_architecture)
 LEAN_TYPES = ("llama", "qwen2", "mistral")
@@ -75,6 +75,8 @@ class LeanLlama:
         self.q_size = self.heads * self.head_dim
         self.kv_size = self.kv_heads * self.head_dim
         self.inter = int(cfg["intermediate_size"])
+        # a constant for torch.compile (a comparison of ints is symbolic under dynamic shapes)
+        self.gqa = bool(self.kv_heads != self.heads)
         self._compiled: Any = None
 
     # ---- building ----
@@ -186,8 +188,11 @@ class LeanLlama:
         # a single row's nodes go to consecutive slots: a slice copy instead of an indexed write
         at = int(write.slots[0, 0]) if b == 1 else -1
         run = self._layers if self._compiled is None else self._compiled
+        tap = tuple(i + 1 in aux for i in range(len(self.layers))) if aux else ()
+        # a wide forward (a prefill chunk) attends in fp32 where wide products run faster so (kernels.quant)
+        wide = b * q >= WIDE_ROWS and self.dtype != torch.float32 and wide_in_fp32(self.dtype)
         x, taps = run(x, cos, sin, mask, causal, cache.k, cache.v, write.rows, write.slots, write.lo, write.hi,
-                      write.span, at, aux)  # fmt: skip
+                      write.span, at, tap, wide)  # fmt: skip
         return self._rms(x, self.norm), (torch.cat(taps, dim=-1) if taps else None)
 
     def compile(self) -> None:
@@ -201,16 +206,22 @@ class LeanLlama:
         self._compiled = torch.compile(self._layers, dynamic=True)
 
     def _layers(self, x, cos, sin, mask, causal: bool, ks_cache, vs_cache, rows, slots, lo: int, hi: int,
-                span: int, at: int, aux: tuple[int, ...] = ()):  # fmt: skip
+                span: int, at: int, tap: tuple[bool, ...] = (), wide: bool = False):  # fmt: skip
+        """``tap``: per layer, whether to keep the residual stream after it (bools: under torch.compile with dynamic
+        shapes a membership test over a tuple of ints is traced wrongly, always False). ``wide``: attention in
+        fp32. A causal forward (a whole prompt from position 0) attends over its own keys and values, the very
+        values written to the cache, without reading them back."""
         b, q = x.shape[0], x.shape[1]
         taps = []
         hd, nq, nk = self.head_dim, self.q_size, self.kv_size
         nh = self.heads + self.kv_heads
+        half = hd // 2
+        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half's sign, folded into sin
         for i, L in enumerate(self.layers):
             h = self._rms(x, L.ln1)
             qkv = L.qkv(h)
             qk = qkv[..., : nq + nk].view(b, q, nh, hd).transpose(1, 2)  # rotary on q and k heads at once
-            qk = qk * cos + _rotate_half(qk) * sin
+            qk = qk * cos + qk.roll(half, -1) * sin  # = qk * cos + rotate_half(qk) * sin, value for value
             qs, ks = qk[:, : self.heads], qk[:, self.heads :]
             vs = qkv[..., nq + nk :].view(b, q, self.kv_heads, hd)
             kc, vc = ks_cache[i], vs_cache[i]
@@ -220,21 +231,21 @@ class LeanLlama:
             else:
                 kc[rows, :, slots] = ks.transpose(1, 2)
                 vc[rows, :, slots] = vs
+            if causal:
+                keys, vals = ks, vs.transpose(1, 2)
+            else:
+                keys, vals = kc[lo:hi, :, :span], vc[lo:hi, :, :span]
+            if wide:
+                qs, keys, vals = qs.float(), keys.float(), vals.float()
             a = F.scaled_dot_product_attention(
-                qs, kc[lo:hi, :, :span], vc[lo:hi, :, :span], attn_mask=mask, is_causal=causal,
-                scale=self.scale, enable_gqa=self.kv_heads != self.heads,
-            )  # fmt: skip
+                qs, keys, vals, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=self.gqa
+            ).to(x.dtype)
             x = x + L.o(a.transpose(1, 2).reshape(b, q, nq))
             gu = L.gate_up(self._rms(x, L.ln2))
             x = x + L.down(F.silu(gu[..., : self.inter]) * gu[..., self.inter :])
-            if i + 1 in aux:
+            if tap and tap[i]:
                 taps.append(x)
         return x, taps
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
 # ---- the GGUF's own int4 blocks ----

@@ -293,6 +293,14 @@ def load_model(
         raise ModelError(f"unknown forward {forward!r}; valid: lean, compiled, hf")
     if fmt != "dense" and forward == "hf":
         raise ModelError(f"--weights {weights} needs the lean forward (--forward lean)")
+    from kernels import quant
+
+    try:
+        quant.wide_mode()  # how wide products run (kernels.quant): a bad setting is refused before any work
+    except quant.QuantError as err:
+        raise ModelError(str(err)) from err
+    if quant.WIDE_STORE is None:  # the probe's decision, kept per machine beside the converted models
+        quant.WIDE_STORE = cache_dir() / "wide_products.json"
     if model in (None, "", DEFAULT_MODEL):
         folder, model_id = embedded_model_folder(), DEFAULT_MODEL
     else:

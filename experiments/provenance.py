@@ -43,6 +43,9 @@ def machine() -> dict[str, object]:
     }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
+    from kernels.quant import wide_setting
+
+    info["wide_products_in_fp32"] = wide_setting()  # per activation dtype, as probed (kernels.quant)
     return info
 
 

@@ -11,12 +11,130 @@ GGUF's own quantization, kept instead of requantizing a dequantized copy. Activa
 
 from __future__ import annotations
 
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 FORMATS = ("dense", "int8", "int4")
 GROUP = 32  # int4 group size: one Q4_1 block
+
+# ---- wide products (a prefill chunk, a wide verify): on a CPU without a fast bf16 GEMM (AVX-512 BF16 without AMX
+# measured: a [700 x 576] x [576 x 3072] product takes 16.2 ms in bf16 and 9.7 ms in fp32, casts included) a product
+# of many rows runs faster in fp32. Probed once per process and dtype; DRAFTGYM_WIDE_MATMUL=native|fp32 decides.
+WIDE_ENV = "DRAFTGYM_WIDE_MATMUL"
+WIDE_ROWS = (
+    128  # rows of activations from which a product counts as wide (a quantized layer: its fp32 copy kept)
+)
+WIDE_ROWS_DENSE = (
+    512  # a dense layer casts its weight for each product: pays only with more rows (a long prompt)
+)
+WIDE_GAIN = 1.2  # fp32 must be this much faster in the probe to be used
+_wide: dict[torch.dtype, bool] = {}
+# where probed decisions are kept per machine (CPU, torch version, dtype), so that every process on a machine
+# decides alike and probes once; set by the model loader (env.model), None: probe in each process
+WIDE_STORE: Path | None = None
+
+
+class QuantError(ValueError):
+    """A weight-format setting that cannot be used (reported in one line)."""
+
+
+def _probe_ms(fns, reps: int = 7, warm: int = 3) -> list[float]:
+    """Median ms of each function, timed in turn (after ``warm`` untimed calls each: a fresh process's first
+    products pay for thread start-up and kernel selection)."""
+    for fn in fns:
+        for _ in range(warm):
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, ts in zip(fns, times):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return [statistics.median(ts) * 1e3 for ts in times]
+
+
+def wide_mode() -> str:
+    """The ``DRAFTGYM_WIDE_MATMUL`` setting: auto (default), native or fp32; ``QuantError`` for anything else
+    (a model load checks it up front)."""
+    how = os.environ.get(WIDE_ENV, "auto").strip().lower() or "auto"
+    if how not in ("auto", "native", "fp32"):
+        raise QuantError(f"{WIDE_ENV}={how!r}: valid values are auto, native, fp32")
+    return how
+
+
+def wide_in_fp32(dtype: torch.dtype) -> bool:
+    """Whether wide products of ``dtype`` activations run in fp32 on this CPU (never for fp32 itself): the
+    ``DRAFTGYM_WIDE_MATMUL`` setting (``native``: never, ``fp32``: always), else a probe timed once per process (a
+    256 x 1024 x 2048 product natively and in fp32, the activations' cast included; fp32 taken when ``WIDE_GAIN``
+    times faster: the GEMM's own speed, which decides, not the cast of a weight)."""
+    if dtype == torch.float32:
+        return False
+    if dtype not in _wide:
+        how = wide_mode()
+        key = _machine_key(dtype)
+        stored = _stored_decisions().get(key) if how == "auto" else None
+        if isinstance(stored, bool):
+            _wide[dtype] = stored
+        elif how == "auto":
+            gen = torch.Generator().manual_seed(0)
+            x = torch.randn(2 * WIDE_ROWS, 1024, generator=gen).to(dtype)
+            w = torch.randn(2048, 1024, generator=gen).to(dtype)
+            w32 = w.float()
+            native, fp32 = _probe_ms([lambda: F.linear(x, w), lambda: F.linear(x.float(), w32).to(dtype)])
+            _wide[dtype] = native >= WIDE_GAIN * fp32
+            _store_decision(key, _wide[dtype])
+        else:
+            _wide[dtype] = how == "fp32"
+    return _wide[dtype]
+
+
+def _machine_key(dtype: torch.dtype) -> str:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cap = torch.backends.cpu.get_cpu_capability()
+    return f"{model}|{cap}|{torch.get_num_threads()} threads|torch {torch.__version__}|{dtype}"
+
+
+def _stored_decisions() -> dict[str, object]:
+    """The kept decisions (a JSON object of booleans; anything else in the file is ignored, and probed again)."""
+    if WIDE_STORE is None:
+        return {}
+    try:
+        data = json.loads(WIDE_STORE.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, bool)} if isinstance(data, dict) else {}
+
+
+def _store_decision(key: str, value: bool) -> None:
+    if WIDE_STORE is None:
+        return
+    try:
+        data = {**_stored_decisions(), key: value}
+        WIDE_STORE.parent.mkdir(parents=True, exist_ok=True)
+        tmp = WIDE_STORE.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        tmp.replace(WIDE_STORE)
+    except OSError:
+        pass  # a cache that cannot be written: probed again next time
+
+
+def wide_setting() -> dict[str, bool]:
+    """What the probe decided so far, per activation dtype (for a result's provenance)."""
+    return {str(k).removeprefix("torch."): v for k, v in _wide.items()}
 
 
 def int4_fits(out_features: int, in_features: int) -> bool:
@@ -35,6 +153,7 @@ class QLinear:
         self.weight: torch.Tensor | None = parts.get("weight")
         self.qweight: torch.Tensor | None = parts.get("qweight")
         self.scales: torch.Tensor | None = parts.get("scales")
+        self._w32: torch.Tensor | None = None  # the fp32 weight of wide products (quantized: built once)
 
     # ---- builders ----
     @staticmethod
@@ -140,7 +259,47 @@ class QLinear:
         parts = [self.weight, self.qweight, self.scales, self.bias]
         return sum(int(p.numel() * p.element_size()) for p in parts if p is not None)
 
+    def weight_fp32(self) -> torch.Tensor:
+        """The weight [N, K] in fp32, exactly as the kernels apply it (int4: ``(q - 8) * scale + zero`` with this
+        layer's scales; int8: ``q * scale``); quantized formats keep it once built (wide products reuse it)."""
+        if self.fmt == "dense":
+            return self.weight.float()  # type: ignore[union-attr]
+        if self._w32 is None:
+            if self.fmt == "int8":
+                self._w32 = self.qweight.float() * self.scales.float()[:, None]  # type: ignore[union-attr]
+            else:
+                sz = self.scales.float()  # type: ignore[union-attr]  # [K/32, N, 2]
+                scale = sz[..., 0].t().repeat_interleave(GROUP, dim=1)
+                zero = sz[..., 1].t().repeat_interleave(GROUP, dim=1)
+                self._w32 = ((self._codes() - 8).float() * scale + zero).contiguous()
+        return self._w32
+
+    def _through_kernel(self, cols: int) -> torch.Tensor:
+        """``q - 8`` [N, cols] of the first ``cols`` inputs, read through the kernel with unit scales (small
+        integers: exact in bf16)."""
+        unit = torch.zeros_like(self.scales, dtype=torch.bfloat16)  # type: ignore[arg-type]
+        unit[..., 0] = 1
+        eye = torch.eye(cols, self.k, dtype=torch.bfloat16)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.qweight, GROUP, unit).t().float()
+
+    def _codes(self) -> torch.Tensor:
+        """The int4 codes q (0..15) [N, K]: unpacked from the CPU kernel's layout (blocks of 64 output channels,
+        per input a byte of channel j and j + 32) when it is that layout, which the kernel itself confirms on the
+        first 32 inputs; else all read through the kernel (slower: a K-row product)."""
+        n, k = self.n, self.k
+        if n % 64 == 0 and self.qweight.numel() == n * k // 2:  # type: ignore[union-attr]
+            p = self.qweight.reshape(n // 64, k, 32)  # type: ignore[union-attr]
+            q = torch.cat([p & 15, p >> 4], dim=2).permute(0, 2, 1).reshape(n, k).to(torch.int32)
+            if torch.equal(q[:, :32].float() - 8, self._through_kernel(32)):
+                return q
+        return self._through_kernel(k).to(torch.int32) + 8
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = WIDE_ROWS_DENSE if self.fmt == "dense" else WIDE_ROWS
+        wide = x.dtype != torch.float32 and x.numel() >= rows * self.k and x.device.type == "cpu"
+        if wide and wide_in_fp32(x.dtype):  # many rows: in fp32 where that runs faster (see wide_in_fp32)
+            b = None if self.bias is None else self.bias.float()
+            return F.linear(x.float(), self.weight_fp32(), b).to(x.dtype)
         if self.fmt == "dense":
             return F.linear(x, self.weight, self.bias)  # type: ignore[arg-type]
         shape = x.shape
