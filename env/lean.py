@@ -189,8 +189,9 @@ class LeanLlama:
         at = int(write.slots[0, 0]) if b == 1 else -1
         run = self._layers if self._compiled is None else self._compiled
         tap = tuple(i + 1 in aux for i in range(len(self.layers))) if aux else ()
-        # a wide forward (a prefill chunk) attends in fp32 where wide products run faster so (kernels.quant)
-        wide = b * q >= WIDE_ROWS and self.dtype != torch.float32 and wide_in_fp32(self.dtype)
+        # a wide forward (a prefill chunk) on the CPU attends in fp32 where wide products run faster so (kernels.quant)
+        wide = b * q >= WIDE_ROWS and ids.device.type == "cpu" and self.dtype != torch.float32
+        wide = wide and wide_in_fp32(self.dtype)
         x, taps = run(x, cos, sin, mask, causal, cache.k, cache.v, write.rows, write.slots, write.lo, write.hi,
                       write.span, at, tap, wide)  # fmt: skip
         return self._rms(x, self.norm), (torch.cat(taps, dim=-1) if taps else None)
