@@ -26,17 +26,10 @@ import torch
 
 
 def _interleaved_ms(fns, reps: int) -> list[float]:
-    """Median ms of each function, timed in turn within every repetition (a drift of the machine's speed hits
-    them alike)."""
-    for fn in fns:
-        fn()  # warm-up
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, ts in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-    return [1e3 * statistics.median(ts) for ts in times]
+    """Median ms of each function, timed in turn within every repetition (``kernels.timing.interleaved_ms``)."""
+    from kernels.timing import interleaved_ms
+
+    return interleaved_ms(fns, reps)
 
 
 def raw_forward(loaded, rows: int, context: int):

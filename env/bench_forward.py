@@ -89,13 +89,12 @@ def _natively(step, dtype: torch.dtype):
     from kernels import quant
 
     def run():
-        quant.wide_in_fp32(dtype)  # the probed setting, decided before it is overridden
-        saved = quant._wide.get(dtype)
-        quant._wide[dtype] = False
+        saved = quant.wide_in_fp32(dtype)  # the probed or kept setting, decided before it is overridden
+        quant.decide_wide(dtype, False)
         try:
             step()
         finally:
-            quant._wide[dtype] = saved  # type: ignore[assignment]
+            quant.decide_wide(dtype, saved)
 
     return run
 

@@ -8,6 +8,7 @@ read the folder in about a second.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -276,6 +277,41 @@ def with_weights(loaded: LoadedModel, fmt: str | None) -> LoadedModel:
     return loaded.derived[key]
 
 
+WIDE_FILE = "wide_products.json"  # in cache_dir(): the wide-product probe's decision per machine
+
+
+def settle_wide(dtype: torch.dtype) -> bool:
+    """Whether wide products of ``dtype`` run in fp32 here (``kernels.quant.wide_in_fp32``), decided once per
+    machine: read from ``cache_dir()/wide_products.json`` (keyed by CPU, its bf16 flags, torch version, threads
+    and dtype), else probed and kept there, so every process on a machine computes alike. Under
+    ``DRAFTGYM_WIDE_MATMUL=native|fp32`` the setting decides and nothing is read or kept. A damaged or foreign
+    file is ignored (probed again and rewritten); one that cannot be written is no error."""
+    from kernels import quant
+
+    if quant.wide_mode() != "auto":
+        return quant.wide_in_fp32(dtype)
+    if quant.wide_decided(dtype) is not None:
+        return bool(quant.wide_decided(dtype))
+    from env.files import atomic_write_text
+
+    cap, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
+    key = f"{cpu_label()}|{cap}|{threads} threads|torch {torch.__version__}|{dtype}"
+    path = cache_dir() / WIDE_FILE
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        kept = {}
+    kept = {k: v for k, v in kept.items() if isinstance(v, bool)} if isinstance(kept, dict) else {}
+    if key in kept:
+        quant.decide_wide(dtype, kept[key])
+        return kept[key]
+    value = quant.probe_wide(dtype)
+    quant.decide_wide(dtype, value)
+    with contextlib.suppress(OSError):  # a folder that cannot be written: probed again next time
+        atomic_write_text(path, json.dumps({**kept, key: value}, indent=1))
+    return value
+
+
 def load_model(
     model: str | None = None,
     *,
@@ -299,8 +335,8 @@ def load_model(
         quant.wide_mode()  # how wide products run (kernels.quant): a bad setting is refused before any work
     except quant.QuantError as err:
         raise ModelError(str(err)) from err
-    if quant.WIDE_STORE is None:  # the probe's decision, kept per machine beside the converted models
-        quant.WIDE_STORE = cache_dir() / "wide_products.json"
+    if dev.type == "cpu" and torch_dtype != torch.float32:
+        settle_wide(torch_dtype)
     if model in (None, "", DEFAULT_MODEL):
         folder, model_id = embedded_model_folder(), DEFAULT_MODEL
     else:

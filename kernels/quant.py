@@ -11,53 +11,32 @@ GGUF's own quantization, kept instead of requantizing a dequantized copy. Activa
 
 from __future__ import annotations
 
-import json
 import os
-import statistics
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kernels.timing import interleaved_ms
+
 FORMATS = ("dense", "int8", "int4")
 GROUP = 32  # int4 group size: one Q4_1 block
 
-# ---- wide products (a prefill chunk, a wide verify): on a CPU without a fast bf16 GEMM (AVX-512 BF16 without AMX
-# measured: a [700 x 576] x [576 x 3072] product takes 16.2 ms in bf16 and 9.7 ms in fp32, casts included) a product
-# of many rows runs faster in fp32. Probed once per process and dtype; DRAFTGYM_WIDE_MATMUL=native|fp32 decides.
+# ---- wide products (a prefill chunk, a wide verify): on a CPU without a fast bf16 GEMM (AVX-512 BF16 without AMX:
+# see the README's "Wide products in fp32", `python -m env.bench_forward --wide-native`) a product of many rows runs
+# faster in fp32. DRAFTGYM_WIDE_MATMUL=native|fp32 decides; else a probe (`probe_wide`), which the model loader
+# keeps per machine (env.model).
 WIDE_ENV = "DRAFTGYM_WIDE_MATMUL"
-WIDE_ROWS = (
-    128  # rows of activations from which a product counts as wide (a quantized layer: its fp32 copy kept)
-)
+WIDE_ROWS = 128  # rows from which a quantized layer's product is wide (its fp32 weight kept once built)
 WIDE_ROWS_DENSE = (
     512  # a dense layer casts its weight for each product: pays only with more rows (a long prompt)
 )
 WIDE_GAIN = 1.2  # fp32 must be this much faster in the probe to be used
 _wide: dict[torch.dtype, bool] = {}
-# where probed decisions are kept per machine (CPU, torch version, dtype), so that every process on a machine
-# decides alike and probes once; set by the model loader (env.model), None: probe in each process
-WIDE_STORE: Path | None = None
 
 
 class QuantError(ValueError):
     """A weight-format setting that cannot be used (reported in one line)."""
-
-
-def _probe_ms(fns, reps: int = 7, warm: int = 3) -> list[float]:
-    """Median ms of each function, timed in turn (after ``warm`` untimed calls each: a fresh process's first
-    products pay for thread start-up and kernel selection)."""
-    for fn in fns:
-        for _ in range(warm):
-            fn()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, ts in zip(fns, times):
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-    return [statistics.median(ts) * 1e3 for ts in times]
 
 
 def wide_mode() -> str:
@@ -69,67 +48,38 @@ def wide_mode() -> str:
     return how
 
 
+def probe_wide(dtype: torch.dtype) -> bool:
+    """Whether a 256 x 1024 x 2048 product of ``dtype`` activations runs ``WIDE_GAIN`` times faster in fp32 (the
+    activations' cast included) than natively, both timed in turn after warm-up calls: the GEMM's own speed."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2 * WIDE_ROWS, 1024, generator=gen).to(dtype)
+    w = torch.randn(2048, 1024, generator=gen).to(dtype)
+    w32 = w.float()
+    native, fp32 = interleaved_ms(
+        [lambda: F.linear(x, w), lambda: F.linear(x.float(), w32).to(dtype)], 7, warm=3
+    )
+    return native >= WIDE_GAIN * fp32
+
+
+def decide_wide(dtype: torch.dtype, value: bool) -> None:
+    """Set the decision for ``dtype`` (a kept one, read by the model loader)."""
+    _wide[dtype] = bool(value)
+
+
+def wide_decided(dtype: torch.dtype) -> bool | None:
+    return _wide.get(dtype)
+
+
 def wide_in_fp32(dtype: torch.dtype) -> bool:
     """Whether wide products of ``dtype`` activations run in fp32 on this CPU (never for fp32 itself): the
-    ``DRAFTGYM_WIDE_MATMUL`` setting (``native``: never, ``fp32``: always), else a probe timed once per process (a
-    256 x 1024 x 2048 product natively and in fp32, the activations' cast included; fp32 taken when ``WIDE_GAIN``
-    times faster: the GEMM's own speed, which decides, not the cast of a weight)."""
+    ``DRAFTGYM_WIDE_MATMUL`` setting (``native``: never, ``fp32``: always), else the decision set by
+    ``decide_wide``, else ``probe_wide`` once per process."""
     if dtype == torch.float32:
         return False
     if dtype not in _wide:
         how = wide_mode()
-        key = _machine_key(dtype)
-        stored = _stored_decisions().get(key) if how == "auto" else None
-        if isinstance(stored, bool):
-            _wide[dtype] = stored
-        elif how == "auto":
-            gen = torch.Generator().manual_seed(0)
-            x = torch.randn(2 * WIDE_ROWS, 1024, generator=gen).to(dtype)
-            w = torch.randn(2048, 1024, generator=gen).to(dtype)
-            w32 = w.float()
-            native, fp32 = _probe_ms([lambda: F.linear(x, w), lambda: F.linear(x.float(), w32).to(dtype)])
-            _wide[dtype] = native >= WIDE_GAIN * fp32
-            _store_decision(key, _wide[dtype])
-        else:
-            _wide[dtype] = how == "fp32"
+        _wide[dtype] = probe_wide(dtype) if how == "auto" else how == "fp32"
     return _wide[dtype]
-
-
-def _machine_key(dtype: torch.dtype) -> str:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cap = torch.backends.cpu.get_cpu_capability()
-    return f"{model}|{cap}|{torch.get_num_threads()} threads|torch {torch.__version__}|{dtype}"
-
-
-def _stored_decisions() -> dict[str, object]:
-    """The kept decisions (a JSON object of booleans; anything else in the file is ignored, and probed again)."""
-    if WIDE_STORE is None:
-        return {}
-    try:
-        data = json.loads(WIDE_STORE.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(v, bool)} if isinstance(data, dict) else {}
-
-
-def _store_decision(key: str, value: bool) -> None:
-    if WIDE_STORE is None:
-        return
-    try:
-        data = {**_stored_decisions(), key: value}
-        WIDE_STORE.parent.mkdir(parents=True, exist_ok=True)
-        tmp = WIDE_STORE.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        tmp.replace(WIDE_STORE)
-    except OSError:
-        pass  # a cache that cannot be written: probed again next time
 
 
 def wide_setting() -> dict[str, bool]:

@@ -19,7 +19,6 @@ from kernels.quant import GROUP, WIDE_ENV, WIDE_ROWS_DENSE, QLinear, QuantError,
 def setting(monkeypatch):
     """Set ``DRAFTGYM_WIDE_MATMUL`` for one test (the per-process decision is forgotten before and after)."""
     monkeypatch.setattr(quant, "_wide", {})
-    monkeypatch.setattr(quant, "WIDE_STORE", None)
 
     def put(value: str) -> None:
         monkeypatch.setenv(WIDE_ENV, value)
@@ -84,20 +83,28 @@ def test_the_probe_decides_once_per_process(setting):
 
 
 def test_the_decision_is_kept_per_machine_and_a_bad_store_is_ignored(setting, tmp_path, monkeypatch):
-    store = tmp_path / "wide_products.json"
-    monkeypatch.setattr(quant, "WIDE_STORE", store)
+    """The model loader's ``settle_wide``: probed once per machine and kept in the cache folder; a kept decision
+    is followed; a damaged or foreign file is probed again and rewritten."""
+    from env.model import WIDE_FILE, settle_wide
+
+    monkeypatch.setenv("DRAFTGYM_CACHE", str(tmp_path))
+    store = tmp_path / WIDE_FILE
     setting("auto")
-    first = wide_in_fp32(torch.bfloat16)
+    first = settle_wide(torch.bfloat16)
     kept = json.loads(store.read_text())
     assert list(kept.values()) == [first] and "bfloat16" in next(iter(kept))
+    assert wide_in_fp32(torch.bfloat16) is first
     store.write_text(json.dumps({k: not first for k in kept}))  # another process decided otherwise: followed
     quant._wide.clear()
-    assert wide_in_fp32(torch.bfloat16) is (not first)
+    assert settle_wide(torch.bfloat16) is (not first) and wide_in_fp32(torch.bfloat16) is (not first)
     for bad in ("{{{ not json", '["a list"]', json.dumps({k: "yes" for k in kept})):
-        store.write_text(bad)  # damaged or foreign: probed again and rewritten
+        store.write_text(bad)
         quant._wide.clear()
-        assert isinstance(wide_in_fp32(torch.bfloat16), bool)
+        assert isinstance(settle_wide(torch.bfloat16), bool)
         assert all(isinstance(v, bool) for v in json.loads(store.read_text()).values())
+    setting("native")  # a setting decides: nothing read
+    store.write_text(json.dumps({k: True for k in kept}))
+    assert settle_wide(torch.bfloat16) is False
 
 
 def test_a_bad_setting_is_a_user_error_in_one_line(setting, capsys):
