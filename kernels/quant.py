@@ -12,6 +12,7 @@ GGUF's own quantization, kept instead of requantizing a dequantized copy. Activa
 from __future__ import annotations
 
 import os
+import weakref
 
 import numpy as np
 import torch
@@ -27,10 +28,10 @@ GROUP = 32  # int4 group size: one Q4_1 block
 # faster in fp32. DRAFTGYM_WIDE_MATMUL=native|fp32 decides; else a probe (`probe_wide`), which the model loader
 # keeps per machine (env.model).
 WIDE_ENV = "DRAFTGYM_WIDE_MATMUL"
-WIDE_ROWS = 128  # rows from which a quantized layer's product is wide (its fp32 weight kept once built)
-WIDE_ROWS_DENSE = (
-    512  # a dense layer casts its weight for each product: pays only with more rows (a long prompt)
-)
+WIDE_ROWS = 128  # rows from which a product is wide (the layer's fp32 weight kept once built)
+WIDE_ROWS_DENSE = 512  # a dense layer without a kept fp32 copy casts its weight per product: pays from here
+DENSE_FP32_BUDGET = 2 << 30  # bytes of fp32 copies of dense weights kept per process (the embedded model: 0.5 GB)
+_dense_kept = [0]  # bytes of those copies alive now
 WIDE_GAIN = 1.2  # fp32 must be this much faster in the probe to be used
 _wide: dict[torch.dtype, bool] = {}
 
@@ -211,9 +212,17 @@ class QLinear:
 
     def weight_fp32(self) -> torch.Tensor:
         """The weight [N, K] in fp32, exactly as the kernels apply it (int4: ``(q - 8) * scale + zero`` with this
-        layer's scales; int8: ``q * scale``); quantized formats keep it once built (wide products reuse it)."""
+        layer's scales; int8: ``q * scale``); kept once built (wide products reuse it): always for quantized
+        formats, for dense ones within ``DENSE_FP32_BUDGET`` (see ``keeps_fp32``)."""
         if self.fmt == "dense":
-            return self.weight.float()  # type: ignore[union-attr]
+            if self.weight.dtype == torch.float32:  # type: ignore[union-attr]
+                return self.weight  # type: ignore[return-value]
+            if self._w32 is None and self.keeps_fp32():
+                self._w32 = self.weight.float().contiguous()  # type: ignore[union-attr]
+                size = self._w32.nbytes
+                _dense_kept[0] += size
+                weakref.finalize(self, _release_dense, size)
+            return self.weight.float() if self._w32 is None else self._w32  # type: ignore[union-attr]
         if self._w32 is None:
             if self.fmt == "int8":
                 self._w32 = self.qweight.float() * self.scales.float()[:, None]  # type: ignore[union-attr]
@@ -223,6 +232,13 @@ class QLinear:
                 zero = sz[..., 1].t().repeat_interleave(GROUP, dim=1)
                 self._w32 = ((self._codes() - 8).float() * scale + zero).contiguous()
         return self._w32
+
+    def keeps_fp32(self) -> bool:
+        """Whether wide products read a kept fp32 weight: always for quantized formats; for a dense one while the
+        copies of all dense layers fit ``DENSE_FP32_BUDGET`` (beyond it, the weight is cast for each product)."""
+        if self.fmt != "dense" or self._w32 is not None:
+            return True
+        return _dense_kept[0] + 4 * self.n * self.k <= DENSE_FP32_BUDGET
 
     def _through_kernel(self, cols: int) -> torch.Tensor:
         """``q - 8`` [N, cols] of the first ``cols`` inputs, read through the kernel with unit scales (small
@@ -245,7 +261,7 @@ class QLinear:
         return self._through_kernel(k).to(torch.int32) + 8
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = WIDE_ROWS_DENSE if self.fmt == "dense" else WIDE_ROWS
+        rows = WIDE_ROWS if self.keeps_fp32() else WIDE_ROWS_DENSE
         wide = x.dtype != torch.float32 and x.numel() >= rows * self.k and x.device.type == "cpu"
         if wide and wide_in_fp32(x.dtype):  # many rows: in fp32 where that runs faster (see wide_in_fp32)
             b = None if self.bias is None else self.bias.float()
@@ -261,6 +277,10 @@ class QLinear:
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.n)
+
+
+def _release_dense(size: int) -> None:
+    _dense_kept[0] -= size
 
 
 def q4_1_blocks(raw: np.ndarray, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -67,6 +67,34 @@ def test_a_wide_product_in_fp32_equals_the_native_one_up_to_rounding(fmt, settin
     assert torch.equal(narrow, native[:3]) or (narrow.float() - native[:3].float()).abs().max() < 0.05
 
 
+def test_a_dense_layer_keeps_its_fp32_weight_within_the_budget(setting, monkeypatch):
+    """From ``WIDE_ROWS`` rows a dense bf16 layer multiplies in fp32 with a copy kept once, while the copies fit
+    ``DENSE_FP32_BUDGET``; a layer beyond the budget keeps its native product below ``WIDE_ROWS_DENSE`` rows
+    (casting per product there); a freed layer gives its bytes back."""
+    import gc
+
+    import torch.nn.functional as F
+
+    setting("fp32")
+    size = 4 * 96 * 128
+    monkeypatch.setattr(quant, "_dense_kept", [0])
+    monkeypatch.setattr(quant, "DENSE_FP32_BUDGET", size)
+    lin, x = _layer("dense")
+    xb = x[: quant.WIDE_ROWS].to(torch.bfloat16)
+    assert lin.keeps_fp32() and lin._w32 is None
+    y = lin(xb)
+    assert lin._w32 is not None and lin.weight_fp32() is lin._w32 and quant._dense_kept == [size]
+    exact = xb.float() @ lin.weight.float().T + lin.bias.float()
+    assert (y.float() - exact).abs().max() <= exact.abs().max() * 2**-8
+    other, _ = _layer("dense")
+    assert not other.keeps_fp32()  # over the budget
+    assert torch.equal(other(xb), F.linear(xb, other.weight, other.bias))  # native below WIDE_ROWS_DENSE rows
+    assert other._w32 is None and quant._dense_kept == [size]
+    del lin
+    gc.collect()
+    assert quant._dense_kept == [0] and other.keeps_fp32()
+
+
 def test_fp32_activations_never_take_the_wide_path(setting):
     setting("fp32")
     assert not wide_in_fp32(torch.float32)
