@@ -104,7 +104,7 @@ class QLinear:
         self.weight: torch.Tensor | None = parts.get("weight")
         self.qweight: torch.Tensor | None = parts.get("qweight")
         self.scales: torch.Tensor | None = parts.get("scales")
-        self._w32: torch.Tensor | None = None  # the fp32 weight of wide products (quantized: built once)
+        self._w32: torch.Tensor | None = None  # the fp32 weight of wide products, built once (see keeps_fp32)
 
     # ---- builders ----
     @staticmethod
@@ -261,8 +261,9 @@ class QLinear:
         return self._through_kernel(k).to(torch.int32) + 8
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = WIDE_ROWS if self.keeps_fp32() else WIDE_ROWS_DENSE
-        wide = x.dtype != torch.float32 and x.numel() >= rows * self.k and x.device.type == "cpu"
+        wide = x.dtype != torch.float32 and x.numel() >= WIDE_ROWS * self.k and x.device.type == "cpu"
+        if wide and not self.keeps_fp32():
+            wide = x.numel() >= WIDE_ROWS_DENSE * self.k  # a dense layer beyond the budget casts per product
         if wide and wide_in_fp32(x.dtype):  # many rows: in fp32 where that runs faster (see wide_in_fp32)
             b = None if self.bias is None else self.bias.float()
             return F.linear(x.float(), self.weight_fp32(), b).to(x.dtype)
