@@ -78,18 +78,26 @@ WEIGHT_FORMATS = ("dense", "int8", "int4")
 
 
 def split_weights(method: str) -> tuple[str, str | None]:
-    """A benchmark method ``ARM@FORMAT`` (``ar@int4``, ``ngram-d8@int8``): the arm, decoded by the target in that
-    weight format for the whole run (``env.model.with_weights``); no ``@``: the loaded format (None)."""
+    """A benchmark method ``ARM@VARIANT``: the arm, decoded by the target in that variant for the whole run
+    (``env.model.with_weights``). The variant is a weight format (``ar@int4``, ``ngram-d8@int8``), optionally with
+    the compiled forward (``ar@int4+compiled``; ``ar@compiled``: the loaded format, compiled); no ``@``: the target
+    as loaded (None)."""
     from drafters import DrafterError
 
     if "@" not in method:
         return method, None
-    base, fmt = method.rsplit("@", 1)
-    if fmt not in WEIGHT_FORMATS:
+    base, variant = method.rsplit("@", 1)
+    fmt, plus, forward = variant.partition("+")
+    if fmt == "compiled" and not plus:
+        fmt, forward = "", "compiled"
+    elif not fmt:
+        forward = ""
+    if fmt not in WEIGHT_FORMATS + ("",) or (plus and forward != "compiled") or not (fmt or forward):
         raise DrafterError(
-            f"method {method!r}: unknown weight format {fmt!r}; valid: {', '.join(WEIGHT_FORMATS)}"
+            f"method {method!r}: unknown target variant {variant!r}; valid: a weight format "
+            f"({', '.join(WEIGHT_FORMATS)}), optionally +compiled, or compiled"
         )
-    return base, fmt
+    return base, variant
 
 
 def parse_arm(name: str) -> Arm:

@@ -13,6 +13,7 @@ config mapping (``config.json``), so the default path needs no transformers mode
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Mapping
@@ -187,24 +188,37 @@ class LeanLlama:
                 mask = (kpos[None, :] <= write.past + torch.arange(q, device=ids.device)[:, None])[None, None]
         # a single row's nodes go to consecutive slots: a slice copy instead of an indexed write
         at = int(write.slots[0, 0]) if b == 1 else -1
-        run = self._layers if self._compiled is None else self._compiled
         tap = tuple(i + 1 in aux for i in range(len(self.layers))) if aux else ()
         # a wide forward (a prefill chunk) on the CPU attends in fp32 where wide products run faster so (kernels.quant)
         wide = b * q >= WIDE_ROWS and ids.device.type == "cpu" and self.dtype != torch.float32
         wide = wide and wide_in_fp32(self.dtype)
+        # compiled: decoding and verifying steps; a prompt's causal forward and wide products stay eager (their time
+        # is in the matrix products, and every prompt length would be one more shape to compile)
+        compiled = self._compiled is not None and not (causal or wide)
+        run = self._compiled if compiled else self._layers
+        if compiled:
+            _sizes_vary((x, cos, sin), (mask, write.rows, write.slots))
+            if not hasattr(cache.k[0], "_dynamo_weak_dynamic_indices"):  # a grown cache: no new shape either
+                for t in (*cache.k, *cache.v):
+                    torch._dynamo.maybe_mark_dynamic(t, 2)
         x, taps = run(x, cos, sin, mask, causal, cache.k, cache.v, write.rows, write.slots, write.lo, write.hi,
                       write.span, at, tap, wide)  # fmt: skip
         return self._rms(x, self.norm), (torch.cat(taps, dim=-1) if taps else None)
 
     def compile(self) -> None:
-        """Run the layers through ``torch.compile`` (inductor; dynamic shapes, so node counts, rows and context
-        lengths share compiled code). Compiled code is cached on disk under the draftgym cache (``inductor/``)."""
+        """Run the layers of decoding and verifying steps through ``torch.compile`` (inductor, the whole stack of
+        layers as one graph; on the CPU with its C++ wrapper, which calls the kernels without Python in between).
+        Rows, nodes, context length and the cache's capacity are dynamic wherever they exceed 1 (``_sizes_vary``);
+        the integers that locate a single row's step become so at their first change: a run compiles a few times
+        (a single row's decoding step, each twice; a verify; a batch) and then reuses its code. Compiled code is cached on disk
+        under the draftgym cache (``inductor/``): a later process on the same machine only traces again."""
         if self._compiled is not None:
             return
         from env.model import cache_dir
 
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
-        self._compiled = torch.compile(self._layers, dynamic=True)
+        options = {"cpp_wrapper": True} if self.embed.device.type == "cpu" else {}
+        self._compiled = torch.compile(self._layers, dynamic=None, options=options)
 
     def _layers(self, x, cos, sin, mask, causal: bool, ks_cache, vs_cache, rows, slots, lo: int, hi: int,
                 span: int, at: int, tap: tuple[bool, ...] = (), wide: bool = False):  # fmt: skip
@@ -213,6 +227,8 @@ class LeanLlama:
         fp32. A causal forward (a whole prompt from position 0) attends over its own keys and values, the very
         values written to the cache, without reading them back."""
         b, q = x.shape[0], x.shape[1]
+        if mask is not None:  # the same number, but a dynamic size under torch.compile (see _sizes_vary)
+            span = mask.shape[-1]
         taps = []
         hd, nq, nk = self.head_dim, self.q_size, self.kv_size
         nh = self.heads + self.kv_heads
@@ -247,6 +263,18 @@ class LeanLlama:
             if tap and tap[i]:
                 taps.append(x)
         return x, taps
+
+
+def _sizes_vary(features: tuple[torch.Tensor, ...], indices: tuple[torch.Tensor | None, ...]) -> None:
+    """Tell torch.compile that the rows, nodes and context length of a forward's inputs vary — every dimension over
+    1 but the model's own (the last of ``features``: hidden size, head size; all of ``indices``: masks, rows,
+    slots). The first compiled step of a kind (a verify, a batch) then compiles code for any of them, instead of
+    code for its own sizes and again at the first other size. A dimension of 1 stays specialized (a single
+    row's decoding step gets the fastest code)."""
+    for t, last in [(t, t.dim() - 1) for t in features] + [(t, t.dim()) for t in indices if t is not None]:
+        for d in range(last):
+            if t.shape[d] > 1:
+                torch._dynamo.maybe_mark_dynamic(t, d)
 
 
 # ---- the GGUF's own int4 blocks ----
@@ -372,7 +400,7 @@ def lean_of(loaded: Any) -> LeanLlama | None:
     cfg = loaded.config
     if getattr(cfg, "model_type", None) not in LEAN_TYPES:
         return None
-    key = f"lean-{loaded.weights}-{loaded.dtype}-{loaded.forward}"
+    key = f"lean-{loaded.weights}-{loaded.dtype}"  # the eager and the compiled forward share one model's weights
     if key not in loaded.derived:
         conf = cfg.to_dict()
         saved = _saved_path(loaded)
@@ -394,12 +422,17 @@ def lean_of(loaded: Any) -> LeanLlama | None:
                 _save(net, saved, loaded)
         loaded.derived[key] = net
     net = loaded.derived[key]
-    if loaded.forward == "compiled" and net._compiled is None:
-        import sys
+    if loaded.forward == "compiled":
+        if f"{key}-compiled" not in loaded.derived:
+            import sys
 
-        print("draftgym: compiling the lean forward (torch.compile, inductor): the first steps of each shape take "
-              "seconds to minutes, cached on disk for later runs", file=sys.stderr, flush=True)  # fmt: skip
-        net.compile()
+            print("draftgym: compiling the lean forward (torch.compile, inductor): the first steps of a new shape "
+                  "take a minute or two here, seconds once cached on disk", file=sys.stderr, flush=True)  # fmt: skip
+            view = copy.copy(net)  # the same weights, its own compiled function
+            view._compiled = None
+            view.compile()
+            loaded.derived[f"{key}-compiled"] = view
+        net = loaded.derived[f"{key}-compiled"]
     return net
 
 

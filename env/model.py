@@ -262,18 +262,27 @@ def resolve_weights(name: str, device: torch.device) -> str:
     return "dense" if name in ("bf16", "fp32") else name
 
 
-def with_weights(loaded: LoadedModel, fmt: str | None) -> LoadedModel:
-    """The same load with the engine in weight format ``fmt`` (None: as loaded); shares the transformers model and
-    every derived lean model (one per format, built on first use)."""
-    if fmt is None or fmt == loaded.weights:
+def with_weights(loaded: LoadedModel, variant: str | None) -> LoadedModel:
+    """The same load with the engine in another variant (None: as loaded): a weight format ``dense``, ``int8``,
+    ``int4``, optionally ``+compiled`` (the compiled lean forward), or ``compiled`` alone (the loaded format,
+    compiled). Shares the transformers model and every derived lean model (one per format, built on first use)."""
+    if variant is None:
         return loaded
-    if fmt not in ("dense", "int8", "int4"):
-        raise ModelError(f"unknown weight format {fmt!r}; valid: dense, int8, int4")
-    if loaded.forward == "hf":
-        raise ModelError(f"weight format {fmt} needs the lean forward")
-    key = f"variant-{fmt}"
+    fmt, plus, forward = variant.partition("+")
+    if fmt == "compiled" and not plus:
+        fmt, forward = loaded.weights, "compiled"
+    forward = forward or loaded.forward
+    if fmt not in ("dense", "int8", "int4") or forward not in ("lean", "compiled", "hf"):
+        valid = "dense, int8, int4, each optionally +compiled"
+        raise ModelError(f"unknown target variant {variant!r}; valid: {valid}")
+    if fmt == loaded.weights and forward == loaded.forward:
+        return loaded
+    if loaded.forward == "hf" or forward == "hf":
+        raise ModelError(f"target variant {variant} needs the lean forward")
+    key = f"variant-{fmt}-{forward}"
     if key not in loaded.derived:
-        loaded.derived[key] = loaded.replace(weights=fmt)  # the same ``derived``: lean models are shared
+        # the same ``derived``: lean models are shared
+        loaded.derived[key] = loaded.replace(weights=fmt, forward=forward)
     return loaded.derived[key]
 
 

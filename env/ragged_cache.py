@@ -46,13 +46,15 @@ class RaggedCache:
         self.v: list[torch.Tensor] = []
         self.lens = [0] * rows
         self._write: Write | None = None  # set by BatchTarget for the duration of a forward
-        self.grow(CHUNK)
+        self.grow(CHUNK - 1)
 
     def grow(self, need: int) -> None:
-        """Make room for ``need`` positions per row (in chunks); existing entries are kept."""
-        if need <= self.capacity:
+        """Make room for ``need`` positions per row (in chunks), and one more: a forward's view of the cache never
+        spans all of it, so a compiled forward's code does not change when it would (torch.compile guards on
+        whether a view is contiguous). Existing entries are kept."""
+        if need < self.capacity:
             return
-        cap = -(-need // CHUNK) * CHUNK
+        cap = (need // CHUNK + 1) * CHUNK
         shape = (self.rows, self.kv_heads, cap, self.head_dim)
         for i in range(self.n_layers):
             for store in (self.k, self.v):

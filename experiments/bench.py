@@ -124,6 +124,11 @@ def warm_up(method: str, loaded: LoadedModel, decoders: dict[str, Any], prompt_i
     policy = getattr(dec, "policy", None)
     saved = copy.deepcopy(policy) if hasattr(policy, "update") else None
     run_method(method, loaded, decoders, prompt_ids, 4)
+    if method.endswith("compiled") or (loaded.forward == "compiled" and method not in HF_METHODS):
+        # a compiled target compiles per kind of step: decoding (static, then the context length dynamic) and,
+        # when drafts come, verifying (one node count, then any): a prompt the n-gram drafter can follow
+        rep = chat_prompt(loaded.tokenizer, "Repeat: one two three four, one two three four, one two three")
+        run_method(method, loaded, decoders, rep, 24)
     if saved is not None:
         dec.policy = saved
 
@@ -401,8 +406,9 @@ def register(sub: Any) -> None:
     b.add_argument(
         "--methods",
         default=None,
-        help="comma list: hf_greedy,hf_pld,llama_cpp,ar,ngram-d8,ngram-d12-k4-b24,... (llama_cpp needs the extra "
-        "draftgym[llama])",
+        help="comma list: hf_greedy,hf_pld,llama_cpp,ar,ngram-d8,ngram-d12-k4-b24,...; ARM@VARIANT decodes in "
+        "another target variant: a weight format (ar@int4), optionally compiled (ar@int4+compiled) (llama_cpp "
+        "needs the extra draftgym[llama])",
     )
     b.add_argument(
         "--llama-cpp-gguf",

@@ -19,7 +19,7 @@ SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atte
 
 def _loaded(config_cls, model_cls, **extra) -> LoadedModel:
     torch.manual_seed(0)
-    cfg = config_cls(**SMALL, **extra)
+    cfg = config_cls(**{**SMALL, **extra})
     cfg._attn_implementation = "sdpa"
     model = model_cls(cfg).eval().requires_grad_(False)
     with torch.no_grad():  # sharper logits: greedy falls into loops the n-gram drafter can follow
@@ -84,3 +84,35 @@ def test_the_other_forwards_decode_exactly(forward):
     out = serve(BatchEngine(loaded, max_rows=2), reqs, concurrency=2)
     for r, o in zip(reqs, out):
         assert o.token_ids == hf_greedy(loaded, r.prompt_ids, 12), r.arm.name
+
+
+def test_the_compiled_int4_forward_speculates_its_own_output_and_a_grown_cache_compiles_nothing():
+    """A quantized target compiled (fp32 activations: the exactness contract): speculation equals its own AR
+    loop, which equals the eager int4 forward's; a prompt that grows the cache past its first chunk (256
+    positions) reuses the compiled code instead of compiling one more graph."""
+    from torch._dynamo.utils import counters
+
+    base = _qwen2_long().replace(weights="int4")
+    loaded = base.replace(forward="compiled")
+
+    def run(model, prompt, arm):
+        out = serve(BatchEngine(model, 1), [Request("0", prompt, parse_arm(arm), 12)], concurrency=1)
+        return out[0].token_ids
+
+    g = torch.Generator().manual_seed(5)
+    short = torch.randint(3, 90, (9,), generator=g).tolist()
+    ar = run(loaded, short, "none")
+    assert ar == run(base, short, "none")
+    assert run(loaded, short, "ngram-d3") == ar
+    graphs = counters["stats"]["unique_graphs"]
+    long = torch.randint(3, 90, (250,), generator=g).tolist()  # 250 + 12 positions: the cache grows
+    ar = run(loaded, long, "none")
+    assert counters["stats"]["unique_graphs"] == graphs  # no new graph for the grown cache
+    assert ar == run(base, long, "none")
+    assert BatchEngine(loaded, 1).target.net._compiled is not None  # it really ran compiled
+
+
+def _qwen2_long():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return _loaded(Qwen2Config, Qwen2ForCausalLM, use_sliding_window=False, max_position_embeddings=1024)

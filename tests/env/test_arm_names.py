@@ -55,3 +55,32 @@ def test_named_refusals():
             assert needle in str(err), (text, err)
         else:
             raise AssertionError(f"{text!r} was accepted")
+
+
+def test_a_method_names_its_target_variant_or_is_refused_in_one_line():
+    import pytest
+    import torch
+
+    from env.engine import split_weights
+    from env.model import LoadedModel, ModelError, with_weights
+
+    assert split_weights("ngram-d3") == ("ngram-d3", None)
+    assert split_weights("ar@int4") == ("ar", "int4")
+    assert split_weights("ngram-d3@int4+compiled") == ("ngram-d3", "int4+compiled")
+    assert split_weights("ar@compiled") == ("ar", "compiled")
+    for bad in ("ar@int3", "ar@int4+fast", "ar@+compiled", "ar@", "ar@int4+"):
+        with pytest.raises(DrafterError, match="unknown target variant") as err:
+            split_weights(bad)
+        assert "\n" not in str(err.value)
+    from pathlib import Path
+
+    loaded = LoadedModel(tokenizer=None, model_id="m", dtype=torch.float32, device=torch.device("cpu"),
+                         folder=Path("unused"), config=object())  # fmt: skip
+    assert with_weights(loaded, None) is loaded and with_weights(loaded, "dense") is loaded
+    both = with_weights(loaded, "int4+compiled")
+    assert (both.weights, both.forward) == ("int4", "compiled")
+    assert with_weights(loaded, "int4+compiled") is both
+    alone = with_weights(loaded, "compiled")
+    assert (alone.weights, alone.forward) == ("dense", "compiled")
+    with pytest.raises(ModelError, match="needs the lean forward"):
+        with_weights(loaded.replace(forward="hf"), "int4")
