@@ -209,8 +209,8 @@ class LeanLlama:
         """Run the layers of decoding and verifying steps through ``torch.compile`` (inductor, the whole stack of
         layers as one graph; on the CPU with its C++ wrapper, which calls the kernels without Python in between).
         Rows, nodes, context length and the cache's capacity are dynamic wherever they exceed 1 (``_sizes_vary``);
-        the integers that locate a single row's step become so at their first change: a run compiles a few times
-        (a single row's decoding step, each twice; a verify; a batch) and then reuses its code. Compiled code is cached on disk
+        the integers that locate a single row's step become so at their first change. A run compiles a few graphs
+        (a single row's decoding step twice, a verify, a batch) and then reuses them. Compiled code is cached on disk
         under the draftgym cache (``inductor/``): a later process on the same machine only traces again."""
         if self._compiled is not None:
             return

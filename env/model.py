@@ -270,11 +270,11 @@ def with_weights(loaded: LoadedModel, variant: str | None) -> LoadedModel:
         return loaded
     fmt, plus, forward = variant.partition("+")
     if fmt == "compiled" and not plus:
-        fmt, forward = loaded.weights, "compiled"
-    forward = forward or loaded.forward
-    if fmt not in ("dense", "int8", "int4") or forward not in ("lean", "compiled", "hf"):
-        valid = "dense, int8, int4, each optionally +compiled"
+        fmt, plus, forward = loaded.weights, "", "compiled"
+    if fmt not in ("dense", "int8", "int4") or (plus and forward != "compiled"):
+        valid = "a weight format (dense, int8, int4), optionally +compiled, or compiled"
         raise ModelError(f"unknown target variant {variant!r}; valid: {valid}")
+    forward = forward or loaded.forward
     if fmt == loaded.weights and forward == loaded.forward:
         return loaded
     if loaded.forward == "hf" or forward == "hf":

@@ -117,6 +117,19 @@ def interleaved(todo: list[tuple[int, Prompt]], methods: list[str], done: set[tu
         yield i, p, [m for m in methods[k:] + methods[:k] if (m, p.prompt_id) not in done]
 
 
+# a compiled target compiles one graph per kind of step — decoding (at its first call, then with the context length
+# dynamic) and, once drafts come, verifying — so its warm-up also runs a prompt the n-gram drafter follows
+DRAFTING_PROMPT = "Repeat: one two three four, one two three four, one two three"
+
+
+def runs_compiled(method: str, loaded: LoadedModel) -> bool:
+    """Whether ``method`` decodes with the compiled lean forward (``+compiled``, or a target loaded compiled)."""
+    if method in HF_METHODS or method in EXTERNAL_METHODS:
+        return False
+    variant = split_weights(method)[1] or ""
+    return variant.endswith("compiled") or loaded.forward == "compiled"
+
+
 def warm_up(method: str, loaded: LoadedModel, decoders: dict[str, Any], prompt_ids: list[int]) -> None:
     """One short untimed generation. An online policy learns from every step, so it warms up on a copy and is
     put back as it was: what is timed starts from the policy as loaded."""
@@ -124,11 +137,8 @@ def warm_up(method: str, loaded: LoadedModel, decoders: dict[str, Any], prompt_i
     policy = getattr(dec, "policy", None)
     saved = copy.deepcopy(policy) if hasattr(policy, "update") else None
     run_method(method, loaded, decoders, prompt_ids, 4)
-    if method.endswith("compiled") or (loaded.forward == "compiled" and method not in HF_METHODS):
-        # a compiled target compiles per kind of step: decoding (static, then the context length dynamic) and,
-        # when drafts come, verifying (one node count, then any): a prompt the n-gram drafter can follow
-        rep = chat_prompt(loaded.tokenizer, "Repeat: one two three four, one two three four, one two three")
-        run_method(method, loaded, decoders, rep, 24)
+    if runs_compiled(method, loaded):
+        run_method(method, loaded, decoders, chat_prompt(loaded.tokenizer, DRAFTING_PROMPT), 24)
     if saved is not None:
         dec.policy = saved
 

@@ -159,8 +159,11 @@ def entry(argv: list[str] | None = None) -> Any:
     argv = sys.argv[1:] if argv is None else list(argv)
     code = main(argv)
     if _command_of(argv) in FAST_EXIT:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except OSError:  # a reader closed the pipe (`draftgym generate ... | head -c 9`): nothing to report
+            pass
         os._exit(code)
     sys.exit(code)
 

@@ -118,13 +118,15 @@ def warmup_decoders(cfg: Config, loaded: LoadedModel) -> dict[str, Any]:
     """Static decoders for every arm any method uses (policies included), to pay lazy initialisation untimed
     without teaching an online policy anything."""
     options = {name: dict(opts) for name, opts in cfg.drafters.items()}
-    arms: list[str] = []
+    names: list[str] = []  # arms, or ARM@VARIANT: warmed up on the variant they decode with
     for m in cfg.methods:
         if is_policy(m):
-            arms += list(cfg.policies[m.removeprefix("policy:")].arms)
+            names += list(cfg.policies[m.removeprefix("policy:")].arms)
         elif m not in EXTERNAL_METHODS:
-            arms.append(split_weights(m)[0])
-    out: dict[str, Any] = {
-        a: SpeculativeDecoder(loaded, [parse_arm(a)], drafter_options=options) for a in arms
-    }
+            names.append(m)
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys(names):
+        arm, variant = split_weights(name)
+        target = with_weights(loaded, variant)
+        out[name] = SpeculativeDecoder(target, [parse_arm(arm)], drafter_options=options)
     return out

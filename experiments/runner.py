@@ -29,7 +29,16 @@ from tqdm import tqdm
 
 from env.files import atomic_write_text
 from env.workloads import Prompt, load_workload
-from experiments.bench import Record, format_table, interleaved, load_done, run_method, summarize
+from experiments.bench import (
+    DRAFTING_PROMPT,
+    Record,
+    format_table,
+    interleaved,
+    load_done,
+    run_method,
+    runs_compiled,
+    summarize,
+)
 from experiments.config import Config, diff_configs, load_config, to_toml
 from experiments.provenance import provenance
 
@@ -107,6 +116,9 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
                 leave=False,
             ):
                 run_method(m, loaded, warm, warm_ids, 4, sampling=sampling, seed=cfg.seed)
+                if runs_compiled(m, loaded):
+                    drafting = chat_prompt(loaded.tokenizer, DRAFTING_PROMPT)
+                    run_method(m, loaded, warm, drafting, 24, sampling=sampling, seed=cfg.seed)
         bar = tqdm(
             total=len(prompts) * len(methods), initial=len(done), desc=f"run {cfg.name}", disable=not progress
         )

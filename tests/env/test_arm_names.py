@@ -84,3 +84,12 @@ def test_a_method_names_its_target_variant_or_is_refused_in_one_line():
     assert (alone.weights, alone.forward) == ("dense", "compiled")
     with pytest.raises(ModelError, match="needs the lean forward"):
         with_weights(loaded.replace(forward="hf"), "int4")
+    from experiments.bench import runs_compiled
+
+    assert runs_compiled("ar@int4+compiled", loaded) and runs_compiled("ngram-d3@compiled", loaded)
+    assert not runs_compiled("ar@int4", loaded) and not runs_compiled("ngram-d3", loaded)
+    compiled = loaded.replace(forward="compiled")
+    assert runs_compiled("ngram-d3", compiled)
+    assert not runs_compiled("hf_greedy", compiled) and not runs_compiled("llama_cpp", compiled)
+    with pytest.raises(ModelError, match="unknown target variant"):
+        with_weights(loaded, "int4+hf")
