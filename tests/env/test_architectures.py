@@ -86,6 +86,7 @@ def test_the_other_forwards_decode_exactly(forward):
         assert o.token_ids == hf_greedy(loaded, r.prompt_ids, 12), r.arm.name
 
 
+@pytest.mark.slow  # compiles three graphs (~40 s on 2 cores, seconds from the disk cache)
 def test_the_compiled_int4_forward_speculates_its_own_output_and_a_grown_cache_compiles_nothing():
     """A quantized target compiled (fp32 activations: the exactness contract): speculation equals its own AR
     loop, which equals the eager int4 forward's; a prompt that grows the cache past its first chunk (256
