@@ -74,29 +74,21 @@ class StepResult:
         return self.draft_s + self.verify_s
 
 
-WEIGHT_FORMATS = ("dense", "int8", "int4")
-
-
 def split_weights(method: str) -> tuple[str, str | None]:
     """A benchmark method ``ARM@VARIANT``: the arm, decoded by the target in that variant for the whole run
     (``env.model.with_weights``). The variant is a weight format (``ar@int4``, ``ngram-d8@int8``), optionally with
     the compiled forward (``ar@int4+compiled``; ``ar@compiled``: the loaded format, compiled); no ``@``: the target
     as loaded (None)."""
     from drafters import DrafterError
+    from env.model import ModelError, parse_variant
 
     if "@" not in method:
         return method, None
     base, variant = method.rsplit("@", 1)
-    fmt, plus, forward = variant.partition("+")
-    if fmt == "compiled" and not plus:
-        fmt, forward = "", "compiled"
-    elif not fmt:
-        forward = ""
-    if fmt not in WEIGHT_FORMATS + ("",) or (plus and forward != "compiled") or not (fmt or forward):
-        raise DrafterError(
-            f"method {method!r}: unknown target variant {variant!r}; valid: a weight format "
-            f"({', '.join(WEIGHT_FORMATS)}), optionally +compiled, or compiled"
-        )
+    try:
+        parse_variant(variant)
+    except ModelError as err:
+        raise DrafterError(f"method {method!r}: {err}") from None
     return base, variant
 
 

@@ -262,22 +262,29 @@ def resolve_weights(name: str, device: torch.device) -> str:
     return "dense" if name in ("bf16", "fp32") else name
 
 
-def with_weights(loaded: LoadedModel, variant: str | None) -> LoadedModel:
-    """The same load with the engine in another variant (None: as loaded): a weight format ``dense``, ``int8``,
-    ``int4``, optionally ``+compiled`` (the compiled lean forward), or ``compiled`` alone (the loaded format,
-    compiled). Shares the transformers model and every derived lean model (one per format, built on first use)."""
-    if variant is None:
-        return loaded
+def parse_variant(variant: str) -> tuple[str | None, bool]:
+    """A target variant — a weight format (``dense``, ``int8``, ``int4``), optionally ``+compiled``, or
+    ``compiled`` alone — as (format or None for the loaded one, whether compiled); ``ModelError`` otherwise."""
     fmt, plus, forward = variant.partition("+")
     if fmt == "compiled" and not plus:
-        fmt, plus, forward = loaded.weights, "", "compiled"
+        return None, True
     if fmt not in ("dense", "int8", "int4") or (plus and forward != "compiled"):
         valid = "a weight format (dense, int8, int4), optionally +compiled, or compiled"
         raise ModelError(f"unknown target variant {variant!r}; valid: {valid}")
-    forward = forward or loaded.forward
+    return fmt, bool(plus)
+
+
+def with_weights(loaded: LoadedModel, variant: str | None) -> LoadedModel:
+    """The same load with the engine in another variant (``parse_variant``; None: as loaded). Shares the
+    transformers model and every derived lean model (one per format, built on first use; the compiled forward runs
+    the same weights)."""
+    if variant is None:
+        return loaded
+    fmt, compiled = parse_variant(variant)
+    fmt, forward = fmt or loaded.weights, "compiled" if compiled else loaded.forward
     if fmt == loaded.weights and forward == loaded.forward:
         return loaded
-    if loaded.forward == "hf" or forward == "hf":
+    if forward == "hf":
         raise ModelError(f"target variant {variant} needs the lean forward")
     key = f"variant-{fmt}-{forward}"
     if key not in loaded.derived:

@@ -11,7 +11,8 @@ import torch
 from env.batch import BatchEngine
 from env.decoder import SpeculativeDecoder, chat_prompt
 from env.engine import parse_arm
-from env.lean import gguf_int4, lean_of
+from env.lean import lean_of
+from env.lean_files import gguf_int4
 from env.model import embedded_gguf_path, load_model
 from env.ragged_cache import RaggedCache, Write
 from kernels.quant import GROUP, QLinear, q4_1_blocks
@@ -105,7 +106,7 @@ def test_a_damaged_or_hostile_saved_lean_model_is_rebuilt(tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    from env.lean import _saved_path
+    from env.lean_files import saved_path
     from env.model import embedded_model_folder
 
     src = embedded_model_folder()
@@ -119,7 +120,7 @@ def test_a_damaged_or_hostile_saved_lean_model_is_rebuilt(tmp_path):
         return loaded, _lean_logits(loaded, ids)
 
     loaded, want = logits()
-    saved = _saved_path(loaded)
+    saved = saved_path(loaded)
     assert saved.is_file()  # built and saved on first use
     flat = load_file(str(saved))
     from safetensors import safe_open
