@@ -251,17 +251,38 @@ class LeanLlama:
                 keys, vals = ks, vs.transpose(1, 2)
             else:
                 keys, vals = kc[lo:hi, :, :span], vc[lo:hi, :, :span]
-            if wide:
-                qs, keys, vals = qs.float(), keys.float(), vals.float()
-            a = F.scaled_dot_product_attention(
-                qs, keys, vals, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=self.gqa
-            ).to(x.dtype)
+            if q == 1 and x.dtype != torch.float32:  # a decoding step: see _attend_one
+                a = _attend_one(qs, keys, vals, mask, self.scale)
+            else:
+                if wide:
+                    qs, keys, vals = qs.float(), keys.float(), vals.float()
+                a = F.scaled_dot_product_attention(
+                    qs, keys, vals, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=self.gqa
+                ).to(x.dtype)
             x = x + L.o(a.transpose(1, 2).reshape(b, q, nq))
             gu = L.gate_up(self._rms(x, L.ln2))
             x = x + L.down(F.silu(gu[..., : self.inter]) * gu[..., self.inter :])
             if tap and tap[i]:
                 taps.append(x)
         return x, taps
+
+
+def _attend_one(qs: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None,
+                scale: float) -> torch.Tensor:  # fmt: skip
+    """Attention of one new token per row (qs [B, H, 1, D]; keys, vals [B, Hkv, S, D]; mask [B, 1, 1, S] or None),
+    as two products in fp32 with the query heads of a KV head side by side (no copy of the keys per query head).
+    For one token torch's CPU ``scaled_dot_product_attention`` of bf16 takes 2-5x longer (`python -m
+    env.bench_forward --context 1200`: most of a step's time at long contexts); fp32 models keep it (their logits
+    equal transformers')."""
+    b, h, _, d = qs.shape
+    hkv, span = keys.shape[1], keys.shape[2]
+    g = h // hkv  # query heads per KV head: heads j * g .. j * g + g - 1 read KV head j (transformers' GQA)
+    # scores: [B, Hkv, g, S]
+    scores = torch.matmul(qs.float().reshape(b, hkv, g, d), keys.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask.reshape(b, 1, 1, span), float("-inf"))
+    p = torch.softmax(scores, dim=-1)
+    return torch.matmul(p, vals.float()).reshape(b, h, 1, d).to(qs.dtype)
 
 
 def _sizes_vary(features: tuple[torch.Tensor, ...], indices: tuple[torch.Tensor | None, ...]) -> None:

@@ -190,9 +190,9 @@ class SpecServeVectorEnv(VectorEnv):
         else:
             obs = self.sim.observe().copy()
             if mode == AutoresetMode.SAME_STEP and done.any():
-                info["final_obs"], info["_final_obs"] = obs.copy(), done
+                info["final_obs"], info["_final_obs"] = obs, done
                 self.sim.reset(done)
-                obs = self.sim.observe().copy()
+                obs = self.sim.observe(np.flatnonzero(done)).copy()  # the new episodes' rows only
         return obs, reward, terminated, np.zeros(self.num_envs, bool), info
 
 

@@ -112,13 +112,14 @@ def serve_observation(active, context, s, n, last_acc, match_depth, progress, qu
     out[:, 6] = last.sum(1) / denom
     out[:, 7] = depth.sum(1) / denom
     out[:, 8] = prog.sum(1) / denom
-    slots = np.stack([af, np.minimum(ctx, 4.0), alpha, last, depth, prog], axis=-1)  # [E, m, F], slot order
+    feats = (af, np.minimum(ctx, 4.0), alpha, last, depth, prog)  # each [E, m], slot order
     block = out[:, 9:].reshape(e, max_batch, len(ROW_FEATURES))
     block[:, m:] = 0.0
-    if (a[:, :-1] >= a[:, 1:]).all():  # already packed
-        block[:, :m] = slots
+    if (a[:, :-1] >= a[:, 1:]).all():  # already packed (the simulator's and the live engine's rows are)
+        for f, x in enumerate(feats):
+            block[:, :m, f] = x
     else:  # the active rows to the front, in slot order (inactive rows are zeros: their order does not matter)
-        block[np.arange(e)[:, None], packed_positions(a)] = slots
+        block[np.arange(e)[:, None], packed_positions(a)] = np.stack(feats, axis=-1)
     return out
 
 
@@ -289,10 +290,15 @@ class ServeSim:
             raise ServeEnvError("no prompt of the trace has a step to take")
         self.prompt_len = self.trace.prompt_len.astype(np.int64)
         tb = self.tb
-        self._table = np.stack([tb.tokens, tb.accepted, tb.drafted, tb.ends > 0]).astype(
-            np.int32
-        )  # [4, K, T]
-        self._offset = tb.offset.astype(np.int32)
+        # one gather a step: (tokens, accepted, drafted, ends) of arm k at trace position t packed as 4 small
+        # ints in one word at [k * T + t], read back through a view of the gathered words as [E, M, 4]
+        fields = np.stack([tb.tokens, tb.accepted, tb.drafted, tb.ends > 0], axis=-1).astype(np.int64)
+        small = np.int8 if fields.max(initial=0) <= np.iinfo(np.int8).max else np.int16
+        words = np.ascontiguousarray(fields.astype(small))  # [K, T, 4]
+        self._table = words.view(np.int32 if small is np.int8 else np.int64).reshape(-1)  # [K * T]
+        self._field_dtype = small
+        self._positions = int(tb.tokens.shape[1])  # T
+        self._offset = tb.offset.astype(np.int64)
         self.depth = np.array([0 if a.drafter is None else a.shape.depth for a in self.arms], np.int64)
         names = sorted({a.drafter for a in self.arms if a.drafter is not None})
         self.drafter_names = names
@@ -440,21 +446,40 @@ class ServeSim:
         return self.finished >= self.n_req
 
     def queue(self) -> np.ndarray:
-        arrived = np.minimum((self.req_arr <= self.clock[:, None]).sum(1), self.n_req)
-        return np.where(self.closed, 0, np.maximum(arrived - self.ptr, 0))
+        out = np.zeros(self.num_envs, np.int64)
+        o = np.flatnonzero(~self.closed)  # closed loop: nobody waits
+        if o.size:
+            arrived = np.minimum((self.req_arr[o] <= self.clock[o, None]).sum(1), self.n_req[o])
+            out[o] = np.maximum(arrived - self.ptr[o], 0)
+        return out
 
-    def observe(self) -> np.ndarray:
-        g = self.tb.offset[self.prompt] + self.pos
-        progress = (self.pos + 1) / self.tb.max_new_tokens
-        return serve_observation(self.active, self.prompt_len[self.prompt] + self.pos, self.s, self.n, self.last,
-                                 self.match[g], progress, self.queue(), self.max_batch, self._obs)  # fmt: skip
+    def observe(self, idx: np.ndarray | None = None) -> np.ndarray:
+        """The observation of every server (``[E, F]``, a buffer the next call overwrites); ``idx``: recompute
+        those servers' rows only (the others keep the last call's)."""
+        if idx is None:
+            g = self._offset[self.prompt] + self.pos
+            progress = (self.pos + 1) / self.tb.max_new_tokens
+            return serve_observation(self.active, self.prompt_len[self.prompt] + self.pos, self.s, self.n,
+                                     self.last, self.match[g], progress, self.queue(), self.max_batch,
+                                     self._obs)  # fmt: skip
+        i = np.asarray(idx)
+        if i.size:
+            prompt, pos = self.prompt[i], self.pos[i]
+            g = self._offset[prompt] + pos
+            self._obs[i] = serve_observation(self.active[i], self.prompt_len[prompt] + pos, self.s[i], self.n[i],
+                                             self.last[i], self.match[g], (pos + 1) / self.tb.max_new_tokens,
+                                             self.queue()[i], self.max_batch)  # fmt: skip
+        return self._obs
 
     def _actions(self, actions: Any) -> np.ndarray:
         a = np.asarray(actions)
+        k = len(self.arms)
         if a.ndim == 1 and a.shape[0] == self.num_envs:
-            a = np.broadcast_to(a[:, None], (self.num_envs, self.max_batch))
-        elif a.shape == (self.num_envs, self.max_batch):  # per row, in the observation's order: back to slots
-            a = np.take_along_axis(a, packed_positions(self.active), 1)
+            live = a[self.active.any(1)]  # a server without rows ignores its action
+            full = False
+        elif a.shape == (self.num_envs, self.max_batch):
+            live = a[self.active]
+            full = True
         else:
             raise ServeEnvError(
                 f"actions must have shape ({self.num_envs},) or ({self.num_envs}, {self.max_batch}), got {a.shape}"
@@ -462,34 +487,42 @@ class ServeSim:
         if not np.issubdtype(a.dtype, np.integer):
             if not np.all(np.mod(a, 1) == 0):
                 raise ServeEnvError("actions must be integer arm indices")
-            a = a.astype(np.int64)
-        k = len(self.arms)
-        live = a[self.active]
+            a, live = a.astype(np.int64), live.astype(np.int64)
         if live.size and (live.min() < 0 or live.max() >= k):
             bad = int(live.min()) if live.min() < 0 else int(live.max())
             raise ServeEnvError(
                 f"action {bad} is not a valid arm index; valid: 0..{k - 1} ({', '.join(self.arm_names)})"
             )
-        return np.clip(a, 0, k - 1)
+        a = np.clip(a, 0, k - 1)
+        if not full:
+            return np.broadcast_to(a[:, None], (self.num_envs, self.max_batch))
+        act = self.active
+        if (act[:, :-1] >= act[:, 1:]).all():  # rows packed in slots 0..rows-1: the observation's order
+            return a
+        # per row, in the observation's order: back to slots
+        return np.take_along_axis(a, packed_positions(act), 1)
 
     def outcome(self, a: np.ndarray) -> dict[str, np.ndarray]:
         """What actions ``a`` ([E, M]) would do this step, without doing it."""
         act = self.active
-        g = np.where(act, self._offset[self.prompt] + self.pos, 0)
-        tok, acc, dr, end = self._table[:, a, g] * act  # one gather: tokens, accepted, drafted, ends
+        g = self._offset[self.prompt] + self.pos  # empty slots: stale, read in range and masked
+        # [E, M] words of (tokens, accepted, drafted, ends)
+        words = np.take(self._table, a * self._positions + g, mode="clip")
+        words *= act  # empty slots: nothing
+        tok, acc, dr, end = np.moveaxis(words.view(self._field_dtype).reshape(*words.shape, 4), -1, 0)
         end = end > 0
         rows = act.sum(1)
-        nodes = np.where(act, dr + 1, 1).max(1)
-        ctx = self.prompt_len[self.prompt] + self.pos
+        nodes = dr.max(1) + 1  # the widest tree in the batch (empty slots have drafted 0)
         r1 = np.maximum(rows, 1)
-        ctx_mean = (ctx * act).sum(1) / r1
+        ctx_mean = ((self.prompt_len[self.prompt] + self.pos) * act).sum(1) / r1
         e = self.num_envs
-        both = np.asarray(self.cost.forward_s(np.tile(r1, 2), np.concatenate([nodes, np.ones(e)]),
+        both = np.asarray(self.cost.forward_s(np.tile(r1, 2), np.concatenate([nodes, np.ones(e, nodes.dtype)]),
                                               np.tile(ctx_mean, 2)), np.float64)  # fmt: skip
         cost, ar = both[:e], both[e:]  # the step, and an autoregressive step of the same rows
-        ad = self.arm_drafter[a]
-        for j, name in enumerate(self.drafter_names):
-            cost = cost + self.cost.draft_s(name, ((ad == j) & act).sum(1))
+        if self.drafter_names:
+            ad = self.arm_drafter[a]
+            for j, name in enumerate(self.drafter_names):
+                cost = cost + self.cost.draft_s(name, ((ad == j) & act).sum(1))
         total = tok.sum(1)
         if self.reward_kind == "time_saved":  # autoregressive batch steps saved: tokens / rows - cost / ar
             reward = np.where(rows > 0, total / r1 - cost / ar, 0.0)
@@ -509,12 +542,34 @@ class ServeSim:
         self.s, self.n = update_alpha(self.s, self.n, o["acc"], o["dr"], self.depth[a])
         self.last = np.where(act & (o["dr"] > 0), o["acc"], self.last)
         self.pos = self.pos + o["tok"]
-        self.active = act & ~o["end"]
         self.finished += o["end"].sum(1)
         self.tokens_total += o["tokens"]
         self.steps += running
+        self._retire(o["end"])
         self._admit(np.flatnonzero(self._may_admit()))
         return o["reward"].astype(np.float32), o
+
+    def _retire(self, end: np.ndarray) -> None:
+        """Rows that ended leave as they do in the live engine (``env.batch.BatchTarget.retire``), the last slots
+        first, each hole taken by the batch's last row: rows stay packed in slots 0..rows-1, in the live order."""
+        e = np.flatnonzero(end.any(1))
+        if e.size == 0:
+            return
+        m = self.max_batch
+        slot = np.arange(m)
+        ended = np.sort(np.where(end[e], slot, -1), axis=1)[:, ::-1]  # ended slots, last first; -1 after
+        length = self.active[e].sum(1)
+        perm = np.broadcast_to(slot, (e.size, m)).copy()  # perm[j]: the old slot whose row is now in slot j
+        for c in range(int(end[e].sum(1).max())):
+            d = ended[:, c]
+            tail = length - 1
+            move = np.flatnonzero((d >= 0) & (d != tail))
+            perm[move, d[move]] = perm[move, tail[move]]
+            length = length - (d >= 0)
+        for name in ("prompt", "pos", "s", "n", "last"):
+            arr = getattr(self, name)
+            arr[e] = np.take_along_axis(arr[e], perm, 1)
+        self.active[e] = slot < length[:, None]
 
     def goodput(self) -> np.ndarray:
         """Committed tokens per simulated second of each server's episode so far."""

@@ -26,7 +26,8 @@ GROUP = 32  # int4 group size: one Q4_1 block
 # ---- wide products (a prefill chunk, a wide verify): on a CPU without a fast bf16 GEMM (AVX-512 BF16 without AMX:
 # see the README's "Wide products in fp32", `python -m env.bench_forward --wide-native`) a product of many rows runs
 # faster in fp32. DRAFTGYM_WIDE_MATMUL=native|fp32 decides; else a probe (`probe_wide`), which the model loader
-# keeps per machine (env.model).
+# keeps per machine (env.model). Natively, a quantized layer's wide product is a GEMM of its weight in the
+# activations' dtype too (kept once built), not the weight-only kernel.
 WIDE_ENV = "DRAFTGYM_WIDE_MATMUL"
 WIDE_ROWS = 128  # rows from which a product is wide (the layer's fp32 weight kept once built)
 WIDE_ROWS_DENSE = 512  # a dense layer without a kept fp32 copy casts its weight per product: pays from here
@@ -105,6 +106,7 @@ class QLinear:
         self.qweight: torch.Tensor | None = parts.get("qweight")
         self.scales: torch.Tensor | None = parts.get("scales")
         self._w32: torch.Tensor | None = None  # the fp32 weight of wide products, built once (see keeps_fp32)
+        self._w16: torch.Tensor | None = None  # a quantized layer's weight in bf16 for native wide products
 
     # ---- builders ----
     @staticmethod
@@ -224,14 +226,24 @@ class QLinear:
                 weakref.finalize(self, _release_dense, size)
             return self.weight.float() if self._w32 is None else self._w32  # type: ignore[union-attr]
         if self._w32 is None:
-            if self.fmt == "int8":
-                self._w32 = self.qweight.float() * self.scales.float()[:, None]  # type: ignore[union-attr]
-            else:
-                sz = self.scales.float()  # type: ignore[union-attr]  # [K/32, N, 2]
-                scale = sz[..., 0].t().repeat_interleave(GROUP, dim=1)
-                zero = sz[..., 1].t().repeat_interleave(GROUP, dim=1)
-                self._w32 = ((self._codes() - 8).float() * scale + zero).contiguous()
+            self._w32 = self._exact_fp32()
         return self._w32
+
+    def weight_native(self, dtype: torch.dtype) -> torch.Tensor:
+        """A quantized layer's weight in the activations' ``dtype`` (its exact fp32 weight rounded once), kept once
+        built: a wide product of a CPU whose ``dtype`` GEMM is fast reads it instead of the weight-only kernel,
+        which dequantizes its blocks again for every few rows (`python -m env.bench_forward --prefill`)."""
+        if self._w16 is None or self._w16.dtype != dtype:
+            self._w16 = (self._w32 if self._w32 is not None else self._exact_fp32()).to(dtype).contiguous()
+        return self._w16
+
+    def _exact_fp32(self) -> torch.Tensor:
+        if self.fmt == "int8":
+            return self.qweight.float() * self.scales.float()[:, None]  # type: ignore[union-attr]
+        sz = self.scales.float()  # type: ignore[union-attr]  # [K/32, N, 2]
+        scale = sz[..., 0].t().repeat_interleave(GROUP, dim=1)
+        zero = sz[..., 1].t().repeat_interleave(GROUP, dim=1)
+        return ((self._codes() - 8).float() * scale + zero).contiguous()
 
     def keeps_fp32(self) -> bool:
         """Whether wide products read a kept fp32 weight: always for quantized formats; for a dense one while the
@@ -269,6 +281,8 @@ class QLinear:
             return F.linear(x.float(), self.weight_fp32(), b).to(x.dtype)
         if self.fmt == "dense":
             return F.linear(x, self.weight, self.bias)  # type: ignore[arg-type]
+        if wide:  # natively: a GEMM of the weight in the activations' dtype (weight_native)
+            return F.linear(x, self.weight_native(x.dtype), self.bias)
         shape = x.shape
         x2 = x.reshape(-1, self.k)
         if self.fmt == "int8":

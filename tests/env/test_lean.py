@@ -133,3 +133,28 @@ def test_a_damaged_or_hostile_saved_lean_model_is_rebuilt(tmp_path):
     saved.write_bytes(b"\x00" * 64)  # garbage
     assert torch.equal(logits()[1], want)
     assert load_file(str(saved))["0.qkv.qweight"].shape[0] > 16  # written again, whole
+
+
+@pytest.mark.parametrize("rows, masked", [(1, False), (3, True)])
+def test_a_decoding_steps_attention_is_sdpas_in_fp32(rows, masked):
+    """``env.lean._attend_one`` (one new token per row, bf16 models): the query heads of a KV head grouped as
+    transformers' GQA groups them, masked positions left out; equal to torch's attention computed in fp32."""
+    from env.lean import _attend_one
+
+    gen = torch.Generator().manual_seed(rows)
+    heads, kv, span, d = 9, 3, 37, 64
+    q = torch.randn(rows, heads, 1, d, generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn(rows, kv, span, d, generator=gen).to(torch.bfloat16) for _ in range(2))
+    mask = None
+    if masked:  # ragged rows: row i reads its first span - 5 * i positions
+        mask = (torch.arange(span)[None, :] < span - 5 * torch.arange(rows)[:, None])[:, None, None]
+    got = _attend_one(q, k, v, mask, d**-0.5)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=mask, scale=d**-0.5, enable_gqa=True
+    )
+    assert got.dtype == torch.bfloat16 and got.shape == q.shape
+    assert (got.float() - ref).abs().max() <= 2**-8 * ref.abs().max()  # the same values, rounded once to bf16
+    if masked:  # a masked key changes nothing: the last row does not see its last 10 positions
+        k2 = k.clone()
+        k2[-1, :, -10:] = 100.0
+        assert torch.equal(_attend_one(q, k2, v, mask, d**-0.5)[-1], got[-1])

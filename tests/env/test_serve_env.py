@@ -295,6 +295,43 @@ def test_row_actions_are_in_the_observations_order(trace):
     assert slots[0, 1] == 2 and slots[0, 3] == 5
 
 
+def test_rows_leave_and_enter_in_the_live_engines_order(trace):
+    """The simulator's slots follow ``env.batch.BatchTarget.retire`` (the last slots leave first, each hole taken
+    by the batch's last row) and admission (new rows at the end), so a per-row policy sees rows in the order the
+    live engine keeps them: checked against a list replaying those two rules."""
+    sim = ServeSim(6, **kw(trace, loads=["3", "4", "ramp", "bursty"], requests=12, seed=7))
+    sim.reset()
+    live = [[int(sim.req_prompt[i, q]) for q in range(sim.ptr[i])] for i in range(6)]
+    rng = np.random.default_rng(3)
+    moved = 0
+    while not sim.done().all():
+        ptr = sim.ptr.copy()
+        _, o = sim.step(rng.integers(0, len(DEFAULT_ARMS), size=(6, M)))
+        for i in range(6):
+            for j in sorted(np.flatnonzero(o["end"][i]), reverse=True):  # the live loop: last slots first
+                last = live[i].pop()
+                if j < len(live[i]):
+                    live[i][j] = last
+                    moved += 1
+            live[i] += [int(sim.req_prompt[i, q]) for q in range(ptr[i], sim.ptr[i])]
+            rows = int(sim.active[i].sum())
+            assert sim.active[i, :rows].all() and not sim.active[i, rows:].any()  # packed
+            assert sim.prompt[i, :rows].tolist() == live[i]
+    assert moved > 0  # some rows did move into a hole
+
+
+def test_the_observation_after_a_same_step_reset_is_a_whole_one(trace):
+    v = SpecServeVectorEnv(5, autoreset_mode=AutoresetMode.SAME_STEP, **kw(trace, requests=3))
+    v.reset(seed=1)
+    rng = np.random.default_rng(0)
+    resets = 0
+    for _ in range(300):
+        obs, _, term, _, _ = v.step(rng.integers(0, len(DEFAULT_ARMS), size=5))
+        resets += int(term.sum())
+        assert np.array_equal(obs, v.sim.observe())  # only the reset servers were recomputed: the same
+    assert resets > 0
+
+
 # ---- invalid actions ----------------------------------------------------------------------------------------------
 
 
