@@ -39,12 +39,15 @@ ROOFLINE_FORMAT = "draftgym-roofline-cost-model"
 ROWS = (1, 2, 4, 8, 16)
 NODES = (1, 2, 3, 4, 6, 9)
 CONTEXTS = (128, 512)
-PREFILL_TOKENS = (16, 64, 192, 448)
+PREFILL_TOKENS = (16, 64, 192, 448, 1024)  # Spec-Bench's long prompts reach ~1,200 tokens
 
 
 class BatchCost(Protocol):
     label: str  # what the figures name: the machine measured, or "roofline:ACC/MODEL (simulated)"
     simulated: bool
+    # the context a step is priced at: the longest row's (True: the engine pads every row's attention to it, as
+    # ours does) or the rows' mean (False: a paged-attention engine reads each row's own keys); see step_context
+    padded_context: bool
 
     def forward_s(self, rows: Any, nodes: Any, context: Any) -> Any: ...
 
@@ -60,6 +63,15 @@ def step_s(cost: BatchCost, rows: Any, nodes: Any, context: Any, draft_rows: Map
     for name, n in draft_rows.items():
         out = out + cost.draft_s(name, n)
     return out
+
+
+def step_context(cost: BatchCost, context: np.ndarray, active: np.ndarray) -> np.ndarray:
+    """The context ``[E]`` a batch step of rows ``[E, M]`` (``context`` per row, ``active`` mask) is priced at:
+    the longest active row's where ``cost.padded_context`` (our engine attends every row over the longest row's
+    span: ragged rows cost as if all were that long), else the active rows' mean; 0 for a batch without rows."""
+    if getattr(cost, "padded_context", False):
+        return np.where(active, context, 0).max(1)
+    return (context * active).sum(1) / np.maximum(active.sum(1), 1)
 
 
 def _axis(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -95,6 +107,7 @@ class FittedBatchCost:
     drafters: dict[str, float] = field(default_factory=dict)  # name -> propose seconds per row
     meta: dict[str, Any] = field(default_factory=dict)
     simulated: bool = False
+    padded_context: bool = True  # measured on our engine: ragged rows attend over the longest row's span
 
     @property
     def label(self) -> str:
@@ -136,6 +149,7 @@ class FittedBatchCost:
             "slope_s_per_token": self.slope.tolist(),
             "prefill": {"tokens": list(self.prefill.nodes), "seconds": list(self.prefill.seconds)},
             "drafters_s_per_row": self.drafters,
+            "padded_context": self.padded_context,
             "meta": self.meta,
         }
 
@@ -149,8 +163,12 @@ class FittedBatchCost:
             pf = d["prefill"]
             prefill = Curve(tuple(int(t) for t in pf["tokens"]), tuple(float(s) for s in pf["seconds"]))
             drafters = {str(k): float(v) for k, v in dict(d.get("drafters_s_per_row", {})).items()}
+            padded = d.get("padded_context", True)  # files before it: measured on our engine, which pads
+            if not isinstance(padded, bool):
+                raise TypeError("padded_context must be true or false")
             out = cls(str(d["model_id"]), str(d["dtype"]), str(d.get("weights", "dense")), rows, nodes,
-                      int(d["context_ref"]), base, slope, prefill, drafters, dict(d.get("meta", {})))  # fmt: skip
+                      int(d["context_ref"]), base, slope, prefill, drafters, dict(d.get("meta", {})),
+                      padded_context=padded)  # fmt: skip
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
             raise CostModelError(f"{source} is malformed ({err!r})") from err
         shape = (len(rows), len(nodes))
@@ -248,6 +266,7 @@ class RooflineCost:
     flop_efficiency: float = FLOP_EFFICIENCY
     draft_per_row_s: dict[str, float] = field(default_factory=lambda: dict(HOST_DRAFT_S))
     simulated: bool = True
+    padded_context: bool = False  # a paged-attention engine: each row reads its own keys
 
     @property
     def label(self) -> str:
@@ -498,4 +517,4 @@ def calibrate_batch(
 
 
 __all__ = ["ACCELERATORS", "MODELS", "BatchCost", "FittedBatchCost", "RooflineCost", "calibrate_batch",
-           "load_batch_cost", "roofline", "step_s"]  # fmt: skip
+           "load_batch_cost", "roofline", "step_context", "step_s"]  # fmt: skip

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from env.batch_cost import BatchCost, load_batch_cost
+from env.batch_cost import BatchCost, load_batch_cost, step_context
 from env.engine import Arm, parse_arm
 from env.trace import Trace, TraceError, load_trace
 
@@ -514,10 +514,10 @@ class ServeSim:
         rows = act.sum(1)
         nodes = dr.max(1) + 1  # the widest tree in the batch (empty slots have drafted 0)
         r1 = np.maximum(rows, 1)
-        ctx_mean = ((self.prompt_len[self.prompt] + self.pos) * act).sum(1) / r1
+        ctx = step_context(self.cost, self.prompt_len[self.prompt] + self.pos, act)
         e = self.num_envs
         both = np.asarray(self.cost.forward_s(np.tile(r1, 2), np.concatenate([nodes, np.ones(e, nodes.dtype)]),
-                                              np.tile(ctx_mean, 2)), np.float64)  # fmt: skip
+                                              np.tile(ctx, 2)), np.float64)  # fmt: skip
         cost, ar = both[:e], both[e:]  # the step, and an autoregressive step of the same rows
         if self.drafter_names:
             ad = self.arm_drafter[a]
@@ -645,7 +645,8 @@ class LiveObserver:
     def reward(outcomes: Sequence[Any], wall_s: float, cost: Any) -> float:
         rows = len(outcomes)
         tokens = sum(o.info["tokens"] for o in outcomes)
-        ctx = float(np.mean([o.seq.context for o in outcomes])) if rows else 0.0
+        ctxs = np.array([[o.seq.context for o in outcomes]], np.float64)
+        ctx = float(step_context(cost, ctxs, np.ones_like(ctxs, bool))[0]) if rows else 0.0
         ar = float(cost.forward_s(max(rows, 1), 1, ctx))
         return tokens * ar / (max(rows, 1) * wall_s) if wall_s > 0 else 0.0
 

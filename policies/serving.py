@@ -139,6 +139,7 @@ class SmartSpecPolicy(BasePolicy):
 
     def scores(self, obs: np.ndarray) -> np.ndarray:
         """Estimated goodput of every arm (tokens per second of the batch)."""
+        from env.batch_cost import step_context
         from env.serve_env import CTX_NORM, DEPTH_NORM
 
         m = self.max_batch
@@ -147,7 +148,7 @@ class SmartSpecPolicy(BasePolicy):
         rows = max(int(live.sum()), 1)
         alpha = np.clip(block[live, 2], 0.0, 0.999)
         match = block[live, 4] * DEPTH_NORM  # the drafter's longest proposal here (0: nothing to draft)
-        ctx = float(block[live, 1].mean() * CTX_NORM) if live.any() else 0.0
+        ctx = float(step_context(self.cost_model, block[None, :, 1] * CTX_NORM, live[None])[0])
         out = np.zeros(len(self.arms))
         for k, (a, d) in enumerate(zip(self.arms, self.depths)):
             dd = np.minimum(d, match)  # a chain cannot be longer than the proposal

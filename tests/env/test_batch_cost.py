@@ -23,6 +23,7 @@ from env.batch_cost import (
     bilinear,
     load_batch_cost,
     roofline,
+    step_context,
     step_s,
 )
 from env.cost import CostModelError, Curve
@@ -118,6 +119,28 @@ def test_draft_and_prefill_and_step():
     assert not c.simulated and "test cpu" in c.label
 
 
+def test_a_step_is_priced_at_the_longest_row_on_our_engine_and_the_mean_on_a_paged_one(tmp_path):
+    """Our engine attends every row of a ragged batch over the longest row's span, so a fitted model (measured
+    on it) prices a step at the longest context; a roofline model (a paged-attention GPU engine) at the mean."""
+    ctx = np.array([[100, 900, 0, 0], [300, 300, 300, 0], [0, 0, 0, 0]])
+    active = np.array([[True, True, False, False], [True, True, True, False], [False] * 4])
+    fit, roof = fitted(), roofline("h200", "llama-3.1-8b")
+    assert fit.padded_context and not roof.padded_context
+    assert step_context(fit, ctx, active).tolist() == [900, 300, 0]
+    assert step_context(roof, ctx, active).tolist() == [500, 300, 0]
+    back = load_batch_cost(fit.save(tmp_path / "b.json"))  # a file of our engine keeps the rule
+    assert back.padded_context and step_context(back, ctx, active).tolist() == [900, 300, 0]
+    data = fit.to_json()
+    del data["padded_context"]  # a file from before the rule: measured on our engine
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert load_batch_cost(tmp_path / "old.json").padded_context
+    data["padded_context"] = False  # a fitted model of a paged engine
+    (tmp_path / "paged.json").write_text(json.dumps(data))
+    assert step_context(load_batch_cost(tmp_path / "paged.json"), ctx, active).tolist() == [500, 300, 0]
+    # the serving replay prices a ragged batch so: two rows of 100 and 900 tokens cost as two of 900
+    assert fit.forward_s(2, 1, step_context(fit, ctx, active)[0]) == fit.forward_s(2, 1, 900)
+
+
 def test_json_round_trip(tmp_path):
     c = fitted()
     path = c.save(tmp_path / "sub" / "bc.json")
@@ -180,6 +203,7 @@ BAD_FITTED = {
     "list-drafters": _set(("drafters_s_per_row",), [1, 2, 3]),
     "prefill-not-a-table": _set(("prefill",), 7),
     "rows-not-a-list": _set(("rows",), 3),
+    "padded-context-not-a-bool": _set(("padded_context",), "yes"),
     **{
         f"missing-{k}": _drop(k)
         for k in (

@@ -522,3 +522,21 @@ def test_shipped_serving_policies_load_for_the_default_env():
         assert pol.meta["split"]["test"] and not set(pol.meta["split"]["test"]) & set(
             pol.meta["split"]["train"]
         )
+
+
+def test_a_fitted_cost_model_prices_a_ragged_batch_at_its_longest_row(trace):
+    """The shipped cost model was measured on our engine, whose ragged rows attend over the longest row's span:
+    the replay prices every step at the longest active context (a roofline model: the mean)."""
+    from env.batch_cost import load_batch_cost
+
+    cost = load_batch_cost(None)
+    sim = ServeSim(3, **kw(trace, cost=cost, loads=["3", "ramp"], requests=6, seed=1))
+    sim.reset()
+    for _ in range(30):
+        ctx = sim.prompt_len[sim.prompt] + sim.pos
+        longest = np.where(sim.active, ctx, 0).max(1)
+        rows = sim.active.sum(1)
+        _, o = sim.step(np.zeros(3, np.int64))  # plain decoding: no drafting cost
+        live = rows > 0
+        want = cost.forward_s(rows[live], 1, longest[live])
+        assert np.allclose(o["cost"][live], want, rtol=1e-12)

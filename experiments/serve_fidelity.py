@@ -1,0 +1,126 @@
+"""Where replayed and live serving time part: ``python -m experiments.serve_fidelity``.
+
+For each load, one held-out request stream of the bundled serving trace (the split ``draftgym serve-train``
+makes: 4 prompts per category) is replayed under a batch cost model and served live on the batch engine with a
+static arm, through the same policy path ``draftgym evaluate --serve`` takes. Printed per load: the replay's
+modelled prefill seconds, steps and step seconds, and the live ``ServeLog``'s (prefill on admission, batch steps
+including the observation and the policy, the rest of the serving loop), so a gap between replay and live shows
+which part of the cost model misses it.
+
+    draftgym calibrate --batch --out runs/batch_cost.json
+    python -m experiments.serve_fidelity --batch-cost runs/batch_cost.json --arm none --loads 1,4,16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from experiments.errors import UserError, one_line
+
+
+def diagnose(
+    cost: Any, arm: str, load: str, loaded: Any, requests: int = 16, seed: int = 0
+) -> dict[str, Any]:
+    import torch
+
+    from env.batch import BatchEngine
+    from env.engine import NO_DRAFT, parse_arm
+    from env.serve_sim import DEFAULT_ARMS, ServeSim, default_serve_trace
+    from env.serving import Request, ServeLog, serve
+    from policies.split import trace_split
+
+    trace = default_serve_trace()
+    arms = list(DEFAULT_ARMS)
+    k = arms.index(arm)
+    test = list(trace_split(trace, 4, seed).test)
+    sim = ServeSim(
+        1, trace=trace, arms=arms, cost=cost, loads=[load], requests=requests, prompt_ids=test, seed=seed
+    )
+    sim.reset()
+    n = int(sim.n_req[0])
+    prompts = sim.req_prompt[0, :n]
+    replay = {"prefill_s": float(np.sum(cost.prefill_s(sim.prompt_len[prompts]))), "steps": 0, "step_s": 0.0}
+    while not sim.done().all():
+        _, o = sim.step(np.array([k]))
+        replay["steps"] += 1
+        replay["step_s"] += float(o["cost"][0])
+    replay.update(wall_s=float(sim.clock[0]), tokens=int(sim.tokens_total[0]))
+
+    class Static:
+        def act(self, obs: Any) -> int:
+            return k
+
+    max_new = trace.max_new_tokens
+    reqs = [Request(str(i), trace.prompt(int(p)), NO_DRAFT, max_new, float(sim.req_arr[0, i]))
+            for i, p in enumerate(prompts)]  # fmt: skip
+    caps = [int(c) for c in sim.req_cap[0, :n]] if bool(sim.closed[0]) else None
+    log = ServeLog()
+    engine = BatchEngine(loaded, max_rows=sim.max_batch)
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        served = serve(engine, reqs, caps=caps, max_batch=sim.max_batch, policy=Static(),
+                       arms=[parse_arm(a) for a in arms], cost=cost, log=log)  # fmt: skip
+        wall = time.perf_counter() - t0
+    live = {"prefill_s": log.prefill_s, "steps": log.steps, "step_s": log.step_s, "wall_s": wall,
+            "tokens": sum(len(s.token_ids) for s in served), "other_s": wall - log.prefill_s - log.step_s}  # fmt: skip
+    return {"load": load, "arm": arm, "requests": n, "replay": replay, "live": live}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.serve_fidelity", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)  # fmt: skip
+    p.add_argument("--batch-cost", default=None, help="batch cost model JSON (default: the shipped one)")
+    p.add_argument(
+        "--arm", default="none", help="the static arm served (one of the serving env's default menu)"
+    )
+    p.add_argument("--loads", default="1,4,16", help="comma list of closed-loop concurrencies (or ramp)")
+    p.add_argument("--requests", type=int, default=16)
+    p.add_argument("--json", default=None, help="write the rows here")
+    args = p.parse_args(argv)
+    try:
+        from env.batch_cost import load_batch_cost
+        from env.cost import CostModelError
+        from env.serve_sim import DEFAULT_ARMS, ServeEnvError, parse_load
+
+        if args.arm not in DEFAULT_ARMS:
+            raise UserError(f"unknown arm {args.arm!r}; valid: {', '.join(DEFAULT_ARMS)}")
+        if args.requests < 1:
+            raise UserError("--requests must be >= 1")
+        loads = [x.strip() for x in args.loads.split(",") if x.strip()]
+        for x in loads:
+            parse_load(x, 16)
+        try:
+            cost = load_batch_cost(args.batch_cost)
+        except CostModelError as err:
+            raise UserError(str(err)) from err
+    except (UserError, ServeEnvError) as err:
+        print(f"serve_fidelity: {one_line(err)}", file=sys.stderr)
+        return 2
+    from env.model import load_model
+
+    loaded = load_model(None, dtype="bf16")
+    rows = []
+    print(f"replay / live seconds, arm {args.arm}; cost model: {cost.label}")
+    print(f"{'load':>5} {'prefill':>15} {'steps':>11} {'step s':>15} {'total':>15} {'live other':>10}")
+    for load in loads:
+        r = diagnose(cost, args.arm, load, loaded, args.requests)
+        rows.append(r)
+        a, b = r["replay"], r["live"]
+        print(f"{load:>5} {a['prefill_s']:6.2f} / {b['prefill_s']:6.2f} {a['steps']:>5}/{b['steps']:<5} "
+              f"{a['step_s']:6.2f} / {b['step_s']:6.2f} {a['wall_s']:6.2f} / {b['wall_s']:6.2f} {b['other_s']:10.2f}",
+              flush=True)  # fmt: skip
+    if args.json:
+        from env.files import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps({"rows": rows, "cost": cost.label}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
