@@ -479,10 +479,11 @@ def calibrate_batch(
     for arr in (base, slope):  # more rows or more nodes never cost less
         np.maximum.accumulate(arr, axis=0, out=arr)
         np.maximum.accumulate(arr, axis=1, out=arr)
-    pf = _time_prefill(loaded, PREFILL_TOKENS, max(reps // 2, 2))
+    lengths = [n for n in PREFILL_TOKENS if n < loaded.max_context] or [min(16, loaded.max_context - 1)]
+    pf = _time_prefill(loaded, lengths, max(reps // 2, 2))
     from env.cost import isotonic
 
-    prefill = Curve(tuple(PREFILL_TOKENS), tuple(isotonic(pf)))
+    prefill = Curve(tuple(lengths), tuple(isotonic(pf)))
     prompts = [chat_prompt(loaded.tokenizer, p.text) for p in load_workload()[:3]]
     from drafters import TreeShape
 

@@ -189,11 +189,11 @@ class LeanLlama:
         at = int(write.slots[0, 0]) if b == 1 else -1
         tap = tuple(i + 1 in aux for i in range(len(self.layers))) if aux else ()
         # a wide forward (a prefill chunk) on the CPU attends in fp32 where wide products run faster so (kernels.quant)
-        wide = b * q >= WIDE_ROWS and ids.device.type == "cpu" and self.dtype != torch.float32
-        wide = wide and wide_in_fp32(self.dtype)
+        wide_rows = b * q >= WIDE_ROWS and ids.device.type == "cpu" and self.dtype != torch.float32
+        wide = wide_rows and wide_in_fp32(self.dtype)
         # compiled: decoding and verifying steps; a prompt's causal forward and wide products stay eager (their time
         # is in the matrix products, and every prompt length would be one more shape to compile)
-        compiled = self._compiled is not None and not (causal or wide)
+        compiled = self._compiled is not None and not (causal or wide_rows)
         run = self._compiled if compiled else self._layers
         if compiled:
             _sizes_vary((x, cos, sin), (mask, write.rows, write.slots))
@@ -251,7 +251,7 @@ class LeanLlama:
                 keys, vals = ks, vs.transpose(1, 2)
             else:
                 keys, vals = kc[lo:hi, :, :span], vc[lo:hi, :, :span]
-            if q == 1 and x.dtype != torch.float32:  # a decoding step: see _attend_one
+            if q == 1 and x.dtype != torch.float32 and x.device.type == "cpu":  # a decoding step: _attend_one
                 a = _attend_one(qs, keys, vals, mask, self.scale)
             else:
                 if wide:
@@ -275,12 +275,12 @@ def _attend_one(qs: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: 
     env.bench_forward --context 1200`: most of a step's time at long contexts); fp32 models keep it (their logits
     equal transformers')."""
     b, h, _, d = qs.shape
-    hkv, span = keys.shape[1], keys.shape[2]
+    hkv = keys.shape[1]
     g = h // hkv  # query heads per KV head: heads j * g .. j * g + g - 1 read KV head j (transformers' GQA)
     # scores: [B, Hkv, g, S]
     scores = torch.matmul(qs.float().reshape(b, hkv, g, d), keys.float().transpose(-1, -2)) * scale
-    if mask is not None:
-        scores = scores.masked_fill(~mask.reshape(b, 1, 1, span), float("-inf"))
+    if mask is not None:  # [B, 1, 1, S]: broadcast over the KV heads and their query heads
+        scores = scores.masked_fill(~mask, float("-inf"))
     p = torch.softmax(scores, dim=-1)
     return torch.matmul(p, vals.float()).reshape(b, h, 1, d).to(qs.dtype)
 

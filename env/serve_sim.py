@@ -474,33 +474,28 @@ class ServeSim:
     def _actions(self, actions: Any) -> np.ndarray:
         a = np.asarray(actions)
         k = len(self.arms)
-        if a.ndim == 1 and a.shape[0] == self.num_envs:
-            live = a[self.active.any(1)]  # a server without rows ignores its action
-            full = False
-        elif a.shape == (self.num_envs, self.max_batch):
-            live = a[self.active]
-            full = True
-        else:
+        batch = a.ndim == 1 and a.shape[0] == self.num_envs
+        if not batch and a.shape != (self.num_envs, self.max_batch):
             raise ServeEnvError(
                 f"actions must have shape ({self.num_envs},) or ({self.num_envs}, {self.max_batch}), got {a.shape}"
             )
-        if not np.issubdtype(a.dtype, np.integer):
-            if not np.all(np.mod(a, 1) == 0):
-                raise ServeEnvError("actions must be integer arm indices")
-            a, live = a.astype(np.int64), live.astype(np.int64)
+        if not np.issubdtype(a.dtype, np.integer) and not np.all(np.mod(a, 1) == 0):
+            raise ServeEnvError("actions must be integer arm indices")
+        a = a.astype(np.int64, copy=False)
+        act = self.active
+        if batch:
+            live = a[act.any(1)]  # a server without rows ignores its action
+        elif not (act[:, :-1] >= act[:, 1:]).all():  # per row, in the observation's order: back to slots
+            a = np.take_along_axis(a, packed_positions(act), 1)
+        if not batch:  # rows packed in slots 0..rows-1 (the simulator keeps them so): the observation's order
+            live = a[act]
         if live.size and (live.min() < 0 or live.max() >= k):
             bad = int(live.min()) if live.min() < 0 else int(live.max())
             raise ServeEnvError(
                 f"action {bad} is not a valid arm index; valid: 0..{k - 1} ({', '.join(self.arm_names)})"
             )
         a = np.clip(a, 0, k - 1)
-        if not full:
-            return np.broadcast_to(a[:, None], (self.num_envs, self.max_batch))
-        act = self.active
-        if (act[:, :-1] >= act[:, 1:]).all():  # rows packed in slots 0..rows-1: the observation's order
-            return a
-        # per row, in the observation's order: back to slots
-        return np.take_along_axis(a, packed_positions(act), 1)
+        return np.broadcast_to(a[:, None], (self.num_envs, self.max_batch)) if batch else a
 
     def outcome(self, a: np.ndarray) -> dict[str, np.ndarray]:
         """What actions ``a`` ([E, M]) would do this step, without doing it."""
@@ -512,7 +507,7 @@ class ServeSim:
         tok, acc, dr, end = np.moveaxis(words.view(self._field_dtype).reshape(*words.shape, 4), -1, 0)
         end = end > 0
         rows = act.sum(1)
-        nodes = dr.max(1) + 1  # the widest tree in the batch (empty slots have drafted 0)
+        nodes = dr.max(1).astype(np.int64) + 1  # the widest tree in the batch (empty slots have drafted 0)
         r1 = np.maximum(rows, 1)
         ctx = step_context(self.cost, self.prompt_len[self.prompt] + self.pos, act)
         e = self.num_envs

@@ -31,7 +31,9 @@ GROUP = 32  # int4 group size: one Q4_1 block
 WIDE_ENV = "DRAFTGYM_WIDE_MATMUL"
 WIDE_ROWS = 128  # rows from which a product is wide (the layer's fp32 weight kept once built)
 WIDE_ROWS_DENSE = 512  # a dense layer without a kept fp32 copy casts its weight per product: pays from here
-DENSE_FP32_BUDGET = 2 << 30  # bytes of dense layers' fp32 copies kept per process (embedded model: 0.5 GB)
+# bytes of weight copies kept per process for wide products: dense layers' fp32 copies, quantized layers' bf16 ones
+# (embedded model: 0.5 GB dense, 0.2 GB int4)
+DENSE_FP32_BUDGET = 2 << 30
 _dense_kept = [0]  # bytes of those copies alive now
 WIDE_GAIN = 1.2  # fp32 must be this much faster in the probe to be used
 _wide: dict[torch.dtype, bool] = {}
@@ -232,10 +234,21 @@ class QLinear:
     def weight_native(self, dtype: torch.dtype) -> torch.Tensor:
         """A quantized layer's weight in the activations' ``dtype`` (its exact fp32 weight rounded once), kept once
         built: a wide product of a CPU whose ``dtype`` GEMM is fast reads it instead of the weight-only kernel,
-        which dequantizes its blocks again for every few rows (`python -m env.bench_forward --prefill`)."""
+        which dequantizes its blocks again for every few rows (`python -m env.bench_forward --prefill`). Kept
+        within ``DENSE_FP32_BUDGET`` with the dense layers' copies (see ``keeps_native``)."""
         if self._w16 is None or self._w16.dtype != dtype:
             self._w16 = (self._w32 if self._w32 is not None else self._exact_fp32()).to(dtype).contiguous()
+            size = self._w16.nbytes
+            _dense_kept[0] += size
+            weakref.finalize(self, _release_dense, size)
         return self._w16
+
+    def keeps_native(self, dtype: torch.dtype) -> bool:
+        """Whether a quantized layer's wide product may read a kept copy in ``dtype``: built already, or the copies
+        of all layers still fit ``DENSE_FP32_BUDGET`` with it (beyond it the weight-only kernel stays)."""
+        if self._w16 is not None and self._w16.dtype == dtype:
+            return True
+        return _dense_kept[0] + dtype.itemsize * self.n * self.k <= DENSE_FP32_BUDGET
 
     def _exact_fp32(self) -> torch.Tensor:
         if self.fmt == "int8":
@@ -281,7 +294,7 @@ class QLinear:
             return F.linear(x.float(), self.weight_fp32(), b).to(x.dtype)
         if self.fmt == "dense":
             return F.linear(x, self.weight, self.bias)  # type: ignore[arg-type]
-        if wide:  # natively: a GEMM of the weight in the activations' dtype (weight_native)
+        if wide and self.keeps_native(x.dtype):  # natively: a GEMM of the weight in x's dtype (weight_native)
             return F.linear(x, self.weight_native(x.dtype), self.bias)
         shape = x.shape
         x2 = x.reshape(-1, self.k)

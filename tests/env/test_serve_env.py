@@ -540,3 +540,13 @@ def test_a_fitted_cost_model_prices_a_ragged_batch_at_its_longest_row(trace):
         live = rows > 0
         want = cost.forward_s(rows[live], 1, longest[live])
         assert np.allclose(o["cost"][live], want, rtol=1e-12)
+
+
+def test_actions_of_any_integer_dtype_step_alike(trace):
+    runs = []
+    for dtype in (np.int8, np.uint8, np.int16, np.int64):
+        sim = ServeSim(2, **kw(trace, loads=["3"], seed=5))
+        sim.reset()
+        rewards = [sim.step(np.full(2, 4, dtype))[0] for _ in range(20)]
+        runs.append(np.concatenate(rewards))
+    assert all(np.array_equal(runs[0], r) for r in runs[1:])
