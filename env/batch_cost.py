@@ -1,7 +1,8 @@
 """Batch cost models: seconds of one batch step of the engine over ``rows`` sequences, each verifying a tree padded
-to ``nodes`` nodes (1: a plain autoregressive step) at a mean past length of ``context`` tokens, plus the
-drafters' proposals for the rows that draft and the prefill of an entering request. The serving env
-(``env.serve_env``) prices every step with one; ``draftgym calibrate --batch`` fits one on this machine.
+to ``nodes`` nodes (1: a plain autoregressive step) at a past length of ``context`` tokens (``step_context``: the
+longest row's on our engine, the mean on a paged one), plus the drafters' proposals for the rows that draft and the
+prefill of an entering request. The serving env (``env.serve_env``) prices every step with one; ``draftgym
+calibrate --batch`` fits one on this machine (``env.batch_calibrate``).
 
 Two kinds, one interface (``BatchCost``):
 
@@ -18,14 +19,9 @@ Both are plain numbers: a file is read as JSON and checked, never run.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
-import os
-import random
-import statistics
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,10 +32,6 @@ from env.cost import CostModelError, Curve
 
 FORMAT = "draftgym-batch-cost-model"
 ROOFLINE_FORMAT = "draftgym-roofline-cost-model"
-ROWS = (1, 2, 4, 8, 16)
-NODES = (1, 2, 3, 4, 6, 9)
-CONTEXTS = (128, 512)
-PREFILL_TOKENS = (16, 64, 192, 448, 1024)  # Spec-Bench's long prompts reach ~1,200 tokens
 
 
 class BatchCost(Protocol):
@@ -375,147 +367,5 @@ def load_batch_cost(source: str | Path | BatchCost | None = None) -> BatchCost:
     raise CostModelError(f"{path} is not a draftgym batch cost model (format {data.get('format')!r})")
 
 
-# ---- calibration -----------------------------------------------------------------------------------------------------
-
-
-def _time_grid(loaded: Any, rows: Sequence[int], nodes: Sequence[int], contexts: Sequence[int], reps: int,
-               progress: bool) -> dict[tuple[int, int, int], float]:  # fmt: skip
-    """Median seconds of ``BatchEngine.step`` over (rows, nodes, context): every row drafts a random chain of
-    ``nodes - 1`` tokens (``nodes`` 1: no draft), the step's commits are rolled back so that the context stays."""
-    import torch
-
-    from drafters import TreeShape
-    from env.batch import BatchEngine
-    from env.cost import _context_ids, _FixedTree, tree_parents
-    from env.engine import NO_DRAFT, Arm
-
-    fixed = _FixedTree(int(loaded.config.vocab_size))
-    engines = {}
-    for c in contexts:
-        ids = _context_ids(loaded.tokenizer, c)
-        for r in rows:
-            eng = BatchEngine(loaded, max_rows=r)
-            for _ in range(r):
-                eng.admit(ids, {"_fixed": fixed})
-            engines[(r, c)] = eng
-    cells = [(r, n, c) for r in rows for n in nodes for c in contexts]
-    samples: dict[tuple[int, int, int], list[float]] = {cell: [] for cell in cells}
-    rng = random.Random(0)
-
-    def run(r: int, n: int, c: int) -> float:
-        eng = engines[(r, c)]
-        arm = NO_DRAFT if n == 1 else Arm("_fixed", TreeShape(depth=n - 1))
-        fixed.parents = tree_parents(n, True)
-        t0 = time.perf_counter()
-        results = eng.step([arm] * r)
-        wall = time.perf_counter() - t0
-        for row, res in zip(eng.target.rows, results):  # back to the same context
-            k = len(res.committed)
-            del row.tokens[-k:]
-            eng.target.cache.lens[row.slot] -= k
-        return wall
-
-    with torch.inference_mode():
-        for cell in cells:  # warm-up
-            run(*cell)
-        it = range(reps)
-        if progress:
-            from tqdm import tqdm
-
-            it = tqdm(it, desc="calibrate --batch", unit="pass")
-        for _ in it:
-            rng.shuffle(cells)
-            for cell in cells:
-                samples[cell].append(run(*cell))
-    return {cell: statistics.median(v) for cell, v in samples.items()}
-
-
-def _time_prefill(loaded: Any, lengths: Sequence[int], reps: int) -> list[float]:
-    import torch
-
-    from env.batch import BatchEngine
-    from env.cost import _context_ids
-
-    eng = BatchEngine(loaded, max_rows=1)
-    out = []
-    with torch.inference_mode():
-        for n in lengths:
-            ids = _context_ids(loaded.tokenizer, n)
-            ts = []
-            for _ in range(reps + 1):
-                t0 = time.perf_counter()
-                row, _ = eng.admit(ids, {})
-                ts.append(time.perf_counter() - t0)
-                eng.retire(row)
-            out.append(statistics.median(ts[1:]))
-    return out
-
-
-def calibrate_batch(
-    loaded: Any,
-    drafter_names: Sequence[str] = ("ngram",),
-    *,
-    rows: Sequence[int] = ROWS,
-    nodes: Sequence[int] = NODES,
-    contexts: Sequence[int] = CONTEXTS,
-    reps: int = 5,
-    progress: bool = False,
-) -> FittedBatchCost:
-    """Measure the batch step on the (rows, nodes, context) grid, the prefill, and each drafter's propose time
-    per row; fit. About two minutes for the embedded model on a 2-core CPU."""
-    from env.cost import _time_drafters, machine_info
-    from env.decoder import chat_prompt
-    from env.workloads import load_workload
-
-    if len(contexts) != 2:
-        raise ValueError("calibrate_batch measures at exactly two contexts")
-    t_start = time.perf_counter()
-    med = _time_grid(loaded, rows, nodes, contexts, reps, progress)
-    c0, c1 = int(contexts[0]), int(contexts[1])
-    base = np.array([[med[(r, n, c0)] for n in nodes] for r in rows])
-    slope = np.array(
-        [[max((med[(r, n, c1)] - med[(r, n, c0)]) / (c1 - c0), 0.0) for n in nodes] for r in rows]
-    )
-    for arr in (base, slope):  # more rows or more nodes never cost less
-        np.maximum.accumulate(arr, axis=0, out=arr)
-        np.maximum.accumulate(arr, axis=1, out=arr)
-    lengths = [n for n in PREFILL_TOKENS if n < loaded.max_context] or [min(16, loaded.max_context - 1)]
-    pf = _time_prefill(loaded, lengths, max(reps // 2, 2))
-    from env.cost import isotonic
-
-    prefill = Curve(tuple(lengths), tuple(isotonic(pf)))
-    prompts = [chat_prompt(loaded.tokenizer, p.text) for p in load_workload()[:3]]
-    from drafters import TreeShape
-
-    shapes = [TreeShape(d) for d in (1, 2, 3, 5, 8)]
-    names = [n for n in drafter_names if n != "none"]
-    timed = _time_drafters(loaded, names, {}, prompts, shapes, positions=4)
-    drafters = {n: float(statistics.median(v["shapes"].values())) for n, v in timed.items()}
-    meta = {
-        "machine": machine_info(),
-        "forward": getattr(loaded, "forward", "hf"),
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "calibration_s": round(time.perf_counter() - t_start, 1),
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "reps": reps,
-        "contexts": [c0, c1],
-        "measurements": [[r, n, c, s] for (r, n, c), s in sorted(med.items())],
-        "prefill_measured": pf,
-    }
-    return FittedBatchCost(
-        model_id=loaded.model_id,
-        dtype=str(loaded.dtype).removeprefix("torch."),
-        weights=str(getattr(loaded, "weights", "dense")),
-        rows=tuple(int(r) for r in rows),
-        nodes=tuple(int(n) for n in nodes),
-        context_ref=c0,
-        base=base,
-        slope=slope,
-        prefill=prefill,
-        drafters=drafters,
-        meta=meta,
-    )
-
-
-__all__ = ["ACCELERATORS", "MODELS", "BatchCost", "FittedBatchCost", "RooflineCost", "calibrate_batch",
-           "load_batch_cost", "roofline", "step_context", "step_s"]  # fmt: skip
+__all__ = ["ACCELERATORS", "MODELS", "BatchCost", "FittedBatchCost", "RooflineCost", "load_batch_cost", "roofline",
+           "step_context", "step_s"]  # fmt: skip

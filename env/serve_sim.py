@@ -1,18 +1,8 @@
 """The serving simulator behind ``draftgym/SpecServe-v0`` (``env.serve_env``, the Gymnasium adapters): ``ServeSim``,
 a server decoding a stream of requests with continuous batching, numpy-vectorized over many independent servers,
-replayed from a recorded trace and priced by a batch cost model (``env.batch_cost``); the loads and their request
-streams; the observation (``serve_observation``), which the live server (``env.serving.serve(policy=...)``) builds
-with the same function through ``LiveObserver``.
-
-Loads (``loads``: one is drawn per episode):
-
-- ``"C"`` (an integer): closed loop, C requests in flight (the next enters as soon as one leaves);
-- ``"ramp"``: closed loop whose concurrency doubles from 1 to ``max_batch`` and back (1, 2, 4, 8, 16, 8, 4, 2, 1
-  at 16), each level held for as many requests as the level (``ramp_caps``);
-- ``"poisson@X"``: open loop, Poisson arrivals at X times the unit rate (the rate at which one row decoding
-  autoregressively finishes requests of the trace's mean length under the cost model);
-- ``"bursty"``: open loop, bursts of a geometric number of requests (mean 8) arriving together, at 2x the unit
-  rate on average.
+replayed from a recorded trace and priced by a batch cost model (``env.batch_cost``). The loads and their request
+streams (``env.serve_loads``) and the observation (``env.serve_obs``, shared with the live server) are re-exported
+here.
 
 Greedy replay is exact for the n-gram drafter (DESIGN.md "Traces and replay"): the tokens a request commits are
 its recorded trajectory whatever the arms, so only the time and the steps differ between policies.
@@ -21,13 +11,25 @@ its recorded trajectory whatever the arms, so only the time and the steps differ
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from env.batch_cost import BatchCost, load_batch_cost, step_context
 from env.engine import Arm, parse_arm
+from env.serve_loads import *  # noqa: F403  (the loads' names, re-exported)
+from env.serve_loads import __all__ as _load_names
+from env.serve_loads import parse_load, ramp_caps, request_stream
+from env.serve_obs import *  # noqa: F403  (the observation's names, re-exported)
+from env.serve_obs import (
+    ServeEnvError,
+    is_packed,
+    obs_size,
+    packed_positions,
+    serve_observation,
+    update_alpha,
+)
+from env.serve_obs import __all__ as _obs_names
 from env.trace import Trace, TraceError, load_trace
 
 SERVE_ID = "draftgym/SpecServe-v0"
@@ -35,174 +37,6 @@ DEFAULT_ARMS = ("none", "ngram-d1", "ngram-d2", "ngram-d3", "ngram-d5", "ngram-d
 DEFAULT_LOADS = ("1", "2", "4", "8", "16", "ramp", "bursty")
 ACTIONS = ("batch", "row")
 REWARDS = ("goodput_ratio", "time_saved")
-DECAY = 0.8  # of the per-row acceptance estimate
-CTX_NORM = 1024.0
-LOAD_FEATURES = (
-    "load/rows",
-    "load/queue",
-    "load/tokens_in_flight",
-    "load/max_context",
-    "load/rows_with_match",
-)
-POOLED_FEATURES = ("pool/alpha", "pool/last_accepted", "pool/match_depth", "pool/progress")
-ROW_FEATURES = ("active", "context", "alpha", "last_accepted", "match_depth", "progress")
-LAST_NORM, DEPTH_NORM = 8.0, 16.0
-
-
-class ServeEnvError(ValueError):
-    """A bad serving env argument or action; the message is meant for the user."""
-
-
-def feature_names(max_batch: int) -> list[str]:
-    return [*LOAD_FEATURES, *POOLED_FEATURES] + [
-        f"row{i}/{f}" for i in range(max_batch) for f in ROW_FEATURES
-    ]
-
-
-def obs_size(max_batch: int) -> int:
-    return len(LOAD_FEATURES) + len(POOLED_FEATURES) + len(ROW_FEATURES) * max_batch
-
-
-def obs_bounds(max_batch: int) -> tuple[np.ndarray, np.ndarray]:
-    names = feature_names(max_batch)
-    high = np.array(
-        [4.0 if n.endswith(("queue", "context", "tokens_in_flight")) else 1.0 for n in names], np.float32
-    )
-    return np.zeros(len(names), np.float32), high
-
-
-def alpha_estimate(s: Any, n: Any) -> Any:
-    """Per-token acceptance estimate from decayed counts of accepted drafts ``s`` and trials ``n`` (an accepted
-    draft token, or the first rejection of a step): the posterior mean under a uniform prior."""
-    return (s + 1.0) / (n + 2.0)
-
-
-def update_alpha(s: Any, n: Any, accepted: Any, drafted: Any, depth: Any) -> tuple[Any, Any]:
-    """One step's evidence into the decayed counts (rows that did not draft keep theirs)."""
-    drew = drafted > 0
-    stopped = accepted < np.minimum(drafted, depth)
-    s2 = np.where(drew, DECAY * s + accepted, s)
-    n2 = np.where(drew, DECAY * n + accepted + stopped, n)
-    return s2, n2
-
-
-def serve_observation(active, context, s, n, last_acc, match_depth, progress, queue, max_batch: int,
-                      out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
-    """The observation of ``E`` servers from per-row arrays ``[E, M]`` (``queue``: ``[E]`` requests arrived and
-    waiting). The row block lists the active rows first, in slot order (as the live engine packs them), then
-    zeros; pooled features are means over active rows."""
-    a = np.asarray(active, bool)
-    e, m = a.shape
-    af = a.astype(np.float32)
-    rows = af.sum(1)
-    denom = np.maximum(rows, 1.0)
-    ctx = np.asarray(context, np.float32) / CTX_NORM * af
-    alpha = alpha_estimate(np.asarray(s, np.float32), np.asarray(n, np.float32)) * af
-    last = np.minimum(np.asarray(last_acc, np.float32) / LAST_NORM, 1.0) * af
-    depth = np.minimum(np.asarray(match_depth, np.float32) / DEPTH_NORM, 1.0) * af
-    prog = np.minimum(np.asarray(progress, np.float32), 1.0) * af
-    if out is None:
-        out = np.empty((e, obs_size(max_batch)), np.float32)
-    out[:, 0] = rows / max_batch
-    out[:, 1] = np.minimum(np.asarray(queue, np.float32) / max_batch, 4.0)
-    out[:, 2] = np.minimum(ctx.sum(1) / max_batch, 4.0)
-    out[:, 3] = np.minimum(ctx.max(1), 4.0)
-    out[:, 4] = (depth > 0).sum(1) / max_batch
-    out[:, 5] = alpha.sum(1) / denom
-    out[:, 6] = last.sum(1) / denom
-    out[:, 7] = depth.sum(1) / denom
-    out[:, 8] = prog.sum(1) / denom
-    feats = (af, np.minimum(ctx, 4.0), alpha, last, depth, prog)  # each [E, m], slot order
-    block = out[:, 9:].reshape(e, max_batch, len(ROW_FEATURES))
-    block[:, m:] = 0.0
-    if (a[:, :-1] >= a[:, 1:]).all():  # already packed (the simulator's and the live engine's rows are)
-        for f, x in enumerate(feats):
-            block[:, :m, f] = x
-    else:  # the active rows to the front, in slot order (inactive rows are zeros: their order does not matter)
-        block[np.arange(e)[:, None], packed_positions(a)] = np.stack(feats, axis=-1)
-    return out
-
-
-def packed_positions(active: np.ndarray) -> np.ndarray:
-    """``[E, M]``: where each slot's row goes when the active rows are packed to the front in slot order."""
-    on = np.cumsum(active, axis=1) - 1
-    off = active.sum(1, keepdims=True) + np.cumsum(~active, axis=1) - 1
-    return np.where(active, on, off)
-
-
-@dataclass(frozen=True)
-class Load:
-    name: str
-    closed: bool
-    level: float  # concurrency (closed), or multiple of the unit rate (open)
-
-
-def parse_load(text: str, max_batch: int) -> Load:
-    t = str(text).strip()
-    if t in ("ramp", "bursty"):
-        return Load(t, t == "ramp", 0.0)
-    if t.startswith("poisson@"):
-        try:
-            x = float(t.removeprefix("poisson@"))
-        except ValueError:
-            x = -1.0
-        if not x > 0:
-            raise ServeEnvError(
-                f"load {t!r}: the rate is a positive multiple of the unit rate, e.g. poisson@2"
-            )
-        return Load(t, False, x)
-    try:
-        c = int(t)
-    except ValueError:
-        raise ServeEnvError(
-            f"unknown load {t!r}; valid: a concurrency (1, 2, 4, ...), ramp, bursty, poisson@X"
-        ) from None
-    if not 1 <= c <= max_batch:
-        raise ServeEnvError(f"load {t}: the concurrency must be in 1..{max_batch} (max_batch)")
-    return Load(t, True, float(c))
-
-
-def levels_upto(max_batch: int) -> list[int]:
-    """1, 2, 4, ... up to ``max_batch`` (which ends the list)."""
-    up = [1]
-    while up[-1] * 2 <= max_batch:
-        up.append(up[-1] * 2)
-    if up[-1] != max_batch:
-        up.append(max_batch)
-    return up
-
-
-def ramp_caps(max_batch: int) -> list[int]:
-    """The ramp's concurrency cap per request: 1, 2, 4, ... ``max_batch`` and back down, each level held for as
-    many requests as the level."""
-    up = levels_upto(max_batch)
-    caps = []
-    for c in up + up[-2::-1]:
-        caps += [c] * c
-    return caps
-
-
-def request_stream(load: Load, requests: int, max_batch: int, unit_rate: float,
-                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """(arrival seconds, closed-loop concurrency cap) per request of one episode (``ramp``: its own count)."""
-    if load.name == "ramp":
-        caps = np.asarray(ramp_caps(max_batch), np.int64)
-        return np.zeros(len(caps)), caps
-    if load.closed:
-        return np.zeros(requests), np.full(requests, int(load.level), np.int64)
-    if load.name == "bursty":
-        sizes = []
-        while sum(sizes) < requests:
-            sizes.append(int(rng.geometric(1 / 8)))
-        mean_gap = 8.0 / (2.0 * unit_rate)
-        starts = np.cumsum(rng.exponential(mean_gap, size=len(sizes)))
-        starts[0] = 0.0
-        arr = np.repeat(starts, sizes)[:requests]
-    else:
-        gaps = rng.exponential(1.0 / (load.level * unit_rate), size=requests)
-        gaps[0] = 0.0
-        arr = np.cumsum(gaps)
-    return arr, np.full(requests, max_batch, np.int64)
 
 
 def _tables(trace: Trace, arms: Sequence[Arm], max_new: int):
@@ -485,7 +319,7 @@ class ServeSim:
         act = self.active
         if batch:
             live = a[act.any(1)]  # a server without rows ignores its action
-        elif not (act[:, :-1] >= act[:, 1:]).all():  # per row, in the observation's order: back to slots
+        elif not is_packed(act):  # per row, in the observation's order: back to slots
             a = np.take_along_axis(a, packed_positions(act), 1)
         if not batch:  # rows packed in slots 0..rows-1 (the simulator keeps them so): the observation's order
             live = a[act]
@@ -581,71 +415,6 @@ class ServeSim:
         return arg
 
 
-def tree_depth(parents: Any) -> int:
-    """The depth of a draft tree (0: the root alone)."""
-    par = [int(p) for p in parents]
-    depth = [0] * len(par)
-    for i in range(1, len(par)):
-        depth[i] = depth[par[i]] + 1
-    return max(depth, default=0)
-
-
-class LiveObserver:
-    """The serving observation of a live batch (``env.serving.serve`` with a policy): the same per-row arrays as
-    ``ServeSim`` keeps, from the live sequences; the drafter's match depth is the depth of its largest proposal
-    at the root (the proposal the step then verifies, pruned to the arm)."""
-
-    def __init__(self, arms: Sequence[Arm], max_batch: int) -> None:
-        self.arms, self.max_batch = list(arms), int(max_batch)
-        self.drafters = sorted({a.drafter for a in self.arms if a.drafter is not None})
-        self.depth = [0 if a.drafter is None else a.shape.depth for a in self.arms]
-        self.stats: dict[int, list[float]] = {}  # id(seq) -> [s, n, last accepted]
-
-    def observe(self, stepper: Any, queue: int) -> np.ndarray:
-        m = self.max_batch
-        z = [np.zeros((1, m)) for _ in range(6)]
-        active = np.zeros((1, m), bool)
-        ctx, s, n, last, match, prog = z
-        for i, seq in enumerate(stepper.seqs[:m]):
-            st = self.stats.setdefault(id(seq), [0.0, 0.0, 0.0])
-            active[0, i] = True
-            ctx[0, i], s[0, i], n[0, i], last[0, i] = seq.context, st[0], st[1], st[2]
-            prog[0, i] = len(seq.tokens) / seq.max_new_tokens
-            if self.drafters:
-                name = self.drafters[0]
-                match[0, i] = tree_depth(stepper.proposals(seq, [name])[name].parents)
-        return serve_observation(active, ctx, s, n, last, match, prog, np.array([queue]), m)[0]
-
-    def choices(self, action: Any, rows: int) -> list[int]:
-        a = np.asarray(action).reshape(-1)
-        k = len(self.arms)
-        picked = [int(a[0])] * rows if a.size == 1 else [int(x) for x in a[:rows]]
-        if len(picked) != rows or any(not 0 <= c < k for c in picked):
-            raise ServeEnvError(f"the policy chose {a.tolist()} for {rows} rows; valid arms: 0..{k - 1}")
-        return picked
-
-    def record(self, outcomes: Sequence[Any], choices: Sequence[int]) -> None:
-        for o, c in zip(outcomes, choices):
-            st = self.stats.setdefault(id(o.seq), [0.0, 0.0, 0.0])
-            acc, dr = o.info["accepted"], o.info["drafted"]
-            s2, n2 = update_alpha(np.float64(st[0]), np.float64(st[1]), acc, dr, self.depth[c])
-            st[0], st[1] = float(s2), float(n2)
-            if dr > 0:
-                st[2] = float(acc)
-
-    def forget(self, seq: Any) -> None:
-        self.stats.pop(id(seq), None)
-
-    @staticmethod
-    def reward(outcomes: Sequence[Any], wall_s: float, cost: Any) -> float:
-        rows = len(outcomes)
-        tokens = sum(o.info["tokens"] for o in outcomes)
-        ctxs = np.array([[o.seq.context for o in outcomes]], np.float64)
-        ctx = float(step_context(cost, ctxs, np.ones_like(ctxs, bool))[0]) if rows else 0.0
-        ar = float(cost.forward_s(max(rows, 1), 1, ctx))
-        return tokens * ar / (max(rows, 1) * wall_s) if wall_s > 0 else 0.0
-
-
 def default_serve_trace() -> Trace:
     """The bundled serving trace (Spec-Bench prompts, the embedded model, n-gram trees)."""
     from importlib import resources
@@ -656,33 +425,13 @@ def default_serve_trace() -> Trace:
 
 
 __all__ = [
-    "DEPTH_NORM",
-    "LAST_NORM",
+    *_obs_names,
+    *_load_names,
     "SERVE_ID",
     "DEFAULT_ARMS",
     "DEFAULT_LOADS",
     "ACTIONS",
     "REWARDS",
-    "DECAY",
-    "CTX_NORM",
-    "LOAD_FEATURES",
-    "POOLED_FEATURES",
-    "ROW_FEATURES",
-    "ServeEnvError",
-    "feature_names",
-    "obs_size",
-    "obs_bounds",
-    "alpha_estimate",
-    "update_alpha",
-    "serve_observation",
-    "packed_positions",
-    "Load",
-    "parse_load",
-    "levels_upto",
-    "ramp_caps",
-    "request_stream",
     "ServeSim",
-    "tree_depth",
-    "LiveObserver",
     "default_serve_trace",
 ]

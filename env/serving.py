@@ -155,7 +155,7 @@ def serve(
     menu = list(arms) if policy is not None else list(dict.fromkeys(r.arm for r in requests))
     observer = None
     if policy is not None:
-        from env.serve_sim import LiveObserver
+        from env.serve_obs import LiveObserver
 
         observer = LiveObserver(menu, obs_max_batch or max_batch)
     index = {a: i for i, a in enumerate(menu)}

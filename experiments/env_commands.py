@@ -130,7 +130,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def _calibrate_batch(args: argparse.Namespace, loaded: Any, names: list[str], out: Any) -> int:
-    from env.batch_cost import calibrate_batch
+    from env.batch_calibrate import calibrate_batch
 
     t0 = time.perf_counter()
     bc = calibrate_batch(loaded, names, reps=max(args.reps, 3), progress=not args.json)

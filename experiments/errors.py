@@ -22,7 +22,7 @@ USER_ERROR_TYPES: frozenset[str] = frozenset(
         "env.trace:TraceError",
         "env.spec_env:EnvError",
         "env.serving:ServeError",
-        "env.serve_sim:ServeEnvError",
+        "env.serve_obs:ServeEnvError",
         "policies.base:PolicyError",
         "experiments.strict_toml:ConfigError",
         "experiments.methods:MethodError",

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
 import numpy as np
@@ -27,12 +26,13 @@ from experiments.errors import UserError, one_line
 def diagnose(
     cost: Any, arm: str, load: str, loaded: Any, requests: int = 16, seed: int = 0
 ) -> dict[str, Any]:
+    """One held-out stream at ``load`` under the static ``arm``: the replay's modelled parts and the live ones."""
     import torch
 
-    from env.batch import BatchEngine
-    from env.engine import NO_DRAFT, parse_arm
+    from env.engine import parse_arm
     from env.serve_sim import DEFAULT_ARMS, ServeSim, default_serve_trace
-    from env.serving import Request, ServeLog, serve
+    from env.serving import ServeLog
+    from experiments.serve_policies import _Static, serve_stream
     from policies.split import trace_split
 
     trace = default_serve_trace()
@@ -43,33 +43,21 @@ def diagnose(
         1, trace=trace, arms=arms, cost=cost, loads=[load], requests=requests, prompt_ids=test, seed=seed
     )
     sim.reset()
-    n = int(sim.n_req[0])
-    prompts = sim.req_prompt[0, :n]
+    prompts = sim.req_prompt[0, : int(sim.n_req[0])]
     replay = {"prefill_s": float(np.sum(cost.prefill_s(sim.prompt_len[prompts]))), "steps": 0, "step_s": 0.0}
     while not sim.done().all():
         _, o = sim.step(np.array([k]))
         replay["steps"] += 1
         replay["step_s"] += float(o["cost"][0])
     replay.update(wall_s=float(sim.clock[0]), tokens=int(sim.tokens_total[0]))
-
-    class Static:
-        def act(self, obs: Any) -> int:
-            return k
-
-    max_new = trace.max_new_tokens
-    reqs = [Request(str(i), trace.prompt(int(p)), NO_DRAFT, max_new, float(sim.req_arr[0, i]))
-            for i, p in enumerate(prompts)]  # fmt: skip
-    caps = [int(c) for c in sim.req_cap[0, :n]] if bool(sim.closed[0]) else None
+    # the same stream served live (the episode's request arrays stay as drawn)
     log = ServeLog()
-    engine = BatchEngine(loaded, max_rows=sim.max_batch)
     with torch.inference_mode():
-        t0 = time.perf_counter()
-        served = serve(engine, reqs, caps=caps, max_batch=sim.max_batch, policy=Static(),
-                       arms=[parse_arm(a) for a in arms], cost=cost, log=log)  # fmt: skip
-        wall = time.perf_counter() - t0
+        served, wall = serve_stream(loaded, sim, _Static(k, arm), [parse_arm(a) for a in arms], sim.max_batch,
+                                    trace.max_new_tokens, cost, log=log)  # fmt: skip
     live = {"prefill_s": log.prefill_s, "steps": log.steps, "step_s": log.step_s, "wall_s": wall,
             "tokens": sum(len(s.token_ids) for s in served), "other_s": wall - log.prefill_s - log.step_s}  # fmt: skip
-    return {"load": load, "arm": arm, "requests": n, "replay": replay, "live": live}
+    return {"load": load, "arm": arm, "requests": len(prompts), "replay": replay, "live": live}
 
 
 def main(argv: list[str] | None = None) -> int:

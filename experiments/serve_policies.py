@@ -193,10 +193,10 @@ def _replay(
     return float(np.median(g)), float(g[0])
 
 
-def _live(
-    loaded: Any, sim: Any, policy: Any, arms: list[Any], max_batch: int, max_new: int, cost: Any
-) -> float:
-    """Serve server 0's request stream of ``sim`` (after ``reset``) live; committed tokens per second."""
+def serve_stream(loaded: Any, sim: Any, policy: Any, arms: list[Any], max_batch: int, max_new: int, cost: Any,
+                 log: Any = None) -> tuple[list[Any], float]:  # fmt: skip
+    """Serve server 0's request stream of ``sim`` (after ``reset``) live under ``policy``; (the served requests,
+    wall seconds). ``log``: an ``env.serving.ServeLog`` collecting where the time went."""
     from env.batch import BatchEngine
     from env.engine import NO_DRAFT
     from env.serving import Request, serve
@@ -209,8 +209,15 @@ def _live(
     caps = [int(c) for c in sim.req_cap[0, :k]] if closed else None
     engine = BatchEngine(loaded, max_rows=max_batch)
     t0 = time.perf_counter()
-    served = serve(engine, reqs, caps=caps, max_batch=max_batch, policy=policy, arms=arms, cost=cost)
-    wall = time.perf_counter() - t0
+    served = serve(engine, reqs, caps=caps, max_batch=max_batch, policy=policy, arms=arms, cost=cost, log=log)
+    return served, time.perf_counter() - t0
+
+
+def _live(
+    loaded: Any, sim: Any, policy: Any, arms: list[Any], max_batch: int, max_new: int, cost: Any
+) -> float:
+    """Serve server 0's request stream of ``sim`` (after ``reset``) live; committed tokens per second."""
+    served, wall = serve_stream(loaded, sim, policy, arms, max_batch, max_new, cost)
     tokens = sum(len(s.token_ids) for s in served)
     first = min(s.arrival_s for s in served)
     return tokens / max(max(s.finish_s for s in served) - first, 1e-9) if wall > 0 else 0.0

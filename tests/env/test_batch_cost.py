@@ -404,7 +404,7 @@ def test_roofline_json_round_trip(tmp_path):
 
 @pytest.mark.model
 def test_a_tiny_calibration_gives_a_usable_model(fp32_model, tmp_path):
-    from env.batch_cost import calibrate_batch
+    from env.batch_calibrate import calibrate_batch
 
     c = calibrate_batch(fp32_model, rows=(1, 2), nodes=(1, 2), reps=1)
     assert c.rows == (1, 2) and c.nodes == (1, 2) and c.base.shape == c.slope.shape == (2, 2)

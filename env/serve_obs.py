@@ -1,0 +1,201 @@
+"""The serving observation (``draftgym/SpecServe-v0``): load features, pooled and per-row request features, built
+by one function (``serve_observation``) from per-row arrays — by the replay simulator (``env.serve_sim.ServeSim``)
+and, through ``LiveObserver``, by the live server (``env.serving.serve(policy=...)``) — so a policy trained in
+replay reads the same features live. The row block lists the active rows in slot order, as the live engine packs
+them (``env.batch.BatchTarget.retire``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from env.batch_cost import step_context
+from env.engine import Arm
+
+DECAY = 0.8  # of the per-row acceptance estimate
+CTX_NORM = 1024.0
+LOAD_FEATURES = (
+    "load/rows",
+    "load/queue",
+    "load/tokens_in_flight",
+    "load/max_context",
+    "load/rows_with_match",
+)
+POOLED_FEATURES = ("pool/alpha", "pool/last_accepted", "pool/match_depth", "pool/progress")
+ROW_FEATURES = ("active", "context", "alpha", "last_accepted", "match_depth", "progress")
+LAST_NORM, DEPTH_NORM = 8.0, 16.0
+
+
+class ServeEnvError(ValueError):
+    """A bad serving env argument or action; the message is meant for the user."""
+
+
+def feature_names(max_batch: int) -> list[str]:
+    return [*LOAD_FEATURES, *POOLED_FEATURES] + [
+        f"row{i}/{f}" for i in range(max_batch) for f in ROW_FEATURES
+    ]
+
+
+def obs_size(max_batch: int) -> int:
+    return len(LOAD_FEATURES) + len(POOLED_FEATURES) + len(ROW_FEATURES) * max_batch
+
+
+def obs_bounds(max_batch: int) -> tuple[np.ndarray, np.ndarray]:
+    names = feature_names(max_batch)
+    high = np.array(
+        [4.0 if n.endswith(("queue", "context", "tokens_in_flight")) else 1.0 for n in names], np.float32
+    )
+    return np.zeros(len(names), np.float32), high
+
+
+def alpha_estimate(s: Any, n: Any) -> Any:
+    """Per-token acceptance estimate from decayed counts of accepted drafts ``s`` and trials ``n`` (an accepted
+    draft token, or the first rejection of a step): the posterior mean under a uniform prior."""
+    return (s + 1.0) / (n + 2.0)
+
+
+def update_alpha(s: Any, n: Any, accepted: Any, drafted: Any, depth: Any) -> tuple[Any, Any]:
+    """One step's evidence into the decayed counts (rows that did not draft keep theirs)."""
+    drew = drafted > 0
+    stopped = accepted < np.minimum(drafted, depth)
+    s2 = np.where(drew, DECAY * s + accepted, s)
+    n2 = np.where(drew, DECAY * n + accepted + stopped, n)
+    return s2, n2
+
+
+def serve_observation(active, context, s, n, last_acc, match_depth, progress, queue, max_batch: int,
+                      out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """The observation of ``E`` servers from per-row arrays ``[E, M]`` (``queue``: ``[E]`` requests arrived and
+    waiting). The row block lists the active rows first, in slot order (as the live engine packs them), then
+    zeros; pooled features are means over active rows."""
+    a = np.asarray(active, bool)
+    e, m = a.shape
+    af = a.astype(np.float32)
+    rows = af.sum(1)
+    denom = np.maximum(rows, 1.0)
+    ctx = np.asarray(context, np.float32) / CTX_NORM * af
+    alpha = alpha_estimate(np.asarray(s, np.float32), np.asarray(n, np.float32)) * af
+    last = np.minimum(np.asarray(last_acc, np.float32) / LAST_NORM, 1.0) * af
+    depth = np.minimum(np.asarray(match_depth, np.float32) / DEPTH_NORM, 1.0) * af
+    prog = np.minimum(np.asarray(progress, np.float32), 1.0) * af
+    if out is None:
+        out = np.empty((e, obs_size(max_batch)), np.float32)
+    out[:, 0] = rows / max_batch
+    out[:, 1] = np.minimum(np.asarray(queue, np.float32) / max_batch, 4.0)
+    out[:, 2] = np.minimum(ctx.sum(1) / max_batch, 4.0)
+    out[:, 3] = np.minimum(ctx.max(1), 4.0)
+    out[:, 4] = (depth > 0).sum(1) / max_batch
+    out[:, 5] = alpha.sum(1) / denom
+    out[:, 6] = last.sum(1) / denom
+    out[:, 7] = depth.sum(1) / denom
+    out[:, 8] = prog.sum(1) / denom
+    feats = (af, np.minimum(ctx, 4.0), alpha, last, depth, prog)  # each [E, m], slot order
+    block = out[:, 9:].reshape(e, max_batch, len(ROW_FEATURES))
+    block[:, m:] = 0.0
+    if is_packed(a):  # the simulator's and the live engine's rows are
+        for f, x in enumerate(feats):
+            block[:, :m, f] = x
+    else:  # the active rows to the front, in slot order (inactive rows are zeros: their order does not matter)
+        block[np.arange(e)[:, None], packed_positions(a)] = np.stack(feats, axis=-1)
+    return out
+
+
+def is_packed(active: np.ndarray) -> bool:
+    """Whether every server's active rows are slots 0..rows-1."""
+    return bool((active[:, :-1] >= active[:, 1:]).all())
+
+
+def packed_positions(active: np.ndarray) -> np.ndarray:
+    """``[E, M]``: where each slot's row goes when the active rows are packed to the front in slot order."""
+    on = np.cumsum(active, axis=1) - 1
+    off = active.sum(1, keepdims=True) + np.cumsum(~active, axis=1) - 1
+    return np.where(active, on, off)
+
+
+def tree_depth(parents: Any) -> int:
+    """The depth of a draft tree (0: the root alone)."""
+    par = [int(p) for p in parents]
+    depth = [0] * len(par)
+    for i in range(1, len(par)):
+        depth[i] = depth[par[i]] + 1
+    return max(depth, default=0)
+
+
+class LiveObserver:
+    """The serving observation of a live batch (``env.serving.serve`` with a policy): the same per-row arrays as
+    ``ServeSim`` keeps, from the live sequences; the drafter's match depth is the depth of its largest proposal
+    at the root (the proposal the step then verifies, pruned to the arm)."""
+
+    def __init__(self, arms: Sequence[Arm], max_batch: int) -> None:
+        self.arms, self.max_batch = list(arms), int(max_batch)
+        self.drafters = sorted({a.drafter for a in self.arms if a.drafter is not None})
+        self.depth = [0 if a.drafter is None else a.shape.depth for a in self.arms]
+        self.stats: dict[int, list[float]] = {}  # id(seq) -> [s, n, last accepted]
+
+    def observe(self, stepper: Any, queue: int) -> np.ndarray:
+        m = self.max_batch
+        z = [np.zeros((1, m)) for _ in range(6)]
+        active = np.zeros((1, m), bool)
+        ctx, s, n, last, match, prog = z
+        for i, seq in enumerate(stepper.seqs[:m]):
+            st = self.stats.setdefault(id(seq), [0.0, 0.0, 0.0])
+            active[0, i] = True
+            ctx[0, i], s[0, i], n[0, i], last[0, i] = seq.context, st[0], st[1], st[2]
+            prog[0, i] = len(seq.tokens) / seq.max_new_tokens
+            if self.drafters:
+                name = self.drafters[0]
+                match[0, i] = tree_depth(stepper.proposals(seq, [name])[name].parents)
+        return serve_observation(active, ctx, s, n, last, match, prog, np.array([queue]), m)[0]
+
+    def choices(self, action: Any, rows: int) -> list[int]:
+        a = np.asarray(action).reshape(-1)
+        k = len(self.arms)
+        picked = [int(a[0])] * rows if a.size == 1 else [int(x) for x in a[:rows]]
+        if len(picked) != rows or any(not 0 <= c < k for c in picked):
+            raise ServeEnvError(f"the policy chose {a.tolist()} for {rows} rows; valid arms: 0..{k - 1}")
+        return picked
+
+    def record(self, outcomes: Sequence[Any], choices: Sequence[int]) -> None:
+        for o, c in zip(outcomes, choices):
+            st = self.stats.setdefault(id(o.seq), [0.0, 0.0, 0.0])
+            acc, dr = o.info["accepted"], o.info["drafted"]
+            s2, n2 = update_alpha(np.float64(st[0]), np.float64(st[1]), acc, dr, self.depth[c])
+            st[0], st[1] = float(s2), float(n2)
+            if dr > 0:
+                st[2] = float(acc)
+
+    def forget(self, seq: Any) -> None:
+        self.stats.pop(id(seq), None)
+
+    @staticmethod
+    def reward(outcomes: Sequence[Any], wall_s: float, cost: Any) -> float:
+        rows = len(outcomes)
+        tokens = sum(o.info["tokens"] for o in outcomes)
+        ctxs = np.array([[o.seq.context for o in outcomes]], np.float64)
+        ctx = float(step_context(cost, ctxs, np.ones_like(ctxs, bool))[0]) if rows else 0.0
+        ar = float(cost.forward_s(max(rows, 1), 1, ctx))
+        return tokens * ar / (max(rows, 1) * wall_s) if wall_s > 0 else 0.0
+
+
+__all__ = [
+    "DEPTH_NORM",
+    "LAST_NORM",
+    "DECAY",
+    "CTX_NORM",
+    "LOAD_FEATURES",
+    "POOLED_FEATURES",
+    "ROW_FEATURES",
+    "ServeEnvError",
+    "feature_names",
+    "obs_size",
+    "obs_bounds",
+    "alpha_estimate",
+    "update_alpha",
+    "serve_observation",
+    "is_packed",
+    "packed_positions",
+    "tree_depth",
+    "LiveObserver",
+]
