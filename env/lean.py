@@ -174,10 +174,7 @@ class LeanLlama:
         ``aux`` is empty)."""
         b, q = ids.shape
         x = F.embedding(ids, self.embed)
-        freqs = pos.float()[..., None] * self.inv_freq  # [B, q, D/2], in fp32 as transformers computes it
-        emb = torch.cat([freqs, freqs], dim=-1)
-        cos = (emb.cos() * self.attention_scaling).to(self.dtype)[:, None]  # [B, 1, q, D]
-        sin = (emb.sin() * self.attention_scaling).to(self.dtype)[:, None]
+        cos, sin = self._rotary(pos)
         causal = False
         if mask is None and q > 1:
             if write.past == 0:
@@ -203,6 +200,32 @@ class LeanLlama:
         x, taps = run(x, cos, sin, mask, causal, cache.k, cache.v, write.rows, write.slots, write.lo, write.hi,
                       write.span, at, tap, wide)  # fmt: skip
         return self._rms(x, self.norm), (torch.cat(taps, dim=-1) if taps else None)
+
+    def _rotary(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, 1, q, D] of positions [B, q]."""
+        freqs = pos.float()[..., None] * self.inv_freq  # [B, q, D/2], in fp32 as transformers computes it
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos = (emb.cos() * self.attention_scaling).to(self.dtype)[:, None]  # [B, 1, q, D]
+        sin = (emb.sin() * self.attention_scaling).to(self.dtype)[:, None]
+        return cos, sin
+
+    @torch.no_grad()
+    def device_forward(
+        self, ids: torch.Tensor, pos: torch.Tensor, cache: Any, rows: torch.Tensor, slots: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """The forward of a device-resident step (``env.device_loop``): every row of ``cache``, ids, pos, rows and
+        slots [B, q] as device tensors, mask bool [B, 1, q, span] (span: the positions read). Nothing is read
+        back to the host and every size is fixed by the arguments' shapes, so the step can be captured in a CUDA
+        graph. Returns the final hidden states [B, q, H]."""
+        b, q = ids.shape
+        x = F.embedding(ids, self.embed)
+        cos, sin = self._rotary(pos)
+        wide = b * q >= WIDE_ROWS and ids.device.type == "cpu" and self.dtype != torch.float32
+        wide = wide and wide_in_fp32(self.dtype)
+        x, _ = self._layers(x, cos, sin, mask, False, cache.k, cache.v, rows, slots, 0, b, mask.shape[-1], -1,
+                            (), wide)  # fmt: skip
+        return self._rms(x, self.norm)
 
     def compile(self) -> None:
         """Run the layers of decoding and verifying steps through ``torch.compile`` (inductor, the whole stack of

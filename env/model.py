@@ -353,6 +353,8 @@ def load_model(
         raise ModelError(str(err)) from err
     if dev.type == "cpu" and torch_dtype != torch.float32:
         settle_wide(torch_dtype)
+    if model is not None and model.startswith(RANDOM_PREFIX):
+        return random_model(model[len(RANDOM_PREFIX) :], torch_dtype, dev, fmt, forward)
     if model in (None, "", DEFAULT_MODEL):
         folder, model_id = embedded_model_folder(), DEFAULT_MODEL
     else:
@@ -397,6 +399,43 @@ def load_model(
     except (OSError, ValueError) as err:
         raise ModelError(f"cannot load the tokenizer from {folder}: {str(err).splitlines()[0]}") from err
     return LoadedModel(net, tok, model_id, torch_dtype, dev, fmt, forward, folder)
+
+
+RANDOM_PREFIX = "random:"
+# Llama-architecture shapes with random weights, for speed studies (speed does not depend on the weights' values;
+# every figure of one says "random weights"): Llama-3.2-1B's and Llama-3.1-8B's sizes, and a tiny one for tests.
+RANDOM_SHAPES: dict[str, dict[str, Any]] = {
+    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                     num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True),
+    "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                     num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=False),
+    "llama-tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=49152, rope_theta=10000.0, tie_word_embeddings=False),
+}  # fmt: skip
+
+
+def random_model(
+    shape: str, dtype: torch.dtype, device: torch.device, weights: str, forward: str
+) -> LoadedModel:
+    """``random:SHAPE``: a Llama-architecture model of a named shape (``RANDOM_SHAPES``) with random weights
+    (seeded, so every load is the same model), built on ``device``, with the embedded model's tokenizer (its ids
+    lie within every shape's vocabulary). Its id says "random"."""
+    if shape not in RANDOM_SHAPES:
+        raise ModelError(f"unknown random model shape {shape!r}; known: {', '.join(RANDOM_SHAPES)}")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from env.tokenizer import FastTokenizer
+
+    config = LlamaConfig(
+        **RANDOM_SHAPES[shape], max_position_embeddings=8192, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+        attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device(device):
+        net = LlamaForCausalLM(config).to(dtype)
+    net.eval().requires_grad_(False)
+    folder = embedded_model_folder()
+    return LoadedModel(net, FastTokenizer(folder), f"random-{shape}", dtype, device, weights, forward)
 
 
 def _hf_model(folder: Path, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:

@@ -28,13 +28,15 @@ from env.engine import Sampling, parse_arm, split_weights
 from env.files import atomic_write_text
 from env.metrics import speedup, throughput
 from env.model import LoadedModel, with_weights
-from env.target import check_prompt
+from env.target import check_prompt, eos_ids
 from env.workloads import Prompt
 from experiments.config import EXTERNAL_METHODS
 from experiments.llama_cpp import METHOD as LLAMA_CPP
 from experiments.llama_cpp import LlamaCppError, LlamaCppRunner, runner_for
+from experiments.methods import MethodError
 from experiments.provenance import provenance
 
+DEVICE_PREFIX = "device:"
 HF_METHODS = ("hf_greedy", "hf_pld")  # run by HFRunner; with llama_cpp: config.EXTERNAL_METHODS
 DEFAULT_METHODS = ("hf_greedy", "hf_pld", "ar", "ngram-d8", "ngram-d12-k4-b24")
 
@@ -91,6 +93,15 @@ def run_method(
     """Generate with one method; returns (token_ids, wall_s, steps, tau, arm of each step).
 
     ``decoders`` caches a decoder per method; put a ``SpeculativeDecoder`` with a policy there to run a policy."""
+    if is_device_method(method):
+        loop = decoders.get(method)
+        if loop is None:
+            loop = decoders[method] = device_loop(loaded, method)
+        t0 = time.perf_counter()
+        run = loop.generate([prompt_ids], max_new_tokens)
+        if loaded.device.type == "cuda":
+            torch.cuda.synchronize()
+        return run.tokens[0], time.perf_counter() - t0, run.row_steps[0], run.tau, []
     if method in HF_METHODS:
         runner = decoders.setdefault(method, HFRunner(loaded, 10 if method == "hf_pld" else 0))
         ids, wall = runner.run(prompt_ids, max_new_tokens)
@@ -109,6 +120,40 @@ def run_method(
     return g.token_ids, g.stats.wall_s, g.stats.steps, g.stats.tau, list(g.arms)
 
 
+def is_device_method(method: str) -> bool:
+    """``device:ARM``: the device-resident loop (``env.device_loop``), ARM ``none`` or ``lookup-dD``."""
+    return method.startswith(DEVICE_PREFIX)
+
+
+def check_method(method: str) -> None:
+    """Raise a user error for a method name that names nothing (before any work)."""
+    if method in EXTERNAL_METHODS:
+        return
+    if is_device_method(method):
+        from env.device_loop import parse_device_arm
+
+        parse_device_arm(method[len(DEVICE_PREFIX) :])
+        return
+    parse_arm(split_weights(method)[0])
+
+
+def device_loop(loaded: LoadedModel, method: str) -> Any:
+    """The device loop of a ``device:ARM`` method over ``loaded``'s lean forward, one row; on CUDA its steps run
+    as CUDA graphs."""
+    from env.device_loop import DeviceLoop, parse_device_arm
+    from env.lean import lean_of
+
+    net = lean_of(loaded)
+    if net is None:
+        raise MethodError(f"{method} needs a Llama-family target on the lean forward (not --forward hf)")
+    depth = parse_device_arm(method[len(DEVICE_PREFIX) :])
+    graph = loaded.device.type == "cuda"
+    loop = DeviceLoop(net, 1, depth, loaded.max_context, eos_ids(loaded), graph=graph)
+    if graph:
+        loop.capture(loaded.max_context)  # every span's graph now, not within a timed generation
+    return loop
+
+
 def interleaved(todo: list[tuple[int, Prompt]], methods: list[str], done: set[tuple[str, str]]):
     """Per prompt ``(i, p)`` of ``todo``: ``(i, p, the methods not done for it)``, rotated by ``i`` so that slow drifts
     of the machine spread evenly over the methods (what ``bench`` and ``run`` both do)."""
@@ -124,7 +169,7 @@ DRAFTING_PROMPT = "Repeat: one two three four, one two three four, one two three
 
 def runs_compiled(method: str, loaded: LoadedModel) -> bool:
     """Whether ``method`` decodes with the compiled lean forward (``+compiled``, or a target loaded compiled)."""
-    if method in HF_METHODS or method in EXTERNAL_METHODS:
+    if method in HF_METHODS or method in EXTERNAL_METHODS or is_device_method(method):
         return False
     variant = split_weights(method)[1] or ""
     return variant.endswith("compiled") or loaded.forward == "compiled"
@@ -179,8 +224,8 @@ def run_bench(
     result's ``failures`` says why, and every other method runs to the end."""
     decoders = dict(decoders or {})
     for m in methods:
-        if m not in EXTERNAL_METHODS and m not in decoders:
-            parse_arm(split_weights(m)[0])  # fail before any work on a bad method name
+        if m not in decoders:
+            check_method(m)  # fail before any work on a bad method name
     longest = 0
     for p in prompts:  # and on a prompt that does not fit the context
         ids = chat_prompt(loaded.tokenizer, p.text)
@@ -348,8 +393,7 @@ def cmd_bench(args: Any) -> int:
     if len(set(methods)) != len(methods):
         raise UserError(f"--methods lists a method twice: {methods}")
     for m in methods:
-        if m not in EXTERNAL_METHODS:
-            parse_arm(split_weights(m)[0])  # a bad method name fails before the model loads
+        check_method(m)  # a bad method name fails before the model loads
     gguf = None
     if LLAMA_CPP in methods:  # a folder model without --llama-cpp-gguf fails here, before the model loads
         from experiments.llama_cpp import gguf_of
@@ -417,7 +461,8 @@ def register(sub: Any) -> None:
         "--methods",
         default=None,
         help="comma list: hf_greedy,hf_pld,llama_cpp,ar,ngram-d8,ngram-d12-k4-b24,...; ARM@VARIANT decodes in "
-        "another target variant: a weight format (ar@int4), optionally compiled (ar@int4+compiled) (llama_cpp "
+        "another target variant: a weight format (ar@int4), optionally compiled (ar@int4+compiled); device:none and "
+        "device:lookup-dD run the device-resident loop (env.device_loop; CUDA graphs on a GPU) (llama_cpp "
         "needs the extra draftgym[llama])",
     )
     b.add_argument(

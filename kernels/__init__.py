@@ -16,13 +16,14 @@ import os
 import torch
 from torch import Tensor
 
-from kernels.common import TreeBuffers, Verdict, draw_coins
+from kernels.common import TreeBuffers, Verdict, VerifyBuffers, draw_coins
 from kernels.reference import argmax_lastdim, inverse_cdf, process_logits, verify_reference
 from kernels.reference_tree import compact_kv_reference, tree_buffers_reference
 
 __all__ = [
     "TreeBuffers",
     "Verdict",
+    "VerifyBuffers",
     "argmax_lastdim",
     "compact_kv_",
     "compact_kv_reference",
@@ -56,6 +57,7 @@ def verify(
     coins: Tensor | None = None,
     final_coins: Tensor | None = None,
     generator: torch.Generator | None = None,
+    out: VerifyBuffers | None = None,
 ) -> Verdict:
     """Verify a batch of padded draft trees against the target logits (DESIGN.md "Verification semantics").
 
@@ -63,7 +65,8 @@ def verify(
     num_nodes: int64 [B] (padding nodes are never accepted); temperature <= 0 is greedy; draft_probs: [B, N, V]
     or None for deterministic drafts; coins: [B, N] and final_coins: [B] uniforms in [0, 1), drawn from
     `generator` (coins first) when not given. Returns a Verdict (path, accept_len, next_token, accepted,
-    node_prob).
+    node_prob). ``out``: a `VerifyBuffers` of this (B, N, V) and device, written in place and returned as the
+    Verdict's tensors (path [B, N], -1 padded): no allocation and no host synchronization per call on CUDA.
     """
     kwargs = dict(
         num_nodes=num_nodes,
@@ -74,6 +77,7 @@ def verify(
         coins=coins,
         final_coins=final_coins,
         generator=generator,
+        out=out,
     )
     if triton_enabled(logits):
         from kernels.triton_verify import verify_triton

@@ -3,8 +3,9 @@
     python -m kernels.bench [--json FILE] [--dtype float32|bfloat16] [--quick] [--threads N]
 
 Shapes: B in {1, 8, 64}, N in {8, 32, 64}, V = 49152 (SmolLM2's vocabulary); modes greedy, sampling with
-deterministic drafts, sampling with draft_probs (T = 1). On CPU only the reference runs (Triton needs CUDA); on
-CUDA both, timed with CUDA events after synchronisation. Trees are random chain-biased trees whose tokens are the
+deterministic drafts, sampling with draft_probs (T = 1). On CPU only the reference runs (Triton needs CUDA), as it
+is and writing preallocated buffers (``+buf``); on CUDA also Triton, as it is, with buffers, and with buffers
+captured in a CUDA graph (``+graph``), timed with CUDA events after synchronisation. Trees are random chain-biased trees whose tokens are the
 parent row's argmax 70% of the time, so paths are realistic. Fewer repetitions for the big shapes keep the CPU run
 to a couple of minutes. A program, not a test: it prints a table and writes JSON with its provenance.
 """
@@ -22,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from kernels.common import VerifyBuffers
 from kernels.reference import verify_reference
 
 MODES = ("greedy", "sampling", "draft_probs")
@@ -73,13 +75,31 @@ def time_call(
     return statistics.median(times), len(times)
 
 
+def cuda_graph(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` (which allocates nothing: it writes preallocated buffers) captured as a CUDA graph; returns its
+    replay. Warmed up on a side stream first (Triton compiles there)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
 def run(dtype: torch.dtype, quick: bool) -> list[dict]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    impls: dict[str, Callable] = {"torch": verify_reference}
+    # +buf: preallocated outputs (kernels.VerifyBuffers: no allocation, no read-back); +graph: that call captured
+    # in a CUDA graph and replayed (one launch of the whole verification)
+    impls: dict[str, Callable] = {"torch": verify_reference, "torch+buf": verify_reference}
     if device == "cuda":
         from kernels.triton_verify import verify_triton
 
-        impls = {"triton": verify_triton, "torch": verify_reference}
+        impls = {"triton": verify_triton, "triton+buf": verify_triton, "triton+graph": verify_triton,
+                 "torch": verify_reference}  # fmt: skip
     V = 49152
     rows = []
     for B in (1, 8) if quick else (1, 8, 64):
@@ -92,6 +112,9 @@ def run(dtype: torch.dtype, quick: bool) -> list[dict]:
                 coins = torch.rand(B, N, generator=gen, device=device)
                 final = torch.rand(B, generator=gen, device=device)
                 for name, impl in impls.items():
+                    out = None
+                    if "+" in name:
+                        out = VerifyBuffers(B, N, V, device, draft_probs=q is not None)
                     fn = functools.partial(
                         impl,
                         tokens,
@@ -101,7 +124,10 @@ def run(dtype: torch.dtype, quick: bool) -> list[dict]:
                         draft_probs=q,
                         coins=coins,
                         final_coins=final,
+                        out=out,
                     )
+                    if name.endswith("+graph"):
+                        fn = cuda_graph(fn)
                     # CPU, big shapes: no warmup (nothing to compile or cache; each call takes seconds)
                     warm = device == "cuda" or not big
                     us, reps = time_call(fn, device, 0.3 if big else 0.5, 3 if big else 50, warmup=warm)

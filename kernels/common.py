@@ -59,6 +59,49 @@ class TreeBuffers:
     """int64 [B]."""
 
 
+class VerifyBuffers:
+    """Preallocated outputs and scratch of verifying trees of one shape bucket: ``B`` rows, ``N`` nodes, ``V``
+    tokens, on one device. ``kernels.verify(..., out=buffers)`` fills them and returns a Verdict whose tensors
+    are these buffers (valid until the next call with the same buffers): no allocation, and no host
+    synchronization, per call on CUDA — the form a graph-captured decoding step needs. ``path`` is then
+    ``[B, N]``, -1 padded (not trimmed to the longest path, which would read a number back to the host).
+    ``draft_probs``: room for the residual scratch of sampling with draft distributions."""
+
+    def __init__(self, B: int, N: int, V: int, device: torch.device | str, draft_probs: bool = False) -> None:
+        dev = torch.device(device)
+        self.shape = (B, N, V)
+        self.device = dev
+        self.path = torch.full((B, N), -1, dtype=torch.int64, device=dev)
+        self.accept_len = torch.zeros(B, dtype=torch.int64, device=dev)
+        self.next_token = torch.zeros(B, dtype=torch.int64, device=dev)
+        self.accepted8 = torch.zeros(B, N, dtype=torch.int8, device=dev)  # the kernel stores bytes
+        self.accepted = self.accepted8.view(torch.bool)  # the same memory, read as flags
+        self.node_prob = torch.zeros(B, N, dtype=torch.float32, device=dev)
+        # the Triton kernels' per-row statistics (max, normaliser, threshold key, argmax)
+        self.m = torch.zeros(B, N, dtype=torch.float32, device=dev)
+        self.s = torch.ones(B, N, dtype=torch.float32, device=dev)
+        self.thr = torch.zeros(B, N, dtype=torch.int64, device=dev)
+        self.am = torch.zeros(B, N, dtype=torch.int64, device=dev)
+        self.coins = torch.zeros(B, N, dtype=torch.float32, device=dev)
+        self.final_coins = torch.zeros(B, dtype=torch.float32, device=dev)
+        self.all_nodes = torch.full((B,), N, dtype=torch.int64, device=dev)
+        self.scratch = torch.zeros(B if draft_probs else 1, 2, V, dtype=torch.float32, device=dev)
+
+    def check(self, B: int, N: int, V: int, device: torch.device, draft_probs: bool) -> None:
+        """Raise ValueError unless a call of this shape, on this device, fits these buffers."""
+        if self.shape != (B, N, V) or device != self.device:
+            raise ValueError(
+                f"verify buffers are for (B, N, V) = {self.shape} on {self.device}, not {(B, N, V)} on {device}"
+            )
+        if draft_probs and self.scratch.shape[0] != B:
+            raise ValueError(
+                "these verify buffers have no draft_probs scratch (VerifyBuffers(..., draft_probs=True))"
+            )
+
+    def verdict(self) -> Verdict:
+        return Verdict(self.path, self.accept_len, self.next_token, self.accepted, self.node_prob)
+
+
 def valid_mask(num_nodes: Tensor | None, B: int, N: int, device: torch.device) -> Tensor:
     """bool [B, N]: node i of sequence b is real (i < num_nodes[b])."""
     ar = torch.arange(N, device=device)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernels.common import Verdict, draw_coins, valid_mask, verdict_from_accepted
+from kernels.common import Verdict, VerifyBuffers, draw_coins, valid_mask, verdict_from_accepted
 
 _ARGMAX_CHUNK = 1024
 _SMALL_WALK = 2048  # B * N up to which the greedy walk runs in plain Python on CPU
@@ -72,7 +72,7 @@ def argmax_lastdim(x: Tensor) -> Tensor:
     b = hit.to(torch.uint8).argmax(-1)  # first block holding the maximum
     r = torch.arange(R, device=x.device)
     idx = blocks[r, b].argmax(-1) + b * _ARGMAX_CHUNK
-    if tail.shape[-1] > 0 and not bool(in_blocks.all()):
+    if tail.shape[-1] > 0:  # (no test of in_blocks.all() first: that would read a flag back to the host)
         idx = torch.where(in_blocks, idx, tail.argmax(-1) + nb * _ARGMAX_CHUNK)
     return idx.reshape(lead)
 
@@ -90,29 +90,50 @@ def verify_reference(
     coins: Tensor | None = None,
     final_coins: Tensor | None = None,
     generator: torch.Generator | None = None,
+    out: VerifyBuffers | None = None,
 ) -> Verdict:
     """Verify a batch of padded draft trees (DESIGN.md "Verification semantics").
 
     tokens, parents: int64 [B, N]; logits: [B, N, V] (row i predicts the token after node i);
     draft_probs: [B, N, V] or None (deterministic drafts); coins: [B, N], final_coins: [B] uniforms in [0, 1),
-    drawn from `generator` (coins first) when not given; greedy draws none.
+    drawn from `generator` (coins first) when not given; greedy draws none. ``out``: `kernels.VerifyBuffers` to
+    write the results into (path [B, N], -1 padded); greedy then runs as tensor operations that read nothing back
+    to the host (the form a captured step needs; on the CPU the list walk of small batches is faster).
     """
     B, N = tokens.shape
     device = logits.device
+    if out is not None:
+        out.check(B, N, logits.shape[-1], device, draft_probs is not None)
+        if num_nodes is None:
+            num_nodes = out.all_nodes
     valid = valid_mask(num_nodes, B, N, device)  # [B, N]
     par = torch.where(valid, parents, 0).clamp(min=0)  # [B, N]; root and padding point at the root
     if temperature <= 0:
-        return _verify_greedy(tokens, par, logits, valid)
-    coins, final_coins = draw_coins(B, N, device, coins, final_coins, generator)
-    return _verify_sampling(
-        tokens, par, logits, valid, temperature, top_k, top_p, draft_probs, coins, final_coins
-    )
+        v = _verify_greedy(tokens, par, logits, valid, lists=out is None)
+    else:
+        coins, final_coins = draw_coins(B, N, device, coins, final_coins, generator)
+        v = _verify_sampling(
+            tokens, par, logits, valid, temperature, top_k, top_p, draft_probs, coins, final_coins
+        )
+    return v if out is None else _into(v, out)
 
 
-def _verify_greedy(tokens: Tensor, par: Tensor, logits: Tensor, valid: Tensor) -> Verdict:
+def _into(v: Verdict, out: VerifyBuffers) -> Verdict:
+    """Copy a Verdict into preallocated buffers (its path padded to N with -1); node probabilities stay computed
+    on first access, as without buffers (on the CPU they cost more than the verification)."""
+    S = v.path.shape[1]
+    out.path[:, :S].copy_(v.path)
+    out.path[:, S:] = -1
+    out.accept_len.copy_(v.accept_len)
+    out.next_token.copy_(v.next_token)
+    out.accepted.copy_(v.accepted)
+    return Verdict(out.path, out.accept_len, out.next_token, out.accepted, v.node_prob_source)
+
+
+def _verify_greedy(tokens: Tensor, par: Tensor, logits: Tensor, valid: Tensor, lists: bool = True) -> Verdict:
     B, N, V = logits.shape
     am = argmax_lastdim(logits)  # am: [B, N], argmax of each row
-    small = logits.device.type == "cpu" and B * N <= _SMALL_WALK
+    small = lists and logits.device.type == "cpu" and B * N <= _SMALL_WALK
     if small:
         path, accept_len, next_token, accepted = greedy_walk_lists(tokens, par, am, valid)
     else:
@@ -133,6 +154,10 @@ def _verify_greedy(tokens: Tensor, par: Tensor, logits: Tensor, valid: Tensor) -
 
     if small:
         return Verdict(path, accept_len, next_token, accepted, node_prob)
+    if not lists:  # the full-width path: no maximum read back
+        order = torch.where(accepted, torch.arange(N, device=logits.device), N).sort(-1).values
+        path = torch.where(order == N, -1, order)
+        return Verdict(path, accepted.sum(-1) - 1, next_token, accepted, node_prob)
     return verdict_from_accepted(accepted, next_token, node_prob)
 
 

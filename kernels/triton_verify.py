@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common import Verdict, draw_coins, valid_mask, verdict_from_accepted
+from kernels.common import Verdict, VerifyBuffers, draw_coins, valid_mask, verdict_from_accepted
 
 _GREEDY, _DETERMINISTIC, _DRAFT_PROBS = 0, 1, 2
 
@@ -143,9 +143,9 @@ def _p_block(row_ptr, offs, mask, inv_t, m, s, thr):
 @triton.jit
 def _walk_kernel(
     tokens_ptr, parents_ptr, num_nodes_ptr, logits_ptr, dp_ptr, coins_ptr, fcoins_ptr,
-    m_ptr, s_ptr, thr_ptr, am_ptr, scratch_ptr, acc_ptr, nprob_ptr, next_ptr,
+    m_ptr, s_ptr, thr_ptr, am_ptr, scratch_ptr, acc_ptr, nprob_ptr, next_ptr, path_ptr, alen_ptr,
     N, V, inv_t,
-    MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+    MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, WRITE_PATH: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     n = tl.load(num_nodes_ptr + b).to(tl.int32)
@@ -256,6 +256,15 @@ def _walk_kernel(
             carry = tl.max(tl.where(vm, cs, carry), axis=0)
         tl.store(next_ptr + b, tl.where(count >= V, last_pos, count))
     tl.store(acc_ptr + base + offs_n, accv, mask=offs_n < N)
+    if WRITE_PATH:  # path[k] = the k-th accepted node (they lie on one chain, in increasing index); -1 after
+        acc32 = accv.to(tl.int32)
+        rank = tl.cumsum(acc32, axis=0) - 1  # [BLOCK_N]: position on the path of each accepted node
+        total = tl.sum(acc32, axis=0)
+        sel = (acc32[None, :] == 1) & (rank[None, :] == offs_n[:, None])  # [k, i]
+        pk = tl.sum(tl.where(sel, offs_n[None, :], 0), axis=1)
+        pk = tl.where(offs_n < total, pk, -1)
+        tl.store(path_ptr + base + offs_n, pk.to(tl.int64), mask=offs_n < N)
+        tl.store(alen_ptr + b, (total - 1).to(tl.int64))
 
 
 @triton.jit
@@ -290,8 +299,11 @@ def verify_triton(
     coins: Tensor | None = None,
     final_coins: Tensor | None = None,
     generator: torch.Generator | None = None,
+    out: VerifyBuffers | None = None,
 ) -> Verdict:
-    """Triton twin of `kernels.reference.verify_reference` (same signature, same results)."""
+    """Triton twin of `kernels.reference.verify_reference` (same signature, same results). With ``out`` (a
+    `kernels.VerifyBuffers` of this shape) nothing is allocated and nothing read back: the kernels write the
+    buffers, the path included ([B, N], -1 padded), and the Verdict returned holds them."""
     B, N, V = logits.shape
     device = logits.device
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
@@ -300,34 +312,49 @@ def verify_triton(
     logits = logits.contiguous()
     tokens = tokens.to(device=device, dtype=torch.int64).contiguous()
     parents = parents.to(device=device, dtype=torch.int64).contiguous()
-    if num_nodes is None:
-        num_nodes = torch.full((B,), N, dtype=torch.int64, device=device)
-    num_nodes = num_nodes.to(device=device, dtype=torch.int64).contiguous()
     greedy = temperature <= 0
+    mode = _GREEDY if greedy else (_DETERMINISTIC if draft_probs is None else _DRAFT_PROBS)
+    if out is not None:
+        out.check(B, N, V, device, mode == _DRAFT_PROBS)
+    if num_nodes is None:
+        num_nodes = (
+            out.all_nodes if out is not None else torch.full((B,), N, dtype=torch.int64, device=device)
+        )
+    num_nodes = num_nodes.to(device=device, dtype=torch.int64).contiguous()
     if greedy:
-        mode = _GREEDY
-        coins = torch.zeros(B, N, device=device)
-        final_coins = torch.zeros(B, device=device)
+        if out is not None:
+            coins, final_coins = out.coins, out.final_coins  # unread
+        else:
+            coins = torch.zeros(B, N, device=device)
+            final_coins = torch.zeros(B, device=device)
     else:
-        mode = _DETERMINISTIC if draft_probs is None else _DRAFT_PROBS
+        if out is not None and coins is None and _same_device(generator, device):
+            torch.rand(B, N, generator=generator, out=out.coins)  # draw_coins' order: coins first
+            coins = out.coins
+        if out is not None and final_coins is None and _same_device(generator, device):
+            torch.rand(B, generator=generator, out=out.final_coins)
+            final_coins = out.final_coins
         coins, final_coins = draw_coins(B, N, device, coins, final_coins, generator)
         coins, final_coins = coins.contiguous(), final_coins.contiguous()
     if mode == _DRAFT_PROBS:
         dp = draft_probs.to(device).contiguous()
         if interpret and dp.dtype != torch.float32:
             dp = dp.float()
-        scratch = torch.empty(B, 2, V, dtype=torch.float32, device=device)
+        scratch = out.scratch if out is not None else torch.empty(B, 2, V, dtype=torch.float32, device=device)
     else:
         dp = logits  # unused
-        scratch = torch.empty(1, dtype=torch.float32, device=device)
+        scratch = out.scratch if out is not None else torch.empty(1, dtype=torch.float32, device=device)
     inv_t = 1.0 if greedy else 1.0 / temperature
     use_top_k = (not greedy) and 0 < top_k < V
     use_top_p = (not greedy) and top_p < 1.0
 
-    m = torch.zeros(B, N, dtype=torch.float32, device=device)
-    s = torch.ones(B, N, dtype=torch.float32, device=device)
-    thr = torch.zeros(B, N, dtype=torch.int64, device=device)
-    am = torch.zeros(B, N, dtype=torch.int64, device=device)
+    if out is not None:
+        m, s, thr, am = out.m, out.s, out.thr, out.am
+    else:
+        m = torch.zeros(B, N, dtype=torch.float32, device=device)
+        s = torch.ones(B, N, dtype=torch.float32, device=device)
+        thr = torch.zeros(B, N, dtype=torch.int64, device=device)
+        am = torch.zeros(B, N, dtype=torch.int64, device=device)
     _row_stats_kernel[(B * N,)](
         logits, num_nodes, m, s, thr, am, N, V, inv_t, int(top_k), float(top_p),
         GREEDY=greedy, USE_TOP_K=use_top_k, USE_TOP_P=use_top_p, BLOCK_V=1024,
@@ -335,14 +362,26 @@ def verify_triton(
 
     block_n = max(16, triton.next_power_of_2(N))
     block_v = max(64, min(1024, 16384 // block_n))
-    accepted = torch.zeros(B, N, dtype=torch.int8, device=device)
-    node_prob = torch.empty(B, N, dtype=torch.float32, device=device)
-    next_token = torch.empty(B, dtype=torch.int64, device=device)
+    if out is not None:
+        accepted, node_prob, next_token = out.accepted8, out.node_prob, out.next_token
+        path, alen = out.path, out.accept_len
+    else:
+        accepted = torch.zeros(B, N, dtype=torch.int8, device=device)
+        node_prob = torch.empty(B, N, dtype=torch.float32, device=device)
+        next_token = torch.empty(B, dtype=torch.int64, device=device)
+        path = alen = next_token  # unwritten
     _walk_kernel[(B,)](
         tokens, parents, num_nodes, logits, dp, coins, final_coins,
-        m, s, thr, am, scratch, accepted, node_prob, next_token,
-        N, V, inv_t, MODE=mode, BLOCK_N=block_n, BLOCK_V=block_v,
+        m, s, thr, am, scratch, accepted, node_prob, next_token, path, alen,
+        N, V, inv_t, MODE=mode, BLOCK_N=block_n, BLOCK_V=block_v, WRITE_PATH=out is not None,
         num_warps=1 if greedy else 4,  # the greedy walk is register-only: keep its reductions in one warp
     )  # fmt: skip
+    if out is not None:
+        return out.verdict()
     valid = valid_mask(num_nodes, B, N, device)
     return verdict_from_accepted(accepted.bool() & valid, next_token, node_prob)
+
+
+def _same_device(generator: torch.Generator | None, device: torch.device) -> bool:
+    gen_dev = generator.device if generator is not None else device
+    return gen_dev.type == device.type

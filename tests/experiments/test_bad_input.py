@@ -127,6 +127,7 @@ BENCH = [
     ("arm-without-depth", ["bench", "--methods", "ngram-k2"], "has no depth"),
     ("arm-depth-zero", ["bench", "--methods", "ngram-d0"], "depth must be >= 1"),
     ("method-twice", ["bench", "--methods", "ar,ar"], "lists a method twice"),
+    ("device-arm-unknown", ["bench", "--methods", "device:ngram-d3"], "unknown device-loop arm 'ngram-d3'"),
     ("no-method", ["bench", "--methods", ",,"], "names no method"),
     ("workload-missing", ["bench", "--workload", "{tmp}/q.jsonl"], "hemingkx/Spec-Bench"),
     ("workload-not-utf8", ["bench", "--workload", "{bin}"], "not UTF-8"),

@@ -42,8 +42,12 @@ def test_verify_kernels_compile(dtype: str) -> None:
     for mode in (0, 1, 2):
         sig = dict(tokens_ptr="*i64", parents_ptr="*i64", num_nodes_ptr="*i64", logits_ptr=dtype, dp_ptr=dtype,
                    coins_ptr="*fp32", fcoins_ptr="*fp32", **VERIFY_ARGS, scratch_ptr="*fp32", acc_ptr="*i8",
-                   nprob_ptr="*fp32", next_ptr="*i64", N="i32", V="i32", inv_t="fp32")  # fmt: skip
-        compile_for_sm90(tv._walk_kernel, sig, dict(MODE=mode, BLOCK_N=64, BLOCK_V=256))
+                   nprob_ptr="*fp32", next_ptr="*i64", path_ptr="*i64", alen_ptr="*i64", N="i32", V="i32",
+                   inv_t="fp32")  # fmt: skip
+        for write_path in (False, True):  # True: into preallocated buffers (kernels.VerifyBuffers)
+            compile_for_sm90(
+                tv._walk_kernel, sig, dict(MODE=mode, BLOCK_N=64, BLOCK_V=256, WRITE_PATH=write_path)
+            )
 
 
 def test_tree_and_kv_kernels_compile() -> None:

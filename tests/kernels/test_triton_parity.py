@@ -14,6 +14,7 @@ import torch
 from kernel_cases import random_trees
 
 from kernels import (
+    VerifyBuffers,
     compact_kv_,
     compact_kv_reference,
     tree_buffers,
@@ -38,7 +39,7 @@ def test_parity_under_interpreter() -> None:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve())]
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=800)
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
-    assert f"{len(VERIFY_CASES) + 5} passed" in res.stdout, res.stdout[-2000:]
+    assert f"{len(VERIFY_CASES) + 6} passed" in res.stdout, res.stdout[-2000:]
 
 
 def make_case(seed: int, B: int, N: int, V: int, stochastic: bool):
@@ -94,6 +95,39 @@ def test_verify_parity(seed, B, N, V, temperature, top_k, top_p, stochastic) -> 
         )
     torch.testing.assert_close(got.node_prob, want.node_prob, atol=1e-6, rtol=0)
     assert int(want.accept_len.sum()) > 0
+
+
+def _check_into(cases) -> None:
+    """verify(..., out=VerifyBuffers) gives the reference's results (path -1 padded to N), twice over the same
+    buffers (nothing left from the call before), and returns the buffers themselves."""
+    for seed, B, N, V, temperature, top_k, top_p, stochastic in cases:
+        tokens, parents, logits, num_nodes, q, coins, final_coins = make_case(seed, B, N, V, stochastic)
+        kw = dict(num_nodes=num_nodes, temperature=temperature, top_k=top_k, top_p=top_p, draft_probs=q,
+                  coins=coins, final_coins=final_coins)  # fmt: skip
+        want = verify_reference(tokens, parents, logits, **kw)
+        S = want.path.shape[1]
+        buf = VerifyBuffers(B, N, V, logits.device, draft_probs=q is not None)
+        for _ in range(2):
+            got = verify(tokens, parents, logits, out=buf, **kw)
+            assert got.path is buf.path and got.next_token is buf.next_token
+            assert torch.equal(got.path[:, :S], want.path) and bool((got.path[:, S:] == -1).all())
+            for name in ("accept_len", "next_token", "accepted"):
+                assert torch.equal(getattr(got, name), getattr(want, name)), name
+            torch.testing.assert_close(got.node_prob, want.node_prob, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="verify buffers are for"):
+        verify(tokens, parents, logits, out=VerifyBuffers(B + 1, N, V, logits.device))
+
+
+@needs_triton
+def test_verify_into_buffers_parity() -> None:
+    _check_into([VERIFY_CASES[i] for i in (0, 3, 4)])  # greedy, sampling with top-k/top-p, draft_probs
+
+
+def test_verify_into_buffers_reference() -> None:
+    """The same through the torch reference (what the CPU's device loop runs)."""
+    if TRITON_MODE:
+        pytest.skip("Triton mode: the dispatcher runs the kernel (test_verify_into_buffers_parity)")
+    _check_into(VERIFY_CASES)
 
 
 @needs_triton
