@@ -277,13 +277,14 @@ class BatchTarget:
         chain = torch.arange(-1, n - 1)
         if all(t.num_nodes == n and torch.equal(t.parents, chain) for t in trees):  # chains of one length
             allowed, depth = None, torch.arange(n)[None].expand(b, n)
-        else:
-            buf = kernels.tree_buffers(parents, num_nodes=num)
-            allowed = buf.ancestor_mask.clone()  # [B, N, N] node i sees its ancestors and itself
-            pad = torch.arange(n)[None, :] >= num[:, None]  # padding nodes see only themselves
-            allowed[pad] = torch.eye(n, dtype=torch.bool)[None].expand(b, n, n)[pad]
-            depth = buf.depth.cpu()
-        pos = torch.tensor(lens)[:, None] + depth
+        else:  # the tree buffers where the model runs (on CUDA: the Triton tree kernel)
+            dev = self.device
+            num_d = num.to(dev)
+            buf = kernels.tree_buffers(parents.to(dev), num_nodes=num_d)
+            pad = (torch.arange(n, device=dev)[None, :] >= num_d[:, None])[:, :, None]  # padding: sees itself
+            allowed = torch.where(pad, torch.eye(n, dtype=torch.bool, device=dev)[None], buf.ancestor_mask)
+            depth = buf.depth  # [B, N]
+        pos = torch.tensor(lens, device=depth.device)[:, None] + depth
         hidden = self._forward(tokens, pos, allowed, lens)
         with torch.no_grad():
             logits = self.head(hidden)

@@ -59,12 +59,12 @@ class DeviceRun:
     tokens: list[list[int]]
     steps: int
     checks: int
-    row_steps: list[int]  # steps each row took before it finished (prefill not counted)
+    row_steps: list[int]  # forwards per row until it finished, its prefill included (as the engine counts)
 
     @property
     def tau(self) -> float:
-        """Tokens committed per row step, over all rows (the prefill's first token not counted)."""
-        return sum(max(0, len(t) - 1) for t in self.tokens) / max(1, sum(self.row_steps))
+        """Tokens per row step over all rows (the prefill counts as one step that commits one token)."""
+        return sum(len(t) for t in self.tokens) / max(1, sum(self.row_steps))
 
 
 class DeviceLoop:
@@ -162,6 +162,7 @@ class DeviceLoop:
             self.cur_len[r] = p + 1
             self.lens[r] = p
             self.n_out[r] = 1
+            self.row_steps[r] = 1
             self.done[r] = first in set(self.eos.tolist()) or max_new_tokens <= 1
         self.cache.lens = [0] * self.B  # unused by the device step (lens live on the device)
 
