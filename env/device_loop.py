@@ -178,19 +178,24 @@ class DeviceLoop:
         strict = strict_sync and self.device.type == "cuda"
         while True:
             checks += 1
-            if bool(self.done.all()):
+            # one read per check: the longest row (the span the next steps cannot outgrow), the most tokens a live
+            # row still needs (every step commits at least one: no more steps than that), whether all are done
+            left = torch.where(self.done, 0, self.max_new - self.n_out)
+            top, need, finished = torch.stack([self.lens.max(), left.max(), self.done.all().long()]).tolist()
+            if finished:
                 break
-            top = int(self.lens.max())  # one read per check: the span the next steps cannot outgrow
-            span = min(self.max_span, _round_up(top + self.q * self.check_every + 1, SPAN_STEP))
+            rounds = max(1, min(self.check_every, need))
+            span = min(self.max_span, _round_up(top + self.q * rounds + 1, SPAN_STEP))
+            prev = torch.cuda.get_sync_debug_mode() if strict else 0
             if strict:
                 torch.cuda.set_sync_debug_mode("error")
             try:
-                for _ in range(self.check_every):
+                for _ in range(rounds):
                     self._run_step(span)
                     steps += 1
             finally:
                 if strict:
-                    torch.cuda.set_sync_debug_mode("default")
+                    torch.cuda.set_sync_debug_mode(prev)
         hist, cur, n_out = self.hist.cpu(), self.cur_len.cpu(), self.n_out.cpu()
         eos = frozenset(self.eos.tolist())
         out = []
@@ -200,14 +205,13 @@ class DeviceLoop:
         return DeviceRun(out, steps, checks, self.row_steps[: len(prompts)].tolist())
 
     @torch.no_grad()
-    def capture(self, context: int) -> None:
-        """Capture the step's CUDA graphs of every span up to ``context`` positions now (a dummy sequence runs
-        the warm-up steps), so that no generation pays for it."""
+    def capture(self) -> None:
+        """Capture the step's CUDA graph of every span a generation can ask for now (a dummy sequence runs the
+        warm-up steps), so that no generation pays for it."""
         if not self.graph:
             return
         self.prefill([[0]], 2)
-        top = min(self.max_span, _round_up(context + self.q * self.check_every + 1, SPAN_STEP))
-        for span in range(SPAN_STEP, top + 1, SPAN_STEP):
+        for span in range(SPAN_STEP, self.max_span + 1, SPAN_STEP):
             while span not in self._graphs:
                 self._run_step(span)
         torch.cuda.synchronize()

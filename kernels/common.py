@@ -70,8 +70,8 @@ class VerifyBuffers:
     def __init__(self, B: int, N: int, V: int, device: torch.device | str, draft_probs: bool = False) -> None:
         dev = torch.device(device)
         self.shape = (B, N, V)
-        self.device = dev
         self.path = torch.full((B, N), -1, dtype=torch.int64, device=dev)
+        self.device = self.path.device  # "cuda" -> "cuda:0": compared with the tensors' own devices
         self.accept_len = torch.zeros(B, dtype=torch.int64, device=dev)
         self.next_token = torch.zeros(B, dtype=torch.int64, device=dev)
         self.accepted8 = torch.zeros(B, N, dtype=torch.int8, device=dev)  # the kernel stores bytes

@@ -303,7 +303,8 @@ def verify_triton(
 ) -> Verdict:
     """Triton twin of `kernels.reference.verify_reference` (same signature, same results). With ``out`` (a
     `kernels.VerifyBuffers` of this shape) nothing is allocated and nothing read back: the kernels write the
-    buffers, the path included ([B, N], -1 padded), and the Verdict returned holds them."""
+    buffers, the path included ([B, N], -1 padded), and the Verdict returned holds them (sampling: coins drawn from a
+    generator on the logits' device, or given)."""
     B, N, V = logits.shape
     device = logits.device
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
@@ -383,5 +384,9 @@ def verify_triton(
 
 
 def _same_device(generator: torch.Generator | None, device: torch.device) -> bool:
-    gen_dev = generator.device if generator is not None else device
-    return gen_dev.type == device.type
+    """Whether coins can be drawn straight into buffers on ``device`` (a generator elsewhere, e.g. on the CPU,
+    draws there and copies: an allocation and a transfer per call, which a captured step cannot have)."""
+    if generator is None:
+        return True
+    gen = generator.device
+    return gen.type == device.type and (gen.index or 0) == (device.index or 0)
