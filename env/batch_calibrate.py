@@ -22,12 +22,16 @@ ROWS = (1, 2, 4, 8, 16)
 NODES = (1, 2, 3, 4, 6, 9)
 CONTEXTS = (128, 512)
 PREFILL_TOKENS = (16, 64, 192, 448, 1024)  # Spec-Bench's long prompts reach ~1,200 tokens
+RUN_STEPS = (
+    3  # consecutive steps per visit of a cell (a visit after another cell's starts with colder caches)
+)
 
 
 def _time_grid(loaded: Any, rows: Sequence[int], nodes: Sequence[int], contexts: Sequence[int], reps: int,
                progress: bool) -> dict[tuple[int, int, int], float]:  # fmt: skip
     """Median seconds of ``BatchEngine.step`` over (rows, nodes, context): every row drafts a random chain of
-    ``nodes - 1`` tokens (``nodes`` 1: no draft), the step's commits are rolled back so that the context stays."""
+    ``nodes - 1`` tokens (``nodes`` 1: no draft); each visit of a cell runs ``RUN_STEPS`` steps in a row, then its
+    commits are rolled back so that the context stays; cells are visited in a new random order every pass."""
     import torch
 
     from drafters import TreeShape
@@ -48,22 +52,26 @@ def _time_grid(loaded: Any, rows: Sequence[int], nodes: Sequence[int], contexts:
     samples: dict[tuple[int, int, int], list[float]] = {cell: [] for cell in cells}
     rng = random.Random(0)
 
-    def run(r: int, n: int, c: int) -> float:
+    def run(r: int, n: int, c: int, steps: int = RUN_STEPS) -> list[float]:
+        """``steps`` consecutive steps of one cell, as decoding runs them (the context grows by what they
+        commit), then rolled back to the cell's context."""
         eng = engines[(r, c)]
         arm = NO_DRAFT if n == 1 else Arm("_fixed", TreeShape(depth=n - 1))
         fixed.parents = tree_parents(n, True)
-        t0 = time.perf_counter()
-        results = eng.step([arm] * r)
-        wall = time.perf_counter() - t0
-        for row, res in zip(eng.target.rows, results):  # back to the same context
-            k = len(res.committed)
-            del row.tokens[-k:]
-            eng.target.cache.lens[row.slot] -= k
-        return wall
+        start = [(len(row.tokens), eng.target.cache.lens[row.slot]) for row in eng.target.rows]
+        walls = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            eng.step([arm] * r)
+            walls.append(time.perf_counter() - t0)
+        for row, (k, n_kv) in zip(eng.target.rows, start):  # back to the same context
+            del row.tokens[k:]
+            eng.target.cache.lens[row.slot] = n_kv
+        return walls
 
     with torch.inference_mode():
         for cell in cells:  # warm-up
-            run(*cell)
+            run(*cell, steps=1)
         it = range(reps)
         if progress:
             from tqdm import tqdm
@@ -72,8 +80,26 @@ def _time_grid(loaded: Any, rows: Sequence[int], nodes: Sequence[int], contexts:
         for _ in it:
             rng.shuffle(cells)
             for cell in cells:
-                samples[cell].append(run(*cell))
+                samples[cell].extend(run(*cell))
     return {cell: statistics.median(v) for cell, v in samples.items()}
+
+
+def monotone_fit(grid: np.ndarray, sweeps: int = 4) -> np.ndarray:
+    """A fit of ``grid`` [rows, nodes] that never decreases along either axis: least-squares isotonic regression
+    along rows and along nodes in turn (pool adjacent violators, ``env.cost.isotonic``), then a running maximum
+    for what the sweeps leave. A running maximum alone lifts every later cell to one noisy high measurement; the
+    pooled fit averages it with its neighbours."""
+    from env.cost import isotonic
+
+    out = np.array(grid, dtype=float)
+    for _ in range(sweeps):
+        for j in range(out.shape[1]):
+            out[:, j] = isotonic(out[:, j])
+        for i in range(out.shape[0]):
+            out[i, :] = isotonic(out[i, :])
+    np.maximum.accumulate(out, axis=0, out=out)
+    np.maximum.accumulate(out, axis=1, out=out)
+    return out
 
 
 def _time_prefill(loaded: Any, lengths: Sequence[int], reps: int) -> list[float]:
@@ -122,9 +148,7 @@ def calibrate_batch(
     slope = np.array(
         [[max((med[(r, n, c1)] - med[(r, n, c0)]) / (c1 - c0), 0.0) for n in nodes] for r in rows]
     )
-    for arr in (base, slope):  # more rows or more nodes never cost less
-        np.maximum.accumulate(arr, axis=0, out=arr)
-        np.maximum.accumulate(arr, axis=1, out=arr)
+    base, slope = monotone_fit(base), monotone_fit(slope)  # more rows or more nodes never cost less
     lengths = [n for n in PREFILL_TOKENS if n < loaded.max_context] or [min(16, loaded.max_context - 1)]
     pf = _time_prefill(loaded, lengths, max(reps // 2, 2))
     from env.cost import isotonic
@@ -163,4 +187,4 @@ def calibrate_batch(
     )
 
 
-__all__ = ["CONTEXTS", "NODES", "PREFILL_TOKENS", "ROWS", "calibrate_batch"]
+__all__ = ["CONTEXTS", "NODES", "PREFILL_TOKENS", "ROWS", "RUN_STEPS", "calibrate_batch", "monotone_fit"]

@@ -399,6 +399,21 @@ def test_roofline_json_round_trip(tmp_path):
     assert faster.forward_s(1, 1, 0) < c.forward_s(1, 1, 0)
 
 
+def test_the_monotone_fit_pools_an_outlier_instead_of_lifting_everything_after_it():
+    from env.batch_calibrate import monotone_fit
+
+    clean = np.array([[20.0, 22.0, 25.0], [21.0, 24.0, 30.0], [30.0, 36.0, 45.0]])
+    assert np.array_equal(monotone_fit(clean), clean)  # a monotone grid stays as it is
+    noisy = clean.copy()
+    noisy[0, 0] = 38.0  # one slow measurement at the smallest cell
+    fit = monotone_fit(noisy)
+    assert (np.diff(fit, axis=0) >= 0).all() and (np.diff(fit, axis=1) >= 0).all()
+    # a running maximum would put 38 in every cell of the first row and column; pooling averages it away
+    assert fit[2, 0] == 30.0 and fit[0, 2] < 38.0 and fit[0, 0] < 38.0
+    rising = np.maximum.accumulate(np.maximum.accumulate(noisy, axis=0), axis=1)
+    assert np.abs(fit - clean).sum() < np.abs(rising - clean).sum() / 2
+
+
 # ---- calibration on the embedded model ----------------------------------------------------------------------------
 
 
