@@ -162,14 +162,17 @@ class SpecDecodeVectorEnv(VectorEnv):
         if a.shape != (self.num_envs,):
             raise EnvError(f"actions must have shape ({self.num_envs},), got {tuple(a.shape)}")
         k = len(self.arms)
-        lo, hi = int(a.min()), int(a.max())
+        pending = self._pending  # envs that ended last step (next-step autoreset)
+        if self.device is None:
+            lo, hi, any_pending = int(a.min()), int(a.max()), bool(pending.any())
+        else:  # one read back from the device per step, not three
+            lo, hi, any_pending = torch.stack([a.min(), a.max(), pending.any().long()]).tolist()
         if lo < 0 or hi >= k:
             bad = lo if lo < 0 else hi
             raise EnvError(
                 f"action {bad} is not a valid arm index; valid: 0..{k - 1} ({', '.join(self.arm_names)})"
             )
         mode = self.metadata["autoreset_mode"]
-        pending = self._pending  # envs that ended last step (next-step autoreset)
         out = replay_step(self.tables, self._prompt, self._pos, self._hist, self._rows, a)
         self._pos = out.pos
         terminated, truncated = out.terminated, out.truncated
@@ -183,7 +186,7 @@ class SpecDecodeVectorEnv(VectorEnv):
             "arm": self._names[a] if self.device is None else a,
         }
         if mode == AutoresetMode.NEXT_STEP:
-            if bool(pending.any()):  # these envs ended last step: reset them now, reward 0
+            if any_pending:  # these envs ended last step: reset them now, reward 0
                 for key in ("tokens", "accepted", "drafted", "cost_s", "ar_cost_s"):
                     infos[key] = infos[key] * ~pending
                 reward = reward * ~pending
