@@ -30,13 +30,12 @@ from env.metrics import speedup, throughput
 from env.model import LoadedModel, with_weights
 from env.target import check_prompt, eos_ids
 from env.workloads import Prompt
-from experiments.config import EXTERNAL_METHODS
+from experiments.config import DEVICE_PREFIX, EXTERNAL_METHODS
 from experiments.llama_cpp import METHOD as LLAMA_CPP
 from experiments.llama_cpp import LlamaCppError, LlamaCppRunner, runner_for
 from experiments.methods import MethodError
 from experiments.provenance import provenance
 
-DEVICE_PREFIX = "device:"
 HF_METHODS = ("hf_greedy", "hf_pld")  # run by HFRunner; with llama_cpp: config.EXTERNAL_METHODS
 DEFAULT_METHODS = ("hf_greedy", "hf_pld", "ar", "ngram-d8", "ngram-d12-k4-b24")
 
@@ -94,6 +93,8 @@ def run_method(
 
     ``decoders`` caches a decoder per method; put a ``SpeculativeDecoder`` with a policy there to run a policy."""
     if is_device_method(method):
+        if sampling.temperature > 0:
+            raise MethodError(f"{method} decodes greedily only; set the temperature to 0 or drop it")
         loop = decoders.get(method)
         if loop is None:
             loop = decoders[method] = device_loop(loaded, method)

@@ -34,6 +34,7 @@ Scalar = int | float | str | bool
 # The baselines that are not arms of ours, run by ``experiments.bench.run_method``, greedy only: Hugging Face
 # ``generate`` (greedy, prompt lookup) and llama-cpp-python on the embedded GGUF (``experiments.llama_cpp``).
 EXTERNAL_METHODS = ("hf_greedy", "hf_pld", "llama_cpp")
+DEVICE_PREFIX = "device:"  # device:ARM, the device-resident loop (env.device_loop), greedy
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,16 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
                     "is 'llama_cpp', which a config runs on the embedded model's GGUF only (model.name is a "
                     "folder); for another model use draftgym bench --llama-cpp-gguf PATH",
                 )
+        elif m.startswith(DEVICE_PREFIX):
+            from drafters import DrafterError
+            from env.device_loop import parse_device_arm
+
+            try:
+                parse_device_arm(m[len(DEVICE_PREFIX) :])
+            except DrafterError as err:
+                fail(key, f"is not a method: {err}")
+            if cfg.decode.temperature > 0:
+                fail(key, f"is {m!r}, which only runs greedy; set decode.temperature = 0 or drop it")
         else:
             _check_arm(m, key, fail, DRAFTERS)
     for name, p in cfg.policies.items():

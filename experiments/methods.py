@@ -13,7 +13,15 @@ from typing import Any
 from env.decoder import SpeculativeDecoder
 from env.engine import Sampling, parse_arm, split_weights
 from env.model import LoadedModel, with_weights
-from experiments.config import EXTERNAL_METHODS, Config, PolicyConfig, keywords_of, policy_class, policy_types
+from experiments.config import (
+    DEVICE_PREFIX,
+    EXTERNAL_METHODS,
+    Config,
+    PolicyConfig,
+    keywords_of,
+    policy_class,
+    policy_types,
+)
 
 
 class MethodError(ValueError):
@@ -68,7 +76,7 @@ def make_decoders(cfg: Config, loaded: LoadedModel, state_dir: Path | None = Non
     options = {name: dict(opts) for name, opts in cfg.drafters.items()}
     decoders: dict[str, Any] = {}
     for m in cfg.methods:
-        if m in EXTERNAL_METHODS:
+        if m in EXTERNAL_METHODS or m.startswith(DEVICE_PREFIX):  # built by run_method (device: on first use)
             continue
         if is_policy(m):
             name = m.removeprefix("policy:")
@@ -126,6 +134,8 @@ def warmup_decoders(cfg: Config, loaded: LoadedModel) -> dict[str, Any]:
             names.append(m)
     out: dict[str, Any] = {}
     for name in dict.fromkeys(names):
+        if name.startswith(DEVICE_PREFIX):  # a device loop warms up as itself (run_method builds it)
+            continue
         arm, variant = split_weights(name)
         target = with_weights(loaded, variant)
         out[name] = SpeculativeDecoder(target, [parse_arm(arm)], drafter_options=options)

@@ -116,3 +116,12 @@ def test_cli_bad_config_is_one_line_exit_2(tmp_path):
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
         assert f"{bad}:4: unknown key 'decode.max_new_token'" in lines[0]
+
+
+def test_device_loop_methods_are_checked_like_arms():
+    cfg = load_config("cfg.toml", text='methods = ["ar", "device:lookup-d4", "device:none"]\n')
+    assert list(cfg.methods) == ["ar", "device:lookup-d4", "device:none"]
+    msg = _err('methods = ["device:ngram-d4"]\n')
+    assert "methods[0] is not a method: unknown device-loop arm 'ngram-d4'" in msg
+    msg = _err('methods = ["device:lookup-d4"]\n[decode]\ntemperature = 0.7\n')
+    assert "is 'device:lookup-d4', which only runs greedy" in msg
