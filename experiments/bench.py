@@ -28,12 +28,12 @@ from env.engine import Sampling, parse_arm, split_weights
 from env.files import atomic_write_text
 from env.metrics import speedup, throughput
 from env.model import LoadedModel, with_weights
-from env.target import check_prompt, eos_ids
+from env.target import check_prompt
 from env.workloads import Prompt
-from experiments.config import DEVICE_PREFIX, EXTERNAL_METHODS
+from experiments.config import EXTERNAL_METHODS, device_depth, is_device_method
 from experiments.llama_cpp import METHOD as LLAMA_CPP
 from experiments.llama_cpp import LlamaCppError, LlamaCppRunner, runner_for
-from experiments.methods import MethodError
+from experiments.methods import MethodError, device_loop
 from experiments.provenance import provenance
 
 HF_METHODS = ("hf_greedy", "hf_pld")  # run by HFRunner; with llama_cpp: config.EXTERNAL_METHODS
@@ -121,39 +121,14 @@ def run_method(
     return g.token_ids, g.stats.wall_s, g.stats.steps, g.stats.tau, list(g.arms)
 
 
-def is_device_method(method: str) -> bool:
-    """``device:ARM``: the device-resident loop (``env.device_loop``), ARM ``none`` or ``lookup-dD``."""
-    return method.startswith(DEVICE_PREFIX)
-
-
 def check_method(method: str) -> None:
     """Raise a user error for a method name that names nothing (before any work)."""
     if method in EXTERNAL_METHODS:
         return
     if is_device_method(method):
-        from env.device_loop import parse_device_arm
-
-        parse_device_arm(method[len(DEVICE_PREFIX) :])
+        device_depth(method)
         return
     parse_arm(split_weights(method)[0])
-
-
-def device_loop(loaded: LoadedModel, method: str, context: int | None = None) -> Any:
-    """The device loop of a ``device:ARM`` method over ``loaded``'s lean forward, one row, for prompts plus new
-    tokens of up to ``context`` positions (default: the model's context); on CUDA its steps run as CUDA graphs,
-    captured here."""
-    from env.device_loop import DeviceLoop, parse_device_arm
-    from env.lean import lean_of
-
-    net = lean_of(loaded)
-    if net is None:
-        raise MethodError(f"{method} needs a Llama-family target on the lean forward (not --forward hf)")
-    depth = parse_device_arm(method[len(DEVICE_PREFIX) :])
-    graph = loaded.device.type == "cuda"
-    ctx = loaded.max_context if context is None else min(context, loaded.max_context)
-    loop = DeviceLoop(net, 1, depth, ctx, eos_ids(loaded), graph=graph)
-    loop.capture()  # every span's graph now (CUDA), not within a timed generation
-    return loop
 
 
 def interleaved(todo: list[tuple[int, Prompt]], methods: list[str], done: set[tuple[str, str]]):

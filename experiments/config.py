@@ -37,6 +37,18 @@ EXTERNAL_METHODS = ("hf_greedy", "hf_pld", "llama_cpp")
 DEVICE_PREFIX = "device:"  # device:ARM, the device-resident loop (env.device_loop), greedy
 
 
+def is_device_method(method: str) -> bool:
+    """``device:ARM``: the device-resident loop (``env.device_loop``), ARM ``none`` or ``lookup-dD``."""
+    return method.startswith(DEVICE_PREFIX)
+
+
+def device_depth(method: str) -> int:
+    """The chain depth of a ``device:ARM`` method (a ``DrafterError`` for an ARM the loop does not run)."""
+    from env.device_loop import parse_device_arm
+
+    return parse_device_arm(method[len(DEVICE_PREFIX) :])
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "smollm2-135m-instruct"
@@ -248,12 +260,11 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
                     "is 'llama_cpp', which a config runs on the embedded model's GGUF only (model.name is a "
                     "folder); for another model use draftgym bench --llama-cpp-gguf PATH",
                 )
-        elif m.startswith(DEVICE_PREFIX):
+        elif is_device_method(m):
             from drafters import DrafterError
-            from env.device_loop import parse_device_arm
 
             try:
-                parse_device_arm(m[len(DEVICE_PREFIX) :])
+                device_depth(m)
             except DrafterError as err:
                 fail(key, f"is not a method: {err}")
             if cfg.decode.temperature > 0:

@@ -14,10 +14,11 @@ from env.decoder import SpeculativeDecoder
 from env.engine import Sampling, parse_arm, split_weights
 from env.model import LoadedModel, with_weights
 from experiments.config import (
-    DEVICE_PREFIX,
     EXTERNAL_METHODS,
     Config,
     PolicyConfig,
+    device_depth,
+    is_device_method,
     keywords_of,
     policy_class,
     policy_types,
@@ -71,12 +72,35 @@ def build_policy(
     return cls(list(p.arms), obs_size, features=features, **params)
 
 
-def make_decoders(cfg: Config, loaded: LoadedModel, state_dir: Path | None = None) -> dict[str, Any]:
-    """One decoder per method of ``cfg`` (HF baselines are built lazily by ``run_method``)."""
+def device_loop(loaded: LoadedModel, method: str, context: int | None = None) -> Any:
+    """The device loop of a ``device:ARM`` method over ``loaded``'s lean forward, one row, for prompts plus new
+    tokens of up to ``context`` positions (default: the model's context); on CUDA its steps run as CUDA graphs,
+    captured here (not within a timed generation)."""
+    from env.device_loop import DeviceLoop
+    from env.lean import lean_of
+    from env.target import eos_ids
+
+    net = lean_of(loaded)
+    if net is None:
+        raise MethodError(f"{method} needs a Llama-family target on the lean forward (not --forward hf)")
+    ctx = loaded.max_context if context is None else min(context, loaded.max_context)
+    loop = DeviceLoop(net, 1, device_depth(method), ctx, eos_ids(loaded), graph=loaded.device.type == "cuda")
+    loop.capture()
+    return loop
+
+
+def make_decoders(
+    cfg: Config, loaded: LoadedModel, state_dir: Path | None = None, context: int | None = None
+) -> dict[str, Any]:
+    """One decoder per method of ``cfg`` (HF baselines are built lazily by ``run_method``); device loops for
+    prompts plus new tokens of up to ``context`` positions."""
     options = {name: dict(opts) for name, opts in cfg.drafters.items()}
     decoders: dict[str, Any] = {}
     for m in cfg.methods:
-        if m in EXTERNAL_METHODS or m.startswith(DEVICE_PREFIX):  # built by run_method (device: on first use)
+        if m in EXTERNAL_METHODS:
+            continue
+        if is_device_method(m):
+            decoders[m] = device_loop(loaded, m, context)
             continue
         if is_policy(m):
             name = m.removeprefix("policy:")
@@ -134,7 +158,7 @@ def warmup_decoders(cfg: Config, loaded: LoadedModel) -> dict[str, Any]:
             names.append(m)
     out: dict[str, Any] = {}
     for name in dict.fromkeys(names):
-        if name.startswith(DEVICE_PREFIX):  # a device loop warms up as itself (run_method builds it)
+        if is_device_method(name):  # built and captured by make_decoders: nothing lazy is left to warm up
             continue
         arm, variant = split_weights(name)
         target = with_weights(loaded, variant)

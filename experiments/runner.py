@@ -104,7 +104,8 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
         bar.update(1)
         bar.close()
         state_dir = out / "policies"
-        decoders = make_decoders(cfg, loaded, state_dir)
+        longest = max((len(chat_prompt(loaded.tokenizer, p.text)) for p in prompts), default=0)
+        decoders = make_decoders(cfg, loaded, state_dir, context=longest + cfg.decode.max_new_tokens)
         sampling = sampling_of(cfg)
         if cfg.decode.warmup:  # untimed: the first call of each arm pays for lazy initialisation
             warm_ids = chat_prompt(loaded.tokenizer, "Say hello.")
