@@ -155,6 +155,7 @@ def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[d
     engine = engine_cache.get(rows)
     if engine is None:
         engine = engine_cache[rows] = BatchEngine(loaded, max_rows=rows)
+        engine.target.cache.grow(getattr(args, "cache_positions", 0))
     log = ServeLog()
     extra: dict[str, Any] = {}
     if policy is not None:  # the policy picks every step's arm from its menu (env.serve_env observation)
@@ -251,14 +252,20 @@ def cmd_serve_bench(args: Any) -> int:
     cells = load_cells(cells_path)
     todo = [(m, c) for c in levels for m in methods if (m, c) not in cells]
     engines: dict[int, Any] = {}
-    if todo:  # warm-up, untimed: the first call of each method pays for lazy initialisation
-        warm = args.__class__(**{**vars(args), "max_new_tokens": 4, "rate": None})
-        warm.arrivals, warm.arrival_times = None, None
-        for m in dict.fromkeys(m for m, _ in todo):
-            run_cell(loaded, m, 1, ids[:1], rids[:1], warm, engines)
+    # an engine's cache is grown once, when it is built, to hold the longest request (and a tree of nodes)
+    args.cache_positions = max(len(i) for i in ids) + args.max_new_tokens + 64
+    warm = args.__class__(**{**vars(args), "max_new_tokens": 4, "rate": None})
+    warm.arrivals, warm.arrival_times = None, None
     bar = tqdm(total=len(levels) * len(methods), initial=len(cells), desc="serve-bench", disable=args.json)
+    longest = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    warmed: set[int] = set()
     with cells_path.open("a") as fh:
         for m, c in todo:
+            if c not in warmed:  # untimed: every method once on this level's engine with its longest prompts (the
+                warmed.add(c)  # lazy set-up of each method, and the first touches of this batch size's buffers)
+                pick = longest[:c]
+                for wm in dict.fromkeys(m for m, _ in todo):
+                    run_cell(loaded, wm, c, [ids[i] for i in pick], [rids[i] for i in pick], warm, engines)
             served, log = run_cell(loaded, m, c, ids, rids, args, engines)
             cell = {
                 "method": m,
