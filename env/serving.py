@@ -69,6 +69,7 @@ class ServeLog:
     row_steps: int = 0  # sum over steps of the rows in the batch
     step_tokens: int = 0
     arm_rows: Counter = field(default_factory=Counter)  # arm name -> rows that stepped with it
+    policy_s: float = 0.0  # of step_s and after it: a serving policy's observation, act, record and update
 
     @property
     def mean_batch(self) -> float:
@@ -262,6 +263,7 @@ def serve(
             arrived = sum(1 for r in queue if r.arrival_s <= now()) if concurrency is None else 0
             obs = observer.observe(stepper, arrived)
             choices = observer.choices(policy.act(obs), len(live))
+            log.policy_s += clock() - a
         else:
             choices = [index[f.req.arm] for f in live]
         outcomes = stepper.step(choices)
@@ -273,9 +275,11 @@ def serve(
         for c in choices:
             log.arm_rows[menu[c].name] += 1
         if observer is not None:
+            b = clock()
             observer.record(outcomes, choices)
             if cost is not None and hasattr(policy, "update"):
                 policy.update(obs, int(choices[0]), observer.reward(outcomes, wall, cost), {})
+            log.policy_s += clock() - b
         for f in sorted(
             live, key=lambda f: -f.seq.row.slot
         ):  # the last slots first: packing moves fewer rows

@@ -94,6 +94,10 @@ def summarize_cell(
         "tau": tau(sum(tokens), steps) if steps else None,
         "mean_batch": None if log is None else log["mean_batch"],  # rows per batch step (hf_batch: none)
         "prefill_s": None if log is None else log["prefill_s"],  # time spent prefilling on admission
+        # ms per batch step: the step (a policy's observation and act included), and a policy's own part of it
+        # and of the bookkeeping after it (observation, act, record, update): what switching costs per step
+        "step_ms": None if not log or not log["steps"] else 1e3 * log["step_s"] / log["steps"],
+        "policy_ms": None if not log or not log["steps"] else 1e3 * log.get("policy_s", 0.0) / log["steps"],
     }
 
 

@@ -11,7 +11,7 @@ import pytest
 from env.batch import BatchEngine
 from env.engine import NO_DRAFT, parse_arm
 from env.serve_env import ROW_FEATURES, LiveObserver, ServeEnvError, obs_size
-from env.serving import Request, ServeError, serve
+from env.serving import Request, ServeError, ServeLog, serve
 
 pytestmark = pytest.mark.model
 
@@ -71,8 +71,11 @@ def test_any_mix_of_arms_is_lossless(fp32_model, requests, plain, seed):
 
     policy = RandomPolicy(seed)
     caps = [1, 1, 2]  # closed loop: request i enters while fewer than caps[i] are in flight
+    log = ServeLog()
     out = serve(BatchEngine(fp32_model, max_rows=MAX_BATCH), requests, caps=caps, max_batch=MAX_BATCH,
-                policy=policy, arms=ARMS, cost=roofline("h200", "llama-3.1-8b"))  # fmt: skip
+                policy=policy, arms=ARMS, cost=roofline("h200", "llama-3.1-8b"), log=log)  # fmt: skip
+    # the policy's own time (observation, act, record, update) is counted, and is less than the steps'
+    assert 0 < log.policy_s < log.step_s
     assert sorted(s.rid for s in out) == sorted(plain)
     for s in out:
         assert s.token_ids == plain[s.rid], s.rid
