@@ -265,8 +265,10 @@ def cmd_serve_bench(args: Any) -> int:
     warmed: set[int] = set()
     with cells_path.open("a") as fh:
         for m, c in todo:
-            if c not in warmed:  # untimed: every method once on this level's engine with its longest prompts (the
-                warmed.add(c)  # lazy set-up of each method, and the first touches of this batch size's buffers)
+            # untimed, once per level: every method on this level's engine with its longest prompts (the lazy
+            # set-up of each method, and the first touches of this batch size's buffers)
+            if c not in warmed:
+                warmed.add(c)
                 pick = longest[:c]
                 for wm in dict.fromkeys(m for m, _ in todo):
                     run_cell(loaded, wm, c, [ids[i] for i in pick], [rids[i] for i in pick], warm, engines)
