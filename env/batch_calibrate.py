@@ -187,4 +187,54 @@ def calibrate_batch(
     )
 
 
-__all__ = ["CONTEXTS", "NODES", "PREFILL_TOKENS", "ROWS", "RUN_STEPS", "calibrate_batch", "monotone_fit"]
+def calibrated_steps(cost: Any) -> dict[tuple[int, int, int], float]:
+    """The raw medians a fitted cost model was calibrated from (``meta["measurements"]``: [rows, nodes, context,
+    seconds]), by (rows, nodes, context); entries that are not four positive finite numbers are skipped (the meta
+    of a file is provenance, not validated when the file loads). Empty for a roofline model."""
+    out: dict[tuple[int, int, int], float] = {}
+    meta = getattr(cost, "meta", None)
+    items = meta.get("measurements") if isinstance(meta, dict) else None
+    for m in items if isinstance(items, list) else []:
+        if not (isinstance(m, list) and len(m) == 4):
+            continue
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in m):
+            continue
+        r, n, c, s = m
+        if min(r, n, c) >= 1 and np.isfinite(s) and s > 0 and float(r).is_integer() and float(c).is_integer():
+            out[(int(r), int(n), int(c))] = float(s)
+    return out
+
+
+def probe_rows(cost: Any, load: str) -> list[int]:
+    """The calibrated row counts a speed probe for ``load`` times (one node, the calibrated contexts): the largest
+    calibrated count not above a numeric load's concurrency; the smallest and largest for a mixed or bursty load.
+    Empty where the cost model holds no measurements of one node."""
+    have = sorted({r for (r, n, _c) in calibrated_steps(cost) if n == 1})
+    if not have:
+        return []
+    if load.isdigit():
+        return [max([r for r in have if r <= int(load)] or have[:1])]
+    return sorted({have[0], have[-1]})
+
+
+def speed_probe(loaded: Any, cost: Any, rows: Sequence[int], reps: int = 3) -> dict[str, Any] | None:
+    """The machine's speed now against the moment ``cost`` was calibrated: the calibration's own cells of
+    ``rows`` x one node at its contexts, timed again the same way (``_time_grid``), each against its calibrated
+    median. ``factor`` is the geometric mean of now / then over the cells: 1.2 means steps take 20% longer now,
+    so replay priced by ``cost`` overstates goodput by about that much. ``None`` when the cost model holds no
+    such measurements (a roofline model, a calibration without them)."""
+    then = calibrated_steps(cost)
+    contexts = sorted({c for (r, n, c) in then if n == 1 and r in rows})
+    cells = [(r, c) for r in rows for c in contexts if (r, 1, c) in then]
+    if not cells or getattr(loaded, "max_context", 1 << 30) <= max(contexts) + 8:
+        return None
+    now = _time_grid(loaded, sorted({r for r, _ in cells}), [1], contexts, reps, False)
+    ratios = [now[(r, 1, c)] / then[(r, 1, c)] for r, c in cells if (r, 1, c) in now]
+    return {
+        "cells": [[r, c, now[(r, 1, c)], then[(r, 1, c)]] for r, c in cells if (r, 1, c) in now],
+        "factor": float(np.exp(np.mean(np.log(ratios)))),
+    }
+
+
+__all__ = ["CONTEXTS", "NODES", "PREFILL_TOKENS", "ROWS", "RUN_STEPS", "calibrate_batch", "calibrated_steps",
+           "monotone_fit", "probe_rows", "speed_probe"]  # fmt: skip

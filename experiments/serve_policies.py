@@ -239,22 +239,32 @@ class _Static:
 def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms: list[str], split: Any, *,
                    loads: list[str], episodes: int, max_new: int, requests: int, max_batch: int, seed: int,
                    loaded: Any = None, repeats: int = 3, live_policies: set[str] | None = None,
-                   out: Path | None = None, progress: bool = False) -> dict[str, Any]:  # fmt: skip
+                   out: Path | None = None, progress: bool = False, probe: bool = True) -> dict[str, Any]:  # fmt: skip
     """Replay every policy (and every static arm, the oracle) at every load on held-out prompts; live (when
-    ``loaded``) the policies named in ``live_policies`` (default: all), ``repeats`` runs each, the median kept."""
+    ``loaded``) the policies named in ``live_policies`` (default: all), ``repeats`` runs each, the median kept.
+
+    With ``probe`` (and a fitted cost model that holds its calibration's measurements), each load's live runs are
+    bracketed by a speed probe (``env.batch_calibrate.speed_probe``: the calibration's own one-node cells timed
+    again), so that the fidelity summary can tell the cost model's error from the machine's drift since it was
+    calibrated: ``fidelity[load]`` has the median |replay / live - 1| over the live policies as measured, and
+    again with replay divided by the probe's speed factor."""
+    from env.batch_calibrate import probe_rows, speed_probe
     from env.engine import parse_arm
 
     make = _sim_factory(trace, cost, arms, list(split.test), max_new, requests, max_batch)
     statics = [(f"static:{a}", _Static(k, a)) for k, a in enumerate(arms)]
     rows: list[dict[str, Any]] = []
     done = {}
+    probes: dict[str, dict[str, Any]] = {}
     live_path = None if out is None else out / "live.jsonl"
     if live_path is not None and live_path.is_file():
         for line in live_path.read_text().splitlines():
             try:
                 c = json.loads(line)
-                done[(c["policy"], c["load"])] = c["live_goodput"]
-            except (json.JSONDecodeError, KeyError, TypeError):
+                done[(c["policy"], c["load"])] = float(c["live_goodput"])
+                if isinstance(c.get("probe"), dict) and isinstance(c["probe"].get("factor"), (int, float)):
+                    probes[c["load"]] = c["probe"]
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                 continue
     menu = [parse_arm(a) for a in arms]
     cells = [(name, pol, load) for load in loads for name, pol in [*statics, *policies]]
@@ -285,11 +295,17 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     for load in loads if loaded is not None else []:
         todo = [(n, p) for n, p in live_set if (n, load) not in done]
         runs: dict[str, list[float]] = {n: [] for n, _ in todo}
+        pr = probe_rows(cost, load) if probe and todo else []
+        before = speed_probe(loaded, cost, pr) if pr else None
         for _ in range(repeats):  # interleaved: a drift of the machine's speed hits every policy alike
             for name, pol in todo:
                 runs[name].append(
                     _live(loaded, _streams(make, load, 1, seed), pol, menu, max_batch, max_new, cost)
                 )
+        after = speed_probe(loaded, cost, pr) if before is not None else None
+        if before is not None and after is not None:
+            probes[load] = {"rows": pr, "before": before, "after": after,
+                            "factor": float(np.sqrt(before["factor"] * after["factor"]))}  # fmt: skip
         for name, _ in live_set:
             if (name, load) in done:
                 live[(name, load)] = done[(name, load)]
@@ -298,7 +314,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
             if live_path is not None:
                 with live_path.open("a") as fh:
                     fh.write(json.dumps({"policy": name, "load": load, "live_goodput": live[(name, load)],
-                                         "runs": runs[name]}) + "\n")  # fmt: skip
+                                         "runs": runs[name], "probe": probes.get(load)}) + "\n")  # fmt: skip
     for load in loads:
         for name, _ in [*statics, *policies]:
             rows.append({"policy": name, "kind": kinds[name], "load": load, "replay_goodput": replay[(name, load)],
@@ -306,7 +322,33 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                          "replay_goodput_live_stream": stream0[(name, load)]})  # fmt: skip
         rows.append({"policy": "oracle", "kind": "oracle", "load": load, "replay_goodput": oracle[load],
                      "live_goodput": None, "replay_goodput_live_stream": None})  # fmt: skip
-    return {"rows": rows, "best_static_per_load": best_at, "best_static_overall": overall}
+    return {"rows": rows, "best_static_per_load": best_at, "best_static_overall": overall,
+            "fidelity": fidelity(rows, probes)}  # fmt: skip
+
+
+def fidelity(rows: list[dict[str, Any]], probes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per load with live cells: the median over its live policies of |replay of the served stream / live - 1|
+    (``median_abs_error``) and, where the live runs were bracketed by a speed probe, the same with replay divided
+    by the probe's factor (``median_abs_error_at_probe``: the cost model's error with the machine's drift since
+    calibration taken out), the factor and the probe itself."""
+    out: dict[str, dict[str, Any]] = {}
+    for load in dict.fromkeys(r["load"] for r in rows):
+        cells = [(r["replay_goodput_live_stream"], r["live_goodput"]) for r in rows
+                 if r["load"] == load and r["live_goodput"] and r["replay_goodput_live_stream"]]  # fmt: skip
+        if not cells:
+            continue
+        p = probes.get(load)
+        f = float(p["factor"]) if p else None
+        out[load] = {
+            "policies": len(cells),
+            "median_abs_error": float(np.median([abs(a / b - 1) for a, b in cells])),
+            "speed_factor": f,
+            "median_abs_error_at_probe": None
+            if f is None
+            else float(np.median([abs(a / f / b - 1) for a, b in cells])),
+            "probe": p,
+        }
+    return out
 
 
 def cmd_evaluate_serve(args: argparse.Namespace) -> int:
@@ -355,14 +397,15 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     res = evaluate_serve(policies, trace, cost, arms, split, loads=loads, episodes=args.episodes, max_new=max_new,
                          requests=args.requests, max_batch=max_batch, seed=args.seed, loaded=loaded,
                          repeats=args.repeats, live_policies=live_names, out=out,
-                         progress=sys.stderr.isatty())  # fmt: skip
+                         progress=sys.stderr.isatty(), probe=not args.no_probe)  # fmt: skip
     from env.cost import machine_info
     from experiments.provenance import provenance
 
     res["settings"] = {"batch_cost": cost.label, "simulated": bool(cost.simulated), "loads": loads,
                        "episodes": args.episodes, "requests": args.requests, "max_new_tokens": max_new,
                        "max_batch": max_batch, "test_prompts": list(split.test), "arms": arms,
-                       "live": loaded is not None, "repeats": args.repeats, "machine": machine_info(),
+                       "live": loaded is not None, "repeats": args.repeats, "probe": not args.no_probe,
+                       "machine": machine_info(),
                        "command": " ".join(["draftgym", *sys.argv[1:]])}  # fmt: skip
     res["provenance"] = provenance()
     text = json.dumps(res, indent=1)
@@ -394,6 +437,17 @@ def format_table(res: dict[str, Any]) -> str:
     lines.append(
         f"best static per load: {res['best_static_per_load']}; best single static: {res['best_static_overall']}"
     )
+    fid = res.get("fidelity") or {}
+    if fid:
+        lines.append(
+            "replay fidelity, median |replay / live - 1| over the live policies (the served stream):"
+        )
+        for x, f in fid.items():
+            line = f"  load {x:<8} {100 * f['median_abs_error']:5.1f}%  ({f['policies']} policies)"
+            if f.get("speed_factor") is not None:
+                line += (f"; machine {f['speed_factor']:.2f}x the calibration's step time (probe), "
+                         f"{100 * f['median_abs_error_at_probe']:.1f}% with replay rescaled by it")  # fmt: skip
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -410,6 +464,8 @@ def add_serve_args(e: Any) -> None:
     )
     e.add_argument("--repeats", type=positive_int, default=3, help="--serve: live runs per cell (median)")
     e.add_argument("--live-policies", default=None, help="--serve: live only these policies (comma list)")
+    e.add_argument("--no-probe", action="store_true",
+                   help="--serve: no speed probe around each load's live runs (the machine's drift since calibration)")  # fmt: skip
 
 
 def register(sub: Any) -> None:

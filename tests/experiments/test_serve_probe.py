@@ -1,0 +1,133 @@
+"""The speed probe of ``draftgym evaluate --serve`` (``env.batch_calibrate.speed_probe``): a fitted cost model's own
+calibration cells timed again around each load's live runs, so that the fidelity summary tells the cost model's
+error from the machine's drift since calibration. Unit tests of the arithmetic (the timing replaced by fixed
+numbers), then live on the embedded model: ``evaluate_serve`` serving the bundled trace's held-out prompts, its
+probes, its fidelity summary and its resume."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import env.batch_calibrate as bc
+from env.batch_cost import FittedBatchCost
+from env.cost import Curve
+from experiments.serve_policies import fidelity, format_table
+
+
+def _cost(measurements) -> FittedBatchCost:
+    one = np.ones((2, 2))
+    return FittedBatchCost("m", "float32", "dense", (1, 2), (1, 2), 128, one, 0 * one, Curve((16,), (1.0,)),
+                           meta={"measurements": measurements})  # fmt: skip
+
+
+CAL = [[1, 1, 128, 0.02], [1, 1, 512, 0.03], [2, 1, 128, 0.025], [2, 1, 512, 0.04], [2, 2, 128, 0.05]]
+
+
+def test_the_calibrated_cells_are_read_and_junk_is_skipped():
+    junk = [[1, 1, 128], "x", [1, 1, 128, -1.0], [1, 1, 128, float("nan")], [True, 1, 128, 0.1],
+            [1.5, 1, 128, 0.1], [0, 1, 128, 0.1], [1, 1, "128", 0.1]]  # fmt: skip
+    got = bc.calibrated_steps(_cost(CAL + junk))
+    assert got == {(r, n, c): s for r, n, c, s in CAL}
+    assert bc.calibrated_steps(_cost("not a list")) == {} and bc.calibrated_steps(object()) == {}
+
+
+@pytest.mark.parametrize(
+    "load, rows", [("1", [1]), ("2", [2]), ("3", [2]), ("16", [2]), ("mixed", [1, 2]), ("bursty", [1, 2])]
+)
+def test_the_probe_times_the_rows_of_the_load(load, rows):
+    assert bc.probe_rows(_cost(CAL), load) == rows
+    assert bc.probe_rows(_cost([]), load) == []
+
+
+def test_the_factor_is_the_geometric_mean_of_now_over_then(monkeypatch):
+    seen = {}
+
+    def fake_grid(loaded, rows, nodes, contexts, reps, progress):
+        seen.update(rows=rows, nodes=nodes, contexts=contexts)
+        slow = {128: 1.5, 512: 1.2}  # the machine is slower now: 1.5x at the short context, 1.2x at the long
+        return {
+            (r, 1, c): dict((tuple(m[:3]), m[3]) for m in CAL)[(r, 1, c)] * slow[c]
+            for r in rows
+            for c in contexts
+        }
+
+    monkeypatch.setattr(bc, "_time_grid", fake_grid)
+    p = bc.speed_probe(None, _cost(CAL), [2])
+    assert seen == {"rows": [2], "nodes": [1], "contexts": [128, 512]}
+    assert p["factor"] == pytest.approx(math.sqrt(1.5 * 1.2))
+    assert [c[:2] for c in p["cells"]] == [[2, 128], [2, 512]]
+    assert bc.speed_probe(None, _cost([]), [1]) is None  # nothing to compare with: no probe
+
+
+def _rows(load, cells):
+    return [{"policy": f"p{i}", "kind": "static", "load": load, "replay_goodput": 1.0, "live_goodput": live,
+             "replay_goodput_live_stream": replay} for i, (replay, live) in enumerate(cells)]  # fmt: skip
+
+
+def test_the_fidelity_summary_takes_out_the_probed_drift():
+    # replay overstates live by 25% in every cell, and the probe says the machine is 1.25x slower than calibrated
+    rows = _rows("1", [(125.0, 100.0), (250.0, 200.0), (62.5, 50.0)]) + _rows(
+        "2", [(110.0, 100.0), (90.0, 100.0)]
+    )
+    rows.append({"policy": "oracle", "kind": "oracle", "load": "1", "replay_goodput": 3.0, "live_goodput": None,
+                 "replay_goodput_live_stream": None})  # fmt: skip
+    rows += _rows("mixed", [(10.0, None)])  # replay only: no fidelity
+    fid = fidelity(rows, {"1": {"factor": 1.25}})
+    assert set(fid) == {"1", "2"}
+    assert fid["1"]["policies"] == 3 and fid["1"]["median_abs_error"] == pytest.approx(0.25)
+    assert fid["1"]["median_abs_error_at_probe"] == pytest.approx(0.0) and fid["1"]["speed_factor"] == 1.25
+    assert (
+        fid["2"]["median_abs_error"] == pytest.approx(0.10) and fid["2"]["median_abs_error_at_probe"] is None
+    )
+    text = format_table(
+        {"rows": rows, "best_static_per_load": {}, "best_static_overall": "none", "fidelity": fid}
+    )
+    assert "load 1" in text and "25.0%" in text and "1.25x" in text and "0.0% with replay rescaled" in text
+
+
+# ---- live, on the embedded model ---------------------------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_live_evaluation_brackets_each_load_with_a_probe_and_resumes(fp32_model, tmp_path, monkeypatch):
+    import experiments.serve_policies as sp
+    from env.serve_sim import default_serve_trace
+    from policies.base import load_policy
+
+    cost = bc.calibrate_batch(fp32_model, rows=(1, 2), nodes=(1, 2), reps=1)
+    trace = default_serve_trace()
+    path = next(p for p in sp.shipped_serve_policies() if p.stem == "trt-auto")
+    pol = load_policy(path)
+    arms = list(pol.arm_names)
+    kw = dict(loads=["1", "2"], episodes=2, max_new=6, requests=2, max_batch=16, seed=0, loaded=fp32_model,
+              repeats=1, live_policies={"trt-auto"}, out=tmp_path)  # fmt: skip
+    split = sp._split(trace, 1, 0)
+    res = sp.evaluate_serve([("trt-auto", pol)], trace, cost, arms, split, **kw)
+    live = [r for r in res["rows"] if r["live_goodput"] is not None]
+    assert {r["load"] for r in live} == {"1", "2"} and all(r["live_goodput"] > 0 for r in live)
+    assert {r["policy"] for r in live} >= {"trt-auto"}
+    fid = res["fidelity"]
+    assert set(fid) == {"1", "2"}
+    for load, rows in (("1", [1]), ("2", [2])):
+        f = fid[load]
+        assert f["probe"]["rows"] == rows and 0.2 < f["speed_factor"] < 5  # the same machine, minutes apart
+        assert [c[:2] for c in f["probe"]["before"]["cells"]] == [[rows[0], 128], [rows[0], 512]]
+        assert f["median_abs_error_at_probe"] is not None and f["policies"] == sum(
+            r["load"] == load for r in live
+        )
+    lines = [json.loads(x) for x in (tmp_path / "live.jsonl").read_text().splitlines()]
+    assert len(lines) == len(live) and all(
+        x["probe"]["factor"] == fid[x["load"]]["speed_factor"] for x in lines
+    )
+
+    def no_live(*a, **k):
+        raise AssertionError("a resumed evaluation served a cell again")
+
+    monkeypatch.setattr(sp, "_live", no_live)
+    monkeypatch.setattr(bc, "_time_grid", no_live)
+    again = sp.evaluate_serve([("trt-auto", pol)], trace, cost, arms, split, **kw)
+    assert again["fidelity"] == fid and again["rows"] == res["rows"]
