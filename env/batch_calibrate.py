@@ -27,17 +27,10 @@ RUN_STEPS = (
 )
 
 
-def _time_grid(loaded: Any, rows: Sequence[int], nodes: Sequence[int], contexts: Sequence[int], reps: int,
-               progress: bool) -> dict[tuple[int, int, int], float]:  # fmt: skip
-    """Median seconds of ``BatchEngine.step`` over (rows, nodes, context): every row drafts a random chain of
-    ``nodes - 1`` tokens (``nodes`` 1: no draft); each visit of a cell runs ``RUN_STEPS`` steps in a row, then its
-    commits are rolled back so that the context stays; cells are visited in a new random order every pass."""
-    import torch
-
-    from drafters import TreeShape
+def _engines(loaded: Any, rows: Sequence[int], contexts: Sequence[int]) -> dict[tuple[int, int], Any]:
+    """A ``BatchEngine`` per (rows, context), its rows admitted with ``context`` tokens each and a fixed drafter."""
     from env.batch import BatchEngine
-    from env.cost import _context_ids, _FixedTree, tree_parents
-    from env.engine import NO_DRAFT, Arm
+    from env.cost import _context_ids, _FixedTree
 
     fixed = _FixedTree(int(loaded.config.vocab_size))
     engines = {}
@@ -48,6 +41,24 @@ def _time_grid(loaded: Any, rows: Sequence[int], nodes: Sequence[int], contexts:
             for _ in range(r):
                 eng.admit(ids, {"_fixed": fixed})
             engines[(r, c)] = eng
+    return engines
+
+
+def _time_grid(loaded: Any, rows: Sequence[int], nodes: Sequence[int], contexts: Sequence[int], reps: int,
+               progress: bool, engines: dict[tuple[int, int], Any] | None = None,
+               ) -> dict[tuple[int, int, int], float]:  # fmt: skip
+    """Median seconds of ``BatchEngine.step`` over (rows, nodes, context): every row drafts a random chain of
+    ``nodes - 1`` tokens (``nodes`` 1: no draft); each visit of a cell runs ``RUN_STEPS`` steps in a row, then its
+    commits are rolled back so that the context stays; cells are visited in a new random order every pass.
+    ``engines``: from ``_engines`` (built here when not given)."""
+    import torch
+
+    from drafters import TreeShape
+    from env.cost import tree_parents
+    from env.engine import NO_DRAFT, Arm
+
+    engines = engines if engines is not None else _engines(loaded, rows, contexts)
+    fixed = next(iter(engines.values())).target.rows[0].drafters["_fixed"]
     cells = [(r, n, c) for r in rows for n in nodes for c in contexts]
     samples: dict[tuple[int, int, int], list[float]] = {cell: [] for cell in cells}
     rng = random.Random(0)
@@ -142,7 +153,9 @@ def calibrate_batch(
     if len(contexts) != 2:
         raise ValueError("calibrate_batch measures at exactly two contexts")
     t_start = time.perf_counter()
-    med = _time_grid(loaded, rows, nodes, contexts, reps, progress)
+    engines = _engines(loaded, rows, contexts)
+    med = _time_grid(loaded, rows, nodes, contexts, reps, progress, engines)
+    reference = _probe_cells(loaded, [r for r in rows], contexts, engines)  # what speed_probe times later
     c0, c1 = int(contexts[0]), int(contexts[1])
     base = np.array([[med[(r, n, c0)] for n in nodes] for r in rows])
     slope = np.array(
@@ -170,6 +183,7 @@ def calibrate_batch(
         "reps": reps,
         "contexts": [c0, c1],
         "measurements": [[r, n, c, s] for (r, n, c), s in sorted(med.items())],
+        "probe": [[r, c, s] for (r, c), s in sorted(reference.items())],
         "prefill_measured": pf,
     }
     return FittedBatchCost(
@@ -187,29 +201,46 @@ def calibrate_batch(
     )
 
 
-def calibrated_steps(cost: Any) -> dict[tuple[int, int, int], float]:
-    """The raw medians a fitted cost model was calibrated from (``meta["measurements"]``: [rows, nodes, context,
-    seconds]), by (rows, nodes, context); entries that are not four positive finite numbers are skipped (the meta
-    of a file is provenance, not validated when the file loads). Empty for a roofline model."""
-    out: dict[tuple[int, int, int], float] = {}
+PROBE_REPS = 3
+
+
+def _probe_cells(loaded: Any, rows: Sequence[int], contexts: Sequence[int],
+                 engines: dict[tuple[int, int], Any] | None = None) -> dict[tuple[int, int], float]:  # fmt: skip
+    """The speed probe's timing: for each row count alone, its one-node cells at ``contexts`` (``_time_grid``
+    over that row count only). Timed the same way at calibration (``meta["probe"]``) and by ``speed_probe``: a
+    cell visited among the whole grid's runs with colder caches than one visited among its own, so the probe is
+    compared with its own reference, not with the grid."""
+    out: dict[tuple[int, int], float] = {}
+    for r in rows:
+        sub = None if engines is None else {(r, c): engines[(r, c)] for c in contexts}
+        got = _time_grid(loaded, [r], [1], contexts, PROBE_REPS, False, sub)
+        out.update({(r, c): s for (_r, _n, c), s in got.items()})
+    return out
+
+
+def probe_reference(cost: Any) -> dict[tuple[int, int], float]:
+    """The speed probe's cells timed at calibration (``meta["probe"]``: [rows, context, seconds]), by (rows,
+    context); entries that are not three positive finite numbers are skipped (a file's meta is provenance, not
+    validated when the file loads). Empty for a roofline model or a calibration made before the probe existed."""
+    out: dict[tuple[int, int], float] = {}
     meta = getattr(cost, "meta", None)
-    items = meta.get("measurements") if isinstance(meta, dict) else None
+    items = meta.get("probe") if isinstance(meta, dict) else None
     for m in items if isinstance(items, list) else []:
-        if not (isinstance(m, list) and len(m) == 4):
+        if not (isinstance(m, list) and len(m) == 3):
             continue
         if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in m):
             continue
-        r, n, c, s = m
-        if min(r, n, c) >= 1 and np.isfinite(s) and s > 0 and float(r).is_integer() and float(c).is_integer():
-            out[(int(r), int(n), int(c))] = float(s)
+        r, c, s = m
+        if min(r, c) >= 1 and np.isfinite(s) and s > 0 and float(r).is_integer() and float(c).is_integer():
+            out[(int(r), int(c))] = float(s)
     return out
 
 
 def probe_rows(cost: Any, load: str) -> list[int]:
-    """The calibrated row counts a speed probe for ``load`` times (one node, the calibrated contexts): the largest
-    calibrated count not above a numeric load's concurrency; the smallest and largest for a mixed or bursty load.
-    Empty where the cost model holds no measurements of one node."""
-    have = sorted({r for (r, n, _c) in calibrated_steps(cost) if n == 1})
+    """The row counts a speed probe for ``load`` times: the largest probed at calibration not above a numeric
+    load's concurrency; the smallest and largest for a mixed or bursty load. Empty when the cost model has no
+    probe reference."""
+    have = sorted({r for (r, _c) in probe_reference(cost)})
     if not have:
         return []
     if load.isdigit():
@@ -217,24 +248,23 @@ def probe_rows(cost: Any, load: str) -> list[int]:
     return sorted({have[0], have[-1]})
 
 
-def speed_probe(loaded: Any, cost: Any, rows: Sequence[int], reps: int = 3) -> dict[str, Any] | None:
-    """The machine's speed now against the moment ``cost`` was calibrated: the calibration's own cells of
-    ``rows`` x one node at its contexts, timed again the same way (``_time_grid``), each against its calibrated
-    median. ``factor`` is the geometric mean of now / then over the cells: 1.2 means steps take 20% longer now,
-    so replay priced by ``cost`` overstates goodput by about that much. ``None`` when the cost model holds no
-    such measurements (a roofline model, a calibration without them)."""
-    then = calibrated_steps(cost)
-    contexts = sorted({c for (r, n, c) in then if n == 1 and r in rows})
-    cells = [(r, c) for r in rows for c in contexts if (r, 1, c) in then]
-    if not cells or getattr(loaded, "max_context", 1 << 30) <= max(contexts) + 8:
+def speed_probe(loaded: Any, cost: Any, rows: Sequence[int]) -> dict[str, Any] | None:
+    """The machine's speed now against the moment ``cost`` was calibrated: the probe's cells (``rows`` x one
+    node at the calibrated contexts, ``_probe_cells``) timed again, each against the same timing made at
+    calibration. ``factor`` is the geometric mean of now / then: 1.2 means steps take 20% longer now, so replay
+    priced by ``cost`` overstates goodput by about that much. ``None`` when the cost model holds no probe
+    reference (a roofline model, a calibration from before the probe)."""
+    then = probe_reference(cost)
+    cells = [(r, c) for (r, c) in sorted(then) if r in rows]
+    if not cells or getattr(loaded, "max_context", 1 << 30) <= max(c for _, c in cells) + 8:
         return None
-    now = _time_grid(loaded, sorted({r for r, _ in cells}), [1], contexts, reps, False)
-    ratios = [now[(r, 1, c)] / then[(r, 1, c)] for r, c in cells if (r, 1, c) in now]
+    now = _probe_cells(loaded, sorted({r for r, _ in cells}), sorted({c for _, c in cells}))
+    ratios = [now[cell] / then[cell] for cell in cells]
     return {
-        "cells": [[r, c, now[(r, 1, c)], then[(r, 1, c)]] for r, c in cells if (r, 1, c) in now],
+        "cells": [[r, c, now[(r, c)], then[(r, c)]] for r, c in cells],
         "factor": float(np.exp(np.mean(np.log(ratios)))),
     }
 
 
-__all__ = ["CONTEXTS", "NODES", "PREFILL_TOKENS", "ROWS", "RUN_STEPS", "calibrate_batch", "calibrated_steps",
-           "monotone_fit", "probe_rows", "speed_probe"]  # fmt: skip
+__all__ = ["CONTEXTS", "NODES", "PREFILL_TOKENS", "PROBE_REPS", "ROWS", "RUN_STEPS", "calibrate_batch",
+           "monotone_fit", "probe_reference", "probe_rows", "speed_probe"]  # fmt: skip

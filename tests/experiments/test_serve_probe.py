@@ -18,48 +18,44 @@ from env.cost import Curve
 from experiments.serve_policies import fidelity, format_table
 
 
-def _cost(measurements) -> FittedBatchCost:
+def _cost(probe) -> FittedBatchCost:
     one = np.ones((2, 2))
     return FittedBatchCost("m", "float32", "dense", (1, 2), (1, 2), 128, one, 0 * one, Curve((16,), (1.0,)),
-                           meta={"measurements": measurements})  # fmt: skip
+                           meta={"probe": probe})  # fmt: skip
 
 
-CAL = [[1, 1, 128, 0.02], [1, 1, 512, 0.03], [2, 1, 128, 0.025], [2, 1, 512, 0.04], [2, 2, 128, 0.05]]
+REF = [[1, 128, 0.02], [1, 512, 0.03], [2, 128, 0.025], [2, 512, 0.04]]
 
 
-def test_the_calibrated_cells_are_read_and_junk_is_skipped():
-    junk = [[1, 1, 128], "x", [1, 1, 128, -1.0], [1, 1, 128, float("nan")], [True, 1, 128, 0.1],
-            [1.5, 1, 128, 0.1], [0, 1, 128, 0.1], [1, 1, "128", 0.1]]  # fmt: skip
-    got = bc.calibrated_steps(_cost(CAL + junk))
-    assert got == {(r, n, c): s for r, n, c, s in CAL}
-    assert bc.calibrated_steps(_cost("not a list")) == {} and bc.calibrated_steps(object()) == {}
+def test_the_probe_reference_is_read_and_junk_is_skipped():
+    junk = [[1, 128], "x", [1, 128, -1.0], [1, 128, float("nan")], [True, 128, 0.1], [1.5, 128, 0.1],
+            [0, 128, 0.1], [1, "128", 0.1]]  # fmt: skip
+    assert bc.probe_reference(_cost(REF + junk)) == {(r, c): s for r, c, s in REF}
+    assert bc.probe_reference(_cost("not a list")) == {} and bc.probe_reference(object()) == {}
 
 
 @pytest.mark.parametrize(
     "load, rows", [("1", [1]), ("2", [2]), ("3", [2]), ("16", [2]), ("mixed", [1, 2]), ("bursty", [1, 2])]
 )
 def test_the_probe_times_the_rows_of_the_load(load, rows):
-    assert bc.probe_rows(_cost(CAL), load) == rows
+    assert bc.probe_rows(_cost(REF), load) == rows
     assert bc.probe_rows(_cost([]), load) == []
 
 
 def test_the_factor_is_the_geometric_mean_of_now_over_then(monkeypatch):
-    seen = {}
+    calls = []
+    then = {(r, c): s for r, c, s in REF}
 
-    def fake_grid(loaded, rows, nodes, contexts, reps, progress):
-        seen.update(rows=rows, nodes=nodes, contexts=contexts)
+    def fake_grid(loaded, rows, nodes, contexts, reps, progress, engines=None):
+        calls.append((rows, nodes, contexts))
         slow = {128: 1.5, 512: 1.2}  # the machine is slower now: 1.5x at the short context, 1.2x at the long
-        return {
-            (r, 1, c): dict((tuple(m[:3]), m[3]) for m in CAL)[(r, 1, c)] * slow[c]
-            for r in rows
-            for c in contexts
-        }
+        return {(r, 1, c): then[(r, c)] * slow[c] for r in rows for c in contexts}
 
     monkeypatch.setattr(bc, "_time_grid", fake_grid)
-    p = bc.speed_probe(None, _cost(CAL), [2])
-    assert seen == {"rows": [2], "nodes": [1], "contexts": [128, 512]}
+    p = bc.speed_probe(None, _cost(REF), [2])
+    assert calls == [([2], [1], [128, 512])]  # one row count at a time, one node, the calibrated contexts
     assert p["factor"] == pytest.approx(math.sqrt(1.5 * 1.2))
-    assert [c[:2] for c in p["cells"]] == [[2, 128], [2, 512]]
+    assert [c[:2] for c in p["cells"]] == [[2, 128], [2, 512]] and p["cells"][0][3] == 0.025
     assert bc.speed_probe(None, _cost([]), [1]) is None  # nothing to compare with: no probe
 
 
@@ -99,6 +95,12 @@ def test_live_evaluation_brackets_each_load_with_a_probe_and_resumes(fp32_model,
     from policies.base import load_policy
 
     cost = bc.calibrate_batch(fp32_model, rows=(1, 2), nodes=(1, 2), reps=1)
+    assert sorted(bc.probe_reference(cost)) == [
+        (1, 128),
+        (1, 512),
+        (2, 128),
+        (2, 512),
+    ]  # timed at calibration
     trace = default_serve_trace()
     path = next(p for p in sp.shipped_serve_policies() if p.stem == "trt-auto")
     pol = load_policy(path)
