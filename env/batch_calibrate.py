@@ -27,8 +27,11 @@ RUN_STEPS = (
 )
 
 
-def _engines(loaded: Any, rows: Sequence[int], contexts: Sequence[int]) -> dict[tuple[int, int], Any]:
-    """A ``BatchEngine`` per (rows, context), its rows admitted with ``context`` tokens each and a fixed drafter."""
+def _engines(
+    loaded: Any, rows: Sequence[int], contexts: Sequence[int]
+) -> tuple[dict[tuple[int, int], Any], Any]:
+    """A ``BatchEngine`` per (rows, context), its rows admitted with ``context`` tokens each, and the fixed-tree
+    drafter they all share (``_time_grid`` sets the chain it drafts)."""
     from env.batch import BatchEngine
     from env.cost import _context_ids, _FixedTree
 
@@ -41,11 +44,11 @@ def _engines(loaded: Any, rows: Sequence[int], contexts: Sequence[int]) -> dict[
             for _ in range(r):
                 eng.admit(ids, {"_fixed": fixed})
             engines[(r, c)] = eng
-    return engines
+    return engines, fixed
 
 
 def _time_grid(loaded: Any, rows: Sequence[int], nodes: Sequence[int], contexts: Sequence[int], reps: int,
-               progress: bool, engines: dict[tuple[int, int], Any] | None = None,
+               progress: bool, engines: tuple[dict[tuple[int, int], Any], Any] | None = None,
                ) -> dict[tuple[int, int, int], float]:  # fmt: skip
     """Median seconds of ``BatchEngine.step`` over (rows, nodes, context): every row drafts a random chain of
     ``nodes - 1`` tokens (``nodes`` 1: no draft); each visit of a cell runs ``RUN_STEPS`` steps in a row, then its
@@ -57,8 +60,7 @@ def _time_grid(loaded: Any, rows: Sequence[int], nodes: Sequence[int], contexts:
     from env.cost import tree_parents
     from env.engine import NO_DRAFT, Arm
 
-    engines = engines if engines is not None else _engines(loaded, rows, contexts)
-    fixed = next(iter(engines.values())).target.rows[0].drafters["_fixed"]
+    engines, fixed = engines if engines is not None else _engines(loaded, rows, contexts)
     cells = [(r, n, c) for r in rows for n in nodes for c in contexts]
     samples: dict[tuple[int, int, int], list[float]] = {cell: [] for cell in cells}
     rng = random.Random(0)
@@ -155,7 +157,7 @@ def calibrate_batch(
     t_start = time.perf_counter()
     engines = _engines(loaded, rows, contexts)
     med = _time_grid(loaded, rows, nodes, contexts, reps, progress, engines)
-    reference = _probe_cells(loaded, [r for r in rows], contexts, engines)  # what speed_probe times later
+    reference = _probe_cells(loaded, rows, contexts, engines)  # what speed_probe times later
     c0, c1 = int(contexts[0]), int(contexts[1])
     base = np.array([[med[(r, n, c0)] for n in nodes] for r in rows])
     slope = np.array(
@@ -205,14 +207,15 @@ PROBE_REPS = 3
 
 
 def _probe_cells(loaded: Any, rows: Sequence[int], contexts: Sequence[int],
-                 engines: dict[tuple[int, int], Any] | None = None) -> dict[tuple[int, int], float]:  # fmt: skip
+                 engines: tuple[dict[tuple[int, int], Any], Any] | None = None,
+                 ) -> dict[tuple[int, int], float]:  # fmt: skip
     """The speed probe's timing: for each row count alone, its one-node cells at ``contexts`` (``_time_grid``
     over that row count only). Timed the same way at calibration (``meta["probe"]``) and by ``speed_probe``: a
     cell visited among the whole grid's runs with colder caches than one visited among its own, so the probe is
     compared with its own reference, not with the grid."""
     out: dict[tuple[int, int], float] = {}
     for r in rows:
-        sub = None if engines is None else {(r, c): engines[(r, c)] for c in contexts}
+        sub = None if engines is None else ({(r, c): engines[0][(r, c)] for c in contexts}, engines[1])
         got = _time_grid(loaded, [r], [1], contexts, PROBE_REPS, False, sub)
         out.update({(r, c): s for (_r, _n, c), s in got.items()})
     return out

@@ -243,8 +243,8 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     """Replay every policy (and every static arm, the oracle) at every load on held-out prompts; live (when
     ``loaded``) the policies named in ``live_policies`` (default: all), ``repeats`` runs each, the median kept.
 
-    With ``probe`` (and a fitted cost model that holds its calibration's measurements), each load's live runs are
-    bracketed by a speed probe (``env.batch_calibrate.speed_probe``: the calibration's own one-node cells timed
+    With ``probe`` (and a fitted cost model whose calibration timed the probe: ``meta["probe"]``), each load's
+    live runs are bracketed by a speed probe (``env.batch_calibrate.speed_probe``: the same one-node steps timed
     again), so that the fidelity summary can tell the cost model's error from the machine's drift since it was
     calibrated: ``fidelity[load]`` has the median |replay / live - 1| over the live policies as measured, and
     again with replay divided by the probe's speed factor."""
