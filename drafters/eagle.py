@@ -122,11 +122,18 @@ class KVBuffer:
 
 
 class TreeSlots:
-    """Temporary cache slots of tree nodes during one proposal, and the tree-attention mask they need."""
+    """Temporary cache slots of tree nodes during one proposal, and which of them each node may see."""
 
     def __init__(self, committed: int) -> None:
         self.committed = committed
         self.slot: dict[int, int] = {}  # tree node -> cache slot
+        self.seen: dict[int, list[int]] = {0: []}  # node -> the slots of its drafted ancestors and its own
+
+    def place(self, nodes: list[int], start: int, g: GrowingTree) -> None:
+        """Give ``nodes`` (one frontier, their parents already placed) the slots ``start``, ``start + 1``, ..."""
+        for i, u in enumerate(nodes):
+            self.slot[u] = start + i
+            self.seen[u] = self.seen[g.parents[u]] + [start + i]
 
     def mask(self, nodes: list[int], g: GrowingTree, device: torch.device) -> torch.Tensor:
         """[1, 1, F, committed + slots] bool: each node sees every committed slot, its drafted ancestors, itself."""
@@ -134,9 +141,7 @@ class TreeSlots:
         m = torch.zeros(len(nodes), total, dtype=torch.bool, device=device)
         m[:, : self.committed] = True
         for r, u in enumerate(nodes):
-            while u > 0:
-                m[r, self.slot[u]] = True
-                u = g.parents[u]
+            m[r, self.seen[u]] = True
         return m[None, None]
 
 
@@ -172,6 +177,7 @@ class EagleDrafter:
         self.w_draft = target.model.lm_head.weight.detach()[self.d2t].to(self.dtype)  # [Vd, H]
         self.embed = target.model.get_input_embeddings()
         self.cfg = cfg
+        self.scratch: dict[str, torch.Tensor] = {}  # buffers of the batched tree attention, shared by forks
         self.fused = bool(cfg.fuse_layers)  # EAGLE-3: fed the fused residual streams, not the final feature
         self._target_key = (id(target.model), target.dtype)
 
@@ -237,6 +243,7 @@ class EagleDrafter:
                 "w_draft",
                 "embed",
                 "cfg",
+                "scratch",
                 "fused",
                 "_target_key",
             ):
@@ -307,27 +314,81 @@ def _head_pass(grows: list[Growing]) -> list[torch.Tensor]:
         dev = d0.device
         x = head.pair(d0.embed(torch.tensor(ids, device=dev)).to(d0.dtype), torch.stack(parent_f))[None]
         q, k, v = head.layer.project(x, torch.tensor(pos, device=dev))
-        parts, at = [], 0
-        for j in todo:
-            gr = grows[j]
-            frontier, g = gr.request
-            n = len(frontier)
-            kv, slots = gr.d.kv, gr.state["slots"]
-            start = kv.n + len(slots.slot)
-            for i, u in enumerate(frontier):
-                slots.slot[u] = start + i
-            kv.write(start, k[:, :, at : at + n], v[:, :, at : at + n])
-            mask = slots.mask(frontier, g, dev)
-            end = start + n
-            parts.append(attend(q[:, :, at : at + n], kv.k[:, :, :end], kv.v[:, :, :end], mask))
-            at += n
-        h = head.norm(head.layer.finish(x, torch.cat(parts, dim=2)))[0]
+        sizes = [len(grows[j].request[0]) for j in todo]
+        a = _tree_attention([grows[j] for j in todo], sizes, q, k, v)
+        h = head.norm(head.layer.finish(x, a))[0]
         at = 0
         for j in todo:
             n = len(grows[j].request[0])
             outs[j] = h[at : at + n]
             at += n
     return outs  # type: ignore[return-value]
+
+
+def _tree_attention(
+    grows: list[Growing], sizes: list[int], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """Write the frontier's keys and values into each sequence's cache (as tree slots) and attend, every sequence
+    over its own cache, in ONE attention call: the caches are gathered into [S, Hkv, L, D] (L the longest; the
+    keys past a sequence's end are masked) and the queries padded to the widest frontier. q: [1, Hq, sum(sizes),
+    D], k and v: [1, Hkv, sum(sizes), D]; returns [1, Hq, sum(sizes), D]."""
+    dev = q.device
+    ends, at = [], 0
+    for gr, n in zip(grows, sizes):
+        frontier, g = gr.request
+        kv, slots = gr.d.kv, gr.state["slots"]
+        start = kv.n + len(slots.slot)
+        slots.place(frontier, start, g)
+        kv.write(start, k[:, :, at : at + n], v[:, :, at : at + n])
+        ends.append(start + n)
+        at += n
+    s, width = len(grows), max(sizes)
+    keys, vals = _gathered(grows, max(ends))
+    span = keys.shape[2]
+    committed = torch.tensor([gr.d.kv.n for gr in grows], device=dev)
+    m = torch.arange(span, device=dev)[None, None, :] < committed[:, None, None]  # [S, 1, L] committed pairs
+    m = m.expand(s, width, span).clone()
+    rs, cs, ss = [], [], []
+    for r, gr in enumerate(grows):
+        seen = gr.state["slots"].seen
+        for c, u in enumerate(gr.request[0]):
+            own = seen[u]
+            rs += [r] * len(own)
+            cs += [c] * len(own)
+            ss += own
+    m[rs, cs, ss] = True
+    if all(n == width for n in sizes):
+        qs = q[0].reshape(q.shape[1], s, width, -1).transpose(0, 1)
+    else:  # padded query rows see slot 0 (never an empty row) and are dropped
+        qs = q.new_zeros(s, q.shape[1], width, q.shape[3])
+        at = 0
+        for r, n in enumerate(sizes):
+            qs[r, :, :n] = q[0, :, at : at + n]
+            m[r, n:, 0] = True
+            at += n
+    out = attend(qs, keys, vals, m[:, None])  # [S, Hq, width, D]
+    if all(n == width for n in sizes):
+        return out.transpose(0, 1).reshape(1, q.shape[1], s * width, -1)
+    return torch.cat([out[r : r + 1, :, :n] for r, n in enumerate(sizes)], dim=2)
+
+
+def _gathered(grows: list[Growing], end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence's cache slots [0, end) copied into one [S, Hkv, L, D] pair of buffers kept by the drafters
+    that share the head (``scratch``; L is ``end`` rounded up to 64, so that the buffers are reused from round to
+    round: a fresh multi-MB tensor of a new size each round costs the page faults of new memory, more than the
+    copy). Slots past a sequence's own end hold stale but finite values, masked by the caller."""
+    kv0, scratch = grows[0].d.kv, grows[0].d.scratch
+    s, span = len(grows), -(-end // 64) * 64
+    buf = scratch.get("kv")
+    if buf is None or buf.shape[1] < s or buf.shape[3] < span or buf.dtype != kv0.k.dtype:
+        if buf is not None and buf.dtype == kv0.k.dtype:
+            s, span = max(s, buf.shape[1]), max(span, buf.shape[3])
+        buf = kv0.k.new_zeros(2, s, kv0.k.shape[1], span, kv0.k.shape[3])
+        scratch["kv"] = buf
+    for r, gr in enumerate(grows):
+        buf[0, r, :, :end] = gr.d.kv.k[0, :, :end]
+        buf[1, r, :, :end] = gr.d.kv.v[0, :, :end]
+    return buf[0, : len(grows)], buf[1, : len(grows)]
 
 
 class Eagle3Drafter(EagleDrafter):

@@ -217,8 +217,7 @@ def _exit_pass(grows: list[Growing]) -> list[torch.Tensor]:
             slots.committed = d.kv.n + 1
         n_tree, f = len(slots.slot), len(frontier)
         at = slots.committed + n_tree
-        for i, u in enumerate(frontier):
-            slots.slot[u] = at + i
+        slots.place(frontier, at, g)
         mask = slots.mask(frontier, g, dev)  # [1, 1, F, at + F]: committed + ancestors + self
         allowed = torch.ones(f, past + 1 + n_tree + f, dtype=torch.bool, device=dev)
         allowed[:, past + 1 :] = mask[0, 0, :, slots.committed :]

@@ -94,12 +94,14 @@ def check_batched_drafting(loaded, first, name: str, options: dict, seed: int = 
     drafters = [first, first.fork(), first.fork()]
     rows += [engine.admit(p, {name: d})[0] for p, d in zip(prompts[1:], drafters[1:])]
     assert drafters[2].w_draft is first.w_draft  # forks share what was loaded
-    shapes = [TreeShape(depth=3, topk=2, budget=5), TreeShape(depth=4), TreeShape(depth=2, topk=3, budget=6)]
-    batched = first.propose_batch([(d, r.ctx, s) for d, r, s in zip(drafters, rows, shapes)])
-    alone = [d.propose(r.ctx, s) for d, r, s in zip(drafters, rows, shapes)]
-    for a, b in zip(batched, alone):
-        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
-        assert torch.allclose(a.scores, b.scores, atol=1e-5)
+    mixed = [TreeShape(depth=3, topk=2, budget=5), TreeShape(depth=4), TreeShape(depth=2, topk=3, budget=6)]
+    same = [TreeShape(depth=3, topk=2, budget=6)] * 3  # frontiers of one width: no padded queries
+    for shapes in (mixed, same):
+        batched = first.propose_batch([(d, r.ctx, s) for d, r, s in zip(drafters, rows, shapes)])
+        alone = [d.propose(r.ctx, s) for d, r, s in zip(drafters, rows, shapes)]
+        for a, b in zip(batched, alone):
+            assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+            assert torch.allclose(a.scores, b.scores, atol=1e-5)
     arms = [f"{name}-d3-k2-b5", f"{name}-d4", "none", f"{name}-d2-k3-b6", f"{name}-d3"]
     reqs = [Request(str(i), p, parse_arm(a), 18) for i, (p, a) in enumerate(zip(prompts * 2, arms))]
     out = serve(BatchEngine(loaded, max_rows=3), reqs, concurrency=3, drafter_options={name: options})
