@@ -30,6 +30,7 @@ from drafters.heads import (
     HeadConfig,
     RMSNorm,
     attend,
+    attend_few,
     find_head,
     head_dtype,
     load_head,
@@ -145,19 +146,43 @@ class TreeSlots:
         return m[None, None]
 
 
+def kept_vocab(d2t: torch.Tensor, meta: dict, vocab: int) -> torch.Tensor:
+    """The ``vocab`` most frequent of a head's draft tokens (all of them for 0 or more than it has). A head whose
+    ``d2t`` was put in frequency order (``experiments.vocab_order``; its description says ``d2t_order``) keeps its
+    first ``vocab``; an older head (ids in increasing order) keeps its lowest ids, BPE merge order being a
+    frequency prior of the tokenizer's own corpus."""
+    if not 0 < vocab < d2t.shape[0]:
+        return d2t
+    ordered = d2t if meta.get("d2t_order") else d2t.sort().values
+    return ordered[:vocab]
+
+
 class EagleDrafter:
     """EAGLE-2 drafting with a trained EAGLE head. Options: ``weights`` (a head file; default: the user's trained
     head in the cache, else the one shipped for the embedded model), ``tree`` (``dynamic`` | ``kary`` | ``chain``),
-    ``min_prob`` (do not expand paths less likely than this, 0: off)."""
+    ``min_prob`` (do not expand paths less likely than this, 0: off), ``vocab`` (keep only the head's ``vocab``
+    most frequent draft tokens, 0: all of them; a smaller projection per node, see ``VOCAB``)."""
 
     name = "eagle"
     kind = "eagle"  # the head kind it loads
+    VOCAB = 0  # the default of option ``vocab``
     exact_replay = False  # dynamic trees do not prune to smaller arms (replay records them as approximations)
 
-    def __init__(self, weights: str | None = None, tree: str = "dynamic", min_prob: float = 0.0) -> None:
+    def __init__(
+        self,
+        weights: str | None = None,
+        tree: str = "dynamic",
+        min_prob: float = 0.0,
+        vocab: int | None = None,
+    ) -> None:
         if tree not in TREE_BUILDERS:
             raise DrafterError(f"unknown tree builder {tree!r}; valid: {', '.join(TREE_BUILDERS)}")
-        self.weights, self.tree, self.min_prob = weights, tree, min_prob
+        vocab = self.VOCAB if vocab is None else vocab
+        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 0:
+            raise DrafterError(
+                f"{self.name} option vocab must be an integer >= 0 (0: the whole draft vocabulary)"
+            )
+        self.weights, self.tree, self.min_prob, self.vocab = weights, tree, min_prob, vocab
         self.head: EagleHead | None = None
         self._target_key: tuple[int, torch.dtype] | None = None
 
@@ -173,7 +198,7 @@ class EagleDrafter:
         self.dtype = head_dtype(target)
         self.device = torch.device(target.device)
         self.head = head.to(self.device, self.dtype).eval().requires_grad_(False)
-        self.d2t = tensors["d2t"].to(self.device)
+        self.d2t = kept_vocab(tensors["d2t"], self.meta, self.vocab).to(self.device)
         self.w_draft = target.model.lm_head.weight.detach()[self.d2t].to(self.dtype)  # [Vd, H]
         self.embed = target.model.get_input_embeddings()
         self.cfg = cfg
@@ -232,7 +257,7 @@ class EagleDrafter:
 
     def fork(self) -> EagleDrafter:
         """A drafter for another sequence over the same loaded head (weights are read once, shared read-only)."""
-        other = type(self)(self.weights, self.tree, self.min_prob)
+        other = type(self)(self.weights, self.tree, self.min_prob, self.vocab)
         if self.head is not None:
             for name in (
                 "meta",
@@ -328,24 +353,40 @@ def _head_pass(grows: list[Growing]) -> list[torch.Tensor]:
 def _tree_attention(
     grows: list[Growing], sizes: list[int], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> torch.Tensor:
-    """Write the frontier's keys and values into each sequence's cache (as tree slots) and attend, every sequence
-    over its own cache, in ONE attention call: the caches are gathered into [S, Hkv, L, D] (L the longest; the
-    keys past a sequence's end are masked) and the queries padded to the widest frontier. q: [1, Hq, sum(sizes),
-    D], k and v: [1, Hkv, sum(sizes), D]; returns [1, Hq, sum(sizes), D]."""
+    """Attention of every sequence's frontier over its own cache -- committed pairs, then the tree slots of its
+    drafted ancestors and its own -- in ONE call. The caches live, for the length of a proposal, in one [S, Hkv, L,
+    D] pair of buffers (``_layout``: the committed pairs copied in once, at the proposal's first head pass); each
+    round's keys and values go in with one indexed write; the queries are padded to the widest frontier and keys
+    past a sequence's own end are masked. q: [1, Hq, sum(sizes), D], k and v: [1, Hkv, sum(sizes), D]; returns
+    [1, Hq, sum(sizes), D]."""
     dev = q.device
-    ends, at = [], 0
+    keys, vals = _layout(grows)
+    rows, places, ends = [], [], []
     for gr, n in zip(grows, sizes):
         frontier, g = gr.request
-        kv, slots = gr.d.kv, gr.state["slots"]
-        start = kv.n + len(slots.slot)
+        slots = gr.state["slots"]
+        start = slots.committed + len(slots.slot)
         slots.place(frontier, start, g)
-        kv.write(start, k[:, :, at : at + n], v[:, :, at : at + n])
+        rows += [gr.state["row"]] * n
+        places += range(start, start + n)
         ends.append(start + n)
-        at += n
+    if max(ends) > keys.shape[2]:  # a tree with more slots than its shape promised: room, keeping the rows
+        buf = grows[0].d.scratch["kv"]
+        more = buf.new_zeros(*buf.shape[:3], max(ends) - buf.shape[3], buf.shape[4])
+        grows[0].d.scratch["kv"] = buf = torch.cat([buf, more], dim=3)
+        keys, vals = buf[0], buf[1]
+    r_t, p_t = torch.tensor(rows, device=dev), torch.tensor(places, device=dev)
+    keys[r_t, :, p_t] = k[0].transpose(0, 1).float()
+    vals[r_t, :, p_t] = v[0].transpose(0, 1).float()
+    mine = [gr.state["row"] for gr in grows]
+    span = max(ends)
+    if mine == list(range(len(mine))):
+        keys, vals = keys[: len(mine), :, :span], vals[: len(mine), :, :span]
+    else:  # some trees are done: the rows still growing
+        pick = torch.tensor(mine, device=dev)
+        keys, vals = keys[pick, :, :span], vals[pick, :, :span]
     s, width = len(grows), max(sizes)
-    keys, vals = _gathered(grows, max(ends))
-    span = keys.shape[2]
-    committed = torch.tensor([gr.d.kv.n for gr in grows], device=dev)
+    committed = torch.tensor([gr.state["slots"].committed for gr in grows], device=dev)
     m = torch.arange(span, device=dev)[None, None, :] < committed[:, None, None]  # [S, 1, L] committed pairs
     m = m.expand(s, width, span).clone()
     rs, cs, ss = [], [], []
@@ -366,29 +407,39 @@ def _tree_attention(
             qs[r, :, :n] = q[0, :, at : at + n]
             m[r, n:, 0] = True
             at += n
-    out = attend(qs, keys, vals, m[:, None])  # [S, Hq, width, D]
+    out = attend_few(qs, keys, vals, m)  # [S, Hq, width, D]
     if all(n == width for n in sizes):
         return out.transpose(0, 1).reshape(1, q.shape[1], s * width, -1)
     return torch.cat([out[r : r + 1, :, :n] for r, n in enumerate(sizes)], dim=2)
 
 
-def _gathered(grows: list[Growing], end: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every sequence's cache slots [0, end) copied into one [S, Hkv, L, D] pair of buffers kept by the drafters
-    that share the head (``scratch``; L is ``end`` rounded up to 64, so that the buffers are reused from round to
-    round: a fresh multi-MB tensor of a new size each round costs the page faults of new memory, more than the
-    copy). Slots past a sequence's own end hold stale but finite values, masked by the caller."""
-    kv0, scratch = grows[0].d.kv, grows[0].d.scratch
-    s, span = len(grows), -(-end // 64) * 64
+def _layout(grows: list[Growing]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The proposal's key and value buffers [rows, Hkv, L, D] (fp32: ``attend_few``), kept by the drafters that share the head
+    (``scratch``, reused from proposal to proposal: a fresh multi-MB tensor of a new size costs the page faults of
+    new memory, more than the copy). At a proposal's first head pass every sequence gets a row and its committed
+    pairs are copied in; L has room for the longest cache plus ``depth x topk`` tree slots, rounded up to 64.
+    Slots past a sequence's own end hold stale but finite values, masked by the caller."""
+    placed = [gr.state.get("row") is not None for gr in grows]
+    scratch = grows[0].d.scratch
+    if all(placed):
+        return scratch["kv"][0], scratch["kv"][1]
+    if any(placed):
+        raise RuntimeError("eagle drafting: a sequence joined a proposal after its first head pass")
+    kv0 = grows[0].d.kv
+    need = max(gr.d.kv.n + max(gr.shape.depth * max(gr.shape.topk, 1), gr.shape.budget) for gr in grows)
+    s, span = len(grows), -(-need // 64) * 64
     buf = scratch.get("kv")
-    if buf is None or buf.shape[1] < s or buf.shape[3] < span or buf.dtype != kv0.k.dtype:
-        if buf is not None and buf.dtype == kv0.k.dtype:
+    if buf is None or buf.shape[1] < s or buf.shape[3] < span:
+        if buf is not None:
             s, span = max(s, buf.shape[1]), max(span, buf.shape[3])
-        buf = kv0.k.new_zeros(2, s, kv0.k.shape[1], span, kv0.k.shape[3])
+        buf = kv0.k.new_zeros(2, s, kv0.k.shape[1], span, kv0.k.shape[3], dtype=torch.float32)
         scratch["kv"] = buf
     for r, gr in enumerate(grows):
-        buf[0, r, :, :end] = gr.d.kv.k[0, :, :end]
-        buf[1, r, :, :end] = gr.d.kv.v[0, :, :end]
-    return buf[0, : len(grows)], buf[1, : len(grows)]
+        n = gr.d.kv.n
+        buf[0, r, :, :n] = gr.d.kv.k[0, :, :n]
+        buf[1, r, :, :n] = gr.d.kv.v[0, :, :n]
+        gr.state["row"] = r
+    return buf[0], buf[1]
 
 
 class Eagle3Drafter(EagleDrafter):
@@ -398,3 +449,4 @@ class Eagle3Drafter(EagleDrafter):
 
     name = "eagle3"
     kind = "eagle3"
+    VOCAB = 2048  # the shipped head's d2t is in frequency order; held-out tau is the same as with all 8192

@@ -26,7 +26,7 @@ class Growing:
         self.request: tuple[list[int], GrowingTree] | None = None
         self.result: DraftTree | None = None
 
-    def advance(self, answer: tuple[torch.Tensor, torch.Tensor] | None) -> bool:
+    def advance(self, answer: tuple[list, list] | None) -> bool:
         """Send the builder its answer (None: start it); False once the tree is done (``result``)."""
         try:
             self.request = next(self.steps) if answer is None else self.steps.send(answer)
@@ -58,13 +58,14 @@ def propose_lockstep(
             d0 = group[0].d
             lp = torch.log_softmax((torch.cat(feats) @ d0.w_draft.T).float(), dim=-1)
             top_lp, top_i = lp.topk(max(max(g.shape.topk, 1) for g in group), dim=-1)
-            top_i = d0.d2t[top_i]
+            lps, tis = top_lp.tolist(), d0.d2t[top_i].tolist()  # one conversion for the group
             at = 0
             for i, gr, f in zip(idx, group, feats):
                 n, k = f.shape[0], max(gr.shape.topk, 1)
-                for u, feat in zip(gr.request[0], f):  # type: ignore[index]
+                for u, feat in zip(gr.request[0], f.unbind()):  # type: ignore[index]
                     gr.feats[u] = feat
-                if not gr.advance((top_lp[at : at + n, :k], top_i[at : at + n, :k])):
+                answer = ([r[:k] for r in lps[at : at + n]], [r[:k] for r in tis[at : at + n]])
+                if not gr.advance(answer):
                     out[i] = gr.result
                     del live[i]
                 at += n

@@ -87,17 +87,23 @@ class GrowingTree:
         )
 
 
-def _children(logp: torch.Tensor, toks: torch.Tensor, row: int, k: int) -> list[tuple[float, int]]:
-    """The first ``k`` finite (log-prob, token) pairs of one row of an ``expand`` answer."""
-    lp, tk = logp[row, :k].tolist(), toks[row, :k].tolist()
+def _children(
+    logp: torch.Tensor | list, toks: torch.Tensor | list, row: int, k: int
+) -> list[tuple[float, int]]:
+    """The first ``k`` finite (log-prob, token) pairs of one row of an ``expand`` answer (tensors, or the same as
+    nested lists: a caller that answers many trees at once converts once)."""
+    if isinstance(logp, torch.Tensor):
+        lp, tk = logp[row, :k].tolist(), toks[row, :k].tolist()
+    else:
+        lp, tk = logp[row][:k], toks[row][:k]
     return [(a, int(b)) for a, b in zip(lp, tk) if a != -math.inf]
 
 
 TreeSteps = Generator[tuple[list[int], "GrowingTree"], tuple[torch.Tensor, torch.Tensor], DraftTree]
 """A tree builder as a generator: it yields ``(frontier, tree)`` — an ``expand`` request — receives the answer
-``(log_probs [F, K], tokens [F, K])``, and returns the finished ``DraftTree``. ``drive`` runs one with an ``expand``
-function; a drafter that batches over sequences (``drafters.eagle.propose_batch``) runs many in lockstep, one
-batched pass per round."""
+``(log_probs [F, K], tokens [F, K])`` (tensors or nested lists), and returns the finished ``DraftTree``. ``drive``
+runs one with an ``expand`` function; a drafter that batches over sequences (``drafters.eagle.propose_batch``)
+runs many in lockstep, one batched pass per round."""
 
 
 def drive(steps: TreeSteps, expand: Expand) -> DraftTree:

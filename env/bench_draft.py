@@ -5,7 +5,7 @@ repetition, the target's forward of one token per row (LM head included) and the
 expansion step (one head pass over every row's frontier, the projection to the draft vocabulary and the top-k) is
 the least-squares slope of proposal time over depth; a proposal at the same root is idempotent, so it repeats.
 
-    python -m env.bench_draft --drafters eagle3,eagle --rows 1,4,16 --topk 1,4 --dtype bf16
+    python -m env.bench_draft --drafters eagle3,eagle --rows 1,4,16 --topk 1,4 --dtype bf16 [--vocab 0,4096]
 """
 
 from __future__ import annotations
@@ -23,13 +23,22 @@ def _slope(xs: list[int], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def measure(loaded, drafter: str, rows: int, context: int, topk: int, max_depth: int, reps: int) -> dict:
+def measure(
+    loaded,
+    drafter: str,
+    rows: int,
+    context: int,
+    topk: int,
+    max_depth: int,
+    reps: int,
+    vocab: int | None = None,
+) -> dict:
     from drafters import DraftTree, TreeShape, make_drafter
     from env.batch import BatchEngine
 
     eng = BatchEngine(loaded, rows)
     gen = torch.Generator().manual_seed(0)
-    first = make_drafter(drafter)
+    first = make_drafter(drafter) if vocab is None else make_drafter(drafter, vocab=vocab)
     ds = []
     for i in range(rows):
         d = first if i == 0 else first.fork()
@@ -53,6 +62,7 @@ def measure(loaded, drafter: str, rows: int, context: int, topk: int, max_depth:
         "drafter": drafter,
         "rows": rows,
         "topk": topk,
+        "vocab": vocab,
         "context": context,
         "forward_ms": round(ms[0], 3),
         "proposal_ms": {dp: round(m, 3) for dp, m in zip(depths, ms[1:])},
@@ -73,20 +83,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--dtype", default="bf16", choices=["auto", "bf16", "fp32"])
     p.add_argument("--weights", default="dense")
+    p.add_argument("--vocab", default=None, help="comma list of the option vocab of eagle/eagle3 (0: all)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
     args = p.parse_args(argv)
     loaded = load_model(None, dtype=args.dtype, device="auto", weights=args.weights)
     print(f"# {loaded.model_id} {args.dtype}/{args.weights} on {loaded.device}; CPU {cpu_label()}")
-    print("| drafter | rows | top-k | target forward ms | one expansion ms | expansion / forward |")
-    print("|---|---:|---:|---:|---:|---:|")
+    vocabs = [None] if args.vocab is None else [int(x) for x in args.vocab.split(",")]
+    print("| drafter | vocab | rows | top-k | target forward ms | one expansion ms | expansion / forward |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     out = []
     for name in [x.strip() for x in args.drafters.split(",") if x.strip()]:
-        for rows in [int(x) for x in args.rows.split(",")]:
-            for k in [int(x) for x in args.topk.split(",")]:
-                r = measure(loaded, name, rows, args.context, k, args.max_depth, args.reps)
-                out.append(r)
-                print(f"| {name} | {rows} | {k} | {r['forward_ms']:.2f} | {r['expansion_ms']:.2f} | "
-                      f"{100 * r['expansion_vs_forward']:.1f}% |", flush=True)  # fmt: skip
+        for vocab in vocabs:
+            for rows in [int(x) for x in args.rows.split(",")]:
+                for k in [int(x) for x in args.topk.split(",")]:
+                    r = measure(loaded, name, rows, args.context, k, args.max_depth, args.reps, vocab)
+                    out.append(r)
+                    shown = "default" if vocab is None else vocab or "all"
+                    print(f"| {name} | {shown} | {rows} | {k} | {r['forward_ms']:.2f} | {r['expansion_ms']:.2f} | "
+                          f"{100 * r['expansion_vs_forward']:.1f}% |", flush=True)  # fmt: skip
     if args.json:
         from env.files import atomic_write_text
 

@@ -3,6 +3,8 @@ them exactly as it trains, and greedy decoding with it stays exact; the corpus r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -173,3 +175,47 @@ def test_training_a_tiny_eagle3_head(tmp_path):
         decode(loaded, "eagle3-d3-k2-b5", prompt, 16, {"weights": str(out)})[0]
         == decode(loaded, None, prompt, 16)[0]
     )
+
+
+def test_a_reduced_draft_vocabulary_stays_exact_and_keeps_the_most_frequent(tiny, tmp_path):
+    """Option ``vocab``: the drafter projects onto its ``vocab`` most frequent draft tokens only -- the first of a
+    head whose d2t was put in frequency order (``experiments.vocab_order``), the lowest ids of an older head --
+    and greedy decoding stays exact; a bad value is a DrafterError."""
+    import shutil
+
+    from drafters.eagle import kept_vocab
+    from env.batch import BatchTarget
+    from experiments.vocab_order import frequency_order, rewrite_head
+
+    d2t = torch.tensor([3, 9, 40, 41, 77])
+    assert kept_vocab(d2t, {}, 2).tolist() == [3, 9]
+    assert kept_vocab(torch.tensor([77, 3, 41, 9, 40]), {"d2t_order": {"by": "frequency"}}, 2).tolist() == [
+        77,
+        3,
+    ]
+    assert kept_vocab(d2t, {}, 0).tolist() == kept_vocab(d2t, {}, 9).tolist() == d2t.tolist()
+    counts = {41: 5, 9: 5, 77: 7}
+    assert frequency_order(d2t, counts, first=(40, 1000)).tolist() == [40, 77, 9, 41, 3]  # ties: lower id
+    from safetensors.torch import load_file
+
+    loaded, path = tiny
+    shutil.copy(path.with_suffix(".json"), tmp_path / path.with_suffix(".json").name)
+    path = Path(shutil.copy(path, tmp_path / path.name))
+
+    old = load_file(str(path))["d2t"]
+    new = frequency_order(old, {int(t): i for i, t in enumerate(old.tolist())})  # reversed id order
+    rewrite_head(path, new, {"by": "frequency", "test": True})
+    with pytest.raises(ValueError):
+        rewrite_head(path, new[:-1], {"by": "frequency"})
+    prompt = [5, 17, 33, 17, 5, 60, 2, 8, 44, 9]
+    ref, _ = decode(loaded, None, prompt, 24)
+    for vocab in (0, 8, 40):
+        out, _ = decode(loaded, "eagle3-d3-k2-b5", prompt, 24, {"weights": str(path), "vocab": vocab})
+        assert out == ref, vocab
+    drafter = Eagle3Drafter(weights=str(path), vocab=8)
+    drafter._load(BatchTarget(loaded, max_rows=1))
+    assert drafter.d2t.tolist() == new[:8].tolist() and drafter.w_draft.shape[0] == 8
+    assert drafter.fork().vocab == 8 and drafter.fork().w_draft is drafter.w_draft
+    for bad in (-1, 2.5, True, "8"):
+        with pytest.raises(DrafterError, match="vocab"):
+            Eagle3Drafter(vocab=bad)
