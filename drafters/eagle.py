@@ -414,11 +414,12 @@ def _tree_attention(
 
 
 def _layout(grows: list[Growing]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The proposal's key and value buffers [rows, Hkv, L, D] (fp32: ``attend_few``), kept by the drafters that share the head
-    (``scratch``, reused from proposal to proposal: a fresh multi-MB tensor of a new size costs the page faults of
-    new memory, more than the copy). At a proposal's first head pass every sequence gets a row and its committed
-    pairs are copied in; L has room for the longest cache plus ``depth x topk`` tree slots, rounded up to 64.
-    Slots past a sequence's own end hold stale but finite values, masked by the caller."""
+    """The proposal's key and value buffers [rows, Hkv, L, D] (fp32, for ``attend_few``), kept by the drafters
+    that share the head (``scratch``, reused from proposal to proposal: a fresh multi-MB tensor of a new size costs
+    the page faults of new memory, more than the copy). At a proposal's first head pass every sequence gets a row
+    and its committed pairs are copied in; L has room for the longest cache plus the most tree slots a shape can
+    take (``depth x topk`` for dynamic trees, ``budget`` for k-ary ones), rounded up to 64. Slots past a
+    sequence's own end hold stale but finite values, masked by the caller."""
     placed = [gr.state.get("row") is not None for gr in grows]
     scratch = grows[0].d.scratch
     if all(placed):
