@@ -67,6 +67,7 @@ def rewrite_head(path: Path, d2t: torch.Tensor, provenance: dict[str, Any]) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
+    from drafters import DrafterError
     from drafters.heads import load_head
     from env.decoder import chat_prompt
     from env.model import load_model
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_model(None, dtype=args.dtype, device="cpu")
     try:
         _, tensors, _ = load_head(path, args.kind, loaded.model, loaded.model_id)
-    except Exception as err:  # DrafterError: one line, exit 2
+    except DrafterError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     texts = corpus.instruction_prompts(args.workload, args.exclude_per_category, args.code_prompts)[

@@ -219,3 +219,15 @@ def test_a_reduced_draft_vocabulary_stays_exact_and_keeps_the_most_frequent(tiny
     for bad in (-1, 2.5, True, "8"):
         with pytest.raises(DrafterError, match="vocab"):
             Eagle3Drafter(vocab=bad)
+
+
+def test_ordering_a_file_that_is_not_a_head_is_one_line_and_exit_2(tmp_path, capsys):
+    from experiments.vocab_order import main
+
+    path = tmp_path / "junk.safetensors"
+    path.write_bytes(b"\x00not safetensors")
+    path.with_suffix(".json").write_text("{not json")
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "junk.json" in err[0]
+    assert path.read_bytes() == b"\x00not safetensors"  # untouched
