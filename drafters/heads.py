@@ -100,11 +100,6 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
-def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding, Llama's half-split convention. x: [B, H, T, D]; pos: [B, T] or [T] (int)."""
-    return rotate(x, *rope_tables(pos, x.shape[-1], theta, x.dtype))
-
-
 class DraftLayer(nn.Module):
     """One pre-norm Llama decoder layer (GQA attention + SwiGLU MLP). Attention is split in two halves so that the
     caller chooses the keys and the mask: ``project`` (queries, keys, values) and ``finish`` (output + MLP)."""
