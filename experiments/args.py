@@ -89,6 +89,78 @@ def arm_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=nonnegative_int, default=0, help="draft nodes at most (0: depth * topk)")
 
 
+def drafter_option_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--drafter-option",
+        action="append",
+        default=None,
+        metavar="NAME.OPTION=VALUE",
+        help="a constructor option of a drafter, as [drafters.NAME] of a config sets it (repeatable; the value is "
+        "read as TOML): --drafter-option eagle3.vocab=8192",
+    )
+
+
+def drafter_options(items: list[str] | None) -> dict[str, dict[str, object]]:
+    """``--drafter-option`` items as ``{drafter: {option: value}}``, checked as a config's ``[drafters.*]`` is, and
+    each drafter built once with them: an unknown drafter or option, or a value it refuses, is a ``UserError``
+    naming it, before the model loads."""
+    from drafters import DRAFTERS
+    from experiments.config import keywords_of
+    from experiments.errors import UserError
+    from experiments.strict_toml import parse_set
+
+    out: dict[str, dict[str, object]] = {}
+    for item in items or []:
+        shown = item if item.isprintable() else repr(item)
+        key, sep, _ = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or len(parts) != 2 or not all(parts):
+            raise UserError(f"--drafter-option {shown}: expected NAME.OPTION=VALUE, e.g. eagle3.vocab=8192")
+        (name, opt), value = parse_set(item)
+        if name not in DRAFTERS:
+            raise UserError(
+                f"--drafter-option {shown}: {name!r} is not a drafter; known: {', '.join(sorted(DRAFTERS))}"
+            )
+        valid = keywords_of(DRAFTERS[name])
+        if opt not in valid:
+            raise UserError(
+                f"--drafter-option {shown}: {opt!r} is not an option of {name}; valid: {', '.join(valid)}"
+            )
+        out.setdefault(name, {})[opt] = value
+    from drafters import DrafterError, make_drafter
+
+    for name, opts in out.items():  # a value the drafter refuses fails here too, not mid-run
+        try:
+            make_drafter(name, **opts)
+        except (DrafterError, TypeError, ValueError) as err:
+            raise UserError(f"--drafter-option {name}: {err}") from err
+    return out
+
+
+def same_drafter_options(out: Path, options: dict[str, dict[str, object]], started: bool) -> None:
+    """A run folder remembers its drafter options (``drafter_options.json``): a resumed run (``started``: results
+    on disk) with other options would mix two configurations in one table, and is refused naming both."""
+    import json
+
+    from env.files import atomic_write_text
+    from experiments.errors import UserError
+
+    path = Path(out) / "drafter_options.json"
+    before: object = {}
+    if path.is_file():
+        try:
+            before = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise UserError(f"{path} is not readable JSON ({err}); delete it or use another --out") from err
+    if started and before != options:
+        raise UserError(
+            f"{out} holds results run with --drafter-option {json.dumps(before)}; this command gives "
+            f"{json.dumps(options)}: use another --out (or the same options to resume)"
+        )
+    if before != options or not path.is_file():
+        atomic_write_text(path, json.dumps(options, sort_keys=True))
+
+
 def sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float_in(0.0, 1e4), default=0.0, help="0: greedy")
     p.add_argument("--top-k", type=nonnegative_int, default=0, help="0: no top-k filter")

@@ -194,8 +194,10 @@ def run_bench(
     progress: bool = True,
     decoders: dict[str, Any] | None = None,
     llama_cpp_gguf: Path | None = None,
+    drafter_options: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """``decoders``: ready decoders by method name (e.g. ``policy:NAME`` -> a decoder driven by a policy).
+    ``drafter_options``: constructor options per drafter for the arm methods (``--drafter-option``).
     ``llama_cpp_gguf``: the GGUF the llama_cpp method runs (default: the embedded model's); its worker starts
     here, once, and ends with the run. A llama_cpp worker that cannot start or dies ends that method only: the
     result's ``failures`` says why, and every other method runs to the end."""
@@ -211,6 +213,11 @@ def run_bench(
     for m in methods:  # device loops sized by this workload (their static cache, their graphs' spans)
         if is_device_method(m) and m not in decoders:
             decoders[m] = device_loop(loaded, m, longest + max_new_tokens)
+        elif drafter_options and m not in decoders and m not in EXTERNAL_METHODS:  # arms, with their options
+            arm, fmt = split_weights(m)
+            decoders[m] = SpeculativeDecoder(
+                with_weights(loaded, fmt), [parse_arm(arm)], drafter_options=drafter_options
+            )
     out_dir.mkdir(parents=True, exist_ok=True)
     rec_path = out_dir / "records.jsonl"
     records = load_done(rec_path)
@@ -364,7 +371,7 @@ def cmd_bench(args: Any) -> int:
 
     from env.model import load_model
     from env.workloads import load_workload
-    from experiments.args import output_dir
+    from experiments.args import drafter_options, output_dir, same_drafter_options
     from experiments.errors import UserError
 
     methods = [m.strip() for m in (args.methods or ",".join(DEFAULT_METHODS)).split(",") if m.strip()]
@@ -374,6 +381,7 @@ def cmd_bench(args: Any) -> int:
         raise UserError(f"--methods lists a method twice: {methods}")
     for m in methods:
         check_method(m)  # a bad method name fails before the model loads
+    options = drafter_options(args.drafter_option)
     gguf = None
     if LLAMA_CPP in methods:  # a folder model without --llama-cpp-gguf fails here, before the model loads
         from experiments.llama_cpp import gguf_of
@@ -386,6 +394,7 @@ def cmd_bench(args: Any) -> int:
         prompts = prompts[: args.limit]
     out = Path(args.out or f"runs/bench-{dt.datetime.now():%Y%m%d-%H%M%S}")
     output_dir(out)
+    same_drafter_options(out, options, started=bool(load_done(out / "records.jsonl")))
     loaded = load_model(
         args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
     )
@@ -404,6 +413,7 @@ def cmd_bench(args: Any) -> int:
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "methods": methods,
+        "drafter_options": options,
         "command": " ".join(["draftgym", *sys.argv[1:]]),
     }
     result = run_bench(
@@ -416,6 +426,7 @@ def cmd_bench(args: Any) -> int:
         progress=not args.json,
         decoders=decoders,
         llama_cpp_gguf=gguf,
+        drafter_options=options,
     )
     if args.json:
         print(json.dumps(result))
@@ -426,7 +437,7 @@ def cmd_bench(args: Any) -> int:
 
 
 def register(sub: Any) -> None:
-    from experiments.args import model_args, new_tokens, positive_int
+    from experiments.args import drafter_option_args, model_args, new_tokens, positive_int
 
     b = sub.add_parser("bench", help="benchmark methods side by side against Hugging Face generate")
     b.add_argument(
@@ -454,6 +465,7 @@ def register(sub: Any) -> None:
     b.add_argument("--max-new-tokens", type=new_tokens, default=128)
     b.add_argument("--out", default=None, help="run directory (re-use it to resume a killed run)")
     model_args(b)
+    drafter_option_args(b)
     b.add_argument("--json", action="store_true")
     b.add_argument(
         "--policy", action="append", default=None, help="a saved policy file as a method (repeatable)"

@@ -170,7 +170,7 @@ def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[d
         }
         rows = min(rows, args.policy_max_batch[method])
     served = serve(engine, reqs, concurrency=None if open_loop else level, max_batch=rows, kv_budget=args.kv_budget,
-                   prefill_chunk=args.prefill_chunk, log=log, **extra)  # fmt: skip
+                   prefill_chunk=args.prefill_chunk, log=log, drafter_options=args.drafter_options, **extra)  # fmt: skip
     return [asdict(s) for s in served], log.as_dict()
 
 
@@ -197,12 +197,13 @@ def cmd_serve_bench(args: Any) -> int:
     from env.target import check_prompt
     from env.workloads import load_workload
     from experiments import plots
-    from experiments.args import output_dir
+    from experiments.args import drafter_options, output_dir, same_drafter_options
     from experiments.errors import UserError
     from experiments.provenance import provenance
 
     levels = parse_levels(args.concurrency)
     methods = split_methods(args.methods)
+    args.drafter_options = drafter_options(args.drafter_option)
     args.policy_objects, args.policy_max_batch, args.batch_cost_model = {}, {}, None
     for path in args.policy or []:  # serving policies (draftgym serve-train): one method each
         from env.batch_cost import load_batch_cost
@@ -230,6 +231,7 @@ def cmd_serve_bench(args: Any) -> int:
         prompts = prompts[: args.limit]
     args.arrival_times = read_arrivals(args.arrivals, len(prompts)) if args.arrivals else None
     out = output_dir(args.out or "runs/serve-bench")
+    same_drafter_options(out, args.drafter_options, started=bool(load_cells(out / "cells.jsonl")))
     loaded = load_model(
         args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
     )
@@ -247,6 +249,7 @@ def cmd_serve_bench(args: Any) -> int:
         "model": loaded.model_id, "dtype": str(loaded.dtype).removeprefix("torch."), "device": str(loaded.device),
         "workload": args.workload or "builtin", "per_category": args.per_category, "requests": len(prompts),
         "max_new_tokens": args.max_new_tokens, "concurrency": levels, "rate": args.rate, "methods": methods,
+        "drafter_options": args.drafter_options,
         "max_batch": args.max_batch, "kv_budget": args.kv_budget, "arrivals": args.arrivals,
         "prefill_chunk": args.prefill_chunk, "loop": "open" if args.rate or args.arrivals else "closed",
         "command": " ".join(["draftgym", *sys.argv[1:]]),
@@ -362,7 +365,14 @@ def parse_levels(text: str) -> list[int]:
 
 
 def register(sub: Any) -> None:
-    from experiments.args import float_in, int_at_least, model_args, new_tokens, positive_int
+    from experiments.args import (
+        drafter_option_args,
+        float_in,
+        int_at_least,
+        model_args,
+        new_tokens,
+        positive_int,
+    )
 
     p = sub.add_parser(
         "serve-bench", help="goodput against load: continuous batching, every method, each level"
@@ -403,5 +413,6 @@ def register(sub: Any) -> None:
         "--out", default=None, help="run directory (default runs/serve-bench); re-use it to resume"
     )
     model_args(p)
+    drafter_option_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_serve_bench)

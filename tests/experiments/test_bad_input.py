@@ -140,6 +140,14 @@ BENCH = [
     ("workload-empty-turn", ["bench", "--workload", "{jsonl_emptyturn}"], "first turn is empty"),
     ("out-under-a-file", ["bench", "--out", "{blocker}/run", "--methods", "ar"], "not a directory"),
     ("out-is-a-file", ["bench", "--out", "{blocker}", "--methods", "ar"], "is a file"),
+    ("drafter-option-unknown", ["bench", "--drafter-option", "bogus.x=1"], "'bogus' is not a drafter"),
+    ("drafter-option-bad-name", ["bench", "--drafter-option", "eagle3.depth=2"], "not an option of eagle3"),
+    (
+        "drafter-option-bad-value",
+        ["bench", "--drafter-option", "eagle3.vocab=-5"],
+        "vocab must be an integer",
+    ),
+    ("drafter-option-no-value", ["bench", "--drafter-option", "ngram.max_depth"], "NAME.OPTION=VALUE"),
     (
         "policy-not-zip",
         ["bench", "--policy", "{bin}", "--out", "{tmp}/run"],
@@ -289,6 +297,11 @@ SERVE = [
     ("rate-negative", ["serve-bench", "--rate", "-3"], "--rate: must be in"),
     ("max-batch-zero", ["serve-bench", "--max-batch", "0"], "--max-batch: must be >= 1"),
     ("kv-budget-zero", ["serve-bench", "--kv-budget", "0"], "--kv-budget: must be >= 1"),
+    (
+        "serve-drafter-option-unknown",
+        ["serve-bench", "--drafter-option", "ngram.nope=1"],
+        "not an option of ngram",
+    ),
     ("prefill-chunk-zero", ["serve-bench", "--prefill-chunk", "0"], "--prefill-chunk: must be >= 1"),
     ("arrivals-missing", ["serve-bench", "--arrivals", "{tmp}/none.txt"], "--arrivals"),
     ("arrivals-garbage", ["serve-bench", "--arrivals", "{garbage}"], "is not a time in seconds"),
