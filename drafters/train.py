@@ -42,6 +42,7 @@ class TrainSettings:
     exit_layer: int = 4  # early_exit only
     levels: int = 2  # eagle: training-time-test depth (also the chain length of the held-out metric)
     batch_size: int = 8
+    compute: str = "float32"  # or "bfloat16": the head's products under autocast (weights and optimizer fp32)
     lr: float = 3e-3
     weight_decay: float = 0.05
     feat_noise: float = 0.2  # eagle: uniform noise on input features (EAGLE's augmentation; features' RMS ~2)
@@ -182,23 +183,33 @@ def loss_eagle(head, batch, w_draft, embed, st: TrainSettings, gen=None, stats: 
     if "aux" in batch:  # EAGLE-3: the first feature is the fusion of the low, middle and high streams
         inputs = head.fused(batch["aux"])
     outs = head.unrolled(inputs, emb_next, st.levels)
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):  # the teacher stays fp32 under bf16 training
         teacher_all = torch.softmax(target[sel] @ w_draft.T, dim=-1)  # [M, Vd], shared by the levels
     j_sel = j.expand_as(sel)[sel]
     total = 0.0
     for s, out in enumerate(outs, start=1):
         m = sel & (j >= s - 1)
         teacher = teacher_all[j_sel >= s - 1]
-        logp = torch.log_softmax(out[m] @ w_draft.T, dim=-1)
+        logp = torch.log_softmax((out[m] @ w_draft.T).float(), dim=-1)
         ce = -(teacher * logp).sum(-1)
         if st.reg_weight > 0:
             ce = ce + st.reg_weight * F.smooth_l1_loss(out[m], target[m], reduction="none").mean(-1)
         total = total + ce.mean()
         if stats is not None:
             hit = torch.zeros_like(m)
-            hit[m] = logp.argmax(-1) == teacher.argmax(-1)
+            if "_exact" in stats:  # the drafted token against the target's argmax over its whole vocabulary
+                if s == 1:
+                    stats["_full"] = _full_argmax(target[sel], stats["_exact"][0])
+                hit[m] = stats["_exact"][1][logp.argmax(-1)] == stats["_full"][j_sel >= s - 1]
+            else:
+                hit[m] = logp.argmax(-1) == teacher.argmax(-1)
             _agree(stats, s, hit, m & answer)
     return total / len(outs)
+
+
+def _full_argmax(feats: torch.Tensor, w_full: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """The target's greedy token for each feature row (its LM head over the whole vocabulary), in chunks."""
+    return torch.cat([(feats[i : i + chunk] @ w_full.T).argmax(-1) for i in range(0, feats.shape[0], chunk)])
 
 
 def loss_exit(head, batch, w_draft, st: TrainSettings, gen=None, stats: dict | None = None):
@@ -207,15 +218,24 @@ def loss_exit(head, batch, w_draft, st: TrainSettings, gen=None, stats: dict | N
     feats = batch["feats"]
     sel, answer = _select(batch, 1, 1, st.prompt_frac, gen)
     out = head.forward_train(batch["inputs"])
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):  # the teacher stays fp32 under bf16 training
         teacher = torch.softmax(feats[sel] @ w_draft.T, dim=-1)
-    logp = torch.log_softmax(out[sel] @ w_draft.T, dim=-1)
+    logp = torch.log_softmax((out[sel] @ w_draft.T).float(), dim=-1)
     loss = -(teacher * logp).sum(-1).mean()
     if stats is not None:
         hit = torch.zeros_like(sel)
         hit[sel] = logp.argmax(-1) == teacher.argmax(-1)
         _agree(stats, 1, hit, sel & answer)
     return loss
+
+
+def _autocast(st: TrainSettings):
+    """The products of a training step in ``st.compute``: bf16 under autocast, the backward's too (the logits are
+    cast back, so softmaxes, the loss and the teacher stay fp32; the weights and AdamW's state are fp32 either way).
+    On a CPU with native bf16 products a step takes about half the time."""
+    if st.compute not in ("float32", "bfloat16"):
+        raise DrafterError(f"training compute must be float32 or bfloat16, got {st.compute!r}")
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=st.compute == "bfloat16")
 
 
 def _agree(stats: dict, level: int, hit: torch.Tensor, mask: torch.Tensor) -> None:
@@ -226,12 +246,22 @@ def _agree(stats: dict, level: int, hit: torch.Tensor, mask: torch.Tensor) -> No
 
 
 @torch.no_grad()
-def evaluate(head, seqs: list[Sequence], w_draft, embed, st: TrainSettings) -> dict[str, float]:
-    """Held-out top-1 agreement with the target (over the draft vocabulary, on answer tokens) per draft depth, and
-    for eagle the mean accepted length (bonus included) of a greedy chain of ``levels`` drafts rooted at every
-    answer position (a chain rooted at pair j is accepted to depth m when levels 1..m hit at pairs j..j+m-1)."""
+def evaluate(
+    head, seqs: list[Sequence], w_draft, embed, st: TrainSettings, exact: tuple | None = None
+) -> dict[str, float]:
+    """Held-out top-1 agreement with the target (on answer tokens) per draft depth, and for eagle the mean accepted
+    length (bonus included) of a greedy chain of ``levels`` drafts rooted at every answer position (a chain rooted
+    at pair j is accepted to depth m when levels 1..m hit at pairs j..j+m-1).
+
+    ``exact = (the target's LM head weight [V, H], d2t)``: a hit is the drafted token equal to the target's argmax
+    over its whole vocabulary -- what verification accepts, and comparable between heads of different draft
+    vocabularies (a token outside the head's vocabulary is a miss). Without it, the argmax of the target's
+    distribution restricted to the draft vocabulary (the larger the vocabulary, the harder that is to agree with)."""
     head.eval()
-    stats: dict[str, Any] = {}
+    exact = (
+        exact if st.kind in ("eagle", "eagle3") else None
+    )  # (the early-exit loss scores the draft vocabulary)
+    stats: dict[str, Any] = {} if exact is None else {"_exact": (exact[0].float(), exact[1])}
     tau_sum, tau_n = 0.0, 0
     for i in range(0, len(seqs), st.batch_size):
         batch = _collate(seqs[i : i + st.batch_size], st.kind, st.exit_layer, st.window)
@@ -252,11 +282,21 @@ def evaluate(head, seqs: list[Sequence], w_draft, embed, st: TrainSettings) -> d
             loss_exit(head, batch, w_draft, st, None, stats)
             stats.pop("_hits")
     head.train()
+    stats.pop("_exact", None)
+    stats.pop("_full", None)
     out = {k: round(a / max(n, 1), 4) for k, (a, n) in stats.items()}
+    out["agreement"] = "full vocabulary" if exact is not None else "draft vocabulary"
     if tau_n:
         out[f"chain{st.levels}_tau"] = round(tau_sum / tau_n, 4)
     out["positions"] = stats.get("top1_depth1", (0, 0))[1]
     return out
+
+
+def _trajectory(st: TrainSettings) -> dict[str, Any]:
+    """The settings a resumed run must share with the checkpoint (all but the budget and the save interval)."""
+    return {
+        k: v for k, v in asdict(st).items() if k not in ("cpu_minutes", "steps", "max_steps", "save_every_s")
+    }
 
 
 def load_train_state(path: Path) -> dict[str, Any]:
@@ -326,6 +366,13 @@ def train_head(
                 f"training checkpoint {state_path} has other head shapes or data ({state.get('config')}); "
                 "delete it or use another --work folder"
             )
+        if "settings" in state and state["settings"] != _trajectory(st):  # (a checkpoint from before: none)
+            changed = sorted(k for k, v in _trajectory(st).items() if state["settings"].get(k) != v)
+            raise DrafterError(
+                f"training checkpoint {state_path} was trained with other settings ({', '.join(changed)}: "
+                f"{', '.join(str(state['settings'].get(k)) for k in changed)}); give the same ones to resume, or "
+                "delete it or use another --work folder to start over"
+            )
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["opt"])
         step, cpu_before, epoch = state["step"], state["cpu_s"], state["epoch"]
@@ -362,6 +409,7 @@ def train_head(
                 "epoch": epoch,
                 "gen": gen.get_state() if gen is not None else resume_gen,
                 "config": asdict(cfg),
+                "settings": _trajectory(st),
                 "d2t": d2t,
                 "target": fingerprint,
             },
@@ -384,10 +432,11 @@ def train_head(
             for g in opt.param_groups:
                 g["lr"] = lr
             tens = _collate(batch, st.kind, st.exit_layer, st.window, gen)
-            if st.kind in ("eagle", "eagle3"):
-                loss = loss_eagle(head, tens, w_draft, embed, st, gen)
-            else:
-                loss = loss_exit(head, tens, w_draft, st, gen)
+            with _autocast(st):
+                if st.kind in ("eagle", "eagle3"):
+                    loss = loss_eagle(head, tens, w_draft, embed, st, gen)
+                else:
+                    loss = loss_exit(head, tens, w_draft, st, gen)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -405,12 +454,13 @@ def train_head(
             epoch += 1
     bar.close()
     save_state()
-    metric = evaluate(head, held, w_draft, embed, st)
+    metric = evaluate(head, held, w_draft, embed, st, exact=(model.lm_head.weight.detach(), d2t))
     n_tokens = sum(int(s.tokens.shape[0]) for s in train)
     n_answer = sum(int(s.tokens.shape[0]) - s.answer_start for s in train)
     meta = {
         "target": fingerprint,
         "trained_dtype": "float32",
+        "trained_compute": st.compute,
         "training": {
             "settings": asdict(st),
             "data": data_info,

@@ -2,7 +2,9 @@
 the distillation data, takes its held-out split (``drafters.train_data.split``: every 10th answered sequence, in
 windows as eagle3 trains), and scores each head -- the shipped ``eagle`` (final-norm features) and ``eagle3`` (fused
 features), or files given with ``--weights`` -- with ``drafters.train.evaluate``: top-1 agreement with the target
-per draft depth on answer tokens, and the mean accepted length of a greedy chain of ``--levels`` drafts.
+per draft depth on answer tokens, and the mean accepted length of a greedy chain of ``--levels`` drafts. A hit is
+the drafted token equal to the target's greedy one (``--agreement full``, the default); ``--agreement draft`` scores
+the argmax over the head's own draft vocabulary instead, as the first reports did.
 
     python -m experiments.head_eval --data ~/.cache/draftgym/corpus/smollm2-135m-instruct-KEY/answers --levels 4
 """
@@ -29,6 +31,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--weights", nargs="*", default=[], help="head files, in the order of --heads")
     p.add_argument("--levels", type=int, default=4)
     p.add_argument("--window", type=int, default=512)
+    p.add_argument(
+        "--agreement",
+        default="full",
+        choices=["full", "draft"],
+        help="a hit: the target's argmax over its whole vocabulary (full; comparable across draft vocabularies) "
+        "or over the head's draft vocabulary (draft; what earlier reports used)",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     loaded = load_model(None, dtype="fp32", device="cpu")
@@ -49,7 +58,8 @@ def main(argv: list[str] | None = None) -> None:
             kind=kind, draft_vocab=len(d2t), levels=args.levels, window=args.window, batch_size=8
         )
         with torch.no_grad():
-            metric = evaluate(head, held, w_draft, model.get_input_embeddings(), st)
+            exact = (model.lm_head.weight.detach(), d2t) if args.agreement == "full" else None
+            metric = evaluate(head, held, w_draft, model.get_input_embeddings(), st, exact=exact)
         tokens = [t for s in held for t in s.tokens[s.answer_start :].tolist()]
         vocab = set(d2t.tolist())
         cover = sum(t in vocab for t in tokens) / max(1, len(tokens))

@@ -94,6 +94,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--lr", type=float_in(0.0, 10.0, low_open=True), default=3e-3)
     p.add_argument(
+        "--train-batch", type=positive_int, default=8, help="sequences (windows) per optimizer step"
+    )
+    p.add_argument(
+        "--train-dtype",
+        default="fp32",
+        choices=["fp32", "bf16"],
+        help="the head's products while training (bf16: autocast, fp32 weights; pays on a CPU with native bf16)",
+    )
+    p.add_argument(
         "--prompt-frac", type=float_in(0.0, 1.0), default=1.0, help="share of prompt positions in the loss"
     )
     p.add_argument("--seed", type=int, default=0)
@@ -227,6 +236,8 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         exit_layer=args.exit_layer,
         levels=args.levels,
         lr=args.lr,
+        batch_size=args.train_batch,
+        compute={"fp32": "float32", "bf16": "bfloat16"}[args.train_dtype],
         prompt_frac=args.prompt_frac,
         cpu_minutes=args.cpu_minutes,
         steps=args.steps,
@@ -308,6 +319,8 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         draft_vocab=args.draft_vocab,
         levels=args.levels or 4,
         lr=args.lr,
+        batch_size=args.train_batch,
+        compute={"fp32": "float32", "bf16": "bfloat16"}[args.train_dtype],
         feat_noise=0.0,
         reg_weight=0.0,
         prompt_frac=args.prompt_frac,

@@ -4,6 +4,7 @@ one clear DrafterError; the data pipeline and a short training run work end to e
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -117,6 +118,67 @@ def test_data_generation_training_and_resume_checks(tmp_path):
     st_other = TrainSettings(kind="eagle", draft_vocab=4, levels=2, max_steps=3, batch_size=4, window=16)
     with pytest.raises(DrafterError, match="other head shapes"):
         train_head(loaded.model, loaded.model_id, dirs, tmp_path / "h2", st_other, **kw)
+    # the same shapes but another training setting: resuming would mix two runs
+    with pytest.raises(DrafterError, match=r"other settings \(compute"):
+        train_head(
+            loaded.model, loaded.model_id, dirs, tmp_path / "h2", replace(st, compute="bfloat16"), **kw
+        )
     (work / "train-state-eagle.pt").write_bytes(b"garbage")
     with pytest.raises(DrafterError, match="corrupted"):
         train_head(loaded.model, loaded.model_id, dirs, tmp_path / "h2", st, **kw)
+    # bf16 products (autocast), fp32 weights: trains, says so, and scores on the whole vocabulary
+    kw_bf = dict(work_dir=tmp_path / "bf", data_info=info, progress=False)
+    (tmp_path / "bf").mkdir()
+    st_bf = replace(st, compute="bfloat16")
+    meta = train_head(loaded.model, loaded.model_id, dirs, tmp_path / "head-bf", st_bf, **kw_bf)
+    assert meta["trained_compute"] == "bfloat16" and meta["metric"]["agreement"] == "full vocabulary"
+    _, tensors, _ = load_head(tmp_path / "head-bf.safetensors", "eagle", loaded.model, loaded.model_id)
+    assert all(t.dtype != torch.bfloat16 for t in tensors.values())
+    with pytest.raises(DrafterError, match="compute must be"):
+        train_head(loaded.model, loaded.model_id, dirs, tmp_path / "h3", replace(st, compute="fp8"),
+                   work_dir=tmp_path / "bf2", data_info=info, progress=False)  # fmt: skip
+
+
+class _Oracle(torch.nn.Module):
+    """A head that drafts the target's own next feature at every level: it agrees wherever it can."""
+
+    def unrolled(self, feats, emb_next, levels):
+        nxt = torch.zeros_like(feats)
+        nxt[:, :-1] = feats[:, 1:]
+        return [nxt] * levels
+
+
+def test_full_vocabulary_agreement_counts_a_token_outside_the_draft_vocabulary_as_a_miss(tmp_path):
+    """``evaluate(exact=...)``: a perfect head whose draft vocabulary holds none of the target's greedy tokens
+    agrees nowhere, though the argmax over that vocabulary alone agrees everywhere; with the whole vocabulary as
+    the draft vocabulary, it agrees everywhere by both rules."""
+    from drafters.train import TrainSettings, evaluate, windows
+    from drafters.train_data import generate_data, load_data
+
+    loaded = tiny_loaded(seed=0)
+    model = loaded.model
+    prompts = [(f"p{i}", [1 + i, 7, 9, 11 + i, 3]) for i in range(6)]
+    generate_data(model, prompts, tmp_path, max_new_tokens=8, capture_layers=(1,), window=16, pad_id=0,
+                  progress=False)  # fmt: skip
+    seqs = windows(load_data(tmp_path), 16)
+    w_full = model.lm_head.weight.detach().float()
+    greedy = set()
+    for q in seqs:
+        greedy |= set((q.feats.float() @ w_full.T).argmax(-1).tolist())
+    vocab = int(w_full.shape[0])
+    outside = torch.tensor([t for t in range(vocab) if t not in greedy][:16])
+    embed = model.get_input_embeddings()
+    got = {}
+    for name, d2t in [("outside", outside), ("all", torch.arange(vocab))]:
+        st = TrainSettings(kind="eagle", draft_vocab=len(d2t), levels=2, batch_size=4, window=16)
+        w = w_full[d2t]
+        got[name] = [evaluate(_Oracle(), seqs, w, embed, st, exact=e) for e in ((w_full, d2t), None)]
+    exact, draft = got["outside"]
+    assert exact["positions"] > 0 and exact["agreement"] == "full vocabulary"
+    assert exact["top1_depth1"] == exact["top1_depth2"] == 0.0 and exact["chain2_tau"] == 1.0
+    assert draft["top1_depth1"] == draft["top1_depth2"] == 1.0 and draft["agreement"] == "draft vocabulary"
+    for r in got["all"]:  # (a chain rooted near a sequence's end is cut short there)
+        assert (
+            r["top1_depth1"] == r["top1_depth2"] == 1.0
+            and r["chain2_tau"] == got["all"][0]["chain2_tau"] > 2.5
+        )
