@@ -209,7 +209,8 @@ def loss_eagle(head, batch, w_draft, embed, st: TrainSettings, gen=None, stats: 
 
 def _full_argmax(feats: torch.Tensor, w_full: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
     """The target's greedy token for each feature row (its LM head over the whole vocabulary), in chunks."""
-    return torch.cat([(feats[i : i + chunk] @ w_full.T).argmax(-1) for i in range(0, feats.shape[0], chunk)])
+    parts = [(feats[i : i + chunk] @ w_full.T).argmax(-1) for i in range(0, feats.shape[0], chunk)]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)  # (a batch may select nothing)
 
 
 def loss_exit(head, batch, w_draft, st: TrainSettings, gen=None, stats: dict | None = None):

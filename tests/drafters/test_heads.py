@@ -182,3 +182,12 @@ def test_full_vocabulary_agreement_counts_a_token_outside_the_draft_vocabulary_a
             r["top1_depth1"] == r["top1_depth2"] == 1.0
             and r["chain2_tau"] == got["all"][0]["chain2_tau"] > 2.5
         )
+
+
+def test_full_argmax_of_no_rows_and_of_rows_in_chunks():
+    from drafters.train import _full_argmax
+
+    w = torch.randn(50, 8)
+    assert _full_argmax(torch.zeros(0, 8), w).shape == (0,)
+    x = torch.randn(7, 8)
+    assert torch.equal(_full_argmax(x, w, chunk=3), (x @ w.T).argmax(-1))
