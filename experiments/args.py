@@ -138,8 +138,9 @@ def drafter_options(items: list[str] | None) -> dict[str, dict[str, object]]:
 
 
 def same_drafter_options(out: Path, options: dict[str, dict[str, object]], started: bool) -> None:
-    """A run folder remembers its drafter options (``drafter_options.json``): a resumed run (``started``: results
-    on disk) with other options would mix two configurations in one table, and is refused naming both."""
+    """A run folder remembers its drafter options (``drafter_options.json``, written only when there are some): a
+    resumed run (``started``: results on disk) with other options would mix two configurations in one table, and
+    is refused naming both."""
     import json
 
     from env.files import atomic_write_text
@@ -157,8 +158,12 @@ def same_drafter_options(out: Path, options: dict[str, dict[str, object]], start
             f"{out} holds results run with --drafter-option {json.dumps(before)}; this command gives "
             f"{json.dumps(options)}: use another --out (or the same options to resume)"
         )
-    if before != options or not path.is_file():
+    if before == options:
+        return
+    if options:
         atomic_write_text(path, json.dumps(options, sort_keys=True))
+    else:  # no file means no options: a run without them leaves nothing behind
+        path.unlink()
 
 
 def sampling_args(p: argparse.ArgumentParser) -> None:

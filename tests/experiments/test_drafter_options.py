@@ -53,7 +53,11 @@ def test_a_run_folder_keeps_its_options(tmp_path):
     with pytest.raises(UserError, match="use another --out"):
         same_drafter_options(tmp_path, {}, started=True)
     same_drafter_options(tmp_path, {}, started=False)  # nothing run yet: the folder takes the new options
-    assert json.loads((tmp_path / "drafter_options.json").read_text()) == {}
+    assert not (tmp_path / "drafter_options.json").exists()  # (none: no file)
+    same_drafter_options(tmp_path, {}, started=True)
+    assert not (tmp_path / "drafter_options.json").exists()
+    same_drafter_options(tmp_path, CAPPED, started=False)
+    assert json.loads((tmp_path / "drafter_options.json").read_text()) == CAPPED
     (tmp_path / "drafter_options.json").write_text("{not json")
     with pytest.raises(UserError, match="not readable JSON"):
         same_drafter_options(tmp_path, {}, started=True)
