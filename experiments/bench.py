@@ -213,7 +213,7 @@ def run_bench(
     for m in methods:  # device loops sized by this workload (their static cache, their graphs' spans)
         if is_device_method(m) and m not in decoders:
             decoders[m] = device_loop(loaded, m, longest + max_new_tokens)
-        elif drafter_options and m not in decoders and m not in EXTERNAL_METHODS:  # arms, with their options
+        elif m not in decoders and m not in EXTERNAL_METHODS:  # arms, with their drafters' options
             arm, fmt = split_weights(m)
             decoders[m] = SpeculativeDecoder(
                 with_weights(loaded, fmt), [parse_arm(arm)], drafter_options=drafter_options
