@@ -48,6 +48,7 @@ class TrainSettings:
     feat_noise: float = 0.2  # eagle: uniform noise on input features (EAGLE's augmentation; features' RMS ~2)
     reg_weight: float = 0.2  # eagle: weight of the smooth-L1 feature loss (the cross-entropy weighs 1)
     prompt_frac: float = 1.0  # share of prompt positions in the loss (every answer position is in it)
+    answer_repeat: int = 1  # windows holding answer positions appear this many times an epoch
     window: int = 192  # train on the last `window` positions of each sequence
     cpu_minutes: float = 10.0  # stop when this process's CPU time (summed over resumes) reaches it
     steps: int = 0  # > 0: the budget in optimizer steps instead (the lr schedule follows them: reproducible)
@@ -107,6 +108,15 @@ def windows(seqs: list[Sequence], size: int, min_len: int = 16) -> list[Sequence
                 )
             )
     return out
+
+
+def repeat_answers(seqs: list[Sequence], times: int) -> list[Sequence]:
+    """``seqs`` with every sequence that holds answer positions (what the target emits, and what drafting is
+    scored on) ``times`` times in all; the teacher-forced text once. Weighs the answers up without new data."""
+    if times < 1:
+        raise DrafterError(f"answer_repeat must be at least 1, got {times}")
+    answered = [s for s in seqs if s.answer_start < s.tokens.shape[0]]
+    return seqs + answered * (times - 1)
 
 
 def _batches(seqs: list[Sequence], size: int, gen: torch.Generator):
@@ -336,9 +346,10 @@ def train_head(
     train, held = split(seqs)
     if st.kind == "eagle3":  # every position trains: long sequences are cut into windows
         train, held = windows(train, st.window), windows(held, st.window)
+    distinct, train = train, repeat_answers(train, st.answer_repeat)
     eos = model.generation_config.eos_token_id
     size = min(st.draft_vocab, int(model.config.vocab_size))
-    d2t = draft_vocab(train, size, always=tuple(eos if isinstance(eos, list) else [eos]))
+    d2t = draft_vocab(distinct, size, always=tuple(eos if isinstance(eos, list) else [eos]))
     hidden = model.config.hidden_size
     fuse: tuple[int, ...] = ()
     if st.kind == "eagle3":
@@ -367,11 +378,12 @@ def train_head(
                 f"training checkpoint {state_path} has other head shapes or data ({state.get('config')}); "
                 "delete it or use another --work folder"
             )
-        if "settings" in state and state["settings"] != _trajectory(st):  # (a checkpoint from before: none)
-            changed = sorted(k for k, v in _trajectory(st).items() if state["settings"].get(k) != v)
+        saved = {**_trajectory(TrainSettings(kind=st.kind)), **state.get("settings", {})}  # (older: defaults)
+        if "settings" in state and saved != _trajectory(st):  # (a checkpoint from before: none)
+            changed = sorted(k for k, v in _trajectory(st).items() if saved.get(k) != v)
             raise DrafterError(
                 f"training checkpoint {state_path} was trained with other settings ({', '.join(changed)}: "
-                f"{', '.join(str(state['settings'].get(k)) for k in changed)}); give the same ones to resume, or "
+                f"{', '.join(str(saved.get(k)) for k in changed)}); give the same ones to resume, or "
                 "delete it or use another --work folder to start over"
             )
         head.load_state_dict(state["head"])
@@ -455,9 +467,10 @@ def train_head(
             epoch += 1
     bar.close()
     save_state()
+    train_cpu_s = cpu_used()  # (the held-out evaluation below is not training)
     metric = evaluate(head, held, w_draft, embed, st, exact=(model.lm_head.weight.detach(), d2t))
-    n_tokens = sum(int(s.tokens.shape[0]) for s in train)
-    n_answer = sum(int(s.tokens.shape[0]) - s.answer_start for s in train)
+    n_tokens = sum(int(s.tokens.shape[0]) for s in distinct)  # distinct positions (answer_repeat not counted)
+    n_answer = sum(int(s.tokens.shape[0]) - s.answer_start for s in distinct)
     meta = {
         "target": fingerprint,
         "trained_dtype": "float32",
@@ -470,7 +483,7 @@ def train_head(
             "train_positions": n_tokens,
             "train_answer_tokens": n_answer,
             "steps": step,
-            "train_cpu_minutes": round(cpu_used() / 60, 2),
+            "train_cpu_minutes": round(train_cpu_s / 60, 2),
             "data_cpu_minutes": round(float(data_info.get("cpu_s", 0.0)) / 60, 2),
         },
         "metric": metric,

@@ -281,13 +281,39 @@ TEMPLATES = (
 )
 
 
-def general_prompts(limit: int = 500) -> list[tuple[str, str]]:
-    """(id, text) general instructions written for this project: ``TEMPLATES`` x ``TOPICS``, in a fixed order that
-    spreads the first ``limit`` over both (none is an MT-bench question)."""
+MORE_TEMPLATES = (
+    "Write a dialogue between two friends who disagree about {t}.",
+    "List three common misconceptions about {t} and correct each one.",
+    "How has {t} changed over the last fifty years?",
+    "Write a step-by-step guide for a beginner interested in {t}.",
+    "Write a short news article about {t}, with a headline.",
+    "You are a museum curator. Describe an exhibition about {t} to visitors.",
+    "Write a diary entry of someone whose day was shaped by {t}.",
+    "Give a detailed outline for an essay about {t}.",
+    "Plan a 30-minute lesson about {t} for high-school students.",
+    "Write four quiz questions about {t}, each with its answer.",
+    "What would a journalist ask an expert about {t}? Give five questions and short answers.",
+    "Describe {t} in the style of a nature documentary narrator.",
+    "Write a product description for a new book about {t}.",
+    "Explain the main ideas behind {t} in three paragraphs.",
+    "Write a letter to a newspaper editor about {t}.",
+    "What are some fun facts about {t}? Give at least five.",
+    "Write a motivational speech that mentions {t}.",
+    "Write a short scene for a play set around {t}.",
+)
+
+
+def general_prompts(limit: int = 1400) -> list[tuple[str, str]]:
+    """(id, text) general instructions written for this project: ``TEMPLATES`` x ``TOPICS`` in a fixed order that
+    spreads the first ``limit`` over both (none is an MT-bench question), then ``MORE_TEMPLATES`` x ``TOPICS`` in
+    the same kind of order (added later: the first 500 ids and texts stay what they were, so a corpus answered
+    before keeps its answers and a rerun only answers the new ones)."""
     out = []
-    for i in range(len(TEMPLATES) * len(TOPICS)):
-        t, k = i % len(TOPICS), (i + i // len(TOPICS)) % len(TEMPLATES)
-        out.append((f"general-{k:02d}-{t:02d}", TEMPLATES[k].format(t=TOPICS[t])))
+    for first, templates in ((0, TEMPLATES), (len(TEMPLATES), MORE_TEMPLATES)):
+        for i in range(len(templates) * len(TOPICS)):
+            t = i % len(TOPICS)
+            k = (t + i // len(TOPICS)) % len(templates)  # (for TEMPLATES: the order it always had)
+            out.append((f"general-{first + k:02d}-{t:02d}", templates[k].format(t=TOPICS[t])))
     return out[:limit]
 
 

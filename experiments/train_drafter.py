@@ -76,8 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--general-prompts",
         type=nonnegative_int,
-        default=500,
-        help="eagle3: general instructions (templates)",
+        default=1400,
+        help="eagle3: general instructions (28 templates x 50 topics; the first 500 from the first 10 templates)",
     )
     p.add_argument(
         "--text-tokens",
@@ -104,6 +104,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--prompt-frac", type=float_in(0.0, 1.0), default=1.0, help="share of prompt positions in the loss"
+    )
+    p.add_argument(
+        "--answer-repeat",
+        type=positive_int,
+        default=1,
+        help="each training window holding answer tokens appears this many times an epoch (weighs the target's "
+        "own answers up against the teacher-forced text)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -239,6 +246,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         batch_size=args.train_batch,
         compute={"fp32": "float32", "bf16": "bfloat16"}[args.train_dtype],
         prompt_frac=args.prompt_frac,
+        answer_repeat=args.answer_repeat,
         cpu_minutes=args.cpu_minutes,
         steps=args.steps,
         save_every_s=args.save_every_s,
@@ -324,6 +332,7 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         feat_noise=0.0,
         reg_weight=0.0,
         prompt_frac=args.prompt_frac,
+        answer_repeat=args.answer_repeat,
         cpu_minutes=args.cpu_minutes,
         steps=args.steps,
         save_every_s=args.save_every_s,

@@ -153,6 +153,15 @@ def test_distilled_features_are_what_a_prefill_computes(tmp_path):
     pieces = windows(list(seqs.values()), 8, min_len=1)
     assert sum(int(p.tokens.shape[0]) for p in pieces) == sum(int(s.tokens.shape[0]) for s in seqs.values())
     assert all(p.tokens.shape[0] <= 8 for p in pieces)
+    # --answer-repeat: the windows with answer tokens come 3 times, the others once; 0 is refused
+    from drafters.train import repeat_answers
+
+    more = repeat_answers(pieces, 3)
+    answered = [p for p in pieces if p.answer_start < p.tokens.shape[0]]
+    assert 0 < len(answered) < len(pieces) and len(more) == len(pieces) + 2 * len(answered)
+    assert all(sum(q is p for q in more) == (3 if any(p is a for a in answered) else 1) for p in pieces)
+    with pytest.raises(DrafterError, match="answer_repeat"):
+        repeat_answers(pieces, 0)
 
 
 def test_training_a_tiny_eagle3_head(tmp_path):

@@ -123,6 +123,14 @@ def test_data_generation_training_and_resume_checks(tmp_path):
         train_head(
             loaded.model, loaded.model_id, dirs, tmp_path / "h2", replace(st, compute="bfloat16"), **kw
         )
+    with pytest.raises(DrafterError, match=r"other settings \(answer_repeat: 1\)"):
+        train_head(loaded.model, loaded.model_id, dirs, tmp_path / "h2", replace(st, answer_repeat=3), **kw)
+    # a checkpoint written before a setting existed resumes as that setting's default
+    state = torch.load(work / "train-state-eagle.pt", weights_only=True)
+    del state["settings"]["answer_repeat"]
+    torch.save(state, work / "train-state-eagle.pt")
+    meta = train_head(loaded.model, loaded.model_id, dirs, tmp_path / "h3", replace(st, max_steps=3), **kw)
+    assert meta["training"]["steps"] == 3
     (work / "train-state-eagle.pt").write_bytes(b"garbage")
     with pytest.raises(DrafterError, match="corrupted"):
         train_head(loaded.model, loaded.model_id, dirs, tmp_path / "h2", st, **kw)

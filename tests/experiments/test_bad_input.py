@@ -282,6 +282,7 @@ TRAIN_DRAFTER = [
     ("cpu-minutes-negative", ["train-drafter", "eagle", "--cpu-minutes", "-1"], "--cpu-minutes: must be in"),
     ("lr-zero", ["train-drafter", "eagle", "--lr", "0"], "--lr: must be in"),
     ("prompt-frac", ["train-drafter", "eagle", "--prompt-frac", "2"], "--prompt-frac: must be in"),
+    ("answer-repeat", ["train-drafter", "eagle3", "--answer-repeat", "0"], "--answer-repeat: must be"),
     ("per-category-zero", ["train-drafter", "eagle", "--per-category", "0"], "must be >= 1"),
     ("exit-layer-zero", ["train-drafter", "early_exit", "--exit-layer", "0"], "must be >= 1"),
     ("capture-layers", ["train-drafter", "eagle", "--capture-layers", "a,b"], "--capture-layers must be"),

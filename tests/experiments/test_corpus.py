@@ -41,6 +41,11 @@ def test_general_prompts_spread_over_templates_and_topics():
     g = general_prompts(20)
     assert len({pid for pid, _ in g}) == 20
     assert len({pid.split("-")[1] for pid, _ in g}) == 10  # every template among the first 20
+    every = general_prompts(10_000)
+    assert len(every) == 1400 == len({pid for pid, _ in every}) == len({text for _, text in every})
+    # the first 500 are the ones a corpus answered before the later templates came (a rerun keeps their answers)
+    assert every[499] == ("general-08-49", "Pretend you are a tour guide and talk about a snowstorm.")
+    assert every[500][0] == "general-10-00" and every[:500] == general_prompts(500)
 
 
 def test_text_windows_are_fixed_size_and_bounded():
