@@ -18,9 +18,11 @@ def tiny(tmp_path_factory):
     return loaded, path
 
 
-def test_unrolled_training_matches_tree_drafting(tiny):
+@pytest.mark.parametrize("block", [64, 5, 1])
+def test_unrolled_training_matches_tree_drafting(tiny, block):
     """Level s at pair j of ``EagleHead.unrolled`` == the depth-(s-1) node of a chain rooted at pair j-s+1 whose
-    tokens are the true ones, drafted through the drafter's own cache and tree mask."""
+    tokens are the true ones, drafted through the drafter's own cache and tree mask -- with the attention in one
+    query block, in blocks that do not divide the sequence, and per pair."""
     from env.batch import BatchTarget
 
     loaded, path = tiny
@@ -33,7 +35,7 @@ def test_unrolled_training_matches_tree_drafting(tiny):
     feats = torch.randn(t_len, loaded.model.config.hidden_size, generator=gen)
     emb_next = d.embed(tokens[1:]).float()
     with torch.no_grad():
-        outs = d.head.unrolled(feats[None], emb_next[None], levels=3)
+        outs = d.head.unrolled(feats[None], emb_next[None], levels=3, block=block)
     r = 7  # root token x_r; the root pair is r - 1
     d.kv = __import__("drafters.eagle", fromlist=["KVBuffer"]).KVBuffer(
         d.cfg.kv_heads, d.cfg.head_dim, torch.float32, torch.device("cpu")
@@ -58,6 +60,31 @@ def test_unrolled_training_matches_tree_drafting(tiny):
         gr.request = ([2], g)
         f2 = _head_pass([gr])[0][0]
         torch.testing.assert_close(f2, outs[2][0, r + 1], atol=1e-5, rtol=1e-4)
+
+
+def test_unrolled_blocks_give_the_same_gradients(tiny):
+    """The query blocks of training-time test change the cost, not the loss: outputs and every parameter's
+    gradient agree between one block and blocks of 3 over a batch of 2 sequences at 4 levels."""
+    loaded, path = tiny
+    d = EagleDrafter(weights=str(path))
+    from env.batch import BatchTarget
+
+    d._load(BatchTarget(loaded, max_rows=1))
+    d.head.requires_grad_(True)
+    gen = torch.Generator().manual_seed(2)
+    h = loaded.model.config.hidden_size
+    feats, emb = torch.randn(2, 11, h, generator=gen), torch.randn(2, 11, h, generator=gen)
+    got = []
+    for block in (64, 3):
+        d.head.zero_grad(set_to_none=True)
+        outs = d.head.unrolled(feats, emb, levels=4, block=block)
+        sum(((o[:, s:] * torch.linspace(-1, 1, h)) ** 2).sum() for s, o in enumerate(outs)).backward()
+        got.append(([o.detach() for o in outs], {n: p.grad.clone() for n, p in d.head.named_parameters()}))
+    for a, b in zip(got[0][0], got[1][0]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert got[0][1].keys() == got[1][1].keys() and got[0][1]
+    for name, g in got[0][1].items():
+        torch.testing.assert_close(g, got[1][1][name], atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_greedy_exact_on_tiny_target(tiny):
