@@ -93,16 +93,16 @@ class EagleHead(nn.Module):
             anc_k = [_shift(keys[i - 1], s - i) for i in range(2, s + 1)]  # pair j: the level-i key at j-s+i
             anc_v = [_shift(vals[i - 1], s - i) for i in range(2, s + 1)]
             parts = []
-            for a in range(0, t, block):
-                e = min(a + block, t)
-                n1 = max(0, e - s + 1)  # level-1 keys visible to some pair of the block: those <= e-1-(s-1)
-                rows = torch.arange(a, e, device=feats.device)
+            for lo in range(0, t, block):
+                hi = min(lo + block, t)
+                n1 = max(0, hi - s + 1)  # level-1 keys some pair of the block sees: those <= hi-1-(s-1)
+                rows = torch.arange(lo, hi, device=feats.device)
                 causal = torch.arange(n1, device=feats.device)[None, :] <= rows[:, None] - (s - 1)
-                eye = torch.eye(e - a, dtype=torch.bool, device=feats.device)
+                eye = torch.eye(hi - lo, dtype=torch.bool, device=feats.device)
                 mask = torch.cat([causal] + [eye] * (s - 1), dim=1)
-                ks = torch.cat([keys[0][:, :, :n1]] + [x_[:, :, a:e] for x_ in anc_k], dim=2)
-                vs = torch.cat([vals[0][:, :, :n1]] + [x_[:, :, a:e] for x_ in anc_v], dim=2)
-                parts.append(attend(q[:, :, a:e], ks, vs, mask[None, None]))
+                ks = torch.cat([keys[0][:, :, :n1]] + [x_[:, :, lo:hi] for x_ in anc_k], dim=2)
+                vs = torch.cat([vals[0][:, :, :n1]] + [x_[:, :, lo:hi] for x_ in anc_v], dim=2)
+                parts.append(attend(q[:, :, lo:hi], ks, vs, mask[None, None]))
             a = torch.cat(parts, dim=2)
             outs.append(self.norm(self.layer.finish(x, a)))
         return outs
