@@ -77,8 +77,10 @@ class EagleHead(nn.Module):
         a depth-s tree node sees at inference. Outputs at j < s-1 have no valid input (mask them in the loss).
 
         Attention runs over query blocks of ``block`` pairs (any size gives the same result): a block reads the
-        level-1 keys up to its last pair and only its own pairs' ancestor keys, instead of every pair's at every
+        level-1 keys its last pair sees and only its own pairs' ancestor keys, instead of every pair's at every
         level -- at T = 512 and 4 levels about a third of the score products of one masked pass per level."""
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
         b, t, _ = feats.shape
         pos = torch.arange(t, device=feats.device)
         outs, keys, vals = [], [], []

@@ -62,9 +62,35 @@ def test_unrolled_training_matches_tree_drafting(tiny, block):
         torch.testing.assert_close(f2, outs[2][0, r + 1], atol=1e-5, rtol=1e-4)
 
 
+def _unrolled_dense(head, feats, emb_next, levels):
+    """The one-pass formulation (before query blocks): level s over the level-1 keys and, per earlier level, a
+    whole shifted key sequence under an identity mask."""
+    from drafters.eagle import _shift
+    from drafters.heads import attend
+
+    t = feats.shape[1]
+    pos = idx = torch.arange(t)
+    outs, keys, vals, prev = [], [], [], feats
+    for s in range(1, levels + 1):
+        if s > 1:
+            prev = torch.cat([torch.zeros_like(outs[-1][:, :1]), outs[-1][:, :-1]], dim=1)
+        x = head.pair(emb_next, prev)
+        q, k, v = head.layer.project(x, pos)
+        keys.append(k)
+        vals.append(v)
+        ks = [keys[0]] + [_shift(keys[i - 1], s - i) for i in range(2, s + 1)]
+        vs = [vals[0]] + [_shift(vals[i - 1], s - i) for i in range(2, s + 1)]
+        eye = idx[None, :] == idx[:, None]
+        mask = torch.cat([idx[None, :] <= idx[:, None] - (s - 1)] + [eye] * (s - 1), dim=1)
+        a = attend(q, torch.cat(ks, dim=2), torch.cat(vs, dim=2), mask[None, None])
+        outs.append(head.norm(head.layer.finish(x, a)))
+    return outs
+
+
 def test_unrolled_blocks_give_the_same_gradients(tiny):
-    """The query blocks of training-time test change the cost, not the loss: outputs and every parameter's
-    gradient agree between one block and blocks of 3 over a batch of 2 sequences at 4 levels."""
+    """The query blocks of training-time test change the cost, not the loss: outputs (every pair, every level)
+    and every parameter's gradient agree with the one-pass formulation, for one block, blocks of 3 (not dividing
+    the 11 pairs) and blocks of 1, over a batch of 2 sequences at 4 levels."""
     loaded, path = tiny
     d = EagleDrafter(weights=str(path))
     from env.batch import BatchTarget
@@ -74,17 +100,26 @@ def test_unrolled_blocks_give_the_same_gradients(tiny):
     gen = torch.Generator().manual_seed(2)
     h = loaded.model.config.hidden_size
     feats, emb = torch.randn(2, 11, h, generator=gen), torch.randn(2, 11, h, generator=gen)
+    weight = torch.linspace(-1, 1, h)
     got = []
-    for block in (64, 3):
+    for block in (None, 64, 3, 1):
         d.head.zero_grad(set_to_none=True)
-        outs = d.head.unrolled(feats, emb, levels=4, block=block)
-        sum(((o[:, s:] * torch.linspace(-1, 1, h)) ** 2).sum() for s, o in enumerate(outs)).backward()
+        if block is None:
+            outs = _unrolled_dense(d.head, feats, emb, 4)
+        else:
+            outs = d.head.unrolled(feats, emb, levels=4, block=block)
+        sum(((o[:, s:] * weight) ** 2).sum() for s, o in enumerate(outs)).backward()
         got.append(([o.detach() for o in outs], {n: p.grad.clone() for n, p in d.head.named_parameters()}))
-    for a, b in zip(got[0][0], got[1][0]):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
-    assert got[0][1].keys() == got[1][1].keys() and got[0][1]
-    for name, g in got[0][1].items():
-        torch.testing.assert_close(g, got[1][1][name], atol=1e-5, rtol=1e-4, msg=name)
+    ref_outs, ref_grads = got[0]
+    assert ref_grads
+    for outs, grads in got[1:]:
+        for s, (a, b) in enumerate(zip(ref_outs, outs)):
+            torch.testing.assert_close(b[:, s:], a[:, s:], atol=1e-5, rtol=1e-4)  # (pairs j < s-1: no input)
+        assert grads.keys() == ref_grads.keys()
+        for name, g in ref_grads.items():
+            torch.testing.assert_close(grads[name], g, atol=1e-5, rtol=1e-4, msg=name)
+    with pytest.raises(ValueError, match="block"):
+        d.head.unrolled(feats, emb, levels=2, block=0)
 
 
 def test_greedy_exact_on_tiny_target(tiny):
