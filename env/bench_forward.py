@@ -11,6 +11,10 @@ ms, all timed in turn within every repetition. ``--compiled`` adds each format t
 
 ``--wide-native`` adds each format with wide products (128 rows or more) in the activation dtype, as if
 ``DRAFTGYM_WIDE_MATMUL=native`` (``kernels.quant.wide_in_fp32``), timed in turn with the probed setting.
+``--fp32-plain`` adds each format with fp32 products through ``F.linear`` (MKL), as if
+``DRAFTGYM_FP32_MATMUL=plain``, timed in turn with oneDNN's reordered weights (``kernels.quant.packed_fp32``).
+
+    python -m env.bench_forward --dtype fp32 --weights dense --q 1,2,4,8,16 --rows 1 --fp32-plain
 """
 
 from __future__ import annotations
@@ -99,6 +103,21 @@ def _natively(step, dtype: torch.dtype):
     return run
 
 
+def _plainly(step):
+    """``step`` with fp32 products through ``F.linear`` (the reordering decision put back after each call)."""
+    from kernels import quant
+
+    def run():
+        saved = quant.packed_fp32()
+        quant.decide_packed(False)
+        try:
+            step()
+        finally:
+            quant.decide_packed(saved)
+
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     from env.model import ModelError, cpu_label, load_model
 
@@ -119,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also each format with wide products in the activation dtype",
     )
+    ap.add_argument(
+        "--fp32-plain",
+        action="store_true",
+        help="also each format with fp32 products through F.linear instead of oneDNN's reordered weights",
+    )
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--model", default=None)
     ap.add_argument("--json", default=None, help="write the table as JSON to this file")
@@ -135,12 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.manual_seed(0)
     names = ["hf", *variants, *(f"{n}-native" for n in variants if args.wide_native)]
+    names += [f"{n}-plain" for n in variants if args.fp32_plain]
 
     def engines(make, *shape):
         fns = [make(v, *shape) for v in variants.values()]
-        return fns + (
-            [_natively(make(v, *shape), base.dtype) for v in variants.values()] if args.wide_native else []
-        )
+        fns += [_natively(make(v, *shape), base.dtype) for v in variants.values()] if args.wide_native else []
+        return fns + ([_plainly(make(v, *shape)) for v in variants.values()] if args.fp32_plain else [])
 
     table = []
     for q in qs:

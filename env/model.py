@@ -293,25 +293,20 @@ def with_weights(loaded: LoadedModel, variant: str | None) -> LoadedModel:
     return loaded.derived[key]
 
 
-WIDE_FILE = "wide_products.json"  # in cache_dir(): the wide-product probe's decision per machine
+WIDE_FILE = "wide_products.json"  # in cache_dir(): the matmul probes' decisions per machine
 
 
-def settle_wide(dtype: torch.dtype) -> bool:
-    """Whether wide products of ``dtype`` run in fp32 here (``kernels.quant.wide_in_fp32``), decided once per
-    machine: read from ``cache_dir()/wide_products.json`` (keyed by CPU, its bf16 flags, torch version, threads
-    and dtype), else probed and kept there, so every process on a machine computes alike. Under
-    ``DRAFTGYM_WIDE_MATMUL=native|fp32`` the setting decides and nothing is read or kept. A damaged or foreign
-    file is ignored (probed again and rewritten); one that cannot be written is no error."""
-    from kernels import quant
-
-    if quant.wide_mode() != "auto":
-        return quant.wide_in_fp32(dtype)
-    if quant.wide_decided(dtype) is not None:
-        return bool(quant.wide_decided(dtype))
+def _settle(what: str, decided: bool | None, probe, decide) -> bool:
+    """A matmul probe's decision, made once per machine: read from ``cache_dir()/wide_products.json`` (keyed by
+    CPU, its bf16 flags, torch version, threads and ``what``), else ``probe()``d and kept there, so every process on
+    a machine computes alike. A damaged or foreign file is ignored (probed again and rewritten); one that cannot be
+    written is no error."""
+    if decided is not None:
+        return bool(decided)
     from env.files import atomic_write_text
 
     cap, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
-    key = f"{cpu_label()}|{cap}|{threads} threads|torch {torch.__version__}|{dtype}"
+    key = f"{cpu_label()}|{cap}|{threads} threads|torch {torch.__version__}|{what}"
     path = cache_dir() / WIDE_FILE
     try:
         kept = json.loads(path.read_text(encoding="utf-8"))
@@ -319,13 +314,39 @@ def settle_wide(dtype: torch.dtype) -> bool:
         kept = {}
     kept = {k: v for k, v in kept.items() if isinstance(v, bool)} if isinstance(kept, dict) else {}
     if key in kept:
-        quant.decide_wide(dtype, kept[key])
+        decide(kept[key])
         return kept[key]
-    value = quant.probe_wide(dtype)
-    quant.decide_wide(dtype, value)
+    value = bool(probe())
+    decide(value)
     with contextlib.suppress(OSError):  # a folder that cannot be written: probed again next time
         atomic_write_text(path, json.dumps({**kept, key: value}, indent=1))
     return value
+
+
+def settle_wide(dtype: torch.dtype) -> bool:
+    """Whether wide products of ``dtype`` run in fp32 here (``kernels.quant.wide_in_fp32``), decided once per
+    machine (``_settle``). Under ``DRAFTGYM_WIDE_MATMUL=native|fp32`` the setting decides and nothing is read or
+    kept."""
+    from kernels import quant
+
+    if quant.wide_mode() != "auto":
+        return quant.wide_in_fp32(dtype)
+    return _settle(
+        str(dtype),
+        quant.wide_decided(dtype),
+        lambda: quant.probe_wide(dtype),
+        lambda v: quant.decide_wide(dtype, v),
+    )
+
+
+def settle_packed() -> bool:
+    """Whether dense fp32 layers multiply through oneDNN with reordered weights here (``kernels.quant.packed_fp32``),
+    decided once per machine (``_settle``). Under ``DRAFTGYM_FP32_MATMUL=packed|plain`` the setting decides."""
+    from kernels import quant
+
+    if quant.packed_mode() != "auto":
+        return quant.packed_fp32()
+    return _settle("fp32 reordered products", quant.packed_decided(), quant.probe_packed, quant.decide_packed)
 
 
 def load_model(
@@ -349,10 +370,13 @@ def load_model(
 
     try:
         quant.wide_mode()  # how wide products run (kernels.quant): a bad setting is refused before any work
+        quant.packed_mode()
     except quant.QuantError as err:
         raise ModelError(str(err)) from err
     if dev.type == "cpu" and torch_dtype != torch.float32:
         settle_wide(torch_dtype)
+    if dev.type == "cpu" and torch_dtype == torch.float32 and fmt == "dense":
+        settle_packed()
     if model is not None and model.startswith(RANDOM_PREFIX):
         return random_model(model[len(RANDOM_PREFIX) :], torch_dtype, dev, fmt, forward)
     if model in (None, "", DEFAULT_MODEL):

@@ -1,0 +1,160 @@
+"""fp32 products through oneDNN with the weight reordered once (``kernels.quant.packed_fp32``): the same products as
+``F.linear`` up to the order of the sums, the reordered weight built once per layer within its budget, the setting
+read from ``DRAFTGYM_FP32_MATMUL`` and kept per machine, a bad setting reported in one line, and the embedded
+model's greedy decoding the same either way."""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from experiments.cli import main
+from experiments.errors import is_user_error
+from kernels import quant
+from kernels.quant import PACKED_ENV, QLinear, QuantError, packed_available, packed_fp32
+
+needs_onednn = pytest.mark.skipif(not packed_available(), reason="this torch has no oneDNN reordered linear")
+
+
+@pytest.fixture
+def setting(monkeypatch):
+    """Set ``DRAFTGYM_FP32_MATMUL`` for one test (the per-process decision is forgotten before and after)."""
+    monkeypatch.setattr(quant, "_packed", [])
+
+    def put(value: str) -> None:
+        monkeypatch.setenv(PACKED_ENV, value)
+        quant._packed.clear()
+
+    return put
+
+
+def _layer(bias: bool = True) -> QLinear:
+    gen = torch.Generator().manual_seed(5)
+    w, b = torch.randn(96, 128, generator=gen), torch.randn(96, generator=gen)
+    return QLinear.dense(w, b if bias else None, torch.float32)
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(1, 128), (7, 128), (3, 5, 128), (300, 128)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_reordered_product_equals_f_linear_up_to_the_order_of_sums(shape, bias, setting):
+    lin = _layer(bias)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(6))
+    setting("plain")
+    plain = lin(x)
+    assert lin._pk is None
+    setting("packed")
+    packed = lin(x)
+    assert lin._pk is not None  # built on the first product
+    assert packed.shape == plain.shape == (*shape[:-1], 96) and packed.dtype == torch.float32
+    assert torch.allclose(packed, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-4)
+    assert torch.allclose(packed, plain, rtol=1e-5, atol=1e-4)
+    assert not torch.equal(lin.weight, torch.zeros_like(lin.weight))  # the plain weight stays (nbytes, tests)
+    # a non-contiguous input (a slice of the nodes) reads the same
+    if len(shape) == 3:
+        assert torch.allclose(lin(x[:, 1:3]), F.linear(x[:, 1:3], lin.weight, lin.bias), rtol=1e-5, atol=1e-4)
+
+
+@needs_onednn
+def test_the_reordered_weight_is_built_once_within_the_budget(setting, monkeypatch):
+    setting("packed")
+    monkeypatch.setattr(quant, "_packed_kept", [0])
+    lin = _layer()
+    x = torch.randn(2, 128)
+    lin(x)
+    first = lin._pk
+    lin(x)
+    assert lin._pk is first and quant._packed_kept == [lin.weight.nbytes]
+    monkeypatch.setattr(quant, "PACKED_BUDGET", lin.weight.nbytes + 10)
+    other = _layer()
+    assert torch.allclose(other(x), F.linear(x, other.weight, other.bias), rtol=1e-5, atol=1e-4)
+    assert other._pk is None  # beyond the budget: F.linear
+    del lin
+    gc.collect()
+    assert quant._packed_kept == [0]
+    # bf16 layers and activations never take it
+    b16 = QLinear.dense(torch.randn(16, 32), None, torch.bfloat16)
+    b16(torch.randn(2, 32, dtype=torch.bfloat16))
+    assert b16._pk is None
+
+
+def test_the_setting_decides_and_plain_never_reorders(setting):
+    setting("plain")
+    assert packed_fp32() is False and quant.packed_setting() is False
+    lin = _layer()
+    lin(torch.randn(3, 128))
+    assert lin._pk is None
+    setting("packed")
+    assert packed_fp32() is packed_available()
+
+
+def test_the_probe_decides_once_per_process(setting):
+    setting("auto")
+    first = packed_fp32()
+    assert isinstance(first, bool) and quant.packed_setting() is first
+    assert packed_fp32() is first
+    if not packed_available():
+        assert first is False
+
+
+def test_the_decision_is_kept_per_machine_and_a_bad_store_is_ignored(setting, tmp_path, monkeypatch):
+    """The model loader's ``settle_packed``: probed once per machine and kept beside the wide-product decision;
+    a kept decision is followed; a damaged file is probed again and rewritten; a setting decides alone."""
+    from env.model import WIDE_FILE, settle_packed
+
+    monkeypatch.setenv("DRAFTGYM_CACHE", str(tmp_path))
+    store = tmp_path / WIDE_FILE
+    setting("auto")
+    first = settle_packed()
+    kept = json.loads(store.read_text())
+    assert list(kept.values()) == [first] and next(iter(kept)).endswith("fp32 reordered products")
+    store.write_text(json.dumps({k: not first for k in kept}))  # another process decided otherwise: followed
+    quant._packed.clear()
+    assert settle_packed() is (not first) and packed_fp32() is (not first)
+    store.write_text("{{{ not json")
+    quant._packed.clear()
+    assert isinstance(settle_packed(), bool)
+    assert all(isinstance(v, bool) for v in json.loads(store.read_text()).values())
+    setting("plain")
+    store.write_text(json.dumps({k: True for k in kept}))
+    assert settle_packed() is False
+
+
+def test_a_bad_setting_is_a_user_error_in_one_line(setting, capsys):
+    setting("fastest")
+    with pytest.raises(QuantError, match="DRAFTGYM_FP32_MATMUL=.fastest.") as err:
+        packed_fp32()
+    assert is_user_error(err.value)
+    code = main(["generate", "Hello.", "--max-new-tokens", "2", "--dtype", "fp32", "--drafter", "none"])
+    line = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in line and "DRAFTGYM_FP32_MATMUL" in line, line
+
+
+@needs_onednn
+def test_the_embedded_model_decodes_the_same_greedy_tokens_either_way(setting):
+    """fp32, the lean forward: the speculative engine with reordered weights commits the tokens that plain
+    ``F.linear`` autoregressive decoding commits, and its logits agree to fp32 noise (kernels.quant lives below
+    env; this is its use there)."""
+    from env.arms import parse_arm
+    from env.batch import BatchEngine
+    from env.decoder import SpeculativeDecoder
+    from env.model import load_model
+
+    loaded = load_model(None, dtype="fp32", weights="dense")
+    prompt = "Write a short poem about the sea and the sky, then explain it."
+    out, logits = {}, {}
+    for how, arm in (("plain", "none"), ("packed", "ngram-d4"), ("packed", "none")):
+        setting(how)
+        dec = SpeculativeDecoder(loaded, [parse_arm(arm)])
+        out[how, arm] = dec.generate(prompt, max_new_tokens=32).token_ids
+        eng = BatchEngine(loaded, 1)
+        pf = eng.target.begin_prefill(dec.generate(prompt, max_new_tokens=1).prompt_ids)
+        eng.target.prefill_chunk(pf)
+        logits[how] = eng.target.head(pf.hidden[-1][-1:]).float()[0]
+    assert out["plain", "none"] == out["packed", "ngram-d4"] == out["packed", "none"]
+    a, b = logits["plain"], logits["packed"]
+    assert int(a.argmax()) == int(b.argmax()) and (a - b).abs().max() < 1e-3 * a.abs().max()
