@@ -38,6 +38,7 @@ from drafters.heads import (
 )
 from drafters.lockstep import Growing, propose_lockstep
 from drafters.trees import TREE_BUILDERS, GrowingTree, tree_steps
+from kernels.quant import reorder_linears
 
 
 class EagleHead(nn.Module):
@@ -210,7 +211,7 @@ class EagleDrafter:
         load_state(head, tensors, str(path))
         self.dtype = head_dtype(target)
         self.device = torch.device(target.device)
-        self.head = head.to(self.device, self.dtype).eval().requires_grad_(False)
+        self.head = reorder_linears(head.to(self.device, self.dtype).eval().requires_grad_(False))
         self.d2t = kept_vocab(tensors["d2t"], self.meta, self.vocab).to(self.device)
         self.w_draft = target.model.lm_head.weight.detach()[self.d2t].to(self.dtype)  # [Vd, H]
         self.embed = target.model.get_input_embeddings()

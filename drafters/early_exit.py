@@ -34,6 +34,7 @@ from drafters.heads import (
 )
 from drafters.lockstep import Growing, propose_lockstep
 from drafters.trees import TREE_BUILDERS, tree_steps
+from kernels.quant import reorder_linears
 
 
 class ExitAdapter(nn.Module):
@@ -83,7 +84,9 @@ class EarlyExitDrafter:
         self.dtype = target.dtype  # the target's layers run in its dtype; the adapter follows head_dtype
         self.adapter_dtype = head_dtype(target)
         self.device = torch.device(target.device)
-        self.adapter = adapter.to(self.device, self.adapter_dtype).eval().requires_grad_(False)
+        self.adapter = reorder_linears(
+            adapter.to(self.device, self.adapter_dtype).eval().requires_grad_(False)
+        )
         self.d2t = tensors["d2t"].to(self.device)
         self.w_draft = target.model.lm_head.weight.detach()[self.d2t].to(self.adapter_dtype)
         self.cfg = cfg

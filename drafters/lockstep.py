@@ -13,6 +13,7 @@ import torch
 
 from drafters.base import DraftTree, TreeShape
 from drafters.trees import GrowingTree, TreeSteps
+from kernels.quant import linear
 
 
 class Growing:
@@ -56,7 +57,7 @@ def propose_lockstep(
             group = [live[i] for i in idx]
             feats = head_pass(group)
             d0 = group[0].d
-            lp = torch.log_softmax((torch.cat(feats) @ d0.w_draft.T).float(), dim=-1)
+            lp = torch.log_softmax(linear(torch.cat(feats), d0.w_draft).float(), dim=-1)
             top_lp, top_i = lp.topk(max(max(g.shape.topk, 1) for g in group), dim=-1)
             lps, tis = top_lp.tolist(), d0.d2t[top_i].tolist()  # one conversion for the group
             at = 0

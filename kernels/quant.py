@@ -160,6 +160,62 @@ def wide_in_fp32(dtype: torch.dtype) -> bool:
     return _wide[dtype]
 
 
+# id(weight) -> (version, reordered copy); an entry leaves with its weight (weakref.finalize)
+_reordered_weights: dict[int, tuple[int, torch.Tensor]] = {}
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` for the drafters' heads: an fp32 CPU product without autograd goes through oneDNN with ``w``
+    reordered (``packed_fp32``), the reordered copy kept per weight tensor while it lives, within
+    ``PACKED_BUDGET``, and rebuilt when the weight is changed in place; anything else is ``F.linear``."""
+    if (
+        x.dtype == torch.float32
+        and w.dtype == torch.float32
+        and x.device.type == "cpu"
+        and w.device.type == "cpu"
+        and w.dim() == 2
+        and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+        and not torch.compiler.is_compiling()
+        and packed_fp32()
+    ):
+        key = id(w)
+        got = _reordered_weights.get(key)
+        if got is None or got[0] != w._version:
+            if got is None and _packed_kept[0] + w.nbytes > PACKED_BUDGET:
+                return F.linear(x, w, bias)
+            if got is None:
+                _packed_kept[0] += w.nbytes
+                weakref.finalize(w, _forget_reordered, key, w.nbytes)
+            got = (w._version, torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), None))
+            _reordered_weights[key] = got
+        return _packed_product(x, got[1], None if bias is None else bias.detach())
+    return F.linear(x, w, bias)
+
+
+class ReorderedLinear(torch.nn.Linear):
+    """``nn.Linear`` whose inference products go through ``linear`` (oneDNN's reordered weight, fp32 on a CPU);
+    the same parameters and state dict. Training (autograd) runs ``F.linear`` as before."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+def reorder_linears(module: torch.nn.Module) -> torch.nn.Module:
+    """Every plain ``nn.Linear`` inside ``module`` replaced by a ``ReorderedLinear`` sharing its parameters (a
+    drafter's head, loaded for inference); returns ``module``."""
+    for name, child in list(module.named_children()):
+        if type(child) is torch.nn.Linear:
+            new = ReorderedLinear(
+                child.in_features, child.out_features, bias=child.bias is not None, device="meta"
+            )
+            new.weight, new.bias = child.weight, child.bias
+            new.train(child.training)
+            setattr(module, name, new)
+        else:
+            reorder_linears(child)
+    return module
+
+
 def wide_setting() -> dict[str, bool]:
     """What the probe decided so far, per activation dtype (for a result's provenance)."""
     return {str(k).removeprefix("torch."): v for k, v in _wide.items()}
@@ -415,6 +471,11 @@ def _release_dense(size: int) -> None:
 
 
 def _release_packed(size: int) -> None:
+    _packed_kept[0] -= size
+
+
+def _forget_reordered(key: int, size: int) -> None:
+    _reordered_weights.pop(key, None)
     _packed_kept[0] -= size
 
 

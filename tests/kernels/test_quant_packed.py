@@ -22,7 +22,9 @@ needs_onednn = pytest.mark.skipif(not packed_available(), reason="this torch has
 
 @pytest.fixture
 def setting(monkeypatch):
-    """Set ``DRAFTGYM_FP32_MATMUL`` for one test (the per-process decision is forgotten before and after)."""
+    """Set ``DRAFTGYM_FP32_MATMUL`` for one test (the per-process decision is forgotten before and after; layers
+    of earlier tests collected first, so that only this test's layers give bytes back to ``_packed_kept``)."""
+    gc.collect()
     monkeypatch.setattr(quant, "_packed", [])
 
     def put(value: str) -> None:
@@ -158,3 +160,53 @@ def test_the_embedded_model_decodes_the_same_greedy_tokens_either_way(setting):
     assert out["plain", "none"] == out["packed", "ngram-d4"] == out["packed", "none"]
     a, b = logits["plain"], logits["packed"]
     assert int(a.argmax()) == int(b.argmax()) and (a - b).abs().max() < 1e-3 * a.abs().max()
+
+
+@needs_onednn
+def test_the_heads_linear_follows_its_weight_and_leaves_autograd_alone(setting, monkeypatch):
+    """``kernels.quant.linear`` (the drafters' heads): the reordered copy is rebuilt when the weight changes in
+    place and leaves with the weight; a product that autograd records is ``F.linear`` with its gradients."""
+    setting("packed")
+    monkeypatch.setattr(quant, "_packed_kept", [0])
+    gen = torch.Generator().manual_seed(8)
+    w, b, x = (
+        torch.randn(40, 24, generator=gen),
+        torch.randn(40, generator=gen),
+        torch.randn(6, 24, generator=gen),
+    )
+    assert torch.allclose(quant.linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert id(w) in quant._reordered_weights and quant._packed_kept == [w.nbytes]
+    w.mul_(2)  # changed in place: the next product reads the new weight
+    assert torch.allclose(quant.linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert quant._packed_kept == [w.nbytes]
+    key = id(w)
+    del w
+    gc.collect()
+    assert key not in quant._reordered_weights and quant._packed_kept == [0]
+    wg = torch.randn(40, 24, generator=gen, requires_grad=True)
+    y = quant.linear(x, wg, b)
+    y.sum().backward()
+    assert torch.allclose(wg.grad, x.sum(0).expand(40, 24)) and id(wg) not in quant._reordered_weights
+    with torch.no_grad():
+        quant.linear(x, wg, b)
+    assert id(wg) in quant._reordered_weights  # inference of a trainable weight: reordered
+
+
+def test_reorder_linears_keeps_the_parameters_and_the_state_dict(setting):
+    setting("plain")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(16, 4))
+    )
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    weights = [net[0].weight, net[2][0].weight]
+    x = torch.randn(3, 8)
+    want = net(x)
+    quant.reorder_linears(net)
+    assert isinstance(net[0], quant.ReorderedLinear) and isinstance(net[2][0], quant.ReorderedLinear)
+    assert net[0].weight is weights[0] and net[2][0].weight is weights[1]
+    assert list(net.state_dict()) == list(before)
+    assert all(torch.equal(net.state_dict()[k], v) for k, v in before.items())
+    setting("packed")
+    with torch.no_grad():
+        assert torch.allclose(net(x), want, rtol=1e-5, atol=1e-5)
