@@ -160,3 +160,17 @@ def test_a_decoding_steps_attention_is_sdpas_in_fp32(rows, masked):
         k2 = k.clone()
         k2[-1, :, -10:] = 100.0
         assert torch.equal(_attend_one(q, k2, v, mask, d**-0.5)[-1], got[-1])
+
+
+def test_auto_weights_are_int4_only_for_bf16_activations_on_a_cpu():
+    """The CPU's int4 kernel is fast with bf16 activations and slow with fp32 ones; CUDA runs dense."""
+    from env.model import ModelError, resolve_weights
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_weights("auto", cpu, torch.bfloat16) == "int4"
+    assert resolve_weights("auto", cpu, torch.float32) == "dense"
+    assert resolve_weights("auto", cuda, torch.bfloat16) == "dense"
+    assert resolve_weights("int4", cpu, torch.float32) == "int4"  # asked for: kept
+    assert resolve_weights("fp32", cpu, torch.float32) == "dense"
+    with pytest.raises(ModelError, match="unknown weight format"):
+        resolve_weights("int3", cpu)
