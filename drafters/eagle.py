@@ -38,7 +38,7 @@ from drafters.heads import (
 )
 from drafters.lockstep import Growing, propose_lockstep
 from drafters.trees import TREE_BUILDERS, GrowingTree, tree_steps
-from kernels.quant import reorder_linears
+from kernels.packed import Reordered, reorder_linears
 
 
 class EagleHead(nn.Module):
@@ -214,6 +214,7 @@ class EagleDrafter:
         self.head = reorder_linears(head.to(self.device, self.dtype).eval().requires_grad_(False))
         self.d2t = kept_vocab(tensors["d2t"], self.meta, self.vocab).to(self.device)
         self.w_draft = target.model.lm_head.weight.detach()[self.d2t].to(self.dtype)  # [Vd, H]
+        self.draft_pk = Reordered()  # its fp32 CPU products (drafters.lockstep)
         self.embed = target.model.get_input_embeddings()
         self.cfg = cfg
         self.scratch: dict[str, torch.Tensor] = {}  # buffers of the batched tree attention, shared by forks
@@ -280,6 +281,7 @@ class EagleDrafter:
                 "head",
                 "d2t",
                 "w_draft",
+                "draft_pk",
                 "embed",
                 "cfg",
                 "scratch",

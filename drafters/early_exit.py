@@ -34,7 +34,7 @@ from drafters.heads import (
 )
 from drafters.lockstep import Growing, propose_lockstep
 from drafters.trees import TREE_BUILDERS, tree_steps
-from kernels.quant import reorder_linears
+from kernels.packed import Reordered, reorder_linears
 
 
 class ExitAdapter(nn.Module):
@@ -89,6 +89,7 @@ class EarlyExitDrafter:
         )
         self.d2t = tensors["d2t"].to(self.device)
         self.w_draft = target.model.lm_head.weight.detach()[self.d2t].to(self.adapter_dtype)
+        self.draft_pk = Reordered()  # its fp32 CPU products (drafters.lockstep)
         self.cfg = cfg
         inner = target.model.model
         self.layers = list(inner.layers[: cfg.exit_layer])
@@ -99,8 +100,8 @@ class EarlyExitDrafter:
         """A drafter for another sequence over the same loaded adapter (read once, shared read-only)."""
         other = EarlyExitDrafter(self.weights, self.tree, self.min_prob)
         if self.adapter is not None:
-            for name in ("meta", "dtype", "adapter_dtype", "device", "adapter", "d2t", "w_draft", "cfg", "layers",
-                         "embed", "rotary", "_target_key"):  # fmt: skip
+            for name in ("meta", "dtype", "adapter_dtype", "device", "adapter", "d2t", "w_draft", "draft_pk",
+                         "cfg", "layers", "embed", "rotary", "_target_key"):  # fmt: skip
                 setattr(other, name, getattr(self, name))
         return other
 

@@ -13,7 +13,6 @@ import torch
 
 from drafters.base import DraftTree, TreeShape
 from drafters.trees import GrowingTree, TreeSteps
-from kernels.quant import linear
 
 
 class Growing:
@@ -42,7 +41,8 @@ def propose_lockstep(
 ) -> list[DraftTree]:
     """Finish every ``Growing`` of ``grows`` (finished trees pass through). ``head_pass(group)`` returns, per
     sequence of a group that shares one head (``d.w_draft``), the head outputs [F, H] of its frontier; the
-    drafter's ``w_draft`` [Vd, H] and ``d2t`` [Vd] turn them into each node's best children."""
+    drafter's ``w_draft`` [Vd, H] (through its ``draft_pk``, kernels.packed) and ``d2t`` [Vd] turn them into each
+    node's best children."""
     out: list[DraftTree | None] = [g if isinstance(g, DraftTree) else None for g in grows]
     live = {i: g for i, g in enumerate(grows) if isinstance(g, Growing)}
     for i, gr in list(live.items()):
@@ -57,7 +57,7 @@ def propose_lockstep(
             group = [live[i] for i in idx]
             feats = head_pass(group)
             d0 = group[0].d
-            lp = torch.log_softmax(linear(torch.cat(feats), d0.w_draft).float(), dim=-1)
+            lp = torch.log_softmax(d0.draft_pk.product(torch.cat(feats), d0.w_draft).float(), dim=-1)
             top_lp, top_i = lp.topk(max(max(g.shape.topk, 1) for g in group), dim=-1)
             lps, tis = top_lp.tolist(), d0.d2t[top_i].tolist()  # one conversion for the group
             at = 0

@@ -12,7 +12,7 @@ ms, all timed in turn within every repetition. ``--compiled`` adds each format t
 ``--wide-native`` adds each format with wide products (128 rows or more) in the activation dtype, as if
 ``DRAFTGYM_WIDE_MATMUL=native`` (``kernels.quant.wide_in_fp32``), timed in turn with the probed setting.
 ``--fp32-plain`` adds each format with fp32 products through ``F.linear`` (MKL), as if
-``DRAFTGYM_FP32_MATMUL=plain``, timed in turn with oneDNN's reordered weights (``kernels.quant.packed_fp32``).
+``DRAFTGYM_FP32_MATMUL=plain``, timed in turn with oneDNN's reordered weights (``kernels.packed.packed_fp32``).
 
     python -m env.bench_forward --dtype fp32 --weights dense --q 1,2,4,8,16 --rows 1 --fp32-plain
 """
@@ -105,15 +105,15 @@ def _natively(step, dtype: torch.dtype):
 
 def _plainly(step):
     """``step`` with fp32 products through ``F.linear`` (the reordering decision put back after each call)."""
-    from kernels import quant
+    from kernels import packed
 
     def run():
-        saved = quant.packed_fp32()
-        quant.decide_packed(False)
+        saved = packed.packed_fp32()
+        packed.decide_packed(False)
         try:
             step()
         finally:
-            quant.decide_packed(saved)
+            packed.decide_packed(saved)
 
     return run
 

@@ -343,13 +343,15 @@ def settle_wide(dtype: torch.dtype) -> bool:
 
 
 def settle_packed() -> bool:
-    """Whether dense fp32 layers multiply through oneDNN with reordered weights here (``kernels.quant.packed_fp32``),
-    decided once per machine (``_settle``). Under ``DRAFTGYM_FP32_MATMUL=packed|plain`` the setting decides."""
-    from kernels import quant
+    """Whether fp32 products on the CPU go through oneDNN with reordered weights here
+    (``kernels.packed.packed_fp32``), decided once per machine (``_settle``). Under ``DRAFTGYM_FP32_MATMUL=packed|plain`` the setting decides."""
+    from kernels import packed
 
-    if quant.packed_mode() != "auto":
-        return quant.packed_fp32()
-    return _settle("fp32 reordered products", quant.packed_decided(), quant.probe_packed, quant.decide_packed)
+    if packed.packed_mode() != "auto":
+        return packed.packed_fp32()
+    return _settle(
+        "fp32 reordered products", packed.packed_decided(), packed.probe_packed, packed.decide_packed
+    )
 
 
 def load_model(
@@ -370,15 +372,18 @@ def load_model(
     if fmt != "dense" and forward == "hf":
         raise ModelError(f"--weights {weights} needs the lean forward (--forward lean)")
     from kernels import quant
+    from kernels.packed import packed_mode
 
     try:
         quant.wide_mode()  # how wide products run (kernels.quant): a bad setting is refused before any work
-        quant.packed_mode()
+        packed_mode()
     except quant.QuantError as err:
         raise ModelError(str(err)) from err
     if dev.type == "cpu" and torch_dtype != torch.float32:
         settle_wide(torch_dtype)
-    if dev.type == "cpu" and torch_dtype == torch.float32 and fmt == "dense":
+    if (
+        dev.type == "cpu"
+    ):  # fp32 products of this target, its variants or its drafters' heads (kernels.packed)
         settle_packed()
     if model is not None and model.startswith(RANDOM_PREFIX):
         return random_model(model[len(RANDOM_PREFIX) :], torch_dtype, dev, fmt, forward)

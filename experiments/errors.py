@@ -13,7 +13,7 @@ EXIT_USAGE = 2
 USER_ERROR_TYPES: frozenset[str] = frozenset(
     {
         "experiments.errors:UserError",
-        "kernels.quant:QuantError",
+        "kernels.packed:QuantError",
         "drafters.base:DrafterError",
         "env.model:ModelError",
         "env.target:PromptError",

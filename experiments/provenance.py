@@ -43,12 +43,12 @@ def machine() -> dict[str, object]:
     }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
-    from kernels.quant import packed_setting, wide_setting
+    from kernels.packed import packed_decided
+    from kernels.quant import wide_setting
 
     info["wide_products_in_fp32"] = wide_setting()  # per activation dtype, as probed (kernels.quant)
-    info["fp32_products_reordered"] = (
-        packed_setting()
-    )  # oneDNN with reordered weights (None: no fp32 target here)
+    # fp32 products through oneDNN with reordered weights (kernels.packed; None: not decided in this process)
+    info["fp32_products_reordered"] = packed_decided()
     return info
 
 

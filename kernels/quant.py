@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kernels.packed import QuantError, Reordered
 from kernels.timing import interleaved_ms
 
 FORMATS = ("dense", "int8", "int4")
@@ -37,84 +38,6 @@ DENSE_FP32_BUDGET = 2 << 30
 _dense_kept = [0]  # bytes of those copies alive now
 WIDE_GAIN = 1.2  # fp32 must be this much faster in the probe to be used
 _wide: dict[torch.dtype, bool] = {}
-
-
-# ---- fp32 products on the CPU: oneDNN with the weight reordered once. F.linear runs fp32 through MKL's sgemm, which
-# on some CPUs is slow for a few rows: on a 2-core AMD EPYC with AVX2 only, the embedded model's linear layers took
-# 39 ms for one row and 65-74 ms for two to eight (a weight read costs ~22 ms there), where oneDNN's product with the
-# weight reordered to its blocked layout once (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's freezing
-# uses) took 22, 23, 29 and 35 ms for 1, 2, 4 and 8 rows (README: "An fp32 target on a CPU without native bf16").
-# DRAFTGYM_FP32_MATMUL=packed|plain decides; else a probe (``probe_packed``), kept per machine by the model loader.
-PACKED_ENV = "DRAFTGYM_FP32_MATMUL"
-PACKED_BUDGET = 4 << 30  # bytes of reordered fp32 weights kept per process (embedded model: 0.5 GB)
-_packed_kept = [0]
-PACKED_GAIN = 1.1  # the reordered product must be this much faster in the probe to be used
-_packed: list[bool] = []  # the decision, once made
-
-
-def packed_mode() -> str:
-    """The ``DRAFTGYM_FP32_MATMUL`` setting: auto (default), packed or plain; ``QuantError`` for anything else."""
-    how = os.environ.get(PACKED_ENV, "auto").strip().lower() or "auto"
-    if how not in ("auto", "packed", "plain"):
-        raise QuantError(f"{PACKED_ENV}={how!r}: valid values are auto, packed, plain")
-    return how
-
-
-def packed_available() -> bool:
-    """Whether this torch has oneDNN's reordered linear (CPU builds with mkldnn)."""
-    ops = torch.ops.mkldnn
-    return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(ops, "_linear_pointwise")
-        and hasattr(ops, "_reorder_linear_weight")
-    )
-
-
-def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-
-def probe_packed() -> bool:
-    """Whether fp32 products of 1, 2, 4 and 8 rows with a 32 MB weight (larger than a cache: read from memory, as
-    a model's layers are) run ``PACKED_GAIN`` times faster through oneDNN with the weight reordered than through
-    ``F.linear``, summed over the four, timed in turn after warm-up calls."""
-    if not packed_available():
-        return False
-    gen = torch.Generator().manual_seed(0)
-    w = torch.randn(8192, 1024, generator=gen)
-    try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-        xs = [torch.randn(m, 1024, generator=gen) for m in (1, 2, 4, 8)]
-        fns = [lambda x=x: F.linear(x, w) for x in xs] + [
-            lambda x=x: _packed_product(x, packed, None) for x in xs
-        ]
-        ms = interleaved_ms(fns, 7, warm=2)
-    except RuntimeError:  # a build whose oneDNN cannot run it here
-        return False
-    return sum(ms[:4]) >= PACKED_GAIN * sum(ms[4:])
-
-
-def decide_packed(value: bool) -> None:
-    """Set the decision (a kept one, read by the model loader)."""
-    _packed[:] = [bool(value)]
-
-
-def packed_decided() -> bool | None:
-    return _packed[0] if _packed else None
-
-
-def packed_fp32() -> bool:
-    """Whether dense fp32 layers on the CPU multiply through oneDNN with their weights reordered: the
-    ``DRAFTGYM_FP32_MATMUL`` setting (``plain``: never, ``packed``: where this torch has it), else the decision set
-    by ``decide_packed``, else ``probe_packed`` once per process."""
-    if not _packed:
-        how = packed_mode()
-        _packed[:] = [probe_packed() if how == "auto" else how == "packed" and packed_available()]
-    return _packed[0]
-
-
-class QuantError(ValueError):
-    """A weight-format setting that cannot be used (reported in one line)."""
 
 
 def wide_mode() -> str:
@@ -160,70 +83,9 @@ def wide_in_fp32(dtype: torch.dtype) -> bool:
     return _wide[dtype]
 
 
-# id(weight) -> (version, reordered copy); an entry leaves with its weight (weakref.finalize)
-_reordered_weights: dict[int, tuple[int, torch.Tensor]] = {}
-
-
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for the drafters' heads: an fp32 CPU product without autograd goes through oneDNN with ``w``
-    reordered (``packed_fp32``), the reordered copy kept per weight tensor while it lives, within
-    ``PACKED_BUDGET``, and rebuilt when the weight is changed in place; anything else is ``F.linear``."""
-    if (
-        x.dtype == torch.float32
-        and w.dtype == torch.float32
-        and x.device.type == "cpu"
-        and w.device.type == "cpu"
-        and w.dim() == 2
-        and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
-        and not torch.compiler.is_compiling()
-        and packed_fp32()
-    ):
-        key = id(w)
-        got = _reordered_weights.get(key)
-        if got is None or got[0] != w._version:
-            if got is None and _packed_kept[0] + w.nbytes > PACKED_BUDGET:
-                return F.linear(x, w, bias)
-            if got is None:
-                _packed_kept[0] += w.nbytes
-                weakref.finalize(w, _forget_reordered, key, w.nbytes)
-            got = (w._version, torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), None))
-            _reordered_weights[key] = got
-        return _packed_product(x, got[1], None if bias is None else bias.detach())
-    return F.linear(x, w, bias)
-
-
-class ReorderedLinear(torch.nn.Linear):
-    """``nn.Linear`` whose inference products go through ``linear`` (oneDNN's reordered weight, fp32 on a CPU);
-    the same parameters and state dict. Training (autograd) runs ``F.linear`` as before."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
-
-
-def reorder_linears(module: torch.nn.Module) -> torch.nn.Module:
-    """Every plain ``nn.Linear`` inside ``module`` replaced by a ``ReorderedLinear`` sharing its parameters (a
-    drafter's head, loaded for inference); returns ``module``."""
-    for name, child in list(module.named_children()):
-        if type(child) is torch.nn.Linear:
-            new = ReorderedLinear(
-                child.in_features, child.out_features, bias=child.bias is not None, device="meta"
-            )
-            new.weight, new.bias = child.weight, child.bias
-            new.train(child.training)
-            setattr(module, name, new)
-        else:
-            reorder_linears(child)
-    return module
-
-
 def wide_setting() -> dict[str, bool]:
     """What the probe decided so far, per activation dtype (for a result's provenance)."""
     return {str(k).removeprefix("torch."): v for k, v in _wide.items()}
-
-
-def packed_setting() -> bool | None:
-    """Whether fp32 products run through oneDNN's reordered weights (None: not decided in this process)."""
-    return packed_decided()
 
 
 def int4_fits(out_features: int, in_features: int) -> bool:
@@ -244,10 +106,7 @@ class QLinear:
         self.scales: torch.Tensor | None = parts.get("scales")
         self._w32: torch.Tensor | None = None  # the fp32 weight of wide products, built once (see keeps_fp32)
         self._w16: torch.Tensor | None = None  # a quantized layer's weight in bf16 for native wide products
-        self._pk: torch.Tensor | None = (
-            None  # a dense fp32 layer's weight reordered for oneDNN (see packed_fp32)
-        )
-        self._pk_tried = False
+        self._pk = Reordered()  # a dense fp32 layer's weight reordered for oneDNN (kernels.packed)
 
     # ---- builders ----
     @staticmethod
@@ -404,24 +263,6 @@ class QLinear:
             return True
         return _dense_kept[0] + 4 * self.n * self.k <= DENSE_FP32_BUDGET
 
-    def _reordered(self) -> bool:
-        """Whether this dense fp32 CPU layer multiplies through its oneDNN-reordered weight (``packed_fp32``),
-        building it on the first call within ``PACKED_BUDGET``; never while torch.compile traces (the compiled
-        forward keeps ``F.linear``)."""
-        if torch.compiler.is_compiling() or not packed_fp32():
-            return False
-        if self._pk is None:
-            w = self.weight
-            if self._pk_tried or w is None or w.dtype != torch.float32 or w.device.type != "cpu":
-                return False
-            self._pk_tried = True
-            if _packed_kept[0] + w.nbytes > PACKED_BUDGET:
-                return False
-            self._pk = torch.ops.mkldnn._reorder_linear_weight(w, None)
-            _packed_kept[0] += w.nbytes
-            weakref.finalize(self, _release_packed, w.nbytes)
-        return True
-
     def _through_kernel(self, cols: int) -> torch.Tensor:
         """``q - 8`` [N, cols] of the first ``cols`` inputs, read through the kernel with unit scales (small
         integers: exact in bf16)."""
@@ -450,9 +291,7 @@ class QLinear:
             b = None if self.bias is None else self.bias.float()
             return F.linear(x.float(), self.weight_fp32(), b).to(x.dtype)
         if self.fmt == "dense":
-            if x.dtype == torch.float32 and x.device.type == "cpu" and self._reordered():
-                return _packed_product(x, self._pk, self.bias)  # type: ignore[arg-type]
-            return F.linear(x, self.weight, self.bias)  # type: ignore[arg-type]
+            return self._pk.product(x, self.weight, self.bias)  # type: ignore[arg-type]
         if wide and self.keeps_native(x.dtype):  # natively: a GEMM of the weight in x's dtype (weight_native)
             return F.linear(x, self.weight_native(x.dtype), self.bias)
         shape = x.shape
@@ -468,15 +307,6 @@ class QLinear:
 
 def _release_dense(size: int) -> None:
     _dense_kept[0] -= size
-
-
-def _release_packed(size: int) -> None:
-    _packed_kept[0] -= size
-
-
-def _forget_reordered(key: int, size: int) -> None:
-    _reordered_weights.pop(key, None)
-    _packed_kept[0] -= size
 
 
 def q4_1_blocks(raw: np.ndarray, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -35,9 +35,12 @@ def test_lean_logits_equal_the_transformers_model_in_fp32(fp32_model):
     with torch.no_grad():
         ref = fp32_model.model(ids).logits
     got = _lean_logits(fp32_model, ids)
-    # fp32 sums in another order (oneDNN's reordered products where kernels.quant.packed_fp32 chose them; logits
-    # reach ~20): 1.1e-4 seen, 1e-3 would be a real difference
-    assert torch.allclose(got, ref, atol=5e-4, rtol=0), (got - ref).abs().max()
+    # with oneDNN's reordered products (kernels.packed, where this machine chose them) the fp32 sums run in
+    # another order than the transformers model's F.linear (logits reach ~20): 1.1e-4 seen
+    from kernels.packed import packed_decided
+
+    tol = 5e-4 if packed_decided() else 1e-4
+    assert torch.allclose(got, ref, atol=tol, rtol=0), (got - ref).abs().max()
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
 
 

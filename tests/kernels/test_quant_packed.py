@@ -1,4 +1,4 @@
-"""fp32 products through oneDNN with the weight reordered once (``kernels.quant.packed_fp32``): the same products as
+"""fp32 products through oneDNN with the weight reordered once (``kernels.packed``): the same products as
 ``F.linear`` up to the order of the sums, the reordered weight built once per layer within its budget, the setting
 read from ``DRAFTGYM_FP32_MATMUL`` and kept per machine, a bad setting reported in one line, and the embedded
 model's greedy decoding the same either way."""
@@ -14,8 +14,9 @@ import torch.nn.functional as F
 
 from experiments.cli import main
 from experiments.errors import is_user_error
-from kernels import quant
-from kernels.quant import PACKED_ENV, QLinear, QuantError, packed_available, packed_fp32
+from kernels import packed
+from kernels.packed import PACKED_ENV, QuantError, Reordered, ReorderedLinear, packed_available, packed_fp32
+from kernels.quant import QLinear
 
 needs_onednn = pytest.mark.skipif(not packed_available(), reason="this torch has no oneDNN reordered linear")
 
@@ -25,11 +26,11 @@ def setting(monkeypatch):
     """Set ``DRAFTGYM_FP32_MATMUL`` for one test (the per-process decision is forgotten before and after; layers
     of earlier tests collected first, so that only this test's layers give bytes back to ``_packed_kept``)."""
     gc.collect()
-    monkeypatch.setattr(quant, "_packed", [])
+    monkeypatch.setattr(packed, "_packed", [])
 
     def put(value: str) -> None:
         monkeypatch.setenv(PACKED_ENV, value)
-        quant._packed.clear()
+        packed._packed.clear()
 
     return put
 
@@ -48,10 +49,10 @@ def test_a_reordered_product_equals_f_linear_up_to_the_order_of_sums(shape, bias
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(6))
     setting("plain")
     plain = lin(x)
-    assert lin._pk is None
+    assert not lin._pk.built
     setting("packed")
     packed = lin(x)
-    assert lin._pk is not None  # built on the first product
+    assert lin._pk.built  # built on the first product
     assert packed.shape == plain.shape == (*shape[:-1], 96) and packed.dtype == torch.float32
     assert torch.allclose(packed, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-4)
     assert torch.allclose(packed, plain, rtol=1e-5, atol=1e-4)
@@ -64,43 +65,52 @@ def test_a_reordered_product_equals_f_linear_up_to_the_order_of_sums(shape, bias
 @needs_onednn
 def test_the_reordered_weight_is_built_once_within_the_budget(setting, monkeypatch):
     setting("packed")
-    monkeypatch.setattr(quant, "_packed_kept", [0])
+    monkeypatch.setattr(packed, "_packed_kept", [0])
     lin = _layer()
     x = torch.randn(2, 128)
     lin(x)
-    first = lin._pk
+    first = lin._pk._pk
     lin(x)
-    assert lin._pk is first and quant._packed_kept == [lin.weight.nbytes]
-    monkeypatch.setattr(quant, "PACKED_BUDGET", lin.weight.nbytes + 10)
+    assert lin._pk._pk is first and packed._packed_kept == [lin.weight.nbytes]  # built once
+    monkeypatch.setattr(packed, "PACKED_BUDGET", lin.weight.nbytes + 10)
     other = _layer()
     assert torch.allclose(other(x), F.linear(x, other.weight, other.bias), rtol=1e-5, atol=1e-4)
-    assert other._pk is None  # beyond the budget: F.linear
+    assert not other._pk.built  # beyond the budget: F.linear
     del lin
     gc.collect()
-    assert quant._packed_kept == [0]
+    assert packed._packed_kept == [0]
     # bf16 layers and activations never take it
     b16 = QLinear.dense(torch.randn(16, 32), None, torch.bfloat16)
     b16(torch.randn(2, 32, dtype=torch.bfloat16))
-    assert b16._pk is None
+    assert not b16._pk.built
 
 
 def test_the_setting_decides_and_plain_never_reorders(setting):
     setting("plain")
-    assert packed_fp32() is False and quant.packed_setting() is False
+    assert packed_fp32() is False and packed.packed_decided() is False
     lin = _layer()
     lin(torch.randn(3, 128))
-    assert lin._pk is None
+    assert not lin._pk.built
     setting("packed")
     assert packed_fp32() is packed_available()
 
 
-def test_the_probe_decides_once_per_process(setting):
+@pytest.mark.parametrize("verdict", [True, False])
+def test_the_probe_decides_once_per_process(setting, monkeypatch, verdict):
+    calls = []
+    monkeypatch.setattr(packed, "probe_packed", lambda: calls.append(1) or verdict)
     setting("auto")
-    first = packed_fp32()
-    assert isinstance(first, bool) and quant.packed_setting() is first
-    assert packed_fp32() is first
-    if not packed_available():
-        assert first is False
+    assert packed_fp32() is verdict and packed_fp32() is verdict and packed.packed_decided() is verdict
+    assert calls == [1]
+    lin = _layer()
+    x = torch.randn(4, 128)
+    lin(x)
+    assert lin._pk.built is (verdict and packed_available())
+
+
+@needs_onednn
+def test_the_real_probe_runs_and_decides():
+    assert isinstance(packed.probe_packed(), bool)
 
 
 def test_the_decision_is_kept_per_machine_and_a_bad_store_is_ignored(setting, tmp_path, monkeypatch):
@@ -115,12 +125,12 @@ def test_the_decision_is_kept_per_machine_and_a_bad_store_is_ignored(setting, tm
     kept = json.loads(store.read_text())
     assert list(kept.values()) == [first] and next(iter(kept)).endswith("fp32 reordered products")
     store.write_text(json.dumps({k: not first for k in kept}))  # another process decided otherwise: followed
-    quant._packed.clear()
+    packed._packed.clear()
     assert settle_packed() is (not first) and packed_fp32() is (not first)
     store.write_text("{{{ not json")
-    quant._packed.clear()
-    assert isinstance(settle_packed(), bool)
-    assert all(isinstance(v, bool) for v in json.loads(store.read_text()).values())
+    packed._packed.clear()
+    again = settle_packed()
+    assert json.loads(store.read_text()) == {next(iter(kept)): again}  # probed again and rewritten
     setting("plain")
     store.write_text(json.dumps({k: True for k in kept}))
     assert settle_packed() is False
@@ -137,6 +147,7 @@ def test_a_bad_setting_is_a_user_error_in_one_line(setting, capsys):
 
 
 @needs_onednn
+@pytest.mark.model
 def test_the_embedded_model_decodes_the_same_greedy_tokens_either_way(setting):
     """fp32, the lean forward: the speculative engine with reordered weights commits the tokens that plain
     ``F.linear`` autoregressive decoding commits, and its logits agree to fp32 noise (kernels.quant lives below
@@ -163,33 +174,74 @@ def test_the_embedded_model_decodes_the_same_greedy_tokens_either_way(setting):
 
 
 @needs_onednn
-def test_the_heads_linear_follows_its_weight_and_leaves_autograd_alone(setting, monkeypatch):
-    """``kernels.quant.linear`` (the drafters' heads): the reordered copy is rebuilt when the weight changes in
-    place and leaves with the weight; a product that autograd records is ``F.linear`` with its gradients."""
+def test_a_reordered_copy_follows_its_weight_and_leaves_autograd_alone(setting, monkeypatch):
+    """``Reordered`` (a drafter head's layers, its draft projection): the copy is rebuilt when the weight changes in
+    place, when it is another tensor (``.data`` swapped, as ``Module.to`` does), and inside inference mode (whose
+    tensors count no versions: there only by storage, shape and dtype); it gives its bytes back when dropped; a product that autograd records is
+    ``F.linear`` with its gradients, the bias's included."""
     setting("packed")
-    monkeypatch.setattr(quant, "_packed_kept", [0])
+    monkeypatch.setattr(packed, "_packed_kept", [0])
     gen = torch.Generator().manual_seed(8)
     w, b, x = (
         torch.randn(40, 24, generator=gen),
         torch.randn(40, generator=gen),
         torch.randn(6, 24, generator=gen),
     )
-    assert torch.allclose(quant.linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
-    assert id(w) in quant._reordered_weights and quant._packed_kept == [w.nbytes]
+    pk = Reordered()
+    assert torch.allclose(pk.product(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert pk.built and packed._packed_kept == [w.nbytes]
     w.mul_(2)  # changed in place: the next product reads the new weight
-    assert torch.allclose(quant.linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
-    assert quant._packed_kept == [w.nbytes]
-    key = id(w)
-    del w
+    assert torch.allclose(pk.product(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    w2 = torch.randn(40, 24, generator=gen)
+    w.data = w2  # another storage behind the same tensor object, version unchanged
+    assert torch.allclose(pk.product(x, w, b), F.linear(x, w2, b), rtol=1e-5, atol=1e-5)
+    assert packed._packed_kept == [w.nbytes]  # one copy's bytes, however often rebuilt
+    with torch.inference_mode():
+        wi = torch.randn(40, 24, generator=gen)
+        pi = Reordered()
+        assert torch.allclose(pi.product(x, wi, b), F.linear(x, wi, b), rtol=1e-5, atol=1e-5)
+        assert pi.built
+        wn = torch.randn(40, 24, generator=gen)  # another weight: noticed by its storage
+        assert torch.allclose(pi.product(x, wn, b), F.linear(x, wn, b), rtol=1e-5, atol=1e-5)
+    del pk, pi
     gc.collect()
-    assert key not in quant._reordered_weights and quant._packed_kept == [0]
+    assert packed._packed_kept == [0]
     wg = torch.randn(40, 24, generator=gen, requires_grad=True)
-    y = quant.linear(x, wg, b)
-    y.sum().backward()
-    assert torch.allclose(wg.grad, x.sum(0).expand(40, 24)) and id(wg) not in quant._reordered_weights
+    bg = torch.randn(40, generator=gen, requires_grad=True)
+    pg = Reordered()
+    pg.product(x, wg.detach(), bg).sum().backward()  # a trainable bias alone: autograd's product
+    assert torch.equal(bg.grad, torch.full((40,), 6.0)) and not pg.built
+    pg.product(x, wg, b).sum().backward()
+    assert torch.allclose(wg.grad, x.sum(0).expand(40, 24)) and not pg.built
     with torch.no_grad():
-        quant.linear(x, wg, b)
-    assert id(wg) in quant._reordered_weights  # inference of a trainable weight: reordered
+        pg.product(x, wg, b)
+    assert pg.built  # inference of a trainable weight: reordered
+
+
+@needs_onednn
+@pytest.mark.model
+def test_a_drafter_head_loaded_in_inference_mode_proposes_as_under_no_grad(setting):
+    """The serving paths run under ``torch.inference_mode``, where a lazily loaded head's weights are inference
+    tensors: its reordered products work there and propose the same tree as outside it."""
+    from drafters import TreeShape, make_drafter
+    from env.batch import BatchEngine
+    from env.model import load_model
+
+    setting("packed")
+    loaded = load_model(None, dtype="fp32", weights="dense")
+    prompt = torch.randint(100, 1000, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    shape = TreeShape(depth=3, topk=2, budget=6)
+    trees = []
+    for ctx in (torch.inference_mode, torch.no_grad):
+        with ctx():
+            d = make_drafter("eagle3")
+            eng = BatchEngine(loaded, 1)
+            eng.admit(prompt, {"eagle3": d})
+            row = eng.target.rows[0]
+            (tree,) = d.propose_batch([(d, row.ctx, shape)])
+            assert isinstance(d.head.layer.q, ReorderedLinear) and d.head.layer.q._pk.built
+            trees.append((tree.tokens.tolist(), tree.parents.tolist()))
+    assert trees[0] == trees[1]
 
 
 def test_reorder_linears_keeps_the_parameters_and_the_state_dict(setting):
@@ -202,11 +254,12 @@ def test_reorder_linears_keeps_the_parameters_and_the_state_dict(setting):
     weights = [net[0].weight, net[2][0].weight]
     x = torch.randn(3, 8)
     want = net(x)
-    quant.reorder_linears(net)
-    assert isinstance(net[0], quant.ReorderedLinear) and isinstance(net[2][0], quant.ReorderedLinear)
+    packed.reorder_linears(net)
+    assert isinstance(net[0], ReorderedLinear) and isinstance(net[2][0], ReorderedLinear)
     assert net[0].weight is weights[0] and net[2][0].weight is weights[1]
     assert list(net.state_dict()) == list(before)
     assert all(torch.equal(net.state_dict()[k], v) for k, v in before.items())
     setting("packed")
     with torch.no_grad():
         assert torch.allclose(net(x), want, rtol=1e-5, atol=1e-5)
+    assert net[0]._pk.built is packed_available()
