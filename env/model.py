@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -299,7 +300,9 @@ def with_weights(loaded: LoadedModel, variant: str | None) -> LoadedModel:
 WIDE_FILE = "wide_products.json"  # in cache_dir(): the matmul probes' decisions per machine
 
 
-def _settle(what: str, decided: bool | None, probe, decide) -> bool:
+def _settle(
+    what: str, decided: bool | None, probe: Callable[[], bool], decide: Callable[[bool], None]
+) -> bool:
     """A matmul probe's decision, made once per machine: read from ``cache_dir()/wide_products.json`` (keyed by
     CPU, its bf16 flags, torch version, threads and ``what``), else ``probe()``d and kept there, so every process on
     a machine computes alike. A damaged or foreign file is ignored (probed again and rewritten); one that cannot be
@@ -344,7 +347,8 @@ def settle_wide(dtype: torch.dtype) -> bool:
 
 def settle_packed() -> bool:
     """Whether fp32 products on the CPU go through oneDNN with reordered weights here
-    (``kernels.packed.packed_fp32``), decided once per machine (``_settle``). Under ``DRAFTGYM_FP32_MATMUL=packed|plain`` the setting decides."""
+    (``kernels.packed.packed_fp32``), decided once per machine (``_settle``). Under
+    ``DRAFTGYM_FP32_MATMUL=packed|plain`` the setting decides."""
     from kernels import packed
 
     if packed.packed_mode() != "auto":
@@ -381,10 +385,8 @@ def load_model(
         raise ModelError(str(err)) from err
     if dev.type == "cpu" and torch_dtype != torch.float32:
         settle_wide(torch_dtype)
-    if (
-        dev.type == "cpu"
-    ):  # fp32 products of this target, its variants or its drafters' heads (kernels.packed)
-        settle_packed()
+    if dev.type == "cpu":
+        settle_packed()  # fp32 products of this target, its variants or its drafters' heads (kernels.packed)
     if model is not None and model.startswith(RANDOM_PREFIX):
         return random_model(model[len(RANDOM_PREFIX) :], torch_dtype, dev, fmt, forward)
     if model in (None, "", DEFAULT_MODEL):

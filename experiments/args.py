@@ -71,7 +71,8 @@ def model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--weights", default="dense", choices=["dense", "bf16", "fp32", "int8", "int4", "auto"],
         help="the target's weight format (lean forward): dense (in --dtype; bf16/fp32 say the same), int8 per "
-        "channel, int4 per 32 weights (the GGUF's own Q4_1 blocks for the embedded model); auto: int4 on a CPU with bf16 activations",
+        "channel, int4 per 32 weights (the GGUF's own Q4_1 blocks for the embedded model); auto: int4 on a CPU "
+        "with bf16 activations",
     )  # fmt: skip
     p.add_argument(
         "--forward", default="lean", choices=["lean", "compiled", "hf"],

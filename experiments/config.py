@@ -58,7 +58,8 @@ class ModelConfig:
     device: str = "auto"
     """auto, cpu, cuda, cuda:N."""
     weights: str = _f("dense", choices=("dense", "bf16", "fp32", "int8", "int4", "auto"))
-    """The target's weight format (the lean forward): dense (in ``dtype``), int8, int4; auto: int4 on a CPU with bf16 activations."""
+    """The target's weight format (the lean forward): dense (in ``dtype``), int8, int4; auto: int4 on a CPU with
+    bf16 activations."""
 
 
 @dataclass(frozen=True)
