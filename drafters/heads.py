@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from drafters.base import DrafterError, TargetModel
+from kernels.packed import Stacked
 
 FORMAT = "draftgym-head"
 VERSION = 1
@@ -117,15 +118,18 @@ class DraftLayer(nn.Module):
         self.gate = nn.Linear(h, cfg.intermediate, bias=False)
         self.up = nn.Linear(h, cfg.intermediate, bias=False)
         self.down = nn.Linear(cfg.intermediate, h, bias=False)
+        # inference: q/k/v as one product, gate/up as another (kernels.packed.Stacked; training runs each layer)
+        self.qkv_stack, self.gate_up_stack = Stacked(), Stacked()
 
     def project(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [B, T, H]; pos: [B, T] or [T]. Returns q [B, Hq, T, D], k and v [B, Hkv, T, D] (rotated q, k)."""
         b, t, _ = x.shape
         c = self.cfg
         hn = self.norm1(x)
-        q = self.q(hn).view(b, t, c.heads, c.head_dim).transpose(1, 2)
-        k = self.k(hn).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
-        v = self.v(hn).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        q, k, v = self.qkv_stack(hn, self.q, self.k, self.v)
+        q = q.reshape(b, t, c.heads, c.head_dim).transpose(1, 2)
+        k = k.reshape(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        v = v.reshape(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
         cos, sin = rope_tables(pos, c.head_dim, c.rope_theta, x.dtype)
         return rotate(q, cos, sin), rotate(k, cos, sin), v
 
@@ -134,7 +138,8 @@ class DraftLayer(nn.Module):
         b, _, t, _ = attn.shape
         x = x + self.o(attn.transpose(1, 2).reshape(b, t, -1))
         hn = self.norm2(x)
-        return x + self.down(F.silu(self.gate(hn)) * self.up(hn))
+        gate, up = self.gate_up_stack(hn, self.gate, self.up)
+        return x + self.down(F.silu(gate) * up)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:

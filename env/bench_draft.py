@@ -72,7 +72,8 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> None:
-    from env.model import cpu_label, load_model
+    from env.machine import cpu_label
+    from env.model import load_model
 
     p = argparse.ArgumentParser(prog="python -m env.bench_draft", description=__doc__.split("\n\n")[0])
     p.add_argument("--drafters", default="eagle3,eagle")

@@ -119,7 +119,8 @@ def _plainly(step):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from env.model import ModelError, cpu_label, load_model
+    from env.machine import cpu_label
+    from env.model import ModelError, load_model
 
     ap = argparse.ArgumentParser(prog="python -m env.bench_forward", description=__doc__.splitlines()[0])
     ap.add_argument("--q", default="1,4,8,16,32", help="node counts per row (default 1,4,8,16,32)")

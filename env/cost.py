@@ -257,7 +257,7 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    from env.model import cpu_label
+    from env.machine import cpu_label
 
     info: dict[str, Any] = {
         "cpu_label": cpu_label(),

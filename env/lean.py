@@ -236,7 +236,7 @@ class LeanLlama:
         under the draftgym cache (``inductor/``): a later process on the same machine only traces again."""
         if self._compiled is not None:
             return
-        from env.model import cache_dir
+        from env.machine import cache_dir
 
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
         options = {"cpp_wrapper": True} if self.embed.device.type == "cpu" else {}

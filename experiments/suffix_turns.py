@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     from env.decoder import chat_prompt
     from env.engine import parse_arm
     from env.files import atomic_write_text
-    from env.model import cpu_label, load_model
+    from env.machine import cpu_label
+    from env.model import load_model
     from experiments.provenance import library_versions, machine
 
     out = Path(args.out)

@@ -149,7 +149,8 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     from drafters.train import TrainSettings, train_head
     from drafters.train_data import generate_data, prefill_data
     from env.decoder import chat_prompt
-    from env.model import cache_dir, load_model
+    from env.machine import cache_dir
+    from env.model import load_model
     from env.workloads import load_workload
     from experiments.args import output_dir, output_file
     from experiments.errors import UserError
@@ -279,7 +280,8 @@ def _train_eagle3(args: argparse.Namespace) -> int:
     from drafters.heads import cache_heads_dir, head_name
     from drafters.train import TrainSettings, train_head
     from env.decoder import chat_prompt
-    from env.model import cache_dir, load_model
+    from env.machine import cache_dir
+    from env.model import load_model
     from experiments import corpus
     from experiments.args import output_dir, output_file
 

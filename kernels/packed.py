@@ -7,7 +7,7 @@ to eight, where oneDNN's product with the weight reordered to its blocked layout
 and 8 rows (README: "An fp32 target on a CPU without native bf16").
 
 ``DRAFTGYM_FP32_MATMUL=packed|plain`` decides; else a probe (``probe_packed``), kept per machine by the model loader
-(``env.model.settle_packed``). ``Reordered`` holds one weight's reordered copy (a target layer's, ``kernels.quant``;
+(``env.machine.settle_packed``). ``Reordered`` holds one weight's reordered copy (a target layer's, ``kernels.quant``;
 a drafter head's, ``ReorderedLinear``); only inference products use it — fp32, on the CPU, nothing for autograd to
 record, not while torch.compile traces — and everything else is ``F.linear``.
 """
@@ -146,6 +146,51 @@ class Reordered:
     @property
     def built(self) -> bool:
         return self._pk is not None
+
+
+class Stacked:
+    """Several linear layers that read the same input, as ONE product: ``stacked(x, *layers)`` returns each layer's
+    output (views of one tensor), from their weights (and biases) stacked once and rebuilt when any of them is not
+    the one it was built from (``_signature``), through a ``Reordered`` copy (fp32 on a CPU where ``packed_fp32``
+    chose it; else ``F.linear``). A drafter head's q/k/v and gate/up: one product each instead of three and two.
+    With autograd to record, or while torch.compile traces, each layer runs on its own. Holds no layer (the caller
+    passes them each time); a deep copy starts empty."""
+
+    __slots__ = ("_w", "_b", "_sig", "_sizes", "_pk")
+
+    def __init__(self) -> None:
+        self._w: torch.Tensor | None = None
+        self._b: torch.Tensor | None = None
+        self._sig: tuple | None = None
+        self._sizes: list[int] = []
+        self._pk = Reordered()
+
+    def __deepcopy__(self, memo: dict) -> Stacked:
+        return Stacked()
+
+    def __call__(self, x: torch.Tensor, *layers: torch.nn.Linear) -> tuple[torch.Tensor, ...]:
+        params = [t for lin in layers for t in (lin.weight, lin.bias) if t is not None]
+        if (torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in params))) or (
+            torch.compiler.is_compiling()
+        ):
+            return tuple(lin(x) for lin in layers)
+        sig = tuple(None if t is None else _signature(t) for lin in layers for t in (lin.weight, lin.bias))
+        if sig != self._sig:
+            self._w = torch.cat([lin.weight.detach() for lin in layers])
+            biases = [lin.bias for lin in layers]
+            self._b = (
+                None
+                if all(b is None for b in biases)
+                else torch.cat(
+                    [
+                        lin.weight.new_zeros(lin.weight.shape[0]) if b is None else b.detach()
+                        for lin, b in zip(layers, biases)
+                    ]
+                )
+            )
+            self._sizes = [lin.weight.shape[0] for lin in layers]
+            self._sig = sig
+        return self._pk.product(x, self._w, self._b).split(self._sizes, dim=-1)  # type: ignore[arg-type]
 
 
 class ReorderedLinear(torch.nn.Linear):

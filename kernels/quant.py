@@ -27,7 +27,7 @@ GROUP = 32  # int4 group size: one Q4_1 block
 # ---- wide products (a prefill chunk, a wide verify): on a CPU without a fast bf16 GEMM (AVX-512 BF16 without AMX:
 # see the README's "Wide products in fp32", `python -m env.bench_forward --wide-native`) a product of many rows runs
 # faster in fp32. DRAFTGYM_WIDE_MATMUL=native|fp32 decides; else a probe (`probe_wide`), which the model loader
-# keeps per machine (env.model). Natively, a quantized layer's wide product is a GEMM of its weight in the
+# keeps per machine (env.machine). Natively, a quantized layer's wide product is a GEMM of its weight in the
 # activations' dtype too (kept once built), not the weight-only kernel.
 WIDE_ENV = "DRAFTGYM_WIDE_MATMUL"
 WIDE_ROWS = 128  # rows from which a product is wide (the layer's fp32 weight kept once built)

@@ -15,7 +15,15 @@ import torch.nn.functional as F
 from experiments.cli import main
 from experiments.errors import is_user_error
 from kernels import packed
-from kernels.packed import PACKED_ENV, QuantError, Reordered, ReorderedLinear, packed_available, packed_fp32
+from kernels.packed import (
+    PACKED_ENV,
+    QuantError,
+    Reordered,
+    ReorderedLinear,
+    Stacked,
+    packed_available,
+    packed_fp32,
+)
 from kernels.quant import QLinear
 
 needs_onednn = pytest.mark.skipif(not packed_available(), reason="this torch has no oneDNN reordered linear")
@@ -116,7 +124,7 @@ def test_the_real_probe_runs_and_decides():
 def test_the_decision_is_kept_per_machine_and_a_bad_store_is_ignored(setting, tmp_path, monkeypatch):
     """The model loader's ``settle_packed``: probed once per machine and kept beside the wide-product decision;
     a kept decision is followed; a damaged file is probed again and rewritten; a setting decides alone."""
-    from env.model import WIDE_FILE, settle_packed
+    from env.machine import WIDE_FILE, settle_packed
 
     monkeypatch.setenv("DRAFTGYM_CACHE", str(tmp_path))
     store = tmp_path / WIDE_FILE
@@ -239,7 +247,11 @@ def test_a_drafter_head_loaded_in_inference_mode_proposes_as_under_no_grad(setti
             eng.admit(prompt, {"eagle3": d})
             row = eng.target.rows[0]
             (tree,) = d.propose_batch([(d, row.ctx, shape)])
-            assert isinstance(d.head.layer.q, ReorderedLinear) and d.head.layer.q._pk.built
+            layer = d.head.layer
+            assert isinstance(layer.o, ReorderedLinear) and layer.o._pk.built
+            assert (
+                layer.qkv_stack._pk.built and layer.gate_up_stack._pk.built
+            )  # q/k/v, gate/up: one product each
             trees.append((tree.tokens.tolist(), tree.parents.tolist()))
     assert trees[0] == trees[1]
 
@@ -263,3 +275,32 @@ def test_reorder_linears_keeps_the_parameters_and_the_state_dict(setting):
     with torch.no_grad():
         assert torch.allclose(net(x), want, rtol=1e-5, atol=1e-5)
     assert net[0]._pk.built is packed_available()
+
+
+@pytest.mark.parametrize("how", ["packed", "plain"])
+def test_stacked_layers_give_each_layers_product_and_follow_their_weights(setting, how):
+    """``Stacked``: one product for several layers that read one input equals each layer's own (up to sum order);
+    the stacked weight is rebuilt when a layer's weight changes in place or is swapped; with autograd to record
+    every layer runs on its own (gradients reach each weight); a deep copy starts empty."""
+    import copy
+
+    setting(how)
+    torch.manual_seed(0)
+    q, k = torch.nn.Linear(24, 16, bias=False), torch.nn.Linear(24, 8, bias=True)
+    x = torch.randn(2, 5, 24)
+    st = Stacked()
+    with torch.no_grad():
+        a, b = st(x, q, k)
+        assert a.shape == (2, 5, 16) and b.shape == (2, 5, 8)
+        assert torch.allclose(a, q(x), atol=1e-5) and torch.allclose(b, k(x), atol=1e-5)
+        built = st._w
+        st(x, q, k)
+        assert st._w is built  # nothing changed: not rebuilt
+        k.weight.mul_(2.0)  # in place
+        assert torch.allclose(st(x, q, k)[1], k(x), atol=1e-5)
+        q.weight = torch.nn.Parameter(torch.randn(16, 24))  # swapped
+        assert torch.allclose(st(x, q, k)[0], q(x), atol=1e-5)
+    a, b = st(x, q, k)  # autograd: each layer on its own
+    (a.sum() + b.sum()).backward()
+    assert q.weight.grad is not None and k.weight.grad is not None and k.bias.grad is not None
+    assert copy.deepcopy(st)._w is None

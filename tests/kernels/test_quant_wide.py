@@ -119,7 +119,7 @@ def test_the_probe_decides_once_per_process(setting):
 def test_the_decision_is_kept_per_machine_and_a_bad_store_is_ignored(setting, tmp_path, monkeypatch):
     """The model loader's ``settle_wide``: probed once per machine and kept in the cache folder; a kept decision
     is followed; a damaged or foreign file is probed again and rewritten."""
-    from env.model import WIDE_FILE, settle_wide
+    from env.machine import WIDE_FILE, settle_wide
 
     monkeypatch.setenv("DRAFTGYM_CACHE", str(tmp_path))
     store = tmp_path / WIDE_FILE
