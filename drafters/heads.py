@@ -10,6 +10,7 @@ reduced draft vocabulary, Kangaroo (arXiv 2404.18911) for the early-exit adapter
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -195,7 +196,9 @@ def check_fingerprint(saved: dict[str, Any], model: Any, model_id: str, where: s
 def save_head(
     path: Path, module: nn.Module, d2t: torch.Tensor, cfg: HeadConfig, meta: dict[str, Any]
 ) -> Path:
-    """Write ``path`` (.safetensors, fp16) and its ``.json`` beside it, atomically (a kill leaves the old files)."""
+    """Write ``path`` (.safetensors, fp16) and its ``.json`` beside it, each atomically; the description names the
+    weights' sha256, so that a kill between the two renames (new weights beside the old description) is caught
+    when the head loads."""
     from safetensors.torch import save_file
 
     path = Path(path).with_suffix(".safetensors")
@@ -205,6 +208,7 @@ def save_head(
     header = {"format": FORMAT, "version": VERSION, "config": asdict(cfg), **meta}
     tmp_w, tmp_j = path.with_suffix(".safetensors.tmp"), path.with_suffix(".json.tmp")
     save_file(tensors, str(tmp_w))
+    header["weights_sha256"] = hashlib.sha256(tmp_w.read_bytes()).hexdigest()
     tmp_j.write_text(json.dumps(header, indent=2))
     os.replace(tmp_w, path)
     os.replace(tmp_j, path.with_suffix(".json"))
@@ -231,6 +235,11 @@ def load_head(
     if meta.get("format") != FORMAT or cfg.kind != kind:
         raise DrafterError(f"{meta_path} describes a {cfg.kind!r} head, not {kind!r}")
     check_fingerprint(meta.get("target", {}), model, model_id, str(path))
+    want = meta.get("weights_sha256")  # heads saved before it was recorded have none
+    if want is not None and want != hashlib.sha256(path.read_bytes()).hexdigest():
+        raise DrafterError(
+            f"{path} is not the weights {meta_path.name} describes (a save cut short, or a file replaced)"
+        )
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as err:

@@ -337,12 +337,14 @@ def train_head(
     work_dir: Path,
     data_info: dict[str, Any],
     progress: bool = True,
+    keep_ids: set[str] | None = None,
 ) -> dict[str, Any]:
-    """Train (or resume training) a head on the data in ``data_dirs``; save it to ``out_path`` with its metadata."""
+    """Train (or resume training) a head on the data in ``data_dirs`` (``keep_ids``: only these prompts' and
+    windows' sequences); save it to ``out_path`` with its metadata."""
     from tqdm import tqdm
 
     torch.manual_seed(st.seed)
-    seqs = load_data(*data_dirs)
+    seqs = load_data(*data_dirs, keep=keep_ids)
     train, held = split(seqs)
     if st.kind == "eagle3":  # every position trains: long sequences are cut into windows
         train, held = windows(train, st.window), windows(held, st.window)

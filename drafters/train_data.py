@@ -10,6 +10,7 @@ Costs are counted in CPU seconds of this process (``time.process_time``), summed
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -83,20 +84,53 @@ def generate_data(
         return tensors, meta
 
     order = sorted(prompts, key=lambda p: len(p[1]))  # similar lengths batch together: little padding
-    cpu = _write_parts(model, order, out_dir, batch_size, capture_layers, "distill data", progress, part)
+    cpu = _write_parts(model, order, out_dir, batch_size, capture_layers, "distill data", progress, part,
+                       {"kind": "distill", "max_new_tokens": max_new_tokens, "window": window, "pad_id": pad_id})  # fmt: skip
     return _log_info(out_dir, cpu, prompts, max_new_tokens, window, capture_layers)
 
 
 def _write_parts(
-    model, order, out_dir: Path, batch_size: int, capture_layers, desc: str, progress: bool, part
+    model,
+    order,
+    out_dir: Path,
+    batch_size: int,
+    capture_layers,
+    desc: str,
+    progress: bool,
+    part,
+    settings: dict,
 ):
     """Run ``part(batch, captured)`` -> (tensors, meta) over the batches of ``order`` with the capture hooks on,
     writing ``out_dir/part-NNNN.safetensors`` atomically and skipping the parts already there (resume after a
-    kill). Returns the CPU seconds of this call."""
+    kill). The folder remembers what its parts were made from (``parts.json``: the kind of data, its settings,
+    the model's dtype, a digest of the prompts in order): parts of other settings are refused (``DrafterError``),
+    not mixed in. Returns the CPU seconds of this call."""
     from safetensors.torch import save_file
     from tqdm import tqdm
 
+    from drafters.base import DrafterError
+
     out_dir.mkdir(parents=True, exist_ok=True)
+    prompts = hashlib.sha256(json.dumps(order).encode()).hexdigest()
+    dtype = str(getattr(model, "dtype", "")).removeprefix("torch.")
+    settings = {**settings, "batch_size": batch_size, "capture_layers": list(capture_layers), "dtype": dtype,
+                "prompts": prompts}  # fmt: skip
+    kept = out_dir / "parts.json"
+    try:
+        before = json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        before = "unreadable"
+    if before is not None and before != settings and any(out_dir.glob("part-*.safetensors")):
+        keys = sorted(k for k in {*before, *settings} if before.get(k) != settings.get(k)) if isinstance(
+            before, dict) else [kept.name]  # fmt: skip
+        raise DrafterError(
+            f"{out_dir} holds data parts of other settings ({', '.join(keys)} differ): use another work folder, "
+            "or the same settings to resume"
+        )
+    if before != settings:
+        tmp = kept.with_name(kept.name + ".tmp")
+        tmp.write_text(json.dumps(settings, indent=1))
+        os.replace(tmp, kept)
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     cpu0 = time.process_time()
     captured, handles = _hooks(model, capture_layers)
@@ -168,7 +202,8 @@ def prefill_data(
         return tensors, [{"prompt_id": pid, "answer_start": len(ids), "answer_len": 0} for pid, ids in batch]
 
     order = sorted(((pid, ids[:max_len]) for pid, ids in prompts), key=lambda p: len(p[1]))
-    cpu = _write_parts(model, order, out_dir, batch_size, capture_layers, "prefill data", progress, part)
+    cpu = _write_parts(model, order, out_dir, batch_size, capture_layers, "prefill data", progress, part,
+                       {"kind": "prefill", "max_len": max_len, "pad_id": pad_id})  # fmt: skip
     return _log_info(out_dir, cpu, prompts, 0, max_len, capture_layers)
 
 
@@ -189,7 +224,9 @@ def _log_info(out_dir: Path, cpu: float, prompts, max_new_tokens: int, window: i
     return info
 
 
-def load_data(*dirs: Path) -> list[Sequence]:
+def load_data(*dirs: Path, keep: set[str] | None = None) -> list[Sequence]:
+    """The sequences of every part in ``dirs``; with ``keep``, only those of these prompt (or window) ids -- a
+    work folder answered by id keeps what earlier runs asked for too, which this run may hold out."""
     from safetensors import safe_open
 
     seqs = []
@@ -197,6 +234,8 @@ def load_data(*dirs: Path) -> list[Sequence]:
         with safe_open(str(part), framework="pt") as fh:
             meta = json.loads(fh.metadata()["meta"])
             for b, m in enumerate(meta):
+                if keep is not None and str(m["prompt_id"]) not in keep:
+                    continue
                 names = [k for k in fh.keys() if k.startswith(f"{b}/exit")]  # noqa: SIM118
                 exits = {int(k.split("/exit")[1]): fh.get_tensor(k) for k in names}
                 seqs.append(

@@ -171,12 +171,10 @@ def main() -> None:
             drafts.append({"arm": name, "rows": b, "together_ms": t, "row_by_row_ms": a, "ar_step_ms": st})
             print(f"{b:>5}{t:>10.1f}{a:>12.1f}{st:>9.1f}", flush=True)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(
-                {"rows": out, "drafts": drafts, "dtype": str(loaded.dtype), "machine": machine_info()},
-                fh,
-                indent=2,
-            )
+        from env.files import atomic_write_text
+
+        result = {"rows": out, "drafts": drafts, "dtype": str(loaded.dtype), "machine": machine_info()}
+        atomic_write_text(args.json, json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

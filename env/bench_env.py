@@ -116,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         from env.cost import machine_info
 
         out = {"rows": rows, "machine": machine_info(), "load_average": list(load), "cpu_reference_s": ref}
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+        from env.files import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(out, indent=1))
     return 0
 
 

@@ -192,10 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         print(f"| {n} | " + " | ".join(f"{r[n]:.1f}" for r in table) + " |")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {"machine": machine, "rows": args.rows, "context": args.context, "table": table}, f, indent=1
-            )
+        from env.files import atomic_write_text
+
+        result = {"machine": machine, "rows": args.rows, "context": args.context, "table": table}
+        atomic_write_text(args.json, json.dumps(result, indent=1))
     return 0
 
 

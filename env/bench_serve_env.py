@@ -63,8 +63,9 @@ def main() -> None:
         out.append(r)
         print(f"{e:>6}{r['request_steps_s']:>18,.0f}{r['env_steps_s']:>14,.0f}", flush=True)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"rows": out, "machine": machine_info()}, fh, indent=1)
+        from env.files import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps({"rows": out, "machine": machine_info()}, indent=1))
 
 
 if __name__ == "__main__":

@@ -123,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             cost_model.save(args.save_cost_model)
     res = run(args.prompts, args.trace, cost_model, args.seed)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(res, fh, indent=1)
+        from env.files import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(res, indent=1))
     e = res["cost_abs_rel_error"]
     print(
         f"prompts {res['prompts']}, steps {res['steps']}, greedy text equal to the trace: {res['greedy_text_equal']}"

@@ -21,3 +21,62 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def jsonl_lines(path: str | Path) -> list[str]:
+    """The complete lines of an append-only JSONL file (``[]`` when there is none); a torn last line (a kill
+    mid-write) is cut from the file, so that the next append starts on a fresh line."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as fh:
+            fh.truncate(data.rfind(b"\n") + 1)
+        data = data[: data.rfind(b"\n") + 1]
+    return data.decode("utf-8", errors="replace").splitlines()
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes (which version of a policy or a trace a result came from)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def settings_conflict(
+    folder: str | Path, settings: dict, started: bool, name: str = "settings.json"
+) -> str | None:
+    """A run folder remembers the settings its results depend on (``folder/name``). With results on disk
+    (``started``) and other settings there, returns a one-line message naming what differs (the caller raises
+    its own error); else writes the settings (a folder of results from before the file existed is taken as it
+    is) and returns None."""
+    import json
+
+    path = Path(folder) / name
+    now = json.loads(json.dumps(settings, sort_keys=True, default=str))
+    before: object = None
+    if path.is_file():
+        try:
+            before = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            return f"{path} is not readable JSON ({err}); delete it or use another output folder"
+        if not isinstance(before, dict):
+            return f"{path} is not a settings object; delete it or use another output folder"
+    if started and isinstance(before, dict) and before != now:
+
+        def shown(v: object) -> str:
+            text = json.dumps(v)
+            return text if len(text) <= 40 else text[:37] + "..."
+
+        keys = sorted(k for k in {*before, *now} if before.get(k) != now.get(k))
+        diff = "; ".join(f"{k}: {shown(before.get(k))} there, {shown(now.get(k))} now" for k in keys[:3])
+        more = f"; and {', '.join(keys[3:])}" if keys[3:] else ""
+        return f"{folder} holds results run with other settings ({diff}{more})"
+    if before != now:
+        atomic_write_text(path, json.dumps(now, sort_keys=True, indent=1))
+    return None

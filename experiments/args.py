@@ -167,6 +167,21 @@ def same_drafter_options(out: Path, options: dict[str, dict[str, object]], start
         path.unlink()
 
 
+def same_settings(out: Path, settings: dict[str, object], started: bool) -> None:
+    """A run folder remembers the settings its results depend on (``settings.json``: model, dtype, new tokens,
+    workload, ... -- not the list of methods or levels, which a resume may extend): a resumed run (``started``:
+    results on disk) with other settings would mix two runs in one table, and is refused naming what differs
+    (``env.files.settings_conflict``)."""
+    from env.files import settings_conflict
+    from experiments.errors import UserError
+
+    why = settings_conflict(out, settings, started)
+    if why:
+        raise UserError(
+            f"{why}: use another --out, or the same settings to resume" if "holds" in why else why
+        )
+
+
 def sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float_in(0.0, 1e4), default=0.0, help="0: greedy")
     p.add_argument("--top-k", type=nonnegative_int, default=0, help="0: no top-k filter")

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from env.decoder import SpeculativeDecoder, chat_prompt
 from env.engine import Sampling, parse_arm, split_weights
-from env.files import atomic_write_text
+from env.files import atomic_write_text, file_digest, jsonl_lines
 from env.metrics import speedup, throughput
 from env.model import LoadedModel, with_weights
 from env.target import check_prompt
@@ -168,19 +168,41 @@ def warm_up(method: str, loaded: LoadedModel, decoders: dict[str, Any], prompt_i
 def load_done(path: Path) -> list[Record]:
     """Records of an earlier (possibly killed) run; a torn last line is dropped (and cut from the file, so that
     the next append starts on a fresh line)."""
-    if not path.is_file():
-        return []
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with path.open("r+b") as fh:
-            fh.truncate(data.rfind(b"\n") + 1)
     out = []
-    for line in path.read_text().splitlines():
+    for line in jsonl_lines(path):
         try:
             out.append(Record(**json.loads(line)))
         except (json.JSONDecodeError, TypeError):
             continue
     return out
+
+
+def run_identity(
+    loaded: LoadedModel, max_new_tokens: int, drafter_options: dict | None = None
+) -> dict[str, Any]:
+    """The settings every decoding record depends on: model, dtype, device, weight format, forward, new tokens and
+    the drafters' options."""
+    return {
+        "model": loaded.model_id,
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "device": str(loaded.device),
+        "weights": loaded.weights,
+        "forward": loaded.forward,
+        "max_new_tokens": max_new_tokens,
+        "drafter_options": drafter_options or {},
+    }
+
+
+def workload_identity(workload: str | None) -> str:
+    """A workload as a resume compares it: the built-in set, or the file's absolute path."""
+    return "builtin" if not workload else str(Path(workload).resolve())
+
+
+def cost_identity(spec: str | None) -> str:
+    """A batch cost model as a resume compares it: a file's digest, else its name (None: the shipped one)."""
+    if spec and Path(spec).is_file():
+        return file_digest(spec)
+    return spec or "shipped"
 
 
 def run_bench(
@@ -195,16 +217,27 @@ def run_bench(
     decoders: dict[str, Any] | None = None,
     llama_cpp_gguf: Path | None = None,
     drafter_options: dict[str, dict[str, Any]] | None = None,
+    identity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``decoders``: ready decoders by method name (e.g. ``policy:NAME`` -> a decoder driven by a policy).
+    ``identity``: what else the records depend on (the workload, the policy files' digests), checked with the
+    model, dtype, weights, forward, new tokens and drafter options against the folder's ``settings.json``
+    (``experiments.args.same_settings``): a resume with other settings is refused, not mixed in.
     ``drafter_options``: constructor options per drafter for the arm methods (``--drafter-option``).
     ``llama_cpp_gguf``: the GGUF the llama_cpp method runs (default: the embedded model's); its worker starts
     here, once, and ends with the run. A llama_cpp worker that cannot start or dies ends that method only: the
     result's ``failures`` says why, and every other method runs to the end."""
+    from experiments.args import same_settings
+
     decoders = dict(decoders or {})
     for m in methods:
         if m not in decoders:
             check_method(m)  # fail before any work on a bad method name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rec_path = out_dir / "records.jsonl"
+    records = load_done(rec_path)
+    same_settings(out_dir, {**run_identity(loaded, max_new_tokens, drafter_options), **(identity or {})},
+                  started=bool(records))  # fmt: skip
     longest = 0
     for p in prompts:  # and on a prompt that does not fit the context
         ids = chat_prompt(loaded.tokenizer, p.text)
@@ -218,9 +251,6 @@ def run_bench(
             decoders[m] = SpeculativeDecoder(
                 with_weights(loaded, fmt), [parse_arm(arm)], drafter_options=drafter_options
             )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rec_path = out_dir / "records.jsonl"
-    records = load_done(rec_path)
     done = {(r.method, r.prompt_id) for r in records}
     todo = [(i, p) for i, p in enumerate(prompts) if any((m, p.prompt_id) not in done for m in methods)]
     failures: dict[str, str] = {}  # method -> why it stopped (the llama_cpp worker's death)
@@ -427,6 +457,11 @@ def cmd_bench(args: Any) -> int:
         decoders=decoders,
         llama_cpp_gguf=gguf,
         drafter_options=options,
+        identity={
+            "workload": workload_identity(args.workload),
+            "policies": {m: file_digest(p) for m, p in zip(decoders, args.policy or [])},
+            "llama_cpp_gguf": None if gguf is None else str(gguf),
+        },
     )
     if args.json:
         print(json.dumps(result))

@@ -61,6 +61,17 @@ def text_windows(tokenizer: Any, max_tokens: int, window: int = 512) -> Iterator
 # ---------------------------------------------------------------- writing parts
 
 
+def same_parts(out_dir: Path, settings: dict[str, Any]) -> None:
+    """A data folder is answered by id, and a rerun may add prompts, but the parts must come from one model, dtype
+    and answer length (``parts.json``): parts of other settings are refused, not mixed in."""
+    from env.files import settings_conflict
+    from experiments.errors import UserError
+
+    why = settings_conflict(out_dir, settings, any(out_dir.glob("part-*.safetensors")), name="parts.json")
+    if why:
+        raise UserError(f"{why}: use another --work folder, or the same settings to resume")
+
+
 def _done_ids(out_dir: Path) -> set[str]:
     from safetensors import safe_open
 
@@ -122,6 +133,8 @@ def distill_answers(
     from env.engine import NO_DRAFT
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    same_parts(out_dir, {"kind": "answers", "model": loaded.model_id, "weights": loaded.weights,
+                         "dtype": str(loaded.dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens})  # fmt: skip
     done = _done_ids(out_dir)
     todo = [p for p in prompts if p[0] not in done]
     eng = BatchEngine(loaded, max_rows=batch)
@@ -207,6 +220,8 @@ def text_features(
     from env.batch import BatchTarget
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    same_parts(out_dir, {"kind": "text", "model": loaded.model_id, "weights": loaded.weights,
+                         "dtype": str(loaded.dtype).removeprefix("torch.")})  # fmt: skip
     done = _done_ids(out_dir)
     todo = [w for w in windows if w[0] not in done]
     target = BatchTarget(loaded, 1)

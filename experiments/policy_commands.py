@@ -116,6 +116,7 @@ def train_policy(
 
         policy = train_predictor(env, **params)
     elif pcfg.kind == "sb3":
+        from env.files import file_digest
         from env.vector_env import make_sb3_vec_env
         from policies.rl_train import plateau, train_sb3
 
@@ -137,6 +138,11 @@ def train_policy(
         policy = train_sb3(
             policy, venv, out, total_timesteps=t.total_timesteps, eval_fn=eval_fn, eval_freq=t.eval_freq,
             checkpoint_freq=t.checkpoint_freq, progress=progress,
+            settings={"trace": file_digest(t.trace) if t.trace else "bundled",
+                      "cost_model": file_digest(t.cost_model) if t.cost_model and Path(t.cost_model).is_file()
+                      else t.cost_model or "default",
+                      "fit_prompts": list(val.train), "validation_prompts": list(val.test),
+                      "draft_features": t.draft_features},
         )  # fmt: skip
         summary["run_dir"] = str(out)
         summary["plateau"] = plateau(out)
@@ -337,8 +343,13 @@ def _live(policy_paths, policies, best_name, trace, test, *, loaded, workload, m
     settings = {"workload": str(source), "prompts": len(prompts), "max_new_tokens": max_new_tokens,
                 "model": loaded.model_id, "dtype": str(loaded.dtype).removeprefix("torch."), "out": str(out),
                 "baseline": "Hugging Face generate, greedy"}  # fmt: skip
+    from env.files import file_digest
+    from experiments.bench import workload_identity
+
+    identity = {"workload": workload_identity(source) if source != "builtin" else "builtin",
+                "policies": {m: file_digest(p) for m, p in zip(decoders, policy_paths)}}  # fmt: skip
     result = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, out_dir=out, settings=settings,
-                       progress=progress, decoders=decoders)  # fmt: skip
+                       progress=progress, decoders=decoders, identity=identity)  # fmt: skip
     overall = {r["method"]: r["speedup_vs_hf"] for r in result["summary"] if r["category"] == "overall"}
     speedups = {f"static:{best_name}": overall.get(best_name)}
     for m in decoders:

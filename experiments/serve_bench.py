@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from env.files import atomic_write_text
+from env.files import atomic_write_text, jsonl_lines
 
 HF_BATCH = "hf_batch"
 DEFAULT_METHODS = ("ar", HF_BATCH, "ngram-d2", "ngram-d4", "ngram-d8")
@@ -175,11 +175,9 @@ def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[d
 
 
 def load_cells(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
-    """Finished cells of an earlier (maybe killed) run; a torn last line is dropped."""
-    if not path.is_file():
-        return {}
+    """Finished cells of an earlier (maybe killed) run; a torn last line is dropped (and cut from the file)."""
     out = {}
-    for line in path.read_text().splitlines():
+    for line in jsonl_lines(path):
         try:
             c = json.loads(line)
             out[(c["method"], int(c["concurrency"]))] = c
@@ -197,7 +195,7 @@ def cmd_serve_bench(args: Any) -> int:
     from env.target import check_prompt
     from env.workloads import load_workload
     from experiments import plots
-    from experiments.args import drafter_options, output_dir, same_drafter_options
+    from experiments.args import drafter_options, output_dir, same_drafter_options, same_settings
     from experiments.errors import UserError
     from experiments.provenance import provenance
 
@@ -256,6 +254,17 @@ def cmd_serve_bench(args: Any) -> int:
     }  # fmt: skip
     cells_path = out / "cells.jsonl"
     cells = load_cells(cells_path)
+    from env.files import file_digest
+    from experiments.bench import cost_identity, run_identity, workload_identity
+
+    same_settings(out, {
+        **run_identity(loaded, args.max_new_tokens, args.drafter_options),
+        "workload": workload_identity(args.workload), "prompt_ids": rids, "rate": args.rate,
+        "arrivals": None if args.arrivals is None else file_digest(args.arrivals), "max_batch": args.max_batch,
+        "kv_budget": args.kv_budget, "prefill_chunk": args.prefill_chunk,
+        "policies": {m: file_digest(p) for m, p in zip(args.policy_objects, args.policy or [])},
+        "batch_cost": cost_identity(args.batch_cost) if args.policy else None,
+    }, started=bool(cells))  # fmt: skip
     todo = [(m, c) for c in levels for m in methods if (m, c) not in cells]
     engines: dict[int, Any] = {}
     warm = args.__class__(**{**vars(args), "max_new_tokens": 4, "rate": None})

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from env.files import atomic_write_text
+from env.files import atomic_write_text, jsonl_lines
 
 EVAL_LOADS = ("1", "2", "4", "8", "16", "mixed", "bursty")
 TRAIN_LOADS = ("1", "2", "4", "8", "16", "ramp", "bursty")  # at max_batch 16 (``train_loads``)
@@ -257,8 +257,8 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     done = {}
     probes: dict[str, dict[str, Any]] = {}
     live_path = None if out is None else out / "live.jsonl"
-    if live_path is not None and live_path.is_file():
-        for line in live_path.read_text().splitlines():
+    if live_path is not None:
+        for line in jsonl_lines(live_path):
             try:
                 c = json.loads(line)
                 done[(c["policy"], c["load"])] = float(c["live_goodput"])
@@ -292,7 +292,14 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
         if (n in live_statics if n.startswith("static:") else n in want_live)
     ]
     live: dict[tuple[str, str], float] = {}
-    for load in loads if loaded is not None else []:
+    live_loads = loads if loaded is not None else []
+    bar = None
+    if progress and live_loads:
+        from tqdm import tqdm
+
+        left = sum(1 for x in live_loads for n, _ in live_set if (n, x) not in done)
+        bar = tqdm(total=left * repeats, desc="evaluate --serve, live", unit="run")
+    for load in live_loads:
         todo = [(n, p) for n, p in live_set if (n, load) not in done]
         runs: dict[str, list[float]] = {n: [] for n, _ in todo}
         pr = probe_rows(cost, load) if probe and todo else []
@@ -302,6 +309,9 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                 runs[name].append(
                     _live(loaded, _streams(make, load, 1, seed), pol, menu, max_batch, max_new, cost)
                 )
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix_str(f"{name} @ {load}: {runs[name][-1]:.1f} tok/s")
         after = speed_probe(loaded, cost, pr) if before is not None else None
         if before is not None and after is not None:
             probes[load] = {"rows": pr, "before": before, "after": after,
@@ -315,6 +325,8 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                 with live_path.open("a") as fh:
                     fh.write(json.dumps({"policy": name, "load": load, "live_goodput": live[(name, load)],
                                          "runs": runs[name], "probe": probes.get(load)}) + "\n")  # fmt: skip
+    if bar is not None:
+        bar.close()
     for load in loads:
         for name, _ in [*statics, *policies]:
             rows.append({"policy": name, "kind": kinds[name], "load": load, "replay_goodput": replay[(name, load)],
@@ -394,6 +406,17 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
             args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
         )
     live_names = None if not args.live_policies else {x.strip() for x in args.live_policies.split(",")}
+    if loaded is not None:  # live cells on disk must come from the same settings (a resume), else refused
+        from env.files import file_digest
+        from experiments.args import same_settings
+        from experiments.bench import cost_identity, run_identity
+
+        same_settings(out, {
+            **run_identity(loaded, max_new), "trace": "bundled" if args.trace is None else file_digest(args.trace),
+            "batch_cost": cost_identity(args.batch_cost), "test_prompts": list(split.test),
+            "requests": args.requests, "max_batch": max_batch, "seed": args.seed, "repeats": args.repeats,
+            "probe": not args.no_probe, "policies": {name: file_digest(p) for (name, _), p in zip(policies, paths)},
+        }, started=bool(jsonl_lines(out / "live.jsonl")))  # fmt: skip
     res = evaluate_serve(policies, trace, cost, arms, split, loads=loads, episodes=args.episodes, max_new=max_new,
                          requests=args.requests, max_batch=max_batch, seed=args.seed, loaded=loaded,
                          repeats=args.repeats, live_policies=live_names, out=out,

@@ -221,16 +221,18 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     dirs = [work]
     if more:
         more_ids = [(p.prompt_id, chat_prompt(loaded.tokenizer, p.text)) for p in more]
+        more_key = hashlib.sha256(json.dumps(more_ids).encode()).hexdigest()[:8]
+        pre_dir = work / f"prefill-{args.prefill_len}-{more_key}"  # keyed by its prompts as well
         pre = prefill_data(
             loaded.model,
             more_ids,
-            work / f"prefill-{args.prefill_len}",
+            pre_dir,
             max_len=args.prefill_len,
             capture_layers=layers,
             pad_id=int(loaded.tokenizer.pad_token_id or 0),
             progress=progress,
         )
-        dirs.append(work / f"prefill-{args.prefill_len}")
+        dirs.append(pre_dir)
         info = {
             **info,
             "cpu_s": info["cpu_s"] + pre["cpu_s"],
@@ -341,7 +343,9 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         seed=args.seed,
         window=args.train_window,
     )
+    keep = {str(pid) for pid, _ in ids} | ({str(w[0]) for w in windows} if args.text_tokens else set())
     meta = train_head(
-        loaded.model, loaded.model_id, dirs, out, settings, work_dir=work, data_info=info, progress=progress
-    )
+        loaded.model, loaded.model_id, dirs, out, settings, work_dir=work, data_info=info, progress=progress,
+        keep_ids=keep,
+    )  # fmt: skip
     return _report(args, meta, out)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import platform
 import statistics
 import sys
@@ -181,8 +182,10 @@ def main(argv: list[str] | None = None) -> int:
             prov["triton"] = triton.__version__
         except ImportError:
             prov["triton"] = None
-        with open(args.json, "w") as f:
+        tmp = f"{args.json}.tmp"  # written whole, then renamed: a kill leaves no half a file
+        with open(tmp, "w") as f:
             json.dump(dict(provenance=prov, rows=rows), f, indent=1)
+        os.replace(tmp, args.json)
     return 0
 
 

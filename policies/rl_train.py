@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from env.files import atomic_write_text, jsonl_lines, settings_conflict
 from policies.base import PolicyError, is_sb3_zip, load_policy
 from policies.rl import SB3Policy
 from policies.sb3_files import apply_checkpoint, read_checkpoint, save_checkpoint
@@ -52,9 +53,7 @@ def _callbacks(policy: SB3Policy, out: Path, eval_fn, eval_freq: int, checkpoint
     from stable_baselines3.common.callbacks import BaseCallback
 
     log = out / "eval.jsonl"
-    prev = (
-        [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
-    )
+    prev = eval_rows(log)
     base_wall = prev[-1]["wall_s"] if prev else 0.0
     base_cpu = prev[-1]["cpu_s"] if prev else 0.0
     best = max((r["replay_speedup"] for r in prev), default=-np.inf)
@@ -65,10 +64,14 @@ def _callbacks(policy: SB3Policy, out: Path, eval_fn, eval_freq: int, checkpoint
             self.next_eval = (self.num_timesteps // eval_freq + 1) * eval_freq
             self.next_ckpt = (self.num_timesteps // checkpoint_freq + 1) * checkpoint_freq
             self.best = best
+            self.evaluated_at = prev[-1]["timesteps"] if prev else -1
             if not prev:
                 self._evaluate()
 
         def _evaluate(self) -> None:
+            if self.num_timesteps == self.evaluated_at:  # the closing evaluation at a step just evaluated
+                return
+            self.evaluated_at = int(self.num_timesteps)
             speedup = float(eval_fn(policy))
             row = {
                 "timesteps": int(self.num_timesteps),
@@ -99,8 +102,32 @@ def _callbacks(policy: SB3Policy, out: Path, eval_fn, eval_freq: int, checkpoint
     return Train()
 
 
+def eval_rows(log: Path) -> list[dict[str, Any]]:
+    """The evaluations in ``eval.jsonl`` (a torn last line, from a kill mid-write, is cut from the file; a line
+    that is not an evaluation row is skipped)."""
+    rows = []
+    for line in jsonl_lines(log):
+        try:
+            r = json.loads(line)
+            rows.append({"timesteps": int(r["timesteps"]), "wall_s": float(r["wall_s"]),
+                         "cpu_s": float(r["cpu_s"]), "replay_speedup": float(r["replay_speedup"])})  # fmt: skip
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+    return rows
+
+
 def _resume(policy: SB3Policy, model: Any, folder: Path) -> None:
-    """Load the latest readable checkpoint of ``folder`` into the fresh ``model`` (none: start afresh)."""
+    """Load the latest readable checkpoint of ``folder`` into the fresh ``model`` (none: start afresh). The
+    evaluations a killed run logged after that checkpoint are dropped from ``eval.jsonl``: they are run again."""
+    _resume_model(policy, model, folder)
+    log = folder.parent / "eval.jsonl"
+    rows = eval_rows(log)
+    keep = [r for r in rows if r["timesteps"] <= model.num_timesteps]
+    if len(keep) < len(rows):
+        atomic_write_text(log, "".join(json.dumps(r) + "\n" for r in keep))
+
+
+def _resume_model(policy: SB3Policy, model: Any, folder: Path) -> None:
     for _, path in reversed(_checkpoints(folder)):
         try:
             ckpt = read_checkpoint(path)
@@ -125,11 +152,14 @@ def train_sb3(
     eval_freq: int = 20_000,
     checkpoint_freq: int = 20_000,
     progress: bool = False,
+    settings: dict[str, Any] | None = None,
 ) -> SB3Policy:
     """Train ``policy`` on the stable-baselines3 VecEnv ``venv`` (``env.vector_env.make_sb3_vec_env``) for
     ``total_timesteps`` env steps in all, resuming from ``out/checkpoints`` when a killed run left one there.
     ``eval_fn(policy) -> replay speedup`` scores the deterministic policy on validation prompts. Returns the policy
-    holding the best model by that score."""
+    holding the best model by that score. ``settings``: what else the run depends on (trace, cost model, prompts),
+    kept in ``out/settings.json`` with the policy's parameters, network and env count: a folder holding a run of
+    other settings is refused (``PolicyError``), not resumed."""
     import torch
 
     threads = torch.get_num_threads()
@@ -137,6 +167,16 @@ def train_sb3(
     try:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
+        ident = {
+            "params": policy.params(),
+            "network": policy.network(),
+            "n_envs": venv.num_envs,
+            **(settings or {}),
+        }
+        started = bool(_checkpoints(out / "checkpoints")) or bool(eval_rows(out / "eval.jsonl"))
+        why = settings_conflict(out, ident, started)
+        if why:
+            raise PolicyError(f"{why}: use another output folder, or the same settings to resume")
         if policy.reward == "time_saved":
             venv = time_saved_wrapper(venv)
         model = policy.build(venv, tensorboard_log=str(out / "tb"))
@@ -167,7 +207,7 @@ def plateau(out: str | Path, tol: float = 0.01) -> dict[str, float] | None:
     log = Path(out) / "eval.jsonl"
     if not log.is_file():
         return None
-    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    rows = eval_rows(log)
     if not rows:
         return None
     best = max(r["replay_speedup"] for r in rows)

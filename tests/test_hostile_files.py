@@ -163,3 +163,31 @@ def test_bench_records_with_a_torn_line_resume(tmp_path):
     path.write_text(json.dumps(rec.__dict__) + "\n" + '{"method": "ar", "prom')
     assert load_done(path) == [rec]
     assert path.read_text().endswith("\n")
+
+
+def test_a_run_folder_remembers_its_settings(tmp_path):
+    """``settings.json``: written at the first run, a resume with the same settings passes, one with other settings
+    (results on disk) is refused in one line naming what differs, a fresh folder takes any; the JSONL reader cuts a
+    torn last line."""
+    from env.files import jsonl_lines, settings_conflict
+    from experiments.args import same_settings
+    from experiments.errors import UserError
+
+    a = {"model": "m", "dtype": "float32", "max_new_tokens": 8, "prompts": [1, 2]}
+    assert settings_conflict(tmp_path, a, started=False) is None
+    assert json.loads((tmp_path / "settings.json").read_text()) == a
+    assert settings_conflict(tmp_path, a, started=True) is None
+    b = {**a, "max_new_tokens": 16}
+    why = settings_conflict(tmp_path, b, started=True)
+    assert why is not None and "max_new_tokens: 8 there, 16 now" in why and "\n" not in why
+    with pytest.raises(UserError, match="other settings.*--out"):
+        same_settings(tmp_path, b, started=True)
+    assert json.loads((tmp_path / "settings.json").read_text()) == a  # nothing changed
+    assert settings_conflict(tmp_path, b, started=False) is None  # no results yet: the new settings are kept
+    assert json.loads((tmp_path / "settings.json").read_text()) == b
+    (tmp_path / "settings.json").write_text("[1, 2]")
+    assert "not a settings object" in settings_conflict(tmp_path, b, started=True)
+    log = tmp_path / "x.jsonl"
+    log.write_text('{"a": 1}\n{"a": 2}\n{"a"')
+    assert jsonl_lines(log) == ['{"a": 1}', '{"a": 2}'] and log.read_text() == '{"a": 1}\n{"a": 2}\n'
+    assert jsonl_lines(tmp_path / "none.jsonl") == []

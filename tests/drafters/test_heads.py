@@ -69,6 +69,9 @@ def test_wrong_shapes_are_refused(tmp_path):
     tensors = load_file(str(path))
     tensors["layer.q.weight"] = tensors["layer.q.weight"][:, :16].contiguous()
     save_file(tensors, str(path))
+    meta = json.loads(path.with_suffix(".json").read_text())
+    del meta["weights_sha256"]  # as a head saved before the digest was recorded: the shapes are checked
+    path.with_suffix(".json").write_text(json.dumps(meta))
     with pytest.raises(DrafterError, match="layer.q.weight has shape"):
         EagleDrafter(weights=str(path)).reset(_ctx(loaded))
 
@@ -91,6 +94,14 @@ def test_data_generation_training_and_resume_checks(tmp_path):
         progress=False,
     )
     assert len(list(work.glob("part-*.safetensors"))) == 2
+    # its parts were made with 6 new tokens: a rerun of other settings in the folder is refused, not mixed in
+    with pytest.raises(DrafterError, match=r"other settings \(max_new_tokens differ\)"):
+        generate_data(loaded.model, prompts, work, max_new_tokens=8, capture_layers=(1, 2), window=16, pad_id=0,
+                      progress=False)  # fmt: skip
+    with pytest.raises(DrafterError, match=r"other settings \(prompts differ\)"):
+        generate_data(loaded.model, prompts[:9], work, max_new_tokens=6, capture_layers=(1, 2), window=16,
+                      pad_id=0, progress=False)  # fmt: skip
+    assert len(load_data(work, keep={"p1", "p2"})) == 2  # only the prompts asked for
     pre = prefill_data(
         loaded.model, prompts[:3], tmp_path / "pre", max_len=4, capture_layers=(1, 2), progress=False
     )
@@ -111,6 +122,12 @@ def test_data_generation_training_and_resume_checks(tmp_path):
     meta = train_head(loaded.model, loaded.model_id, dirs, tmp_path / "head", st, **kw)
     assert meta["training"]["steps"] == 2 and "top1_depth1" in meta["metric"]
     EagleDrafter(weights=str(tmp_path / "head")).reset(_ctx(loaded))  # loads
+    # new weights beside an older description (a kill between the two renames of a save): caught at load
+    saved = (tmp_path / "head.safetensors").read_bytes()
+    (tmp_path / "head.safetensors").write_bytes(saved[:-2] + bytes([saved[-2] ^ 1]) + saved[-1:])
+    with pytest.raises(DrafterError, match="not the weights head.json describes"):
+        EagleDrafter(weights=str(tmp_path / "head")).reset(_ctx(loaded))
+    (tmp_path / "head.safetensors").write_bytes(saved)
     # resuming with a training state made for another target or other shapes fails clearly
     other = tiny_loaded(seed=0, hidden=48)
     with pytest.raises(DrafterError, match="training checkpoint .* another target"):

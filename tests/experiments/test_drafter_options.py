@@ -84,6 +84,12 @@ def test_bench_option_reaches_the_drafter_and_a_mismatched_resume_is_refused(tmp
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and "drafter-option" in err[0], err
     assert (capped / "records.jsonl").read_text() == records
+    longer = [*base, "--out", str(capped), *CAP]
+    longer[longer.index("--max-new-tokens") + 1] = "48"
+    assert main(longer) == 2  # a resume of other settings: 40-token records are not 48-token ones
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and "other settings" in err[0] and "max_new_tokens" in err[0], err
+    assert (capped / "records.jsonl").read_text() == records
 
 
 @pytest.mark.model

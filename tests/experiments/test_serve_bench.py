@@ -46,6 +46,17 @@ def test_serve_bench_writes_the_documented_json_and_resumes(tmp_path, capsys):
     assert main(argv) == 0  # a rerun: every cell is done, nothing is served again
     assert (out / "cells.jsonl").read_text() == cells
     assert json.loads((out / "serve.json").read_text())["rows"] == data["rows"]
+    capsys.readouterr()
+    other = list(argv)  # --max-new-tokens 6: cells of 8 tokens must not be reused as its own
+    other[other.index("--max-new-tokens") + 1] = "6"
+    assert main(other) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and "other settings" in err[0] and "max_new_tokens" in err[0], err
+    assert (out / "cells.jsonl").read_text() == cells
+    with (out / "cells.jsonl").open("a") as fh:  # a kill mid-append: the torn line is cut, the cells kept
+        fh.write('{"method": "ar", "concu')
+    assert main(argv) == 0
+    assert (out / "cells.jsonl").read_text() == cells
 
 
 def test_recorded_arrivals_and_chunked_prefill_serve_the_same_tokens(tmp_path, capsys):

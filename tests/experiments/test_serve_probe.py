@@ -133,3 +133,23 @@ def test_live_evaluation_brackets_each_load_with_a_probe_and_resumes(fp32_model,
     monkeypatch.setattr(bc, "_time_grid", no_live)
     again = sp.evaluate_serve([("trt-auto", pol)], trace, cost, arms, split, **kw)
     assert again["fidelity"] == fid and again["rows"] == res["rows"]
+
+
+@pytest.mark.model
+def test_live_cells_of_other_settings_are_not_resumed(tmp_path, capsys):
+    """``evaluate --serve`` keeps live cells in ``OUT/live.jsonl``; a rerun with another answer length (or model,
+    cost model, prompts, policies ...) in that folder is refused in one line before anything is served, and the
+    cells stay as they were."""
+    from experiments.cli import main
+
+    out = tmp_path / "ev"
+    argv = ["evaluate", "--serve", "--loads", "1", "--requests", "1", "--episodes", "1", "--repeats", "1",
+            "--live-policies", "trt-auto", "--dtype", "fp32", "--out", str(out)]  # fmt: skip
+    out.mkdir()
+    (out / "settings.json").write_text(json.dumps({"max_new_tokens": 99}))
+    cell = json.dumps({"policy": "trt-auto", "load": "1", "live_goodput": 1.0, "runs": [1.0], "probe": None})
+    (out / "live.jsonl").write_text(cell + "\n")
+    assert main(argv) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and "other settings" in err[0] and "max_new_tokens" in err[0], err
+    assert (out / "live.jsonl").read_text() == cell + "\n"

@@ -65,6 +65,34 @@ def test_smoke_train_save_load_predict(algo, synth_trace, synth_env, tmp_path):
     assert np.array_equal(fast, again.model.predict(batch, deterministic=True)[0])
 
 
+def test_evaluations_are_logged_once_and_a_folder_of_other_settings_is_refused(
+    synth_trace, synth_env, tmp_path
+):
+    """The closing evaluation at a step just evaluated is not logged twice; a rerun in the same folder with another
+    reward, seed or prompt set would resume (or return) the other run's model: refused in one line, nothing changed."""
+    names = (synth_env.arm_names, len(synth_env.feature_names), synth_env.feature_names)
+    run = tmp_path / "run"
+
+    def train(total, settings=None, **kw):
+        policy = SB3Policy(*names, algo="a2c", **{**SMALL["a2c"], **kw})
+        return train_sb3(policy, make_venv(synth_trace, n_envs=2), run, total_timesteps=total,
+                         eval_fn=lambda p: 1.0, eval_freq=32, checkpoint_freq=32, settings=settings)  # fmt: skip
+
+    train(64, {"prompts": ["a", "b"]})
+    steps = [json.loads(x)["timesteps"] for x in (run / "eval.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)) and steps[-1] == 64
+    log = (run / "eval.jsonl").read_text()
+    for settings, kw, what in [({"prompts": ["a", "b"]}, {"seed": 7}, "params"),
+                               ({"prompts": ["a", "c"]}, {}, "prompts")]:  # fmt: skip
+        with pytest.raises(PolicyError, match=f"other settings.*{what}") as err:
+            train(128, settings, **kw)
+        assert "\n" not in str(err.value)
+    assert (run / "eval.jsonl").read_text() == log
+    train(128, {"prompts": ["a", "b"]})  # the same settings: resumed and extended
+    steps = [json.loads(x)["timesteps"] for x in (run / "eval.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)) and steps[-1] == 128
+
+
 def test_untrained_policy_refuses_to_act_or_save(synth_env, tmp_path):
     p = SB3Policy(synth_env.arm_names, len(synth_env.feature_names), algo="ppo")
     with pytest.raises(PolicyError, match="not trained"):
@@ -114,14 +142,20 @@ def test_killed_training_resumes_from_its_checkpoint(tmp_path):
     ckpts = sorted(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("model_*_steps.zip"))
     latest = ckpts[-1]
     (run / "checkpoints" / f"model_{latest}_steps.zip").write_bytes(b"torn")  # as if killed mid-write
-    before = len((run / "eval.jsonl").read_text().splitlines())
+    with (run / "eval.jsonl").open("a") as fh:
+        fh.write('{"timesteps": 99')  # and a torn evaluation line
+    before = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()[:-1]]
+    kept = [r for r in before if r["timesteps"] <= ckpts[-2]]
     target = latest + 1024
     subprocess.run([*cmd[:-1], str(target)], cwd=root, env=env, check=True, timeout=600)
     evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
-    resumed = [r["timesteps"] for r in evals[before:]]
+    steps = [r["timesteps"] for r in evals]
+    assert steps == sorted(set(steps))  # no evaluation twice: those after the checkpoint resumed were dropped
+    assert evals[: len(kept)] == kept
+    resumed = steps[len(kept) :]
     assert resumed[0] > ckpts[-2]  # continued from the last readable checkpoint, not from zero
     assert resumed[-1] >= target
-    assert evals[-1]["wall_s"] > evals[before - 1]["wall_s"]  # training time adds up across the restart
+    assert evals[-1]["wall_s"] > kept[-1]["wall_s"]  # training time adds up across the restart
 
 
 def test_training_without_tensorboard_leaves_no_temp_folder(synth_trace, synth_env, tmp_path, monkeypatch):
