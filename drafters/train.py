@@ -398,7 +398,11 @@ def train_head(
     budget_s = st.cpu_minutes * 60
     steps_per_epoch = math.ceil(len(train) / st.batch_size)
     total_steps = min(st.max_steps, max(1, int(steps_per_epoch * 50)))
-    bar = tqdm(total=None, initial=step, desc=f"train {st.kind}", disable=not progress, unit="step")
+    # the bar's total: the step count when it is the budget; else percent of the CPU-minute budget (ETA from it)
+    by_steps = bool(st.steps)
+    bar = tqdm(total=st.steps if by_steps else 100.0, initial=step if by_steps else 0.0, desc=f"train {st.kind}",
+               disable=not progress, unit="step" if by_steps else "% CPU budget",
+               bar_format=None if by_steps else "{l_bar}{bar}| {n:.1f}/{total:.0f}% [{elapsed}<{remaining}{postfix}]")  # fmt: skip
 
     def cpu_used() -> float:
         return cpu_before + time.process_time() - cpu0
@@ -457,8 +461,11 @@ def train_head(
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
             opt.step()
             step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}", cpu_min=f"{cpu_used() / 60:.1f}")
+            if by_steps:
+                bar.update(1)
+            else:
+                bar.update(100.0 * progress_frac() - bar.n)
+            bar.set_postfix(step=step, loss=f"{loss.item():.3f}", cpu_min=f"{cpu_used() / 60:.1f}")
             if time.monotonic() - last_save > st.save_every_s:
                 save_state()
                 last_save = time.monotonic()
