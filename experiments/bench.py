@@ -165,6 +165,44 @@ def warm_up(method: str, loaded: LoadedModel, decoders: dict[str, Any], prompt_i
         dec.policy = saved
 
 
+RUN_RECORD = "run_record"  # policy state meta: the record of the last prompt that state learned from
+
+
+def learns_online(decoder: Any) -> bool:
+    """Whether a decoder's policy learns while it decodes (bandits and the like): its state is part of a run."""
+    policy = getattr(decoder, "policy", None)
+    return policy is not None and hasattr(policy, "update") and hasattr(policy, "save")
+
+
+def resume_learners(decoders: dict[str, Any], state_dir: Path, rec_path: Path, records: list[Record]) -> None:
+    """A resumed run's online policies continue from their state after the last prompt recorded (``state_dir/
+    NAME.zip``, saved with that prompt's record in its meta before the record was appended; a kill in between
+    leaves the record only in the state, and it is appended here), not from the file they started from."""
+    from policies.base import load_policy
+
+    done = {(r.method, r.prompt_id) for r in records}
+    for m, dec in decoders.items():
+        path = state_dir / f"{m.removeprefix('policy:')}.zip"
+        if not (learns_online(dec) and path.is_file()):
+            continue
+        dec.policy = load_policy(path)
+        row = dec.policy.meta.get(RUN_RECORD)
+        if row and (row["method"], row["prompt_id"]) not in done:
+            rec = Record(**row)
+            with rec_path.open("a") as fh:
+                fh.write(json.dumps(asdict(rec)) + "\n")
+            records.append(rec)
+
+
+def save_learner(decoder: Any, state_dir: Path, method: str, rec: Record) -> None:
+    """After a prompt of an online policy: its state, with the prompt's record in its meta (``resume_learners``)."""
+    if learns_online(decoder):
+        policy = decoder.policy
+        policy.meta = {**policy.meta, RUN_RECORD: asdict(rec)}
+        state_dir.mkdir(parents=True, exist_ok=True)
+        policy.save(state_dir / f"{method.removeprefix('policy:')}.zip")
+
+
 def load_done(path: Path) -> list[Record]:
     """Records of an earlier (possibly killed) run; a torn last line is dropped (and cut from the file, so that
     the next append starts on a fresh line)."""
@@ -238,6 +276,8 @@ def run_bench(
     records = load_done(rec_path)
     same_settings(out_dir, {**run_identity(loaded, max_new_tokens, drafter_options), **(identity or {})},
                   started=bool(records))  # fmt: skip
+    state_dir = out_dir / "policies"
+    resume_learners(decoders, state_dir, rec_path, records)
     longest = 0
     for p in prompts:  # and on a prompt that does not fit the context
         ids = chat_prompt(loaded.tokenizer, p.text)
@@ -295,6 +335,7 @@ def run_bench(
                     rec = Record(
                         m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids, arms
                     )
+                    save_learner(decoders.get(m), state_dir, m, rec)  # before the record: resume_learners
                     fh.write(json.dumps(asdict(rec)) + "\n")
                     fh.flush()
                     records.append(rec)

@@ -31,6 +31,7 @@ from env.files import atomic_write_text
 from env.workloads import Prompt, load_workload
 from experiments.bench import (
     DRAFTING_PROMPT,
+    RUN_RECORD,
     Record,
     format_table,
     interleaved,
@@ -41,8 +42,6 @@ from experiments.bench import (
 )
 from experiments.config import Config, diff_configs, load_config, to_toml
 from experiments.provenance import provenance
-
-RUN_RECORD = "run_record"  # policy state meta: the record of the last prompt that state learned from
 
 
 class RunDirError(ValueError):
