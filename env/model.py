@@ -167,9 +167,17 @@ def resolve_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(name)
+        dev = torch.device(name)
     except RuntimeError as err:
         raise ModelError(f"unknown device {name!r}; valid: auto, cpu, cuda, cuda:N") from err
+    if dev.type not in ("cpu", "cuda"):
+        raise ModelError(f"device {name!r} is not supported; valid: auto, cpu, cuda, cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelError(f"device {name!r}: no CUDA device here (or this torch is a CPU build); use cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
 
 
 def embedded_gguf_path() -> Path:

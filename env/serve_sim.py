@@ -308,6 +308,8 @@ class ServeSim:
     def _actions(self, actions: Any) -> np.ndarray:
         a = np.asarray(actions)
         k = len(self.arms)
+        if a.dtype.kind not in "iuf" or (a.dtype.kind == "f" and not np.isfinite(a).all()):
+            raise ServeEnvError(f"actions must be integer arm indices (0..{k - 1}), got {a.dtype} values")
         batch = a.ndim == 1 and a.shape[0] == self.num_envs
         if not batch and a.shape != (self.num_envs, self.max_batch):
             raise ServeEnvError(

@@ -251,6 +251,8 @@ class SpecDecodeEnv(gym.Env):
 
     def _check_action(self, action: Any) -> int:
         try:
+            if isinstance(action, bool):  # operator.index(True) is 1, but a bool is no arm index
+                raise TypeError
             a = operator.index(action)
         except TypeError:
             arr = np.asarray(action)

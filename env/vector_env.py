@@ -158,6 +158,19 @@ class SpecDecodeVectorEnv(VectorEnv):
         return self._observe(), {}
 
     def step(self, actions: Any):
+        kind = (
+            (
+                "i"
+                if not (actions.is_floating_point() or actions.is_complex() or actions.dtype == torch.bool)
+                else "f"
+            )
+            if isinstance(actions, torch.Tensor)
+            else np.asarray(actions).dtype.kind
+        )
+        if kind not in "iu":  # as the single env: a float, bool or object action is not an arm index
+            raise EnvError(
+                f"actions must be integer arm indices (0..{len(self.arms) - 1}), got dtype kind {kind!r}"
+            )
         a = self._array(actions, np.int64)
         if a.shape != (self.num_envs,):
             raise EnvError(f"actions must have shape ({self.num_envs},), got {tuple(a.shape)}")

@@ -60,6 +60,7 @@ def load_workload(
         raise WorkloadError(f"workload {file} is not UTF-8 text (byte {err.start})") from err
     except OSError as err:
         raise WorkloadError(f"cannot read workload {file}: {err.strerror or err}") from err
+    seen: dict[str, int] = {}
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -67,13 +68,21 @@ def load_workload(
             row = json.loads(line)
             if not isinstance(row, dict):
                 raise TypeError(f"a JSON {type(row).__name__}, not an object")
-            raw_cat = str(row["category"])
-            text = row["turns"][0]
-            qid = str(row.get("question_id", lineno))
+            raw_cat, turns, qid = row["category"], row["turns"], row.get("question_id", lineno)
+            if not isinstance(raw_cat, str) or not raw_cat.strip():
+                raise TypeError("its category is not a name")
+            if not isinstance(turns, list) or not turns:
+                raise TypeError("its turns are not a list of strings")
+            if isinstance(qid, bool) or not isinstance(qid, (int, str)):
+                raise TypeError("its question_id is neither a number nor a string")
+            text, qid = turns[0], str(qid)
         except (json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
             raise WorkloadError(f"{file}:{lineno}: not a Spec-Bench question line ({err})") from err
         if not isinstance(text, str) or not text.strip():
             raise WorkloadError(f"{file}:{lineno}: the first turn is empty")
+        if qid in seen:  # results are kept by prompt id: two prompts under one id would lose one on a resume
+            raise WorkloadError(f"{file}:{lineno}: question_id {qid} already used on line {seen[qid]}")
+        seen[qid] = lineno
         group = "mt_bench" if raw_cat in MT_BENCH else raw_cat
         groups[group].append((raw_cat, Prompt(prompt_id=qid, category=group, text=text)))
     if categories:
@@ -139,10 +148,17 @@ def _documented_functions(source: str, min_words: int) -> tuple[tuple[str, str],
     else:
         import importlib.util
 
-        spec = importlib.util.find_spec(source)
+        # located without importing anything: find_spec of a dotted name would import (run) its parent packages,
+        # so only the top-level package is looked up and its subpackages are followed as folders
+        parts = source.split(".")
+        if not all(p.isidentifier() for p in parts):
+            raise ValueError(f"{source!r} is not a package name")
+        spec = importlib.util.find_spec(parts[0])
         if spec is None or not spec.submodule_search_locations:
+            raise ValueError(f"package {parts[0]!r} is not installed")
+        root = Path(next(iter(spec.submodule_search_locations))).joinpath(*parts[1:])
+        if not root.is_dir():
             raise ValueError(f"package {source!r} is not installed")
-        root = Path(next(iter(spec.submodule_search_locations)))
     found = []
     for path in _source_files(root):
         try:

@@ -445,7 +445,8 @@ def cmd_bench(args: Any) -> int:
     from experiments.args import drafter_options, output_dir, same_drafter_options
     from experiments.errors import UserError
 
-    methods = [m.strip() for m in (args.methods or ",".join(DEFAULT_METHODS)).split(",") if m.strip()]
+    given = ",".join(DEFAULT_METHODS) if args.methods is None else args.methods
+    methods = [m.strip() for m in given.split(",") if m.strip()]
     if not methods:
         raise UserError("--methods names no method")
     if len(set(methods)) != len(methods):

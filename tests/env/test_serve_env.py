@@ -340,6 +340,7 @@ def test_invalid_actions_are_refused(trace):
     b = SpecServeEnv(**kw(trace, loads=["1"]))
     b.reset(seed=0)
     for bad, needle in [(k, f"action {k} is not a valid arm"), (-1, "action -1"), (2.5, "integer arm indices"),
+                        ("1", "integer arm indices"), (None, "integer arm indices"), (np.nan, "integer arm indices"),
                         (np.array([0, 1]), "one arm index"), (np.zeros((1, 1)), "one arm index")]:  # fmt: skip
         with pytest.raises(ServeEnvError, match=needle):
             b.step(bad)

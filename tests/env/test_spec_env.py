@@ -82,7 +82,9 @@ def test_reward_is_tokens_times_ar_cost_over_cost(toy_trace, toy_cost):
         e.step(0)
 
 
-@pytest.mark.parametrize("action", [-1, 7, 1.5, "1", np.array([1, 2])])
+@pytest.mark.parametrize(
+    "action", [-1, 7, 1.5, "1", np.array([1, 2]), True, np.bool_(True), None, float("nan")]
+)
 def test_invalid_actions(toy_trace, toy_cost, action):
     e = SpecDecodeEnv(trace=toy_trace, cost_model=toy_cost)
     e.reset(seed=0)

@@ -105,6 +105,17 @@ def test_bad_input(toy_trace, toy_cost):
         v.step(np.array([0, 1, 2, 99]))
     with pytest.raises(EnvError, match="shape"):
         v.step(np.zeros(3, dtype=np.int64))
+    for bad in (
+        np.full(4, 1.5),
+        np.full(4, np.nan),
+        np.array(["1"] * 4),
+        np.ones(4, bool),
+        torch.full((4,), 1.0),
+    ):
+        with pytest.raises(
+            EnvError, match="integer arm indices"
+        ):  # as the single env: no truncation of floats
+            v.step(bad)
     with pytest.raises(EnvError, match="replays traces only"):
         SpecDecodeVectorEnv(4, backend="live")
     with pytest.raises(EnvError, match="autoreset_mode"):

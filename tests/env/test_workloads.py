@@ -30,3 +30,47 @@ def test_bad_workload_names_the_line(tmp_path):
         load_workload(f)
     with pytest.raises(WorkloadError, match="does not exist"):
         load_workload(tmp_path / "missing.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("row", "why"),
+    [
+        ({"question_id": 1, "category": "qa", "turns": "Say hi."}, "turns are not a list"),
+        ({"question_id": 1, "category": None, "turns": ["Say hi."]}, "category is not a name"),
+        ({"question_id": [1], "category": "qa", "turns": ["Say hi."]}, "question_id"),
+        ({"question_id": 1, "category": "qa", "turns": []}, "turns are not a list"),
+    ],
+)
+def test_malformed_question_fields_are_refused(tmp_path, row, why):
+    f = tmp_path / "w.jsonl"
+    f.write_text(json.dumps(row) + "\n")
+    with pytest.raises(WorkloadError, match=why) as err:
+        load_workload(f)
+    assert "\n" not in str(err.value) and "w.jsonl:1" in str(err.value)
+
+
+def test_a_question_id_used_twice_is_refused(tmp_path):
+    """Results are kept by prompt id: two prompts under one id would lose one of them on a resumed run."""
+    f = tmp_path / "w.jsonl"
+    rows = [{"question_id": 7, "category": "qa", "turns": [t]} for t in ("One?", "Two?")]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(WorkloadError, match="question_id 7 already used on line 1"):
+        load_workload(f)
+
+
+def test_a_code_workload_imports_nothing(tmp_path, monkeypatch):
+    """``code:PKG.SUB`` reads the subpackage's source files; it never imports (runs) the package."""
+    pkg = tmp_path / "ranpkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"open({str(tmp_path / 'RAN')!r}, 'w').close()\n")
+    (pkg / "sub" / "__init__.py").write_text(
+        'def scale(x, k):\n    """Multiply every element of the list x by the factor k and return the new list."""\n'
+        "    return [v * k for v in x]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    prompts = load_workload("code:ranpkg.sub")
+    assert [p.prompt_id for p in prompts] == ["code-ranpkg.sub-__init__.py:scale"]
+    assert not (tmp_path / "RAN").exists()
+    for bad in ("ranpkg.absent", "ranpkg..sub", "os;x"):
+        with pytest.raises(WorkloadError, match="not installed|not a package name"):
+            load_workload(f"code:{bad}")

@@ -116,6 +116,8 @@ GENERATE = [
     ("policy-pickle", ["generate", "hi", "--policy", "{pickle}"], "not a readable draftgym policy"),
     ("policy-hostile-member", ["generate", "hi", "--policy", "{policy_pickle}"], "cannot restore"),
     ("device", ["generate", "hi", "--device", "tpu:7"], "device"),
+    ("device-cuda-absent", ["generate", "hi", "--device", "cuda:99"], "CUDA device"),
+    ("device-unsupported", ["generate", "hi", "--device", "meta"], "is not supported"),
 ]
 BENCH = [
     ("per-category-zero", ["bench", "--per-category", "0"], "--per-category: must be >= 1"),
@@ -129,6 +131,7 @@ BENCH = [
     ("method-twice", ["bench", "--methods", "ar,ar"], "lists a method twice"),
     ("device-arm-unknown", ["bench", "--methods", "device:ngram-d3"], "unknown device-loop arm 'ngram-d3'"),
     ("no-method", ["bench", "--methods", ",,"], "names no method"),
+    ("methods-empty", ["bench", "--methods", ""], "names no method"),
     ("workload-missing", ["bench", "--workload", "{tmp}/q.jsonl"], "hemingkx/Spec-Bench"),
     ("workload-not-utf8", ["bench", "--workload", "{bin}"], "not UTF-8"),
     ("workload-empty", ["bench", "--workload", "{empty}"], "has no prompts"),
