@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import BasePolicy, PolicyError, json_bytes
+from policies.base import BasePolicy, PolicyError, json_bytes, real
 
 
 class ArmStats:
@@ -76,13 +76,26 @@ class ArmStats:
         }
 
     def load_json(self, s: dict[str, Any]) -> None:
-        for name in ("counts", "sums", "sq"):
-            v = np.asarray(s[name], dtype=np.float64)
-            if v.shape != (self.k,):
-                raise PolicyError(f"bandit state has {v.shape[0]} arms for {name}, expected {self.k}")
-            setattr(self, name, v)
-        self.total_pulls = int(s["total_pulls"])
-        self.recent = deque((int(a), float(r)) for a, r in s.get("recent", []))
+        try:
+            for name in ("counts", "sums", "sq"):
+                v = np.asarray(s[name], dtype=np.float64)
+                if v.shape != (self.k,):
+                    raise PolicyError(f"bandit state has {v.shape} for {name}, expected ({self.k},)")
+                if not np.isfinite(v).all() or (name != "sums" and (v < 0).any()):
+                    raise PolicyError(f"bandit state {name} holds non-finite or negative values")
+                setattr(self, name, v)
+            total = s["total_pulls"]
+            if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+                raise PolicyError(f"bandit state total_pulls is {total!r}, not a count")
+            self.total_pulls = total
+            recent = [(int(a), float(r)) for a, r in s.get("recent", [])]
+        except (KeyError, TypeError, ValueError) as err:
+            raise PolicyError(f"bandit state is malformed ({err})") from None
+        if any(not 0 <= a < self.k or not np.isfinite(r) for a, r in recent):
+            raise PolicyError(
+                f"bandit state recent pulls name arms outside 0..{self.k - 1} or non-finite rewards"
+            )
+        self.recent = deque(recent)
 
 
 class Bandit(BasePolicy):
@@ -102,8 +115,10 @@ class Bandit(BasePolicy):
         seed: int = 0,
     ) -> None:
         super().__init__(arms, obs_size, features)
-        if scale <= 0:
-            raise PolicyError(f"reward scale must be > 0, got {scale}")
+        real("reward scale", scale, lo=0, lo_open=True)
+        real("discount", discount, lo=0, hi=1, lo_open=True)
+        real("window", window, lo=0, integer=True)
+        real("seed", seed, lo=0, integer=True)
         self.scale, self.seed = float(scale), int(seed)
         self.stats = ArmStats(self.num_arms, discount, window)
         self.rng = np.random.default_rng(seed)
@@ -163,7 +178,7 @@ class UCB1(Bandit):
 
     def __init__(self, *args: Any, c: float = 1.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.c = float(c)
+        self.c = float(real("ucb1 c", c, lo=0))
 
     def params(self) -> dict[str, Any]:
         return {**super().params(), "c": self.c}
@@ -202,6 +217,10 @@ class EXP3(Bandit):
     ) -> None:
         super().__init__(*args, **kwargs)
         k = self.num_arms
+        real("exp3 horizon", horizon, lo=1, integer=True)
+        real("exp3 share", share, lo=0, hi=1)
+        if gamma is not None:
+            real("exp3 gamma", gamma, lo=0, hi=1, lo_open=True)
         if gamma is None:
             gamma = min(1.0, math.sqrt(k * math.log(max(k, 2)) / ((math.e - 1) * max(horizon, 1))))
         if not 0 < gamma <= 1:

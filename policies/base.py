@@ -67,6 +67,26 @@ class PolicyError(ValueError):
     """A policy file, name or setting that cannot be used; the message is meant for the user."""
 
 
+def real(name: str, value: object, *, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+         integer: bool = False) -> float:  # fmt: skip
+    """``value`` as a policy parameter: a finite real number (an integer where ``integer``; never a bool) within
+    [``lo``, ``hi``] (``lo_open``: above ``lo``); else ``PolicyError`` naming ``name`` and the range."""
+    import math
+
+    kinds = (int,) if integer else (int, float)
+    ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and lo is not None:
+        ok = value > lo if lo_open else value >= lo
+    if ok and hi is not None:
+        ok = value <= hi
+    if not ok:
+        span = f"{'(' if lo_open else '['}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+        raise PolicyError(
+            f"{name} must be {'an integer' if integer else 'a finite number'} in {span}, got {value!r}"
+        )
+    return value  # type: ignore[return-value]
+
+
 @runtime_checkable
 class Policy(Protocol):
     """Chooses an arm index each step. ``update`` is optional (online learners define it)."""
@@ -253,6 +273,12 @@ def write_archive(
     tmp.replace(path)
 
 
+# a policy or checkpoint archive unpacks to at most this much (the largest shipped: a few MB; an SB3 checkpoint with
+# its replay buffer: up to GBs), read into memory: a file declaring more is refused before anything is unpacked
+ARCHIVE_BYTES = 4 << 30
+ARCHIVE_MEMBERS = 256
+
+
 def read_archive(
     path: Path, head: str, fmt: str, version: int, what: str
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -263,6 +289,12 @@ def read_archive(
             names = zf.namelist()
             if head not in names:
                 raise PolicyError(f"{path} is not a {what} (no {head})")
+            infos = zf.infolist()
+            if len(infos) > ARCHIVE_MEMBERS or sum(i.file_size for i in infos) > ARCHIVE_BYTES:
+                raise PolicyError(
+                    f"{path} is not a {what}: {len(infos)} members of {sum(i.file_size for i in infos)} bytes "
+                    f"unpacked (at most {ARCHIVE_MEMBERS} and {ARCHIVE_BYTES})"
+                )
             raw = zf.read(head)
             files = {n: zf.read(n) for n in names if n != head}
     except (zipfile.BadZipFile, EOFError, OSError, zlib_error()) as err:

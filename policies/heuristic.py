@@ -83,6 +83,10 @@ class HFSchedulePolicy(BasePolicy):
         self.drafter, self.by_depth = chain_arms(self.arm_names, drafter)
         depths = sorted(d for d in self.by_depth if d > 0)
         self.min_depth, self.max_depth = depths[0], depths[-1]
+        if initial is not None and (isinstance(initial, bool) or initial not in depths):
+            raise PolicyError(
+                f"hf-schedule initial depth must be one of the menu's depths {depths}, got {initial!r}"
+            )
         self.initial = int(initial) if initial is not None else depths[len(depths) // 2]
         self.depth = self.initial
         self.depth_of = {i: d for d, i in self.by_depth.items()}

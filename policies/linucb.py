@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import BasePolicy, PolicyError, npz_bytes, read_npz
+from policies.base import BasePolicy, PolicyError, npz_bytes, read_npz, real
 
 
 class LinUCB(BasePolicy):
@@ -35,10 +35,10 @@ class LinUCB(BasePolicy):
         super().__init__(arms, obs_size, features)
         if self.obs_size < 1:
             raise PolicyError("LinUCB needs an observation (obs_size >= 1)")
-        if lam <= 0 or scale <= 0 or alpha < 0:
-            raise PolicyError(f"LinUCB needs lam > 0, scale > 0, alpha >= 0; got {lam}, {scale}, {alpha}")
-        if not 0 < discount <= 1:
-            raise PolicyError(f"discount must be in (0, 1], got {discount}")
+        real("LinUCB alpha", alpha, lo=0)
+        real("LinUCB lam", lam, lo=0, lo_open=True)
+        real("LinUCB scale", scale, lo=0, lo_open=True)
+        real("discount", discount, lo=0, hi=1, lo_open=True)
         self.alpha, self.lam, self.scale, self.discount = (
             float(alpha),
             float(lam),
@@ -95,6 +95,10 @@ class LinUCB(BasePolicy):
             raise PolicyError("LinUCB file has no state.npz")
         s = read_npz(files["state.npz"])
         k, d = self.num_arms, self.dim
-        if s["A"].shape != (k, d, d) or s["b"].shape != (k, d):
-            raise PolicyError(f"LinUCB state has shape {s['A'].shape}, expected {(k, d, d)}")
+        for name, shape in (("A", (k, d, d)), ("b", (k, d)), ("pulls", (k,))):
+            x = s[name]
+            if x.shape != shape:
+                raise PolicyError(f"LinUCB state {name} has shape {x.shape}, expected {shape}")
+            if x.dtype.kind not in "fiu" or not np.isfinite(x).all() or (name == "pulls" and (x < 0).any()):
+                raise PolicyError(f"LinUCB state {name} holds non-numeric, non-finite or negative values")
         self.A, self.b, self.pulls = s["A"], s["b"], s["pulls"]

@@ -160,12 +160,33 @@ class PredictorPolicy(BasePolicy):
             z["y_scale"],
         )
         n = len([k for k in z if k.startswith("w")])
-        self.weights = [(z[f"w{i}"], z[f"b{i}"]) for i in range(n)]
-        if self.x_mean.shape != (self.obs_size,) or self.weights[-1][0].shape[1] != 2 * self.num_arms:
+        try:
+            self.weights = [(z[f"w{i}"], z[f"b{i}"]) for i in range(n)]
+        except KeyError as err:
+            raise PolicyError(f"predictor file: layer {err} is missing") from None
+        if not n or self.x_mean.shape != (self.obs_size,) or self.weights[-1][0].ndim != 2 or (
+            self.weights[-1][0].shape[1] != 2 * self.num_arms
+        ):  # fmt: skip
             raise PolicyError(
-                f"predictor weights are for {self.x_mean.shape[0]} features and "
-                f"{self.weights[-1][0].shape[1] // 2} arms, not {self.obs_size} and {self.num_arms}"
+                f"predictor weights are not for {self.obs_size} features and {self.num_arms} arms "
+                f"(x_mean {self.x_mean.shape}, {n} layers)"
             )
+        # every array as the forward uses it: real, finite, and each layer's shape chaining into the next
+        named = {"x_scale": (self.x_scale, (self.obs_size,)), "y_mean": (self.y_mean, (2 * self.num_arms,)),
+                 "y_scale": (self.y_scale, (2 * self.num_arms,))}  # fmt: skip
+        width = self.obs_size
+        for i, (w, b) in enumerate(self.weights):
+            if w.ndim != 2 or w.shape[0] != width:
+                raise PolicyError(f"predictor layer {i}: weight of shape {w.shape}, expected ({width}, N)")
+            named[f"b{i}"] = (b, (w.shape[1],))
+            width = w.shape[1]
+        for name, (x, shape) in named.items():
+            if x.shape != shape:
+                raise PolicyError(f"predictor {name} has shape {x.shape}, expected {shape}")
+        for name, x in [("x_mean", self.x_mean), *((k, v[0]) for k, v in named.items()),
+                        *((f"w{i}", w) for i, (w, _) in enumerate(self.weights))]:  # fmt: skip
+            if x.dtype.kind not in "fiu" or not np.isfinite(x).all():
+                raise PolicyError(f"predictor {name} holds non-numeric or non-finite values")
 
 
 # ---- training data from replay -------------------------------------------------------------------------------------

@@ -48,3 +48,24 @@ def test_round_trip_without_pickle(synth_train_env, tmp_path):
     import zipfile
 
     assert all(not n.endswith(".pkl") for n in zipfile.ZipFile(path).namelist())
+
+
+def test_a_predictor_file_of_inconsistent_layers_is_refused(synth_train_env, tmp_path):
+    """Every array of a saved predictor is checked at load (shapes that chain, finite values), not mid-run."""
+    from policies import PolicyError, load_policy
+
+    policy = train_predictor(synth_train_env, model="mlp", rounds=1, passes=1, max_iter=20)
+    w, b = policy.weights[0]
+    policy.weights[0] = (w[:, :3].copy(), b[:3].copy())  # the next layer expects more inputs
+    policy.save(tmp_path / "chain.zip")
+    with pytest.raises(PolicyError, match="predictor layer 1: weight of shape"):
+        load_policy(tmp_path / "chain.zip")
+    policy.weights[0] = (w, b)
+    policy.x_scale = policy.x_scale[:-1]
+    policy.save(tmp_path / "scale.zip")
+    with pytest.raises(PolicyError, match="predictor x_scale has shape"):
+        load_policy(tmp_path / "scale.zip")
+    policy.x_scale = np.full(policy.obs_size, np.nan)
+    policy.save(tmp_path / "nan.zip")
+    with pytest.raises(PolicyError, match="x_scale holds non-numeric or non-finite"):
+        load_policy(tmp_path / "nan.zip")

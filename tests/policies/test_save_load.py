@@ -110,7 +110,7 @@ def test_mismatched_features(saved):
 def test_payload_of_the_wrong_shape(saved, tmp_path):
     """A header that claims another observation size than the payload holds (a hand-edited file)."""
     rewrite(saved, header=lambda h: h.update(obs_size=7, features=None))
-    with pytest.raises(PolicyError, match="LinUCB state has shape"):
+    with pytest.raises(PolicyError, match="LinUCB state A has shape"):
         load_policy(saved)
 
 
@@ -167,3 +167,72 @@ def test_bad_constructor_arguments():
         UCB1(ARMS, discount=1.5)
     with pytest.raises(PolicyError, match="size 5"):
         LinUCB(ARMS, 5).act(np.zeros(3))
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda: UCB1(ARMS, c=float("nan")), "ucb1 c must be a finite number"),
+        (lambda: UCB1(ARMS, c=-1.0), "ucb1 c must be"),
+        (lambda: UCB1(ARMS, seed=True), "seed must be an integer"),
+        (lambda: UCB1(ARMS, scale=float("inf")), "reward scale"),
+        (lambda: EXP3(ARMS, gamma=2.0), "exp3 gamma"),
+        (lambda: EXP3(ARMS, horizon=0), "exp3 horizon"),
+        (lambda: LinUCB(ARMS, len(FEATURES), FEATURES, alpha=float("nan")), "LinUCB alpha"),
+        (lambda: HFSchedulePolicy(ARMS, initial=3), "initial depth must be one of"),
+    ],
+)
+def test_parameters_of_a_policy_are_checked(make, needle):
+    """A policy's parameters (a config's, or a file header's) are finite numbers in range, refused in one line."""
+    with pytest.raises(PolicyError, match=needle) as err:
+        make()
+    assert "\n" not in str(err.value)
+
+
+def _ucb_with(change):
+    pol = UCB1(ARMS)
+    drive(pol, 20)
+    change(pol)
+    return pol
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (
+            lambda: _ucb_with(lambda p: p.stats.counts.__setitem__(0, -3.0)),
+            "counts holds non-finite or negative",
+        ),
+        (lambda: _ucb_with(lambda p: p.stats.sums.__setitem__(1, np.inf)), "sums holds non-finite"),
+        (lambda: _ucb_with(lambda p: setattr(p.stats, "total_pulls", -1)), "total_pulls"),
+        (
+            lambda: _ucb_with(lambda p: setattr(p.stats, "window", 4) or p.stats.recent.append((9, 1.0))),
+            "recent",
+        ),
+    ],
+)
+def test_a_saved_state_of_bad_values_is_refused_at_load(tmp_path, make, needle):
+    """The state a policy acts on is checked when it loads (not found mid-run as a NaN score or an index error):
+    a file written by a buggy or hostile tool, with a valid checksum."""
+    path = tmp_path / "p.zip"
+    make().save(path)
+    with pytest.raises(PolicyError, match=needle):
+        load_policy(path)
+
+
+def test_a_linucb_state_of_non_finite_values_is_refused(tmp_path):
+    pol = LinUCB(ARMS, len(FEATURES), FEATURES)
+    drive(pol, 20)
+    pol.b[0, 0] = np.nan
+    pol.save(tmp_path / "l.zip")
+    with pytest.raises(PolicyError, match="LinUCB state b holds"):
+        load_policy(tmp_path / "l.zip")
+
+
+def test_an_archive_declaring_more_than_a_policy_could_hold_is_not_unpacked(saved, monkeypatch):
+    import policies.base as base
+
+    monkeypatch.setattr(base, "ARCHIVE_BYTES", 10_000)  # a zip bomb, scaled down: declared sizes are checked first
+    rewrite(saved, members={"extra.bin": b"\0" * 20_000})
+    with pytest.raises(PolicyError, match="unpacked"):
+        load_policy(saved)
