@@ -39,8 +39,13 @@ def agreement(run_dir: Path, eps: float) -> dict:
     from env.model import load_model
     from env.workloads import load_workload
 
-    bench = json.loads((run_dir / "bench.json").read_text())
-    s = bench["settings"]
+    try:
+        s = json.loads((run_dir / "bench.json").read_text(encoding="utf-8"))["settings"]
+        for key in ("model", "dtype", "workload"):
+            if not isinstance(s[key], str):
+                raise TypeError(f"settings.{key} is not a string")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise UserError(f"{run_dir / 'bench.json'} is not a bench result ({err})") from None
     records = load_done(run_dir / "records.jsonl")
     ref = {r.prompt_id: r for r in records if r.method == "hf_greedy"}
     if not ref:
@@ -49,6 +54,9 @@ def agreement(run_dir: Path, eps: float) -> dict:
         None if s["model"] == "smollm2-135m-instruct" else s["model"],
         dtype=s["dtype"].replace("bfloat16", "bf16").replace("float32", "fp32"),
     )
+    vocab = int(loaded.model.config.vocab_size)
+    if any(t >= vocab for r in records for t in r.token_ids):
+        raise UserError(f"{run_dir}: its records hold token ids outside the model's vocabulary of {vocab}")
     texts = {
         p.prompt_id: p.text for p in load_workload(None if s["workload"] == "builtin" else s["workload"])
     }

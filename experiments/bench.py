@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+import numbers
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -52,6 +54,29 @@ class Record:
     tau: float | None
     token_ids: list[int]
     arms: list[str] = field(default_factory=list)  # the arm of each step after prefill (our decoders only)
+
+    def __post_init__(self) -> None:
+        """A record read back from a results file must be one we could have written (``TypeError`` otherwise: the
+        readers skip it, and the prompt runs again)."""
+
+        def count(x: object) -> bool:
+            return isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 0
+
+        def real(x: object) -> bool:
+            return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+        ok = (
+            all(isinstance(x, str) for x in (self.method, self.prompt_id, self.category))
+            and all(count(x) for x in (self.prompt_tokens, self.new_tokens, self.steps))
+            and real(self.wall_s)
+            and (self.tau is None or real(self.tau))
+            and isinstance(self.token_ids, list)
+            and all(count(t) for t in self.token_ids)
+            and isinstance(self.arms, list)
+            and all(isinstance(a, str) for a in self.arms)
+        )
+        if not ok:
+            raise TypeError(f"not a result record: {self.method!r} on prompt {self.prompt_id!r}")
 
 
 class HFRunner:
@@ -187,8 +212,11 @@ def resume_learners(decoders: dict[str, Any], state_dir: Path, rec_path: Path, r
             continue
         dec.policy = load_policy(path)
         row = dec.policy.meta.get(RUN_RECORD)
-        if row and (row["method"], row["prompt_id"]) not in done:
-            rec = Record(**row)
+        try:
+            rec = Record(**row) if isinstance(row, dict) else None
+        except TypeError:  # a state whose record is not one: the prompt runs again
+            rec = None
+        if rec is not None and (rec.method, rec.prompt_id) not in done:
             with rec_path.open("a") as fh:
                 fh.write(json.dumps(asdict(rec)) + "\n")
             records.append(rec)

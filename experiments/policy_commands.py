@@ -214,6 +214,41 @@ def cmd_train(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- evaluate
 
 
+def check_meta(policy: Any, path: Any) -> Any:
+    """The training record a policy file carries (``meta``: its trace, cost model, prompt split, sizes), checked
+    for the types the evaluation reads, so that a hand-edited or foreign file fails in one line here and not as a
+    traceback later. Returns ``policy``."""
+    from policies.base import PolicyError
+
+    meta = policy.meta if isinstance(policy.meta, dict) else None
+
+    def bad(field: str, want: str) -> PolicyError:
+        return PolicyError(f"policy {path}: meta.{field} is not {want}")
+
+    if meta is None:
+        raise PolicyError(f"policy {path}: its meta is not an object")
+    for key in ("trace", "cost_model", "name"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise bad(key, "a string")
+    for key in ("max_new_tokens", "max_batch"):
+        v = meta.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise bad(key, "a positive integer")
+    split = meta.get("split")
+    if split is not None:
+        if not isinstance(split, dict):
+            raise bad("split", "an object")
+        for key in ("train", "test"):
+            v = split.get(key, [])
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise bad(f"split.{key}", "a list of prompt ids")
+        for key in ("seed", "test_per_category"):
+            v = split.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise bad(f"split.{key}", "a non-negative integer")
+    return policy
+
+
 def _test_split(
     policies: list[Any], trace: Any, test_per_category: int | None, seed: int
 ) -> tuple[list[str], str]:
@@ -254,7 +289,7 @@ def evaluate(
     from policies import load_policy
     from policies.oracle import best_static, oracle_scores, score_policy, score_static, static_table
 
-    policies = [load_policy(p) for p in policy_paths]
+    policies = [check_meta(load_policy(p), p) for p in policy_paths]
     if not policies:
         raise _user_error("no policy to evaluate (none given, and none shipped in policies/data)")
     labels = [policy_label(p, path) for p, path in zip(policies, policy_paths)]

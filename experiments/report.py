@@ -26,14 +26,28 @@ def load_run(path: Path) -> dict[str, Any]:
         raise ReportError(f"{path} is not a directory")
     prov = _provenance(path)
     if (path / "sweep.json").is_file():
-        data = json.loads((path / "sweep.json").read_text())
+        data = _read(path / "sweep.json", {"study": str})
         return {"kind": "sweep", "path": path, "name": data["study"], "data": data, "provenance": prov}
     if not (path / "summary.json").is_file():
         if not (path / "config.toml").is_file() or not (path / "records.jsonl").is_file():
             raise ReportError(f"{path} is not a run directory (no summary.json, sweep.json or records.jsonl)")
         _summarize_partial(path)
-    data = json.loads((path / "summary.json").read_text())
+    data = _read(path / "summary.json", {"name": str, "settings": dict, "summary": list})
+    if not isinstance(data["settings"].get("methods"), list):
+        raise ReportError(f"{path / 'summary.json'} is not a run summary (settings.methods is not a list)")
     return {"kind": "run", "path": path, "name": data["name"], "data": data, "provenance": prov}
+
+
+def _read(file: Path, fields: dict[str, type]) -> dict[str, Any]:
+    """A result file as the report reads it: a JSON object with ``fields`` of their types (``ReportError`` else)."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ReportError(f"{file} is not readable JSON ({err})") from None
+    bad = [k for k, t in fields.items() if not isinstance(data, dict) or not isinstance(data.get(k), t)]
+    if bad:
+        raise ReportError(f"{file} is not a draftgym result (no valid {', '.join(bad)})")
+    return data
 
 
 def _summarize_partial(path: Path) -> None:
@@ -49,8 +63,13 @@ def _provenance(path: Path) -> dict[str, Any]:
     file = path / "provenance.jsonl"
     if not file.is_file():
         return {}
-    lines = [ln for ln in file.read_text().splitlines() if ln.strip()]
-    first = json.loads(lines[0]) if lines else {}
+    lines = [ln for ln in file.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    try:
+        first = json.loads(lines[0]) if lines else {}
+    except json.JSONDecodeError:
+        first = None
+    if not isinstance(first, dict):  # provenance is context, not a result: a damaged file is reported as such
+        first = {"note": f"{file.name} is not readable"}
     first["starts"] = len(lines)
     return first
 

@@ -168,8 +168,12 @@ def recover_policy_records(
         from policies.base import read_policy
 
         row = read_policy(path)[0].meta.get(RUN_RECORD)
-        if row and (row["method"], row["prompt_id"]) not in done:
-            found.append(Record(**row))
+        try:
+            rec = Record(**row) if isinstance(row, dict) else None
+        except TypeError:  # a state whose record is not one: the prompt runs again
+            rec = None
+        if rec is not None and (rec.method, rec.prompt_id) not in done:
+            found.append(rec)
     if found:
         with rec_path.open("a") as fh:
             fh.writelines(json.dumps(asdict(r)) + "\n" for r in found)

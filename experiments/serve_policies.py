@@ -373,8 +373,10 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
 
     paths = [Path(p) for p in args.policies] or shipped_serve_policies()
     policies = []
+    from experiments.policy_commands import check_meta
+
     for p in paths:
-        pol = load_policy(p)
+        pol = check_meta(load_policy(p), p)
         policies.append((p.stem, pol))
     meta = policies[0][1].meta if policies else {}
     arms = list(policies[0][1].arm_names) if policies else list(DEFAULT_ARMS)

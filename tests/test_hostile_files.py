@@ -191,3 +191,16 @@ def test_a_run_folder_remembers_its_settings(tmp_path):
     log.write_text('{"a": 1}\n{"a": 2}\n{"a"')
     assert jsonl_lines(log) == ['{"a": 1}', '{"a": 2}'] and log.read_text() == '{"a": 1}\n{"a": 2}\n'
     assert jsonl_lines(tmp_path / "none.jsonl") == []
+
+
+def test_bench_records_of_the_wrong_types_are_run_again(tmp_path):
+    """A record a resume reads back must be one we could have written: a wrong-typed one is skipped (its prompt runs
+    again), not carried into the summary's arithmetic."""
+    from experiments.bench import Record, load_done
+
+    good = Record("ar", "p1", "qa", 3, 2, 0.1, 2, 1.0, [5, 6])
+    bad = [{**good.__dict__, "new_tokens": "x"}, {**good.__dict__, "wall_s": float("nan")},
+           {**good.__dict__, "token_ids": [5, -1]}, {**good.__dict__, "tau": True}]  # fmt: skip
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [good.__dict__, *bad]))
+    assert load_done(path) == [good]

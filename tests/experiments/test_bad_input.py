@@ -73,6 +73,14 @@ def files(tmp_path_factory) -> dict[str, Path]:
     f["cost_truncated"].write_bytes((ROOT / "env" / "data" / "cost_model.json").read_bytes()[:300])
     f["trace_truncated"] = d / "trace.npz"
     f["trace_truncated"].write_bytes((ROOT / "env" / "data" / "builtin_trace.npz").read_bytes()[:5000])
+    for key, name, data in [("run_garbage", "summary.json", b"{{{"), ("run_list", "summary.json", b"[]"),
+                            ("run_nosettings", "summary.json", b'{"name": "x", "summary": []}'),
+                            ("sweep_garbage", "sweep.json", b"\xff\xfe"),
+                            ("bench_garbage", "bench.json", b"{{{"),
+                            ("bench_nosettings", "bench.json", b'{"summary": []}')]:  # fmt: skip
+        f[key] = d / key
+        f[key].mkdir()
+        (f[key] / name).write_bytes(data)
     f["marker"] = marker
     return f
 
@@ -244,6 +252,12 @@ READERS = [
     ("agreement-missing", ["agreement", "{tmp}/none"], "no bench.json"),
     ("agreement-empty-dir", ["agreement", "{tmp}"], "no bench.json"),
     ("agreement-eps-negative", ["agreement", "{tmp}", "--eps", "-1"], "--eps: must be in"),
+    ("report-summary-garbage", ["report", "{run_garbage}"], "is not readable JSON"),
+    ("report-summary-list", ["report", "{run_list}"], "not a draftgym result (no valid name"),
+    ("report-summary-no-settings", ["report", "{run_nosettings}"], "no valid settings"),
+    ("report-sweep-not-utf8", ["report", "{sweep_garbage}"], "is not readable JSON"),
+    ("agreement-bench-garbage", ["agreement", "{bench_garbage}"], "is not a bench result"),
+    ("agreement-bench-no-settings", ["agreement", "{bench_nosettings}"], "is not a bench result"),
 ]
 POLICY_FILES = [
     ("evaluate-policy-missing", ["evaluate", "{tmp}/p.zip", "--no-live"], "does not exist"),
@@ -467,3 +481,23 @@ def test_every_command_is_covered():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     covered = {argv[0] for _, argv, _ in [*CASES, *MODEL] if argv}
     assert set(sub.choices) <= covered, sorted(set(sub.choices) - covered)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [("split", "x", "meta.split is not an object"), ("trace", 7, "meta.trace is not a string"),
+     ("cost_model", ["a"], "meta.cost_model is not a string"), ("max_batch", 0, "meta.max_batch"),
+     ("split", {"test": "p1"}, "meta.split.test is not a list"), ("split", {"seed": "1"}, "meta.split.seed")],
+)  # fmt: skip
+def test_a_policy_whose_training_record_is_malformed_is_refused(tmp_path, capsys, field, value, needle):
+    """``evaluate`` reads the trace, cost model and prompt split a policy was trained with from its meta: a wrong
+    type there is one line and exit 2, not a traceback."""
+    from experiments.cli import main
+    from policies import load_policy
+
+    pol = load_policy(ROOT / "policies" / "data" / "ucb1.zip")
+    pol.meta = {**pol.meta, field: value}
+    pol.save(tmp_path / "p.zip")
+    assert main(["evaluate", str(tmp_path / "p.zip"), "--no-live"]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and needle in err[0], err
