@@ -7,8 +7,10 @@ target logits predict the depth-1 children. ``parents[0] == -1`` and ``parents[i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -17,6 +19,58 @@ import torch
 
 class DrafterError(ValueError):
     """A drafter name or setting that cannot be used; the message is meant for the user."""
+
+
+# ---- option checks: every drafter's constructor refuses a value of the wrong type or out of range in one line ----
+
+
+def shown(value: Any, width: int = 60) -> str:
+    """A value as a message quotes it: its repr, on one line, cut to ``width`` characters."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def int_option(owner: str, name: str, value: Any, low: int, high: int) -> int:
+    """``value`` as an integer in ``[low, high]`` (not a bool, not a float), else a ``DrafterError`` naming
+    ``owner``'s option ``name``."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or not low <= value <= high:
+        raise DrafterError(f"{owner} option {name} must be an integer in [{low}, {high}], got {shown(value)}")
+    return int(value)
+
+
+def float_option(
+    owner: str,
+    name: str,
+    value: Any,
+    low: float,
+    high: float,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    """``value`` as a finite number in the interval given (``low_open``/``high_open``: the bound excluded), else a
+    ``DrafterError`` naming ``owner``'s option ``name``."""
+    ok = not isinstance(value, bool) and isinstance(value, Real) and math.isfinite(value)
+    if ok:
+        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise DrafterError(f"{owner} option {name} must be a number in {interval}, got {shown(value)}")
+    return float(value)
+
+
+def choice_option(owner: str, name: str, value: Any, choices: Sequence[str]) -> str:
+    """``value`` as one of the strings ``choices``, else a ``DrafterError`` listing them."""
+    if not isinstance(value, str) or value not in choices:
+        raise DrafterError(f"{owner} option {name} must be one of {', '.join(choices)}, got {shown(value)}")
+    return value
+
+
+def path_option(owner: str, name: str, value: Any) -> str | None:
+    """``value`` as a file path (a string) or None, else a ``DrafterError``."""
+    if value is not None and (not isinstance(value, str) or "\x00" in value):
+        raise DrafterError(f"{owner} option {name} must be a file path (a string), got {shown(value)}")
+    return value
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from drafters.base import DraftContext, DrafterError, DraftTree, Feedback, TargetModel, TreeShape
+from drafters.base import (
+    DraftContext,
+    DrafterError,
+    DraftTree,
+    Feedback,
+    TargetModel,
+    TreeShape,
+    float_option,
+    path_option,
+)
 from drafters.heads import (
     DraftLayer,
     HeadConfig,
@@ -37,7 +46,7 @@ from drafters.heads import (
     load_state,
 )
 from drafters.lockstep import Growing, propose_lockstep
-from drafters.trees import TREE_BUILDERS, GrowingTree, tree_steps
+from drafters.trees import GrowingTree, tree_option, tree_steps
 from kernels.packed import Reordered, reorder_linears
 
 
@@ -189,8 +198,9 @@ class EagleDrafter:
         min_prob: float = 0.0,
         vocab: int | None = None,
     ) -> None:
-        if tree not in TREE_BUILDERS:
-            raise DrafterError(f"unknown tree builder {tree!r}; valid: {', '.join(TREE_BUILDERS)}")
+        weights = path_option(self.name, "weights", weights)
+        tree = tree_option(self.name, tree)
+        min_prob = float_option(self.name, "min_prob", min_prob, 0.0, 1.0)
         vocab = self.VOCAB if vocab is None else vocab
         if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 0:
             raise DrafterError(

@@ -20,7 +20,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from drafters.base import DraftContext, DrafterError, DraftTree, Feedback, TargetModel, TreeShape
+from drafters.base import (
+    DraftContext,
+    DrafterError,
+    DraftTree,
+    Feedback,
+    TargetModel,
+    TreeShape,
+    float_option,
+    path_option,
+)
 from drafters.eagle import KVBuffer, TreeSlots
 from drafters.heads import (
     DraftLayer,
@@ -33,7 +42,7 @@ from drafters.heads import (
     load_state,
 )
 from drafters.lockstep import Growing, propose_lockstep
-from drafters.trees import TREE_BUILDERS, tree_steps
+from drafters.trees import tree_option, tree_steps
 from kernels.packed import Reordered, reorder_linears
 
 
@@ -65,9 +74,9 @@ class EarlyExitDrafter:
     exact_replay = False
 
     def __init__(self, weights: str | None = None, tree: str = "dynamic", min_prob: float = 0.0) -> None:
-        if tree not in TREE_BUILDERS:
-            raise DrafterError(f"unknown tree builder {tree!r}; valid: {', '.join(TREE_BUILDERS)}")
-        self.weights, self.tree, self.min_prob = weights, tree, min_prob
+        self.weights = path_option(self.name, "weights", weights)
+        self.tree = tree_option(self.name, tree)
+        self.min_prob = float_option(self.name, "min_prob", min_prob, 0.0, 1.0)
         self.adapter: ExitAdapter | None = None
         self._target_key = None
 

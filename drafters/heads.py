@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from drafters.base import DrafterError, TargetModel
+from drafters.base import DrafterError, TargetModel, shown
 from kernels.packed import Stacked
 
 FORMAT = "draftgym-head"
@@ -50,7 +51,70 @@ class HeadConfig:
     fuse_layers: tuple[int, ...] = ()  # eagle3: the target layer counts whose residual streams the head fuses
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "fuse_layers", tuple(int(n) for n in self.fuse_layers))
+        """Types and signs of every field (a head description is a file: anything may be in it), so that a bad
+        one is a one-line ``DrafterError`` naming the field, before a module is built from it; ``check_against``
+        bounds the sizes by the target's."""
+
+        def bad(name: str, what: str) -> DrafterError:
+            return DrafterError(f"config.{name} must be {what}, got {shown(getattr(self, name))}")
+
+        if not isinstance(self.kind, str):
+            raise bad("kind", "a string")
+        for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "draft_vocab"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise bad(name, "an integer >= 1")
+        if not _is_int(self.exit_layer) or self.exit_layer < 0:
+            raise bad("exit_layer", "an integer >= 0")
+        for name in ("rope_theta", "rms_eps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise bad(name, "a finite number > 0")
+        if self.rms_eps >= 1:
+            raise bad("rms_eps", "below 1")
+        fuse = self.fuse_layers
+        if not isinstance(fuse, (list, tuple)) or not all(_is_int(n) and n >= 1 for n in fuse):
+            raise bad("fuse_layers", "a list of layer counts >= 1")
+        if self.heads % self.kv_heads:
+            raise DrafterError(
+                f"config.heads ({self.heads}) must be a multiple of config.kv_heads ({self.kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise bad("head_dim", "even (rotary embeddings rotate pairs)")
+        object.__setattr__(self, "fuse_layers", tuple(int(n) for n in fuse))
+
+    def check_against(self, model: Any) -> None:
+        """Sizes that fit the target ``model`` (a Hugging Face causal LM): the same hidden size, attention and MLP
+        widths bounded by the target's (a head is one of its layers, or about that), draft vocabulary and layer
+        counts within the target's. A ``DrafterError`` naming the field, before any module is allocated."""
+        c = model.config
+        hidden, layers, vocab = int(c.hidden_size), int(c.num_hidden_layers), int(c.vocab_size)
+        heads = int(c.num_attention_heads)
+        q_width = heads * int(getattr(c, "head_dim", None) or hidden // heads)
+        inter = int(getattr(c, "intermediate_size", 0) or 0)
+        if self.hidden != hidden:
+            raise DrafterError(f"config.hidden is {self.hidden}, this target's hidden size is {hidden}")
+        if self.heads * self.head_dim > max(4 * hidden, q_width):
+            raise DrafterError(
+                f"config.heads x config.head_dim ({self.heads} x {self.head_dim}) is too wide for this target "
+                f"(at most {max(4 * hidden, q_width)})"
+            )
+        if self.intermediate > max(8 * hidden, 2 * inter):
+            raise DrafterError(
+                f"config.intermediate ({self.intermediate}) is too wide for this target (at most "
+                f"{max(8 * hidden, 2 * inter)})"
+            )
+        if self.draft_vocab > vocab:
+            raise DrafterError(
+                f"config.draft_vocab ({self.draft_vocab}) exceeds this target's vocabulary ({vocab})"
+            )
+        if self.exit_layer >= layers:
+            raise DrafterError(
+                f"config.exit_layer ({self.exit_layer}) must be below this target's {layers} layers"
+            )
+        if len(self.fuse_layers) > layers or any(n > layers for n in self.fuse_layers):
+            raise DrafterError(
+                f"config.fuse_layers {list(self.fuse_layers)} must be layer counts of this target (1..{layers})"
+            )
 
     @classmethod
     def from_target(cls, model: Any, kind: str, draft_vocab: int, **over: Any) -> HeadConfig:
@@ -71,6 +135,10 @@ class HeadConfig:
         )
         base.update(over)
         return cls(**base)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 class RMSNorm(nn.Module):
@@ -177,16 +245,23 @@ def target_fingerprint(model: Any, model_id: str) -> dict[str, Any]:
     }
 
 
-def check_fingerprint(saved: dict[str, Any], model: Any, model_id: str, where: str) -> None:
-    """Raise a DrafterError naming the first difference between a head's target and this one."""
+def check_fingerprint(saved: Any, model: Any, model_id: str, where: str) -> None:
+    """Raise a DrafterError naming the first difference between a head's target and this one (or the field of the
+    saved fingerprint that is not of its type: it comes from a file)."""
+    if not isinstance(saved, dict):
+        raise DrafterError(f"{where}: its target fingerprint must be a table, got {shown(saved)}")
     now = target_fingerprint(model, model_id)
     for key in ("hidden_size", "vocab_size", "num_layers", "model_id"):
         if saved.get(key) != now[key]:
             raise DrafterError(
-                f"{where} was trained for another target ({key} {saved.get(key)!r}, this target has {now[key]!r}); "
-                f"train one for it with: draftgym train-drafter ... --model {model_id}"
+                f"{where} was trained for another target ({key} {shown(saved.get(key))}, this target has "
+                f"{now[key]!r}); train one for it with: draftgym train-drafter ... --model {model_id}"
             )
-    a, b = float(saved.get("embed_checksum", 0.0)), now["embed_checksum"]
+    a, b = saved.get("embed_checksum"), now["embed_checksum"]
+    if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a):
+        raise DrafterError(
+            f"{where}: its target fingerprint's embed_checksum must be a finite number, got {shown(a)}"
+        )
     if abs(a - b) > 2e-2 * max(abs(a), abs(b), 1e-6):
         raise DrafterError(
             f"{where} was trained for a target with other weights (embedding checksum {a} vs {b})"
@@ -230,12 +305,21 @@ def load_head(
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         cfg = HeadConfig(**meta["config"])
+    except DrafterError as err:  # a field of the wrong type or sign
+        raise DrafterError(f"{meta_path}: {err}") from err
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
-        raise DrafterError(f"{meta_path} is not a draftgym head description ({err})") from err
+        why = " ".join(str(err).split())[:200]  # one line, whatever the file held
+        raise DrafterError(f"{meta_path} is not a draftgym head description ({why})") from err
     if meta.get("format") != FORMAT or cfg.kind != kind:
         raise DrafterError(f"{meta_path} describes a {cfg.kind!r} head, not {kind!r}")
     check_fingerprint(meta.get("target", {}), model, model_id, str(path))
+    try:  # sizes within the target's: before any module is built from them
+        cfg.check_against(model)
+    except DrafterError as err:
+        raise DrafterError(f"{meta_path}: {err}") from err
     want = meta.get("weights_sha256")  # heads saved before it was recorded have none
+    if want is not None and not isinstance(want, str):
+        raise DrafterError(f"{meta_path}: weights_sha256 must be a hex string, got {shown(want)}")
     if want is not None and want != hashlib.sha256(path.read_bytes()).hexdigest():
         raise DrafterError(
             f"{path} is not the weights {meta_path.name} describes (a save cut short, or a file replaced)"
@@ -247,6 +331,8 @@ def load_head(
     if "d2t" not in tensors or tensors["d2t"].shape != (cfg.draft_vocab,):
         raise DrafterError(f"{path} has no valid draft vocabulary map 'd2t' of {cfg.draft_vocab} ids")
     d2t = tensors["d2t"]
+    if d2t.is_floating_point() or d2t.is_complex() or d2t.dtype == torch.bool:
+        raise DrafterError(f"{path}: the draft vocabulary map 'd2t' must hold integer ids, not {d2t.dtype}")
     if int(d2t.min()) < 0 or int(d2t.max()) >= int(model.config.vocab_size):
         raise DrafterError(f"{path}: draft vocabulary ids fall outside the target's vocabulary")
     return cfg, tensors, meta

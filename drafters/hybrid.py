@@ -23,7 +23,18 @@ from typing import Any
 
 import torch
 
-from drafters.base import BatchProposer, DraftContext, DrafterError, DraftTree, Feedback, Forkable, TreeShape
+from drafters.base import (
+    BatchProposer,
+    DraftContext,
+    DrafterError,
+    DraftTree,
+    Feedback,
+    Forkable,
+    TreeShape,
+    float_option,
+    int_option,
+    shown,
+)
 
 
 def node_probs(tree: DraftTree, unscored: float) -> list[float]:
@@ -91,6 +102,21 @@ def merge_trees(trees: list[DraftTree], probs: list[list[float]], shape: TreeSha
     )
 
 
+def _part_options(options: Any, known: Any) -> dict[str, dict[str, Any]]:
+    """The hybrid's ``options``: a table per drafter (``{"eagle3": {"vocab": 8192}}``; those of a drafter that is
+    not a part are unused), keyed by registered drafter names."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
+        raise DrafterError(f"hybrid option options must be a table of tables per part, got {shown(options)}")
+    for n in options:
+        if n not in known:
+            raise DrafterError(
+                f"hybrid option options.{n}: {shown(n)} is not a drafter; known: {', '.join(known)}"
+            )
+    return {n: dict(v) for n, v in options.items()}
+
+
 class HybridDrafter:
     """``parts``: two registered drafter names, cheap first (``"suffix,eagle3"``); ``skip_at``: expected accepted
     length of the first tree at which the second is not asked (0: always merge), ``skip_match``: the suffix match
@@ -110,7 +136,14 @@ class HybridDrafter:
     ) -> None:
         from drafters import DRAFTERS, make_drafter
 
-        names = [p.strip() for p in parts.split(",")] if isinstance(parts, str) else list(parts)
+        if isinstance(parts, str):
+            names = [p.strip() for p in parts.split(",")]
+        elif isinstance(parts, (list, tuple)) and all(isinstance(p, str) for p in parts):
+            names = list(parts)
+        else:
+            raise DrafterError(
+                f'hybrid option parts must be two drafter names ("suffix,eagle3"), got {shown(parts)}'
+            )
         if len(names) != 2 or len(set(names)) != 2 or "hybrid" in names:
             raise DrafterError(f"hybrid needs two different drafters as parts, got {names}")
         for n in names:
@@ -118,15 +151,19 @@ class HybridDrafter:
                 raise DrafterError(
                     f"unknown hybrid part {n!r}; known drafters: {', '.join(sorted(DRAFTERS))}"
                 )
-        if skip_at < 0 or skip_match < 0 or not 0.0 < unscored <= 1.0:
-            raise DrafterError(
-                f"hybrid needs skip_at >= 0, skip_match >= 0 and 0 < unscored <= 1, got {skip_at}, {skip_match}, "
-                f"{unscored}"
-            )
-        self.part_names, self.skip_at, self.unscored = names, float(skip_at), float(unscored)
-        self.skip_match = int(skip_match)
-        self.options = dict(options or {})
-        self.parts = [make_drafter(n, **self.options.get(n, {})) for n in names]
+        self.part_names = names
+        self.skip_at = float_option("hybrid", "skip_at", skip_at, 0.0, 1e6)
+        self.skip_match = int_option("hybrid", "skip_match", skip_match, 0, 1 << 20)
+        self.unscored = float_option("hybrid", "unscored", unscored, 0.0, 1.0, low_open=True)
+        self.options = _part_options(options, sorted(DRAFTERS))
+        self.parts: list[Any] = []
+        for n in names:
+            try:
+                self.parts.append(make_drafter(n, **self.options.get(n, {})))
+            except DrafterError as err:
+                raise DrafterError(f"hybrid part {n}: {err}") from err
+            except TypeError as err:  # an option the part does not take
+                raise DrafterError(f"hybrid option options.{n}: {err}") from err
         self.skipped = 0  # proposals where the second drafter was not asked
 
     def fork(self) -> HybridDrafter:

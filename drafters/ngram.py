@@ -8,8 +8,10 @@ SAM decoding (arXiv 2411.10666) for suffix matching over the context.
 
 from __future__ import annotations
 
-from drafters.base import DraftContext, DraftTree, Feedback, TreeShape
+from drafters.base import DraftContext, DrafterError, DraftTree, Feedback, TreeShape, int_option
 from drafters.trees import prune, trie
+
+MAX_NGRAM, MAX_MATCHES, MAX_DEPTH = 64, 1024, 1024  # option bounds (far beyond any useful value)
 
 
 class NGramDrafter:
@@ -36,10 +38,14 @@ class NGramDrafter:
         max_matches: int = 8,
         max_depth: int = 16,
     ) -> None:
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"ngram sizes need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        if max_depth < 1 or max_matches < 1:
-            raise ValueError(f"max_depth and max_matches must be >= 1, got {max_depth}, {max_matches}")
+        # bounds: the index holds (max_ngram - min_ngram + 1) n-grams per token; the largest tree is
+        # max_depth x max_matches per n-gram size
+        max_ngram = int_option("ngram", "max_ngram", max_ngram, 1, MAX_NGRAM)
+        min_ngram = int_option("ngram", "min_ngram", min_ngram, 1, MAX_NGRAM)
+        max_matches = int_option("ngram", "max_matches", max_matches, 1, MAX_MATCHES)
+        max_depth = int_option("ngram", "max_depth", max_depth, 1, MAX_DEPTH)
+        if min_ngram > max_ngram:
+            raise DrafterError(f"ngram sizes need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.max_matches = max_matches

@@ -19,8 +19,10 @@ import math
 
 import torch
 
-from drafters.base import DraftContext, DrafterError, DraftTree, Feedback, TreeShape
-from drafters.trees import TREE_BUILDERS, GrowingTree, build_tree
+from drafters.base import DraftContext, DraftTree, Feedback, TreeShape, float_option, int_option
+from drafters.trees import GrowingTree, build_tree, tree_option
+
+MAX_WIDTH = 256  # the table is V x width (int64 + float32): 150 MB at V = 49152
 
 
 class RecyclingDrafter:
@@ -31,13 +33,10 @@ class RecyclingDrafter:
     exact_replay = False
 
     def __init__(self, width: int = 8, tree: str = "dynamic", prompt_prior: float = math.log(0.2)) -> None:
-        if width < 1:
-            raise DrafterError(f"recycling width must be >= 1, got {width}")
-        if tree not in TREE_BUILDERS:
-            raise DrafterError(f"unknown tree builder {tree!r}; valid: {', '.join(TREE_BUILDERS)}")
-        self.width = width
-        self.tree = tree
-        self.prompt_prior = prompt_prior
+        self.width = int_option("recycling", "width", width, 1, MAX_WIDTH)
+        self.tree = tree_option("recycling", tree)
+        # a log-probability: finite and <= 0 (a NaN would poison every path score it enters)
+        self.prompt_prior = float_option("recycling", "prompt_prior", prompt_prior, -1e4, 0.0)
         self.ids: torch.Tensor | None = None  # [V, K] int64, -1: no candidate
         self.logp: torch.Tensor | None = None  # [V, K] float32, -inf: no candidate
 
@@ -51,14 +50,17 @@ class RecyclingDrafter:
         """Overwrite the rows of ``tokens`` ([S]) with the top-K of ``logits`` ([S, V]); later rows win."""
         self._ensure(int(logits.shape[-1]))
         lp = torch.log_softmax(logits.float(), dim=-1)
-        top_lp, top_ids = lp.topk(self.width, dim=-1)  # [S, K]
+        k = min(
+            self.width, int(lp.shape[-1])
+        )  # a vocabulary smaller than the width: its columns past V stay empty
+        top_lp, top_ids = lp.topk(k, dim=-1)  # [S, k]
         top_lp, top_ids = top_lp.cpu(), top_ids.cpu()  # the table lives on the CPU, next to tree building
         # index_put_ with repeated indices keeps an unspecified one: write in order, last occurrence wins
         last: dict[int, int] = {int(t): i for i, t in enumerate(tokens.tolist())}
         rows = torch.tensor(list(last.keys()), dtype=torch.long)
         src = torch.tensor(list(last.values()), dtype=torch.long)
-        self.ids[rows] = top_ids[src]
-        self.logp[rows] = top_lp[src]
+        self.ids[rows, :k] = top_ids[src]
+        self.logp[rows, :k] = top_lp[src]
 
     def seed_from_prompt(self, tokens: list[int]) -> None:
         """Rows never verified get the prompt's own bigram (what first followed v in the prompt) as one candidate."""

@@ -27,7 +27,15 @@ from typing import Any
 
 import torch
 
-from drafters.base import DraftContext, DraftTree, Feedback, TreeShape
+from drafters.base import (
+    DraftContext,
+    DrafterError,
+    DraftTree,
+    Feedback,
+    TreeShape,
+    choice_option,
+    int_option,
+)
 
 
 class _Node:
@@ -99,6 +107,7 @@ class SuffixTrie:
 
 
 CHOOSE = ("match", "score", "merge")
+MAX_DEPTH_LIMIT, MAX_CACHE_REQUESTS = 1024, 1_000_000  # option bounds (far beyond any useful value)
 
 
 def _tree(tokens: list[int], parents: list[int], probs: list[float]) -> DraftTree:
@@ -149,13 +158,16 @@ class SuffixDrafter:
     def __init__(
         self, depth_limit: int = 32, max_match: int = 16, cache_requests: int = 256, choose: str = "merge"
     ) -> None:
-        if depth_limit < 2 or not 1 <= max_match < depth_limit or cache_requests < 0:
-            raise ValueError(
+        # bounds: a token costs depth_limit trie steps (and nodes); the cache holds cache_requests answers
+        depth_limit = int_option("suffix", "depth_limit", depth_limit, 2, MAX_DEPTH_LIMIT)
+        max_match = int_option("suffix", "max_match", max_match, 1, MAX_DEPTH_LIMIT)
+        cache_requests = int_option("suffix", "cache_requests", cache_requests, 0, MAX_CACHE_REQUESTS)
+        if max_match >= depth_limit:
+            raise DrafterError(
                 "suffix needs depth_limit >= 2, 1 <= max_match < depth_limit and cache_requests >= 0, got "
                 f"{depth_limit}, {max_match}, {cache_requests}"
             )
-        if choose not in CHOOSE:
-            raise ValueError(f"suffix choose must be one of {', '.join(CHOOSE)}, got {choose!r}")
+        choose = choice_option("suffix", "choose", choose, CHOOSE)
         self.depth_limit, self.max_match, self.cache_requests = depth_limit, max_match, cache_requests
         self.choose = choose
         self.shared: dict[str, Any] = {"trie": SuffixTrie(depth_limit), "answers": deque()}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from drafters.base import DrafterError, DraftTree, TreeShape
+from drafters.base import DrafterError, DraftTree, TreeShape, shown
 
 
 def chain(root: int, tokens: Sequence[int], scores: Sequence[float] | None = None) -> DraftTree:
@@ -183,6 +183,15 @@ def dynamic_steps(root: int, depth: int, topk: int, budget: int, min_prob: float
 
 
 TREE_BUILDERS = ("chain", "kary", "dynamic")
+
+
+def tree_option(owner: str, value: object) -> str:
+    """A drafter's ``tree`` option: one of ``TREE_BUILDERS``, else a ``DrafterError`` listing them."""
+    if not isinstance(value, str) or value not in TREE_BUILDERS:
+        raise DrafterError(
+            f"unknown tree builder {shown(value)} for {owner}; valid: {', '.join(TREE_BUILDERS)}"
+        )
+    return value
 
 
 def build_tree(kind: str, root: int, expand: Expand, shape: TreeShape, min_prob: float = 0.0) -> DraftTree:

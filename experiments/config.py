@@ -13,10 +13,12 @@ A method (one entry of ``methods``) is one of: ``ar`` (our autoregressive loop),
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from experiments.errors import one_line
 from experiments.strict_toml import (
     ConfigError,
     Origin,
@@ -76,12 +78,14 @@ class WorkloadConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    max_new_tokens: int = _f(128, min=1)
-    """Tokens to generate per prompt at most."""
-    temperature: float = _f(0.0, min=0.0)
-    """0: greedy (the output equals greedy autoregressive decoding)."""
+    max_new_tokens: int = _f(128, min=1, max=1 << 20)
+    """Tokens to generate per prompt at most (2**20 at most, as ``--max-new-tokens``; the context bounds it
+    further, checked against the model)."""
+    temperature: float = _f(0.0, min=0.0, max=1e4)
+    """0: greedy (the output equals greedy autoregressive decoding); at most 1e4, as ``--temperature``."""
     top_k: int = _f(0, min=0)
-    top_p: float = _f(1.0, min=0.0, max=1.0)
+    top_p: float = _f(1.0, min=0.0, min_open=True, max=1.0)
+    """Nucleus sampling: in (0, 1], as ``--top-p`` (1: off)."""
     warmup: bool = True
     """Run every method once on a short prompt first, untimed (lazy initialisation)."""
 
@@ -277,7 +281,7 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
             fail(("policies", name, "arms"), "is empty")
         for j, a in enumerate(p.arms):
             _check_arm(a, ("policies", name, f"arms[{j}]"), fail, DRAFTERS)
-        _check_policy(name, p, fail)
+        _check_policy(name, p, fail, cfg.seed)
     for name, opts in cfg.drafters.items():
         if name not in DRAFTERS:
             fail(("drafters", name), f"is not a drafter; known: {', '.join(sorted(DRAFTERS))}")
@@ -285,6 +289,7 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
         for opt in opts:
             if opt not in valid:
                 fail(("drafters", name, opt), f"is not an option of {name}; valid: {', '.join(valid)}")
+        _check_drafter(name, opts, fail)
     if cfg.sweep.method and cfg.sweep.method not in cfg.methods:
         fail(("sweep", "method"), f"is {cfg.sweep.method!r}, not one of methods {list(cfg.methods)}")
     for j, d in enumerate(cfg.sweep.drafters):
@@ -322,7 +327,29 @@ def policy_class(kind: str) -> Any:
     return getattr(importlib.import_module(module), cls)
 
 
-def _check_policy(name: str, p: PolicyConfig, fail: Any) -> None:
+def _named_option(err: BaseException, options: Any) -> str | None:
+    """The option (of ``options``) an error message names, to point at the line or ``--set`` that set it."""
+    text = str(err)
+    for opt in options:
+        if re.search(rf"(?<![\w.]){re.escape(str(opt))}(?!\w)", text):
+            return str(opt)
+    return None
+
+
+def _check_drafter(name: str, opts: dict[str, Scalar], fail: Any) -> None:
+    """Build drafter ``name`` once with its ``[drafters.NAME]`` options (as ``--drafter-option`` does): a value it
+    refuses fails here, in one line, not after the model loaded. Constructors only check and store (heads load
+    at the first sequence), so this is cheap."""
+    from drafters import DrafterError, make_drafter
+
+    try:
+        make_drafter(name, **opts)
+    except (DrafterError, TypeError, ValueError) as err:
+        opt = _named_option(err, opts)
+        fail(("drafters", name) if opt is None else ("drafters", name, opt), f"is refused: {one_line(err)}")
+
+
+def _check_policy(name: str, p: PolicyConfig, fail: Any, seed: int = 0) -> None:
     types_ = policy_types()
     if types_ is None:
         return  # nothing to check against yet
@@ -330,12 +357,46 @@ def _check_policy(name: str, p: PolicyConfig, fail: Any) -> None:
     if p.kind not in types_:
         fail((*key, "kind"), f"is {p.kind!r}; known policy types: {', '.join(sorted(types_))}")
     try:
-        valid = keywords_of(policy_class(p.kind))
+        cls = policy_class(p.kind)
+        valid = keywords_of(cls)
     except ImportError:
         return  # the policy's optional dependencies are missing; it fails when built
     for opt in p.params:
         if opt not in valid:
             fail((*key, "params", opt), f"is not a parameter of {p.kind}; valid: {', '.join(valid)}")
+    _try_policy(name, p, cls, fail, seed)
+
+
+def _try_policy(name: str, p: PolicyConfig, cls: Any, fail: Any, seed: int) -> None:
+    """Build the policy once with its ``params`` over its arm menu and the observation ``draftgym run`` gives it
+    (``experiments.methods.build_policy`` does the same), so that a parameter of the wrong type or out of range
+    fails in one line before any model loads. Not for the policies that are trained before they are built
+    (``sb3``, ``predictor``), one that is loaded from ``path``, a static policy whose arm training chooses, or a
+    confidence policy reading a named ``feature`` (the training trace's observation may differ)."""
+    from drafters import DrafterError
+    from env.engine import parse_arm, split_weights
+    from env.features import FeatureSpec, feature_names
+
+    if getattr(cls, "kind", "") in ("rl", "predictor") or p.path or "feature" in p.params:
+        return
+    if p.kind == "static" and "arm" not in p.params:
+        return
+    try:
+        arms = [parse_arm(split_weights(a)[0]) for a in p.arms]
+    except DrafterError:
+        return  # reported by the arm checks
+    depths = [0 if a.drafter is None else a.shape.depth for a in arms]
+    spec = FeatureSpec(draft_features=p.train.draft_features)
+    names = feature_names(spec, [a.name for a in arms], depths)
+    params: dict[str, Any] = dict(p.params)
+    if "seed" in keywords_of(cls) and "seed" not in params:
+        params["seed"] = seed
+    try:
+        cls(list(p.arms), len(names), features=names, **params)
+    except (TypeError, ValueError, ArithmeticError) as err:
+        opt = _named_option(err, p.params)
+        path = ("policies", name, "params") if opt is None else ("policies", name, "params", opt)
+        fail(path, f"is refused by {p.kind}: {one_line(err)}")
 
 
 def diff_configs(a: Config, b: Config, ignore: tuple[str, ...] = ()) -> list[str]:

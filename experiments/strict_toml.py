@@ -1,7 +1,9 @@
 """Strict TOML <-> frozen dataclasses, the machinery under ``experiments.config``.
 
 - ``build(cls, raw, origin)``: a dataclass from a parsed TOML dict, refusing unknown keys (with the closest valid
-  one suggested) and wrong types, and checking field metadata (``choices``, ``min``, ``max``; see ``opt``);
+  one suggested), wrong types and non-finite numbers (TOML's ``nan`` and ``inf``: a NaN passes every bound check,
+  and JSON cannot write either), and checking field metadata (``choices``, ``min``, ``max``, ``min_open``; see
+  ``opt``);
 - ``Origin``: where a dotted key was set: ``file:line`` (found by scanning the text: ``tomllib`` keeps no
   positions), ``--set key=value`` or ``sweep trial (key)``;
 - ``parse_set`` / ``apply_override``: ``a.b=v`` overrides, ``v`` read as a TOML value;
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import sys
 import types
@@ -30,7 +33,8 @@ class ConfigError(ValueError):
 
 
 def opt(default: Any, **meta: Any) -> Any:
-    """A dataclass field with validation metadata: ``choices``, ``min``, ``max``."""
+    """A dataclass field with validation metadata: ``choices``, ``min``, ``max``, ``min_open`` (true: the value must
+    be above ``min``), ``nonfinite`` (true: ``nan``/``inf`` allowed, which no field is so far)."""
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -98,7 +102,7 @@ def _type_name(tp: Any) -> str:
     return " or ".join(_type_name(a) for a in typing.get_args(tp))
 
 
-def _coerce(tp: Any, value: Any, path: tuple[str, ...], where: Origin) -> Any:
+def _coerce(tp: Any, value: Any, path: tuple[str, ...], where: Origin, finite: bool = True) -> Any:
     def bad() -> ConfigError:
         got = "a table" if isinstance(value, dict) else f"{value!r}"
         return ConfigError(f"{where(path)}: {dotted(path)} must be {_type_name(tp)}, got {got}")
@@ -112,24 +116,34 @@ def _coerce(tp: Any, value: Any, path: tuple[str, ...], where: Origin) -> Any:
         if not isinstance(value, (list, tuple)):
             raise bad()
         (elem, _) = typing.get_args(tp)
-        return tuple(_coerce(elem, v, (*path[:-1], f"{path[-1]}[{i}]"), where) for i, v in enumerate(value))
+        return tuple(
+            _coerce(elem, v, (*path[:-1], f"{path[-1]}[{i}]"), where, finite) for i, v in enumerate(value)
+        )
     if origin is dict:
         if not isinstance(value, dict):
             raise bad()
         _, val_tp = typing.get_args(tp)
-        return {str(k): _coerce(val_tp, v, (*path, str(k)), where) for k, v in value.items()}
+        return {str(k): _coerce(val_tp, v, (*path, str(k)), where, finite) for k, v in value.items()}
     if origin in (typing.Union, types.UnionType):
+        if finite and isinstance(value, float) and not math.isfinite(value):
+            raise _nonfinite(value, path, where)
         for member in typing.get_args(tp):
             try:
-                return _coerce(member, value, path, where)
+                return _coerce(member, value, path, where, finite)
             except ConfigError:
                 continue
         raise bad()
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if finite and not math.isfinite(value):
+            raise _nonfinite(value, path, where)
         return float(value)
     if tp in (int, str, bool) and type(value) is tp:
         return value
     raise bad()
+
+
+def _nonfinite(value: float, path: tuple[str, ...], where: Origin) -> ConfigError:
+    return ConfigError(f"{where(path)}: {dotted(path)} must be a finite number, got {value}")
 
 
 def build(cls: type, raw: dict[str, Any], path: tuple[str, ...], where: Origin) -> Any:
@@ -148,15 +162,22 @@ def build(cls: type, raw: dict[str, Any], path: tuple[str, ...], where: Origin) 
     for f in fields(cls):
         if f.name not in raw:
             continue
-        val = _coerce(hints[f.name], raw[f.name], (*path, f.name), where)
         meta = f.metadata
+        val = _coerce(hints[f.name], raw[f.name], (*path, f.name), where, not meta.get("nonfinite", False))
         loc = f"{where((*path, f.name))}: {dotted((*path, f.name))}"
         if "choices" in meta and val not in meta["choices"]:
             raise ConfigError(f"{loc} is {val!r}; valid: {', '.join(meta['choices'])}")
-        if "min" in meta and val < meta["min"]:
-            raise ConfigError(f"{loc} must be >= {meta['min']}, got {val}")
-        if "max" in meta and val > meta["max"]:
-            raise ConfigError(f"{loc} must be <= {meta['max']}, got {val}")
+        if "min" in meta or "max" in meta:
+            low, high = meta.get("min", -math.inf), meta.get("max", math.inf)
+            above = meta.get("min_open", False)
+            # written so that NaN (where a field allows it) fails too: every comparison with NaN is False
+            low_ok, high_ok = (val > low if above else val >= low), val <= high
+            if above and "max" in meta and not (low_ok and high_ok):
+                raise ConfigError(f"{loc} must be in ({low:g}, {high:g}], got {val}")
+            if not low_ok:
+                raise ConfigError(f"{loc} must be {'>' if above else '>='} {low}, got {val}")
+            if not high_ok:
+                raise ConfigError(f"{loc} must be <= {high}, got {val}")
         kwargs[f.name] = val
     return cls(**kwargs)
 
