@@ -264,6 +264,38 @@ def with_weights(loaded: LoadedModel, variant: str | None) -> LoadedModel:
     return loaded.derived[key]
 
 
+def check_config(values: dict[str, Any], where: Path) -> None:
+    """The sizes a decoder-only model's ``config.json`` gives, as the engines read them: positive integers (within
+    what a model could be), heads that divide, a positive epsilon; ``ModelError`` naming the field otherwise."""
+    import math
+
+    def count(key: str, required: bool = True, most: int = 1 << 24) -> int | None:
+        v = values.get(key)
+        if v is None and not required:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= most:
+            raise ModelError(f"{where}: {key} is {v!r}, not an integer in 1..{most}")
+        return v
+
+    hidden, heads = count("hidden_size"), count("num_attention_heads")
+    count("num_hidden_layers", most=4096)
+    count("vocab_size")
+    count("intermediate_size", required=False)
+    count("max_position_embeddings", required=False, most=1 << 30)
+    kv = count("num_key_value_heads", required=False) or heads
+    head_dim = count("head_dim", required=False)
+    if heads % kv or (head_dim is None and hidden % heads):  # type: ignore[operator]
+        raise ModelError(
+            f"{where}: {heads} attention heads do not split into {kv} KV heads and hidden {hidden}"
+        )
+    for key in ("rms_norm_eps", "rope_theta"):
+        v = values.get(key)
+        if v is not None and (
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0
+        ):
+            raise ModelError(f"{where}: {key} is {v!r}, not a positive number")
+
+
 def load_model(
     model: str | None = None,
     *,
@@ -309,6 +341,7 @@ def load_model(
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as err:
         raise ModelError(f"cannot read {folder / 'config.json'}: {str(err).splitlines()[0]}") from err
+    check_config(values, folder / "config.json")
     weights_file = folder / "model.safetensors"
     from env.lean import LEAN_TYPES
 
@@ -322,6 +355,12 @@ def load_model(
                 if "model.embed_tokens.weight" not in f.keys():  # noqa: SIM118  (a safe_open handle)
                     raise ModelError(
                         f"{weights_file} has no model.embed_tokens.weight (not a Llama-family model)"
+                    )
+                shape = list(f.get_slice("model.embed_tokens.weight").get_shape())
+                if shape != [values["vocab_size"], values["hidden_size"]]:
+                    raise ModelError(
+                        f"{weights_file}: embeddings of shape {shape}, but config.json says vocab_size "
+                        f"{values['vocab_size']} and hidden_size {values['hidden_size']}"
                     )
         except (OSError, SafetensorError) as err:
             raise ModelError(f"cannot load model from {folder}: {str(err).splitlines()[0]}") from err

@@ -299,6 +299,11 @@ def run_bench(
     for m in methods:
         if m not in decoders:
             check_method(m)  # fail before any work on a bad method name
+    longest = 0
+    for p in prompts:  # and on a prompt that does not fit the context
+        ids = chat_prompt(loaded.tokenizer, p.text)
+        check_prompt(ids, loaded.max_context, f"prompt {p.prompt_id}")
+        longest = max(longest, len(ids))
     out_dir.mkdir(parents=True, exist_ok=True)
     rec_path = out_dir / "records.jsonl"
     records = load_done(rec_path)
@@ -306,11 +311,6 @@ def run_bench(
                   started=bool(records))  # fmt: skip
     state_dir = out_dir / "policies"
     resume_learners(decoders, state_dir, rec_path, records)
-    longest = 0
-    for p in prompts:  # and on a prompt that does not fit the context
-        ids = chat_prompt(loaded.tokenizer, p.text)
-        check_prompt(ids, loaded.max_context, f"prompt {p.prompt_id}")
-        longest = max(longest, len(ids))
     for m in methods:  # device loops sized by this workload (their static cache, their graphs' spans)
         if is_device_method(m) and m not in decoders:
             decoders[m] = device_loop(loaded, m, longest + max_new_tokens)

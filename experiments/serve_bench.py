@@ -332,6 +332,11 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+MAX_ARRIVAL_S = (
+    3600  # the last served request's arrival, seconds from the start (serve-bench waits in real time)
+)
+
+
 def read_arrivals(path: str, n: int) -> list[float]:
     """A recorded arrival trace: one arrival time (seconds from the start, non-decreasing) per line, the i-th for
     the i-th request; at least as many as there are requests."""
@@ -358,6 +363,11 @@ def read_arrivals(path: str, n: int) -> list[float]:
         times.append(t)
     if len(times) < n:
         raise UserError(f"--arrivals {path} has {len(times)} arrival times for {n} requests")
+    if times[n - 1] > MAX_ARRIVAL_S:  # served in real time: a trace of days would be a run of days
+        raise UserError(
+            f"--arrivals {path}: request {n} arrives at {times[n - 1]:g} s; a served trace spans at most "
+            f"{MAX_ARRIVAL_S} s (scale the times down, or serve fewer requests)"
+        )
     return times[:n]
 
 

@@ -38,6 +38,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
         "jsonlist": b"[1, 2, 3]\n",
         "arrivals_few": b"# arrival times, seconds\n0\n0.5\n",
         "arrivals_back": b"0\n2\n1\n" * 8,
+        "arrivals_far": b"0\n1e9\n" + b"1e9\n" * 30,
         "pickle": payload(marker),
         "torchpickle": torch_payload(marker),
         "npzpickle": npz_payload(marker),
@@ -81,6 +82,14 @@ def files(tmp_path_factory) -> dict[str, Path]:
         f[key] = d / key
         f[key].mkdir()
         (f[key] / name).write_bytes(data)
+    base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "vocab_size": 100, "intermediate_size": 128}  # fmt: skip
+    for key, change in [("model_hidden_str", {"hidden_size": "576"}), ("model_heads_zero", {"num_attention_heads": 0}),
+                        ("model_layers_negative", {"num_hidden_layers": -1}), ("model_eps_str", {"rms_norm_eps": "x"}),
+                        ("model_kv_split", {"num_key_value_heads": 3})]:  # fmt: skip
+        f[key] = d / key
+        f[key].mkdir()
+        (f[key] / "config.json").write_text(json.dumps({**base, **change}))
     f["marker"] = marker
     return f
 
@@ -116,6 +125,19 @@ GENERATE = [
     ("prompt-file-name-too-long", ["generate", "--prompt-file", "x" * 5000], "File name too long"),
     ("model-missing", ["generate", "hi", "--model", "{tmp}/no-model"], "does not exist"),
     ("model-not-a-model", ["generate", "hi", "--model", "{dir}"], "config.json"),
+    ("model-config-str", ["generate", "hi", "--model", "{model_hidden_str}"], "hidden_size is '576'"),
+    (
+        "model-config-zero-heads",
+        ["generate", "hi", "--model", "{model_heads_zero}"],
+        "num_attention_heads is 0",
+    ),
+    (
+        "model-config-layers",
+        ["generate", "hi", "--model", "{model_layers_negative}"],
+        "num_hidden_layers is -1",
+    ),
+    ("model-config-eps", ["generate", "hi", "--model", "{model_eps_str}"], "rms_norm_eps is 'x'"),
+    ("model-config-kv", ["generate", "hi", "--model", "{model_kv_split}"], "do not split into 3 KV heads"),
     ("policy-missing", ["generate", "hi", "--policy", "{tmp}/p.zip"], "does not exist"),
     ("policy-directory", ["generate", "hi", "--policy", "{dir}"], "does not exist"),
     ("policy-not-zip", ["generate", "hi", "--policy", "{bin}"], "not a readable draftgym policy"),
@@ -326,6 +348,7 @@ SERVE = [
     ("arrivals-binary", ["serve-bench", "--arrivals", "{bin}"], "not UTF-8"),
     ("arrivals-too-few", ["serve-bench", "--arrivals", "{arrivals_few}"], "2 arrival times for 12 requests"),
     ("arrivals-backwards", ["serve-bench", "--arrivals", "{arrivals_back}"], "non-decreasing"),
+    ("arrivals-days", ["serve-bench", "--arrivals", "{arrivals_far}"], "a served trace spans at most 3600 s"),
     ("rate-and-arrivals", ["serve-bench", "--rate", "2", "--arrivals", "{arrivals_few}"], "give one"),
     ("unknown-method", ["serve-bench", "--methods", "ar,bogus-d3"], "unknown drafter 'bogus'"),
     ("empty-mix", ["serve-bench", "--methods", "mix()"], "a mix needs at least one arm"),
