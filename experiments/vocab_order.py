@@ -52,6 +52,8 @@ def rewrite_head(path: Path, d2t: torch.Tensor, provenance: dict[str, Any]) -> N
     """Write the head at ``path`` again with ``d2t`` in the new order (the same set of ids), atomically."""
     from safetensors.torch import load_file, save_file
 
+    from env.files import file_digest
+
     tensors = load_file(str(path))
     if sorted(tensors["d2t"].tolist()) != sorted(d2t.tolist()):
         raise ValueError(f"{path}: the new order is not a permutation of the head's draft vocabulary")
@@ -61,6 +63,9 @@ def rewrite_head(path: Path, d2t: torch.Tensor, provenance: dict[str, Any]) -> N
     meta["d2t_order"] = provenance
     tmp_w, tmp_j = path.with_suffix(".safetensors.tmp"), path.with_suffix(".json.tmp")
     save_file(tensors, str(tmp_w))
+    meta["weights_sha256"] = file_digest(
+        tmp_w
+    )  # the description names the weights it goes with (drafters.heads)
     tmp_j.write_text(json.dumps(meta, indent=2))
     os.replace(tmp_w, path)
     os.replace(tmp_j, meta_path)
