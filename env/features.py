@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,19 @@ DRAFT_WIDTH, DRAFT_DEPTH = 8, 16  # normalizers of the draft features
 HISTORY_HEAD = ("last_tokens", "accept_rate_recent")
 
 
+class FeatureSpecError(ValueError):
+    """A feature spec that cannot be used (a policy's ``meta.feature_spec``, a trace header's, an env's argument);
+    the message, one line, is meant for the user."""
+
+
+# Upper bounds of the integer fields: the observation holds ``proj_dim`` projected features (8 by default; a
+# projection matrix [hidden, proj_dim] is built from it) and the suffix matcher scans up to ``match_max`` tokens
+# (16): past these a spec is damaged, not a choice, and would only exhaust memory or time.
+PROJ_DIM_MAX = 1024
+MATCH_MAX_MAX = 4096
+SEED_MAX = 2**32 - 1
+
+
 @dataclass(frozen=True)
 class FeatureSpec:
     proj_dim: int = 8  # P: size of the hidden-state projection
@@ -55,15 +69,57 @@ class FeatureSpec:
     draft_features: bool = False  # add draft/<d>/width and depth: the drafters' largest proposal at the root
 
     def __post_init__(self) -> None:
-        if self.proj_dim < 0 or self.match_max < 1 or not 0.0 <= self.decay < 1.0:
-            raise ValueError(f"bad feature spec {self}: need proj_dim >= 0, match_max >= 1, 0 <= decay < 1")
+        ints = {"proj_dim": (0, PROJ_DIM_MAX), "proj_seed": (0, SEED_MAX), "match_max": (1, MATCH_MAX_MAX)}
+        for name, (lo, hi) in ints.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, Integral) or not lo <= v <= hi:
+                raise FeatureSpecError(
+                    f"feature spec: {name} must be an integer in {lo}..{hi}, got {_show(v)}"
+                )
+            object.__setattr__(self, name, int(v))
+        d = self.decay
+        if isinstance(d, bool) or not isinstance(d, Real) or not 0.0 <= _float(d) < 1.0:  # NaN fails too
+            raise FeatureSpecError(f"feature spec: decay must be a number in [0, 1), got {_show(d)}")
+        object.__setattr__(self, "decay", float(d))
+        if not isinstance(self.draft_features, bool):
+            raise FeatureSpecError(
+                f"feature spec: draft_features must be true or false, got {_show(self.draft_features)}"
+            )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> FeatureSpec:
-        return cls(**(d or {}))
+    def from_dict(cls, d: dict[str, Any] | None, source: str = "feature spec") -> FeatureSpec:
+        """A spec from its ``as_dict`` (missing keys take the defaults; ``None``: the default spec). Anything else
+        (not a mapping, an unknown key, a value of the wrong type or out of range) raises ``FeatureSpecError``
+        whose message starts with ``source``."""
+        if d is None:
+            return cls()
+        if not isinstance(d, dict):
+            raise FeatureSpecError(f"{source} must be a mapping of field to value, got a {type(d).__name__}")
+        known = [f.name for f in fields(cls)]
+        unknown = [k for k in d if k not in known]
+        if unknown:
+            shown = ", ".join(_show(k) for k in unknown[:5])
+            raise FeatureSpecError(f"{source} has unknown key(s) {shown} (known: {', '.join(known)})")
+        try:
+            return cls(**d)
+        except FeatureSpecError as err:
+            raise FeatureSpecError(str(err).replace("feature spec", source, 1)) from None
+
+
+def _float(x: Real) -> float:
+    try:
+        return float(x)
+    except OverflowError:  # an integer past the float range
+        return math.inf
+
+
+def _show(value: Any) -> str:
+    """A value for a one-line message: its repr, cut short."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def position_feature_names(spec: FeatureSpec) -> list[str]:

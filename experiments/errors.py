@@ -18,6 +18,7 @@ USER_ERROR_TYPES: frozenset[str] = frozenset(
         "env.model:ModelError",
         "env.target:PromptError",
         "env.workloads:WorkloadError",
+        "env.features:FeatureSpecError",
         "env.cost:CostModelError",
         "env.trace:TraceError",
         "env.spec_env:EnvError",
