@@ -34,11 +34,22 @@ import torch
 
 from drafters import DraftContext, DraftTree, TreeShape, make_drafter
 from env.engine import Arm
+from env.file_checks import (
+    MAX_COUNT,
+    Bad,
+    curve_points,
+    drafter_entry,
+    drafter_name,
+    finite_seconds,
+    get,
+    integer,
+    shown,
+    text,
+)
 from env.model import LoadedModel
 
 FORMAT = "draftgym-cost-model"
 VERSION = 1
-MAX_COUNT = 2**31 - 1  # node counts and context lengths past this are damage, not measurements
 CHAIN_NODES = (1, 2, 3, 5, 9, 13, 17, 25)
 TREE_NODES = (3, 5, 9, 17, 25, 33, 49, 65, 129)
 LARGE = 40  # trees above this many nodes are rarer and slower: measured half as often
@@ -168,131 +179,32 @@ class FittedCostModel:
             raise CostModelError(f"{source} is not a draftgym cost model (format {got!r})")
         try:
             if d.get("version", VERSION) != VERSION:
-                raise _Bad(
-                    "version", f"must be {VERSION} (what this draftgym reads), got {_show(d['version'])}"
+                raise Bad(
+                    "version", f"must be {VERSION} (what this draftgym reads), got {shown(d['version'])}"
                 )
             drafters = d.get("drafters", {})
             if not isinstance(drafters, dict):
-                raise _Bad(
-                    "drafters", f"must be a JSON object of drafter name to calibration, got {_show(drafters)}"
+                raise Bad(
+                    "drafters", f"must be a JSON object of drafter name to calibration, got {shown(drafters)}"
                 )
             meta = d.get("meta", {})
             if not isinstance(meta, dict):
-                raise _Bad("meta", f"must be a JSON object, got {_show(meta)}")
+                raise Bad("meta", f"must be a JSON object, got {shown(meta)}")
             return cls(
-                model_id=_text(d, "model_id"),
-                dtype=_text(d, "dtype"),
-                device=_text(d, "device"),
-                chain=_curve(d, "verify.chain"),
-                tree=_curve(d, "verify.tree"),
-                context_ref=_integer(_field(d, "verify.context_ref"), "verify.context_ref", 0, MAX_COUNT),
-                per_context=_seconds(_field(d, "verify.per_context"), "verify.per_context"),
-                per_node_context=_seconds(_field(d, "verify.per_node_context"), "verify.per_node_context"),
-                drafters={_name(n): _drafter(e, f"drafters.{n}") for n, e in drafters.items()},
+                model_id=text(d, "model_id"),
+                dtype=text(d, "dtype"),
+                device=text(d, "device"),
+                chain=Curve(*curve_points(d, "verify.chain")),
+                tree=Curve(*curve_points(d, "verify.tree")),
+                context_ref=integer(get(d, "verify.context_ref"), "verify.context_ref", 0, MAX_COUNT),
+                per_context=finite_seconds(get(d, "verify.per_context"), "verify.per_context"),
+                per_node_context=finite_seconds(get(d, "verify.per_node_context"), "verify.per_node_context"),
+                drafters={drafter_name(n): drafter_entry(e, f"drafters.{n}") for n, e in drafters.items()},
                 meta=dict(meta),
             )
-        except _Bad as bad:
+        except Bad as bad:
             field_name, problem = bad.args  # a key of the file may hold a line break: one line still
             raise CostModelError(" ".join(f"{source}: {field_name} {problem}".split())) from None
-
-
-# ---- checks of a cost model file's fields (from_json) -------------------------------------------------------------
-
-
-class _Bad(Exception):
-    """(field, what is wrong): a field of a cost model file that fails its check; from_json names the file."""
-
-
-def _show(value: Any) -> str:
-    """A value for a one-line message: its repr (a JSON object by its kind), cut short."""
-    if isinstance(value, dict):
-        return "a JSON object"
-    text = " ".join(repr(value).split())
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _field(d: dict[str, Any], path: str) -> Any:
-    """The value at dotted ``path`` in ``d``, each step a JSON object."""
-    cur: Any = d
-    done: list[str] = []
-    for key in path.split("."):
-        if not isinstance(cur, dict):
-            raise _Bad(".".join(done), f"must be a JSON object, got {_show(cur)}")
-        done.append(key)
-        if key not in cur:
-            raise _Bad(".".join(done), "is missing")
-        cur = cur[key]
-    return cur
-
-
-def _text(d: dict[str, Any], path: str) -> str:
-    v = _field(d, path)
-    if not isinstance(v, str) or not v:
-        raise _Bad(path, f"must be a non-empty string, got {_show(v)}")
-    return v
-
-
-def _name(v: Any) -> str:
-    if not v:
-        raise _Bad("drafters", "names a drafter with an empty name")
-    return str(v)
-
-
-def _integer(v: Any, path: str, lo: int, hi: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise _Bad(path, f"must be an integer in {lo}..{hi}, got {_show(v)}")
-    return v
-
-
-def _seconds(v: Any, path: str, positive: bool = False) -> float:
-    """A finite number of seconds, >= 0 (``positive``: > 0)."""
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-    try:
-        x = float(v) if ok else np.nan
-    except OverflowError:
-        x = np.inf
-    if not (np.isfinite(x) and (x > 0 if positive else x >= 0)):
-        raise _Bad(path, f"must be a finite number {'> 0' if positive else '>= 0'}, got {_show(v)}")
-    return x
-
-
-def _curve(d: dict[str, Any], path: str) -> Curve:
-    """Node counts (increasing integers >= 1) and their seconds (> 0, as many); the last segment, which the curve
-    extends past its last node, must not fall (else a large tree would cost less than nothing)."""
-    nodes, seconds = _field(d, f"{path}.nodes"), _field(d, f"{path}.seconds")
-    for key, v in (("nodes", nodes), ("seconds", seconds)):
-        if not isinstance(v, list) or not v:
-            raise _Bad(f"{path}.{key}", f"must be a non-empty JSON list, got {_show(v)}")
-    if len(nodes) != len(seconds):
-        raise _Bad(path, f"has {len(nodes)} nodes but {len(seconds)} seconds")
-    ns = tuple(_integer(n, f"{path}.nodes[{i}]", 1, MAX_COUNT) for i, n in enumerate(nodes))
-    ss = tuple(_seconds(s, f"{path}.seconds[{i}]", positive=True) for i, s in enumerate(seconds))
-    if any(b <= a for a, b in zip(ns, ns[1:])):
-        raise _Bad(f"{path}.nodes", f"must increase, got {_show(list(ns))}")
-    if len(ss) > 1 and ss[-1] < ss[-2]:
-        raise _Bad(f"{path}.seconds", "must not fall over the last two nodes (the curve extends that slope)")
-    return Curve(ns, ss)
-
-
-def _drafter(entry: Any, path: str) -> dict[str, Any]:
-    """One drafter's calibration: ``shapes`` (arm name -> seconds), ``base_s`` and ``per_node_s`` (>= 0)."""
-    if not isinstance(entry, dict):
-        raise _Bad(path, f"must be a JSON object with shapes, base_s and per_node_s, got {_show(entry)}")
-    shapes = entry.get("shapes")
-    if not isinstance(shapes, dict):
-        raise _Bad(
-            f"{path}.shapes",
-            "is missing" if shapes is None else f"must be a JSON object, got {_show(shapes)}",
-        )
-    out = dict(entry)
-    out["shapes"] = {str(k): _seconds(v, f"{path}.shapes.{k}") for k, v in shapes.items()}
-    for key in ("base_s", "per_node_s"):
-        if key not in entry:
-            raise _Bad(f"{path}.{key}", "is missing")
-        out[key] = _seconds(entry[key], f"{path}.{key}")
-    if not isinstance(entry.get("options", {}), dict):
-        raise _Bad(f"{path}.options", f"must be a JSON object, got {_show(entry['options'])}")
-    return out
 
 
 def default_cost_model_path() -> Path:

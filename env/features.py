@@ -41,6 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from env.file_checks import shown
+
 POSITION_HEAD = ("entropy", "top1_prob", "top1_margin", "match_len")
 DRAFT_HEAD = ("width", "depth")
 DRAFT_WIDTH, DRAFT_DEPTH = 8, 16  # normalizers of the draft features
@@ -74,16 +76,16 @@ class FeatureSpec:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, Integral) or not lo <= v <= hi:
                 raise FeatureSpecError(
-                    f"feature spec: {name} must be an integer in {lo}..{hi}, got {_show(v)}"
+                    f"feature spec: {name} must be an integer in {lo}..{hi}, got {shown(v)}"
                 )
             object.__setattr__(self, name, int(v))
         d = self.decay
         if isinstance(d, bool) or not isinstance(d, Real) or not 0.0 <= _float(d) < 1.0:  # NaN fails too
-            raise FeatureSpecError(f"feature spec: decay must be a number in [0, 1), got {_show(d)}")
+            raise FeatureSpecError(f"feature spec: decay must be a number in [0, 1), got {shown(d)}")
         object.__setattr__(self, "decay", float(d))
         if not isinstance(self.draft_features, bool):
             raise FeatureSpecError(
-                f"feature spec: draft_features must be true or false, got {_show(self.draft_features)}"
+                f"feature spec: draft_features must be true or false, got {shown(self.draft_features)}"
             )
 
     def as_dict(self) -> dict[str, Any]:
@@ -101,8 +103,8 @@ class FeatureSpec:
         known = [f.name for f in fields(cls)]
         unknown = [k for k in d if k not in known]
         if unknown:
-            shown = ", ".join(_show(k) for k in unknown[:5])
-            raise FeatureSpecError(f"{source} has unknown key(s) {shown} (known: {', '.join(known)})")
+            listed = ", ".join(shown(k) for k in unknown[:5])
+            raise FeatureSpecError(f"{source} has unknown key(s) {listed} (known: {', '.join(known)})")
         try:
             return cls(**d)
         except FeatureSpecError as err:
@@ -114,12 +116,6 @@ def _float(x: Real) -> float:
         return float(x)
     except OverflowError:  # an integer past the float range
         return math.inf
-
-
-def _show(value: Any) -> str:
-    """A value for a one-line message: its repr, cut short."""
-    text = " ".join(repr(value).split())
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def position_feature_names(spec: FeatureSpec) -> list[str]:

@@ -39,21 +39,18 @@ import numpy as np
 
 from drafters import Drafter, DraftTree, make_drafter, tree_problem
 from env.features import (
-    POSITION_HEAD,
     FeatureSpec,
     FeatureSpecError,
     position_feature_names,
     position_features,
     projection,
 )
+from env.file_checks import Bad, check_trace_arrays, check_trace_header, check_trace_values, one_line
 from env.files import atomic_write_text
 from env.step import Stepper, largest_shape
 
 FORMAT = "draftgym-trace"
 VERSION = 1
-MAX_NEW_TOKENS = 2**20  # header figures past these are damage, not a recording
-MAX_VOCAB = 2**31 - 1
-MAX_SHAPE = 4096  # a recorded drafter shape's depth, topk and budget
 
 
 class TraceError(ValueError):
@@ -173,13 +170,13 @@ def load_trace(path: str | Path | None = None) -> Trace:
             f"{file} is trace version {header.get('version')}; this draftgym reads version {VERSION}"
         )
     try:
-        _check_header(header)
-    except _Bad as bad:
+        check_trace_header(header)
+    except Bad as bad:
         raise TraceError(
-            _one_line(f"{file} is not a valid trace: header {bad.args[0]} {bad.args[1]}")
+            one_line(f"{file} is not a valid trace: header {bad.args[0]} {bad.args[1]}")
         ) from None
     except FeatureSpecError as err:
-        raise TraceError(_one_line(f"{file} is not a valid trace: header {err}")) from None
+        raise TraceError(one_line(f"{file} is not a valid trace: header {err}")) from None
     try:
         trees = {
             name: TreeArrays(
@@ -199,156 +196,12 @@ def load_trace(path: str | Path | None = None) -> Trace:
     except KeyError as err:
         raise TraceError(f"{file} is not a complete trace (no {err} in it)") from err
     try:
-        _check_arrays(trace)
-    except _Bad as bad:
-        raise TraceError(_one_line(f"{file} is not a valid trace: {bad.args[0]} {bad.args[1]}")) from None
-    _check_offsets(file, trace)
-    _check_values(file, trace)
+        check_trace_arrays(trace)
+        _check_offsets(file, trace)
+        check_trace_values(trace)
+    except Bad as bad:
+        raise TraceError(one_line(f"{file} is not a valid trace: {bad.args[0]} {bad.args[1]}")) from None
     return trace
-
-
-# ---- checks of a loaded file (load_trace): the header's fields, the arrays' kinds, shapes and values -------------
-
-
-class _Bad(Exception):
-    """(field, what is wrong): a part of a trace file that fails its check; load_trace names the file."""
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _show(value: Any) -> str:
-    """A value for a one-line message: its repr (a JSON object by its kind), cut short."""
-    if isinstance(value, dict):
-        return "a JSON object"
-    text = " ".join(repr(value).split())
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _get(
-    d: dict[str, Any], path: str | tuple[str, ...], kind: type, need: str, optional: bool = False
-) -> Any:
-    """The value at ``path`` (dotted, or the keys) of the header ``d``, an instance of ``kind`` (a bool is no
-    int); ``optional``: None where the last key is absent."""
-    cur: Any = d
-    keys = path.split(".") if isinstance(path, str) else list(path)
-    for i, key in enumerate(keys):
-        if not isinstance(cur, dict):
-            raise _Bad(".".join(keys[:i]), f"must be a JSON object, got {_show(cur)}")
-        if key not in cur:
-            if optional and i == len(keys) - 1:
-                return None
-            raise _Bad(".".join(keys[: i + 1]), "is missing")
-        cur = cur[key]
-    if not isinstance(cur, kind) or (isinstance(cur, bool) and kind is int):
-        raise _Bad(".".join(keys), f"must be {need}, got {_show(cur)}")
-    return cur
-
-
-def _count(d: dict[str, Any], path: str, lo: int, hi: int, optional: bool = False) -> Any:
-    v = _get(d, path, int, f"an integer in {lo}..{hi}", optional)
-    if v is not None and not lo <= v <= hi:
-        raise _Bad(path, f"must be an integer in {lo}..{hi}, got {v}")
-    return v
-
-
-def _strings(d: dict[str, Any], path: str) -> list[str]:
-    v = _get(d, path, list, "a JSON list of strings")
-    if not all(isinstance(x, str) for x in v):
-        raise _Bad(path, "must be a JSON list of strings")
-    return v
-
-
-def _check_header(h: dict[str, Any]) -> None:
-    """Every header field replay and the commands read, with its type and range (``_Bad`` or
-    ``FeatureSpecError``): the model fingerprint, max_new_tokens, the feature spec and its names, the drafters
-    and the prompts."""
-    for key in ("model_id", "tokenizer_sha256", "dtype"):
-        _get(h, f"model.{key}", str, "a string")
-    vocab = _count(h, "model.vocab_size", 1, MAX_VOCAB)
-    _count(h, "model.hidden_size", 1, MAX_VOCAB, optional=True)
-    eos = _get(h, "model.eos_ids", list, "a JSON list of token ids")
-    if not all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e < vocab for e in eos):
-        raise _Bad("model.eos_ids", f"must be token ids in 0..{vocab - 1}, got {_show(eos)}")
-    _count(h, "max_new_tokens", 2, MAX_NEW_TOKENS)
-    for key in ("sampling", "workload", "created"):
-        _get(h, key, str, "a string", optional=True)
-    spec = FeatureSpec.from_dict(_get(h, "features.spec", dict, "a JSON object"), "features.spec")
-    names = _get(h, "features.names", list, "a JSON list of feature names", optional=True)
-    if names is not None and names != position_feature_names(spec):
-        raise _Bad("features.names", f"do not match features.spec {spec.as_dict()}")
-    drafters = _get(h, "drafters", dict, "a JSON object of drafter name to its recording")
-    for name in drafters:
-        if not name or "/" in name or any(c.isspace() or not c.isprintable() for c in name):
-            raise _Bad("drafters", f"names a drafter {name!r} (a name is non-empty, without spaces or '/')")
-        _get(h, ("drafters", name, "exact"), bool, "true or false")
-        shape = _get(h, ("drafters", name, "shape"), list, "[depth, topk, budget]")
-        ok = len(shape) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in shape)
-        if not ok or not (
-            0 <= shape[0] <= MAX_SHAPE and 1 <= shape[1] <= MAX_SHAPE and 0 <= shape[2] <= MAX_SHAPE
-        ):
-            raise _Bad(
-                f"drafters.{name}.shape",
-                f"must be [depth, topk, budget] within 0..{MAX_SHAPE} (topk >= 1), got {_show(shape)}",
-            )
-        _get(h, ("drafters", name, "options"), dict, "a JSON object", optional=True)
-    ids = _strings(h, "prompts.ids")
-    _strings(h, "prompts.categories")
-    if len(set(ids)) != len(ids):
-        raise _Bad("prompts.ids", "repeat a prompt id")
-
-
-def _check_arrays(t: Trace) -> None:
-    """Each array's rank and kind of number, the feature columns the spec names, as many prompt ids as prompts."""
-    ints = [("prompt_tokens", t.prompt_tokens), ("prompt_off", t.prompt_off), ("traj", t.traj),
-            ("traj_off", t.traj_off)]  # fmt: skip
-    for n, a in t.trees.items():
-        ints += [(f"tree/{n}/off", a.off), (f"tree/{n}/tokens", a.tokens), (f"tree/{n}/parents", a.parents)]
-    for name, a in ints:
-        if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
-            raise _Bad(name, f"must be a 1-D integer array, got {a.dtype} of shape {a.shape}")
-    cols = len(position_feature_names(t.spec))
-    if t.feat.ndim != 2 or not np.issubdtype(t.feat.dtype, np.floating):
-        raise _Bad(
-            "feat",
-            f"must be a 2-D float array [positions, {cols}], got {t.feat.dtype} of shape {t.feat.shape}",
-        )
-    if t.feat.shape[1] != cols:
-        raise _Bad("feat", f"has {t.feat.shape[1]} columns, the feature spec names {cols}")
-    prompts = t.traj_off.shape[0] - 1
-    if prompts < 1:
-        raise _Bad("traj_off", "holds no prompt")
-    for key in ("ids", "categories"):
-        if len(t.header["prompts"][key]) != prompts:
-            raise _Bad(
-                f"header prompts.{key}",
-                f"name {len(t.header['prompts'][key])} prompts, the arrays hold {prompts}",
-            )
-
-
-def _check_values(file: Path, t: Trace) -> None:
-    """Token ids in the vocabulary, trajectories no longer than max_new_tokens, features finite and within their
-    bounds (``env.features``: [0, 1], the hidden projection [-1, 1])."""
-    vocab = t.header["model"]["vocab_size"]
-    for name, a in (("prompt_tokens", t.prompt_tokens), ("traj", t.traj)):
-        if a.size and (a.min() < 0 or a.max() >= vocab):
-            raise TraceError(
-                f"{file} is not a valid trace: {name} holds a token id outside the vocabulary [0, {vocab})"
-            )
-    longest = int(np.diff(t.traj_off).max())
-    if longest > t.max_new_tokens:
-        raise TraceError(
-            f"{file} is not a valid trace: a trajectory of {longest} tokens, past max_new_tokens {t.max_new_tokens}"
-        )
-    f = t.feat
-    if not np.isfinite(f).all():
-        raise TraceError(f"{file} is not a valid trace: feat holds a value that is not finite")
-    head = len(POSITION_HEAD)
-    if f.size and (f[:, :head].min() < 0 or f[:, :head].max() > 1 or np.abs(f[:, head:]).max(initial=0) > 1):
-        raise TraceError(
-            f"{file} is not a valid trace: feat holds a value out of its bounds ([0, 1]; hidden_*: [-1, 1])"
-        )
 
 
 def _check_offsets(file: Path, t: Trace) -> None:
