@@ -232,7 +232,9 @@ def test_a_linucb_state_of_non_finite_values_is_refused(tmp_path):
 def test_an_archive_declaring_more_than_a_policy_could_hold_is_not_unpacked(saved, monkeypatch):
     import policies.base as base
 
-    monkeypatch.setattr(base, "ARCHIVE_BYTES", 10_000)  # a zip bomb, scaled down: declared sizes are checked first
+    monkeypatch.setattr(
+        base, "ARCHIVE_BYTES", 10_000
+    )  # a zip bomb, scaled down: declared sizes are checked first
     rewrite(saved, members={"extra.bin": b"\0" * 20_000})
     with pytest.raises(PolicyError, match="unpacked"):
         load_policy(saved)
