@@ -11,7 +11,9 @@ import numpy as np
 
 MAX_COUNT = 2**31 - 1  # node counts, context lengths and vocabularies past this are damage, not measurements
 MAX_NEW_TOKENS = 2**20  # a trace header's figures past these are damage, not a recording
-MAX_SHAPE = 4096  # a recorded drafter shape's depth, topk and budget
+MAX_SHAPE = (
+    1 << 20
+)  # a recorded drafter shape's depth, topk and budget (an n-gram drafter's topk reaches 65,536)
 
 
 class Bad(Exception):

@@ -49,12 +49,18 @@ def file_digest(path: str | Path) -> str:
 
 
 def settings_conflict(
-    folder: str | Path, settings: dict, started: bool, name: str = "settings.json"
+    folder: str | Path,
+    settings: dict,
+    started: bool,
+    name: str = "settings.json",
+    extendable: tuple[str, ...] = ("policies",),
 ) -> str | None:
     """A run folder remembers the settings its results depend on (``folder/name``). With results on disk
     (``started``) and other settings there, returns a one-line message naming what differs (the caller raises
     its own error); else writes the settings (a folder of results from before the file existed is taken as it
-    is) and returns None."""
+    is) and returns None. An ``extendable`` setting is a mapping (policy name -> file digest) to which a resume
+    may add entries or leave some out (as it may methods); an entry of another value differs, and the file keeps
+    every entry it has seen."""
     import json
 
     path = Path(folder) / name
@@ -73,10 +79,23 @@ def settings_conflict(
             text = json.dumps(v)
             return text if len(text) <= 40 else text[:37] + "..."
 
-        keys = sorted(k for k in {*before, *now} if before.get(k) != now.get(k))
+        def differs(k: str) -> bool:
+            a, b = before.get(k), now.get(k)
+            if k in extendable and isinstance(a, dict) and isinstance(b, dict):
+                return any(n in b and b[n] != a[n] for n in a)
+            return a != b
+
+        keys = sorted(k for k in {*before, *now} if differs(k))
         diff = "; ".join(f"{k}: {shown(before.get(k))} there, {shown(now.get(k))} now" for k in keys[:3])
         more = f"; and {', '.join(keys[3:])}" if keys[3:] else ""
-        return f"{folder} holds results run with other settings ({diff}{more})"
+        if keys:
+            return f"{folder} holds results run with other settings ({diff}{more})"
+    if isinstance(
+        before, dict
+    ):  # an extendable mapping keeps the entries of earlier runs (their results stay)
+        for k in extendable:
+            if isinstance(before.get(k), dict) and isinstance(now.get(k), dict):
+                now[k] = {**before[k], **now[k]}
     if before != now:
         atomic_write_text(path, json.dumps(now, sort_keys=True, indent=1))
     return None

@@ -160,6 +160,7 @@ def _documented_functions(source: str, min_words: int) -> tuple[tuple[str, str],
         if not root.is_dir():
             raise ValueError(f"package {source!r} is not installed")
     found = []
+    seen: dict[str, int] = {}
     for path in _source_files(root):
         try:
             tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
@@ -179,7 +180,9 @@ def _documented_functions(source: str, min_words: int) -> tuple[tuple[str, str],
                 f"Write a Python function `{node.name}({', '.join(args)})` that does the following: {summary}"
                 " Explain briefly how it works."
             )
-            found.append((f"code-{source}-{path.relative_to(root).as_posix()}:{node.name}", text))
+            pid = f"code-{source}-{path.relative_to(root).as_posix()}:{node.name}"
+            seen[pid] = n = seen.get(pid, 0) + 1  # a name defined twice in a file: ids stay unique
+            found.append((pid if n == 1 else f"{pid}#{n}", text))
     return tuple(found)
 
 

@@ -248,8 +248,9 @@ def run_identity(
 ) -> dict[str, Any]:
     """The settings every decoding record depends on: model, dtype, device, weight format, forward, new tokens and
     the drafters' options."""
+    model = loaded.model_id  # a folder given as typed: compared by where it is
     return {
-        "model": loaded.model_id,
+        "model": str(Path(model).resolve()) if Path(model).is_dir() else model,
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "device": str(loaded.device),
         "weights": loaded.weights,
@@ -260,8 +261,11 @@ def run_identity(
 
 
 def workload_identity(workload: str | None) -> str:
-    """A workload as a resume compares it: the built-in set, or the file's absolute path."""
-    return "builtin" if not workload else str(Path(workload).resolve())
+    """A workload as a resume compares it: the built-in set, a ``code:`` source as named, or the file's absolute
+    path."""
+    if not workload or workload == "builtin":
+        return "builtin"
+    return workload if workload.startswith("code:") else str(Path(workload).resolve())
 
 
 def cost_identity(spec: str | None) -> str:
@@ -530,7 +534,7 @@ def cmd_bench(args: Any) -> int:
         identity={
             "workload": workload_identity(args.workload),
             "policies": {m: file_digest(p) for m, p in zip(decoders, args.policy or [])},
-            "llama_cpp_gguf": None if gguf is None else str(gguf),
+            "llama_cpp_gguf": None if gguf is None else str(Path(gguf).resolve()),
         },
     )
     if args.json:

@@ -381,7 +381,7 @@ def _live(policy_paths, policies, best_name, trace, test, *, loaded, workload, m
     from env.files import file_digest
     from experiments.bench import workload_identity
 
-    identity = {"workload": workload_identity(source) if source != "builtin" else "builtin",
+    identity = {"workload": workload_identity(source),
                 "policies": {m: file_digest(p) for m, p in zip(decoders, policy_paths)}}  # fmt: skip
     result = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, out_dir=out, settings=settings,
                        progress=progress, decoders=decoders, identity=identity)  # fmt: skip

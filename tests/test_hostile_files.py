@@ -204,3 +204,19 @@ def test_bench_records_of_the_wrong_types_are_run_again(tmp_path):
     path = tmp_path / "records.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in [good.__dict__, *bad]))
     assert load_done(path) == [good]
+
+
+def test_a_resume_may_add_a_policy_but_not_change_one(tmp_path):
+    from env.files import settings_conflict
+
+    a = {"model": "m", "policies": {"policy:u": "aa"}}
+    assert settings_conflict(tmp_path, a, started=False) is None
+    more = {"model": "m", "policies": {"policy:u": "aa", "policy:v": "bb"}}
+    assert settings_conflict(tmp_path, more, started=True) is None  # one more method, as --methods may add
+    assert "policies" in settings_conflict(
+        tmp_path, {"model": "m", "policies": {"policy:u": "cc"}}, started=True
+    )
+    assert settings_conflict(tmp_path, {"model": "m", "policies": {}}, started=True) is None  # one left out
+    assert "policies" in settings_conflict(
+        tmp_path, {"model": "m", "policies": {"policy:v": "dd"}}, started=True
+    )
