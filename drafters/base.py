@@ -25,7 +25,10 @@ class DrafterError(ValueError):
 
 
 def shown(value: Any, width: int = 60) -> str:
-    """A value as a message quotes it: its repr, on one line, cut to ``width`` characters."""
+    """A value as a message quotes it: its repr, on one line, cut to ``width`` characters (a mapping by its kind:
+    a file's whole JSON object would not fit)."""
+    if isinstance(value, dict):
+        return "a JSON object"
     text = " ".join(repr(value).split())
     return text if len(text) <= width else text[: width - 3] + "..."
 

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from env.file_checks import shown
+from drafters.base import shown
 
 POSITION_HEAD = ("entropy", "top1_prob", "top1_margin", "match_len")
 DRAFT_HEAD = ("width", "depth")

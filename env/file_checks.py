@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from drafters.base import shown
+
 MAX_COUNT = 2**31 - 1  # node counts, context lengths and vocabularies past this are damage, not measurements
 MAX_NEW_TOKENS = 2**20  # a trace header's figures past these are damage, not a recording
 MAX_SHAPE = (
@@ -18,14 +20,6 @@ MAX_SHAPE = (
 
 class Bad(Exception):
     """(field, what is wrong): a part of a file that fails its check; the loader names the file."""
-
-
-def shown(value: Any) -> str:
-    """A value for a one-line message: its repr (a JSON object by its kind), cut short."""
-    if isinstance(value, dict):
-        return "a JSON object"
-    text = " ".join(repr(value).split())
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def one_line(text: str) -> str:

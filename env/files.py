@@ -74,10 +74,7 @@ def settings_conflict(
         if not isinstance(before, dict):
             return f"{path} is not a settings object; delete it or use another output folder"
     if started and isinstance(before, dict) and before != now:
-
-        def shown(v: object) -> str:
-            text = json.dumps(v)
-            return text if len(text) <= 40 else text[:37] + "..."
+        from drafters.base import shown
 
         def differs(k: str) -> bool:
             a, b = before.get(k), now.get(k)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from experiments.bench import load_done
 from experiments.errors import UserError
+from experiments.records import load_done
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

@@ -379,7 +379,7 @@ def _live(policy_paths, policies, best_name, trace, test, *, loaded, workload, m
                 "model": loaded.model_id, "dtype": str(loaded.dtype).removeprefix("torch."), "out": str(out),
                 "baseline": "Hugging Face generate, greedy"}  # fmt: skip
     from env.files import file_digest
-    from experiments.bench import workload_identity
+    from experiments.records import workload_identity
 
     identity = {"workload": workload_identity(source),
                 "policies": {m: file_digest(p) for m, p in zip(decoders, policy_paths)}}  # fmt: skip

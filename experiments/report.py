@@ -51,8 +51,8 @@ def _read(file: Path, fields: dict[str, type]) -> dict[str, Any]:
 
 
 def _summarize_partial(path: Path) -> None:
-    from experiments.bench import load_done
     from experiments.config import load_config
+    from experiments.records import load_done
     from experiments.runner import finish, select_prompts
 
     cfg = load_config(path / "config.toml")

@@ -31,17 +31,15 @@ from env.files import atomic_write_text
 from env.workloads import Prompt, load_workload
 from experiments.bench import (
     DRAFTING_PROMPT,
-    RUN_RECORD,
-    Record,
     format_table,
     interleaved,
-    load_done,
     run_method,
     runs_compiled,
     summarize,
 )
 from experiments.config import Config, diff_configs, load_config, to_toml
 from experiments.provenance import provenance
+from experiments.records import RUN_RECORD, Record, load_done
 
 
 class RunDirError(ValueError):

@@ -255,7 +255,7 @@ def cmd_serve_bench(args: Any) -> int:
     cells_path = out / "cells.jsonl"
     cells = load_cells(cells_path)
     from env.files import file_digest
-    from experiments.bench import cost_identity, run_identity, workload_identity
+    from experiments.records import cost_identity, run_identity, workload_identity
 
     same_settings(out, {
         **run_identity(loaded, args.max_new_tokens, args.drafter_options),

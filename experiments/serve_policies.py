@@ -411,7 +411,7 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     if loaded is not None:  # live cells on disk must come from the same settings (a resume), else refused
         from env.files import file_digest
         from experiments.args import same_settings
-        from experiments.bench import cost_identity, run_identity
+        from experiments.records import cost_identity, run_identity
 
         same_settings(out, {
             **run_identity(loaded, max_new), "trace": "bundled" if args.trace is None else file_digest(args.trace),

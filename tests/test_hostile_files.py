@@ -156,7 +156,7 @@ def test_workload(kind, tmp_path):
 
 def test_bench_records_with_a_torn_line_resume(tmp_path):
     """A killed bench leaves a torn last line in records.jsonl: it is dropped (and cut), the rest kept."""
-    from experiments.bench import Record, load_done
+    from experiments.records import Record, load_done
 
     rec = Record("ar", "p1", "qa", 3, 2, 0.1, 2, 1.0, [5, 6])
     path = tmp_path / "records.jsonl"
@@ -196,7 +196,7 @@ def test_a_run_folder_remembers_its_settings(tmp_path):
 def test_bench_records_of_the_wrong_types_are_run_again(tmp_path):
     """A record a resume reads back must be one we could have written: a wrong-typed one is skipped (its prompt runs
     again), not carried into the summary's arithmetic."""
-    from experiments.bench import Record, load_done
+    from experiments.records import Record, load_done
 
     good = Record("ar", "p1", "qa", 3, 2, 0.1, 2, 1.0, [5, 6])
     bad = [{**good.__dict__, "new_tokens": "x"}, {**good.__dict__, "wall_s": float("nan")},

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench import load_done
 from experiments.config import load_config
+from experiments.records import load_done
 from experiments.runner import check_results, run, select_prompts
 
 CONFIGS = Path(__file__).resolve().parents[2] / "experiments" / "configs"

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench import format_table, load_done, run_bench
+from experiments.bench import format_table, run_bench
 from experiments.cli import main
 from experiments.config import ConfigError, load_config
 from experiments.llama_cpp import INSTALL_HINT, LlamaCppError, LlamaCppRunner
+from experiments.records import load_done
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 needs_llama_cpp = pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from experiments.bench import Record, load_done
 from experiments.cli import main
 from experiments.config import load_config
+from experiments.records import Record, load_done
 from experiments.runner import finish, prepare_run_dir, select_prompts
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench import load_done
 from experiments.config import load_config
+from experiments.records import load_done
 from experiments.runner import RunDirError, check_results, prepare_run_dir, run, select_prompts
 
 CONFIG = """name = "killme"

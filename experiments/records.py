@@ -1,0 +1,138 @@
+"""The records a benchmark or run writes, one JSON line per (method, prompt), and what a resumed run reads back:
+the records (checked: a wrong-typed one runs again), an online policy's state saved with its last record, and the
+settings a run folder's results depend on (``experiments.args.same_settings``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from env.files import file_digest, jsonl_lines
+from env.model import LoadedModel
+
+
+@dataclass(frozen=True)
+class Record:
+    method: str
+    prompt_id: str
+    category: str
+    prompt_tokens: int
+    new_tokens: int
+    wall_s: float
+    steps: int
+    tau: float | None
+    token_ids: list[int]
+    arms: list[str] = field(default_factory=list)  # the arm of each step after prefill (our decoders only)
+
+    def __post_init__(self) -> None:
+        """A record read back from a results file must be one we could have written (``TypeError`` otherwise: the
+        readers skip it, and the prompt runs again)."""
+
+        def count(x: object) -> bool:
+            return isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 0
+
+        def real(x: object) -> bool:
+            return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+        ok = (
+            all(isinstance(x, str) for x in (self.method, self.prompt_id, self.category))
+            and all(count(x) for x in (self.prompt_tokens, self.new_tokens, self.steps))
+            and real(self.wall_s)
+            and (self.tau is None or real(self.tau))
+            and isinstance(self.token_ids, list)
+            and all(count(t) for t in self.token_ids)
+            and isinstance(self.arms, list)
+            and all(isinstance(a, str) for a in self.arms)
+        )
+        if not ok:
+            raise TypeError(f"not a result record: {self.method!r} on prompt {self.prompt_id!r}")
+
+
+RUN_RECORD = "run_record"  # policy state meta: the record of the last prompt that state learned from
+
+
+def learns_online(decoder: Any) -> bool:
+    """Whether a decoder's policy learns while it decodes (bandits and the like): its state is part of a run."""
+    policy = getattr(decoder, "policy", None)
+    return policy is not None and hasattr(policy, "update") and hasattr(policy, "save")
+
+
+def resume_learners(decoders: dict[str, Any], state_dir: Path, rec_path: Path, records: list[Record]) -> None:
+    """A resumed run's online policies continue from their state after the last prompt recorded (``state_dir/
+    NAME.zip``, saved with that prompt's record in its meta before the record was appended; a kill in between
+    leaves the record only in the state, and it is appended here), not from the file they started from."""
+    from policies.base import load_policy
+
+    done = {(r.method, r.prompt_id) for r in records}
+    for m, dec in decoders.items():
+        path = state_dir / f"{m.removeprefix('policy:')}.zip"
+        if not (learns_online(dec) and path.is_file()):
+            continue
+        dec.policy = load_policy(path)
+        row = dec.policy.meta.get(RUN_RECORD)
+        try:
+            rec = Record(**row) if isinstance(row, dict) else None
+        except TypeError:  # a state whose record is not one: the prompt runs again
+            rec = None
+        if rec is not None and (rec.method, rec.prompt_id) not in done:
+            with rec_path.open("a") as fh:
+                fh.write(json.dumps(asdict(rec)) + "\n")
+            records.append(rec)
+
+
+def save_learner(decoder: Any, state_dir: Path, method: str, rec: Record) -> None:
+    """After a prompt of an online policy: its state, with the prompt's record in its meta (``resume_learners``)."""
+    if learns_online(decoder):
+        policy = decoder.policy
+        policy.meta = {**policy.meta, RUN_RECORD: asdict(rec)}
+        state_dir.mkdir(parents=True, exist_ok=True)
+        policy.save(state_dir / f"{method.removeprefix('policy:')}.zip")
+
+
+def load_done(path: Path) -> list[Record]:
+    """Records of an earlier (possibly killed) run; a torn last line is dropped (and cut from the file, so that
+    the next append starts on a fresh line)."""
+    out = []
+    for line in jsonl_lines(path):
+        try:
+            out.append(Record(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError):
+            continue
+    return out
+
+
+def run_identity(
+    loaded: LoadedModel, max_new_tokens: int, drafter_options: dict | None = None
+) -> dict[str, Any]:
+    """The settings every decoding record depends on: model, dtype, device, weight format, forward, new tokens and
+    the drafters' options."""
+    model = loaded.model_id  # a folder given as typed: compared by where it is
+    return {
+        "model": str(Path(model).resolve()) if Path(model).is_dir() else model,
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "device": str(loaded.device),
+        "weights": loaded.weights,
+        "forward": loaded.forward,
+        "max_new_tokens": max_new_tokens,
+        "drafter_options": drafter_options or {},
+    }
+
+
+def workload_identity(workload: str | None) -> str:
+    """A workload as a resume compares it: the built-in set, a ``code:`` source as named, or the file's absolute
+    path."""
+    if not workload or workload == "builtin":
+        return "builtin"
+    return workload if workload.startswith("code:") else str(Path(workload).resolve())
+
+
+def cost_identity(spec: str | None) -> str:
+    """A batch cost model as a resume compares it: a file's digest, else its name (None: the shipped one)."""
+    if spec and Path(spec).is_file():
+        return file_digest(spec)
+    return spec or "shipped"
