@@ -5,7 +5,7 @@ repetition, the target's forward of one token per row (LM head included) and the
 expansion step (one head pass over every row's frontier, the projection to the draft vocabulary and the top-k) is
 the least-squares slope of proposal time over depth; a proposal at the same root is idempotent, so it repeats.
 
-    python -m env.bench_draft --drafters eagle3,eagle --rows 1,4,16 --topk 1,4 --dtype bf16 [--vocab 0,4096]
+    python -m env.bench_draft --drafters eagle3,eagle --rows 1,4,16 --topk 1,4 --dtype bf16 [--vocab 0,4096] [--separate]
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ def measure(
     max_depth: int,
     reps: int,
     vocab: int | None = None,
+    separate: bool = False,
 ) -> dict:
     from drafters import DraftTree, TreeShape, make_drafter
     from env.batch import BatchEngine
+    from kernels.packed import stacking
 
     eng = BatchEngine(loaded, rows)
     gen = torch.Generator().manual_seed(0)
@@ -56,8 +58,21 @@ def measure(
         shape = TreeShape(depth=depth, topk=topk, budget=depth * topk)
         return lambda: first.propose_batch([(d, c, shape) for d, c in zip(ds, ctxs)])
 
-    ms = _interleaved_ms([forward] + [proposal(dp) for dp in depths], reps)
-    step = _slope(depths, ms[1:])
+    def unstacked(depth: int):  # the head's q/k/v and gate/up as separate products (kernels.packed.stacking)
+        run = proposal(depth)
+
+        def f():
+            with stacking(False):
+                run()
+
+        return f
+
+    fns = [forward] + [proposal(dp) for dp in depths] + ([unstacked(dp) for dp in depths] if separate else [])
+    ms = _interleaved_ms(fns, reps)
+    n = len(depths)
+    step = _slope(depths, ms[1 : 1 + n])
+    extra = {"expansion_separate_ms": round(_slope(depths, ms[1 + n :]), 3)} if separate else {}
+    ms = ms[: 1 + n]
     return {
         "drafter": drafter,
         "rows": rows,
@@ -68,6 +83,7 @@ def measure(
         "proposal_ms": {dp: round(m, 3) for dp, m in zip(depths, ms[1:])},
         "expansion_ms": round(step, 3),
         "expansion_vs_forward": round(step / ms[0], 4),
+        **extra,
     }
 
 
@@ -85,23 +101,31 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="bf16", choices=["auto", "bf16", "fp32"])
     p.add_argument("--weights", default="dense")
     p.add_argument("--vocab", default=None, help="comma list of the option vocab of eagle/eagle3 (0: all)")
+    p.add_argument("--separate", action="store_true",
+                   help="also time each expansion with the head's q/k/v and gate/up as separate products, interleaved")  # fmt: skip
     p.add_argument("--json", default=None, help="also write the rows to this file")
     args = p.parse_args(argv)
     loaded = load_model(None, dtype=args.dtype, device="auto", weights=args.weights)
     print(f"# {loaded.model_id} {args.dtype}/{args.weights} on {loaded.device}; CPU {cpu_label()}")
     vocabs = [None] if args.vocab is None else [int(x) for x in args.vocab.split(",")]
-    print("| drafter | vocab | rows | top-k | target forward ms | one expansion ms | expansion / forward |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    sep = " separate products ms |" if args.separate else ""
+    print(
+        f"| drafter | vocab | rows | top-k | target forward ms | one expansion ms | expansion / forward |{sep}"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if args.separate else ""))
     out = []
     for name in [x.strip() for x in args.drafters.split(",") if x.strip()]:
         for vocab in vocabs:
             for rows in [int(x) for x in args.rows.split(",")]:
                 for k in [int(x) for x in args.topk.split(",")]:
-                    r = measure(loaded, name, rows, args.context, k, args.max_depth, args.reps, vocab)
+                    r = measure(
+                        loaded, name, rows, args.context, k, args.max_depth, args.reps, vocab, args.separate
+                    )
                     out.append(r)
                     shown = "default" if vocab is None else vocab or "all"
                     print(f"| {name} | {shown} | {rows} | {k} | {r['forward_ms']:.2f} | {r['expansion_ms']:.2f} | "
-                          f"{100 * r['expansion_vs_forward']:.1f}% |", flush=True)  # fmt: skip
+                          f"{100 * r['expansion_vs_forward']:.1f}% |"
+                          + (f" {r['expansion_separate_ms']:.2f} |" if args.separate else ""), flush=True)  # fmt: skip
     if args.json:
         from env.files import atomic_write_text
 

@@ -14,6 +14,7 @@ record, not while torch.compile traces — and everything else is ``F.linear``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 
@@ -148,6 +149,21 @@ class Reordered:
         return self._pk is not None
 
 
+_stacking = [True]
+
+
+@contextlib.contextmanager
+def stacking(enabled: bool):
+    """Within the block, ``Stacked`` products run each layer on its own when not ``enabled`` (a benchmark's
+    baseline: ``python -m env.bench_draft --separate``)."""
+    before = _stacking[0]
+    _stacking[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _stacking[0] = before
+
+
 class Stacked:
     """Several linear layers that read the same input, as ONE product: ``stacked(x, *layers)`` returns each layer's
     output (views of one tensor), from their weights (and biases) stacked once and rebuilt when any of them is not
@@ -171,7 +187,7 @@ class Stacked:
     def __call__(self, x: torch.Tensor, *layers: torch.nn.Linear) -> tuple[torch.Tensor, ...]:
         params = [t for lin in layers for t in (lin.weight, lin.bias) if t is not None]
         if (torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in params))) or (
-            torch.compiler.is_compiling()
+            torch.compiler.is_compiling() or not _stacking[0]
         ):
             return tuple(lin(x) for lin in layers)
         sig = tuple(None if t is None else _signature(t) for lin in layers for t in (lin.weight, lin.bias))

@@ -304,3 +304,8 @@ def test_stacked_layers_give_each_layers_product_and_follow_their_weights(settin
     (a.sum() + b.sum()).backward()
     assert q.weight.grad is not None and k.weight.grad is not None and k.bias.grad is not None
     assert copy.deepcopy(st)._w is None
+    from kernels.packed import stacking
+
+    with torch.no_grad(), stacking(False):  # a benchmark's baseline: each layer on its own, exactly
+        a, b = Stacked()(x, q, k)
+        assert torch.equal(a, q(x)) and torch.equal(b, k(x))
