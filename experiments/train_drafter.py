@@ -6,7 +6,11 @@
 ``eagle3`` trains on the corpus of ``experiments.corpus`` (the target's answers decoded on the batch engine to
 non-MT-bench instruction prompts and standard-library code instructions, plus teacher-forced standard-library
 source; every MT-bench prompt and the benchmark prompts stay out) with the low/middle/high fused features and a
-deeper training-time test (``--levels``, default 4 for it). The others keep their smaller data set:
+deeper training-time test (``--levels``, default 4 for it). Its corpus is cached under ``--work`` (default: the
+draftgym cache, keyed by model, weights, dtype and answer length only), answered by prompt id: a rerun with more
+prompts answers only the new ones and keeps the text features, and each run trains on its own prompts (its
+held-out ones stay out, whoever answered them), from a training state of its own. The others keep their smaller
+data set:
 
 The prompts are the workload minus its benchmark prompts (the first ``--exclude-per-category`` of each category,
 the ones ``draftgym bench --per-category`` uses), then the first ``--per-category`` of each category. Data are
@@ -22,6 +26,7 @@ import hashlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 KINDS = ("eagle", "eagle3", "early_exit")
 
@@ -275,6 +280,20 @@ def _report(args: argparse.Namespace, meta: dict, out: Path) -> int:
     return 0
 
 
+def corpus_folder(cache: Path, loaded: Any, max_new_tokens: int) -> Path:
+    """The eagle3 corpus's default work folder, named from what its parts must share (``corpus.same_parts``: the
+    model, its weights and dtype, the answer length) and from nothing else: a rerun with more or other prompts
+    finds the answers and text features already computed, answers only the new prompts, and trains on its own
+    selection (``train_head``'s ``keep_ids``). A model folder counts as typed and by where it is."""
+    model = str(loaded.model_id)
+    where = str(Path(model).resolve()) if Path(model).is_dir() else None
+    dtype = str(loaded.dtype).removeprefix("torch.")
+    key = hashlib.sha256(
+        json.dumps([model, where, loaded.weights, dtype, max_new_tokens]).encode()
+    ).hexdigest()
+    return cache / "corpus" / f"{Path(model).name}-{key[:12]}"
+
+
 def _train_eagle3(args: argparse.Namespace) -> int:
     """The corpus (answers on the batch engine + standard-library text), then the fused head."""
     import torch
@@ -299,10 +318,8 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         args.workload, args.exclude_per_category, args.code_prompts, args.general_prompts
     )
     ids = [(pid, chat_prompt(loaded.tokenizer, t)) for pid, t in texts]
-    key = hashlib.sha256(json.dumps([loaded.model_id, dtype, args.max_new_tokens, ids]).encode()).hexdigest()[
-        :12
-    ]
-    work = Path(args.work) if args.work else cache_dir() / "corpus" / f"{Path(loaded.model_id).name}-{key}"
+    key = hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:12]  # this run's prompts (and their tokens)
+    work = Path(args.work) if args.work else corpus_folder(cache_dir(), loaded, args.max_new_tokens)
     out = Path(args.out) if args.out else cache_heads_dir() / head_name("eagle3", loaded.model_id)
     progress = not args.json
     if progress:
@@ -343,9 +360,14 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         seed=args.seed,
         window=args.train_window,
     )
+    # the folder holds the answers of every run before this one: this run trains on its own prompts and windows only
+    # (its held-out prompts stay out even when an earlier run answered them), from a training state of its own
     keep = {str(pid) for pid, _ in ids} | ({str(w[0]) for w in windows} if args.text_tokens else set())
+    selection = hashlib.sha256(json.dumps(sorted(keep)).encode()).hexdigest()[:12]
+    train_dir = work / f"train-{selection}"
+    train_dir.mkdir(parents=True, exist_ok=True)
     meta = train_head(
-        loaded.model, loaded.model_id, dirs, out, settings, work_dir=work, data_info=info, progress=progress,
-        keep_ids=keep,
+        loaded.model, loaded.model_id, dirs, out, settings, work_dir=train_dir, data_info=info,
+        progress=progress, keep_ids=keep,
     )  # fmt: skip
     return _report(args, meta, out)
