@@ -69,16 +69,17 @@ class LiveEvaluator:
 
     def __init__(self) -> None:
         self.loaded: Any = None
-        self.key: tuple[str, str, str] | None = None
+        self.key: tuple[str, str, str, str] | None = None
         self.ar_tps: dict[str, float] = {}
         self.progress = False
 
     def _model(self, cfg: Config) -> Any:
-        key = (cfg.model.name, cfg.model.dtype, cfg.model.device)
+        key = (cfg.model.name, cfg.model.dtype, cfg.model.device, cfg.model.weights)
         if self.key != key:
             from env.model import load_model
 
-            self.loaded, self.key, self.ar_tps = load_model(key[0], dtype=key[1], device=key[2]), key, {}
+            loaded = load_model(key[0], dtype=key[1], device=key[2], weights=key[3])
+            self.loaded, self.key, self.ar_tps = loaded, key, {}
             self._warmup(cfg)
         return self.loaded
 

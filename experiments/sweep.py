@@ -36,7 +36,7 @@ from env.files import atomic_write_text
 from experiments.args import output_dir
 from experiments.config import Config, ConfigError, diff_configs, load_config, to_toml
 from experiments.space import default_params, sample, to_overrides, tuned_method
-from experiments.sweep_recovery import fail_orphaned_trials, recovery_lock, retry_callback
+from experiments.sweep_recovery import ORPHANED, fail_orphaned_trials, recovery_lock, retry_callback
 
 FINISHED = ("COMPLETE", "PRUNED")
 
@@ -211,7 +211,11 @@ def work(
             if trial.should_prune():
                 raise optuna.TrialPruned(f"pruned at prompt {step}")
 
-        result = evaluator(cfg, params, report)
+        try:
+            result = evaluator(cfg, params, report)
+        except KeyboardInterrupt:  # Optuna fails the trial; marked so the next start retries its point first
+            study._storage.set_trial_system_attr(trial._trial_id, ORPHANED, True)
+            raise
         for k, v in result.items():
             if k != "value":
                 trial.set_user_attr(k, v)

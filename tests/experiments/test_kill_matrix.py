@@ -442,3 +442,43 @@ def test_orphaned_sweep_trials_are_failed_and_retried_at_once(tmp_path):
     retries = {t.system_attrs["failed_trial"]: t for t in trials.values() if t.state.name == "WAITING"}
     assert retries[dead.number].params == params and "worker" not in retries[dead.number].user_attrs
     assert retries[dead.number].user_attrs["default"] and retries[nameless.number].params == {}
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_sweep_interrupted_in_a_trial_retries_its_point_first(tmp_path, monkeypatch):
+    """Ctrl-C inside a trial: Optuna fails it; the trial is marked orphaned, so the next start queues its point
+    again and measures it first — the config as written is not lost, and the study draws what an uninterrupted
+    one draws."""
+    import optuna
+
+    import experiments.objective as objective
+    from experiments.sweep import work
+
+    (tmp_path / "sweep.toml").write_text(
+        SWEEP_TOML.replace("analytic_prompt_s = 0.15", "analytic_prompt_s = 0")
+    )
+    cfg, url = str(tmp_path / "sweep.toml"), f"sqlite:///{tmp_path / 'study.db'}"
+    real = objective.EVALUATORS["analytic"]
+
+    class Interrupted:
+        def __init__(self) -> None:
+            self.progress = False
+
+        def __call__(self, *a: Any) -> dict[str, Any]:
+            raise KeyboardInterrupt
+
+    monkeypatch.setitem(objective.EVALUATORS, "analytic", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        work(cfg, [], url, tmp_path / "B", progress=False)
+    monkeypatch.setitem(objective.EVALUATORS, "analytic", real)
+    work(cfg, [], url, tmp_path / "B", progress=False)
+    work(cfg, [], f"sqlite:///{tmp_path / 'a.db'}", tmp_path / "A", progress=False)
+
+    def done(db: str) -> list[tuple[bool, dict[str, Any]]]:
+        study = optuna.load_study(study_name="kill-sweep", storage=f"sqlite:///{tmp_path / db}")
+        ok = [t for t in study.get_trials() if t.state.name == "COMPLETE"]
+        return [(bool(t.user_attrs.get("default")), t.params) for t in sorted(ok, key=lambda t: t.number)]
+
+    b, a = done("study.db"), done("a.db")
+    assert sum(d for d, _ in b) == 1 and b[0][0]  # the config as written, measured first after the interrupt
+    assert b == a

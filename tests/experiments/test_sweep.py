@@ -194,3 +194,18 @@ def test_sweep_exports_the_best_trial_and_refuses_another_config(tmp_path):
         )
         == 2
     )
+
+
+def test_live_sweep_loads_the_configured_weight_format(monkeypatch):
+    """The live backend loads the target in the config's weight format, and a change of format reloads it."""
+    import env.model
+    from experiments.config import load_config
+    from experiments.objective import LiveEvaluator
+
+    calls = []
+    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: calls.append(k) or object())
+    monkeypatch.setattr(LiveEvaluator, "_warmup", lambda self, cfg: None)
+    ev = LiveEvaluator()
+    for w in ("int4", "int4", "dense"):
+        ev._model(load_config(None, text=f'methods = ["ar"]\n[model]\nweights = "{w}"\n'))
+    assert [c["weights"] for c in calls] == ["int4", "dense"]
