@@ -1,8 +1,10 @@
 """``draftgym report RUN_DIR...``: one Markdown report of runs (``draftgym run``) and sweeps (``draftgym sweep``),
 with their tables, plots and provenance, and the runs compared side by side.
 
-A run directory that was killed before its summary was written is summarized from its records first (and marked
-partial when prompts are missing).
+A run directory is summarized from its records first when it has no summary yet (killed before it was written) or
+when its summary is older than its records (a resumed run added some since): ``summary.json`` counts the lines of
+the ``records.jsonl`` it was made from. A run some method has not finished is marked partial, and its
+methods are compared on the prompts every method has finished only (``experiments.runner.partial_note``).
 """
 
 from __future__ import annotations
@@ -28,14 +30,44 @@ def load_run(path: Path) -> dict[str, Any]:
     if (path / "sweep.json").is_file():
         data = _read(path / "sweep.json", {"study": str})
         return {"kind": "sweep", "path": path, "name": data["study"], "data": data, "provenance": prov}
+    has_records = (path / "config.toml").is_file() and (path / "records.jsonl").is_file()
+    stale = None
     if not (path / "summary.json").is_file():
-        if not (path / "config.toml").is_file() or not (path / "records.jsonl").is_file():
+        if not has_records:
             raise ReportError(f"{path} is not a run directory (no summary.json, sweep.json or records.jsonl)")
         _summarize_partial(path)
+    elif has_records and _stale(path):
+        try:  # the records changed since the summary was made (a resumed run): summarize them again
+            _summarize_partial(path)
+        except Exception as err:
+            from experiments.errors import is_user_error, one_line
+
+            if not is_user_error(err):
+                raise
+            stale = f"summary.json is older than records.jsonl and could not be made again ({one_line(err)})"
     data = _read(path / "summary.json", {"name": str, "settings": dict, "summary": list})
     if not isinstance(data["settings"].get("methods"), list):
         raise ReportError(f"{path / 'summary.json'} is not a run summary (settings.methods is not a list)")
-    return {"kind": "run", "path": path, "name": data["name"], "data": data, "provenance": prov}
+    return {
+        "kind": "run",
+        "path": path,
+        "name": data["name"],
+        "data": data,
+        "provenance": prov,
+        "stale": stale,
+    }
+
+
+def _stale(path: Path) -> bool:
+    """Whether ``summary.json`` was made from another ``records.jsonl`` than the one there now (or says not which:
+    one written before summaries named their records)."""
+    from experiments.runner import records_stamp
+
+    try:
+        made_from = json.loads((path / "summary.json").read_text(encoding="utf-8")).get("records_lines")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return False  # not readable: _read says so in one line
+    return made_from != records_stamp(path / "records.jsonl")
 
 
 def _read(file: Path, fields: dict[str, type]) -> dict[str, Any]:
@@ -113,15 +145,24 @@ def run_section(r: dict[str, Any], report_dir: Path) -> list[str]:
     s = d["settings"]
     machine = p.get("machine", {})
     versions = p.get("versions", {})
-    prompts_done = {x["prompts"] for x in d["summary"] if x["category"] == "overall"}
-    partial = (
-        " (partial: some prompts have no record yet)"
-        if prompts_done and max(prompts_done) < s["prompts"]
-        else ""
-    )
+    note = d.get("partial")
+    if isinstance(note, dict) and isinstance(note.get("text"), str):
+        partial = (
+            f" (partial: some prompts have no record yet; {note['common']} of {note['prompts']} prompts "
+            "finished by every method)"
+        )
+        notes = [f"- partial: {note['text']}"]
+    else:  # a summary from before summaries said so: any method short of a prompt, or without a record at all
+        done = {x["method"]: x["prompts"] for x in d["summary"] if x["category"] == "overall"}
+        short = any(done.get(m, 0) < s["prompts"] for m in s["methods"])
+        partial = " (partial: some prompts have no record yet)" if short else ""
+        notes = []
+    if r.get("stale"):
+        notes.append(f"- stale: {r['stale']}")
     lines = [
         f"## Run `{r['name']}`{partial}",
         "",
+        *notes,
         f"- directory: `{r['path']}`; command: `{p.get('command', '?')}` ({p.get('starts', 0)} start(s), "
         f"first at {p.get('time', '?')})",
         f"- model {s['model']} ({s['dtype']}), workload {s['workload']} ({s['prompts']} prompts), "

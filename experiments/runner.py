@@ -185,7 +185,12 @@ def finish(cfg: Config, out: Path, records: list[Record], prompts: list[Prompt])
     keep = {p.prompt_id for p in prompts}
     methods = list(cfg.methods)
     records = [r for r in records if r.prompt_id in keep and r.method in methods]
+    partial = partial_note(records, prompts, methods)
+    if partial:  # methods are compared on the same prompts: those every method has finished
+        common = set(partial["common_prompts"])
+        records = [r for r in records if r.prompt_id in common]
     rows = summarize(records, methods)
+    rec_file = out / "records.jsonl"
     result = {
         "name": cfg.name,
         "settings": {
@@ -198,18 +203,47 @@ def finish(cfg: Config, out: Path, records: list[Record], prompts: list[Prompt])
             "methods": methods,
         },
         "records": len(records),
+        "records_lines": records_stamp(rec_file),  # what it was made from (a report redoes a stale summary)
+        "partial": None if partial is None else {k: v for k, v in partial.items() if k != "common_prompts"},
         "summary": rows,
     }
     atomic_write_text(out / "summary.json", json.dumps(result, indent=2))
     table = format_table(rows)
+    note = f"Partial: {partial['text']}.\n\n" if partial else ""
     atomic_write_text(
         out / "summary.md",
-        f"# {cfg.name}\n\nSpeedups are ratios of aggregate tokens/s measured in this run on the same prompts.\n\n"
-        f"```\n{table}\n```\n",
+        f"# {cfg.name}\n\n{note}Speedups are ratios of aggregate tokens/s measured in this run on the same prompts."
+        f"\n\n```\n{table}\n```\n",
     )
     result["plots"] = [str(p) for p in plots.run_plots(records, rows, methods, out / "plots")]
     result["table"] = table
     return result
+
+
+def partial_note(records: list[Record], prompts: list[Prompt], methods: list[str]) -> dict[str, Any] | None:
+    """None when every method has a record of every prompt; else which prompts every method has finished
+    (``common_prompts``, in workload order), how many each method has (``per_method``) and a sentence saying so."""
+    have = {m: {r.prompt_id for r in records if r.method == m} for m in methods}
+    if all(len(have[m]) == len(prompts) for m in methods):
+        return None
+    common = [p.prompt_id for p in prompts if all(p.prompt_id in have[m] for m in methods)]
+    per_method = {m: len(have[m]) for m in methods}
+    each = ", ".join(f"{m} {n}" for m, n in per_method.items())
+    text = (
+        f"{len(common)} of {len(prompts)} prompts finished by every method; the table compares the methods on "
+        f"those only (records per method: {each})"
+    )
+    return {"prompts": len(prompts), "common": len(common), "per_method": per_method, "text": text,
+            "common_prompts": common}  # fmt: skip
+
+
+def records_stamp(path: Path) -> int | None:
+    """The complete lines of a records file (None: no file). It only grows (a resume appends, a torn last line is
+    not counted), so a summary made from fewer lines than are there now is stale."""
+    try:
+        return path.read_bytes().count(b"\n")
+    except OSError:
+        return None
 
 
 def check_results(records: list[Record], prompts: list[Prompt], methods: list[str]) -> list[str]:

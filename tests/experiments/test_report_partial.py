@@ -1,0 +1,73 @@
+"""``draftgym report`` on a run that was killed and later resumed: a run some method has not finished is marked
+partial and its methods are compared on the prompts every method has finished; a summary older than the records
+(a resumed run appended some) is made again. From records alone, no model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from experiments.cli import main
+from experiments.config import load_config
+from experiments.records import Record
+from experiments.runner import partial_note, prepare_run_dir, select_prompts
+
+CONFIG = 'name = "resumed"\nmethods = ["ar", "ngram-d8"]\n[workload]\nlimit = 2\n'
+
+
+def _record(method: str, prompt: object, wall_s: float) -> Record:
+    steps = 20 if method == "ar" else 8
+    return Record(
+        method, prompt.prompt_id, prompt.category, 40, 20, wall_s, steps, 20 / steps, list(range(20))
+    )
+
+
+def _append(run: Path, *records: Record) -> None:
+    with (run / "records.jsonl").open("a") as fh:
+        fh.writelines(json.dumps(r.__dict__) + "\n" for r in records)
+
+
+def _overall(report: str) -> dict[str, int]:
+    """method -> prompts of the report's overall rows."""
+    rows = [line.split("|")[1:-1] for line in report.splitlines() if line.startswith("| overall |")]
+    return {cells[1].strip(): int(cells[2]) for cells in rows}
+
+
+def test_report_of_a_killed_then_resumed_run(tmp_path):
+    cfg = load_config(None, text=CONFIG)
+    run = tmp_path / "resumed"
+    prepare_run_dir(cfg, run)
+    p1, p2 = select_prompts(cfg)
+    # killed: ar has both prompts (the second one slow), ngram-d8 only the first
+    _append(run, _record("ar", p1, 2.0), _record("ngram-d8", p1, 1.0), _record("ar", p2, 8.0))
+
+    assert main(["report", str(run)]) == 0
+    text = (run / "report.md").read_text()
+    assert "(partial: some prompts have no record yet; 1 of 2 prompts finished by every method)" in text
+    assert "records per method: ar 2, ngram-d8 1" in text
+    assert _overall(text) == {"ar": 1, "ngram-d8": 1}  # the same prompts for both methods
+    summary = json.loads((run / "summary.json").read_text())
+    ngram = next(r for r in summary["summary"] if r["category"] == "overall" and r["method"] == "ngram-d8")
+    assert ngram["speedup_vs_ar"] == 2.0  # over p1 only: 20 tok/s against ar's 10 (its slow p2 left out)
+
+    _append(run, _record("ngram-d8", p2, 4.0))  # the resumed run finished
+    assert main(["report", str(run)]) == 0
+    text = (run / "report.md").read_text()
+    assert "(partial" not in text and "- partial:" not in text
+    assert _overall(text) == {"ar": 2, "ngram-d8": 2}
+    assert json.loads((run / "summary.json").read_text())["partial"] is None
+
+    assert main(["report", str(run)]) == 0  # up to date: read as it is
+    assert _overall((run / "report.md").read_text()) == {"ar": 2, "ngram-d8": 2}
+
+
+def test_a_method_without_records_makes_a_run_partial(tmp_path):
+    cfg = load_config(None, text=CONFIG)
+    p1, p2 = select_prompts(cfg)
+    records = [_record("ar", p1, 2.0), _record("ar", p2, 2.0)]
+    note = partial_note(records, [p1, p2], ["ar", "ngram-d8"])
+    assert (
+        note is not None and note["common_prompts"] == [] and note["per_method"] == {"ar": 2, "ngram-d8": 0}
+    )
+    assert partial_note([*records, _record("ngram-d8", p1, 1.0), _record("ngram-d8", p2, 1.0)], [p1, p2],
+                        ["ar", "ngram-d8"]) is None  # fmt: skip
