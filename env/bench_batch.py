@@ -17,9 +17,8 @@ its last committed token is done before the timing).
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
+import sys
 import time
 
 import torch
@@ -97,7 +96,7 @@ def serve_ar(loaded, rows: int, context: int, per_row: int, max_new_tokens: int,
 
 def draft_ms(loaded, arm_name: str, rows: int, context: int, reps: int) -> tuple[float, float, float]:
     """Median ms: ``rows`` rows' proposals for ``arm_name`` drafted together, row by row, and one AR step."""
-    from drafters import Forkable, make_drafter
+    from drafters import DrafterError, Forkable, make_drafter
     from env.batch import BatchEngine
     from env.engine import NO_DRAFT, parse_arm
 
@@ -106,7 +105,7 @@ def draft_ms(loaded, arm_name: str, rows: int, context: int, reps: int) -> tuple
     g = torch.Generator().manual_seed(0)
     first = make_drafter(arm.drafter)
     if not isinstance(first, Forkable):
-        raise SystemExit(f"--draft: {arm.drafter} does not draft rows together")
+        raise DrafterError(f"--draft: {arm.drafter} does not draft rows together")
     ds = []
     for i in range(rows):
         d = first if i == 0 else first.fork()
@@ -127,55 +126,109 @@ def draft_ms(loaded, arm_name: str, rows: int, context: int, reps: int) -> tuple
     return tuple(1e3 * statistics.median(x[1:]) for x in (together, alone, step))  # type: ignore[return-value]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m env.bench_batch", description=__doc__.split("\n\n")[0],
-                                 allow_abbrev=False)  # fmt: skip
+PROG = "python -m env.bench_batch"
+
+
+def check_draft_arms(names: list[str]) -> list[str]:
+    """``--draft`` arms: each a trained-head arm whose drafter drafts rows together (``propose_batch`` over shared
+    weights, ``fork``); a ``DrafterError`` naming the first that is not, before the model loads."""
+    from drafters import DRAFTERS, DrafterError
+    from env.engine import parse_arm
+
+    for name in names:
+        arm = parse_arm(name)
+        cls = DRAFTERS.get(arm.drafter or "")
+        if cls is None or not (hasattr(cls, "propose_batch") and hasattr(cls, "fork")):
+            able = sorted(
+                n for n, c in DRAFTERS.items() if hasattr(c, "propose_batch") and hasattr(c, "fork")
+            )
+            raise DrafterError(
+                f"--draft {name}: {arm.drafter or 'none'} does not draft rows together; those that do: "
+                + ", ".join(able)
+            )
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    from env.cli import run_program
+
+    return run_program(PROG, _main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    from env.cli import Parser, int_list, output_file, positive_int, progress_bar, write_json
+
+    ap = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="1,2,4,8,16")
-    ap.add_argument("--context", type=int, default=300)
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--context", type=positive_int, default=300)
+    ap.add_argument("--reps", type=positive_int, default=15)
     ap.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
     ap.add_argument("--serve", type=int, default=0, help="also serve AR end to end: N requests per row")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--max-new-tokens", type=positive_int, default=128)
     ap.add_argument("--draft", default="", help="also time drafting these arms' rows together vs row by row")
-    ap.add_argument("--json", default=None, help="write the rows to this file")
-    args = ap.parse_args()
+    ap.add_argument("--json", default=None, help="write the rows to this file (after each row)")
+    args = ap.parse_args(argv)
+    if args.serve < 0:
+        ap.error(f"argument --serve: must be >= 0, got {args.serve}")
+    batches = int_list(args.rows, "--rows")
+    arms = check_draft_arms([a.strip() for a in args.draft.split(",") if a.strip()])
+    out_path = output_file(args.json)
     from env.cost import machine_info
     from env.model import load_model
 
     loaded = load_model(dtype=args.dtype, device="cpu")
-    out = []
-    print(f"{'rows':>5}{'raw ms':>9}{'engine ms':>11}{'raw / engine':>14}")
-    for b in [int(x) for x in args.rows.split(",")]:
-        raw, eng = _interleaved_ms([raw_forward(loaded, b, args.context), engine_step(loaded, b, args.context)],
-                                   args.reps)  # fmt: skip
-        out.append({"rows": b, "context": args.context, "raw_ms": raw, "engine_ms": eng, "share": raw / eng})
-        print(f"{b:>5}{raw:>9.1f}{eng:>11.1f}{raw / eng:>14.2f}", flush=True)
-    if args.serve:
-        print(f"\nAR served, closed loop, {args.serve} requests per row, {args.max_new_tokens} new tokens")
-        print(f"{'C':>4}{'bound tok/s':>13}{'goodput':>9}{'/ bound':>9}{'decode':>8}{'/ bound':>9}"
-              f"{'mean B':>8}{'prefill %':>11}")  # fmt: skip
-        for r in out:
-            b = r["rows"]
-            sv = serve_ar(loaded, b, args.context, args.serve, args.max_new_tokens)
-            bound = 1e3 * b / r["raw_ms"]
-            r["serve"] = {**sv, "bound_tok_s": bound}
-            print(f"{b:>4}{bound:>13.1f}{sv['goodput']:>9.1f}{sv['goodput'] / bound:>9.2f}"
-                  f"{sv['decode_goodput']:>8.1f}{sv['decode_goodput'] / bound:>9.2f}{sv['mean_batch']:>8.1f}"
-                  f"{100 * sv['prefill_s'] / sv['wall_s']:>11.0f}", flush=True)  # fmt: skip
-    drafts = []
-    for name in [a for a in args.draft.split(",") if a]:
-        print(f"\n{name}: proposal ms for B rows of {args.context} tokens")
-        print(f"{'rows':>5}{'together':>10}{'row by row':>12}{'AR step':>9}")
-        for b in [int(x) for x in args.rows.split(",")]:
-            t, a, st = draft_ms(loaded, name, b, args.context, args.reps)
-            drafts.append({"arm": name, "rows": b, "together_ms": t, "row_by_row_ms": a, "ar_step_ms": st})
-            print(f"{b:>5}{t:>10.1f}{a:>12.1f}{st:>9.1f}", flush=True)
-    if args.json:
-        from env.files import atomic_write_text
+    out: list[dict] = []
+    drafts: list[dict] = []
+    cells = len(batches) * (1 + bool(args.serve) + len(arms))
+    doc = {"rows": out, "drafts": drafts, "dtype": str(loaded.dtype), "machine": machine_info(), "cells": cells,
+           "complete": False}  # fmt: skip
+    bar = progress_bar(cells, "bench_batch")
 
-        result = {"rows": out, "drafts": drafts, "dtype": str(loaded.dtype), "machine": machine_info()}
-        atomic_write_text(args.json, json.dumps(result, indent=2))
+    measured = []
+
+    def done(line: str) -> None:  # a row measured: printed, and the JSON written with it
+        measured.append(line)
+        doc["complete"] = len(measured) == cells
+        write_json(out_path, doc, indent=2)
+        bar.write(line, file=sys.stdout)
+        sys.stdout.flush()
+        bar.update(1)
+
+    try:
+        print(f"{'rows':>5}{'raw ms':>9}{'engine ms':>11}{'raw / engine':>14}", flush=True)
+        for b in batches:
+            raw, eng = _interleaved_ms([raw_forward(loaded, b, args.context), engine_step(loaded, b, args.context)],
+                                       args.reps)  # fmt: skip
+            out.append(
+                {"rows": b, "context": args.context, "raw_ms": raw, "engine_ms": eng, "share": raw / eng}
+            )
+            done(f"{b:>5}{raw:>9.1f}{eng:>11.1f}{raw / eng:>14.2f}")
+        if args.serve:
+            bar.write(f"\nAR served, closed loop, {args.serve} requests per row, {args.max_new_tokens} new tokens",
+                      file=sys.stdout)  # fmt: skip
+            bar.write(f"{'C':>4}{'bound tok/s':>13}{'goodput':>9}{'/ bound':>9}{'decode':>8}{'/ bound':>9}"
+                      f"{'mean B':>8}{'prefill %':>11}", file=sys.stdout)  # fmt: skip
+            for r in out:
+                b = r["rows"]
+                sv = serve_ar(loaded, b, args.context, args.serve, args.max_new_tokens)
+                bound = 1e3 * b / r["raw_ms"]
+                r["serve"] = {**sv, "bound_tok_s": bound}
+                done(f"{b:>4}{bound:>13.1f}{sv['goodput']:>9.1f}{sv['goodput'] / bound:>9.2f}"
+                     f"{sv['decode_goodput']:>8.1f}{sv['decode_goodput'] / bound:>9.2f}{sv['mean_batch']:>8.1f}"
+                     f"{100 * sv['prefill_s'] / sv['wall_s']:>11.0f}")  # fmt: skip
+        for name in arms:
+            bar.write(f"\n{name}: proposal ms for B rows of {args.context} tokens", file=sys.stdout)
+            bar.write(f"{'rows':>5}{'together':>10}{'row by row':>12}{'AR step':>9}", file=sys.stdout)
+            for b in batches:
+                t, a, st = draft_ms(loaded, name, b, args.context, args.reps)
+                drafts.append(
+                    {"arm": name, "rows": b, "together_ms": t, "row_by_row_ms": a, "ar_step_ms": st}
+                )
+                done(f"{b:>5}{t:>10.1f}{a:>12.1f}{st:>9.1f}")
+    finally:
+        bar.close()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

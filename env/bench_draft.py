@@ -10,8 +10,7 @@ the least-squares slope of proposal time over depth; a proposal at the same root
 
 from __future__ import annotations
 
-import argparse
-import json
+import sys
 
 import torch
 
@@ -87,50 +86,101 @@ def measure(
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    from env.machine import cpu_label
-    from env.model import load_model
+PROG = "python -m env.bench_draft"
 
-    p = argparse.ArgumentParser(prog="python -m env.bench_draft", description=__doc__.split("\n\n")[0])
+
+def check_drafters(names: list[str], vocabs: list[int | None]) -> None:
+    """Each drafter registered, drafting rows together (``propose_batch``) over shared weights (``fork``), and
+    built with each ``--vocab``: a ``DrafterError`` naming the first that is not, before the model loads."""
+    from drafters import DRAFTERS, DrafterError, make_drafter
+
+    for name in names:
+        if name not in DRAFTERS:
+            raise DrafterError(
+                f"--drafters: unknown drafter {name!r}; known drafters: {', '.join(sorted(DRAFTERS))}"
+            )
+        cls = DRAFTERS[name]
+        if not (hasattr(cls, "propose_batch") and hasattr(cls, "fork")):
+            able = sorted(
+                n for n, c in DRAFTERS.items() if hasattr(c, "propose_batch") and hasattr(c, "fork")
+            )
+            raise DrafterError(
+                f"--drafters: {name} does not draft rows together (no propose_batch); those that do: "
+                + ", ".join(able)
+            )
+        for vocab in vocabs:
+            try:
+                make_drafter(name) if vocab is None else make_drafter(name, vocab=vocab)
+            except TypeError:
+                raise DrafterError(f"--vocab: {name} takes no vocab option (eagle and eagle3 do)") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from env.cli import run_program
+
+    return run_program(PROG, _main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    from env.cli import Parser, int_list, output_file, positive_int, progress_bar, write_json
+
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--drafters", default="eagle3,eagle")
     p.add_argument("--rows", default="1,4,16")
     p.add_argument("--topk", default="1,4")
-    p.add_argument("--context", type=int, default=300)
-    p.add_argument("--max-depth", type=int, default=6)
-    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--context", type=positive_int, default=300)
+    p.add_argument(
+        "--max-depth", type=positive_int, default=6, help="at least 3 (the slope takes two depths)"
+    )
+    p.add_argument("--reps", type=positive_int, default=15)
     p.add_argument("--dtype", default="bf16", choices=["auto", "bf16", "fp32"])
     p.add_argument("--weights", default="dense")
     p.add_argument("--vocab", default=None, help="comma list of the option vocab of eagle/eagle3 (0: all)")
     p.add_argument("--separate", action="store_true",
                    help="also time each expansion with the head's q/k/v and gate/up as separate products, interleaved")  # fmt: skip
-    p.add_argument("--json", default=None, help="also write the rows to this file")
+    p.add_argument("--json", default=None, help="also write the rows to this file (after each row)")
     args = p.parse_args(argv)
+    if args.max_depth < 3:
+        p.error(f"argument --max-depth: must be >= 3 (the slope over depths 2 .. N), got {args.max_depth}")
+    names = [x.strip() for x in args.drafters.split(",") if x.strip()]
+    if not names:
+        p.error("argument --drafters: names no drafter")
+    vocabs: list[int | None] = [None] if args.vocab is None else list(int_list(args.vocab, "--vocab", low=0))
+    rows_list, topks = int_list(args.rows, "--rows"), int_list(args.topk, "--topk")
+    check_drafters(names, vocabs)
+    out_path = output_file(args.json)
+
+    from env.machine import cpu_label
+    from env.model import load_model
+
     loaded = load_model(None, dtype=args.dtype, device="auto", weights=args.weights)
     print(f"# {loaded.model_id} {args.dtype}/{args.weights} on {loaded.device}; CPU {cpu_label()}")
-    vocabs = [None] if args.vocab is None else [int(x) for x in args.vocab.split(",")]
     sep = " separate products ms |" if args.separate else ""
     print(
         f"| drafter | vocab | rows | top-k | target forward ms | one expansion ms | expansion / forward |{sep}"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if args.separate else ""))
-    out = []
-    for name in [x.strip() for x in args.drafters.split(",") if x.strip()]:
-        for vocab in vocabs:
-            for rows in [int(x) for x in args.rows.split(",")]:
-                for k in [int(x) for x in args.topk.split(",")]:
-                    r = measure(
-                        loaded, name, rows, args.context, k, args.max_depth, args.reps, vocab, args.separate
-                    )
-                    out.append(r)
-                    shown = "default" if vocab is None else vocab or "all"
-                    print(f"| {name} | {shown} | {rows} | {k} | {r['forward_ms']:.2f} | {r['expansion_ms']:.2f} | "
-                          f"{100 * r['expansion_vs_forward']:.1f}% |"
-                          + (f" {r['expansion_separate_ms']:.2f} |" if args.separate else ""), flush=True)  # fmt: skip
-    if args.json:
-        from env.files import atomic_write_text
-
-        atomic_write_text(args.json, json.dumps({"rows": out, "cpu": cpu_label()}, indent=2))
+    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if args.separate else ""), flush=True)
+    cells = [(n, v, r, k) for n in names for v in vocabs for r in rows_list for k in topks]
+    doc: dict = {"rows": [], "cpu": cpu_label(), "model": loaded.model_id, "dtype": args.dtype,
+                 "weights": args.weights, "cells": len(cells), "complete": False}  # fmt: skip
+    bar = progress_bar(len(cells), "bench_draft")
+    try:
+        for name, vocab, rows, k in cells:
+            bar.set_postfix_str(f"{name} rows={rows} k={k}")
+            r = measure(loaded, name, rows, args.context, k, args.max_depth, args.reps, vocab, args.separate)
+            doc["rows"].append(r)
+            doc["complete"] = len(doc["rows"]) == len(cells)
+            write_json(out_path, doc, indent=2)
+            shown = "default" if vocab is None else vocab or "all"
+            bar.write(f"| {name} | {shown} | {rows} | {k} | {r['forward_ms']:.2f} | {r['expansion_ms']:.2f} | "
+                      f"{100 * r['expansion_vs_forward']:.1f}% |"
+                      + (f" {r['expansion_separate_ms']:.2f} |" if args.separate else ""), file=sys.stdout)  # fmt: skip
+            sys.stdout.flush()
+            bar.update(1)
+    finally:
+        bar.close()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

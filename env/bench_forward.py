@@ -2,8 +2,9 @@
 each node count q, the Hugging Face forward of ``--rows`` rows x q tokens over a ``DynamicCache`` of ``--context``
 tokens (its own causal mask), and the engine's forward (``env.batch.BatchTarget``) of the same over the ragged cache
 in each ``--weights`` format of the lean forward (``env.lean``); LM head included (logits of all q nodes), median
-ms, all timed in turn within every repetition. ``--compiled`` adds each format through ``torch.compile``
-(``--forward compiled``; compiled before timing); ``--prefill N`` adds the prefill of one N-token prompt per path.
+ms, all timed in turn within every repetition; a row per node count, printed (and written to ``--json``) as it is
+measured. ``--compiled`` adds each format through ``torch.compile`` (``--forward compiled``; compiled before
+timing); ``--prefill N`` adds the prefill of one N-token prompt per path.
 
     python -m env.bench_forward --q 1,4,8,16,32 --context 300 --dtype bf16 --weights dense,int8,int4
     python -m env.bench_forward --q 1,4,8 --weights dense,int4 --compiled --prefill 250
@@ -19,8 +20,7 @@ ms, all timed in turn within every repetition. ``--compiled`` adds each format t
 
 from __future__ import annotations
 
-import argparse
-import json
+import sys
 
 import torch
 
@@ -118,14 +118,24 @@ def _plainly(step):
     return run
 
 
-def main(argv: list[str] | None = None) -> int:
-    from env.machine import cpu_label
-    from env.model import ModelError, load_model
+PROG = "python -m env.bench_forward"
 
-    ap = argparse.ArgumentParser(prog="python -m env.bench_forward", description=__doc__.splitlines()[0])
+
+def main(argv: list[str] | None = None) -> int:
+    from env.cli import run_program
+
+    return run_program(PROG, _main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    from env.cli import Parser, int_list, output_file, positive_int, progress_bar, write_json
+    from env.machine import cpu_label
+    from env.model import WEIGHTS, ModelError, load_model, resolve_weights
+
+    ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--q", default="1,4,8,16,32", help="node counts per row (default 1,4,8,16,32)")
-    ap.add_argument("--rows", type=int, default=1)
-    ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--rows", type=positive_int, default=1)
+    ap.add_argument("--context", type=positive_int, default=300)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "auto"])
     ap.add_argument(
         "--weights", default="dense,int8,int4", help="lean weight formats (default dense,int8,int4)"
@@ -144,20 +154,24 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also each format with fp32 products through F.linear instead of oneDNN's reordered weights",
     )
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--reps", type=positive_int, default=20)
     ap.add_argument("--model", default=None)
-    ap.add_argument("--json", default=None, help="write the table as JSON to this file")
+    ap.add_argument("--json", default=None, help="write the table as JSON to this file (after each row)")
     args = ap.parse_args(argv)
-    try:
-        qs = [int(x) for x in args.q.split(",")]
-        formats = [w.strip() for w in args.weights.split(",") if w.strip()]
-        base = load_model(args.model, dtype=args.dtype, device="cpu")
-        variants = {f"lean-{w}": base.replace(weights=w) for w in formats}
-        if args.compiled:
-            variants.update({f"compiled-{w}": base.replace(weights=w, forward="compiled") for w in formats})
-    except (ValueError, ModelError) as err:
-        print(f"error: {err}")
-        return 2
+    if args.prefill < 0:
+        ap.error(f"argument --prefill: must be >= 0, got {args.prefill}")
+    qs = int_list(args.q, "--q")
+    formats = [w.strip() for w in args.weights.split(",") if w.strip()]
+    bad = [w for w in formats if w not in WEIGHTS]
+    if bad or not formats:
+        raise ModelError(f"--weights: unknown weight format {bad[0] if bad else args.weights!r}; valid: "
+                         + ", ".join(WEIGHTS))  # fmt: skip
+    out_path = output_file(args.json)
+    base = load_model(args.model, dtype=args.dtype, device="cpu")
+    fmt = {w: resolve_weights(w, base.device, base.dtype) for w in formats}
+    variants = {f"lean-{w}": base.replace(weights=fmt[w]) for w in formats}
+    if args.compiled:
+        variants.update({f"compiled-{w}": base.replace(weights=fmt[w], forward="compiled") for w in formats})
     torch.manual_seed(0)
     names = ["hf", *variants, *(f"{n}-native" for n in variants if args.wide_native)]
     names += [f"{n}-plain" for n in variants if args.fp32_plain]
@@ -167,35 +181,38 @@ def main(argv: list[str] | None = None) -> int:
         fns += [_natively(make(v, *shape), base.dtype) for v in variants.values()] if args.wide_native else []
         return fns + ([_plainly(make(v, *shape)) for v in variants.values()] if args.fp32_plain else [])
 
-    table = []
-    for q in qs:
-        fns = [
-            hf_forward(base, args.rows, args.context, q),
-            *engines(engine_forward, args.rows, args.context, q),
-        ]
-        ms = _interleaved_ms(fns, args.reps)
-        table.append({"q": q, **dict(zip(names, ms))})
-    if args.prefill:
-        fns = [hf_prefill(base, args.prefill), *engines(engine_prefill, args.prefill)]
-        table.append(
-            {"q": f"prefill {args.prefill}", **dict(zip(names, _interleaved_ms(fns, max(3, args.reps // 4))))}
-        )
     machine = f"{cpu_label()}, {torch.get_num_threads()} threads"
     print(f"# median ms per forward (LM head included), rows={args.rows}, context={args.context}, "
           f"dtype={args.dtype}; {machine}")  # fmt: skip
-    print(
-        "| forward | "
-        + " | ".join(f"q={r['q']}" if isinstance(r["q"], int) else r["q"] for r in table)
-        + " |"
-    )
-    print("|---|" + "---:|" * len(table))
-    for n in names:
-        print(f"| {n} | " + " | ".join(f"{r[n]:.1f}" for r in table) + " |")
-    if args.json:
-        from env.files import atomic_write_text
-
-        result = {"machine": machine, "rows": args.rows, "context": args.context, "table": table}
-        atomic_write_text(args.json, json.dumps(result, indent=1))
+    print("| nodes | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names), flush=True)
+    table: list[dict] = []
+    doc = {"machine": machine, "rows": args.rows, "context": args.context, "dtype": args.dtype, "table": table,
+           "complete": False}  # fmt: skip
+    cells = [*qs, *([f"prefill {args.prefill}"] if args.prefill else [])]
+    bar = progress_bar(len(cells), "bench_forward")
+    try:
+        for q in cells:
+            bar.set_postfix_str(f"q={q}")
+            if isinstance(q, int):
+                fns = [
+                    hf_forward(base, args.rows, args.context, q),
+                    *engines(engine_forward, args.rows, args.context, q),
+                ]
+                ms = _interleaved_ms(fns, args.reps)
+            else:
+                fns = [hf_prefill(base, args.prefill), *engines(engine_prefill, args.prefill)]
+                ms = _interleaved_ms(fns, max(3, args.reps // 4))
+            row = {"q": q, **dict(zip(names, ms))}
+            table.append(row)
+            doc["complete"] = len(table) == len(cells)
+            write_json(out_path, doc)
+            label = f"q={q}" if isinstance(q, int) else q
+            bar.write(f"| {label} | " + " | ".join(f"{row[n]:.1f}" for n in names) + " |", file=sys.stdout)
+            sys.stdout.flush()
+            bar.update(1)
+    finally:
+        bar.close()
     return 0
 
 

@@ -12,28 +12,34 @@ played in the live env (greedy, fp32, the trace's model) and in replay. Reports,
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from collections import defaultdict
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from env.trace import Trace
 
 
 def run(
     prompts: int = 10,
-    trace_path: str | None = None,
+    trace_path: str | Trace | None = None,
     cost_model: Any = None,
     seed: int = 0,
     max_new_tokens: int | None = None,
     progress: bool = True,
+    on_prompt: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
+    """``on_prompt(summary)``: called after each prompt with the summary of the prompts done so far (``complete``:
+    whether all are), so that a caller can keep it on disk as it grows."""
+    from env.cli import progress_bar
     from env.model import load_model
     from env.spec_env import SpecDecodeEnv
-    from env.trace import load_trace
+    from env.trace import Trace, load_trace
 
-    trace = load_trace(trace_path)
+    trace = trace_path if isinstance(trace_path, Trace) else load_trace(trace_path)
     loaded = load_model(trace.header["model"]["model_id"], dtype="fp32", device="cpu")
     ids = trace.prompt_ids[:prompts]
     new = max_new_tokens or trace.max_new_tokens
@@ -42,7 +48,7 @@ def run(
     rng = np.random.default_rng(seed)
     rows: list[dict[str, Any]] = []
     same_text = 0
-    t0 = time.perf_counter()
+    bar = progress_bar(len(ids), "fidelity", enabled=progress)
     for n, pid in enumerate(ids):
         actions = rng.integers(len(live.arms), size=new)
         live.reset(seed=seed, options={"prompt_id": pid})
@@ -65,11 +71,10 @@ def run(
         state = live._seq.state
         traj = trace.trajectory(trace.prompt_ids.index(pid))[:new]
         same_text += state.tokens[state.prompt_len :][: len(traj)] == traj
-        if progress:
-            print(
-                f"fidelity: prompt {n + 1}/{len(ids)} ({pid}) done, {time.perf_counter() - t0:.0f} s",
-                flush=True,
-            )
+        bar.update(1)
+        if on_prompt is not None:
+            on_prompt({**summarize(rows, same_text, n + 1, trace), "complete": n + 1 == len(ids)})
+    bar.close()
     return summarize(rows, same_text, len(ids), trace)
 
 
@@ -96,22 +101,45 @@ def summarize(rows: list[dict[str, Any]], same_text: int, prompts: int, trace: A
         "load_scale": scale,
         "cost_abs_rel_error_rescaled": err(rows, scale),
         "per_arm_cost_error": {a: err(rs) for a, rs in by_arm.items()},
-        "mean_wall_s": float(np.mean([r["wall_s"] for r in rows])),
+        "mean_wall_s": float(np.mean([r["wall_s"] for r in rows])) if rows else None,
         "rows": rows,
     }
 
 
+PROG = "python -m env.fidelity"
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m env.fidelity", description=__doc__.splitlines()[0])
-    p.add_argument("--prompts", type=int, default=10)
+    from env.cli import run_program
+
+    return run_program(PROG, _main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    from env.cli import Parser, output_file, positive_int, write_json
+
+    p = Parser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("--prompts", type=positive_int, default=10)
     p.add_argument("--trace", default=None, help="trace file (default: the shipped one)")
     p.add_argument("--cost-model", default=None, help="cost-model JSON (default: the shipped one)")
     p.add_argument("--calibrate", action="store_true", help="calibrate first, in this process, and use that")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="write the full result (rows included) here")
+    p.add_argument(
+        "--json", default=None, help="write the full result (rows included) here, after each prompt"
+    )
     p.add_argument("--save-cost-model", default=None, help="with --calibrate: save that cost model here")
     args = p.parse_args(argv)
-    cost_model: Any = args.cost_model
+    if args.save_cost_model and not args.calibrate:
+        p.error("argument --save-cost-model: only with --calibrate (it saves the cost model calibrated here)")
+    if args.calibrate and args.cost_model:
+        p.error("argument --cost-model: not with --calibrate (that calibrates the cost model used)")
+    out = output_file(args.json)
+    save_to = output_file(args.save_cost_model, "--save-cost-model")
+    from env.cost import load_cost_model
+    from env.trace import load_trace
+
+    trace = load_trace(args.trace)  # a bad file fails here, in one line, before the model loads
+    cost_model: Any = None if args.calibrate else load_cost_model(args.cost_model)
     if args.calibrate:
         from env.cost import calibrate
         from env.model import load_model
@@ -119,13 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         cost_model = calibrate(load_model(dtype="fp32", device="cpu"), ["ngram"], progress=True)
         print(f"calibrated in {time.perf_counter() - t0:.0f} s")
-        if args.save_cost_model:
-            cost_model.save(args.save_cost_model)
-    res = run(args.prompts, args.trace, cost_model, args.seed)
-    if args.json:
-        from env.files import atomic_write_text
-
-        atomic_write_text(args.json, json.dumps(res, indent=1))
+        if save_to is not None:
+            cost_model.save(save_to)
+    res = run(args.prompts, trace, cost_model, args.seed, on_prompt=lambda doc: write_json(out, doc))
     e = res["cost_abs_rel_error"]
     print(
         f"prompts {res['prompts']}, steps {res['steps']}, greedy text equal to the trace: {res['greedy_text_equal']}"

@@ -1,0 +1,150 @@
+"""The entry of the ``python -m env.*`` programs (benchmarks and checks), as ``draftgym``'s own commands behave
+(``experiments.cli``, which env/ may not import): no abbreviated options; a bad argument, name or path is one line
+on stderr (``python -m env.bench_draft: error: ...``) and exit code 2, never a traceback; a path to write is checked
+before any work, and results are written as they are measured (``write_json``), so that an error or a kill
+mid-run keeps what was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+EXIT_USAGE = 2
+
+# The errors of the layers env/ may import whose message is meant for the user, by ``module:Class`` (nothing is
+# imported to recognise one; a subclass counts too). ``experiments.errors.USER_ERROR_TYPES`` names these and the
+# upper layers' own.
+USER_ERROR_TYPES: frozenset[str] = frozenset(
+    {
+        "env.cli:ProgramError",
+        "kernels.packed:QuantError",
+        "drafters.base:DrafterError",
+        "env.model:ModelError",
+        "env.target:PromptError",
+        "env.workloads:WorkloadError",
+        "env.features:FeatureSpecError",
+        "env.cost:CostModelError",
+        "env.trace:TraceError",
+        "env.spec_env:EnvError",
+        "env.serving:ServeError",
+        "env.serve_obs:ServeEnvError",
+    }
+)
+
+
+class ProgramError(Exception):
+    """A bad argument a program finds itself (a name it cannot use, a list it cannot read): one line, exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """No abbreviations (``--draft`` is not ``--drafters``); an argparse error is one line and exit code 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> None:  # argparse prints the usage too otherwise
+        sys.stderr.write(f"{self.prog}: error: {one_line(message)}\n")
+        sys.exit(EXIT_USAGE)
+
+
+def one_line(message: object) -> str:
+    return " ".join(str(message).split())
+
+
+def user_message(err: BaseException) -> str | None:
+    """The line to print for an error the user can fix (None for a bug, which keeps its traceback)."""
+    if any(f"{c.__module__}:{c.__qualname__}" in USER_ERROR_TYPES for c in type(err).__mro__):
+        return one_line(err)
+    if isinstance(err, UnicodeDecodeError):
+        return f"a file is not UTF-8 text ({err.reason} at byte {err.start})"
+    if isinstance(err, OSError):  # a path that cannot be read or written
+        what = err.strerror or type(err).__name__
+        return one_line(f"{err.filename}: {what}" if err.filename is not None else f"{what}: {err}")
+    return None
+
+
+def run_program(prog: str, body: Callable[[list[str] | None], int | None], argv: list[str] | None) -> int:
+    """``body(argv)``'s exit code; a user's error ends as one line on stderr and exit code 2 (``--help`` and an
+    argument argparse refused return their own code)."""
+    try:
+        return int(body(argv) or 0)
+    except SystemExit as exit_:
+        if isinstance(exit_.code, str):
+            sys.stderr.write(f"{prog}: error: {one_line(exit_.code)}\n")
+            return EXIT_USAGE
+        return int(exit_.code or 0)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{prog}: interrupted\n")
+        return 130
+    except Exception as err:
+        message = user_message(err)
+        if message is None:
+            raise
+        sys.stderr.write(f"{prog}: error: {message}\n")
+        return EXIT_USAGE
+
+
+def output_file(path: str | Path | None, flag: str = "--json") -> Path | None:
+    """Check, before any work, that ``path`` can be written: not a directory, its folder made and writable
+    (``ProgramError`` naming ``flag`` otherwise). None stays None (nothing to write)."""
+    if path is None:
+        return None
+    out = Path(path)
+    if out.is_dir() or str(path).endswith(("/", os.sep)):
+        raise ProgramError(f"{flag} {path} is a directory, not a file")
+    folder = out.parent
+    if folder.exists() and not folder.is_dir():
+        raise ProgramError(f"{flag} {path}: {folder} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ProgramError(f"{flag} {path}: cannot write there ({err.strerror or err})") from err
+    return out
+
+
+def int_list(text: str, flag: str, low: int = 1) -> list[int]:
+    """A comma list of integers >= ``low`` (``ProgramError`` naming ``flag`` otherwise)."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    try:
+        values = [int(x) for x in items]
+    except ValueError:
+        values = []
+    if not values or any(v < low for v in values):
+        raise ProgramError(f"{flag} must be a comma list of integers >= {low}, got {text!r}")
+    return values
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def write_json(path: Path | None, doc: Any, indent: int | None = 1) -> None:
+    """Write ``doc`` to ``path`` atomically (``env.files``), after every row measured; nothing when None."""
+    if path is not None:
+        from env.files import atomic_write_text
+
+        atomic_write_text(path, json.dumps(doc, indent=indent))
+
+
+def progress_bar(total: int, desc: str, enabled: bool = True) -> Any:
+    """A tqdm bar on stderr, shown on a terminal only (and not at all when ``enabled`` is false)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr, disable=None if enabled else True)

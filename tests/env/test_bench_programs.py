@@ -1,0 +1,201 @@
+"""The ``python -m env.*`` benchmark programs (``bench_draft``, ``bench_batch``, ``bench_forward``, ``fidelity``):
+a bad name or path is one line and exit code 2 before the model loads; rows are printed and written to ``--json``
+as they are measured, so that an error or a kill mid-run keeps them. The measurements are stubbed: these tests
+check the programs' handling, not the timings."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model fails the test: every check must come before it."""
+    import env.model
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(env.model, "load_model", refuse)
+
+
+def _one_line_error(capsys, code, expected, rc=2):
+    err = capsys.readouterr().err
+    assert code == rc, err
+    assert err.count("\n") == 1 and "Traceback" not in err and expected in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--drafters", "eagle,bogus"], "unknown drafter 'bogus'"),
+        (["--drafters", "ngram"], "ngram does not draft rows together"),
+        (["--drafters", "early_exit", "--vocab", "8"], "early_exit takes no vocab option"),
+        (["--rows", "1,x"], "--rows must be a comma list"),
+        (["--max-depth", "2"], "--max-depth: must be >= 3"),
+        (["--draft", "eagle"], "unrecognized arguments: --draft"),  # no abbreviations
+        (["--json", "{tmp}"], "is a directory, not a file"),
+    ],
+)
+def test_bench_draft_refuses_bad_input_before_loading(args, expected, no_model, tmp_path, capsys):
+    from env.bench_draft import main
+
+    code = main([a.replace("{tmp}", str(tmp_path)) for a in args])
+    _one_line_error(capsys, code, expected)
+
+
+def test_bench_draft_keeps_the_rows_measured_before_an_error(monkeypatch, tmp_path, capsys):
+    import env.bench_draft as bd
+    import env.model
+    from drafters import DrafterError
+
+    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: SimpleNamespace(model_id="m", device="cpu"))
+    calls = []
+
+    def measure(loaded, drafter, rows, *a):
+        calls.append(drafter)
+        if len(calls) == 2:
+            raise DrafterError("no eagle3 head for this target")
+        return {"drafter": drafter, "rows": rows, "forward_ms": 2.0, "expansion_ms": 1.0,
+                "expansion_vs_forward": 0.5}  # fmt: skip
+
+    monkeypatch.setattr(bd, "measure", measure)
+    out = tmp_path / "sub" / "draft.json"
+    code = bd.main(["--drafters", "eagle,eagle3", "--rows", "1", "--topk", "1", "--json", str(out)])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.err.strip().endswith("no eagle3 head for this target")
+    assert "| eagle | default | 1 | 1 | 2.00 | 1.00 | 50.0% |" in captured.out
+    doc = json.loads(out.read_text())
+    assert [r["drafter"] for r in doc["rows"]] == ["eagle"] and doc["complete"] is False
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--draft", "ngram-d3"], "ngram does not draft rows together"),
+        (["--draft", "bogus-d3"], "unknown drafter 'bogus'"),
+        (["--rows", "0"], "--rows must be a comma list of integers >= 1"),
+        (["--json", "{tmp}"], "is a directory, not a file"),
+    ],
+)
+def test_bench_batch_refuses_bad_input_before_loading(args, expected, no_model, tmp_path, capsys):
+    from env.bench_batch import main
+
+    code = main([a.replace("{tmp}", str(tmp_path)) for a in args])
+    _one_line_error(capsys, code, expected)
+
+
+def test_bench_batch_writes_each_row_as_it_is_measured(monkeypatch, tmp_path, capsys):
+    """A kill (here an interrupt) after the first batch size keeps its row in the JSON."""
+    import env.bench_batch as bb
+    import env.model
+
+    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: SimpleNamespace(dtype=torch.float32))
+    monkeypatch.setattr(bb, "raw_forward", lambda *a: None)
+    monkeypatch.setattr(bb, "engine_step", lambda *a: None)
+    timings = iter([[1.0, 2.0]])
+
+    def interleaved(fns, reps):
+        for t in timings:
+            return t
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bb, "_interleaved_ms", interleaved)
+    out = tmp_path / "batch.json"
+    code = bb.main(["--rows", "1,4", "--json", str(out)])
+    captured = capsys.readouterr()
+    assert code == 130 and "interrupted" in captured.err
+    assert "    1      1.0        2.0          0.50" in captured.out
+    doc = json.loads(out.read_text())
+    assert [r["rows"] for r in doc["rows"]] == [1] and doc["complete"] is False
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--weights", "dense,bogus"], "unknown weight format 'bogus'"),
+        (["--q", "1,-4"], "--q must be a comma list"),
+        (["--json", "{tmp}"], "is a directory, not a file"),
+        (["--comp"], "unrecognized arguments: --comp"),
+    ],
+)
+def test_bench_forward_refuses_bad_input_before_loading(args, expected, no_model, tmp_path, capsys):
+    from env.bench_forward import main
+
+    code = main([a.replace("{tmp}", str(tmp_path)) for a in args])
+    _one_line_error(capsys, code, expected)
+
+
+def test_bench_forward_prints_and_writes_each_row_as_it_is_measured(monkeypatch, tmp_path, capsys):
+    import env.bench_forward as bf
+    import env.model
+
+    class Loaded(SimpleNamespace):
+        def replace(self, **k):
+            return Loaded(**{**vars(self), **k})
+
+    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: Loaded(device=torch.device("cpu"),
+                                                                           dtype=torch.float32))  # fmt: skip
+    monkeypatch.setattr(bf, "hf_forward", lambda *a: None)
+    monkeypatch.setattr(bf, "engine_forward", lambda *a: None)
+    timings = iter([[3.0, 1.5]])
+
+    def interleaved(fns, reps):
+        assert len(fns) == 2
+        for t in timings:
+            return t
+        raise RuntimeError("a bug mid-run")
+
+    monkeypatch.setattr(bf, "_interleaved_ms", interleaved)
+    out = tmp_path / "fwd.json"
+    with pytest.raises(RuntimeError, match="a bug mid-run"):  # a bug keeps its traceback
+        bf.main(["--q", "1,8", "--weights", "dense", "--json", str(out)])
+    assert "| q=1 | 3.0 | 1.5 |" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["table"] == [{"q": 1, "hf": 3.0, "lean-dense": 1.5}] and doc["complete"] is False
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--json", "{tmp}"], "is a directory, not a file"),
+        (["--save-cost-model", "{tmp}/cm.json"], "only with --calibrate"),
+        (["--trace", "{tmp}/missing.npz"], "missing.npz"),
+        (["--prompts", "0"], "--prompts: must be >= 1"),
+    ],
+)
+def test_fidelity_refuses_bad_input_before_loading(args, expected, no_model, tmp_path, capsys):
+    from env.fidelity import main
+
+    code = main([a.replace("{tmp}", str(tmp_path)) for a in args])
+    _one_line_error(capsys, code, expected)
+
+
+def test_fidelity_writes_the_summary_after_each_prompt(monkeypatch, tmp_path, capsys):
+    import env.fidelity as fid
+
+    def run(prompts, trace, cost_model, seed, on_prompt=None):
+        on_prompt({"prompts": 1, "rows": [{"prompt": "p0"}], "complete": False})
+        raise KeyboardInterrupt  # killed during the second prompt
+
+    monkeypatch.setattr(fid, "run", run)
+    out = tmp_path / "fidelity.json"
+    assert fid.main(["--json", str(out)]) == 130
+    assert json.loads(out.read_text())["rows"] == [{"prompt": "p0"}]
+
+
+def test_output_file_checks(tmp_path):
+    from env.cli import ProgramError, output_file
+
+    assert output_file(None) is None
+    assert output_file(tmp_path / "new" / "x.json") == tmp_path / "new" / "x.json"
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ProgramError, match="is a file, not a folder"):
+        output_file(tmp_path / "f" / "x.json")
+    with pytest.raises(ProgramError, match="--out .* is a directory"):
+        output_file(tmp_path, "--out")
