@@ -7,17 +7,21 @@ suffix with the cache on.
 
     python -m experiments.suffix_turns --workload Spec-Bench/data/spec_bench/question.jsonl --out runs/turns
 
-Answers are cached in ``OUT/answers.json`` (a rerun after a kill generates only the missing ones); the table goes
-to stdout and ``OUT/turns.json`` (with provenance).
+Answers are cached in ``OUT/answers.json`` as they finish, with the settings they depend on (model, dtype, weight
+format, device, new tokens) and a digest of each answer's prompt: a rerun after a kill generates only the missing
+ones, a rerun with other settings is refused in one line, and an answer whose prompt changed is generated again.
+The table goes to stdout and ``OUT/turns.json`` (with provenance).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def _turns(path: str) -> list[tuple[str, str, str]]:
@@ -43,22 +47,82 @@ def _turns(path: str) -> list[tuple[str, str, str]]:
     return out
 
 
-def _answer(loaded, prompts: dict[str, list[int]], max_new: int, batch: int) -> dict[str, list[int]]:
+def prompt_digest(ids: list[int]) -> str:
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]
+
+
+class AnswerCache:
+    """``OUT/answers.json``: ``{"settings": ..., "answers": {key: {"prompt": digest, "ids": [...]}}}``, written
+    atomically each time an answer finishes (a kill keeps every finished answer)."""
+
+    def __init__(self, path: Path, settings: dict[str, Any]) -> None:
+        from drafters.base import shown
+        from experiments.errors import UserError
+
+        self.path, self.settings = path, settings
+        self.answers: dict[str, dict[str, Any]] = {}
+        if not path.is_file():
+            return
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise UserError(f"{path} is not readable JSON ({err}); delete it or use another --out") from err
+        if not isinstance(doc, dict) or not isinstance(doc.get("settings"), dict):
+            raise UserError(
+                f"{path} holds answers without the settings they were made with (an earlier version): delete it "
+                "or use another --out"
+            )
+        before, answers = doc["settings"], doc.get("answers")
+        keys = sorted(k for k in {*before, *settings} if before.get(k) != settings.get(k))
+        if keys and answers:
+            diff = "; ".join(f"{k}: {shown(before.get(k))} there, {shown(settings.get(k))} now" for k in keys)
+            raise UserError(f"{path} holds answers made with other settings ({diff}): use another --out, or the same "
+                            "settings to resume")  # fmt: skip
+        for key, a in (answers if isinstance(answers, dict) and not keys else {}).items():
+            ok = isinstance(a, dict) and isinstance(a.get("prompt"), str) and isinstance(a.get("ids"), list)
+            if ok and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in a["ids"]):
+                self.answers[key] = a  # anything else is answered again
+
+    def get(self, key: str, prompt: list[int]) -> list[int] | None:
+        """The cached answer to ``prompt`` under ``key`` (None when there is none, or it answered another prompt)."""
+        a = self.answers.get(key)
+        return a["ids"] if a is not None and a["prompt"] == prompt_digest(prompt) else None
+
+    def put(self, key: str, prompt: list[int], ids: list[int]) -> None:
+        from env.files import atomic_write_text
+
+        self.answers[key] = {"prompt": prompt_digest(prompt), "ids": [int(t) for t in ids]}
+        atomic_write_text(self.path, json.dumps({"settings": self.settings, "answers": self.answers}))
+
+
+def _answer(
+    loaded, prompts: dict[str, list[int]], max_new: int, batch: int, cache: AnswerCache, desc: str
+) -> None:
+    """Answer the ``prompts`` not in ``cache`` (greedy, the batch engine), each saved there as it finishes."""
+    from tqdm import tqdm
+
     from env.batch import BatchEngine
     from env.engine import NO_DRAFT
     from env.serving import Request, serve
 
-    reqs = [Request(rid, ids, NO_DRAFT, max_new) for rid, ids in prompts.items()]
-    out = serve(BatchEngine(loaded, max_rows=batch), reqs, concurrency=batch)
-    return {s.rid: list(s.token_ids) for s in out}
+    todo = {k: v for k, v in prompts.items() if cache.get(k, v) is None}
+    bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc=desc, unit="answer")
+    if todo:
+
+        def finished(s) -> None:
+            cache.put(s.rid, todo[s.rid], list(s.token_ids))
+            bar.update(1)
+
+        reqs = [Request(rid, ids, NO_DRAFT, max_new) for rid, ids in todo.items()]
+        serve(BatchEngine(loaded, max_rows=batch), reqs, concurrency=batch, on_finish=finished)
+    bar.close()
 
 
 def main(argv: list[str] | None = None) -> int:
+    from env.cli import Parser
     from experiments.args import new_tokens, positive_int
 
-    p = argparse.ArgumentParser(
-        prog="python -m experiments.suffix_turns", description=__doc__.split("\n\n")[0]
-    )
+    p = Parser(prog="python -m experiments.suffix_turns", description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", required=True, help="Spec-Bench question.jsonl (its MT-bench questions)")
     p.add_argument("--questions", type=positive_int, default=80, help="first N two-turn questions")
     p.add_argument("--max-new-tokens", type=new_tokens, default=128)
@@ -79,25 +143,24 @@ def run(args: argparse.Namespace) -> int:
     from env.files import atomic_write_text
     from env.machine import cpu_label
     from env.model import load_model
+    from experiments.args import output_dir
+    from experiments.errors import UserError
     from experiments.provenance import library_versions, machine
+    from experiments.records import run_identity
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     arms = [parse_arm(a.strip()) for a in args.arms.split(",") if a.strip()]
-    if any(a.drafter not in ("ngram", "suffix") for a in arms):
-        print("error: --arms takes n-gram and suffix arms (drafters scored offline)", file=sys.stderr)
-        return 2
+    if not arms or any(a.drafter not in ("ngram", "suffix") for a in arms):
+        raise UserError("--arms takes n-gram and suffix arms (drafters scored offline)")
     turns = _turns(args.workload)[: args.questions]
+    out = output_dir(args.out)
     loaded = load_model(None, dtype=args.dtype, device="cpu", weights=args.weights)
     tok = loaded.tokenizer
-    cache = out / "answers.json"
-    answers: dict[str, list[int]] = json.loads(cache.read_text()) if cache.is_file() else {}
+    ident = run_identity(loaded, args.max_new_tokens)  # model, dtype, device, weights, forward, new tokens
+    cache = AnswerCache(out / "answers.json", {k: v for k, v in ident.items() if k != "drafter_options"})
     t0 = time.time()
     first = {f"{q}/1": chat_prompt(tok, t1) for q, t1, _ in turns}
-    todo = {k: v for k, v in first.items() if k not in answers}
-    if todo:
-        answers.update(_answer(loaded, todo, args.max_new_tokens, args.batch))
-        atomic_write_text(cache, json.dumps(answers))
+    _answer(loaded, first, args.max_new_tokens, args.batch, cache, "turn 1")
+    answers = {k: cache.get(k, v) for k, v in first.items()}
     second = {}
     for q, t1, t2 in turns:
         a1 = tok.decode(answers[f"{q}/1"], skip_special_tokens=True)
@@ -108,10 +171,8 @@ def run(args: argparse.Namespace) -> int:
         ]
         ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
         second[f"{q}/2"] = [int(i) for i in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
-    todo = {k: v for k, v in second.items() if k not in answers}
-    if todo:
-        answers.update(_answer(loaded, todo, args.max_new_tokens, args.batch))
-        atomic_write_text(cache, json.dumps(answers))
+    _answer(loaded, second, args.max_new_tokens, args.batch, cache, "turn 2")
+    answers.update({k: cache.get(k, v) for k, v in second.items()})
     gen_s = time.time() - t0
     order = [(first[k] + answers[k], len(first[k])) for k in first] + [
         (second[k] + answers[k], len(second[k])) for k in second

@@ -1,0 +1,67 @@
+"""``experiments.suffix_turns``'s answer cache: answers are saved as they finish (a kill keeps them), with the
+settings they were made with (a rerun with others is refused in one line) and their prompt's digest (an answer to
+another prompt is made again). Serving is stubbed: the cache's handling is under test, not the model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.errors import UserError
+from experiments.suffix_turns import AnswerCache, _answer
+
+SETTINGS = {"model": "m", "dtype": "bfloat16", "weights": "dense", "max_new_tokens": 8}
+
+
+@pytest.fixture
+def fake_serve(monkeypatch):
+    """serve() answering each request with its prompt reversed; a kill (KeyboardInterrupt) after ``kill_after``."""
+    import env.batch
+    import env.serving
+
+    state = {"kill_after": None, "served": []}
+
+    def serve(engine, reqs, concurrency, on_finish):
+        for r in reqs:
+            if len(state["served"]) == state["kill_after"]:
+                raise KeyboardInterrupt
+            state["served"].append(r.rid)
+            on_finish(type("Served", (), {"rid": r.rid, "token_ids": r.prompt_ids[::-1]})())
+
+    monkeypatch.setattr(env.serving, "serve", serve)
+    monkeypatch.setattr(env.batch, "BatchEngine", lambda *a, **k: None)
+    return state
+
+
+def test_answers_are_saved_as_they_finish_and_a_rerun_makes_only_the_rest(fake_serve, tmp_path):
+    path = tmp_path / "answers.json"
+    prompts = {"q1/1": [1, 2], "q2/1": [3, 4], "q3/1": [5, 6]}
+    fake_serve["kill_after"] = 2
+    with pytest.raises(KeyboardInterrupt):
+        _answer(None, prompts, 8, 2, AnswerCache(path, SETTINGS), "turn 1")
+    doc = json.loads(path.read_text())
+    assert doc["settings"] == SETTINGS and sorted(doc["answers"]) == ["q1/1", "q2/1"]
+    fake_serve["kill_after"], fake_serve["served"] = None, []
+    cache = AnswerCache(path, SETTINGS)
+    _answer(None, prompts, 8, 2, cache, "turn 1")
+    assert fake_serve["served"] == ["q3/1"]
+    assert [cache.get(k, v) for k, v in prompts.items()] == [[2, 1], [4, 3], [6, 5]]
+    # an answer to another prompt under the same key is made again
+    fake_serve["served"] = []
+    _answer(None, {**prompts, "q2/1": [3, 4, 7]}, 8, 2, AnswerCache(path, SETTINGS), "turn 1")
+    assert fake_serve["served"] == ["q2/1"]
+
+
+def test_answers_of_other_settings_are_refused_in_one_line(tmp_path):
+    path = tmp_path / "answers.json"
+    AnswerCache(path, SETTINGS).put("q1/1", [1], [2])
+    for change in ({"dtype": "float32"}, {"max_new_tokens": 16}, {"model": "other"}, {"weights": "int4"}):
+        key = next(iter(change))
+        with pytest.raises(UserError, match=f"other settings \\({key}: .* there, .* now\\)") as err:
+            AnswerCache(path, {**SETTINGS, **change})
+        assert "\n" not in str(err.value)
+    assert AnswerCache(path, SETTINGS).get("q1/1", [1]) == [2]
+    path.write_text(json.dumps({"q1/1": [2]}))  # a cache of an earlier version: no settings to compare
+    with pytest.raises(UserError, match="without the settings"):
+        AnswerCache(path, SETTINGS)
