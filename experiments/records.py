@@ -131,6 +131,14 @@ def workload_identity(workload: str | None) -> str:
     return workload if workload.startswith("code:") else str(Path(workload).resolve())
 
 
+def workload_digest(workload: str | None) -> str | None:
+    """sha256 of a workload file's bytes (None for the built-in set and a ``code:`` source): a resume on an edited
+    file would mix the answers to two sets of prompts under the same ids."""
+    if not workload or workload == "builtin" or workload.startswith("code:") or not Path(workload).is_file():
+        return None
+    return file_digest(workload)
+
+
 def cost_identity(spec: str | None) -> str:
     """A batch cost model as a resume compares it: a file's digest, else its name (None: the shipped one)."""
     if spec and Path(spec).is_file():

@@ -39,7 +39,14 @@ from experiments.bench import (
 )
 from experiments.config import Config, diff_configs, load_config, to_toml
 from experiments.provenance import provenance
-from experiments.records import RUN_RECORD, Record, load_done
+from experiments.records import (
+    RUN_RECORD,
+    Record,
+    load_done,
+    run_identity,
+    workload_digest,
+    workload_identity,
+)
 
 
 class RunDirError(ValueError):
@@ -100,6 +107,10 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
             )
         bar.update(1)
         bar.close()
+        from experiments.args import same_settings
+
+        # what "auto" resolved to on this machine, and the files' contents: a resume with others is refused
+        same_settings(out, run_settings(cfg, loaded), started=bool(records))
         state_dir = out / "policies"
         longest = max((len(chat_prompt(loaded.tokenizer, p.text)) for p in prompts), default=0)
         decoders = make_decoders(cfg, loaded, state_dir, context=longest + cfg.decode.max_new_tokens)
@@ -148,6 +159,27 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
                     bar.update(1)
         bar.close()
     return finish(cfg, out, records, prompts)
+
+
+def run_settings(cfg: Config, loaded: Any) -> dict[str, Any]:
+    """What a run's records depend on beyond its config file's values (``config.toml``): the model, dtype, device,
+    weights and forward as loaded here (``auto`` resolves per machine), the workload and the contents of its file,
+    and the contents of each policy method's file (``policies.NAME.path``): kept in ``settings.json``
+    (``experiments.args.same_settings``), as ``draftgym bench`` keeps them."""
+    from env.files import file_digest
+
+    options = {name: dict(opts) for name, opts in cfg.drafters.items()}
+    policies = {}
+    for m in cfg.methods:
+        p = cfg.policies.get(m.removeprefix("policy:")) if m.startswith("policy:") else None
+        if p is not None and p.path and Path(p.path).is_file():
+            policies[m] = file_digest(p.path)
+    return {
+        **run_identity(loaded, cfg.decode.max_new_tokens, options),
+        "workload": workload_identity(cfg.workload.path),
+        "workload_sha256": workload_digest(cfg.workload.path),
+        "policies": policies,
+    }
 
 
 def recover_policy_records(
