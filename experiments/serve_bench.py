@@ -16,6 +16,7 @@ one line per finished (method, load) as it finishes (a rerun skips those: resume
 
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import sys
@@ -145,6 +146,12 @@ def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[d
     if method == HF_BATCH:
         return run_hf_batch(loaded, prompts, rids, level, args.max_new_tokens), None
     policy = args.policy_objects.get(method)
+    if (
+        policy is not None
+    ):  # each cell (and warm-up) serves with the policy as loaded: an online one's learning
+        policy = copy.deepcopy(
+            policy
+        )  # in one cell must not carry into the next (order-, resume-independent)
     arms = method_arms(method) if policy is None else [NO_DRAFT]
     if args.arrivals:
         arrivals = args.arrival_times
@@ -261,7 +268,7 @@ def cmd_serve_bench(args: Any) -> int:
         **run_identity(loaded, args.max_new_tokens, args.drafter_options),
         "workload": workload_identity(args.workload), "prompt_ids": rids, "rate": args.rate,
         "arrivals": None if args.arrivals is None else file_digest(args.arrivals), "max_batch": args.max_batch,
-        "kv_budget": args.kv_budget, "prefill_chunk": args.prefill_chunk,
+        "kv_budget": args.kv_budget, "prefill_chunk": args.prefill_chunk, "seed": args.seed if args.rate else None,
         "policies": {m: file_digest(p) for m, p in zip(args.policy_objects, args.policy or [])},
         "batch_cost": cost_identity(args.batch_cost) if args.policy else None,
     }, started=bool(cells))  # fmt: skip
@@ -269,7 +276,12 @@ def cmd_serve_bench(args: Any) -> int:
     engines: dict[int, Any] = {}
     warm = args.__class__(**{**vars(args), "max_new_tokens": 4, "rate": None})
     warm.arrivals, warm.arrival_times = None, None
-    bar = tqdm(total=len(levels) * len(methods), initial=len(cells), desc="serve-bench", disable=args.json)
+    bar = tqdm(
+        total=len(levels) * len(methods),
+        initial=sum(1 for c in levels for m in methods if (m, c) in cells),
+        desc="serve-bench",
+        disable=args.json,
+    )
     longest = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     warmed: set[int] = set()
     with cells_path.open("a") as fh:

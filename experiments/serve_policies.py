@@ -11,12 +11,14 @@ the batch-native engine (``env.serving.serve`` with the policy choosing each ste
 ``--json FILE``: ``{"rows": [{"policy", "kind", "load", "replay_goodput", "live_goodput",
 "replay_goodput_live_stream"}, ...], "settings", ...}`` (``replay_goodput``: the median over ``--episodes`` request
 streams; ``replay_goodput_live_stream``: the replay of the one stream served live, for replay fidelity).
-Live cells are appended to ``OUT/live.jsonl`` as they finish (a rerun with the same ``--out`` skips them).
+Live runs are appended to ``OUT/live.jsonl`` as they finish, and each cell's median when its load is done (a rerun
+with the same ``--out`` skips finished cells and the runs of an unfinished load).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -213,11 +215,18 @@ def serve_stream(loaded: Any, sim: Any, policy: Any, arms: list[Any], max_batch:
     return served, time.perf_counter() - t0
 
 
+def fresh(policy: Any) -> Any:
+    """The policy as loaded, for one live stream: an online policy (a bandit) learns while it serves, and that must
+    not carry into the next stream — each live run starts from the same state, whatever ran before or was cut off
+    by a kill."""
+    return copy.deepcopy(policy) if hasattr(policy, "update") else policy
+
+
 def _live(
     loaded: Any, sim: Any, policy: Any, arms: list[Any], max_batch: int, max_new: int, cost: Any
 ) -> float:
     """Serve server 0's request stream of ``sim`` (after ``reset``) live; committed tokens per second."""
-    served, wall = serve_stream(loaded, sim, policy, arms, max_batch, max_new, cost)
+    served, wall = serve_stream(loaded, sim, fresh(policy), arms, max_batch, max_new, cost)
     tokens = sum(len(s.token_ids) for s in served)
     first = min(s.arrival_s for s in served)
     return tokens / max(max(s.finish_s for s in served) - first, 1e-9) if wall > 0 else 0.0
@@ -255,12 +264,16 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     statics = [(f"static:{a}", _Static(k, a)) for k, a in enumerate(arms)]
     rows: list[dict[str, Any]] = []
     done = {}
+    partial: dict[tuple[str, str], list[float]] = {}  # single live runs of a load not finished when killed
     probes: dict[str, dict[str, Any]] = {}
     live_path = None if out is None else out / "live.jsonl"
     if live_path is not None:
         for line in jsonl_lines(live_path):
             try:
                 c = json.loads(line)
+                if "run" in c:
+                    partial.setdefault((c["policy"], c["load"]), []).append(float(c["run"]))
+                    continue
                 done[(c["policy"], c["load"])] = float(c["live_goodput"])
                 if isinstance(c.get("probe"), dict) and isinstance(c["probe"].get("factor"), (int, float)):
                     probes[c["load"]] = c["probe"]
@@ -301,14 +314,21 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
         bar = tqdm(total=left * repeats, desc="evaluate --serve, live", unit="run")
     for load in live_loads:
         todo = [(n, p) for n, p in live_set if (n, load) not in done]
-        runs: dict[str, list[float]] = {n: [] for n, _ in todo}
+        runs: dict[str, list[float]] = {n: partial.get((n, load), [])[:repeats] for n, _ in todo}
+        if bar is not None:
+            bar.update(sum(len(r) for r in runs.values()))
         pr = probe_rows(cost, load) if probe and todo else []
         before = speed_probe(loaded, cost, pr) if pr else None
-        for _ in range(repeats):  # interleaved: a drift of the machine's speed hits every policy alike
+        for r in range(repeats):  # interleaved: a drift of the machine's speed hits every policy alike
             for name, pol in todo:
+                if len(runs[name]) > r:  # measured before a kill
+                    continue
                 runs[name].append(
                     _live(loaded, _streams(make, load, 1, seed), pol, menu, max_batch, max_new, cost)
                 )
+                if live_path is not None:  # each run as it finishes: a kill loses at most the one running
+                    with live_path.open("a") as fh:
+                        fh.write(json.dumps({"policy": name, "load": load, "run": runs[name][-1]}) + "\n")
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix_str(f"{name} @ {load}: {runs[name][-1]:.1f} tok/s")

@@ -122,6 +122,9 @@ def test_live_evaluation_brackets_each_load_with_a_probe_and_resumes(fp32_model,
             r["load"] == load for r in live
         )
     lines = [json.loads(x) for x in (tmp_path / "live.jsonl").read_text().splitlines()]
+    runs = [x for x in lines if "run" in x]
+    lines = [x for x in lines if "run" not in x]
+    assert sorted(x["run"] for x in runs) == sorted(r["live_goodput"] for r in live)  # one run per cell here
     assert len(lines) == len(live) and all(
         x["probe"]["factor"] == fid[x["load"]]["speed_factor"] for x in lines
     )
@@ -153,3 +156,49 @@ def test_live_cells_of_other_settings_are_not_resumed(tmp_path, capsys):
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and "other settings" in err[0] and "max_new_tokens" in err[0], err
     assert (out / "live.jsonl").read_text() == cell + "\n"
+
+
+def test_live_runs_are_kept_as_they_finish_and_a_killed_load_resumes_from_them(tmp_path, monkeypatch):
+    """Each live run is appended as it finishes; killed inside a load, the rerun serves only the runs not yet
+    measured, and each cell's median is over all of its runs. An online policy serves every run from its state
+    as loaded (a copy)."""
+    import experiments.serve_policies as sp
+    from env.batch_cost import load_batch_cost
+    from env.serve_sim import default_serve_trace
+    from policies.base import load_policy
+
+    trace, cost = default_serve_trace(), load_batch_cost(None)
+    pol = load_policy(next(p for p in sp.shipped_serve_policies() if p.stem == "bucket-ucb"))
+    arms, split = list(pol.arm_names), sp._split(trace, 1, 0)
+    calls = {"n": 0, "kill_at": 5}
+
+    def fake_live(loaded, sim, policy, *a):
+        calls["n"] += 1
+        if calls["n"] == calls["kill_at"]:
+            raise KeyboardInterrupt
+        return float(calls["n"])
+
+    monkeypatch.setattr(sp, "_live", fake_live)
+    kw = dict(loads=["1", "2"], episodes=2, max_new=6, requests=2, max_batch=16, seed=0, loaded=object(),
+              repeats=3, live_policies={"bucket-ucb"}, out=tmp_path, probe=False)  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        sp.evaluate_serve([("bucket-ucb", pol)], trace, cost, arms, split, **kw)
+    kept = [json.loads(x) for x in (tmp_path / "live.jsonl").read_text().splitlines()]
+    assert [x["run"] for x in kept] == [1.0, 2.0, 3.0, 4.0] and all(x["load"] == "1" for x in kept)
+    calls["n"], calls["kill_at"] = 100, -1
+    res = sp.evaluate_serve([("bucket-ucb", pol)], trace, cost, arms, split, **kw)
+    live = [r for r in res["rows"] if r["live_goodput"] is not None]
+    assert calls["n"] - 100 == 3 * len(live) - 4  # the four kept runs were not served again
+    first = kept[0]["policy"]
+    cell = next(r for r in live if r["load"] == "1" and r["policy"] == first)
+    assert [x["run"] for x in kept if x["policy"] == first] == [1.0, 4.0]  # its first two rounds
+    assert cell["live_goodput"] == 4.0  # the median of the kept 1 and 4 and a third run served after the kill
+
+
+def test_an_online_policy_serves_each_live_stream_from_its_state_as_loaded():
+    import experiments.serve_policies as sp
+    from policies.base import load_policy
+
+    pol = load_policy(next(p for p in sp.shipped_serve_policies() if p.stem == "bucket-ucb"))
+    a, b = sp.fresh(pol), sp.fresh(pol)
+    assert a is not pol and b is not a and type(a) is type(pol)
