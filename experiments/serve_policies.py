@@ -72,6 +72,9 @@ def _sim_factory(trace: Any, cost: Any, arms: list[str], prompts: Any, max_new: 
 
 def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, max_new: int, requests: int,
               max_batch: int, timesteps: int, seed: int, progress: bool) -> dict[str, Any]:  # fmt: skip
+    """Fit and train every serving policy into ``out``. Each is saved as soon as it is made (the fitted ones before
+    PPO starts), with ``train.json`` (the report so far); a rerun into the same folder (its settings checked by the
+    caller) keeps the policies already saved and trains only the missing ones — after a kill during PPO, PPO."""
     from env.serve_env import feature_names, make_sb3_serve_env, obs_size
     from policies.linucb import LinUCB
     from policies.serving import (
@@ -89,7 +92,22 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     make = _sim_factory(trace, cost, arms, list(split.train), max_new, requests, max_batch)
     meta = {"split": split.as_dict(), "batch_cost": cost.label, "max_new_tokens": max_new, "requests": requests,
             "max_batch": max_batch, "trace_prompts": trace.num_prompts}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    report_path = out / "train.json"
     report: dict[str, Any] = {}
+    if report_path.is_file():
+        try:
+            report = json.loads(report_path.read_text())
+        except json.JSONDecodeError:
+            report = {}
+        report = report if isinstance(report, dict) else {}
+
+    def save(name: str, pol: Any) -> None:
+        pol.meta = {**meta, "name": name}
+        pol.save(out / f"{name}.zip")
+        report["saved"] = sorted({*report.get("saved", []), name})
+        atomic_write_text(report_path, json.dumps(report, indent=1))
+
     t0 = time.perf_counter()
     goodputs = static_goodputs(make, arms, [x for x in loads if x.isdigit()], episodes=16, seed=seed)
     report["static_train_goodput"] = goodputs
@@ -107,6 +125,9 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
             run_policy(sim, pol, learn=True)
     policies["bucket-ucb"], policies["linucb"] = bucket, lin
     report["fit_s"] = round(time.perf_counter() - t0, 1)
+    report["saved"] = []
+    for name, pol in policies.items():  # seconds to make again, deterministic: saved anew (a rerun's report)
+        save(name, pol)
     t1 = time.perf_counter()
 
     def make_vec() -> Any:
@@ -114,7 +135,11 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
                                   requests=requests, max_new_tokens=max_new, prompt_ids=list(split.train),
                                   reward="goodput_ratio", seed=seed)  # fmt: skip
 
-    if timesteps > 0:
+    kept = {k: report[k] for k in ("ppo_s", "ppo_timesteps", "ppo_curve", "ppo_plateau") if k in report}
+    if timesteps > 0 and (out / "ppo.zip").is_file() and kept.get("ppo_timesteps") == timesteps:
+        report.update(kept)  # trained before a kill of a later stage, or a finished run again: kept
+        report["saved"] = sorted({*report["saved"], "ppo"})
+    elif timesteps > 0:
 
         def make_eval() -> Any:
             sim = make(8, loads=["ramp"], seed=seed + 2)
@@ -134,11 +159,7 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
                 "timesteps": first["timesteps"],
                 "seconds": first["seconds"],
             }
-    out.mkdir(parents=True, exist_ok=True)
-    for name, pol in policies.items():
-        pol.meta = {**meta, "name": name}
-        pol.save(out / f"{name}.zip")
-    report["saved"] = sorted(policies)
+        save("ppo", policies["ppo"])
     return report
 
 
@@ -153,6 +174,16 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
     arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else list(DEFAULT_ARMS)
     split = _split(trace, args.test_per_category, args.seed)
     out = output_dir(args.out)
+    from env.files import file_digest
+    from experiments.args import same_settings
+    from experiments.records import cost_identity
+
+    same_settings(out, {
+        "trace": "bundled" if args.trace is None else file_digest(args.trace),
+        "batch_cost": cost_identity(args.batch_cost), "arms": arms, "split": split.as_dict(),
+        "max_new_tokens": args.max_new_tokens, "requests": args.requests, "max_batch": args.max_batch,
+        "timesteps": args.timesteps, "seed": args.seed,
+    }, started=any(out.glob("*.zip")))  # fmt: skip
     rep = train_all(trace, cost, arms, split, out=out, max_new=args.max_new_tokens, requests=args.requests,
                     max_batch=args.max_batch, timesteps=args.timesteps, seed=args.seed,
                     progress=sys.stderr.isatty() and not args.json)  # fmt: skip

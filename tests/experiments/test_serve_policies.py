@@ -149,3 +149,38 @@ def test_a_missing_trace_or_bad_cost_model_is_one_line(trained, trace_path, tmp_
 def test_serve_train_with_a_smaller_batch(trace_path, tmp_path):
     with threadpool_limits(1):
         assert main(_train_argv(trace_path, tmp_path / "small", "--max-batch", "4")) == 0
+
+
+def test_serve_train_killed_in_ppo_resumes_with_ppo_only(trace_path, tmp_path, monkeypatch, capsys):
+    """The fitted policies are saved before PPO starts; killed during PPO, a rerun trains PPO and keeps the rest;
+    a finished run is not trained again; a rerun with other settings is refused in one line."""
+    import policies.serving as serving
+
+    out, calls = tmp_path / "st", []
+    real = serving.train_serve_ppo
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    def counted(*a, **k):
+        calls.append(k["timesteps"])
+        return real(*a, **k)
+
+    argv = [x if x != "0" else "2048" for x in _train_argv(trace_path, out)]  # --timesteps 2048
+    with threadpool_limits(1):
+        monkeypatch.setattr(serving, "train_serve_ppo", killed)
+        assert main(argv) == 130  # interrupted
+        assert {p.stem for p in out.glob("*.zip")} == SAVED  # the fitted ones, before PPO
+        monkeypatch.setattr(serving, "train_serve_ppo", counted)
+        assert main(argv) == 0 and calls == [2048]
+        assert {p.stem for p in out.glob("*.zip")} == SAVED | {"ppo"}
+        report = json.loads((out / "train.json").read_text())
+        assert set(report["saved"]) == SAVED | {"ppo"} and report["ppo_timesteps"] == 2048
+        assert main(argv) == 0 and calls == [2048]  # finished: PPO not trained again
+        assert json.loads((out / "train.json").read_text())["ppo_timesteps"] == 2048
+        capsys.readouterr()
+        other = list(argv)
+        other[other.index("--requests") + 1] = "5"
+        assert main(other) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and "requests" in err[0], err
