@@ -5,7 +5,8 @@ the first ``l`` layers for each capture layer (early exit). The last ``window`` 
 as fp16, one file per batch, so a killed run resumes at the next batch. ``load_data``, ``split`` and
 ``draft_vocab`` read them back for ``drafters.train``.
 
-Costs are counted in CPU seconds of this process (``time.process_time``), summed over resumed sessions.
+Costs are counted in CPU seconds of this process (``time.process_time``), added to ``info.json`` as each part is
+written, so that they sum over resumed sessions, killed ones included.
 """
 
 from __future__ import annotations
@@ -47,9 +48,11 @@ def generate_data(
     window: int = 384,
     pad_id: int = 2,
     progress: bool = True,
+    model_id: str | None = None,
 ) -> dict[str, Any]:
     """Greedy answers and captured features for ``prompts`` ((id, token ids)); one safetensors file per batch in
-    ``out_dir`` (existing ones are kept: resume). Returns a summary (tokens, CPU seconds of this call)."""
+    ``out_dir`` (existing ones are kept: resume). ``model_id``: the target's name in its fingerprint (default: the
+    model's ``name_or_path``). Returns ``info.json``: the summary, CPU seconds summed over resumed calls."""
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
 
@@ -84,13 +87,15 @@ def generate_data(
         return tensors, meta
 
     order = sorted(prompts, key=lambda p: len(p[1]))  # similar lengths batch together: little padding
-    cpu = _write_parts(model, order, out_dir, batch_size, capture_layers, "distill data", progress, part,
-                       {"kind": "distill", "max_new_tokens": max_new_tokens, "window": window, "pad_id": pad_id})  # fmt: skip
-    return _log_info(out_dir, cpu, prompts, max_new_tokens, window, capture_layers)
+    settings = {"kind": "distill", "max_new_tokens": max_new_tokens, "window": window, "pad_id": pad_id}
+    info = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "window": window}
+    return _write_parts(model, model_id, order, out_dir, batch_size, capture_layers, "distill data", progress, part,
+                        settings, info)  # fmt: skip
 
 
 def _write_parts(
     model,
+    model_id: str | None,
     order,
     out_dir: Path,
     batch_size: int,
@@ -99,40 +104,37 @@ def _write_parts(
     progress: bool,
     part,
     settings: dict,
-):
+    info: dict,
+) -> dict[str, Any]:
     """Run ``part(batch, captured)`` -> (tensors, meta) over the batches of ``order`` with the capture hooks on,
     writing ``out_dir/part-NNNN.safetensors`` atomically and skipping the parts already there (resume after a
     kill). The folder remembers what its parts were made from (``parts.json``: the kind of data, its settings,
-    the model's dtype, a digest of the prompts in order): parts of other settings are refused (``DrafterError``),
-    not mixed in. Returns the CPU seconds of this call."""
+    the model's dtype, the target's fingerprint, a digest of the prompts in order): parts of other settings are
+    refused (``DrafterError``), not mixed in. ``info`` and the CPU seconds spent go to ``info.json`` as each part
+    is written (``_log_info``: a kill loses only the CPU time of the part it interrupted); returns it."""
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    from drafters.base import DrafterError
+    from drafters.heads import target_fingerprint
 
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = hashlib.sha256(json.dumps(order).encode()).hexdigest()
     dtype = str(getattr(model, "dtype", "")).removeprefix("torch.")
+    name = model_id if model_id is not None else str(getattr(model, "name_or_path", ""))
     settings = {**settings, "batch_size": batch_size, "capture_layers": list(capture_layers), "dtype": dtype,
-                "prompts": prompts}  # fmt: skip
-    kept = out_dir / "parts.json"
-    try:
-        before = json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else None
-    except (OSError, UnicodeDecodeError, ValueError):
-        before = "unreadable"
-    if before is not None and before != settings and any(out_dir.glob("part-*.safetensors")):
-        keys = sorted(k for k in {*before, *settings} if before.get(k) != settings.get(k)) if isinstance(
-            before, dict) else [kept.name]  # fmt: skip
-        raise DrafterError(
-            f"{out_dir} holds data parts of other settings ({', '.join(keys)} differ): use another work folder, "
-            "or the same settings to resume"
-        )
-    if before != settings:
-        tmp = kept.with_name(kept.name + ".tmp")
-        tmp.write_text(json.dumps(settings, indent=1))
-        os.replace(tmp, kept)
+                "prompts": prompts, "target": target_fingerprint(model, name)}  # fmt: skip
+    _same_parts(out_dir, settings)
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    cpu0 = time.process_time()
+    info = {**info, "capture_layers": list(capture_layers)}
+    cpu = time.process_time()
+
+    def log() -> dict[str, Any]:  # this call's CPU seconds since the last entry, added to info.json
+        nonlocal cpu
+        now = time.process_time()
+        out = _log_info(out_dir, now - cpu, info)
+        cpu = now
+        return out
+
     captured, handles = _hooks(model, capture_layers)
     todo = [(i, b) for i, b in enumerate(batches) if not (out_dir / f"part-{i:04d}.safetensors").is_file()]
     bar = tqdm(total=len(batches), initial=len(batches) - len(todo), desc=desc, disable=not progress)
@@ -143,12 +145,41 @@ def _write_parts(
             tmp = out_dir / f"part-{i:04d}.tmp"
             save_file(tensors, str(tmp), metadata={"meta": json.dumps(meta)})
             os.replace(tmp, out_dir / f"part-{i:04d}.safetensors")
+            log()
             bar.update(1)
     finally:
         for h in handles:
             h.remove()
         bar.close()
-    return time.process_time() - cpu0
+    return log()
+
+
+def _same_parts(out_dir: Path, settings: dict[str, Any]) -> None:
+    """Refuse (``DrafterError``) a folder whose parts were made with other settings; else record ``settings`` in
+    ``parts.json``. A ``parts.json`` from before the target's fingerprint was kept cannot say which model made its
+    parts (another model with the same tokenizer, dtype and prompts would pass every other check): it is refused
+    too, rather than resumed on features that may be another model's."""
+    kept = out_dir / "parts.json"
+    try:
+        before = json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        before = "unreadable"
+    if before is not None and before != settings and any(out_dir.glob("part-*.safetensors")):
+        if isinstance(before, dict) and "target" not in before:
+            raise DrafterError(
+                f"{out_dir} holds data parts that do not say which target made them ({kept.name} predates the "
+                "target's fingerprint): use another work folder, or delete this one to make them again"
+            )
+        keys = sorted(k for k in {*before, *settings} if before.get(k) != settings.get(k)) if isinstance(
+            before, dict) else [kept.name]  # fmt: skip
+        raise DrafterError(
+            f"{out_dir} holds data parts of other settings ({', '.join(keys)} differ): use another work folder, "
+            "or the same settings to resume"
+        )
+    if before != settings:
+        tmp = kept.with_name(kept.name + ".tmp")
+        tmp.write_text(json.dumps(settings, indent=1))
+        os.replace(tmp, kept)
 
 
 def _hooks(model: Any, capture_layers: tuple[int, ...]):
@@ -179,6 +210,7 @@ def prefill_data(
     capture_layers: tuple[int, ...] = (2, 4, 8),
     pad_id: int = 2,
     progress: bool = True,
+    model_id: str | None = None,
 ) -> dict[str, Any]:
     """Teacher-forced data, several times cheaper per position than generation: one forward over the first
     ``max_len`` tokens of each prompt (a cut text is still text; its features are what the target computes for that
@@ -202,22 +234,18 @@ def prefill_data(
         return tensors, [{"prompt_id": pid, "answer_start": len(ids), "answer_len": 0} for pid, ids in batch]
 
     order = sorted(((pid, ids[:max_len]) for pid, ids in prompts), key=lambda p: len(p[1]))
-    cpu = _write_parts(model, order, out_dir, batch_size, capture_layers, "prefill data", progress, part,
-                       {"kind": "prefill", "max_len": max_len, "pad_id": pad_id})  # fmt: skip
-    return _log_info(out_dir, cpu, prompts, 0, max_len, capture_layers)
+    settings = {"kind": "prefill", "max_len": max_len, "pad_id": pad_id}
+    info = {"prompts": len(prompts), "max_new_tokens": 0, "window": max_len}
+    return _write_parts(model, model_id, order, out_dir, batch_size, capture_layers, "prefill data", progress, part,
+                        settings, info)  # fmt: skip
 
 
-def _log_info(out_dir: Path, cpu: float, prompts, max_new_tokens: int, window: int, capture_layers) -> dict:
-    """Add this call's CPU seconds to ``out_dir/info.json`` (summed over resumed calls) and return it."""
+def _log_info(out_dir: Path, cpu: float, fields: dict[str, Any]) -> dict[str, Any]:
+    """Add ``cpu`` seconds to ``out_dir/info.json`` (summed over parts and resumed calls), set ``fields``, and
+    return it."""
     info_path = out_dir / "info.json"
     info = json.loads(info_path.read_text()) if info_path.is_file() else {"cpu_s": 0.0}
-    info.update(
-        prompts=len(prompts),
-        max_new_tokens=max_new_tokens,
-        window=window,
-        capture_layers=list(capture_layers),
-        cpu_s=info["cpu_s"] + cpu,
-    )
+    info.update(fields, cpu_s=float(info.get("cpu_s", 0.0)) + cpu)
     tmp = info_path.with_name(info_path.name + ".tmp")  # atomic: a torn file would stop every later resume
     tmp.write_text(json.dumps(info, indent=2))
     os.replace(tmp, info_path)

@@ -17,7 +17,8 @@ numpy's own docstrings).
 
 Every part is a safetensors file in ``drafters.train_data``'s format (tokens, the final-norm feature ``final``, the
 residual streams ``exitN`` at the target's aux layers), written atomically; a rerun skips the prompts and windows
-already written (resume after a kill). CPU seconds are summed over resumed calls in ``info.json``.
+already written (resume after a kill). CPU seconds are added to ``info.json`` as each part is written, summed over
+resumed calls (a kill loses only the time since the last part).
 """
 
 from __future__ import annotations
@@ -100,6 +101,20 @@ def _write_part(out_dir: Path, seqs: list[dict[str, Any]], layers: tuple[int, ..
     os.replace(tmp, out_dir / f"part-{n:05d}.safetensors")
 
 
+class _CpuLog:
+    """This call's CPU seconds, added to ``out_dir/info.json`` with ``fields`` each time a part is written (a kill
+    loses only the time since the last part), and once more at the end."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir, self.at = out_dir, time.process_time()
+
+    def __call__(self, **fields: Any) -> dict[str, Any]:
+        now = time.process_time()
+        out = _add_info(self.out_dir, cpu_s=now - self.at, **fields)
+        self.at = now
+        return out
+
+
 def _add_info(out_dir: Path, **info: Any) -> dict[str, Any]:
     path = out_dir / "info.json"
     old = json.loads(path.read_text()) if path.is_file() else {"cpu_s": 0.0}
@@ -140,7 +155,12 @@ def distill_answers(
     eng = BatchEngine(loaded, max_rows=batch)
     target = eng.target
     eos = target.eos_ids
-    cpu0 = time.process_time()
+    cpu = _CpuLog(out_dir)
+
+    def fields() -> dict[str, Any]:
+        return dict(prompts=len(prompts), max_new_tokens=max_new_tokens, capture_layers=list(target.aux_layers),
+                    dtype=str(loaded.dtype).replace("torch.", ""), answer_tokens_this_call=n_answer)  # fmt: skip
+
     bar = tqdm(
         total=len(prompts), initial=len(prompts) - len(todo), desc="distill answers", disable=not progress
     )
@@ -182,6 +202,7 @@ def distill_answers(
                 if len(finished) >= part_size:
                     _write_part(out_dir, finished, target.aux_layers)
                     finished = []
+                    cpu(**fields())
         if not target.rows:
             continue
         results = eng.step([NO_DRAFT] * len(target.rows))
@@ -195,15 +216,7 @@ def distill_answers(
     if finished:
         _write_part(out_dir, finished, target.aux_layers)
     bar.close()
-    return _add_info(
-        out_dir,
-        cpu_s=time.process_time() - cpu0,
-        prompts=len(prompts),
-        max_new_tokens=max_new_tokens,
-        capture_layers=list(target.aux_layers),
-        dtype=str(loaded.dtype).replace("torch.", ""),
-        answer_tokens_this_call=n_answer,
-    )
+    return cpu(**fields())
 
 
 def text_features(
@@ -225,7 +238,9 @@ def text_features(
     done = _done_ids(out_dir)
     todo = [w for w in windows if w[0] not in done]
     target = BatchTarget(loaded, 1)
-    cpu0 = time.process_time()
+    cpu = _CpuLog(out_dir)
+    fields = dict(windows=len(windows), tokens=sum(len(w[1]) for w in windows), capture_layers=list(target.aux_layers),
+                  source=TEXT_LICENCE, dtype=str(loaded.dtype).replace("torch.", ""))  # fmt: skip
     bar = tqdm(
         total=sum(len(w[1]) for w in windows),
         initial=sum(len(w[1]) for w in windows if w[0] in done),
@@ -256,18 +271,11 @@ def text_features(
             if len(seqs) >= part_size:
                 _write_part(out_dir, seqs, target.aux_layers)
                 seqs = []
+                cpu(**fields)
     if seqs:
         _write_part(out_dir, seqs, target.aux_layers)
     bar.close()
-    return _add_info(
-        out_dir,
-        cpu_s=time.process_time() - cpu0,
-        windows=len(windows),
-        tokens=sum(len(w[1]) for w in windows),
-        capture_layers=list(target.aux_layers),
-        source=TEXT_LICENCE,
-        dtype=str(loaded.dtype).replace("torch.", ""),
-    )
+    return cpu(**fields)
 
 
 TOPICS = (

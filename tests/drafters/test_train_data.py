@@ -1,0 +1,64 @@
+"""A distillation work folder (``drafters.train_data``): its parts are tied to the target that made them (a model
+with the same tokenizer, shapes and dtype is another target), and the CPU time spent is on disk as each part is
+written, so that a kill mid-run loses only the part it interrupted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from drafters.base import DrafterError
+from drafters.train_data import generate_data, prefill_data
+from tests.drafters.tiny import tiny_loaded
+
+PROMPTS = [(f"p{i}", [1 + i, 7, 9, 11 + i, 3]) for i in range(6)]
+KW = dict(max_new_tokens=4, batch_size=2, capture_layers=(1,), window=16, pad_id=0, progress=False)
+
+
+def test_a_work_folder_refuses_another_target(tmp_path):
+    first = tiny_loaded(seed=0).model
+    generate_data(first, PROMPTS, tmp_path, model_id="tiny-a", **KW)
+    generate_data(first, PROMPTS, tmp_path, model_id="tiny-a", **KW)  # the same target resumes
+    other = tiny_loaded(seed=1).model  # the same shapes and vocabulary, other weights
+    with pytest.raises(DrafterError, match=r"other settings \(target differ\)"):
+        generate_data(other, PROMPTS, tmp_path, model_id="tiny-a", **KW)
+    with pytest.raises(DrafterError, match=r"other settings \(target differ\)"):
+        generate_data(first, PROMPTS, tmp_path, model_id="tiny-b", **KW)
+    pre = tmp_path / "pre"  # teacher-forced data too
+    prefill_data(
+        first, PROMPTS, pre, max_len=4, capture_layers=(1,), pad_id=0, progress=False, model_id="tiny-a"
+    )
+    with pytest.raises(DrafterError, match=r"other settings \(target differ\)"):
+        prefill_data(
+            other, PROMPTS, pre, max_len=4, capture_layers=(1,), pad_id=0, progress=False, model_id="tiny-a"
+        )
+    # a folder from before the fingerprint was kept cannot say which target made it: refused, not resumed
+    kept = json.loads((tmp_path / "parts.json").read_text())
+    del kept["target"]
+    (tmp_path / "parts.json").write_text(json.dumps(kept))
+    with pytest.raises(DrafterError, match="do not say which target made them") as err:
+        generate_data(first, PROMPTS, tmp_path, model_id="tiny-a", **KW)
+    assert "\n" not in str(err.value)
+
+
+def test_cpu_time_is_on_disk_as_each_part_is_written(tmp_path):
+    model = tiny_loaded(seed=0).model
+    generate = model.generate
+    calls = []
+
+    def killed_on_the_second_batch(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return generate(*a, **k)
+
+    model.generate = killed_on_the_second_batch
+    with pytest.raises(KeyboardInterrupt):
+        generate_data(model, PROMPTS, tmp_path, model_id="tiny", **KW)
+    assert len(list(tmp_path.glob("part-*.safetensors"))) == 1
+    info = json.loads((tmp_path / "info.json").read_text())
+    assert info["cpu_s"] > 0 and info["prompts"] == len(PROMPTS)
+    model.generate = generate
+    again = generate_data(model, PROMPTS, tmp_path, model_id="tiny", **KW)  # resumed: the time adds up
+    assert again["cpu_s"] > info["cpu_s"] and len(list(tmp_path.glob("part-*.safetensors"))) == 3
