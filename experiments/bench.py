@@ -172,8 +172,11 @@ def run_bench(
     llama_cpp_gguf: Path | None = None,
     drafter_options: dict[str, dict[str, Any]] | None = None,
     identity: dict[str, Any] | None = None,
+    start_note: str | None = None,
 ) -> dict[str, Any]:
     """``decoders``: ready decoders by method name (e.g. ``policy:NAME`` -> a decoder driven by a policy).
+    ``start_note``: one line for stderr once the inputs are checked, before any work (where the results go, how to
+    resume them).
     ``identity``: what else the records depend on (the workload, the policy files' digests), checked with the
     model, dtype, weights, forward, new tokens and drafter options against the folder's ``settings.json``
     (``experiments.args.same_settings``): a resume with other settings is refused, not mixed in.
@@ -197,6 +200,10 @@ def run_bench(
     records = load_done(rec_path)
     same_settings(out_dir, {**run_identity(loaded, max_new_tokens, drafter_options), **(identity or {})},
                   started=bool(records))  # fmt: skip
+    if start_note:
+        import sys
+
+        print(start_note, file=sys.stderr, flush=True)
     state_dir = out_dir / "policies"
     resume_learners(decoders, state_dir, rec_path, records)
     for m in methods:  # device loops sized by this workload (their static cache, their graphs' spans)
@@ -231,7 +238,8 @@ def run_bench(
         for m in methods:
             if m != LLAMA_CPP:  # its worker warmed up when it started
                 warm_up(m, loaded, decoders, warm_ids)
-    bar = tqdm(total=len(prompts) * len(methods), initial=len(done), desc="bench", disable=not progress)
+    finished = sum((m, p.prompt_id) in done for p in prompts for m in methods)  # of this run's selection only
+    bar = tqdm(total=len(prompts) * len(methods), initial=finished, desc="bench", disable=not progress)
     try:
         with rec_path.open("a") as fh:
             for _, p, order in interleaved(todo, methods, done):
@@ -420,6 +428,7 @@ def cmd_bench(args: Any) -> int:
             "policies": {m: file_digest(p) for m, p in zip(decoders, args.policy or [])},
             "llama_cpp_gguf": None if gguf is None else str(Path(gguf).resolve()),
         },
+        start_note=resume_note("bench", out),
     )
     if args.json:
         print(json.dumps(result))
@@ -427,6 +436,11 @@ def cmd_bench(args: Any) -> int:
         print(format_table(result["summary"], result["failures"]))
         print(f"\nspeedups are ratios of aggregate tokens/s in this run; results in {out}/")
     return 0
+
+
+def resume_note(command: str, out: Path) -> str:
+    """The line a long run prints before its work: where its results go, and how to resume it after a kill."""
+    return f"draftgym {command}: results in {out}/ (if it stops, rerun with --out {out} to resume)"
 
 
 def register(sub: Any) -> None:

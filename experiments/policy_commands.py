@@ -355,7 +355,7 @@ def _live(policy_paths, policies, best_name, trace, test, *, loaded, workload, m
     from env.model import load_model
     from env.trace import model_fingerprint
     from env.workloads import load_workload
-    from experiments.bench import run_bench
+    from experiments.bench import resume_note, run_bench
     from policies import load_policy
 
     if loaded is None:
@@ -384,7 +384,8 @@ def _live(policy_paths, policies, best_name, trace, test, *, loaded, workload, m
     identity = {"workload": workload_identity(source),
                 "policies": {m: file_digest(p) for m, p in zip(decoders, policy_paths)}}  # fmt: skip
     result = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, out_dir=out, settings=settings,
-                       progress=progress, decoders=decoders, identity=identity)  # fmt: skip
+                       progress=progress, decoders=decoders, identity=identity,
+                       start_note=resume_note("evaluate", out))  # fmt: skip
     overall = {r["method"]: r["speedup_vs_hf"] for r in result["summary"] if r["category"] == "overall"}
     speedups = {f"static:{best_name}": overall.get(best_name)}
     for m in decoders:

@@ -1,0 +1,104 @@
+"""``draftgym bench`` (and ``evaluate``'s live part) name their run folder before any work, with how to resume a
+killed run there (the default folder is timestamped: without the line a user cannot find it again); the progress
+bar of a narrower rerun counts only the records of this run's prompts and methods.
+
+The model is a stand-in (a tokenizer and the attributes the records' settings name): nothing is decoded."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import experiments.bench as bench
+from env.workloads import Prompt
+from experiments.cli import main
+from experiments.records import Record
+
+
+class _Tokenizer:
+    chat_template = None
+
+    def __call__(self, text: str) -> dict[str, list[int]]:
+        return {"input_ids": [ord(c) % 97 for c in text[:12]]}
+
+
+def _loaded() -> SimpleNamespace:
+    return SimpleNamespace(model_id="tiny", dtype="torch.float32", device="cpu", weights="dense", forward="lean",
+                           tokenizer=_Tokenizer(), max_context=512)  # fmt: skip
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_bench_names_its_default_folder_before_any_work(tmp_path, monkeypatch, capsys):
+    import env.model
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: _loaded())
+    monkeypatch.setattr(bench, "SpeculativeDecoder", lambda *a, **k: object())
+
+    def killed(*a, **k):  # the first generation (the warm-up): the run dies there
+        raise _Killed
+
+    monkeypatch.setattr(bench, "run_method", killed)
+    with pytest.raises(_Killed):
+        main(["bench", "--methods", "ar", "--limit", "1", "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    (folder,) = list((tmp_path / "runs").iterdir())
+    assert folder.name.startswith("bench-")
+    out = Path("runs") / folder.name
+    lines = [line for line in err.splitlines() if str(out) in line]
+    assert lines == [f"draftgym bench: results in {out}/ (if it stops, rerun with --out {out} to resume)"]
+
+
+def test_the_progress_bar_counts_only_this_runs_records(tmp_path, monkeypatch):
+    prompts = [Prompt("p1", "qa", "Say hello."), Prompt("p2", "qa", "Say goodbye.")]
+    done = [("ar", "p1"), ("ar", "p2"), ("ngram-d8", "p1"), ("ngram-d8", "p2"), ("hf_greedy", "p1")]
+    with (tmp_path / "records.jsonl").open("w") as fh:
+        for m, pid in done:
+            fh.write(json.dumps(asdict(Record(m, pid, "qa", 4, 2, 0.1, 2, 1.0, [1, 2]))) + "\n")
+    bars = []
+
+    class Bar:
+        def __init__(self, **kwargs):
+            bars.append(kwargs)
+
+        def update(self, n):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(bench, "tqdm", Bar)
+    decoders = {"ar": object(), "ngram-d8": object()}
+    result = bench.run_bench(_loaded(), prompts[:1], ["ar"], max_new_tokens=2, out_dir=tmp_path, settings={},
+                             decoders=decoders)  # fmt: skip
+    assert (bars[0]["initial"], bars[0]["total"]) == (1, 1)  # not the 5 records of the folder
+    assert [r["prompts"] for r in result["summary"] if r["category"] == "overall"] == [1]
+
+
+@pytest.mark.model
+def test_evaluate_names_its_live_folder_before_any_work(tmp_path, monkeypatch, fp32_model):
+    from experiments.policy_commands import evaluate, shipped_policy_paths
+
+    monkeypatch.chdir(tmp_path)
+    seen = {}
+
+    def fake_run_bench(loaded, prompts, methods, *, out_dir, start_note=None, **kwargs):
+        seen.update(out_dir=out_dir, start_note=start_note)
+        return {"summary": []}
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    paths = [p for p in shipped_policy_paths() if p.stem == "best-static"]
+    evaluate(paths, live=True, loaded=fp32_model, max_new_tokens=2, live_limit=1, progress=False)
+    out = seen["out_dir"]
+    assert str(out).startswith("runs/evaluate-")
+    assert (
+        seen["start_note"]
+        == f"draftgym evaluate: results in {out}/ (if it stops, rerun with --out {out} to resume)"
+    )
