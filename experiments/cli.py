@@ -30,7 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "experiments.train_drafter",
     "experiments.policy_commands",
     "experiments.oracle_gap",
-    "experiments.serve_policies",
+    "experiments.serve_train",
 )
 
 # Each subcommand's module and one-line help, so that ``draftgym CMD`` imports CMD's module alone and
@@ -69,7 +69,7 @@ COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
             "policies vs the best static arm and the oracles, replay and live",
         ),
         "serve-train": (
-            "experiments.serve_policies",
+            "experiments.serve_train",
             "fit and train the serving policies on the replayed serving env",
         ),
         "oracle-gap": (

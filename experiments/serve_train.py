@@ -1,0 +1,175 @@
+"""``draftgym serve-train``: fit and train the serving policies on the replayed serving env
+``draftgym/SpecServe-v0``, on the training prompts of a split (``experiments.serve_policies`` evaluates them).
+
+The policies: the engines' batch-size table fitted on this cost curve, TensorRT-LLM's AUTO rule, the SmartSpec
+rule, a bandit per batch-size bucket, LinUCB and PPO (stable-baselines3 on the vectorized replay). Each is saved
+under ``--out`` as soon as it is made, with ``train.json``; a rerun checks its settings and trains only what is
+missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from env.files import atomic_write_text
+from experiments.serve_policies import _sim_factory, _split, train_loads
+
+
+def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, max_new: int, requests: int,
+              max_batch: int, timesteps: int, seed: int, progress: bool) -> dict[str, Any]:  # fmt: skip
+    """Fit and train every serving policy into ``out``. Each is saved as soon as it is made (the fitted ones before
+    PPO starts), with ``train.json`` (the report so far); a rerun into the same folder (its settings checked by the
+    caller) keeps the policies already saved and trains only the missing ones — after a kill during PPO, PPO."""
+    from env.serve_env import feature_names, make_sb3_serve_env, obs_size
+    from policies.linucb import LinUCB
+    from policies.serving import (
+        BucketUCB,
+        SmartSpecPolicy,
+        fit_batch_table,
+        run_policy,
+        static_goodputs,
+        train_serve_ppo,  # fmt: skip
+        trt_auto,
+    )
+
+    feats, size = feature_names(max_batch), obs_size(max_batch)
+    loads = train_loads(max_batch)
+    make = _sim_factory(trace, cost, arms, list(split.train), max_new, requests, max_batch)
+    meta = {"split": split.as_dict(), "batch_cost": cost.label, "max_new_tokens": max_new, "requests": requests,
+            "max_batch": max_batch, "trace_prompts": trace.num_prompts}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    report_path = out / "train.json"
+    report: dict[str, Any] = {}
+    if report_path.is_file():
+        try:
+            report = json.loads(report_path.read_text())
+        except json.JSONDecodeError:
+            report = {}
+        report = report if isinstance(report, dict) else {}
+
+    def save(name: str, pol: Any) -> None:
+        pol.meta = {**meta, "name": name}
+        pol.save(out / f"{name}.zip")
+        report["saved"] = sorted({*report.get("saved", []), name})
+        atomic_write_text(report_path, json.dumps(report, indent=1))
+
+    t0 = time.perf_counter()
+    goodputs = static_goodputs(make, arms, [x for x in loads if x.isdigit()], episodes=16, seed=seed)
+    report["static_train_goodput"] = goodputs
+    policies: dict[str, Any] = {"fitted-table": fit_batch_table(goodputs, arms, size, feats)}
+    if all(a in arms for a in ("ngram-d5", "ngram-d3", "none")):
+        policies["trt-auto"] = trt_auto(arms, size, feats)
+    policies["smartspec"] = SmartSpecPolicy(arms, size, feats, cost=cost.to_json())
+    # online bandits: trained in replay on the training prompts, over the mixed training loads
+    bucket = BucketUCB(arms, size, feats)
+    lin = LinUCB(arms, size, feats, alpha=0.3)
+    for pol in (bucket, lin):
+        sim = make(8, loads=loads, seed=seed + 1)
+        for _ in range(3):
+            sim.reset()
+            run_policy(sim, pol, learn=True)
+    policies["bucket-ucb"], policies["linucb"] = bucket, lin
+    report["fit_s"] = round(time.perf_counter() - t0, 1)
+    report["saved"] = []
+    for name, pol in policies.items():  # seconds to make again, deterministic: saved anew (a rerun's report)
+        save(name, pol)
+    t1 = time.perf_counter()
+
+    def make_vec() -> Any:
+        return make_sb3_serve_env(64, trace=trace, arms=arms, cost=cost, max_batch=max_batch, loads=loads,
+                                  requests=requests, max_new_tokens=max_new, prompt_ids=list(split.train),
+                                  reward="goodput_ratio", seed=seed)  # fmt: skip
+
+    kept = {k: report[k] for k in ("ppo_s", "ppo_timesteps", "ppo_curve", "ppo_plateau") if k in report}
+    if timesteps > 0 and (out / "ppo.zip").is_file() and kept.get("ppo_timesteps") == timesteps:
+        report.update(kept)  # trained before a kill of a later stage, or a finished run again: kept
+        report["saved"] = sorted({*report["saved"], "ppo"})
+    elif timesteps > 0:
+
+        def make_eval() -> Any:
+            sim = make(8, loads=["ramp"], seed=seed + 2)
+            sim.reset()
+            return sim
+
+        policies["ppo"], curve = train_serve_ppo(make_vec, arms, size, feats, timesteps=timesteps, seed=seed,
+                                                 progress=progress, make_eval=make_eval)  # fmt: skip
+        report["ppo_s"] = round(time.perf_counter() - t1, 1)
+        report["ppo_timesteps"] = timesteps
+        report["ppo_curve"] = curve  # replayed goodput on a ramp of training prompts, training seconds
+        if curve:
+            top = max(c["goodput"] for c in curve)
+            first = next(c for c in curve if c["goodput"] >= 0.99 * top)
+            report["ppo_plateau"] = {
+                "goodput": top,
+                "timesteps": first["timesteps"],
+                "seconds": first["seconds"],
+            }
+        save("ppo", policies["ppo"])
+    return report
+
+
+def cmd_serve_train(args: argparse.Namespace) -> int:
+    from env.batch_cost import load_batch_cost
+    from env.serve_env import DEFAULT_ARMS, default_serve_trace
+    from env.trace import load_trace
+    from experiments.args import output_dir
+
+    trace = default_serve_trace() if args.trace is None else load_trace(args.trace)
+    cost = load_batch_cost(args.batch_cost)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else list(DEFAULT_ARMS)
+    split = _split(trace, args.test_per_category, args.seed)
+    out = output_dir(args.out)
+    from env.files import file_digest
+    from experiments.args import same_settings
+    from experiments.records import cost_identity
+
+    same_settings(out, {
+        "trace": "bundled" if args.trace is None else file_digest(args.trace),
+        "batch_cost": cost_identity(args.batch_cost), "arms": arms, "split": split.as_dict(),
+        "max_new_tokens": args.max_new_tokens, "requests": args.requests, "max_batch": args.max_batch,
+        "timesteps": args.timesteps, "seed": args.seed,
+    }, started=any(out.glob("*.zip")))  # fmt: skip
+    rep = train_all(trace, cost, arms, split, out=out, max_new=args.max_new_tokens, requests=args.requests,
+                    max_batch=args.max_batch, timesteps=args.timesteps, seed=args.seed,
+                    progress=sys.stderr.isatty() and not args.json)  # fmt: skip
+    rep.update(
+        out=str(out), batch_cost=cost.label, train_prompts=len(split.train), test_prompts=len(split.test)
+    )
+    atomic_write_text(out / "train.json", json.dumps(rep, indent=1))
+    if args.json:
+        print(json.dumps(rep))
+    else:
+        print(f"serving policies ({', '.join(rep['saved'])}) -> {out}  [{cost.label}]")
+        table = next((p for p in rep["saved"] if p == "fitted-table"), None)
+        if table:
+            print("best static arm per concurrency (replay, training prompts):")
+            for load, g in rep["static_train_goodput"].items():
+                best = max(g, key=g.get)
+                print(
+                    f"  {load:>3}: {best:<10} {g[best]:8.1f} tok/s   (none: {g.get('none', float('nan')):.1f})"
+                )
+    return 0
+
+
+def register(sub: Any) -> None:
+    from experiments.args import new_tokens, positive_int
+
+    t = sub.add_parser("serve-train", help="fit and train the serving policies on the replayed serving env")
+    t.add_argument("--trace", default=None, help="replay trace (default: the bundled serving trace)")
+    t.add_argument("--batch-cost", default=None,
+                   help="batch cost model JSON, or roofline:ACC/MODEL (simulated); default the shipped")  # fmt: skip
+    t.add_argument("--arms", default=None, help="arm menu, comma list (default: env.serve_env.DEFAULT_ARMS)")
+    t.add_argument("--test-per-category", type=positive_int, default=4, help="held-out prompts per category")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--max-new-tokens", type=new_tokens, default=64)
+    t.add_argument("--requests", type=positive_int, default=32, help="requests per training episode")
+    t.add_argument("--max-batch", type=positive_int, default=16)
+    t.add_argument("--timesteps", type=int, default=600_000, help="PPO steps (0: no PPO)")
+    t.add_argument("--out", default="runs/serve-policies", help="output folder of the policy files")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=cmd_serve_train)
