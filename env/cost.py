@@ -23,7 +23,7 @@ import platform
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -318,6 +318,7 @@ def _time_verify(
     grid: Sequence[tuple[int, bool]],
     reps: int,
     seed: int = 0,
+    tick: Callable[[], object] = lambda: None,
 ) -> list[tuple[int, bool, float, float]]:
     """Median verify seconds per (nodes, chain, context): one sequence per context, every (context, cell)
     measured once per pass in a shuffled order, so that a drift in machine load spreads over all cells instead
@@ -342,6 +343,7 @@ def _time_verify(
             fixed.parents = tree_parents(n, c)
             ctx = seqs[i].past_len
             samples[(i, n, c)].append((ctx, engines[i].step([arm])[0].verify_s))
+            tick()
     return [
         (n, c, statistics.mean(x for x, _ in v), statistics.median(s for _, s in v))
         for (i, n, c), v in sorted(samples.items())
@@ -394,6 +396,7 @@ def _time_drafters(
     prompts,
     shapes,
     positions: int,
+    tick: Callable[[], object] = lambda: None,
 ) -> dict[str, dict[str, Any]]:
     from env.batch import BatchEngine
 
@@ -411,6 +414,7 @@ def _time_drafters(
                     drafter.propose(row.ctx, shape)
                     samples.setdefault(arm.name, []).append(time.perf_counter() - t0)
                 engine.step([Arm(None)])
+                tick()
         med = {k: statistics.median(v) for k, v in samples.items()}
         sizes = {Arm(name, s).name: s.max_nodes for s in shapes}
         xs = np.array([sizes[k] for k in med], dtype=np.float64)
@@ -441,34 +445,38 @@ def calibrate(
     progress: bool = False,
 ) -> FittedCostModel:
     """Measure the verify phase on a grid of tree sizes at two contexts and each drafter's propose time, then fit.
-    About a minute for the embedded model on a 2-core CPU."""
+    About a minute for the embedded model on a 2-core CPU. ``progress``: a bar over the measurements on stderr (on
+    a terminal)."""
+    import sys
+
+    from env.cli import progress_bar
+    from env.decoder import chat_prompt
+    from env.workloads import load_workload
+
     t_start = time.perf_counter()
     vocab = int(loaded.config.vocab_size)
     fixed = _FixedTree(vocab)
     grid = [(n, True) for n in chain_nodes] + [(n, False) for n in tree_nodes]
-    if progress:
-        print(
-            f"calibrate: verify phase, {len(grid)} tree sizes x contexts {list(contexts)} x {reps}",
-            flush=True,
-        )
-    rows = _time_verify(loaded, fixed, [_context_ids(loaded.tokenizer, c) for c in contexts], grid, reps)
+    names = [n for n in drafter_names if n != "none"]
+    prompts = [chat_prompt(loaded.tokenizer, p.text) for p in load_workload()[:draft_prompts]]
+    shapes = list(dict.fromkeys([*draft_shapes, *extra_shapes]))
+    # the measurement grid: every (context, cell) once per pass (large trees every other pass), then each
+    # drafter's proposals at each position of each prompt
+    verify = sum(len(contexts) * sum(not (n > LARGE and r % 2) for n, _ in grid) for r in range(reps))
+    bar = progress_bar(verify + len(names) * len(prompts) * draft_positions, "calibrate", progress)
+    if progress:  # through the bar (which it would break otherwise)
+        bar.write(f"calibrate: verify phase, {len(grid)} tree sizes x contexts {list(contexts)} x {reps}",
+                  file=sys.stdout)  # fmt: skip
+    ids = [_context_ids(loaded.tokenizer, c) for c in contexts]
+    rows = _time_verify(loaded, fixed, ids, grid, reps, tick=lambda: bar.update(1))
     context_ref = int(contexts[0])
     chain, tree, a, b = _fit_verify(rows, context_ref)
     if progress:
-        print(f"calibrate: drafters {', '.join(drafter_names) or '(none)'}", flush=True)
-    from env.decoder import chat_prompt
-    from env.workloads import load_workload
-
-    prompts = [chat_prompt(loaded.tokenizer, p.text) for p in load_workload()[:draft_prompts]]
-    shapes = list(dict.fromkeys([*draft_shapes, *extra_shapes]))
+        bar.write(f"calibrate: drafters {', '.join(drafter_names) or '(none)'}", file=sys.stdout)
     drafters = _time_drafters(
-        loaded,
-        [n for n in drafter_names if n != "none"],
-        drafter_options or {},
-        prompts,
-        shapes,
-        positions=draft_positions,
+        loaded, names, drafter_options or {}, prompts, shapes, draft_positions, tick=lambda: bar.update(1)
     )
+    bar.close()
     meta = {
         "machine": machine_info(),
         "weights": getattr(loaded, "weights", "dense"),  # the target's format (env.lean): its own curve
