@@ -2,33 +2,75 @@
 (``drafters.offline.greedy_tau``; for these drafters it equals the engine's τ):
 
     python -m experiments.offline_tau RUN_DIR Spec-Bench/data/spec_bench/question.jsonl [PER_CATEGORY]
+
+``RUN_DIR/records.jsonl`` is read as it is, without changing it (a bench may still be appending to it): a torn last
+line of a killed or running bench, or a line that is not a record, is skipped.
 """
+
+from __future__ import annotations
 
 import collections
 import json
 import sys
+from pathlib import Path
 
-from drafters import make_drafter
-from drafters.offline import greedy_tau
-from env.decoder import chat_prompt
-from env.engine import parse_arm
-from env.model import load_model
-from env.workloads import load_workload
+from experiments.errors import UserError
+
+ARMS = ["ngram-d4", "suffix-d4", "ngram-d8", "suffix-d8", "ngram-d12-k4-b24", "suffix-d12-k4-b24"]
 
 
-def main() -> None:
-    with open(sys.argv[1] + "/records.jsonl", encoding="utf-8") as fh:
-        recs = [json.loads(line) for line in fh]
-    ar = {r["prompt_id"]: r for r in recs if r["method"] == "ar"}
+def ar_answers(path: Path) -> dict[str, list[int]]:
+    """The ``ar`` records' token ids by prompt id, from the complete lines of a bench's ``records.jsonl``."""
+    from experiments.records import Record
+
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror or err} (is it a bench run folder?)") from err
+    out = {}
+    for line in data.decode("utf-8", errors="replace").split("\n")[:-1]:  # the last piece has no newline yet
+        try:
+            rec = Record(**json.loads(line))
+        except (json.JSONDecodeError, TypeError):
+            continue
+        if rec.method == "ar":
+            out[rec.prompt_id] = rec.token_ids
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from env.cli import Parser
+    from experiments.args import positive_int
+
+    p = Parser(prog="python -m experiments.offline_tau", description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir", help="a bench run folder (its records.jsonl)")
+    p.add_argument("workload", help="the workload the bench ran")
+    p.add_argument("per_category", nargs="?", type=positive_int, default=5, help="as bench --per-category")
+    args = p.parse_args(argv)
+
+    from drafters import make_drafter
+    from drafters.offline import greedy_tau
+    from env.decoder import chat_prompt
+    from env.engine import parse_arm
+    from env.model import load_model
+    from env.workloads import load_workload
+
+    ar = ar_answers(Path(args.run_dir) / "records.jsonl")
+    prompts = load_workload(args.workload, per_category=args.per_category)
+    missing = [p.prompt_id for p in prompts if p.prompt_id not in ar]
+    if missing:
+        raise UserError(
+            f"{args.run_dir} has no ar answer to {len(missing)} of {len(prompts)} prompts (first: {missing[0]!r}); "
+            "run the bench with the ar method on this workload and --per-category"
+        )
     loaded = load_model(None, dtype="bf16", device="cpu")
-    prompts = load_workload(sys.argv[2], per_category=int(sys.argv[3]) if len(sys.argv) > 3 else 5)
     order, cats = [], []
     for p in prompts:
         ids = chat_prompt(loaded.tokenizer, p.text)
-        order.append((ids + ar[p.prompt_id]["token_ids"], len(ids)))
+        order.append((ids + ar[p.prompt_id], len(ids)))
         cats.append(p.category)
     rows = []
-    for arm in ["ngram-d4", "suffix-d4", "ngram-d8", "suffix-d8", "ngram-d12-k4-b24", "suffix-d12-k4-b24"]:
+    for arm in ARMS:
         a = parse_arm(arm)
         for opts in [{}] if a.drafter == "ngram" else [{}, {"cache_requests": 0}]:
             res = greedy_tau(make_drafter(a.drafter, **opts), a.shape, order)
@@ -44,7 +86,16 @@ def main() -> None:
     print("|---|" + "---:|" * (len(cs) + 1))
     for label, by, tot in rows:
         print(f"| `{label}` | " + " | ".join(f"{by[c]:.2f}" for c in cs) + f" | {tot:.2f} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    from experiments.errors import EXIT_USAGE, is_user_error, one_line
+
+    try:
+        raise SystemExit(main())
+    except Exception as err:  # noqa: BLE001 - a user's mistake is one line, anything else a traceback
+        if not is_user_error(err):
+            raise
+        print(f"offline_tau: error: {one_line(err)}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
