@@ -4,7 +4,11 @@ the replay evaluation callback, ``best.zip``, and when training reached its plat
 
 ``train_sb3`` writes into its run directory: ``tb/`` (TensorBoard), ``checkpoints/`` (every ``checkpoint_freq``
 steps, atomically), ``eval.jsonl`` (the replay speedup of the deterministic policy on validation prompts every
-``eval_freq`` steps, with the wall and CPU seconds spent so far) and ``best.zip`` (the best policy by that speedup).
+``eval_freq`` steps, with the wall and CPU seconds spent so far), ``best.zip`` (the best policy by that speedup) and
+``best.json`` (the step and speedup of the evaluation that made it). Each new best is kept in ``best_history/``
+(``best_STEP.zip``, small policy files) until a checkpoint makes it unreachable, so that a resumed run, which drops
+the evaluations after the checkpoint it resumes from, also drops the bests they made: ``best.zip`` is then the best
+of the evaluations kept.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from env.files import atomic_write_text, jsonl_lines, settings_conflict
+from env.files import atomic_write_bytes, atomic_write_text, jsonl_lines, settings_conflict
 from policies.base import PolicyError, is_sb3_zip, load_policy
 from policies.rl import SB3Policy
 from policies.sb3_files import apply_checkpoint, read_checkpoint, save_checkpoint
@@ -56,7 +60,7 @@ def _callbacks(policy: SB3Policy, out: Path, eval_fn, eval_freq: int, checkpoint
     prev = eval_rows(log)
     base_wall = prev[-1]["wall_s"] if prev else 0.0
     base_cpu = prev[-1]["cpu_s"] if prev else 0.0
-    best = max((r["replay_speedup"] for r in prev), default=-np.inf)
+    best = _best_speedup(out, prev)
 
     class Train(BaseCallback):
         def _on_training_start(self) -> None:
@@ -79,12 +83,12 @@ def _callbacks(policy: SB3Policy, out: Path, eval_fn, eval_freq: int, checkpoint
                 "cpu_s": round(base_cpu + time.process_time() - self.c0, 2),
                 "replay_speedup": speedup,
             }
+            if speedup > self.best:  # saved before its row: a row that says best always has its file
+                self.best = speedup
+                _save_best(policy, out, int(self.num_timesteps), speedup)
             with log.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
             self.logger.record("eval/replay_speedup", speedup)
-            if speedup > self.best:
-                self.best = speedup
-                policy.save(out / "best.zip")  # a draftgym policy file, written atomically
 
         def _on_step(self) -> bool:
             if self.num_timesteps >= self.next_eval:
@@ -97,6 +101,7 @@ def _callbacks(policy: SB3Policy, out: Path, eval_fn, eval_freq: int, checkpoint
                 save_checkpoint(self.model, policy.network(), ckpt / f"model_{self.num_timesteps}_steps.zip")
                 for _, old in _checkpoints(ckpt)[:-2]:  # keep the last two
                     old.unlink(missing_ok=True)
+                _prune_bests(out, _checkpoints(ckpt)[0][0])
             return True
 
     return Train()
@@ -118,13 +123,97 @@ def eval_rows(log: Path) -> list[dict[str, Any]]:
 
 def _resume(policy: SB3Policy, model: Any, folder: Path) -> None:
     """Load the latest readable checkpoint of ``folder`` into the fresh ``model`` (none: start afresh). The
-    evaluations a killed run logged after that checkpoint are dropped from ``eval.jsonl``: they are run again."""
+    evaluations a killed run logged after that checkpoint are dropped from ``eval.jsonl``: they are run again; so
+    are the bests they made (``_resume_best``)."""
     _resume_model(policy, model, folder)
     log = folder.parent / "eval.jsonl"
     rows = eval_rows(log)
     keep = [r for r in rows if r["timesteps"] <= model.num_timesteps]
     if len(keep) < len(rows):
         atomic_write_text(log, "".join(json.dumps(r) + "\n" for r in keep))
+    _resume_best(folder.parent, int(model.num_timesteps), rows, keep)
+
+
+def _bests(out: Path) -> list[tuple[int, Path]]:
+    """The bests kept in ``out/best_history`` (``best_STEP.zip``), by step."""
+    found = []
+    for p in (out / "best_history").glob("best_*.zip"):
+        m = re.fullmatch(r"best_(\d+)\.zip", p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def _save_best(policy: SB3Policy, out: Path, step: int, speedup: float) -> None:
+    """A new best: kept in the history, then as ``best.zip`` and ``best.json`` (each written atomically)."""
+    kept = out / "best_history" / f"best_{step}.zip"
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    policy.save(kept)  # a draftgym policy file, written atomically
+    atomic_write_bytes(out / "best.zip", kept.read_bytes())
+    atomic_write_text(out / "best.json", json.dumps({"timesteps": step, "replay_speedup": speedup}))
+
+
+def _prune_bests(out: Path, floor: int) -> None:
+    """Drop the bests no resume can come back to: a resume starts at a kept checkpoint (step >= ``floor``), and
+    needs only the latest best at or before it."""
+    below = [p for s, p in _bests(out) if s <= floor]
+    for p in below[:-1]:
+        p.unlink(missing_ok=True)
+
+
+def _resume_best(out: Path, step: int, rows: list[dict[str, Any]], keep: list[dict[str, Any]]) -> None:
+    """After a resume at ``step``: the bests made after it are dropped, and ``best.zip``/``best.json`` are the
+    latest best at or before it (none: no best yet). A ``best.zip`` without a history (a run from before it was
+    kept) was made at ``best.json``'s step, or else by the first evaluation of the highest speedup: adopted into
+    the history when that step is kept, removed when it is dropped, left as it is when nothing tells."""
+    best, meta = out / "best.zip", out / "best.json"
+    if best.is_file() and not _bests(out):
+        made = _recorded_step(meta)
+        if made is None and rows:
+            top = max(r["replay_speedup"] for r in rows)
+            made = next(r["timesteps"] for r in rows if r["replay_speedup"] == top)
+        if made is None:
+            return
+        if made <= step:
+            atomic_write_bytes(out / "best_history" / f"best_{made}.zip", best.read_bytes())
+    history = _bests(out)
+    for s, p in history:
+        if s > step:
+            p.unlink(missing_ok=True)
+    reachable = [(s, p) for s, p in history if s <= step]
+    if not reachable:
+        best.unlink(missing_ok=True)
+        meta.unlink(missing_ok=True)
+        return
+    s, p = reachable[-1]
+    data = p.read_bytes()
+    if not best.is_file() or best.read_bytes() != data:
+        atomic_write_bytes(best, data)
+    speedup = next((r["replay_speedup"] for r in keep if r["timesteps"] == s), None)
+    if speedup is None and _recorded_step(meta) == s:
+        return  # best.json says it already
+    atomic_write_text(meta, json.dumps({"timesteps": s, "replay_speedup": speedup}))
+
+
+def _recorded_step(meta: Path) -> int | None:
+    """The step ``best.json`` names (None: no readable one)."""
+    try:
+        v = json.loads(meta.read_text(encoding="utf-8"))["timesteps"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _best_speedup(out: Path, rows: list[dict[str, Any]]) -> float:
+    """The speedup a new evaluation must beat to be the best: that of ``best.zip`` (``best.json``); none there,
+    -inf (the next evaluation makes one)."""
+    if not (out / "best.zip").is_file():
+        return -np.inf
+    try:
+        v = json.loads((out / "best.json").read_text(encoding="utf-8"))["replay_speedup"]
+        return float(v)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return max((r["replay_speedup"] for r in rows), default=-np.inf)
 
 
 def _resume_model(policy: SB3Policy, model: Any, folder: Path) -> None:

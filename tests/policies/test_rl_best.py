@@ -1,0 +1,57 @@
+"""A resumed RL training drops the evaluations after the checkpoint it resumes from, and with them the bests they
+made: ``best.zip`` (and ``best.json``, its step) is then the best of the evaluations kept, not a policy from a step
+the run went back past."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from policies import load_policy
+from policies.rl import SB3Policy
+from policies.rl_train import train_sb3
+from tests.policies.test_rl import SMALL, make_venv
+
+
+@pytest.mark.parametrize("before", ["history", "a run without best.json"])
+def test_a_resume_drops_the_bests_made_after_its_checkpoint(before, synth_trace, synth_env, tmp_path):
+    names = (synth_env.arm_names, len(synth_env.feature_names), synth_env.feature_names)
+    run = tmp_path / "run"
+    states = []
+
+    def improving(p):  # every evaluation is a new best; its network is kept to compare with
+        states.append({k: v.clone() for k, v in p.model.policy.state_dict().items()})
+        return float(len(states))
+
+    def train(eval_fn):
+        policy = SB3Policy(*names, algo="a2c", **SMALL["a2c"])
+        return train_sb3(policy, make_venv(synth_trace, n_envs=2), run, total_timesteps=128, eval_fn=eval_fn,
+                         eval_freq=32, checkpoint_freq=64)  # fmt: skip
+
+    train(improving)
+    steps = [json.loads(x)["timesteps"] for x in (run / "eval.jsonl").read_text().splitlines()]
+    assert steps == [0, 32, 64, 96, 128]
+    assert json.loads((run / "best.json").read_text()) == {"timesteps": 128, "replay_speedup": 5.0}
+    (run / "checkpoints" / "model_128_steps.zip").unlink()  # killed before its last checkpoint: resumes at 64
+    if before != "history":
+        (run / "best.json").unlink()
+        for p in (run / "best_history").iterdir():
+            p.unlink()
+    resumed = train(lambda p: 0.5)  # no evaluation after the resume beats the kept ones
+    rows = [json.loads(x) for x in (run / "eval.jsonl").read_text().splitlines()]
+    assert [r["timesteps"] for r in rows] == [0, 32, 64, 96, 128]
+    best = json.loads((run / "best.json").read_text())
+    if before == "history":  # the best of the kept evaluations, step 64, is the best again
+        assert best == {"timesteps": 64, "replay_speedup": 3.0}
+        want = states[2]
+    else:  # the old best.zip came from step 128 (the top speedup's first evaluation): dropped, a new one made
+        assert best == {"timesteps": 96, "replay_speedup": 0.5}
+        want = None
+    saved = load_policy(run / "best.zip", arms=synth_env.arm_names, obs_size=len(synth_env.feature_names))
+    got = saved.model.policy.state_dict()
+    assert not all(torch.equal(got[k], states[-1][k]) for k in got)  # not the dropped step-128 best
+    if want is not None:
+        assert all(torch.equal(got[k], want[k]) for k in got)
+        assert all(torch.equal(resumed.model.policy.state_dict()[k], want[k]) for k in got)
