@@ -222,6 +222,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         window=args.window,
         pad_id=int(loaded.tokenizer.pad_token_id or 0),
         progress=progress,
+        model_id=loaded.model_id,
     )
     dirs = [work]
     if more:
@@ -236,6 +237,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
             capture_layers=layers,
             pad_id=int(loaded.tokenizer.pad_token_id or 0),
             progress=progress,
+            model_id=loaded.model_id,
         )
         dirs.append(pre_dir)
         info = {
