@@ -7,15 +7,24 @@ imported (or appended to a list at import time) to recognise one. ``UserError`` 
 
 from __future__ import annotations
 
-from env.cli import USER_ERROR_TYPES as ENV_USER_ERRORS
-
 EXIT_USAGE = 2
 
-# Exception types whose message is meant for the user, by layer (a subclass counts too): the lower layers' (named
-# once, in ``env.cli``) and the upper layers' own.
-USER_ERROR_TYPES: frozenset[str] = ENV_USER_ERRORS | frozenset(
+# Exception types whose message is meant for the user, by layer (a subclass counts too).
+USER_ERROR_TYPES: frozenset[str] = frozenset(
     {
         "experiments.errors:UserError",
+        "env.cli:ProgramError",
+        "kernels.packed:QuantError",
+        "drafters.base:DrafterError",
+        "env.model:ModelError",
+        "env.target:PromptError",
+        "env.workloads:WorkloadError",
+        "env.features:FeatureSpecError",
+        "env.cost:CostModelError",
+        "env.trace:TraceError",
+        "env.spec_env:EnvError",
+        "env.serving:ServeError",
+        "env.serve_obs:ServeEnvError",
         "policies.base:PolicyError",
         "experiments.strict_toml:ConfigError",
         "experiments.methods:MethodError",

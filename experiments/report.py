@@ -42,7 +42,9 @@ def load_run(path: Path) -> dict[str, Any]:
         except Exception as err:
             from experiments.errors import is_user_error, one_line
 
-            if not is_user_error(err):
+            if not is_user_error(err) and not isinstance(
+                err, OSError
+            ):  # a read-only folder: report what is there
                 raise
             stale = f"summary.json is older than records.jsonl and could not be made again ({one_line(err)})"
     data = _read(path / "summary.json", {"name": str, "settings": dict, "summary": list})

@@ -20,6 +20,21 @@ from env.files import atomic_write_text
 from experiments.serve_policies import _sim_factory, _split, train_loads
 
 
+def _same_ppo(path: Path, meta: dict[str, Any]) -> bool:
+    """Whether ``path`` holds a PPO policy trained with these settings (its file's meta: split, cost model,
+    lengths); a folder made before the settings check may hold one trained with others."""
+    from policies.base import PolicyError, load_policy
+
+    if not path.is_file():
+        return False
+    try:
+        saved = dict(load_policy(path).meta or {})
+    except PolicyError:
+        return False
+    saved.pop("name", None)
+    return json.loads(json.dumps(saved)) == json.loads(json.dumps(meta))
+
+
 def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, max_new: int, requests: int,
               max_batch: int, timesteps: int, seed: int, progress: bool) -> dict[str, Any]:  # fmt: skip
     """Fit and train every serving policy into ``out``. Each is saved as soon as it is made (the fitted ones before
@@ -86,7 +101,7 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
                                   reward="goodput_ratio", seed=seed)  # fmt: skip
 
     kept = {k: report[k] for k in ("ppo_s", "ppo_timesteps", "ppo_curve", "ppo_plateau") if k in report}
-    if timesteps > 0 and (out / "ppo.zip").is_file() and kept.get("ppo_timesteps") == timesteps:
+    if timesteps > 0 and kept.get("ppo_timesteps") == timesteps and _same_ppo(out / "ppo.zip", meta):
         report.update(kept)  # trained before a kill of a later stage, or a finished run again: kept
         report["saved"] = sorted({*report["saved"], "ppo"})
     elif timesteps > 0:
@@ -115,6 +130,7 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
 
 def cmd_serve_train(args: argparse.Namespace) -> int:
     from env.batch_cost import load_batch_cost
+    from env.engine import parse_arm
     from env.serve_env import DEFAULT_ARMS, default_serve_trace
     from env.trace import load_trace
     from experiments.args import output_dir
@@ -122,6 +138,8 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
     trace = default_serve_trace() if args.trace is None else load_trace(args.trace)
     cost = load_batch_cost(args.batch_cost)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else list(DEFAULT_ARMS)
+    for a in arms:  # before the run folder is touched
+        parse_arm(a)
     split = _split(trace, args.test_per_category, args.seed)
     out = output_dir(args.out)
     from env.files import file_digest

@@ -202,9 +202,6 @@ def work(
         if ahead >= n:
             trial.set_user_attr("surplus", True)
             raise SurplusTrial(f"trial {trial.number}: {n} trials are already finished or running")
-        params = sample(trial, base)
-        cfg = load_config(config, trial=to_overrides(base, params), sets=sets)  # file < trial < --set
-        trial.set_user_attr("method", tuned_method(cfg))
 
         def report(step: int, value: float) -> None:
             trial.report(value, step)
@@ -212,6 +209,9 @@ def work(
                 raise optuna.TrialPruned(f"pruned at prompt {step}")
 
         try:
+            params = sample(trial, base)
+            cfg = load_config(config, trial=to_overrides(base, params), sets=sets)  # file < trial < --set
+            trial.set_user_attr("method", tuned_method(cfg))
             result = evaluator(cfg, params, report)
         except KeyboardInterrupt:  # Optuna fails the trial; marked so the next start retries its point first
             study._storage.set_trial_system_attr(trial._trial_id, ORPHANED, True)

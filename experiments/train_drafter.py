@@ -282,16 +282,21 @@ def _report(args: argparse.Namespace, meta: dict, out: Path) -> int:
     return 0
 
 
-def corpus_folder(cache: Path, loaded: Any, max_new_tokens: int) -> Path:
+def corpus_folder(cache: Path, loaded: Any, max_new_tokens: int, workload: str | None = None) -> Path:
     """The eagle3 corpus's default work folder, named from what its parts must share (``corpus.same_parts``: the
-    model, its weights and dtype, the answer length) and from nothing else: a rerun with more or other prompts
-    finds the answers and text features already computed, answers only the new prompts, and trains on its own
-    selection (``train_head``'s ``keep_ids``). A model folder counts as typed and by where it is."""
+    model, its weights and dtype, the answer length) and the workload file (where it is and its bytes: answers
+    are kept by prompt id, and another file's ids may name other prompts), and from nothing else: a rerun with
+    more or other prompts finds the answers and text features already computed, answers only the new prompts,
+    and trains on its own selection (``train_head``'s ``keep_ids``). A model folder counts as typed and by where
+    it is."""
+    from experiments.records import workload_digest, workload_identity
+
     model = str(loaded.model_id)
     where = str(Path(model).resolve()) if Path(model).is_dir() else None
     dtype = str(loaded.dtype).removeprefix("torch.")
+    wl = [workload_identity(workload), workload_digest(workload)]
     key = hashlib.sha256(
-        json.dumps([model, where, loaded.weights, dtype, max_new_tokens]).encode()
+        json.dumps([model, where, loaded.weights, dtype, max_new_tokens, *wl]).encode()
     ).hexdigest()
     return cache / "corpus" / f"{Path(model).name}-{key[:12]}"
 
@@ -321,7 +326,11 @@ def _train_eagle3(args: argparse.Namespace) -> int:
     )
     ids = [(pid, chat_prompt(loaded.tokenizer, t)) for pid, t in texts]
     key = hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:12]  # this run's prompts (and their tokens)
-    work = Path(args.work) if args.work else corpus_folder(cache_dir(), loaded, args.max_new_tokens)
+    work = (
+        Path(args.work)
+        if args.work
+        else corpus_folder(cache_dir(), loaded, args.max_new_tokens, args.workload)
+    )
     out = Path(args.out) if args.out else cache_heads_dir() / head_name("eagle3", loaded.model_id)
     progress = not args.json
     if progress:

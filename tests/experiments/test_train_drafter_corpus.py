@@ -111,3 +111,12 @@ def test_the_default_corpus_folder_is_named_by_what_its_parts_share(tmp_path):
         ),
     ]
     assert len({corpus_folder(tmp_path, a, 128), *others}) == 5
+    wl = tmp_path / "w.jsonl"
+    wl.write_text('{"question_id": 1, "category": "qa", "turns": ["a?"]}\n')
+    one = corpus_folder(tmp_path, a, 128, str(wl))
+    assert one not in {
+        corpus_folder(tmp_path, a, 128),
+        *others,
+    }  # answers are kept by id: ids of another file
+    wl.write_text('{"question_id": 1, "category": "qa", "turns": ["b?"]}\n')
+    assert corpus_folder(tmp_path, a, 128, str(wl)) != one  # an edited file: its ids may name other prompts
