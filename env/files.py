@@ -58,7 +58,7 @@ def settings_conflict(
     """A run folder remembers the settings its results depend on (``folder/name``). With results on disk
     (``started``) and other settings there, returns a one-line message naming what differs (the caller raises
     its own error); else writes the settings (a folder of results from before the file existed is taken as it
-    is) and returns None. An ``extendable`` setting is a mapping (policy name -> file digest) to which a resume
+    is, and so is a setting its file does not name yet) and returns None. An ``extendable`` setting is a mapping (policy name -> file digest) to which a resume
     may add entries or leave some out (as it may methods); an entry of another value differs, and the file keeps
     every entry it has seen."""
     import json
@@ -77,6 +77,10 @@ def settings_conflict(
         from drafters.base import shown
 
         def differs(k: str) -> bool:
+            # a setting checked since this folder's file was written: recorded, not compared (as a folder from
+            # before the file existed is taken as it is)
+            if k not in before:
+                return False
             a, b = before.get(k), now.get(k)
             if k in extendable and isinstance(a, dict) and isinstance(b, dict):
                 return any(n in b and b[n] != a[n] for n in a)

@@ -185,6 +185,10 @@ def test_a_run_folder_remembers_its_settings(tmp_path):
     assert json.loads((tmp_path / "settings.json").read_text()) == a  # nothing changed
     assert settings_conflict(tmp_path, b, started=False) is None  # no results yet: the new settings are kept
     assert json.loads((tmp_path / "settings.json").read_text()) == b
+    c = {**b, "seed": 0}  # a setting checked since the folder's file was written: recorded, then compared
+    assert settings_conflict(tmp_path, c, started=True) is None
+    assert json.loads((tmp_path / "settings.json").read_text()) == c
+    assert "seed: 0 there, 7 now" in settings_conflict(tmp_path, {**c, "seed": 7}, started=True)
     (tmp_path / "settings.json").write_text("[1, 2]")
     assert "not a settings object" in settings_conflict(tmp_path, b, started=True)
     log = tmp_path / "x.jsonl"
