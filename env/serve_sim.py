@@ -39,8 +39,18 @@ ACTIONS = ("batch", "row")
 REWARDS = ("goodput_ratio", "time_saved")
 
 
+class _UnpricedSteps:
+    """The per-sequence tables' cost columns, unused here: the batch cost model prices every serving step. (The
+    single-sequence cost model would refuse a drafter it was not calibrated for, e.g. ``suffix``.)"""
+
+    def step_cost(self, arm: Arm, nodes: Any, context: Any, chain: Any) -> np.ndarray:
+        return np.ones(np.shape(context), np.float32)
+
+    def ar_cost(self, context: Any) -> np.ndarray:
+        return np.ones(np.shape(context), np.float32)
+
+
 def _tables(trace: Trace, arms: Sequence[Arm], max_new: int):
-    from env.cost import load_cost_model
     from env.replay import build_tables, tree_index
 
     if any(a.drafter is not None and a.drafter not in trace.trees for a in arms):
@@ -48,7 +58,7 @@ def _tables(trace: Trace, arms: Sequence[Arm], max_new: int):
         raise ServeEnvError(
             f"the trace has no recorded trees for {', '.join(missing)} (it has: {', '.join(trace.trees)})"
         )
-    tb = build_tables(trace, arms, load_cost_model(None), max_new_tokens=max_new)
+    tb = build_tables(trace, arms, _UnpricedSteps(), max_new_tokens=max_new)  # type: ignore[arg-type]
     npos = trace.traj.shape[0]
     match = np.zeros(npos, np.int64)
     names = sorted({a.drafter for a in arms if a.drafter is not None}) or sorted(trace.trees)[:1]
