@@ -33,7 +33,7 @@ def _engines(
     """A ``BatchEngine`` per (rows, context), its rows admitted with ``context`` tokens each, and the fixed-tree
     drafter they all share (``_time_grid`` sets the chain it drafts)."""
     from env.batch import BatchEngine
-    from env.cost import _context_ids, _FixedTree
+    from env.calibrate import _context_ids, _FixedTree
 
     fixed = _FixedTree(int(loaded.config.vocab_size))
     engines = {}
@@ -57,7 +57,7 @@ def _time_grid(loaded: Any, rows: Sequence[int], nodes: Sequence[int], contexts:
     import torch
 
     from drafters import TreeShape
-    from env.cost import tree_parents
+    from env.calibrate import tree_parents
     from env.engine import NO_DRAFT, Arm
 
     engines, fixed = engines if engines is not None else _engines(loaded, rows, contexts)
@@ -99,10 +99,10 @@ def _time_grid(loaded: Any, rows: Sequence[int], nodes: Sequence[int], contexts:
 
 def monotone_fit(grid: np.ndarray, sweeps: int = 4) -> np.ndarray:
     """A fit of ``grid`` [rows, nodes] that never decreases along either axis: least-squares isotonic regression
-    along rows and along nodes in turn (pool adjacent violators, ``env.cost.isotonic``), then a running maximum
+    along rows and along nodes in turn (pool adjacent violators, ``env.calibrate.isotonic``), then a running maximum
     for what the sweeps leave. A running maximum alone lifts every later cell to one noisy high measurement; the
     pooled fit averages it with its neighbours."""
-    from env.cost import isotonic
+    from env.calibrate import isotonic
 
     out = np.array(grid, dtype=float)
     for _ in range(sweeps):
@@ -119,7 +119,7 @@ def _time_prefill(loaded: Any, lengths: Sequence[int], reps: int) -> list[float]
     import torch
 
     from env.batch import BatchEngine
-    from env.cost import _context_ids
+    from env.calibrate import _context_ids
 
     eng = BatchEngine(loaded, max_rows=1)
     out = []
@@ -148,8 +148,9 @@ def calibrate_batch(
 ) -> FittedBatchCost:
     """Measure the batch step on the (rows, nodes, context) grid, the prefill, and each drafter's propose time
     per row; fit. About two minutes for the embedded model on a 2-core CPU."""
-    from env.cost import _time_drafters, machine_info
+    from env.calibrate import _time_drafters
     from env.decoder import chat_prompt
+    from env.machine import machine_info
     from env.workloads import load_workload
 
     if len(contexts) != 2:
@@ -166,7 +167,7 @@ def calibrate_batch(
     base, slope = monotone_fit(base), monotone_fit(slope)  # more rows or more nodes never cost less
     lengths = [n for n in PREFILL_TOKENS if n < loaded.max_context] or [min(16, loaded.max_context - 1)]
     pf = _time_prefill(loaded, lengths, max(reps // 2, 2))
-    from env.cost import isotonic
+    from env.calibrate import isotonic
 
     prefill = Curve(tuple(lengths), tuple(isotonic(pf)))
     prompts = [chat_prompt(loaded.tokenizer, p.text) for p in load_workload()[:3]]

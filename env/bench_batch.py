@@ -173,7 +173,7 @@ def _main(argv: list[str] | None) -> int:
     batches = int_list(args.rows, "--rows")
     arms = check_draft_arms([a.strip() for a in args.draft.split(",") if a.strip()])
     out_path = output_file(args.json)
-    from env.cost import machine_info
+    from env.machine import machine_info
     from env.model import load_model
 
     loaded = load_model(dtype=args.dtype, device="cpu")

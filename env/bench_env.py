@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {os.cpu_count()} CPUs, torch threads {threads}, load average {load[0]:.1f}")
     print(f"cpu reference: 5M Python additions in {ref:.2f} s (about 0.3 s on an unloaded core)")
     if args.json:
-        from env.cost import machine_info
+        from env.machine import machine_info
 
         out = {"rows": rows, "machine": machine_info(), "load_average": list(load), "cpu_reference_s": ref}
         from env.files import atomic_write_text

@@ -52,7 +52,7 @@ def main() -> None:
     )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    from env.cost import machine_info
+    from env.machine import machine_info
 
     out = []
     print(f"{'envs':>6}{'request-steps/s':>18}{'env steps/s':>14}")

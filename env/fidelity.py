@@ -141,7 +141,7 @@ def _main(argv: list[str] | None) -> int:
     trace = load_trace(args.trace)  # a bad file fails here, in one line, before the model loads
     cost_model: Any = None if args.calibrate else load_cost_model(args.cost_model)
     if args.calibrate:
-        from env.cost import calibrate
+        from env.calibrate import calibrate
         from env.model import load_model
 
         t0 = time.perf_counter()

@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -113,3 +115,28 @@ def settle_packed() -> bool:
     return _settle(
         "fp32 reordered products", packed.packed_decided(), packed.probe_packed, packed.decide_packed
     )
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine a measurement ran on, for a result file's provenance: CPU (its label with the bf16 flags),
+    platform, threads, torch version, GPU."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "cpu_label": cpu_label(),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info

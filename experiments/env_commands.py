@@ -26,7 +26,7 @@ def _drafter_list(text: str) -> list[str]:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from env.cost import calibrate
+    from env.calibrate import calibrate
     from env.model import load_model
     from experiments.errors import UserError
 

@@ -334,7 +334,7 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
                          requests=args.requests, max_batch=max_batch, seed=args.seed, loaded=loaded,
                          repeats=args.repeats, live_policies=live_names, out=out,
                          progress=sys.stderr.isatty(), probe=not args.no_probe)  # fmt: skip
-    from env.cost import machine_info
+    from env.machine import machine_info
     from experiments.provenance import provenance
 
     res["settings"] = {"batch_cost": cost.label, "simulated": bool(cost.simulated), "loads": loads,

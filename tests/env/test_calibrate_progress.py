@@ -14,7 +14,7 @@ from drafters import TreeShape
 def test_calibrate_ticks_a_bar_over_its_measurements(fp32_model, monkeypatch):
     import tqdm
 
-    from env.cost import calibrate
+    from env.calibrate import calibrate
 
     bars = []
 

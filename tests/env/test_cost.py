@@ -8,15 +8,8 @@ import numpy as np
 import pytest
 
 from drafters import TreeShape
-from env.cost import (
-    CostModelError,
-    Curve,
-    FittedCostModel,
-    _fit_verify,
-    calibrate,
-    load_cost_model,
-    tree_parents,
-)
+from env.calibrate import _fit_verify, calibrate, tree_parents
+from env.cost import CostModelError, Curve, FittedCostModel, load_cost_model
 from env.engine import NO_DRAFT, Arm
 
 
@@ -121,7 +114,7 @@ def test_tiny_calibration(fp32_model):
 
 
 def test_isotonic_pools_violators():
-    from env.cost import isotonic
+    from env.calibrate import isotonic
 
     assert isotonic([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
     assert isotonic([5.0, 1.0, 1.0]) == [7 / 3] * 3
