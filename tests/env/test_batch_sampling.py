@@ -1,0 +1,118 @@
+"""Sampling through the batch engine is lossless: every token a row samples, on admission and as the first token of
+each speculative step, follows the target's processed distribution there (temperature, then top-k), with rows of no
+draft, a chain and a wide tree (a duplicate child, a child of probability zero) and of different lengths verified
+side by side in one forward. Chi-square on the tiny target: each draw's rank in the exact distribution (the
+transformers model without a cache) against the ranks' summed probabilities; the same test fails when the
+engine's verifier keeps a rejected token's mass (a planted wrong rule). ``tests/kernels/test_verify_lossless.py``
+tests the rules alone; this tests what the engine passes them and does with their verdicts (the seeded-sampling
+tests pass with an engine that decodes greedily)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import kernels
+from drafters import DraftTree
+from env.batch import BatchEngine
+from env.engine import Sampling, parse_arm
+from kernels import process_logits
+from tests.drafters.tiny import tiny_loaded
+from tests.kernels.kernel_cases import chi_square, planted_verify
+
+pytestmark = pytest.mark.slow
+
+PROMPT = [13, 70, 49, 76, 31, 8]
+SAMPLING = Sampling(temperature=1.8, top_k=6)  # hot: rejections are frequent, every rank is drawn
+ROWS, STEPS = 200, 6
+ARMS = [parse_arm("none"), parse_arm("ngram-d2"), parse_arm("ngram-d1-k4-b4")]
+
+
+def next_probs(loaded, seqs: list[list[int]]) -> torch.Tensor:
+    """[B, V]: the target's processed distribution of the token after each sequence (transformers, no cache)."""
+    s = SAMPLING
+    n = max(map(len, seqs))
+    ids = torch.tensor([q + [0] * (n - len(q)) for q in seqs])  # right padding: causal, so it is never seen
+    with torch.no_grad():
+        logits = loaded.model(ids).logits[torch.arange(len(seqs)), torch.tensor([len(q) - 1 for q in seqs])]
+    return process_logits(logits, s.temperature, s.top_k, s.top_p)
+
+
+def tree_for(i: int, root: int, p: torch.Tensor) -> DraftTree:
+    """Row i's draft after its root (``p``: the target's distribution after it): none, a chain starting with the
+    likely token, or a tree whose children are the second-likely token, the likely one twice (a duplicate sibling)
+    and one outside the top-k (never right)."""
+    top = p.argsort(descending=True).tolist()
+    if i % 3 == 0:
+        return DraftTree.root_only(root)
+    if i % 3 == 1:
+        return DraftTree(tokens=torch.tensor([root, top[0], top[1]]), parents=torch.tensor([-1, 0, 1]))
+    toks = [root, top[1], top[0], top[0], top[-1]]
+    return DraftTree(tokens=torch.tensor(toks), parents=torch.tensor([-1, 0, 0, 0, 0]))
+
+
+class RankTally:
+    """Counts of emitted tokens by their rank in the distribution they were drawn from (rank k: outside the top-k,
+    probability zero), and the expected counts: the sum over draws of each rank's probability."""
+
+    def __init__(self) -> None:
+        self.counts = torch.zeros(SAMPLING.top_k + 1, dtype=torch.float64)
+        self.expected = torch.zeros(SAMPLING.top_k + 1, dtype=torch.float64)
+
+    def add(self, probs: torch.Tensor, emitted: list[int]) -> None:
+        k = SAMPLING.top_k
+        ranked = probs.double().sort(dim=-1, descending=True)
+        self.expected[:k] += ranked.values[:, :k].sum(0)
+        for row, t in enumerate(emitted):
+            r = int((ranked.indices[row] == t).nonzero()[0])
+            self.counts[min(r, k) if probs[row, t] > 0 else k] += 1
+
+    def chi_square(self) -> tuple[float, float]:
+        """Ranks expected fewer than 5 times pooled into one cell; the zero-probability cell kept apart."""
+        k = SAMPLING.top_k
+        c, e = self.counts[:k], self.expected[:k]
+        big = e >= 5
+        counts = torch.cat([c[big], c[~big].sum()[None], self.counts[k:]])
+        probs = torch.cat([e[big], e[~big].sum()[None], torch.zeros(1, dtype=torch.float64)])
+        return chi_square(counts, probs / probs.sum())
+
+
+def sample(loaded) -> RankTally:
+    """ROWS rows admitted (each samples its first token) and stepped STEPS times with a mix of drafts; every row's
+    first emitted token of each step (and of its admission) tallied against the target's distribution there."""
+    engine = BatchEngine(loaded, max_rows=ROWS, sampling=SAMPLING, seed=7)
+    pf = engine.begin_prefill(PROMPT)
+    engine.prefill_chunk(pf)
+    tally = RankTally()
+    firsts = [engine.admit(PROMPT, {}, prefill=copy.copy(pf))[1] for _ in range(ROWS)]  # prefilled once
+    tally.add(next_probs(loaded, [PROMPT]).expand(ROWS, -1), firsts)
+    arms = [ARMS[i % 3] for i in range(ROWS)]
+    for _ in range(STEPS):
+        rows = engine.target.rows
+        probs = next_probs(loaded, [row.tokens for row in rows])  # the root is the last token of each
+        trees = [tree_for(i, row.tokens[-1], probs[i]) for i, row in enumerate(rows)]
+        results = engine.verify(arms, trees, [0.0] * ROWS)
+        tally.add(probs, [res.committed[0] for res in results])
+    assert len({len(row.tokens) for row in engine.target.rows}) > 1  # rows of different lengths, one forward
+    return tally
+
+
+def test_engine_sampling_follows_the_target_and_a_planted_wrong_rule_fails(monkeypatch):
+    loaded = tiny_loaded()
+    tally = sample(loaded)
+    stat, crit = tally.chi_square()
+    assert stat < crit, (stat, crit, tally.counts.tolist(), tally.expected.tolist())
+    assert tally.counts[1:].sum() > 0.1 * tally.counts.sum()  # not greedy: the likely token is not all
+
+    wrong = planted_verify("p/q", "p")  # deterministic drafts: the rejected token keeps its mass
+
+    def wrong_verify(tokens, parents, logits, *, num_nodes, **kw):
+        n = parents.shape[1]
+        pad = torch.arange(n)[None] >= num_nodes[:, None]
+        return wrong(tokens, parents.masked_fill(pad, n), logits, **kw)  # padding never tried
+
+    monkeypatch.setattr(kernels, "verify", wrong_verify)
+    stat, crit = sample(loaded).chi_square()
+    assert stat > crit, (stat, crit)
