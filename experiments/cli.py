@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "experiments.report",
     "experiments.env_commands",
     "experiments.train_drafter",
+    "experiments.policy_train",
     "experiments.policy_commands",
     "experiments.oracle_gap",
     "experiments.serve_train",
@@ -61,7 +62,7 @@ COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
             "train an eagle or early_exit draft head by self-distillation",
         ),
         "train": (
-            "experiments.policy_commands",
+            "experiments.policy_train",
             "train the policies of a config on the replay env (bandits, RL, predictors)",
         ),
         "evaluate": (

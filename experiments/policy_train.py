@@ -1,0 +1,172 @@
+"""``draftgym train CONFIG``: train the ``[policies.NAME]`` of a config on the replay env.
+
+Reads top to bottom: config -> trace and train/test split by prompt -> one trainer per policy kind -> saved file
+whose header ``meta`` records the trace, the split, the feature spec and the cost model, so that ``draftgym
+evaluate`` (``experiments.policy_commands``) scores it on exactly the prompts it never saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from experiments.args import output_dir
+from experiments.policy_commands import _user_error, replay_env
+
+TRAINABLE = ("static", "hf_schedule", "confidence", "ucb1", "thompson", "exp3", "linucb", "predictor", "sb3")
+
+
+def train_policy(
+    name: str, pcfg: Any, *, seed: int, run_dir: Path, progress: bool = False
+) -> tuple[Any, Path, dict[str, Any]]:
+    """Train ``[policies.NAME]`` (``pcfg``: ``experiments.config.PolicyConfig``) on the replay env of its trace's
+    training prompts; returns (policy, saved path, summary)."""
+    from env.cost import load_cost_model
+    from env.trace import load_trace
+    from experiments.config import keywords_of, policy_class
+    from policies.oracle import best_static, score_batch, score_policy, static_table
+    from policies.split import split_prompts, subset_trace, trace_split
+
+    t = pcfg.train
+    if pcfg.kind not in TRAINABLE:
+        raise _user_error(
+            f"policies.{name}.kind {pcfg.kind!r} cannot be trained; trainable: {', '.join(TRAINABLE)}"
+        )
+    t0 = time.perf_counter()
+    trace = load_trace(t.trace or None)
+    cost_model = load_cost_model(t.cost_model or None)
+    split = trace_split(trace, t.test_per_category, seed)
+    train_trace = subset_trace(trace, split.train)
+    spec = replace(trace.spec, draft_features=t.draft_features)
+    env = replay_env(train_trace, pcfg.arms, cost_model, spec)
+    if tuple(env.arm_names) != tuple(pcfg.arms):
+        raise _user_error(
+            f"policies.{name}.arms must list the env's menu in its order, with 'none' first: {list(env.arm_names)}"
+        )
+    arms, obs_size, feats = list(env.arm_names), len(env.feature_names), list(env.feature_names)
+    cls = policy_class(pcfg.kind)
+    params = dict(pcfg.params)
+    if "seed" in keywords_of(cls) and "seed" not in params:
+        params["seed"] = seed
+    summary: dict[str, Any] = {"policy": name, "kind": pcfg.kind, "train_prompts": len(split.train)}
+
+    if pcfg.kind == "static" and "arm" not in params:  # training a static policy = choosing its arm
+        statics = static_table(env)
+        params["arm"] = statics[best_static(statics)].name
+        summary["static_speedups"] = {s.name: round(s.speedup, 4) for s in statics}
+    if pcfg.kind == "predictor":
+        from policies.predictor import train_predictor
+
+        policy = train_predictor(env, **params)
+    elif pcfg.kind == "sb3":
+        from env.files import file_digest
+        from env.vector_env import make_sb3_vec_env
+        from policies.rl_train import plateau, train_sb3
+
+        # validation prompts (for the eval callback and the best checkpoint) come out of the training prompts
+        cats = train_trace.header["prompts"]["categories"]
+        val = split_prompts(train_trace.prompt_ids, cats, max(1, t.test_per_category // 2), seed + 1)
+        if not val.test:  # too few prompts to spare any: validate on the training prompts themselves
+            val = type(val)(val.train, val.train, val.seed, val.test_per_category)
+        fit_trace = subset_trace(train_trace, val.train)
+        val_env = replay_env(subset_trace(train_trace, val.test), arms, cost_model, spec)
+        policy = cls(arms, obs_size, feats, **params)
+        venv = make_sb3_vec_env(t.n_envs, trace=fit_trace, arms=arms, cost_model=cost_model, features=spec)
+        venv.seed(seed)
+        out = run_dir / "train" / name
+
+        def eval_fn(p: Any) -> float:
+            return score_batch(val_env, p.act_batch, name=name, kind="rl").speedup
+
+        policy = train_sb3(
+            policy, venv, out, total_timesteps=t.total_timesteps, eval_fn=eval_fn, eval_freq=t.eval_freq,
+            checkpoint_freq=t.checkpoint_freq, progress=progress,
+            settings={"trace": file_digest(t.trace) if t.trace else "bundled",
+                      "cost_model": file_digest(t.cost_model) if t.cost_model and Path(t.cost_model).is_file()
+                      else t.cost_model or "default",
+                      "fit_prompts": list(val.train), "validation_prompts": list(val.test),
+                      "draft_features": t.draft_features},
+        )  # fmt: skip
+        summary["run_dir"] = str(out)
+        summary["plateau"] = plateau(out)
+        summary["validation_prompts"] = len(val.test)
+    else:
+        policy = cls(arms, obs_size, feats, **params)
+    learns_online = hasattr(policy, "update") and getattr(policy, "warm_start", True)
+    if learns_online:  # warm start: learn online in replay, over the training prompts again and again
+        steps = 0
+        while steps < t.total_timesteps:
+            score = score_policy(policy, env, learn=True)
+            steps += int(score.steps.sum())
+        summary["warm_start_steps"] = steps
+    if hasattr(policy, "act_batch"):
+        score = score_batch(env, policy.act_batch, name=name, kind=policy.kind)
+    else:
+        score = score_policy(policy, env, learn=False)
+    summary["train_replay_speedup"] = round(score.speedup, 4)
+    policy.meta = {
+        "name": name,
+        "trace": str(Path(t.trace).resolve()) if t.trace else None,
+        "trace_model": trace.header["model"]["model_id"],
+        "cost_model": str(Path(t.cost_model).resolve()) if t.cost_model else None,
+        "feature_spec": env.feature_spec.as_dict(),
+        "split": split.as_dict(),
+        "total_timesteps": t.total_timesteps,
+        "train_replay_speedup": score.speedup,
+        "train_seconds": round(time.perf_counter() - t0, 1),
+    }
+    path = Path(t.out) if t.out else run_dir / "policies" / f"{name}.zip"
+    policy.save(path)
+    summary["out"] = str(path)
+    summary["seconds"] = policy.meta["train_seconds"]
+    return policy, path, summary
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from experiments.config import load_config
+
+    cfg = load_config(args.config, sets=args.set or [])
+    if not cfg.policies:
+        raise _user_error(f"{args.config} defines no [policies.NAME] table to train")
+    names = args.policy or list(cfg.policies)
+    unknown = [n for n in names if n not in cfg.policies]
+    if unknown:
+        raise _user_error(f"no [policies.{unknown[0]}] in {args.config}; defined: {', '.join(cfg.policies)}")
+    run_dir = output_dir(args.out or f"runs/{cfg.name}")
+    rows = []
+    for name in names:
+        _, path, summary = train_policy(name, cfg.policies[name], seed=cfg.seed, run_dir=run_dir,
+                                        progress=not args.json)  # fmt: skip
+        rows.append(summary)
+        if not args.json:
+            print(
+                f"{name:<16} {summary['kind']:<12} train replay speedup {summary['train_replay_speedup']:.3f}  "
+                f"({summary['seconds']:.0f} s) -> {path}"
+            )
+            if summary.get("plateau"):
+                pl = summary["plateau"]
+                print(
+                    f"{'':<16} plateau (within 1% of the best validation speedup {pl['best']:.3f}) at "
+                    f"{pl['timesteps']} steps, {pl['cpu_s'] / 60:.1f} CPU-min, {pl['wall_s'] / 60:.1f} wall-min"
+                )
+    if args.json:
+        print(json.dumps({"policies": rows}))
+    return 0
+
+
+def register(sub: Any) -> None:
+    t = sub.add_parser(
+        "train", help="train the policies of a config on the replay env (bandits, RL, predictors)"
+    )
+    t.add_argument("config", help="TOML config with [policies.NAME] tables")
+    t.add_argument("--policy", action="append", default=None, help="train only this policy (repeatable)")
+    t.add_argument("--set", action="append", default=None, metavar="KEY=VALUE", help="override a config key")
+    t.add_argument(
+        "--out", default=None, help="run directory (default runs/<config name>); re-use it to resume"
+    )
+    t.add_argument("--json", action="store_true", help="print one JSON object")
+    t.set_defaults(func=cmd_train)
