@@ -149,14 +149,36 @@ def test_chunked_prefill_gives_each_request_its_greedy_tokens(chunk):
     prompts = _prompts(len(arms), seed=5)
     reqs = [Request(str(i), p, parse_arm(a), 14) for i, (p, a) in enumerate(zip(prompts, arms))]
     log = ServeLog()
-    out = serve(BatchEngine(loaded, max_rows=2), reqs, concurrency=2, prefill_chunk=chunk, log=log)
+    engine = BatchEngine(loaded, max_rows=2)
+    events = []  # ("chunk", prompt, tokens it prefilled) and ("step",), in the order the server ran them
+    real_chunk, real_verify = engine.prefill_chunk, engine.verify
+
+    def prefill_chunk(pf, n=None):
+        before = pf.done
+        finished = real_chunk(pf, n)
+        events.append(("chunk", tuple(pf.prompt_ids), pf.done - before))
+        return finished
+
+    def verify(*args, **kwargs):
+        events.append(("step",))
+        return real_verify(*args, **kwargs)
+
+    engine.prefill_chunk, engine.verify = prefill_chunk, verify
+    out = serve(engine, reqs, concurrency=2, prefill_chunk=chunk, log=log)
     for r, o in zip(reqs, out):
         assert o.token_ids == decode(loaded, None, r.prompt_ids, 14)[0], (r.arm.name, r.rid)
     chunks = sum(-(-len(p) // chunk) for p in prompts)
     assert log.prefills == len(reqs) and log.steps > 0
+    assert chunks > len(reqs)  # the prompts do take several chunks each
+    done = [e for e in events if e[0] == "chunk"]
+    assert len(done) == chunks and all(0 < e[2] <= chunk for e in done)  # chunk by chunk, none larger
+    for p in prompts:
+        assert sum(e[2] for e in done if e[1] == tuple(p)) == len(p)
+    # the running rows stepped between two chunks of a prompt
+    spans = [[i for i, e in enumerate(events) if e[0] == "chunk" and e[1] == tuple(p)] for p in prompts]
+    assert any(("step",) in events[at[0] : at[-1]] for at in spans)
     with pytest.raises(ServeError, match="prefill chunk must be >= 1"):
         serve(BatchEngine(loaded, max_rows=2), reqs, concurrency=2, prefill_chunk=0)
-    assert chunks > len(reqs)  # the prompts did take several chunks each
 
 
 def test_a_drafter_that_cannot_start_leaves_no_row_behind(tmp_path):
