@@ -7,7 +7,6 @@ table of env-steps per second. A benchmark, not a test: numbers depend on the ma
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -84,14 +83,38 @@ def cpu_reference() -> float:
     return time.perf_counter() - t0
 
 
+PROG = "python -m env.bench_env"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from env.cli import run_program
+
+    return run_program(PROG, _main, argv)
+
+
+def _seconds(text: str) -> float:
+    from env.cli import ProgramError
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise ProgramError(f"--seconds {text!r} is not a number") from None
+    if not 0 < value <= 3600:
+        raise ProgramError(f"--seconds must be in (0, 3600], got {text}")
+    return value
+
+
+def _main(argv: list[str] | None) -> int:
     import torch
 
-    p = argparse.ArgumentParser(prog="python -m env.bench_env", description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, nargs="+", default=[4096, 16384])
-    p.add_argument("--seconds", type=float, default=3.0, help="measuring time per row")
+    from env.cli import Parser, output_file, positive_int
+
+    p = Parser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=positive_int, nargs="+", default=[4096, 16384])
+    p.add_argument("--seconds", type=_seconds, default=3.0, help="measuring time per row")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
+    json_out = output_file(args.json)
     rows: list[dict[str, Any]] = []
     rows.append(
         {"env": "single replay (unwrapped)", "batch": 1, "steps_per_s": bench_single(args.seconds, False)}
@@ -112,13 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     threads = torch.get_num_threads()
     print(f"machine: {os.cpu_count()} CPUs, torch threads {threads}, load average {load[0]:.1f}")
     print(f"cpu reference: 5M Python additions in {ref:.2f} s (about 0.3 s on an unloaded core)")
-    if args.json:
+    if json_out is not None:
         from env.machine import machine_info
 
         out = {"rows": rows, "machine": machine_info(), "load_average": list(load), "cpu_reference_s": ref}
         from env.files import atomic_write_text
 
-        atomic_write_text(args.json, json.dumps(out, indent=1))
+        atomic_write_text(json_out, json.dumps(out, indent=1))
     return 0
 
 

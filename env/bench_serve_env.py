@@ -8,7 +8,6 @@ loads drawn per episode (default: all of ``env.serve_env.DEFAULT_LOADS``; a serv
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -39,34 +38,52 @@ def bench(num_envs: int, steps: int, reps: int, cost: str | None, action: str, l
             "env_steps_s": statistics.median(step_rates[1:]) * num_envs}  # fmt: skip
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m env.bench_serve_env", description=__doc__.split("\n\n")[0],
-                                 allow_abbrev=False)  # fmt: skip
+PROG = "python -m env.bench_serve_env"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from env.cli import run_program
+
+    return run_program(PROG, _main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    from env.batch_cost import load_batch_cost
+    from env.cli import Parser, int_list, output_file, positive_int
+
+    ap = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--envs", default="64,256,1024")
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--steps", type=positive_int, default=200)
+    ap.add_argument("--reps", type=positive_int, default=3)
     ap.add_argument("--cost", default=None, help="batch cost model (default: the shipped one)")
     ap.add_argument("--action", default="batch", choices=["batch", "row"])
     ap.add_argument(
         "--loads", default=None, help="comma list of loads (default: env.serve_env.DEFAULT_LOADS)"
     )
     ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     from env.machine import machine_info
+    from env.serve_sim import parse_load
+
+    envs = int_list(args.envs, "--envs")
+    loads = [x.strip() for x in args.loads.split(",") if x.strip()] if args.loads else None
+    for x in loads or ():
+        parse_load(x, 16)
+    load_batch_cost(args.cost)  # a missing or bad file: one line before anything runs
+    json_out = output_file(args.json)
 
     out = []
     print(f"{'envs':>6}{'request-steps/s':>18}{'env steps/s':>14}")
-    for e in [int(x) for x in args.envs.split(",")]:
-        r = bench(
-            e, args.steps, args.reps, args.cost, args.action, args.loads.split(",") if args.loads else None
-        )
+    for e in envs:
+        r = bench(e, args.steps, args.reps, args.cost, args.action, loads)
         out.append(r)
         print(f"{e:>6}{r['request_steps_s']:>18,.0f}{r['env_steps_s']:>14,.0f}", flush=True)
-    if args.json:
-        from env.files import atomic_write_text
+        if json_out is not None:  # as measured
+            from env.files import atomic_write_text
 
-        atomic_write_text(args.json, json.dumps({"rows": out, "machine": machine_info()}, indent=1))
+            atomic_write_text(json_out, json.dumps({"rows": out, "machine": machine_info()}, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

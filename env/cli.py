@@ -58,9 +58,10 @@ def one_line(message: object) -> str:
     return " ".join(str(message).split())
 
 
-def user_message(err: BaseException) -> str | None:
-    """The line to print for an error the user can fix (None for a bug, which keeps its traceback)."""
-    if any(f"{c.__module__}:{c.__qualname__}" in USER_ERROR_TYPES for c in type(err).__mro__):
+def user_message(err: BaseException, user_types: frozenset[str] = USER_ERROR_TYPES) -> str | None:
+    """The line to print for an error the user can fix (None for a bug, which keeps its traceback).
+    ``user_types``: the error types meant for the user (a program of an upper layer passes its own list)."""
+    if any(f"{c.__module__}:{c.__qualname__}" in user_types for c in type(err).__mro__):
         return one_line(err)
     if isinstance(err, UnicodeDecodeError):
         return f"a file is not UTF-8 text ({err.reason} at byte {err.start})"
@@ -70,9 +71,14 @@ def user_message(err: BaseException) -> str | None:
     return None
 
 
-def run_program(prog: str, body: Callable[[list[str] | None], int | None], argv: list[str] | None) -> int:
+def run_program(
+    prog: str,
+    body: Callable[[list[str] | None], int | None],
+    argv: list[str] | None,
+    user_types: frozenset[str] = USER_ERROR_TYPES,
+) -> int:
     """``body(argv)``'s exit code; a user's error ends as one line on stderr and exit code 2 (``--help`` and an
-    argument argparse refused return their own code)."""
+    argument argparse refused return their own code). ``user_types``: as ``user_message``."""
     try:
         return int(body(argv) or 0)
     except SystemExit as exit_:
@@ -84,7 +90,7 @@ def run_program(prog: str, body: Callable[[list[str] | None], int | None], argv:
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130
     except Exception as err:
-        message = user_message(err)
+        message = user_message(err, user_types)
         if message is None:
             raise
         sys.stderr.write(f"{prog}: error: {message}\n")

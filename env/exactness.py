@@ -12,19 +12,27 @@ greedy in fp32) is reported.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
+
+PROG = "python -m env.exactness"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m env.exactness", description=__doc__.split("\n\n")[0],
-                                 allow_abbrev=False)  # fmt: skip
+    """0: every request identical to the reference; 1: some differ; 2: bad input (one line)."""
+    from env.cli import run_program
+
+    return run_program(PROG, _main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    from env.cli import Parser, positive_int
+
+    ap = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="builtin")
-    ap.add_argument("--per-category", type=int, default=None)
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--per-category", type=positive_int, default=None)
+    ap.add_argument("--concurrency", type=positive_int, default=8)
     ap.add_argument("--arms", default="none,ngram-d4,ngram-d6-k2-b10,recycling-d3-k2-b6,eagle-d3-k2-b6")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--max-new-tokens", type=positive_int, default=128)
     ap.add_argument("--dtype", default="fp32", choices=["auto", "bf16", "fp32"])
     ap.add_argument("--weights", default="dense", choices=["dense", "int8", "int4"])
     args = ap.parse_args(argv)
@@ -38,9 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     from env.serving import Request, serve
     from env.workloads import load_workload
 
-    loaded = load_model(dtype=args.dtype, device="cpu", weights=args.weights)
     prompts = load_workload(args.workload, per_category=args.per_category)
-    arms = [parse_arm(a) for a in args.arms.split(",")]
+    arms = [parse_arm(a.strip()) for a in args.arms.split(",") if a.strip()]
+    if not arms:
+        from env.cli import ProgramError
+
+        raise ProgramError("--arms names no arm")
+    loaded = load_model(dtype=args.dtype, device="cpu", weights=args.weights)
     reqs = [Request(p.prompt_id, chat_prompt(loaded.tokenizer, p.text), arms[i % len(arms)], args.max_new_tokens)
             for i, p in enumerate(prompts)]  # fmt: skip
     t0 = time.perf_counter()
@@ -104,4 +116,4 @@ def _compare(reqs, got: dict, ref: dict) -> tuple[int, list[str]]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

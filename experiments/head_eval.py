@@ -11,26 +11,35 @@ the argmax over the head's own draft vocabulary instead, as the first reports di
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
+PROG = "python -m experiments.head_eval"
 
-def main(argv: list[str] | None = None) -> None:
+
+def main(argv: list[str] | None = None) -> int:
+    from env.cli import run_program
+    from experiments.errors import USER_ERROR_TYPES
+
+    return run_program(PROG, _main, argv, USER_ERROR_TYPES)
+
+
+def _main(argv: list[str] | None) -> int:
     import torch
 
     from drafters.eagle import EagleHead
     from drafters.heads import find_head, load_head, load_state
     from drafters.train import TrainSettings, evaluate, windows
     from drafters.train_data import load_data, split
+    from env.cli import Parser, output_file, positive_int
     from env.model import load_model
 
-    p = argparse.ArgumentParser(prog="python -m experiments.head_eval", description=__doc__.split("\n\n")[0])
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--data", nargs="+", required=True, help="distillation data folders")
     p.add_argument("--heads", default="eagle,eagle3", help="head kinds to score")
     p.add_argument("--weights", nargs="*", default=[], help="head files, in the order of --heads")
-    p.add_argument("--levels", type=int, default=4)
-    p.add_argument("--window", type=int, default=512)
+    p.add_argument("--levels", type=positive_int, default=4)
+    p.add_argument("--window", type=positive_int, default=512)
     p.add_argument(
         "--agreement",
         default="full",
@@ -40,10 +49,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    json_out = output_file(args.json)
+    _, held = split(load_data(*[Path(d) for d in args.data]))  # before the model: a bad folder is one line
+    held = windows(held, args.window)
     loaded = load_model(None, dtype="fp32", device="cpu")
     model = loaded.model
-    _, held = split(load_data(*[Path(d) for d in args.data]))
-    held = windows(held, args.window)
     out = []
     kinds = [k.strip() for k in args.heads.split(",") if k.strip()]
     for i, kind in enumerate(kinds):
@@ -72,11 +82,12 @@ def main(argv: list[str] | None = None) -> None:
         }
         out.append(row)
         print(json.dumps(row))
-    if args.json:
+    if json_out is not None:
         from env.files import atomic_write_text
 
-        atomic_write_text(args.json, json.dumps(out, indent=2))
+        atomic_write_text(json_out, json.dumps(out, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

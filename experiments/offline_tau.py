@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import json
-import sys
 from pathlib import Path
 
 from experiments.errors import UserError
@@ -38,11 +37,21 @@ def ar_answers(path: Path) -> dict[str, list[int]]:
     return out
 
 
+PROG = "python -m experiments.offline_tau"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from env.cli import run_program
+    from experiments.errors import USER_ERROR_TYPES
+
+    return run_program(PROG, _main, argv, USER_ERROR_TYPES)
+
+
+def _main(argv: list[str] | None) -> int:
     from env.cli import Parser
     from experiments.args import positive_int
 
-    p = Parser(prog="python -m experiments.offline_tau", description=__doc__.split("\n\n")[0])
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", help="a bench run folder (its records.jsonl)")
     p.add_argument("workload", help="the workload the bench ran")
     p.add_argument("per_category", nargs="?", type=positive_int, default=5, help="as bench --per-category")
@@ -90,12 +99,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from experiments.errors import EXIT_USAGE, is_user_error, one_line
-
-    try:
-        raise SystemExit(main())
-    except Exception as err:  # noqa: BLE001 - a user's mistake is one line, anything else a traceback
-        if not is_user_error(err):
-            raise
-        print(f"offline_tau: error: {one_line(err)}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from None
+    raise SystemExit(main())

@@ -13,14 +13,12 @@ which part of the cost model misses it.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from typing import Any
 
 import numpy as np
 
-from experiments.errors import UserError, one_line
+from experiments.errors import UserError
 
 
 def diagnose(
@@ -60,36 +58,40 @@ def diagnose(
     return {"load": load, "arm": arm, "requests": len(prompts), "replay": replay, "live": live}
 
 
+PROG = "python -m experiments.serve_fidelity"
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.serve_fidelity", description=__doc__.split("\n\n")[0],
-                                allow_abbrev=False)  # fmt: skip
+    from env.cli import run_program
+    from experiments.errors import USER_ERROR_TYPES
+
+    return run_program(PROG, _main, argv, USER_ERROR_TYPES)
+
+
+def _main(argv: list[str] | None) -> int:
+    from env.cli import Parser, output_file, positive_int
+
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-cost", default=None, help="batch cost model JSON (default: the shipped one)")
     p.add_argument(
         "--arm", default="none", help="the static arm served (one of the serving env's default menu)"
     )
     p.add_argument("--loads", default="1,4,16", help="comma list of closed-loop concurrencies (or ramp)")
-    p.add_argument("--requests", type=int, default=16)
+    p.add_argument("--requests", type=positive_int, default=16)
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)
-    try:
-        from env.batch_cost import load_batch_cost
-        from env.cost import CostModelError
-        from env.serve_sim import DEFAULT_ARMS, ServeEnvError, parse_load
+    from env.batch_cost import load_batch_cost
+    from env.serve_sim import DEFAULT_ARMS, parse_load
 
-        if args.arm not in DEFAULT_ARMS:
-            raise UserError(f"unknown arm {args.arm!r}; valid: {', '.join(DEFAULT_ARMS)}")
-        if args.requests < 1:
-            raise UserError("--requests must be >= 1")
-        loads = [x.strip() for x in args.loads.split(",") if x.strip()]
-        for x in loads:
-            parse_load(x, 16)
-        try:
-            cost = load_batch_cost(args.batch_cost)
-        except CostModelError as err:
-            raise UserError(str(err)) from err
-    except (UserError, ServeEnvError) as err:
-        print(f"serve_fidelity: {one_line(err)}", file=sys.stderr)
-        return 2
+    if args.arm not in DEFAULT_ARMS:
+        raise UserError(f"unknown arm {args.arm!r}; valid: {', '.join(DEFAULT_ARMS)}")
+    loads = [x.strip() for x in args.loads.split(",") if x.strip()]
+    if not loads:
+        raise UserError("--loads names no load")
+    for x in loads:
+        parse_load(x, 16)
+    cost = load_batch_cost(args.batch_cost)
+    json_out = output_file(args.json)
     from env.model import load_model
 
     loaded = load_model(None, dtype="bf16")
@@ -103,12 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{load:>5} {a['prefill_s']:6.2f} / {b['prefill_s']:6.2f} {a['steps']:>5}/{b['steps']:<5} "
               f"{a['step_s']:6.2f} / {b['step_s']:6.2f} {a['wall_s']:6.2f} / {b['wall_s']:6.2f} {b['other_s']:10.2f}",
               flush=True)  # fmt: skip
-    if args.json:
-        from env.files import atomic_write_text
+        if json_out is not None:  # as measured: a kill keeps the loads done
+            from env.files import atomic_write_text
 
-        atomic_write_text(args.json, json.dumps({"rows": rows, "cost": cost.label}, indent=1) + "\n")
+            atomic_write_text(json_out, json.dumps({"rows": rows, "cost": cost.label}, indent=1) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

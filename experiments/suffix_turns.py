@@ -118,11 +118,21 @@ def _answer(
     bar.close()
 
 
+PROG = "python -m experiments.suffix_turns"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from env.cli import run_program
+    from experiments.errors import USER_ERROR_TYPES
+
+    return run_program(PROG, _main, argv, USER_ERROR_TYPES)
+
+
+def _main(argv: list[str] | None) -> int:
     from env.cli import Parser
     from experiments.args import new_tokens, positive_int
 
-    p = Parser(prog="python -m experiments.suffix_turns", description=__doc__.split("\n\n")[0])
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", required=True, help="Spec-Bench question.jsonl (its MT-bench questions)")
     p.add_argument("--questions", type=positive_int, default=80, help="first N two-turn questions")
     p.add_argument("--max-new-tokens", type=new_tokens, default=128)
@@ -221,12 +231,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    from experiments.errors import EXIT_USAGE, is_user_error, one_line
-
-    try:
-        raise SystemExit(main())
-    except Exception as err:  # noqa: BLE001 - a user's mistake is one line, anything else a traceback
-        if not is_user_error(err):
-            raise
-        print(f"suffix_turns: error: {one_line(err)}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from None
+    raise SystemExit(main())

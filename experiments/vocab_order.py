@@ -15,10 +15,8 @@ order's provenance under ``d2t_order``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -71,36 +69,40 @@ def rewrite_head(path: Path, d2t: torch.Tensor, provenance: dict[str, Any]) -> N
     os.replace(tmp_j, meta_path)
 
 
+PROG = "python -m experiments.vocab_order"
+
+
 def main(argv: list[str] | None = None) -> int:
-    from drafters import DrafterError
+    from env.cli import run_program
+    from experiments.errors import USER_ERROR_TYPES
+
+    return run_program(PROG, _main, argv, USER_ERROR_TYPES)
+
+
+def _main(argv: list[str] | None) -> int:
     from drafters.heads import load_head
+    from env.cli import Parser, positive_int
     from env.decoder import chat_prompt
     from env.model import load_model
     from env.target import eos_ids
     from experiments import corpus
 
-    p = argparse.ArgumentParser(
-        prog="python -m experiments.vocab_order", description=__doc__.split("\n\n")[0]
-    )
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("head", help="a head's .safetensors (its .json beside it)")
     p.add_argument("--kind", default="eagle3")
     p.add_argument("--workload", default=None, help="Spec-Bench JSONL prompts (default: the built-in set)")
     p.add_argument("--exclude-per-category", type=int, default=5)
     p.add_argument("--code-prompts", type=int, default=400)
-    p.add_argument("--every", type=int, default=8, help="answer every N-th instruction prompt")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--text-tokens", type=int, default=200_000)
-    p.add_argument("--rows", type=int, default=16)
+    p.add_argument("--every", type=positive_int, default=8, help="answer every N-th instruction prompt")
+    p.add_argument("--max-new-tokens", type=positive_int, default=96)
+    p.add_argument("--text-tokens", type=positive_int, default=200_000)
+    p.add_argument("--rows", type=positive_int, default=16)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     args = p.parse_args(argv)
     path = Path(args.head).with_suffix(".safetensors")
     t0 = time.perf_counter()
     loaded = load_model(None, dtype=args.dtype, device="cpu")
-    try:
-        _, tensors, _ = load_head(path, args.kind, loaded.model, loaded.model_id)
-    except DrafterError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    _, tensors, _ = load_head(path, args.kind, loaded.model, loaded.model_id)
     texts = corpus.instruction_prompts(args.workload, args.exclude_per_category, args.code_prompts)[
         :: args.every
     ]

@@ -199,3 +199,30 @@ def test_output_file_checks(tmp_path):
         output_file(tmp_path / "f" / "x.json")
     with pytest.raises(ProgramError, match="--out .* is a directory"):
         output_file(tmp_path, "--out")
+
+
+@pytest.mark.parametrize(
+    "program, args, expected",
+    [
+        ("bench_env", ["--seconds", "-1"], "--seconds must be in (0, 3600]"),
+        ("bench_env", ["--batch", "0"], "--batch: must be >= 1"),
+        ("bench_env", ["--json", "{tmp}"], "is a directory, not a file"),
+        ("bench_serve_env", ["--envs", "4,x"], "--envs must be a comma list"),
+        ("bench_serve_env", ["--cost", "{tmp}/none.json"], "does not exist"),
+        ("bench_serve_env", ["--loads", "1,sideways"], "sideways"),
+        ("bench_serve_env", ["--json", "{tmp}"], "is a directory, not a file"),
+        ("exactness", ["--workload", "{tmp}/none.jsonl"], "does not exist"),
+        ("exactness", ["--arms", "ngram-d4,bogus-d2"], "unknown drafter 'bogus'"),
+        ("exactness", ["--concurrency", "0"], "--concurrency: must be >= 1"),
+    ],
+)
+def test_the_other_env_programs_refuse_bad_input_in_one_line(
+    program, args, expected, no_model, tmp_path, capsys
+):
+    """``bench_env``, ``bench_serve_env`` and ``exactness`` answered these with a traceback (a directory as
+    ``--json`` after the whole measurement, a missing cost model or workload file)."""
+    import importlib
+
+    main = importlib.import_module(f"env.{program}").main
+    code = main([a.replace("{tmp}", str(tmp_path)) for a in args])
+    _one_line_error(capsys, code, expected)
