@@ -20,17 +20,30 @@ MAX_NEW, MAX_BATCH = 12, 2
 PROMPTS = ("6", "7", "11")  # built-in prompts (summarization, qa, rag) whose n-gram drafts get accepted early
 
 
+class FakeClock:
+    """The server's clock (``serve(clock=...)``): still, but for the time a policy spends."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 class RandomPolicy:
     """A random arm each step: one for the batch (an int) or one per row (an array, one per slot); records what
     it saw and chose, and the online rewards it was given."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, clock: FakeClock | None = None) -> None:
         self.rng = np.random.default_rng(seed)
+        self.clock = clock  # its time passes only in act (1 s) and update (0.25 s)
         self.seen: list[np.ndarray] = []
         self.chosen: list[tuple[str, list[int]]] = []
         self.rewards: list[float] = []
 
     def act(self, obs):
+        if self.clock is not None:
+            self.clock.t += 1.0
         self.seen.append(np.array(obs))
         rows = int(round(float(obs[0]) * MAX_BATCH))
         if self.rng.random() < 0.5:
@@ -42,6 +55,8 @@ class RandomPolicy:
         return ks
 
     def update(self, obs, action, reward, info):
+        if self.clock is not None:
+            self.clock.t += 0.25
         self.rewards.append(reward)
 
 
@@ -69,13 +84,16 @@ def plain(fp32_model, requests):
 def test_any_mix_of_arms_is_lossless(fp32_model, requests, plain, seed):
     from env.batch_cost import roofline
 
-    policy = RandomPolicy(seed)
+    clock = FakeClock()
+    policy = RandomPolicy(seed, clock)
     caps = [1, 1, 2]  # closed loop: request i enters while fewer than caps[i] are in flight
     log = ServeLog()
     out = serve(BatchEngine(fp32_model, max_rows=MAX_BATCH), requests, caps=caps, max_batch=MAX_BATCH,
-                policy=policy, arms=ARMS, cost=roofline("h200", "llama-3.1-8b"), log=log)  # fmt: skip
-    # the policy's own time (observation, act, record, update) is counted, and is less than the steps'
-    assert 0 < log.policy_s < log.step_s
+                policy=policy, arms=ARMS, cost=roofline("h200", "llama-3.1-8b"), log=log, clock=clock)  # fmt: skip
+    # the policy's own time is counted (its act within the step's time, its update after it); a clock that only the
+    # policy moves makes this exact, with no wall-clock comparison
+    acts, updates = len(policy.chosen), len(policy.rewards)
+    assert log.policy_s == pytest.approx(acts + 0.25 * updates) and log.step_s == pytest.approx(acts)
     assert sorted(s.rid for s in out) == sorted(plain)
     for s in out:
         assert s.token_ids == plain[s.rid], s.rid
