@@ -41,6 +41,7 @@ from experiments.records import (
     resume_learners,
     run_identity,
     save_learner,
+    workload_digest,
     workload_identity,
 )
 
@@ -425,6 +426,7 @@ def cmd_bench(args: Any) -> int:
         drafter_options=options,
         identity={
             "workload": workload_identity(args.workload),
+            "workload_sha256": workload_digest(args.workload),
             "policies": {m: file_digest(p) for m, p in zip(decoders, args.policy or [])},
             "llama_cpp_gguf": None if gguf is None else str(Path(gguf).resolve()),
         },

@@ -229,9 +229,9 @@ def _live(policy_paths, policies, best_name, trace, test, *, loaded, workload, m
                 "model": loaded.model_id, "dtype": str(loaded.dtype).removeprefix("torch."), "out": str(out),
                 "baseline": "Hugging Face generate, greedy"}  # fmt: skip
     from env.files import file_digest
-    from experiments.records import workload_identity
+    from experiments.records import workload_digest, workload_identity
 
-    identity = {"workload": workload_identity(source),
+    identity = {"workload": workload_identity(source), "workload_sha256": workload_digest(source),
                 "policies": {m: file_digest(p) for m, p in zip(decoders, policy_paths)}}  # fmt: skip
     result = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, out_dir=out, settings=settings,
                        progress=progress, decoders=decoders, identity=identity,

@@ -102,3 +102,35 @@ def test_evaluate_names_its_live_folder_before_any_work(tmp_path, monkeypatch, f
         seen["start_note"]
         == f"draftgym evaluate: results in {out}/ (if it stops, rerun with --out {out} to resume)"
     )
+
+
+def test_a_resume_on_an_edited_workload_file_is_refused(tmp_path, monkeypatch, capsys):
+    """The same path with other prompts under the same ids would mix answers to two prompt sets in one table."""
+    import env.model
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: _loaded())
+    monkeypatch.setattr(bench, "SpeculativeDecoder", lambda *a, **k: object())
+
+    def killed(*a, **k):
+        raise _Killed
+
+    monkeypatch.setattr(bench, "run_method", killed)
+    wl = tmp_path / "prompts.jsonl"
+    rows = [
+        {"question_id": i, "category": "qa", "turns": [t]} for i, t in ((1, "Say hello."), (2, "Say hi."))
+    ]
+    wl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["bench", "--methods", "ar", "--workload", str(wl), "--max-new-tokens", "2", "--out", "runs/b"]
+    with pytest.raises(_Killed):
+        main(argv)
+    with (tmp_path / "runs" / "b" / "records.jsonl").open("w") as fh:  # a prompt measured before the kill
+        fh.write(json.dumps(asdict(Record("ar", "1", "qa", 4, 2, 0.1, 2, 1.0, [1, 2]))) + "\n")
+    with pytest.raises(_Killed):  # the same file: resumed
+        main(argv)
+    rows[0]["turns"] = ["Say goodbye."]  # prompt 1, measured, now means another prompt
+    wl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "workload_sha256" in err, err
