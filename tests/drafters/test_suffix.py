@@ -127,3 +127,26 @@ def test_an_unknown_choice_is_refused():
 
     with pytest.raises(ValueError, match="choose"):
         SuffixDrafter(choose="best")
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_serving_rows_with_suffix_and_other_arms_is_exact(concurrency):
+    """Greedy serving with suffix rows (chains and trees, forks sharing one cross-request cache) next to other arms,
+    requests joining and leaving: every request gets its plain greedy tokens, and some suffix drafts are accepted
+    (repeated prompts: a later request drafts from an earlier one's answer)."""
+    import torch
+
+    from env.batch import BatchEngine
+    from env.engine import parse_arm
+    from env.serving import Request, serve
+    from tests.drafters.tiny import decode, tiny_loaded
+
+    loaded = tiny_loaded()
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (7, 15, 10)]
+    arms = ["suffix-d4", "none", "suffix-d4-k2-b6", "suffix-d3", "ngram-d3", "suffix-d6-k3-b10"]
+    reqs = [Request(str(i), p, parse_arm(a), 16) for i, (p, a) in enumerate(zip(prompts * 2, arms))]
+    out = serve(BatchEngine(loaded, max_rows=3), reqs, concurrency=concurrency)
+    for r, o in zip(reqs, out):
+        assert o.token_ids == decode(loaded, None, r.prompt_ids, 16)[0], (r.arm.name, r.rid)
+    assert sum(o.accepted for o, r in zip(out, reqs) if r.arm.drafter == "suffix") > 0
