@@ -76,7 +76,7 @@ def test_worker_decodes_greedily_and_stops_at_eos(fp32_model, gguf):
     assert out == greedy_reference(gguf, ids, 64, eos)  # no temperature, no repeat penalty
     assert out[-1] == eos and len(out) < 64  # the haiku ends before 64 tokens, its eos kept
     assert again == out and short == out[:5]
-    assert 0 < wall < 60
+    assert wall > 0  # a time was measured (how long is the benchmark's to say, not a test's)
 
 
 @needs_llama_cpp
