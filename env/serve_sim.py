@@ -109,6 +109,8 @@ class ServeSim:
             else (default_serve_trace() if trace is None else load_trace(trace))
         )
         self.cost = load_batch_cost(cost)
+        for name in sorted({a.drafter for a in self.arms if a.drafter is not None}):
+            self.cost.draft_s(name, 0)  # a drafter the cost model cannot price: refused here, not at a step
         self.num_envs, self.max_batch, self.requests = int(num_envs), int(max_batch), int(requests)
         self.loads = [
             parse_load(x, self.max_batch) for x in (loads if not isinstance(loads, str) else [loads])

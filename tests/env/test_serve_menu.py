@@ -5,8 +5,10 @@ was calibrated for: the batch cost model prices every serving step (a serve trac
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
+import pytest
 
 from env.serve_env import ServeSim
 from tests.env.conftest import make_trace
@@ -41,3 +43,19 @@ def test_a_suffix_arm_replays_like_the_same_trees_under_another_name():
     assert (tok_ngram == tok_none).all() and (tok_suffix == tok_none).all()  # greedy: the same tokens
     assert (steps_ngram < steps_none).any()  # the repetitive trace accepts drafts
     assert (steps_suffix == steps_ngram).all()  # the same trees: the same steps
+
+
+def test_a_drafter_the_batch_cost_model_cannot_price_is_refused_when_the_env_is_built(tmp_path):
+    from env.batch_cost import load_batch_cost
+    from env.cost import CostModelError
+
+    doc = load_batch_cost(None).to_json()  # the shipped calibration: ngram only
+    assert "suffix" not in doc["drafters_s_per_row"]
+    path = tmp_path / "bc.json"
+    path.write_text(json.dumps(doc))
+    trace = _with_copy_of_ngram("suffix")
+    ServeSim(2, trace=trace, arms=["none", "ngram-d3"], cost=str(path), max_batch=4, loads=["2"], requests=3)
+    with pytest.raises(CostModelError, match="no calibration for drafter 'suffix'"):
+        ServeSim(
+            2, trace=trace, arms=["none", "suffix-d3"], cost=str(path), max_batch=4, loads=["2"], requests=3
+        )
