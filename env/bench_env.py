@@ -7,7 +7,6 @@ table of env-steps per second. A benchmark, not a test: numbers depend on the ma
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
@@ -107,7 +106,7 @@ def _seconds(text: str) -> float:
 def _main(argv: list[str] | None) -> int:
     import torch
 
-    from env.cli import Parser, output_file, positive_int
+    from env.cli import Parser, output_file, positive_int, write_json
 
     p = Parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=positive_int, nargs="+", default=[4096, 16384])
@@ -115,33 +114,31 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     json_out = output_file(args.json)
-    rows: list[dict[str, Any]] = []
-    rows.append(
-        {"env": "single replay (unwrapped)", "batch": 1, "steps_per_s": bench_single(args.seconds, False)}
-    )
-    rows.append(
-        {"env": "single replay (gymnasium.make)", "batch": 1, "steps_per_s": bench_single(args.seconds, True)}
-    )
+    from env.machine import machine_info
+
+    doc: dict[str, Any] = {"rows": [], "machine": machine_info(), "complete": False}
+    rows: list[dict[str, Any]] = doc["rows"]
+
+    def add(env: str, batch: int, steps_per_s: float) -> None:  # printed and written as measured
+        rows.append({"env": env, "batch": batch, "steps_per_s": steps_per_s})
+        print(f"{env:34} {batch:>7} {steps_per_s:>14,.0f}", flush=True)
+        write_json(json_out, doc)
+
+    print(f"{'env':34} {'batch':>7} {'env-steps/s':>14}")
+    add("single replay (unwrapped)", 1, bench_single(args.seconds, False))
+    add("single replay (gymnasium.make)", 1, bench_single(args.seconds, True))
     devices: list[str | None] = [None, "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for dev in devices:
         for b in args.batch:
-            name = "vector replay, numpy" if dev is None else f"vector replay, torch {dev}"
-            rows.append({"env": name, "batch": b, "steps_per_s": bench_vector(args.seconds, b, dev)})
+            add("vector replay, numpy" if dev is None else f"vector replay, torch {dev}", b,
+                bench_vector(args.seconds, b, dev))  # fmt: skip
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    print(f"{'env':34} {'batch':>7} {'env-steps/s':>14}")
-    for r in rows:
-        print(f"{r['env']:34} {r['batch']:>7} {r['steps_per_s']:>14,.0f}")
     ref = cpu_reference()
     threads = torch.get_num_threads()
     print(f"machine: {os.cpu_count()} CPUs, torch threads {threads}, load average {load[0]:.1f}")
     print(f"cpu reference: 5M Python additions in {ref:.2f} s (about 0.3 s on an unloaded core)")
-    if json_out is not None:
-        from env.machine import machine_info
-
-        out = {"rows": rows, "machine": machine_info(), "load_average": list(load), "cpu_reference_s": ref}
-        from env.files import atomic_write_text
-
-        atomic_write_text(json_out, json.dumps(out, indent=1))
+    doc.update(load_average=list(load), cpu_reference_s=ref, complete=True)
+    write_json(json_out, doc)
     return 0
 
 

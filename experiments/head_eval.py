@@ -27,12 +27,13 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     import torch
 
+    from drafters import DrafterError
     from drafters.eagle import EagleHead
     from drafters.heads import find_head, load_head, load_state
     from drafters.train import TrainSettings, evaluate, windows
     from drafters.train_data import load_data, split
-    from env.cli import Parser, output_file, positive_int
-    from env.model import load_model
+    from env.cli import Parser, output_file, positive_int, write_json
+    from env.model import DEFAULT_MODEL, load_model
 
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--data", nargs="+", required=True, help="distillation data folders")
@@ -50,14 +51,23 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     json_out = output_file(args.json)
+    kinds = [k.strip() for k in args.heads.split(",") if k.strip()]
+    if not kinds or len(args.weights) > len(kinds):
+        raise DrafterError(f"--heads names {len(kinds)} head(s), --weights {len(args.weights)} file(s)")
+    paths = []  # every head file found before the model loads
+    for i, kind in enumerate(kinds):
+        if kind not in ("eagle", "eagle3"):
+            raise DrafterError(f"--heads: {kind!r} is not a head this evaluation scores (eagle, eagle3)")
+        path = find_head(kind, DEFAULT_MODEL, args.weights[i] if i < len(args.weights) else None)
+        if not path.is_file():
+            raise DrafterError(f"no head file {path}")
+        paths.append(path)
     _, held = split(load_data(*[Path(d) for d in args.data]))  # before the model: a bad folder is one line
     held = windows(held, args.window)
     loaded = load_model(None, dtype="fp32", device="cpu")
     model = loaded.model
     out = []
-    kinds = [k.strip() for k in args.heads.split(",") if k.strip()]
-    for i, kind in enumerate(kinds):
-        path = find_head(kind, loaded.model_id, args.weights[i] if i < len(args.weights) else None)
+    for kind, path in zip(kinds, paths):
         cfg, tensors, meta = load_head(path, kind, model, loaded.model_id)
         head = EagleHead(cfg)
         load_state(head, tensors, str(path))
@@ -81,11 +91,8 @@ def _main(argv: list[str] | None) -> int:
             **metric,
         }
         out.append(row)
-        print(json.dumps(row))
-    if json_out is not None:
-        from env.files import atomic_write_text
-
-        atomic_write_text(json_out, json.dumps(out, indent=2))
+        print(json.dumps(row), flush=True)
+        write_json(json_out, out, indent=2)  # as measured: a later head's error keeps this one's row
     return 0
 
 

@@ -80,19 +80,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from drafters import DrafterError
     from drafters.heads import load_head
     from env.cli import Parser, positive_int
     from env.decoder import chat_prompt
     from env.model import load_model
     from env.target import eos_ids
     from experiments import corpus
+    from experiments.args import int_at_least
 
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("head", help="a head's .safetensors (its .json beside it)")
     p.add_argument("--kind", default="eagle3")
     p.add_argument("--workload", default=None, help="Spec-Bench JSONL prompts (default: the built-in set)")
-    p.add_argument("--exclude-per-category", type=int, default=5)
-    p.add_argument("--code-prompts", type=int, default=400)
+    p.add_argument("--exclude-per-category", type=int_at_least(0), default=5)
+    p.add_argument("--code-prompts", type=int_at_least(0), default=400)
     p.add_argument("--every", type=positive_int, default=8, help="answer every N-th instruction prompt")
     p.add_argument("--max-new-tokens", type=positive_int, default=96)
     p.add_argument("--text-tokens", type=positive_int, default=200_000)
@@ -100,12 +102,15 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     args = p.parse_args(argv)
     path = Path(args.head).with_suffix(".safetensors")
-    t0 = time.perf_counter()
-    loaded = load_model(None, dtype=args.dtype, device="cpu")
-    _, tensors, _ = load_head(path, args.kind, loaded.model, loaded.model_id)
+    for part in (path, path.with_suffix(".json")):  # checked before the model loads
+        if not part.is_file():
+            raise DrafterError(f"{args.head}: no head file {part} (a head is a .safetensors with its .json)")
     texts = corpus.instruction_prompts(args.workload, args.exclude_per_category, args.code_prompts)[
         :: args.every
     ]
+    t0 = time.perf_counter()
+    loaded = load_model(None, dtype=args.dtype, device="cpu")
+    _, tensors, _ = load_head(path, args.kind, loaded.model, loaded.model_id)
     prompt_ids = [chat_prompt(loaded.tokenizer, t) for _, t in texts]
     counts: Counter[int] = Counter()
     answers = answer_counts(loaded, prompt_ids, args.max_new_tokens, args.rows)

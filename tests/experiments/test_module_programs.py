@@ -29,11 +29,19 @@ def no_model(monkeypatch):
         ("head_eval", ["--data", "{tmp}/none"], "no distillation data"),
         ("head_eval", ["--data", "{tmp}", "--json", "{tmp}"], "is a directory, not a file"),
         ("head_eval", ["--data", "{tmp}", "--levels", "0"], "must be >= 1"),
+        (
+            "head_eval",
+            ["--data", "{tmp}", "--heads", "eagle3,eagle3", "--weights", "{tmp}/a.safetensors"],
+            "no head file",
+        ),
+        ("head_eval", ["--data", "{tmp}", "--heads", "early_exit"], "not a head this evaluation scores"),
         ("serve_fidelity", ["--batch-cost", "{tmp}/none.json"], "does not exist"),
         ("serve_fidelity", ["--arm", "ngram-d99"], "unknown arm 'ngram-d99'"),
         ("serve_fidelity", ["--loads", ","], "--loads names no load"),
         ("serve_fidelity", ["--json", "{tmp}"], "is a directory, not a file"),
         ("vocab_order", ["{tmp}/head.safetensors", "--rows", "0"], "must be >= 1"),
+        ("vocab_order", ["{tmp}/head.safetensors"], "no head file"),
+        ("vocab_order", ["{tmp}/head.safetensors", "--exclude-per-category", "-1"], "must be >= 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(
@@ -45,3 +53,13 @@ def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(
     assert code == 2, err
     assert err.count("\n") == 1 and "Traceback" not in err and expected in err, err
     assert err.startswith(f"python -m experiments.{program}: error: "), err
+
+
+def test_vocab_order_checks_the_workload_before_the_model_loads(no_model, tmp_path, capsys):
+    from experiments.vocab_order import main
+
+    for suffix in (".safetensors", ".json"):
+        (tmp_path / f"head{suffix}").write_bytes(b"{}")
+    code = main([str(tmp_path / "head.safetensors"), "--workload", str(tmp_path / "none.jsonl")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "none.jsonl does not exist" in err, err
