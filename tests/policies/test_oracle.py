@@ -52,12 +52,17 @@ def test_optimal_oracle_equals_brute_force(synth_env):
 
         return go(0, 0)
 
-    # prompts of 8 or 9 tokens: 5^8 arm sequences at most
-    short = synthetic_env(trace=synthetic_trace(num_prompts=4, length=9))
+    # prompts of 8 or 9 tokens: 5^8 arm sequences at most; on this seed the per-step greedy choice is not optimal
+    # for some prompt, so a greedy stand-in for the dynamic programme fails here
+    short = synthetic_env(trace=synthetic_trace(num_prompts=4, length=9, seed=3))
+    greedy = oracle_scores(short)[2]
+    beaten = 0
     for p, pid in enumerate(short.prompt_ids):
         assert short.tables.length[p] >= 8
         opt = score_optimal_oracle(short, [pid])
         assert abs(opt.cost_s[0] - least_time(short, p)) < 1e-9, pid
+        beaten += bool(greedy.cost_s[greedy.prompts.index(pid)] > opt.cost_s[0] + 1e-7)
+    assert beaten >= 1
     tb = synth_env.tables
     p = int(np.argmin(np.where(tb.length >= 2, tb.length, 10**9)))
     opt = score_optimal_oracle(synth_env, [synth_env.prompt_ids[p]])
