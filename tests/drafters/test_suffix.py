@@ -133,7 +133,8 @@ def test_an_unknown_choice_is_refused():
 def test_serving_rows_with_suffix_and_other_arms_is_exact(concurrency):
     """Greedy serving with suffix rows (chains and trees, forks sharing one cross-request cache) next to other arms,
     requests joining and leaving: every request gets its plain greedy tokens, and some suffix drafts are accepted
-    (repeated prompts: a later request drafts from an earlier one's answer)."""
+    (the prompts repeat, so the cross-request cache holds answers a later request may draft from; which drafts
+    came from it is not checked here: the tests above check the cache itself)."""
     import torch
 
     from env.batch import BatchEngine
