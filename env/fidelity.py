@@ -68,9 +68,8 @@ def run(
             )
             if lt or ltr or rt or rtr:
                 break
-        state = live._seq.state
         traj = trace.trajectory(trace.prompt_ids.index(pid))[:new]
-        same_text += state.tokens[state.prompt_len :][: len(traj)] == traj
+        same_text += list(live._seq.tokens[: len(traj)]) == list(traj)  # the generated ids, as counted
         bar.update(1)
         if on_prompt is not None:
             on_prompt({**summarize(rows, same_text, n + 1, trace), "complete": n + 1 == len(ids)})
