@@ -21,6 +21,8 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -154,13 +156,41 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+class _Parser(argparse.ArgumentParser):
+    """No abbreviated options; an error is one line and exit code 2 (as the upper layers' programs, whose entry
+    ``env.cli`` this layer may not import)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {' '.join(message.split())}\n")
+        sys.exit(2)
+
+
+def _threads(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
+    ap = _Parser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", metavar="FILE", help="write rows and provenance as JSON")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="logits dtype")
     ap.add_argument("--quick", action="store_true", help="skip B = 64")
-    ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--threads", type=_threads, help="torch CPU threads (default: torch's choice)")
     args = ap.parse_args(argv)
+    if args.json is not None:  # checked before the benchmark runs, not after it
+        out = Path(args.json)
+        if out.is_dir() or args.json.endswith(("/", os.sep)):
+            ap.error(f"--json {args.json} is a directory, not a file")
+        if not out.parent.is_dir() and out.parent.exists():
+            ap.error(f"--json {args.json}: {out.parent} is a file, not a folder")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            ap.error(f"--json {args.json}: cannot make {out.parent} ({err.strerror})")
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = run(getattr(torch, args.dtype), args.quick)

@@ -237,3 +237,25 @@ def test_fidelity_runs_and_the_live_text_equals_the_trace():
     out = run(prompts=1, max_new_tokens=8, progress=False)
     assert out["prompts"] == 1 and out["steps"] >= 1
     assert out["greedy_text_equal"] == 1 and out["tokens_exact"] == 1.0, out
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--qui"], "unrecognized arguments: --qui"),  # no abbreviations
+        (["--json", "{tmp}"], "is a directory, not a file"),
+        (["--threads", "0"], "must be an integer >= 1"),
+    ],
+)
+def test_kernels_bench_refuses_bad_input_before_it_runs(args, expected, tmp_path, capsys, monkeypatch):
+    """It took abbreviations and found a directory as ``--json`` only after the whole benchmark (a traceback)."""
+    import kernels.bench as kb
+
+    monkeypatch.setattr(
+        kb, "run", lambda *a, **k: pytest.fail("the benchmark ran before its arguments were checked")
+    )
+    with pytest.raises(SystemExit) as exit_:
+        kb.main([a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err, err
