@@ -151,6 +151,11 @@ def evaluate(
     trace = load_trace(trace_file)
     cm = load_cost_model(cost_model or policies[0].meta.get("cost_model"))
     test, split_note = _test_split(policies, trace, test_per_category, seed)
+    if not test:
+        raise _user_error(
+            f"the trace {trace_file} leaves no held-out prompt ({split_note}); record more prompts per category "
+            "or pass --test-per-category"
+        )
     train = [p for p in trace.prompt_ids if p not in set(test)]
     menu_names = [a.name for a in make_arms(list(dict.fromkeys(a for p in policies for a in p.arm_names)))]
     env = replay_env(trace, menu_names, cm)

@@ -223,6 +223,8 @@ def cmd_serve_bench(args: Any) -> int:
         methods.append(name)
         args.policy_objects[name], args.policy_max_batch[name] = pol, m
         args.batch_cost_model = load_batch_cost(args.batch_cost)
+    if args.batch_cost is not None and not args.policy:
+        raise UserError("--batch-cost prices a serving policy's choices; it needs --policy (none given)")
     if not methods or len(set(methods)) != len(methods):
         raise UserError(f"--methods must name each method once, got {methods}")
     for m in methods:

@@ -308,6 +308,13 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
             raise UserError(f"--loads: unknown load {x!r}; valid: concurrencies, mixed, bursty, poisson@X")
     max_new = args.max_new_tokens or int(meta.get("max_new_tokens", 64))
     max_batch = int(meta.get("max_batch", 16))
+    live_names = (
+        None if not args.live_policies else {x.strip() for x in args.live_policies.split(",") if x.strip()}
+    )
+    unknown = sorted((live_names or set()) - {name for name, _ in policies})
+    if unknown:
+        raise UserError(f"--live-policies names {', '.join(unknown)}, not among the policies evaluated: "
+                        f"{', '.join(name for name, _ in policies)}")  # fmt: skip
     if args.json:
         output_file(args.json, flag="--json")
     out = output_dir(args.out or "runs/evaluate-serve")
@@ -318,7 +325,6 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
         loaded = load_model(
             args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
         )
-    live_names = None if not args.live_policies else {x.strip() for x in args.live_policies.split(",")}
     if loaded is not None:  # live cells on disk must come from the same settings (a resume), else refused
         from env.files import file_digest
         from experiments.args import same_settings

@@ -175,7 +175,7 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from experiments.args import new_tokens, positive_int
+    from experiments.args import int_at_least, new_tokens, positive_int
 
     t = sub.add_parser("serve-train", help="fit and train the serving policies on the replayed serving env")
     t.add_argument("--trace", default=None, help="replay trace (default: the bundled serving trace)")
@@ -187,7 +187,7 @@ def register(sub: Any) -> None:
     t.add_argument("--max-new-tokens", type=new_tokens, default=64)
     t.add_argument("--requests", type=positive_int, default=32, help="requests per training episode")
     t.add_argument("--max-batch", type=positive_int, default=16)
-    t.add_argument("--timesteps", type=int, default=600_000, help="PPO steps (0: no PPO)")
+    t.add_argument("--timesteps", type=int_at_least(0), default=600_000, help="PPO steps (0: no PPO)")
     t.add_argument("--out", default="runs/serve-policies", help="output folder of the policy files")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_serve_train)

@@ -36,3 +36,7 @@ def test_record_a_tiny_trace(tmp_path):
         and summary["drafters"] == {"ngram": "exact"}
     )
     assert out.is_file()
+    # a trace too small to hold any prompt out: evaluate refuses it in one line (it printed a table of nan before)
+    r = _run("evaluate", "--trace", str(out), "--no-live")
+    assert r.returncode == 2 and "leaves no held-out prompt" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr

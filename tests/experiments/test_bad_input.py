@@ -331,6 +331,17 @@ TRAIN_DRAFTER = [
 ]
 SERVE = [
     ("concurrency-zero", ["serve-bench", "--concurrency", "0"], "levels must be >= 1"),
+    (
+        "serve-bench-cost-without-policy",
+        ["serve-bench", "--batch-cost", "{tmp}/bc.json"],
+        "it needs --policy",
+    ),
+    ("serve-train-timesteps-negative", ["serve-train", "--timesteps", "-1"], "must be >= 0"),
+    (
+        "evaluate-serve-live-unknown",
+        ["evaluate", "--serve", "--live-policies", "nope"],
+        "--live-policies names nope",
+    ),
     ("concurrency-negative", ["serve-bench", "--concurrency", "1,-2"], "levels must be >= 1"),
     ("concurrency-garbage", ["serve-bench", "--concurrency", "1,x"], "comma list of integers"),
     ("rate-zero", ["serve-bench", "--rate", "0"], "--rate: must be in"),
