@@ -132,7 +132,7 @@ def _main(argv: list[str] | None) -> int:
     from env.machine import cpu_label
     from env.model import WEIGHTS, ModelError, load_model, resolve_weights
 
-    ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
+    ap = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--q", default="1,4,8,16,32", help="node counts per row (default 1,4,8,16,32)")
     ap.add_argument("--rows", type=positive_int, default=1)
     ap.add_argument("--context", type=positive_int, default=300)
