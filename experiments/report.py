@@ -34,7 +34,10 @@ def load_run(path: Path) -> dict[str, Any]:
     stale = None
     if not (path / "summary.json").is_file():
         if not has_records:
-            raise ReportError(f"{path} is not a run directory (no summary.json, sweep.json or records.jsonl)")
+            raise ReportError(
+                f"{path} is not a run directory (no summary.json or sweep.json, and no config.toml with records.jsonl; "
+                "a bench folder's table is its bench.json)"
+            )
         _summarize_partial(path)
     elif has_records and _stale(path):
         try:  # the records changed since the summary was made (a resumed run): summarize them again
