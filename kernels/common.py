@@ -59,6 +59,15 @@ class TreeBuffers:
     """int64 [B]."""
 
 
+# tokens per program of the Triton greedy statistics: a row of V tokens is ceil(V / GREEDY_CHUNK) programs
+GREEDY_CHUNK = 4096
+
+
+def greedy_splits(V: int) -> int:
+    """Programs (chunks) per row of the Triton greedy statistics."""
+    return -(-V // GREEDY_CHUNK)
+
+
 class VerifyBuffers:
     """Preallocated outputs and scratch of verifying trees of one shape bucket: ``B`` rows, ``N`` nodes, ``V``
     tokens, on one device. ``kernels.verify(..., out=buffers)`` fills them and returns a Verdict whose tensors
@@ -82,6 +91,11 @@ class VerifyBuffers:
         self.s = torch.ones(B, N, dtype=torch.float32, device=dev)
         self.thr = torch.zeros(B, N, dtype=torch.int64, device=dev)
         self.am = torch.zeros(B, N, dtype=torch.int64, device=dev)
+        # greedy: each row's statistics per chunk of GREEDY_CHUNK tokens, merged by the walk
+        parts = B * N * greedy_splits(V)
+        self.part_m = torch.zeros(parts, dtype=torch.float32, device=dev)
+        self.part_s = torch.zeros(parts, dtype=torch.float32, device=dev)
+        self.part_am = torch.zeros(parts, dtype=torch.int64, device=dev)
         self.coins = torch.zeros(B, N, dtype=torch.float32, device=dev)
         self.final_coins = torch.zeros(B, dtype=torch.float32, device=dev)
         self.all_nodes = torch.full((B,), N, dtype=torch.int64, device=dev)

@@ -6,14 +6,20 @@ Lossless multi-draft rejection sampling over a token tree:
 Same contract and results as `kernels.reference.verify_reference` (DESIGN.md "Verification semantics").
 
 Two launches, no [B, N, V] probability tensor:
-  1. `_row_stats_kernel`, one program per (sequence, node) row: fuses temperature, top-k and top-p into three
-     numbers per row (max m, normaliser s, and a threshold on the order-preserving integer key of
-     z = l * fp32(1/T)), so that p(t) = [key(z_t) >= thr] * exp(z_t - m) / s anywhere later; greedy keeps the
-     argmax and the T=1 softmax statistics. Top-k / top-p thresholds are found by bisection over the 2^32 keys (exact, ties kept
-     together as in the reference), each step a blocked pass over V.
-  2. `_walk_kernel`, one program per sequence: scans nodes in index order (node i is tried iff its parent is the
-     current node) on register vectors of parents, tokens, coins and node probabilities, tests each child, keeps the draft_probs residual max(r - q, 0) in a per-sequence
-     [2, V] fp32 scratch (ping-pong), and draws the bonus token by a blocked inverse CDF with `final_coin`.
+  1. Row statistics. Sampling: `_row_stats_kernel`, one program per (sequence, node) row, fuses temperature, top-k
+     and top-p into three numbers per row (max m, normaliser s, and a threshold on the order-preserving integer
+     key of z = l * fp32(1/T)), so that p(t) = [key(z_t) >= thr] * exp(z_t - m) / s anywhere later; top-k / top-p
+     thresholds are found by bisection over the 2^32 keys (exact, ties kept together as in the reference), each
+     step a blocked pass over V. Greedy: `_greedy_stats_kernel`, one program per (row, chunk of GREEDY_CHUNK
+     tokens), keeps the argmax and the T=1 softmax statistics of its chunk (a row of 49,152 tokens is 12 short
+     programs, not one long serial loop: the loop's latency, not the bytes, bounded a small verify).
+  2. `_walk_kernel`, one program per sequence: greedy first merges the chunks' statistics of its rows, then finds
+     the accepted path without a serial loop (node i is good iff its token is its parent's argmax and no earlier
+     sibling's is; accepted iff every node from it to the root is good: pointer jumping over parents, log2 N
+     steps); sampling scans nodes in index order (node i is tried iff its parent is the current node) on register
+     vectors of parents, tokens, coins and node probabilities, tests each child, keeps the draft_probs residual
+     max(r - q, 0) in a per-sequence [2, V] fp32 scratch (ping-pong), and draws the bonus token by a blocked
+     inverse CDF with `final_coin`.
 Symbols: p target (processed), q draft, x child token, r residual.
 """
 
@@ -26,9 +32,19 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common import Verdict, VerifyBuffers, draw_coins, valid_mask, verdict_from_accepted
+from kernels.common import (
+    GREEDY_CHUNK,
+    Verdict,
+    VerifyBuffers,
+    draw_coins,
+    greedy_splits,
+    valid_mask,
+    verdict_from_accepted,
+)
 
 _GREEDY, _DETERMINISTIC, _DRAFT_PROBS = 0, 1, 2
+# the greedy walk without a serial loop up to this many nodes ([BLOCK_N, BLOCK_N] tiles); a serial scan above it
+PARALLEL_WALK_MAX = 64
 
 
 @triton.jit
@@ -68,7 +84,7 @@ def _mass_above(row_ptr, V, inv_t, m, s, thr_k, t, BLOCK_V: tl.constexpr):
 def _row_stats_kernel(
     logits_ptr, num_nodes_ptr, m_ptr, s_ptr, thr_ptr, am_ptr,
     N, V, inv_t, top_k, top_p,
-    GREEDY: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr, BLOCK_V: tl.constexpr,
+    USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     b = row // N
@@ -84,9 +100,7 @@ def _row_stats_kernel(
         kmin = tl.full((), 2147483647, tl.int64)
         for v0 in range(0, V, BLOCK_V):
             mask = v0 + offs < V
-            z = (
-                tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
-            )  # inv_t = 1 for greedy
+            z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
             bm = tl.max(z, axis=0)
             bi = tl.argmax(z, axis=0).to(tl.int64) + v0
             best = tl.where(bm > m, bi, best)  # strict: the earliest block keeps ties
@@ -95,42 +109,76 @@ def _row_stats_kernel(
             m = m_new
             kmin = tl.minimum(kmin, tl.min(tl.where(mask, _key(z), 2147483647), axis=0).to(tl.int64))
         thr = kmin
-        if not GREEDY:
-            kmax = _key(m).to(tl.int64)
-            if USE_TOP_K:  # largest t with count(key >= t) >= k: the k-th largest key
-                lo = kmin
-                hi = kmax
-                while lo < hi:
-                    mid = lo + (hi - lo + 1) // 2
-                    if _count_ge(row_ptr, V, inv_t, mid, BLOCK_V) >= top_k:
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                thr = lo
-                s = tl.zeros((), tl.float32)
-                for v0 in range(0, V, BLOCK_V):
-                    mask = v0 + offs < V
-                    z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
-                    s += tl.sum(tl.where(mask & (_key(z) >= thr), tl.exp(z - m), 0.0), axis=0)
-            if USE_TOP_P:  # smallest t with mass(key > t) < top_p; keep key >= t
-                lo = thr - 1
-                hi = kmax
-                while lo < hi:
-                    mid = lo + (hi - lo) // 2
-                    if _mass_above(row_ptr, V, inv_t, m, s, thr, mid, BLOCK_V) < top_p:
-                        hi = mid
-                    else:
-                        lo = mid + 1
-                thr = tl.maximum(thr, lo)
-                s = tl.zeros((), tl.float32)
-                for v0 in range(0, V, BLOCK_V):
-                    mask = v0 + offs < V
-                    z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
-                    s += tl.sum(tl.where(mask & (_key(z) >= thr), tl.exp(z - m), 0.0), axis=0)
+        kmax = _key(m).to(tl.int64)
+        if USE_TOP_K:  # largest t with count(key >= t) >= k: the k-th largest key
+            lo = kmin
+            hi = kmax
+            while lo < hi:
+                mid = lo + (hi - lo + 1) // 2
+                if _count_ge(row_ptr, V, inv_t, mid, BLOCK_V) >= top_k:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            thr = lo
+            s = tl.zeros((), tl.float32)
+            for v0 in range(0, V, BLOCK_V):
+                mask = v0 + offs < V
+                z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+                s += tl.sum(tl.where(mask & (_key(z) >= thr), tl.exp(z - m), 0.0), axis=0)
+        if USE_TOP_P:  # smallest t with mass(key > t) < top_p; keep key >= t
+            lo = thr - 1
+            hi = kmax
+            while lo < hi:
+                mid = lo + (hi - lo) // 2
+                if _mass_above(row_ptr, V, inv_t, m, s, thr, mid, BLOCK_V) < top_p:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            thr = tl.maximum(thr, lo)
+            s = tl.zeros((), tl.float32)
+            for v0 in range(0, V, BLOCK_V):
+                mask = v0 + offs < V
+                z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+                s += tl.sum(tl.where(mask & (_key(z) >= thr), tl.exp(z - m), 0.0), axis=0)
         tl.store(m_ptr + row, m)
         tl.store(s_ptr + row, s)
         tl.store(thr_ptr + row, thr)
         tl.store(am_ptr + row, best)
+
+
+@triton.jit
+def _greedy_stats_kernel(
+    logits_ptr, num_nodes_ptr, pm_ptr, ps_ptr, pa_ptr, N, V, SPLITS,
+    CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """Greedy statistics of one chunk of one row: max, sum of exp(l - max) and the earliest argmax of tokens
+    [chunk * CHUNK, (chunk + 1) * CHUNK), into the row's partials (merged by the walk)."""
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    b = row // N
+    i = row % N
+    n = tl.load(num_nodes_ptr + b)
+    if i < n:
+        start = part * CHUNK
+        row_ptr = logits_ptr + row.to(tl.int64) * V + start  # logits: [B, N, V]
+        offs = tl.arange(0, BLOCK_V)
+        m = tl.full((), float("-inf"), tl.float32)
+        s = tl.zeros((), tl.float32)
+        best = tl.zeros((), tl.int64)
+        for v0 in tl.static_range(0, CHUNK, BLOCK_V):
+            mask = start + v0 + offs < V
+            z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32)
+            bm = tl.max(z, axis=0)
+            bi = tl.argmax(z, axis=0).to(tl.int64) + start + v0
+            best = tl.where(bm > m, bi, best)  # strict: the earliest block keeps ties
+            m_new = tl.maximum(m, bm)
+            alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))  # a block past V is all -inf
+            s = s * alpha + tl.sum(tl.where(mask, tl.exp(z - m_new), 0.0), axis=0)
+            m = m_new
+        out = row.to(tl.int64) * SPLITS + part
+        tl.store(pm_ptr + out, m)
+        tl.store(ps_ptr + out, s)
+        tl.store(pa_ptr + out, best)
 
 
 @triton.jit
@@ -144,8 +192,9 @@ def _p_block(row_ptr, offs, mask, inv_t, m, s, thr):
 def _walk_kernel(
     tokens_ptr, parents_ptr, num_nodes_ptr, logits_ptr, dp_ptr, coins_ptr, fcoins_ptr,
     m_ptr, s_ptr, thr_ptr, am_ptr, scratch_ptr, acc_ptr, nprob_ptr, next_ptr, path_ptr, alen_ptr,
-    N, V, inv_t,
+    pm_ptr, ps_ptr, pa_ptr, N, V, inv_t, SPLITS,
     MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, WRITE_PATH: tl.constexpr,
+    SPLITS_P2: tl.constexpr, LOG_N: tl.constexpr, PARALLEL: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     n = tl.load(num_nodes_ptr + b).to(tl.int32)
@@ -154,6 +203,21 @@ def _walk_kernel(
     nmask = offs_n < n
     tok = tl.load(tokens_ptr + base + offs_n, mask=nmask, other=0)  # [BLOCK_N]
     par = tl.load(parents_ptr + base + offs_n, mask=nmask & (offs_n > 0), other=0)
+    if MODE == 0:  # merge the chunks' greedy statistics of this sequence's rows into m, s, am
+        offs_s = tl.arange(0, SPLITS_P2)
+        smask = nmask[:, None] & (offs_s[None, :] < SPLITS)
+        idx = (base + offs_n)[:, None] * SPLITS + offs_s[None, :]  # [BLOCK_N, SPLITS_P2]
+        qm = tl.load(pm_ptr + idx, mask=smask, other=float("-inf"))
+        rm = tl.max(qm, axis=1)
+        qs = tl.load(ps_ptr + idx, mask=smask, other=0.0)
+        rs = tl.sum(tl.where(smask, qs * tl.exp(qm - rm[:, None]), 0.0), axis=1)
+        qa = tl.load(pa_ptr + idx, mask=smask, other=0)
+        # the earliest chunk holding the max
+        ra = tl.min(tl.where(smask & (qm == rm[:, None]), qa, V), axis=1)
+        tl.store(m_ptr + base + offs_n, rm, mask=nmask)
+        tl.store(s_ptr + base + offs_n, rs, mask=nmask)
+        tl.store(am_ptr + base + offs_n, ra, mask=nmask)
+        tl.debug_barrier()  # the rows' statistics are read back below by parent index
     # node_prob[i] = p_{parent(i)}(token_i)
     prow = base + par
     lx = tl.load(logits_ptr + prow * V + tok, mask=nmask, other=0.0).to(tl.float32)
@@ -174,12 +238,31 @@ def _walk_kernel(
     accv = (offs_n == 0).to(tl.int8)  # accepted flags
     if MODE == 0:
         amp = tl.load(am_ptr + prow, mask=nmask, other=-1)  # argmax of each node's parent row
-        code = par * 2 + (tok == amp).to(tl.int64)  # parent and "token is the parent's argmax", one word
-        for i in range(1, n):
-            c = _pick(code, offs_n, i)
-            ok = ((c >> 1) == cur) & ((c & 1) == 1)
-            accv = tl.where((offs_n == i) & ok, 1, accv)
-            cur = tl.where(ok, i, cur)
+        if PARALLEL:
+            # good: the token is its parent's argmax and no earlier sibling's is (the walk takes the first);
+            # accepted: every node from it to the root is good (pointer jumping: after k steps, g covers a node
+            # and its 2^k - 1 nearest ancestors; the root is its own parent and good)
+            hit = nmask & (offs_n > 0) & (tok == amp)
+            p32 = par.to(tl.int32)
+            # [i, j]: j is an earlier sibling of i
+            sib = (offs_n[None, :] < offs_n[:, None]) & (p32[None, :] == p32[:, None])
+            earlier = tl.sum((sib & hit[None, :]).to(tl.int32), axis=1)
+            g = ((hit & (earlier == 0)) | (offs_n == 0)).to(tl.int32)
+            anc = p32
+            for _ in tl.static_range(LOG_N):
+                sel = anc[:, None] == offs_n[None, :]  # [i, j]: j is anc(i)
+                g = g * tl.sum(tl.where(sel, g[None, :], 0), axis=1)
+                anc = tl.sum(tl.where(sel, anc[None, :], 0), axis=1)
+            on = (g > 0) & nmask
+            accv = (on | (offs_n == 0)).to(tl.int8)
+            cur = tl.max(tl.where(on, offs_n, 0), axis=0).to(tl.int64)  # the path's deepest node
+        else:
+            code = par * 2 + (tok == amp).to(tl.int64)  # parent and "token is the parent's argmax", one word
+            for i in range(1, n):
+                c = _pick(code, offs_n, i)
+                ok = ((c >> 1) == cur) & ((c & 1) == 1)
+                accv = tl.where((offs_n == i) & ok, 1, accv)
+                cur = tl.where(ok, i, cur)
         tl.store(next_ptr + b, tl.load(am_ptr + base + cur))
     else:
         coins = tl.load(coins_ptr + base + offs_n, mask=nmask, other=1.0)
@@ -356,12 +439,26 @@ def verify_triton(
         s = torch.ones(B, N, dtype=torch.float32, device=device)
         thr = torch.zeros(B, N, dtype=torch.int64, device=device)
         am = torch.zeros(B, N, dtype=torch.int64, device=device)
-    _row_stats_kernel[(B * N,)](
-        logits, num_nodes, m, s, thr, am, N, V, inv_t, int(top_k), float(top_p),
-        GREEDY=greedy, USE_TOP_K=use_top_k, USE_TOP_P=use_top_p, BLOCK_V=1024,
-    )  # fmt: skip
+    splits = greedy_splits(V) if greedy else 1
+    if not greedy:
+        pm = ps = pa = m  # unused
+        _row_stats_kernel[(B * N,)](
+            logits, num_nodes, m, s, thr, am, N, V, inv_t, int(top_k), float(top_p),
+            USE_TOP_K=use_top_k, USE_TOP_P=use_top_p, BLOCK_V=1024,
+        )  # fmt: skip
+    else:
+        if out is not None:
+            pm, ps, pa = out.part_m, out.part_s, out.part_am
+        else:
+            pm = torch.empty(B * N * splits, dtype=torch.float32, device=device)
+            ps = torch.empty(B * N * splits, dtype=torch.float32, device=device)
+            pa = torch.empty(B * N * splits, dtype=torch.int64, device=device)
+        _greedy_stats_kernel[(B * N, splits)](
+            logits, num_nodes, pm, ps, pa, N, V, splits, CHUNK=GREEDY_CHUNK, BLOCK_V=1024
+        )
 
     block_n = max(16, triton.next_power_of_2(N))
+    parallel = greedy and block_n <= PARALLEL_WALK_MAX
     block_v = max(64, min(1024, 16384 // block_n))
     if out is not None:
         accepted, node_prob, next_token = out.accepted8, out.node_prob, out.next_token
@@ -373,9 +470,10 @@ def verify_triton(
         path = alen = next_token  # unwritten
     _walk_kernel[(B,)](
         tokens, parents, num_nodes, logits, dp, coins, final_coins,
-        m, s, thr, am, scratch, accepted, node_prob, next_token, path, alen,
-        N, V, inv_t, MODE=mode, BLOCK_N=block_n, BLOCK_V=block_v, WRITE_PATH=out is not None,
-        num_warps=1 if greedy else 4,  # the greedy walk is register-only: keep its reductions in one warp
+        m, s, thr, am, scratch, accepted, node_prob, next_token, path, alen, pm, ps, pa, N, V, inv_t, splits,
+        MODE=mode, BLOCK_N=block_n, BLOCK_V=block_v, WRITE_PATH=out is not None,
+        SPLITS_P2=triton.next_power_of_2(splits), LOG_N=block_n.bit_length() - 1, PARALLEL=parallel,
+        num_warps=1 if greedy and not parallel else 4,  # the serial greedy walk: its reductions in one warp
     )  # fmt: skip
     if out is not None:
         return out.verdict()

@@ -37,24 +37,24 @@ def compile_for_sm90(fn, signature: dict, constexprs: dict, num_warps: int = 4) 
 def test_verify_kernels_compile(dtype: str) -> None:
     from kernels import triton_verify as tv
 
-    for greedy, top_k, top_p in ((True, False, False), (False, False, False), (False, True, True)):
+    for top_k, top_p in ((False, False), (True, True)):
         sig = dict(logits_ptr=dtype, num_nodes_ptr="*i64", **VERIFY_ARGS, N="i32", V="i32", inv_t="fp32",
                    top_k="i32", top_p="fp32")  # fmt: skip
-        compile_for_sm90(
-            tv._row_stats_kernel, sig, dict(GREEDY=greedy, USE_TOP_K=top_k, USE_TOP_P=top_p, BLOCK_V=1024)
-        )
-    for mode in (0, 1, 2):
-        sig = dict(tokens_ptr="*i64", parents_ptr="*i64", num_nodes_ptr="*i64", logits_ptr=dtype, dp_ptr=dtype,
-                   coins_ptr="*fp32", fcoins_ptr="*fp32", **VERIFY_ARGS, scratch_ptr="*fp32", acc_ptr="*i8",
-                   nprob_ptr="*fp32", next_ptr="*i64", path_ptr="*i64", alen_ptr="*i64", N="i32", V="i32",
-                   inv_t="fp32")  # fmt: skip
+        compile_for_sm90(tv._row_stats_kernel, sig, dict(USE_TOP_K=top_k, USE_TOP_P=top_p, BLOCK_V=1024))
+    sig = dict(logits_ptr=dtype, num_nodes_ptr="*i64", pm_ptr="*fp32", ps_ptr="*fp32", pa_ptr="*i64", N="i32",
+               V="i32", SPLITS="i32")  # fmt: skip
+    compile_for_sm90(tv._greedy_stats_kernel, sig, dict(CHUNK=4096, BLOCK_V=1024))
+    sig = dict(tokens_ptr="*i64", parents_ptr="*i64", num_nodes_ptr="*i64", logits_ptr=dtype, dp_ptr=dtype,
+               coins_ptr="*fp32", fcoins_ptr="*fp32", **VERIFY_ARGS, scratch_ptr="*fp32", acc_ptr="*i8",
+               nprob_ptr="*fp32", next_ptr="*i64", path_ptr="*i64", alen_ptr="*i64", pm_ptr="*fp32",
+               ps_ptr="*fp32", pa_ptr="*i64", N="i32", V="i32", inv_t="fp32", SPLITS="i32")  # fmt: skip
+    # greedy with the parallel walk (up to 64 nodes) and the serial one above; the two sampling modes
+    for mode, block_n, parallel in ((0, 64, True), (0, 128, False), (1, 64, False), (2, 64, False)):
         for write_path in (False, True):  # True: into preallocated buffers (kernels.VerifyBuffers)
-            compile_for_sm90(
-                tv._walk_kernel,
-                sig,
-                dict(MODE=mode, BLOCK_N=64, BLOCK_V=256, WRITE_PATH=write_path),
-                num_warps=1 if mode == 0 else 4,  # as verify_triton launches them
-            )
+            consts = dict(MODE=mode, BLOCK_N=block_n, BLOCK_V=256, WRITE_PATH=write_path, SPLITS_P2=16,
+                          LOG_N=block_n.bit_length() - 1, PARALLEL=parallel)  # fmt: skip
+            # as verify_triton launches them
+            compile_for_sm90(tv._walk_kernel, sig, consts, num_warps=1 if mode == 0 and not parallel else 4)
 
 
 def test_tree_and_kv_kernels_compile() -> None:

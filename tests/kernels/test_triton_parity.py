@@ -73,6 +73,11 @@ VERIFY_CASES = [
     (4, 3, 9, 4099, 1.1, 0, 1.0, True),
     (5, 3, 6, 1000, 0.8, 0, 0.85, True),
     (6, 5, 7, 1000, 1.0, 0, 1.0, False),
+    # greedy over several chunks of the statistics (kernels.common.GREEDY_CHUNK), the serial walk (> 64 nodes),
+    # duplicate siblings, and a row maximum repeated in a later chunk (the earliest index wins)
+    (8, 3, 70, 9000, 0.0, 0, 1.0, False),
+    (9, 4, 40, 9000, 0.0, 0, 1.0, False),
+    (10, 4, 50, 9000, 0.0, 0, 1.0, False),
 ]
 
 
@@ -82,6 +87,11 @@ def test_verify_parity(seed, B, N, V, temperature, top_k, top_p, stochastic) -> 
     tokens, parents, logits, num_nodes, q, coins, final_coins = make_case(seed, B, N, V, stochastic)
     if seed == 6:  # many duplicate siblings
         tokens = tokens % 3
+    if seed == 9:  # duplicate siblings that are the parent's argmax: the earliest one is taken
+        tokens = torch.cat([tokens[:, :20], tokens[:, 10:30]], dim=1)
+        parents = torch.cat([parents[:, :20], parents[:, 10:30]], dim=1)
+    if seed == 10:  # ties: each row's maximum again at token 8500 (a later chunk)
+        logits[..., 8500] = logits.max(dim=-1).values
     assert triton_enabled(logits)
     kw = dict(num_nodes=num_nodes, temperature=temperature, top_k=top_k, top_p=top_p, draft_probs=q, coins=coins,
               final_coins=final_coins)  # fmt: skip
