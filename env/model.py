@@ -217,6 +217,16 @@ def embedded_model_folder() -> Path:
     return folder
 
 
+def embedded_tokenizer_folder() -> Path:
+    """A folder with the embedded model's tokenizer (``tokenizer.json``, its config and chat template): the converted
+    folder, converting it on first use. A folder that holds only those files serves too: the random-weight shapes
+    need no weights of the embedded model (a GPU machine reached by copying files gets 3.5 MB, not the GGUF)."""
+    folder = cache_dir() / "models" / DEFAULT_MODEL
+    if (folder / "tokenizer.json").is_file():
+        return folder
+    return embedded_model_folder()
+
+
 WEIGHTS = ("dense", "bf16", "fp32", "int8", "int4", "auto")
 
 
@@ -413,8 +423,9 @@ def random_model(
     with torch.device(device):
         net = LlamaForCausalLM(config).to(dtype)
     net.eval().requires_grad_(False)
-    folder = embedded_model_folder()
-    return LoadedModel(net, FastTokenizer(folder), f"random-{shape}", dtype, device, weights, forward)
+    return LoadedModel(
+        net, FastTokenizer(embedded_tokenizer_folder()), f"random-{shape}", dtype, device, weights, forward
+    )
 
 
 def _hf_model(folder: Path, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:

