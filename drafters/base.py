@@ -7,6 +7,7 @@ target logits predict the depth-1 children. ``parents[0] == -1`` and ``parents[i
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -259,3 +260,17 @@ class Forkable(Protocol):
     over the same read-only weights."""
 
     def fork(self) -> Any: ...
+
+
+def keyword_options(cls: Any) -> list[str]:
+    """Keyword arguments a class accepts, following ``**kwargs`` up the base classes."""
+    names: list[str] = []
+    for klass in getattr(cls, "__mro__", (cls,)):
+        init = getattr(klass, "__init__", None)
+        if init is None or init is object.__init__:
+            break
+        params = inspect.signature(init).parameters.values()
+        names += [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return [n for n in dict.fromkeys(names) if n != "self"]

@@ -33,6 +33,7 @@ from drafters.base import (
     TreeShape,
     float_option,
     int_option,
+    keyword_options,
     shown,
 )
 
@@ -109,11 +110,20 @@ def _part_options(options: Any, known: Any) -> dict[str, dict[str, Any]]:
         return {}
     if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
         raise DrafterError(f"hybrid option options must be a table of tables per part, got {shown(options)}")
-    for n in options:
+    from drafters import DRAFTERS
+
+    for n, opts in options.items():
         if n not in known:
             raise DrafterError(
                 f"hybrid option options.{n}: {shown(n)} is not a drafter; known: {', '.join(known)}"
             )
+        valid = keyword_options(DRAFTERS[n])
+        for opt in opts:
+            if opt not in valid:
+                raise DrafterError(
+                    f"hybrid option options.{n}.{opt}: {shown(opt)} is not an option of {n}; "
+                    f"valid: {', '.join(valid)}"
+                )
     return {n: dict(v) for n, v in options.items()}
 
 

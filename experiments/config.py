@@ -12,7 +12,6 @@ A method (one entry of ``methods``) is one of: ``ar`` (our autoregressive loop),
 
 from __future__ import annotations
 
-import inspect
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -298,17 +297,11 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
 
 
 def keywords_of(cls: Any) -> list[str]:
-    """Keyword arguments a class accepts, following ``**kwargs`` up the base classes."""
-    names: list[str] = []
-    for klass in getattr(cls, "__mro__", (cls,)):
-        init = getattr(klass, "__init__", None)
-        if init is None or init is object.__init__:
-            break
-        params = inspect.signature(init).parameters.values()
-        names += [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            break
-    return [n for n in dict.fromkeys(names) if n not in ("self", "arms", "obs_size", "features")]
+    """Keyword arguments a drafter or policy class accepts as options (a policy's arms and feature sizes come
+    from the run, not the config)."""
+    from drafters.base import keyword_options
+
+    return [n for n in keyword_options(cls) if n not in ("arms", "obs_size", "features")]
 
 
 def policy_types() -> dict[str, str] | None:

@@ -68,6 +68,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     text = read_prompt(args)
     if not text.strip():
         raise UserError("the prompt is empty")
+    if args.policy:
+        given = [f for f, v in (("--drafter", args.drafter), ("--depth", args.depth)) if v is not None]
+        given += [f for f, v, d in (("--topk", args.topk, 1), ("--budget", args.budget, 0)) if v != d]
+        if given:
+            raise UserError(f"{', '.join(given)} and --policy: the policy picks the arm every step (its arms are "
+                            "in its file); drop one")  # fmt: skip
     arm = None if args.policy else arm_from_args(args)
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     loaded = load_model(

@@ -29,6 +29,14 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("eagle", "eagle3", "early_exit")
+# flags only some heads read: given for another head they were ignored silently, now they are refused
+KIND_FLAGS = {
+    **dict.fromkeys(("code_prompts", "general_prompts", "text_tokens", "batch"), ("eagle3",)),
+    **dict.fromkeys(
+        ("per_category", "prefill_per_category", "prefill_len", "window", "capture_layers"),
+        ("eagle", "early_exit"),
+    ),
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -144,7 +152,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="target dtype for the data (fp32; eagle3: bf16 answers, the dtype it drafts for; its text is fp32)",
     )
     p.add_argument("--json", action="store_true", help="print the head's metadata as JSON")
-    p.set_defaults(func=cmd_train_drafter)
+    p.set_defaults(func=cmd_train_drafter, kind_flag_defaults={d: p.get_default(d) for d in KIND_FLAGS})
 
 
 def cmd_train_drafter(args: argparse.Namespace) -> int:
@@ -162,6 +170,12 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
 
     if args.per_category < 1 or args.max_new_tokens < 1 or args.cpu_minutes <= 0:
         raise UserError("--per-category, --max-new-tokens and --cpu-minutes must be positive")
+    defaults = getattr(args, "kind_flag_defaults", {})
+    for dest, kinds in KIND_FLAGS.items():
+        if args.kind not in kinds and dest in defaults and getattr(args, dest) != defaults[dest]:
+            raise UserError(
+                f"--{dest.replace('_', '-')} is for {' and '.join(kinds)} heads; {args.kind} does not read it"
+            )
     if args.kind == "eagle3":
         return _train_eagle3(args)
     args.dtype = args.dtype or "fp32"

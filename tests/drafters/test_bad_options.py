@@ -58,7 +58,16 @@ BAD_OPTIONS = [
     ("hybrid", {"options": "x"}, "options must be a table of tables"),
     ("hybrid", {"options": {"bogus": {}}}, "options.bogus: 'bogus' is not a drafter"),
     ("hybrid", {"options": {"eagle3": {"vocab": -1}}}, "hybrid part eagle3: eagle3 option vocab"),
-    ("hybrid", {"options": {"suffix": {"bogus": 1}}}, "options.suffix: .*bogus"),
+    (
+        "hybrid",
+        {"options": {"suffix": {"bogus": 1}}},
+        "options.suffix.bogus: 'bogus' is not an option of suffix; valid: ",
+    ),
+    (
+        "hybrid",
+        {"options": {"eagle3": {"vocb": 8}}},
+        "options.eagle3.vocb: 'vocb' is not an option of eagle3; valid: ",
+    ),
 ]
 
 

@@ -328,6 +328,16 @@ TRAIN_DRAFTER = [
     ("out-under-a-file", ["train-drafter", "eagle", "--out", "{blocker}/h"], "not a directory"),
     ("work-under-a-file", ["train-drafter", "eagle", "--work", "{blocker}/w"], "not a directory"),
     ("workload-missing", ["train-drafter", "eagle", "--workload", "{tmp}/q.jsonl"], "Spec-Bench"),
+    (
+        "eagle3-window",
+        ["train-drafter", "eagle3", "--window", "100"],
+        "--window is for eagle and early_exit heads",
+    ),
+    (
+        "eagle-batch",
+        ["train-drafter", "eagle", "--batch", "4"],
+        "--batch is for eagle3 heads; eagle does not",
+    ),
 ]
 SERVE = [
     ("concurrency-zero", ["serve-bench", "--concurrency", "0"], "levels must be >= 1"),

@@ -92,6 +92,17 @@ def test_generate_refuses_a_policy_for_other_features(fp32_model, tmp_path, caps
     assert code == 2 and "expects observations of size 7" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("flags", [["--drafter", "ngram"], ["--depth", "3", "--topk", "2"]])
+def test_generate_refuses_an_arm_beside_a_policy(tmp_path, capsys, flags):
+    """The policy picks the arm: an arm given beside it was ignored silently; now it is refused up front."""
+    from experiments.cli import main
+
+    code = main(["generate", "hello", "--policy", str(tmp_path / "p.zip"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "and --policy: the policy picks the arm every step" in err
+    assert flags[0] in err
+
+
 def test_an_online_policy_over_drafters_the_cost_model_never_calibrated(fp32_model, prompt_ids):
     """The shipped fp32 cost model calibrated only ngram: a bandit over recycling and eagle arms used to stop with
     CostModelError; the decoder then rewards every step with measured wall time."""
