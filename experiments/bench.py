@@ -389,6 +389,11 @@ def cmd_bench(args: Any) -> int:
     prompts = load_workload(args.workload, per_category=args.per_category)
     if args.limit:
         prompts = prompts[: args.limit]
+    policies = []
+    if args.policy:  # a bad policy file fails here, before a folder is made or the model loads
+        from policies import load_policy
+
+        policies = [load_policy(path) for path in args.policy]
     out = Path(args.out or f"runs/bench-{dt.datetime.now():%Y%m%d-%H%M%S}")
     output_dir(out)
     same_drafter_options(out, options, started=bool(load_done(out / "records.jsonl")))
@@ -396,10 +401,12 @@ def cmd_bench(args: Any) -> int:
         args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
     )
     decoders = {}
-    for path in args.policy or []:  # each saved policy is one more method, "policy:<file stem>"
+    for path, policy in zip(
+        args.policy or [], policies
+    ):  # each saved policy is one more method, "policy:<stem>"
         from experiments.policy_commands import policy_decoder
 
-        decoders[f"policy:{Path(path).stem}"] = policy_decoder(loaded, path)
+        decoders[f"policy:{Path(path).stem}"] = policy_decoder(loaded, policy)
     methods += [m for m in decoders if m not in methods]
     settings = {
         "model": loaded.model_id,

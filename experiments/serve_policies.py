@@ -308,6 +308,11 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
             raise UserError(f"--loads: unknown load {x!r}; valid: concurrencies, mixed, bursty, poisson@X")
     max_new = args.max_new_tokens or int(meta.get("max_new_tokens", 64))
     max_batch = int(meta.get("max_batch", 16))
+    from env.serve_loads import parse_load
+
+    for x in loads:  # a concurrency above the trace's rows fails here, before a folder is made
+        if x not in ("mixed", "bursty"):
+            parse_load(x, max_batch)
     live_names = (
         None if not args.live_policies else {x.strip() for x in args.live_policies.split(",") if x.strip()}
     )

@@ -408,15 +408,19 @@ def cmd_sweep(args: Any) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sets = args.set or []
     base = load_config(args.config, sets=sets)
+    if args.worker_id is None:  # checks before any folder is made
+        if args.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+        if args.storage:
+            open_storage(args.storage, base)  # a storage that cannot be opened fails first
     out = output_dir(args.out or f"runs/sweep-{base.name}")
     url = args.storage or f"sqlite:///{(out / 'study.db').resolve()}"
     progress = not args.json
     if args.worker_id is not None:  # a worker started by --workers: run trials, nothing else
         work(args.config, sets, url, out, worker=args.worker_id, progress=False)
         return 0
-    if args.workers < 1:
-        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
-    open_storage(url, base)  # a storage that cannot be opened fails before the run directory is written
+    if not args.storage:
+        open_storage(url, base)  # the run directory's own SQLite file, before the run directory is written
     prepare_run_dir(base, out, ignore=("sweep.n_trials", "sweep.seed"))
     if args.workers == 1:
         work(args.config, sets, url, out, progress=progress)

@@ -188,19 +188,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         ) from err
     if args.kind == "early_exit" and args.exit_layer not in layers:
         layers = tuple(sorted({*layers, args.exit_layer}))
-    if args.out:
-        output_file(Path(args.out).with_suffix(".safetensors"))
-    if args.work:
-        output_dir(args.work, flag="--work")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, dtype=args.dtype, device="cpu")
-    n_layers = int(loaded.model.config.num_hidden_layers)
-    if not all(1 <= x < n_layers for x in layers) or not 1 <= args.exit_layer < n_layers:
-        raise UserError(
-            f"exit and capture layers must be in 1..{n_layers - 1}, got {layers}, {args.exit_layer}"
-        )
-
+    # the prompts before any folder is made or the model loads: a bad --workload writes nothing
     bench = (  # the benchmark's prompts stay out of training
         {p.prompt_id for p in load_workload(args.workload, per_category=args.exclude_per_category)}
         if args.exclude_per_category > 0
@@ -217,7 +205,28 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         for p in rows[args.per_category : args.per_category + args.prefill_per_category]
     ]
     if not prompts:
-        raise UserError("no training prompts are left once the benchmark prompts are excluded")
+        hint = (
+            " (the built-in set holds 2 prompts per category: pass --workload, e.g. Spec-Bench's question.jsonl)"
+            if args.workload is None
+            else ""
+        )
+        raise UserError(
+            f"no training prompts are left once --exclude-per-category {args.exclude_per_category} benchmark "
+            f"prompts per category are excluded{hint}"
+        )
+    if args.out:
+        output_file(Path(args.out).with_suffix(".safetensors"))
+    if args.work:
+        output_dir(args.work, flag="--work")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load_model(args.model, dtype=args.dtype, device="cpu")
+    n_layers = int(loaded.model.config.num_hidden_layers)
+    if not all(1 <= x < n_layers for x in layers) or not 1 <= args.exit_layer < n_layers:
+        raise UserError(
+            f"exit and capture layers must be in 1..{n_layers - 1}, got {layers}, {args.exit_layer}"
+        )
+
     ids = [(p.prompt_id, chat_prompt(loaded.tokenizer, p.text)) for p in prompts]
     key = hashlib.sha256(
         json.dumps([loaded.model_id, args.dtype, args.max_new_tokens, args.window, layers, ids]).encode()

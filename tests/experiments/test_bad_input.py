@@ -325,9 +325,23 @@ TRAIN_DRAFTER = [
     ("per-category-zero", ["train-drafter", "eagle", "--per-category", "0"], "must be >= 1"),
     ("exit-layer-zero", ["train-drafter", "early_exit", "--exit-layer", "0"], "must be >= 1"),
     ("capture-layers", ["train-drafter", "eagle", "--capture-layers", "a,b"], "--capture-layers must be"),
-    ("out-under-a-file", ["train-drafter", "eagle", "--out", "{blocker}/h"], "not a directory"),
-    ("work-under-a-file", ["train-drafter", "eagle", "--work", "{blocker}/w"], "not a directory"),
+    (
+        "out-under-a-file",
+        ["train-drafter", "eagle", "--exclude-per-category", "0", "--out", "{blocker}/h"],
+        "not a directory",
+    ),
+    (
+        "work-under-a-file",
+        ["train-drafter", "eagle", "--exclude-per-category", "0", "--work", "{blocker}/w"],
+        "not a directory",
+    ),
     ("workload-missing", ["train-drafter", "eagle", "--workload", "{tmp}/q.jsonl"], "Spec-Bench"),
+    (
+        "workload-empty",
+        ["train-drafter", "eagle", "--workload", "{empty}", "--work", "{tmp}/w"],
+        "has no prompts",
+    ),
+    ("builtin-all-excluded", ["train-drafter", "eagle", "--work", "{tmp}/w"], "pass --workload"),
     (
         "eagle3-window",
         ["train-drafter", "eagle3", "--window", "100"],
@@ -444,11 +458,6 @@ MODEL = [
         ["serve-bench", "--workload", "{jsonl_long}", "--dtype", "fp32", "--out", "{tmp}/s"],
         "context is",
     ),
-    (
-        "train-drafter-workload-empty",
-        ["train-drafter", "eagle", "--workload", "{empty}", "--work", "{tmp}/w"],
-        "has no prompts",
-    ),
 ]
 
 CASES = [
@@ -477,7 +486,16 @@ def _expand(args: list[str], files: dict[str, Path], tmp: Path) -> list[str]:
     return out
 
 
-def _check(argv: list[str], needle: str, files: dict[str, Path], tmp: Path, capsys, monkeypatch) -> None:
+def _check(
+    argv: list[str],
+    needle: str,
+    files: dict[str, Path],
+    tmp: Path,
+    capsys,
+    monkeypatch,
+    folders: bool = False,
+) -> None:
+    """``folders``: the problem shows only once the model is loaded, after the output folder was checked (made)."""
     from experiments.cli import main
 
     monkeypatch.chdir(tmp)  # default output folders (runs/...) land in the case's folder
@@ -494,7 +512,9 @@ def _check(argv: list[str], needle: str, files: dict[str, Path], tmp: Path, caps
     assert not files["marker"].exists(), "a hostile payload ran"
     after = {p for p in files["dir"].parent.rglob("*")}
     assert after == before, f"left files behind: {sorted(map(str, after - before))}"
-    written = [p for p in tmp.rglob("*") if p.is_file()]
+    written = [
+        p for p in tmp.rglob("*") if p.is_file() or not folders
+    ]  # no file, nor a folder before the model
     assert not written, f"a refused command wrote {written}"
 
 
@@ -506,7 +526,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, needle, files, tmp_path, capsys,
 @pytest.mark.model
 @pytest.mark.parametrize("argv, needle", [pytest.param(a, n, id=i) for i, a, n in MODEL])
 def test_bad_input_found_after_loading_the_model(argv, needle, files, tmp_path, capsys, monkeypatch):
-    _check(_expand(argv, files, tmp_path), needle, files, tmp_path, capsys, monkeypatch)
+    _check(_expand(argv, files, tmp_path), needle, files, tmp_path, capsys, monkeypatch, folders=True)
 
 
 def test_payload_is_live(tmp_path):
