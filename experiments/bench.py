@@ -1,7 +1,8 @@
 """``draftgym bench``: methods side by side on the same prompts, interleaved, in one run.
 
 Methods: ``hf_greedy`` (Hugging Face ``generate``, greedy), ``hf_pld`` (its prompt lookup,
-``prompt_lookup_num_tokens``), ``llama_cpp`` (llama-cpp-python on the same GGUF, greedy, in a worker process:
+``prompt_lookup_num_tokens``), ``hf_static`` / ``hf_compile`` (greedy over a ``StaticCache`` of a fixed size per
+256 positions; ``hf_compile`` lets ``generate`` compile its forward, which it does on CUDA), ``llama_cpp (llama-cpp-python on the same GGUF, greedy, in a worker process:
 ``experiments.llama_cpp``; the extra ``pip install 'draftgym[llama]'``), ``ar`` (our autoregressive loop) and
 any arm name of ours (``ngram-d8``, ``ngram-d12-k3-b24``, ...). For each prompt every method runs once, in an
 order rotated from prompt to prompt so that slow drifts of the machine spread evenly. Records are appended to
@@ -45,16 +46,37 @@ from experiments.records import (
     workload_identity,
 )
 
-HF_METHODS = ("hf_greedy", "hf_pld")  # run by HFRunner; with llama_cpp: config.EXTERNAL_METHODS
+HF_METHODS = ("hf_greedy", "hf_pld", "hf_static", "hf_compile")  # HFRunner; with llama_cpp: EXTERNAL_METHODS
+# hf_static / hf_compile: the static cache's length, rounded up to this (one compiled shape per size)
+HF_CACHE_BUCKET = 256
+
+
+def _hf_cache_kwarg() -> str:
+    """``generate``'s keyword for a cache object: ``cache`` from transformers 5.24 on (``past_key_values`` warns)."""
+    import transformers
+
+    major_minor = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+    return "cache" if major_minor >= (5, 24) else "past_key_values"
+
+
 DEFAULT_METHODS = ("hf_greedy", "hf_pld", "ar", "ngram-d8", "ngram-d12-k4-b24")
 
 
 class HFRunner:
-    """Hugging Face ``generate`` as a baseline: greedy, or with its prompt lookup."""
+    """Hugging Face ``generate`` as a baseline: greedy, with its prompt lookup, or over a static cache (``static``:
+    eager; ``compile``: ``generate`` compiles its forward, as it does on CUDA for a compileable cache)."""
 
-    def __init__(self, loaded: LoadedModel, prompt_lookup_num_tokens: int = 0) -> None:
+    def __init__(
+        self, loaded: LoadedModel, prompt_lookup_num_tokens: int = 0, cache: str = "dynamic"
+    ) -> None:
+        if cache == "compile" and loaded.device.type != "cuda":
+            raise MethodError(
+                f"hf_compile: Hugging Face compiles generate's forward on CUDA only, not on {loaded.device.type} "
+                "(hf_static runs its static cache there)"
+            )
         self.loaded = loaded
         self.pld = prompt_lookup_num_tokens
+        self.cache = cache
 
     @torch.no_grad()
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
@@ -68,6 +90,12 @@ class HFRunner:
         )
         if self.pld:
             kwargs["prompt_lookup_num_tokens"] = self.pld
+        if self.cache != "dynamic":
+            from transformers import StaticCache
+
+            size = -(-(ids.shape[1] + max_new_tokens) // HF_CACHE_BUCKET) * HF_CACHE_BUCKET
+            kwargs[_hf_cache_kwarg()] = StaticCache(config=model.config, max_cache_len=size)
+            kwargs["disable_compile"] = self.cache == "static"
         t0 = time.perf_counter()
         out = model.generate(ids, **kwargs)
         wall = time.perf_counter() - t0
@@ -99,9 +127,12 @@ def run_method(
             torch.cuda.synchronize()
         return run.tokens[0], time.perf_counter() - t0, run.row_steps[0], run.tau, []
     if method in HF_METHODS:
-        runner = decoders.setdefault(method, HFRunner(loaded, 10 if method == "hf_pld" else 0))
+        runner = decoders.get(method)
+        if runner is None:
+            cache = {"hf_static": "static", "hf_compile": "compile"}.get(method, "dynamic")
+            runner = decoders[method] = HFRunner(loaded, 10 if method == "hf_pld" else 0, cache)
         ids, wall = runner.run(prompt_ids, max_new_tokens)
-        steps, tau = (len(ids), 1.0) if method == "hf_greedy" else (0, None)
+        steps, tau = (0, None) if method == "hf_pld" else (len(ids), 1.0)
         return ids, wall, steps, tau, []
     if method == LLAMA_CPP:  # raises LlamaCppError when its worker cannot run
         if method not in decoders:
@@ -343,7 +374,7 @@ def format_table(rows: list[dict[str, Any]], failures: dict[str, str] | None = N
     return "\n".join(lines)
 
 
-BASELINES = {"hf_greedy", "hf_pld", "llama_cpp", "ar", "none"}
+BASELINES = {"hf_greedy", "hf_pld", "hf_static", "hf_compile", "llama_cpp", "ar", "none"}
 
 
 def best_by_category(rows: list[dict[str, Any]]) -> dict[str, tuple[str, float]]:
@@ -378,6 +409,13 @@ def cmd_bench(args: Any) -> int:
         raise UserError(f"--methods lists a method twice: {methods}")
     for m in methods:
         check_method(m)  # a bad method name fails before the model loads
+    if "hf_compile" in methods:
+        from env.model import resolve_device
+
+        if resolve_device(args.device).type != "cuda":
+            raise UserError(
+                "hf_compile: Hugging Face compiles generate's forward on CUDA only; use hf_static here"
+            )
     options = drafter_options(args.drafter_option)
     gguf = None
     if LLAMA_CPP in methods:  # a folder model without --llama-cpp-gguf fails here, before the model loads
@@ -467,7 +505,7 @@ def register(sub: Any) -> None:
     b.add_argument(
         "--methods",
         default=None,
-        help="comma list: hf_greedy,hf_pld,llama_cpp,ar,ngram-d8,ngram-d12-k4-b24,...; ARM@VARIANT decodes in "
+        help="comma list: hf_greedy,hf_pld,hf_static,hf_compile,llama_cpp,ar,ngram-d8,ngram-d12-k4-b24,...; ARM@VARIANT decodes in "
         "another target variant: a weight format (ar@int4), optionally compiled (ar@int4+compiled); device:none and "
         "device:lookup-dD run the device-resident loop (env.device_loop; CUDA graphs on a GPU) (llama_cpp "
         "needs the extra draftgym[llama])",

@@ -5,8 +5,8 @@ Every field carries a docstring (cleanrl style); every example config explains i
 (or the ``--set`` that did). Precedence is explicit and fixed: **file < sweep trial < command line**
 (``load_config(path, trial=..., sets=...)``).
 
-A method (one entry of ``methods``) is one of: ``ar`` (our autoregressive loop), ``hf_greedy`` / ``hf_pld``
-(Hugging Face ``generate``), ``llama_cpp`` (llama-cpp-python on the embedded model's GGUF), an arm name
+A method (one entry of ``methods``) is one of: ``ar`` (our autoregressive loop), ``hf_greedy`` / ``hf_pld`` /
+``hf_static`` / ``hf_compile`` (Hugging Face ``generate``; the last on CUDA only), ``llama_cpp`` (llama-cpp-python on the embedded model's GGUF), an arm name
 (``ngram-d8``, ``ngram-d12-k4-b24``), or ``policy:NAME`` for the policy described by the table ``[policies.NAME]``.
 """
 
@@ -34,7 +34,7 @@ from experiments.strict_toml import opt as _f
 Scalar = int | float | str | bool
 # The baselines that are not arms of ours, run by ``experiments.bench.run_method``, greedy only: Hugging Face
 # ``generate`` (greedy, prompt lookup) and llama-cpp-python on the embedded GGUF (``experiments.llama_cpp``).
-EXTERNAL_METHODS = ("hf_greedy", "hf_pld", "llama_cpp")
+EXTERNAL_METHODS = ("hf_greedy", "hf_pld", "hf_static", "hf_compile", "llama_cpp")
 DEVICE_PREFIX = "device:"  # device:ARM, the device-resident loop (env.device_loop), greedy
 
 
@@ -258,6 +258,11 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
         elif m in EXTERNAL_METHODS:
             if cfg.decode.temperature > 0:
                 fail(key, f"is {m!r}, which only runs greedy; set decode.temperature = 0 or drop it")
+            if m == "hf_compile" and not _on_cuda(cfg.model.device):
+                fail(
+                    key,
+                    "is 'hf_compile', which Hugging Face compiles on CUDA only; use hf_static on this device",
+                )
             if m == "llama_cpp" and cfg.model.name not in ("", ModelConfig.name):
                 fail(
                     key,
@@ -294,6 +299,16 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
     for j, d in enumerate(cfg.sweep.drafters):
         if d not in DRAFTERS:
             fail(("sweep", f"drafters[{j}]"), f"is {d!r}; known drafters: {', '.join(sorted(DRAFTERS))}")
+
+
+def _on_cuda(device: str) -> bool:
+    """Whether a model.device setting resolves to CUDA on this machine."""
+    from env.model import ModelError, resolve_device
+
+    try:
+        return resolve_device(device).type == "cuda"
+    except ModelError:  # a bad device is reported by its own check
+        return True
 
 
 def keywords_of(cls: Any) -> list[str]:

@@ -16,7 +16,7 @@
 #
 # Make calls 2-5 back to back: the staged files live in /tmp there, and the machine goes back after ~30 s idle (or
 # is taken back for other work: part b first, GGUF-free, keeps its figures if that happens between the calls).
-# Each step runs under its own time limit (part a 360 s, part b 345 s in all: give each call timeout_s 420, and
+# Each step runs under its own time limit (part a 430 s, part b 345 s in all: give each call timeout_s 480, and
 # the whole session's device time, 900 s, also pays the machine's start and the staging). Under $OUT: steps.txt,
 # the JSON summaries and gpu-check-a.tgz / gpu-check-b.tgz (every log and run folder, refreshed after each step).
 # Measured on an H200 (docs/results/gpu-path.md): tests 85 s, verify 25-32 s, the embedded bench ~135 s, the 8B
@@ -26,7 +26,8 @@
 #      device loop eager and in CUDA graphs, under torch.cuda.set_sync_debug_mode("error")), Triton parity;
 #   2. python -m kernels.bench: verify µs for B in {1, 8, 64}, N in {8, 32, 64}, three modes; Triton as it is,
 #      into preallocated buffers, and captured in a CUDA graph, against the torch reference (verify.json);
-#   3. draftgym bench on the embedded model, bf16, Spec-Bench 2 prompts per category: HF generate, our AR, the
+#   3. draftgym bench on the embedded model, bf16, Spec-Bench 2 prompts per category: HF generate (eager, over a
+#      static cache, and compiled), our AR, the
 #      device loop (AR and a lookup chain, CUDA graphs), an n-gram arm (bench-smollm.json).
 # Part b:
 #   4. draftgym serve-bench on random:llama-8b (random weights) at concurrency 1, 8, 64 (goodput; 66 requests of
@@ -67,7 +68,7 @@ transformers.__version__)" | tee -a "$run/machine.txt"
         step verify "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --json "$OUT/verify.json"
         step bench-smollm "$T_BENCH" python3 -m experiments bench --device "$DEV" --dtype bf16 --workload "$WL" \
             --per-category "$PER_CAT" --max-new-tokens 128 --out "$run/bench-smollm" \
-            --methods hf_greedy,ar,device:none,device:lookup-d4,ngram-d4
+            --methods "hf_greedy,$HF_STATIC,ar,device:none,device:lookup-d4,ngram-d4"
         cp "$run/bench-smollm/bench.json" "$OUT/bench-smollm.json" 2>/dev/null
     else
         step serve-big "$T_SERVE" python3 -m experiments serve-bench --model "$BIG" --device "$DEV" \
@@ -87,7 +88,7 @@ cuda_settings() {
     export PYTHONPATH="$here:$SITE" PYTHONUNBUFFERED=1 DRAFTGYM_CACHE=/tmp/draftgym-cache
     RUN_ROOT=/tmp/gpu-run VERIFY_ARGS= DEV=cuda BIG=random:llama-8b WL=/tmp/gpu-stage/question.jsonl PER_CAT=2
     SERVE_PER_CAT=11 CONC=1,8,64 REPLAY_BATCH="16384 262144" TESTS_K="cuda or parity or into"
-    T_TESTS=120 T_VERIFY=70 T_BENCH=170 T_SERVE=240 T_REPLAY=45 T_BIG=60
+    T_TESTS=120 T_VERIFY=70 T_BENCH=240 T_SERVE=240 T_REPLAY=45 T_BIG=60 HF_STATIC=hf_static,hf_compile
 }
 
 tokenizer_files() {  # tokenizer_files DEST: the embedded model's tokenizer files (3.5 MB), all part b needs of it
@@ -169,7 +170,7 @@ dry)  # the same steps on this CPU, small: every command line and output path ch
     OUT=${DRY_OUT:-/tmp/gpu-dry} RUN_ROOT=/tmp/gpu-dry-run
     VERIFY_ARGS=--quick DEV=cpu BIG=random:llama-tiny WL=$SPEC_BENCH PER_CAT=1 SERVE_PER_CAT=1 CONC=1,2
     REPLAY_BATCH="64 256" TESTS_K="(cuda or parity or into) and not interpreter"
-    T_TESTS=600 T_VERIFY=300 T_BENCH=600 T_SERVE=300 T_REPLAY=60 T_BIG=300
+    T_TESTS=600 T_VERIFY=300 T_BENCH=600 T_SERVE=300 T_REPLAY=60 T_BIG=300 HF_STATIC=hf_static  # no compile on a CPU
     measure a && cp "$OUT/steps.txt" "$OUT/steps-a.txt" || exit 1
     # part b as runb runs it: a cache that holds the embedded tokenizer's files and nothing else of the model
     tok=$(mktemp -d) && tokenizer_files "$tok"
