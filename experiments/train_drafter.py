@@ -156,7 +156,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train_drafter(args: argparse.Namespace) -> int:
-    import torch
 
     from drafters.heads import cache_heads_dir, head_name
     from drafters.train import TrainSettings, train_head
@@ -165,7 +164,6 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     from env.machine import cache_dir
     from env.model import load_model
     from env.workloads import load_workload
-    from experiments.args import output_dir, output_file
     from experiments.errors import UserError
 
     if args.per_category < 1 or args.max_new_tokens < 1 or args.cpu_minutes <= 0:
@@ -214,12 +212,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
             f"no training prompts are left once --exclude-per-category {args.exclude_per_category} benchmark "
             f"prompts per category are excluded{hint}"
         )
-    if args.out:
-        output_file(Path(args.out).with_suffix(".safetensors"))
-    if args.work:
-        output_dir(args.work, flag="--work")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _outputs_and_threads(args)
     loaded = load_model(args.model, dtype=args.dtype, device="cpu")
     n_layers = int(loaded.model.config.num_hidden_layers)
     if not all(1 <= x < n_layers for x in layers) or not 1 <= args.exit_layer < n_layers:
@@ -326,7 +319,6 @@ def corpus_folder(cache: Path, loaded: Any, max_new_tokens: int, workload: str |
 
 def _train_eagle3(args: argparse.Namespace) -> int:
     """The corpus (answers on the batch engine + standard-library text), then the fused head."""
-    import torch
 
     from drafters.heads import cache_heads_dir, head_name
     from drafters.train import TrainSettings, train_head
@@ -334,14 +326,8 @@ def _train_eagle3(args: argparse.Namespace) -> int:
     from env.machine import cache_dir
     from env.model import load_model
     from experiments import corpus
-    from experiments.args import output_dir, output_file
 
-    if args.out:
-        output_file(Path(args.out).with_suffix(".safetensors"))
-    if args.work:
-        output_dir(args.work, flag="--work")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _outputs_and_threads(args)
     dtype = args.dtype or "bf16"
     loaded = load_model(args.model, dtype=dtype, device="cpu")
     texts = corpus.instruction_prompts(
@@ -405,3 +391,17 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         progress=progress, keep_ids=keep,
     )  # fmt: skip
     return _report(args, meta, out)
+
+
+def _outputs_and_threads(args: argparse.Namespace) -> None:
+    """--out and --work checked (their folders made) and torch's threads set, once the inputs are known good."""
+    import torch
+
+    from experiments.args import output_dir, output_file
+
+    if args.out:
+        output_file(Path(args.out).with_suffix(".safetensors"))
+    if args.work:
+        output_dir(args.work, flag="--work")
+    if args.threads:
+        torch.set_num_threads(args.threads)
