@@ -105,7 +105,8 @@ def _row_stats_kernel(
             bi = tl.argmax(z, axis=0).to(tl.int64) + v0
             best = tl.where(bm > m, bi, best)  # strict: the earliest block keeps ties
             m_new = tl.maximum(m, bm)
-            s = s * tl.exp(m - m_new) + tl.sum(tl.where(mask, tl.exp(z - m_new), 0.0), axis=0)
+            alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))  # a block of -inf adds nothing
+            s = s * alpha + tl.sum(tl.where(mask & (z > float("-inf")), tl.exp(z - m_new), 0.0), axis=0)
             m = m_new
             kmin = tl.minimum(kmin, tl.min(tl.where(mask, _key(z), 2147483647), axis=0).to(tl.int64))
         thr = kmin
@@ -172,8 +173,9 @@ def _greedy_stats_kernel(
             bi = tl.argmax(z, axis=0).to(tl.int64) + start + v0
             best = tl.where(bm > m, bi, best)  # strict: the earliest block keeps ties
             m_new = tl.maximum(m, bm)
-            alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))  # a block past V is all -inf
-            s = s * alpha + tl.sum(tl.where(mask, tl.exp(z - m_new), 0.0), axis=0)
+            # a block of -inf (past V, or masked tokens) adds nothing: exp(-inf - -inf) would be NaN
+            alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
+            s = s * alpha + tl.sum(tl.where(mask & (z > float("-inf")), tl.exp(z - m_new), 0.0), axis=0)
             m = m_new
         out = row.to(tl.int64) * SPLITS + part
         tl.store(pm_ptr + out, m)
@@ -210,7 +212,7 @@ def _walk_kernel(
         qm = tl.load(pm_ptr + idx, mask=smask, other=float("-inf"))
         rm = tl.max(qm, axis=1)
         qs = tl.load(ps_ptr + idx, mask=smask, other=0.0)
-        rs = tl.sum(tl.where(smask, qs * tl.exp(qm - rm[:, None]), 0.0), axis=1)
+        rs = tl.sum(tl.where(smask & (qm > float("-inf")), qs * tl.exp(qm - rm[:, None]), 0.0), axis=1)
         qa = tl.load(pa_ptr + idx, mask=smask, other=0)
         # the earliest chunk holding the max
         ra = tl.min(tl.where(smask & (qm == rm[:, None]), qa, V), axis=1)

@@ -78,6 +78,9 @@ VERIFY_CASES = [
     (8, 3, 70, 9000, 0.0, 0, 1.0, False),
     (9, 4, 40, 9000, 0.0, 0, 1.0, False),
     (10, 4, 50, 9000, 0.0, 0, 1.0, False),
+    # blocks of -inf logits (masked tokens) at the start of a row and of a chunk: no NaN in the statistics
+    (11, 3, 12, 9000, 0.0, 0, 1.0, False),
+    (12, 3, 9, 4099, 0.9, 0, 1.0, False),
 ]
 
 
@@ -92,6 +95,15 @@ def test_verify_parity(seed, B, N, V, temperature, top_k, top_p, stochastic) -> 
         parents = torch.cat([parents[:, :20], parents[:, 10:30]], dim=1)
     if seed == 10:  # ties: each row's maximum again at token 8500 (a later chunk)
         logits[..., 8500] = logits.max(dim=-1).values
+    if seed in (11, 12):
+        # masked tokens: all of 0..1023 and 4096..5119 -inf; the drafts' tokens kept out of them
+        logits[..., :1024] = float("-inf")
+        logits[..., 4096:5120] = float("-inf")
+        tokens = torch.where((tokens < 1024) | ((tokens >= 4096) & (tokens < 5120)), 2000, tokens)
+        if seed == 11:  # the drafts' tokens again the parent rows' argmax, so that paths get long
+            par = parents.clamp(min=0)
+            best = logits.argmax(dim=-1).gather(1, par)
+            tokens = torch.where(torch.arange(tokens.shape[1], device=tokens.device) % 3 == 0, tokens, best)
     assert triton_enabled(logits)
     kw = dict(num_nodes=num_nodes, temperature=temperature, top_k=top_k, top_p=top_p, draft_probs=q, coins=coins,
               final_coins=final_coins)  # fmt: skip
