@@ -103,7 +103,7 @@ def merge_trees(trees: list[DraftTree], probs: list[list[float]], shape: TreeSha
     )
 
 
-def _part_options(options: Any, known: Any) -> dict[str, dict[str, Any]]:
+def _part_options(options: Any) -> dict[str, dict[str, Any]]:
     """The hybrid's ``options``: a table per drafter (``{"eagle3": {"vocab": 8192}}``; those of a drafter that is
     not a part are unused), keyed by registered drafter names."""
     if options is None:
@@ -112,6 +112,7 @@ def _part_options(options: Any, known: Any) -> dict[str, dict[str, Any]]:
         raise DrafterError(f"hybrid option options must be a table of tables per part, got {shown(options)}")
     from drafters import DRAFTERS
 
+    known = sorted(DRAFTERS)
     for n, opts in options.items():
         if n not in known:
             raise DrafterError(
@@ -165,7 +166,7 @@ class HybridDrafter:
         self.skip_at = float_option("hybrid", "skip_at", skip_at, 0.0, 1e6)
         self.skip_match = int_option("hybrid", "skip_match", skip_match, 0, 1 << 20)
         self.unscored = float_option("hybrid", "unscored", unscored, 0.0, 1.0, low_open=True)
-        self.options = _part_options(options, sorted(DRAFTERS))
+        self.options = _part_options(options)
         self.parts: list[Any] = []
         for n in names:
             try:

@@ -1,8 +1,7 @@
 """``draftgym bench``: methods side by side on the same prompts, interleaved, in one run.
 
-Methods: ``hf_greedy`` (Hugging Face ``generate``, greedy), ``hf_pld`` (its prompt lookup,
-``prompt_lookup_num_tokens``), ``hf_static`` / ``hf_compile`` (greedy over a ``StaticCache`` of a fixed size per
-256 positions; ``hf_compile`` lets ``generate`` compile its forward, which it does on CUDA), ``llama_cpp (llama-cpp-python on the same GGUF, greedy, in a worker process:
+Methods: the Hugging Face ``generate`` baselines of ``experiments.hf_baselines`` (``hf_greedy``, ``hf_pld``,
+``hf_static``, ``hf_compile``), ``llama_cpp`` (llama-cpp-python on the same GGUF, greedy, in a worker process:
 ``experiments.llama_cpp``; the extra ``pip install 'draftgym[llama]'``), ``ar`` (our autoregressive loop) and
 any arm name of ours (``ngram-d8``, ``ngram-d12-k3-b24``, ...). For each prompt every method runs once, in an
 order rotated from prompt to prompt so that slow drifts of the machine spread evenly. Records are appended to
@@ -32,6 +31,7 @@ from env.model import LoadedModel, with_weights
 from env.target import check_prompt
 from env.workloads import Prompt
 from experiments.config import EXTERNAL_METHODS, device_depth, is_device_method
+from experiments.hf_baselines import HF_METHODS, HFRunner, device_problem
 from experiments.llama_cpp import METHOD as LLAMA_CPP
 from experiments.llama_cpp import LlamaCppError, LlamaCppRunner, runner_for
 from experiments.methods import MethodError, device_loop
@@ -46,60 +46,7 @@ from experiments.records import (
     workload_identity,
 )
 
-HF_METHODS = ("hf_greedy", "hf_pld", "hf_static", "hf_compile")  # HFRunner; with llama_cpp: EXTERNAL_METHODS
-# hf_static / hf_compile: the static cache's length, rounded up to this (one compiled shape per size)
-HF_CACHE_BUCKET = 256
-
-
-def _hf_cache_kwarg() -> str:
-    """``generate``'s keyword for a cache object: ``cache`` from transformers 5.24 on (``past_key_values`` warns)."""
-    import transformers
-
-    major_minor = tuple(int(x) for x in transformers.__version__.split(".")[:2])
-    return "cache" if major_minor >= (5, 24) else "past_key_values"
-
-
 DEFAULT_METHODS = ("hf_greedy", "hf_pld", "ar", "ngram-d8", "ngram-d12-k4-b24")
-
-
-class HFRunner:
-    """Hugging Face ``generate`` as a baseline: greedy, with its prompt lookup, or over a static cache (``static``:
-    eager; ``compile``: ``generate`` compiles its forward, as it does on CUDA for a compileable cache)."""
-
-    def __init__(
-        self, loaded: LoadedModel, prompt_lookup_num_tokens: int = 0, cache: str = "dynamic"
-    ) -> None:
-        if cache == "compile" and loaded.device.type != "cuda":
-            raise MethodError(
-                f"hf_compile: Hugging Face compiles generate's forward on CUDA only, not on {loaded.device.type} "
-                "(hf_static runs its static cache there)"
-            )
-        self.loaded = loaded
-        self.pld = prompt_lookup_num_tokens
-        self.cache = cache
-
-    @torch.no_grad()
-    def run(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
-        model = self.loaded.model
-        ids = torch.tensor([prompt_ids], device=self.loaded.device)
-        kwargs: dict[str, Any] = dict(
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=model.generation_config.eos_token_id,
-        )
-        if self.pld:
-            kwargs["prompt_lookup_num_tokens"] = self.pld
-        if self.cache != "dynamic":
-            from transformers import StaticCache
-
-            size = -(-(ids.shape[1] + max_new_tokens) // HF_CACHE_BUCKET) * HF_CACHE_BUCKET
-            kwargs[_hf_cache_kwarg()] = StaticCache(config=model.config, max_cache_len=size)
-            kwargs["disable_compile"] = self.cache == "static"
-        t0 = time.perf_counter()
-        out = model.generate(ids, **kwargs)
-        wall = time.perf_counter() - t0
-        return [int(t) for t in out[0, ids.shape[1] :].tolist()], wall
 
 
 def run_method(
@@ -129,8 +76,7 @@ def run_method(
     if method in HF_METHODS:
         runner = decoders.get(method)
         if runner is None:
-            cache = {"hf_static": "static", "hf_compile": "compile"}.get(method, "dynamic")
-            runner = decoders[method] = HFRunner(loaded, 10 if method == "hf_pld" else 0, cache)
+            runner = decoders[method] = HFRunner(loaded, method)
         ids, wall = runner.run(prompt_ids, max_new_tokens)
         steps, tau = (0, None) if method == "hf_pld" else (len(ids), 1.0)
         return ids, wall, steps, tau, []
@@ -409,13 +355,13 @@ def cmd_bench(args: Any) -> int:
         raise UserError(f"--methods lists a method twice: {methods}")
     for m in methods:
         check_method(m)  # a bad method name fails before the model loads
-    if "hf_compile" in methods:
-        from env.model import resolve_device
+    from env.model import resolve_device
 
-        if resolve_device(args.device).type != "cuda":
-            raise UserError(
-                "hf_compile: Hugging Face compiles generate's forward on CUDA only; use hf_static here"
-            )
+    device = resolve_device(args.device).type
+    for m in methods:
+        problem = device_problem(m, device)
+        if problem:
+            raise UserError(f"{m}: {problem}")
     options = drafter_options(args.drafter_option)
     gguf = None
     if LLAMA_CPP in methods:  # a folder model without --llama-cpp-gguf fails here, before the model loads

@@ -6,8 +6,9 @@ Every field carries a docstring (cleanrl style); every example config explains i
 (``load_config(path, trial=..., sets=...)``).
 
 A method (one entry of ``methods``) is one of: ``ar`` (our autoregressive loop), ``hf_greedy`` / ``hf_pld`` /
-``hf_static`` / ``hf_compile`` (Hugging Face ``generate``; the last on CUDA only), ``llama_cpp`` (llama-cpp-python on the embedded model's GGUF), an arm name
-(``ngram-d8``, ``ngram-d12-k4-b24``), or ``policy:NAME`` for the policy described by the table ``[policies.NAME]``.
+``hf_static`` / ``hf_compile`` (Hugging Face ``generate``: ``experiments.hf_baselines``), ``llama_cpp``
+(llama-cpp-python on the embedded model's GGUF), an arm name (``ngram-d8``, ``ngram-d12-k4-b24``), or
+``policy:NAME`` for the policy described by the table ``[policies.NAME]``.
 """
 
 from __future__ import annotations
@@ -258,11 +259,9 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
         elif m in EXTERNAL_METHODS:
             if cfg.decode.temperature > 0:
                 fail(key, f"is {m!r}, which only runs greedy; set decode.temperature = 0 or drop it")
-            if m == "hf_compile" and not _on_cuda(cfg.model.device):
-                fail(
-                    key,
-                    "is 'hf_compile', which Hugging Face compiles on CUDA only; use hf_static on this device",
-                )
+            problem = _device_problem(m, cfg.model.device)
+            if problem:
+                fail(key, f"is {m!r}: {problem}")
             if m == "llama_cpp" and cfg.model.name not in ("", ModelConfig.name):
                 fail(
                     key,
@@ -301,14 +300,15 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
             fail(("sweep", f"drafters[{j}]"), f"is {d!r}; known drafters: {', '.join(sorted(DRAFTERS))}")
 
 
-def _on_cuda(device: str) -> bool:
-    """Whether a model.device setting resolves to CUDA on this machine."""
+def _device_problem(method: str, device: str) -> str | None:
+    """Why a Hugging Face baseline cannot run where ``model.device`` resolves on this machine, or None."""
     from env.model import ModelError, resolve_device
+    from experiments.hf_baselines import device_problem
 
     try:
-        return resolve_device(device).type == "cuda"
+        return device_problem(method, resolve_device(device).type)
     except ModelError:  # a bad device is reported by its own check
-        return True
+        return None
 
 
 def keywords_of(cls: Any) -> list[str]:

@@ -70,7 +70,7 @@ def gguf_of(model: str | None, gguf: str | Path | None) -> Path:
 
 class LlamaCppRunner:
     """The parent's end of one worker: started (model loaded, warmed up) in the constructor, then ``run`` per
-    prompt, like ``experiments.bench.HFRunner``. Any way the worker fails raises ``LlamaCppError``; after that
+    prompt, like ``experiments.hf_baselines.HFRunner``. Any way the worker fails raises ``LlamaCppError``; after that
     the runner stays dead (bench does not restart it: one failure, one line)."""
 
     def __init__(

@@ -302,15 +302,14 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     split = _split(
         trace, int(tpc), args.seed if args.test_per_category else meta.get("split", {}).get("seed", args.seed)
     )
-    loads = [x.strip() for x in args.loads.split(",") if x.strip()]
-    for x in loads:
-        if x not in ("mixed", "bursty") and not x.isdigit() and not x.startswith("poisson@"):
-            raise UserError(f"--loads: unknown load {x!r}; valid: concurrencies, mixed, bursty, poisson@X")
-    max_new = args.max_new_tokens or int(meta.get("max_new_tokens", 64))
-    max_batch = int(meta.get("max_batch", 16))
     from env.serve_loads import parse_load
 
-    for x in loads:  # a concurrency above the trace's rows fails here, before a folder is made
+    max_new = args.max_new_tokens or int(meta.get("max_new_tokens", 64))
+    max_batch = int(meta.get("max_batch", 16))
+    loads = [x.strip() for x in args.loads.split(",") if x.strip()]
+    for x in loads:  # checked here, before a folder is made (a concurrency above the trace's rows too)
+        if x not in ("mixed", "bursty") and not x.isdigit() and not x.startswith("poisson@"):
+            raise UserError(f"--loads: unknown load {x!r}; valid: concurrencies, mixed, bursty, poisson@X")
         if x not in ("mixed", "bursty"):
             parse_load(x, max_batch)
     live_names = (

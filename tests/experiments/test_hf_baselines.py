@@ -30,7 +30,12 @@ def test_hf_compile_is_refused_off_cuda(capsys):
         pytest.skip("CUDA: hf_compile runs")
     assert main(["bench", "--methods", "ar,hf_compile", "--device", "cpu", "--limit", "1"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "hf_compile: Hugging Face compiles generate's forward on CUDA only" in err
-    with pytest.raises(ConfigError, match="'hf_compile', which Hugging Face compiles on CUDA only"):
+    assert (
+        "\n" not in err
+        and "hf_compile: Hugging Face compiles generate's forward on CUDA only, not on cpu" in err
+    )
+    with pytest.raises(
+        ConfigError, match="is 'hf_compile': Hugging Face compiles generate's forward on CUDA only"
+    ):
         load_config(None, text='methods = ["ar", "hf_compile"]\n[model]\ndevice = "cpu"')
     assert load_config(None, text='methods = ["ar", "hf_static"]').methods == ("ar", "hf_static")

@@ -1,0 +1,67 @@
+"""Hugging Face ``generate`` as baselines of ``draftgym bench`` and ``run``: ``hf_greedy`` (greedy), ``hf_pld`` (its
+prompt lookup, ``prompt_lookup_num_tokens``), ``hf_static`` (greedy over a ``StaticCache`` whose length is rounded up
+to a multiple of ``HF_CACHE_BUCKET`` positions) and ``hf_compile`` (the same, with ``generate`` compiling its forward,
+which Hugging Face does on CUDA only)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+HF_METHODS = ("hf_greedy", "hf_pld", "hf_static", "hf_compile")
+HF_CACHE_BUCKET = 256  # the static cache's length is rounded up to this: one compiled shape per size
+_CACHE = {"hf_static": "static", "hf_compile": "compile"}
+
+
+def device_problem(method: str, device: str) -> str | None:
+    """Why ``method`` cannot run on a device of type ``device``, or None."""
+    if method == "hf_compile" and device != "cuda":
+        return f"Hugging Face compiles generate's forward on CUDA only, not on {device}; use hf_static there"
+    return None
+
+
+def _cache_kwarg() -> str:
+    """``generate``'s keyword for a cache object: ``cache`` from transformers 5.24 on (``past_key_values`` warns)."""
+    import transformers
+
+    major_minor = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+    return "cache" if major_minor >= (5, 24) else "past_key_values"
+
+
+class HFRunner:
+    """One of ``HF_METHODS`` on a loaded model (``loaded``: an ``env.model.LoadedModel``)."""
+
+    def __init__(self, loaded: Any, method: str) -> None:
+        from experiments.methods import MethodError
+
+        problem = device_problem(method, loaded.device.type)
+        if problem:
+            raise MethodError(f"{method}: {problem}")
+        self.loaded = loaded
+        self.pld = 10 if method == "hf_pld" else 0
+        self.cache = _CACHE.get(method, "dynamic")
+
+    @torch.no_grad()
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
+        model = self.loaded.model
+        ids = torch.tensor([prompt_ids], device=self.loaded.device)
+        kwargs: dict[str, Any] = dict(
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=model.generation_config.eos_token_id,
+        )
+        if self.pld:
+            kwargs["prompt_lookup_num_tokens"] = self.pld
+        if self.cache != "dynamic":
+            from transformers import StaticCache
+
+            size = -(-(ids.shape[1] + max_new_tokens) // HF_CACHE_BUCKET) * HF_CACHE_BUCKET
+            kwargs[_cache_kwarg()] = StaticCache(config=model.config, max_cache_len=size)
+            kwargs["disable_compile"] = self.cache == "static"
+        t0 = time.perf_counter()
+        out = model.generate(ids, **kwargs)
+        wall = time.perf_counter() - t0
+        return [int(t) for t in out[0, ids.shape[1] :].tolist()], wall
