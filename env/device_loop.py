@@ -246,19 +246,34 @@ class DeviceLoop:
     @torch.no_grad()
     def step(self, span: int) -> None:
         """One decoding step of every row over ``span`` key positions (must exceed every row's ``lens`` plus the
-        step's nodes). Reads nothing back to the host."""
-        hist, cur, lens = self.hist, self.cur_len, self.lens
-        root = hist.gather(1, (cur - 1)[:, None])  # [B, 1]
-        ids = torch.cat([root, self.lookup()], 1) if self.depth else root  # [B, q]
+        step's nodes). Reads nothing back to the host. Its stages (``draft``, ``forward``, ``verify``, ``commit``)
+        are methods of their own, so that ``env.bench_device_step`` can time each."""
+        ids = self.draft()
+        logits = self.forward(ids, span)
+        self.commit(ids, self.verify(ids, logits))
+
+    def draft(self) -> torch.Tensor:
+        """[B, q] the step's chain per row: the root (the last committed token), then the lookup's drafts."""
+        root = self.hist.gather(1, (self.cur_len - 1)[:, None])  # [B, 1]
+        return torch.cat([root, self.lookup()], 1) if self.depth else root
+
+    def forward(self, ids: torch.Tensor, span: int) -> torch.Tensor:
+        """[B, q, V] logits of the chain ``ids``, its keys and values written at each row's next positions."""
+        lens = self.lens
         pos = lens[:, None] + self.ar_q  # [B, q]: the nodes' positions and cache slots
-        key_pos = self.key_pos[:span]
-        rel = key_pos[None, :] - lens[:, None]  # [B, span]: node index of each key position in this step
+        rel = self.key_pos[:span][None, :] - lens[:, None]  # [B, span]: node index of each key position
         see = (rel[:, None, :] < 0) | (rel[:, None, :] <= self.ar_q[None, :, None])  # committed, or ancestors
         hidden = self.net.device_forward(ids, pos, self.cache, self.rows_idx, pos, see[:, None])
-        logits = self.net.head(hidden)  # [B, q, V]
-        v = kernels.verify(ids, self.parents, logits, out=self.buf)
+        return self.net.head(hidden)
+
+    def verify(self, ids: torch.Tensor, logits: torch.Tensor) -> kernels.Verdict:
+        """The chain's verdict, written into the loop's preallocated buffers."""
+        return kernels.verify(ids, self.parents, logits, out=self.buf)
+
+    def commit(self, ids: torch.Tensor, v: kernels.Verdict) -> None:
+        """Commit the accepted drafts (ids[:, 1 .. a]) and the bonus token at index a; advance the live rows."""
+        hist, cur, lens = self.hist, self.cur_len, self.lens
         a, nxt = v.accept_len, v.next_token
-        # committed tokens: the accepted drafts (ids[:, 1 .. a]), then the bonus token at index a
         shifted = torch.cat([ids[:, 1:], nxt[:, None]], 1)
         committed = torch.where(self.ar_q[None] < a[:, None], shifted, nxt[:, None])  # [B, q], valid up to a
         live = ~self.done

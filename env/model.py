@@ -392,12 +392,15 @@ def load_model(
 
 RANDOM_PREFIX = "random:"
 # Llama-architecture shapes with random weights, for speed studies (speed does not depend on the weights' values;
-# every figure of one says "random weights"): Llama-3.2-1B's and Llama-3.1-8B's sizes, and a tiny one for tests.
+# every figure of one says "random weights"): Llama-3.2-1B's and Llama-3.1-8B's sizes, the embedded model's (timing its
+# steps without its GGUF), and a tiny one for tests.
 RANDOM_SHAPES: dict[str, dict[str, Any]] = {
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                      num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True),
     "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                      num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=False),
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, rope_theta=100000.0, tie_word_embeddings=True),
     "llama-tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=49152, rope_theta=10000.0, tie_word_embeddings=False),
 }  # fmt: skip

