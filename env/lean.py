@@ -1,7 +1,8 @@
 """The lean forward of a Llama-family target (Llama, SmolLM2, Qwen2, Mistral) over the batch engine's
 ``RaggedCache``: fused QKV and gate/up projections, rotary tables computed once per forward, each layer's keys and
 values written straight into the rows' cache slots, one SDPA call per layer with the tree mask the step needs (or
-none: a single row's causal forward). No per-layer Python work beyond the arithmetic.
+none: a single row's causal forward; on CUDA in bf16, a step of several nodes attends through the split-key Triton
+kernel ``kernels.tree_attention`` instead: ``attention_mode``). No per-layer Python work beyond the arithmetic.
 
 The weights come in one of ``kernels.quant.FORMATS``: ``dense`` (the activation dtype), ``int8`` (per output
 channel) or ``int4`` (group 32; for the embedded model read from the GGUF's own Q4_1 blocks: ``env.lean_files``,
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+import kernels
 from kernels.quant import WIDE_ROWS, QLinear, int4_fits, wide_in_fp32
 
 # config.model_type values the lean forward reproduces (full causal attention; see env.batch.check_architecture)
@@ -256,6 +258,7 @@ class LeanLlama:
         nh = self.heads + self.kv_heads
         half = hd // 2
         sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half's sign, folded into sin
+        fused = not causal and mask is not None and fused_attention(x, q)
         for i, L in enumerate(self.layers):
             h = self._rms(x, L.ln1)
             qkv = L.qkv(h)
@@ -274,20 +277,47 @@ class LeanLlama:
                 keys, vals = ks, vs.transpose(1, 2)
             else:
                 keys, vals = kc[lo:hi, :, :span], vc[lo:hi, :, :span]
-            if q == 1 and x.dtype != torch.float32 and x.device.type == "cpu":  # a decoding step: _attend_one
-                a = _attend_one(qs, keys, vals, mask, self.scale)
+            if fused:  # [b, q, heads, hd]: the output projection reads it as it is
+                a = kernels.tree_attention(qs, keys, vals, mask, self.scale).reshape(b, q, nq)
+            elif (
+                q == 1 and x.dtype != torch.float32 and x.device.type == "cpu"
+            ):  # a decoding step: _attend_one
+                a = _attend_one(qs, keys, vals, mask, self.scale).transpose(1, 2).reshape(b, q, nq)
             else:
                 if wide:
                     qs, keys, vals = qs.float(), keys.float(), vals.float()
                 a = F.scaled_dot_product_attention(
                     qs, keys, vals, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=self.gqa
                 ).to(x.dtype)
-            x = x + L.o(a.transpose(1, 2).reshape(b, q, nq))
+                a = a.transpose(1, 2).reshape(b, q, nq)
+            x = x + L.o(a)
             gu = L.gate_up(self._rms(x, L.ln2))
             x = x + L.down(F.silu(gu[..., : self.inter]) * gu[..., self.inter :])
             if tap and tap[i]:
                 taps.append(x)
         return x, taps
+
+
+ATTENTION_MODES = ("auto", "sdpa", "triton")
+
+
+def attention_mode() -> str:
+    """``DRAFTGYM_ATTENTION``: how a masked step's attention runs on CUDA in bf16 or fp16. ``auto`` (default): the
+    split-key Triton kernel (``kernels.tree_attention``) for steps of two or more nodes, SDPA for one (its cuDNN
+    kernel is fast there; with a mask over several nodes it took 6x as long on an H200); ``sdpa``: always SDPA;
+    ``triton``: the kernel for one node too. fp32 and CPUs keep SDPA (fp32 logits equal transformers')."""
+    mode = os.environ.get("DRAFTGYM_ATTENTION", "auto")
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"DRAFTGYM_ATTENTION={mode!r}; valid: {', '.join(ATTENTION_MODES)}")
+    return mode
+
+
+def fused_attention(x: torch.Tensor, q: int) -> bool:
+    """Whether a masked forward of ``q`` nodes per row with activations ``x`` attends through the Triton kernel."""
+    if not x.is_cuda or x.dtype == torch.float32 or torch.compiler.is_compiling():
+        return False
+    mode = attention_mode()
+    return mode == "triton" or (mode == "auto" and q > 1)
 
 
 def _attend_one(qs: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None,

@@ -326,10 +326,13 @@ def load_model(
     from kernels import quant
     from kernels.packed import packed_mode
 
+    from env.lean import attention_mode
+
     try:
         quant.wide_mode()  # how wide products run (kernels.quant): a bad setting is refused before any work
         packed_mode()
-    except quant.QuantError as err:
+        attention_mode()
+    except (quant.QuantError, ValueError) as err:
         raise ModelError(str(err)) from err
     if dev.type == "cpu" and torch_dtype != torch.float32:
         settle_wide(torch_dtype)

@@ -23,12 +23,18 @@
 # serve-bench ~215 s, replay 27 s, the 8B bench 31 s; the machine's start ~30 s, a staging call ~5 s.
 # Part a:
 #   1. the CUDA tests: greedy fp32 equal to Hugging Face greedy on CUDA (the decoder with every drafter kind; the
-#      device loop eager and in CUDA graphs, under torch.cuda.set_sync_debug_mode("error")), Triton parity;
-#   2. python -m kernels.bench: verify µs for B in {1, 8, 64}, N in {8, 32, 64}, three modes; Triton as it is,
-#      into preallocated buffers, and captured in a CUDA graph, against the torch reference (verify.json);
-#   3. draftgym bench on the embedded model, bf16, Spec-Bench 2 prompts per category: HF generate (eager, over a
-#      static cache, and compiled), our AR, the
-#      device loop (AR and a lookup chain, CUDA graphs), an n-gram arm (bench-smollm.json).
+#      device loop eager and in CUDA graphs, under torch.cuda.set_sync_debug_mode("error")), Triton parity (verify
+#      and the split-key attention), the bf16 device loop through that attention;
+#   2. python -m env.bench_device_step on the embedded model: the step by chain depth and stage, attention through
+#      SDPA and through the Triton kernel (step-sdpa.json, step-triton.json); the greedy verify with its walk on
+#      2, 4, 8 and 16 warps (walk-warps.json);
+#   3. draftgym bench on the embedded model, bf16, Spec-Bench summarization and RAG, 4 prompts each: HF generate
+#      (eager, over a static cache, and compiled), the device loop (AR and lookup chains of 4, 8, 16 drafts, CUDA
+#      graphs) (bench-smollm.json).
+# Part c (runc, its own call, GGUF-free): the verify table (python -m kernels.bench: verify µs for B in {1, 8, 64},
+#   N in {8, 32, 64}, three modes; Triton as it is, into buffers, in a CUDA graph, and that graph as the device's
+#   time; verify.json); the device step of the embedded model's shape with random weights and its kernels
+#   (device-step.json); random:llama-1b against HF generate eager, static and compiled (bench-1b.json).
 # Part b:
 #   4. draftgym serve-bench on random:llama-8b (random weights) at concurrency 1, 8, 64 (goodput; 66 requests of
 #      32 tokens; serve-big.json);
@@ -64,8 +70,18 @@ transformers.__version__)" | tee -a "$run/machine.txt"
     if [ "$part" = a ]; then
         step tests "$T_TESTS" python3 -m pytest -q -rfE --durations=15 -p no:cacheprovider \
             tests/env/test_device_loop.py tests/env/test_cuda.py tests/kernels/test_triton_parity.py \
-            tests/kernels/test_device_generator.py -k "$TESTS_K"
-        step verify "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --json "$OUT/verify.json"
+            tests/kernels/test_device_generator.py tests/kernels/test_triton_attention.py -k "$TESTS_K"
+        # the embedded model's step by depth, attention through SDPA against the split-key Triton kernel
+        for mode in sdpa triton; do
+            export DRAFTGYM_ATTENTION=$mode
+            step "step-$mode" "$T_STEP" python3 -m env.bench_device_step --device "$DEV" --dtype bf16 \
+                --depths 0,4,8,16 $STEP_ARGS --json "$OUT/step-$mode.json"
+        done
+        unset DRAFTGYM_ATTENTION  # auto: the kernel for steps of several nodes, SDPA for one
+        if [ "$DEV" = cuda ]; then
+            step walk-warps 60 python3 -m kernels.bench --dtype bfloat16 --walk-warps 2,4,8,16 \
+                --json "$OUT/walk-warps.json"
+        fi
         # summarization and RAG (where the issue's 1.5x line is drawn), deeper lookup chains beside depth 4
         step bench-smollm "$T_BENCH" python3 -m experiments bench --device "$DEV" --dtype bf16 --workload "$WL_SR" \
             --per-category "$PER_CAT_SR" --max-new-tokens 128 --out "$run/bench-smollm" \
@@ -97,7 +113,7 @@ cuda_settings() {
     export PYTHONPATH="$here:$SITE" PYTHONUNBUFFERED=1 DRAFTGYM_CACHE=/tmp/draftgym-cache
     RUN_ROOT=/tmp/gpu-run VERIFY_ARGS= DEV=cuda BIG=random:llama-8b WL=/tmp/gpu-stage/question.jsonl PER_CAT=2
     WL_SR=/tmp/gpu-stage/question_sr.jsonl PER_CAT_SR=4
-    SERVE_PER_CAT=11 CONC=1,8,64 REPLAY_BATCH="16384 262144" TESTS_K="cuda or parity or into"
+    SERVE_PER_CAT=11 CONC=1,8,64 REPLAY_BATCH="16384 262144" TESTS_K="cuda or parity or into or attention"
     T_TESTS=120 T_VERIFY=70 T_BENCH=240 T_SERVE=240 T_REPLAY=45 T_BIG=60 HF_STATIC=hf_static,hf_compile
     SMALL=random:smollm2-135m BIG1=random:llama-1b STEP_ARGS= T_STEP=90 T_BIG1=180
 }
@@ -191,7 +207,7 @@ dry)  # the same steps on this CPU, small: every command line and output path ch
     OUT=${DRY_OUT:-/tmp/gpu-dry} RUN_ROOT=/tmp/gpu-dry-run
     VERIFY_ARGS=--quick DEV=cpu BIG=random:llama-tiny WL=$SPEC_BENCH PER_CAT=1 SERVE_PER_CAT=1 CONC=1,2
     WL_SR=$(mktemp) PER_CAT_SR=1 && grep -E '"category": *"(summarization|rag)"' "$SPEC_BENCH" >"$WL_SR"
-    REPLAY_BATCH="64 256" TESTS_K="(cuda or parity or into) and not interpreter"
+    REPLAY_BATCH="64 256" TESTS_K="(cuda or parity or into or attention) and not interpreter"
     T_TESTS=600 T_VERIFY=300 T_BENCH=600 T_SERVE=300 T_REPLAY=60 T_BIG=300 HF_STATIC=hf_static  # no compile on a CPU
     SMALL=random:llama-tiny BIG1=random:llama-tiny STEP_ARGS="--steps 4 --reps 2 --context 128" T_STEP=300 T_BIG1=300
     measure c && cp "$OUT/steps.txt" "$OUT/steps-c.txt" || exit 1

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from kernels.common import TreeBuffers, Verdict, VerifyBuffers, draw_coins
 from kernels.reference import argmax_lastdim, inverse_cdf, process_logits, verify_reference
-from kernels.reference_tree import compact_kv_reference, tree_buffers_reference
+from kernels.reference_tree import compact_kv_reference, tree_attention_reference, tree_buffers_reference
 
 __all__ = [
     "TreeBuffers",
@@ -32,6 +32,8 @@ __all__ = [
     "process_logits",
     "tree_buffers",
     "tree_buffers_reference",
+    "tree_attention",
+    "tree_attention_reference",
     "triton_enabled",
     "verify",
     "verify_reference",
@@ -94,6 +96,18 @@ def tree_buffers(parents: Tensor, num_nodes: Tensor | None = None) -> TreeBuffer
 
         return tree_buffers_triton(parents, num_nodes)
     return tree_buffers_reference(parents, num_nodes)
+
+
+def tree_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """Attention of a few nodes per row over a KV cache under a mask (a decoding or verify step): q [B, H, Q, D],
+    k and v [B, Hkv, S, D] (a view of the cache: any strides), mask bool [B, 1, Q, S]; returns [B, Q, H, D]. The
+    split-key Triton kernel where it takes the shapes (``kernels.triton_attention.supported``), SDPA otherwise."""
+    if triton_enabled(q):
+        from kernels.triton_attention import supported, tree_attention_triton
+
+        if supported(q, k, mask):
+            return tree_attention_triton(q, k, v, mask, scale)
+    return tree_attention_reference(q, k, v, mask, scale)
 
 
 def compact_kv_(kv: Tensor, start: int, path: Tensor) -> int:

@@ -1,6 +1,6 @@
 """Benchmark of tree verification: median microseconds per `verify` call, Triton vs the torch reference.
 
-    python -m kernels.bench [--json FILE] [--dtype float32|bfloat16] [--quick] [--threads N]
+    python -m kernels.bench [--json FILE] [--dtype float32|bfloat16] [--quick] [--threads N] [--walk-warps 4,8]
 
 Shapes: B in {1, 8, 64}, N in {8, 32, 64}, V = 49152 (SmolLM2's vocabulary); modes greedy, sampling with
 deterministic drafts, sampling with draft_probs (T = 1). On CPU only the reference runs (Triton needs CUDA), as it
@@ -167,6 +167,35 @@ def run(dtype: torch.dtype, quick: bool) -> list[dict]:
     return rows
 
 
+def walk_warps(dtype: torch.dtype, choices: list[int]) -> list[dict]:
+    """Greedy verify at B in {1, 8}, N in {8, 32, 64}, captured in a CUDA graph, with the parallel walk's program
+    on each number of warps (``kernels.triton_verify.WALK_WARPS``), timed both ways (``+graph``, ``+graph+pipe``)."""
+    from kernels import triton_verify
+
+    V, rows, saved = 49152, [], triton_verify.WALK_WARPS
+    try:
+        for B in (1, 8):
+            for N in (8, 32, 64):
+                tokens, parents, logits, _ = make_inputs(B, N, V, dtype, "cuda", False)
+                for w in choices:
+                    triton_verify.WALK_WARPS = w
+                    out = VerifyBuffers(B, N, V, "cuda")
+                    fn = cuda_graph(
+                        functools.partial(triton_verify.verify_triton, tokens, parents, logits, out=out)
+                    )
+                    for name, (us, reps) in (
+                        (f"triton+graph w{w}", time_call(fn, "cuda", 0.5, 50)),
+                        (f"triton+graph+pipe w{w}", time_pipelined(fn, 100)),
+                    ):
+                        rows.append(
+                            dict(mode="greedy", B=B, N=N, V=V, impl=name, median_us=round(us, 1), reps=reps)
+                        )
+                        print(f"      greedy B={B:<3} N={N:<3} {name}: {us:>8.1f} us", flush=True)
+    finally:
+        triton_verify.WALK_WARPS = saved
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     impls = sorted({r["impl"] for r in rows}, reverse=True)
     head = "| mode | B | N | V | " + " | ".join(f"{i} µs" for i in impls) + " |"
@@ -199,12 +228,23 @@ def _threads(text: str) -> int:
     return int(text)
 
 
+def _warps(text: str) -> list[int]:
+    items = text.split(",")
+    if not all(x.isascii() and x.isdigit() and int(x) in (1, 2, 4, 8, 16, 32) for x in items):
+        raise argparse.ArgumentTypeError(f"must be a comma list of 1, 2, 4, 8, 16 or 32, got {text!r}")
+    return [int(x) for x in items]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _Parser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", metavar="FILE", help="write rows and provenance as JSON")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="logits dtype")
     ap.add_argument("--quick", action="store_true", help="skip B = 64")
     ap.add_argument("--threads", type=_threads, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument(
+        "--walk-warps", type=_warps, metavar="LIST",
+        help="CUDA: only greedy verify, the parallel walk on each of these numbers of warps (e.g. 2,4,8,16)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     if args.json is not None:  # checked before the benchmark runs, not after it
         out = Path(args.json)
@@ -218,7 +258,12 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--json {args.json}: cannot make {out.parent} ({err.strerror})")
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = run(getattr(torch, args.dtype), args.quick)
+    if args.walk_warps is not None:
+        if not torch.cuda.is_available():
+            ap.error("--walk-warps needs CUDA (the Triton kernels)")
+        rows = walk_warps(getattr(torch, args.dtype), args.walk_warps)
+    else:
+        rows = run(getattr(torch, args.dtype), args.quick)
     print()
     print(table(rows))
     if args.json:

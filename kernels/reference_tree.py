@@ -84,3 +84,15 @@ def compact_kv_reference(kv: Tensor, start: int, path: Tensor) -> int:
         return start + S
     kv[:, :, start : start + S] = kv.index_select(2, path + start)  # index_select copies before writing
     return start + S
+
+
+def tree_attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """Attention of Q nodes per row over S keys under a mask: q [B, H, Q, D], k and v [B, Hkv, S, D] (query head h
+    reads KV head h // (H / Hkv), as transformers' grouped-query attention), mask bool [B, 1, Q, S] (True: the node
+    sees the key); returns [B, Q, H, D] (the layout the output projection reads)."""
+    import torch.nn.functional as F
+
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+    )  # fmt: skip
+    return out.transpose(1, 2)

@@ -45,6 +45,9 @@ from kernels.common import (
 _GREEDY, _DETERMINISTIC, _DRAFT_PROBS = 0, 1, 2
 # the greedy walk without a serial loop up to this many nodes ([BLOCK_N, BLOCK_N] tiles); a serial scan above it
 PARALLEL_WALK_MAX = 64
+# warps of the parallel greedy walk's program ([BLOCK_N, BLOCK_N] tiles); `python -m kernels.bench --walk-warps`
+# times the choices
+WALK_WARPS = 4
 
 
 @triton.jit
@@ -475,7 +478,8 @@ def verify_triton(
         m, s, thr, am, scratch, accepted, node_prob, next_token, path, alen, pm, ps, pa, N, V, inv_t, splits,
         MODE=mode, BLOCK_N=block_n, BLOCK_V=block_v, WRITE_PATH=out is not None,
         SPLITS_P2=triton.next_power_of_2(splits), LOG_N=block_n.bit_length() - 1, PARALLEL=parallel,
-        num_warps=1 if greedy and not parallel else 4,  # the serial greedy walk: its reductions in one warp
+        # the serial greedy walk: its reductions in one warp
+        num_warps=(WALK_WARPS if parallel else 1) if greedy else 4,
     )  # fmt: skip
     if out is not None:
         return out.verdict()

@@ -147,6 +147,42 @@ def test_on_cuda_no_host_sync_and_hf_greedy():
             assert got == want, (graph, up_front, depth)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_bf16_steps_attend_through_the_triton_kernel(monkeypatch):
+    """bf16 on CUDA: a chain's forward attends through ``kernels.tree_attention`` (``DRAFTGYM_ATTENTION=auto``), its
+    logits those of SDPA's within bf16 rounding, the same top token nearly everywhere; whole generations in CUDA
+    graphs under ``set_sync_debug_mode("error")`` with it, accepting drafts on a prompt that repeats itself."""
+    from env.model import load_model
+
+    m = load_model(dtype="bf16", device="cuda")
+    net = lean_of(m)
+    prompt = chat_prompt(m.tokenizer, "Repeat this line four times: the quick brown fox jumps over the lazy dog.")
+    logits = {}
+    for mode in ("sdpa", "auto"):
+        monkeypatch.setenv("DRAFTGYM_ATTENTION", mode)
+        loop = DeviceLoop(net, 1, 5, 600, eos_ids(m))
+        loop.prefill([prompt], 40)
+        ids = loop.draft()
+        logits[mode] = loop.forward(ids, 512).float()
+    torch.testing.assert_close(logits["auto"], logits["sdpa"], atol=0.25, rtol=0.05)
+    agree = (logits["auto"].argmax(-1) == logits["sdpa"].argmax(-1)).float().mean().item()
+    assert agree >= 0.8, agree
+    monkeypatch.setenv("DRAFTGYM_ATTENTION", "auto")
+    loop = DeviceLoop(net, 2, 5, 600, eos_ids(m), graph=True)
+    run = loop.generate([prompt, prompt[:-3]], 60, strict_sync=True)
+    assert all(len(t) > 0 for t in run.tokens) and run.tau > 1.2, run.tau
+
+
+def test_a_bad_attention_setting_is_one_line(monkeypatch, capsys):
+    """``DRAFTGYM_ATTENTION`` other than auto, sdpa, triton: refused when the model loads, in one line, code 2."""
+    from experiments.cli import main
+
+    monkeypatch.setenv("DRAFTGYM_ATTENTION", "flash")
+    code = main(["generate", "Hello.", "--max-new-tokens", "2", "--dtype", "fp32", "--drafter", "none"])
+    line = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in line and "DRAFTGYM_ATTENTION='flash'" in line, line
+
+
 def test_a_random_weight_shape_decodes_exactly():
     """``random:SHAPE`` (speed studies of larger shapes): a seeded Llama of that shape; both engines give its
     Hugging Face greedy tokens."""

@@ -1,0 +1,81 @@
+"""The split-key Triton attention (kernels.triton_attention) against SDPA (kernels.tree_attention_reference) on
+the shapes a decoding or verify step gives it: grouped-query heads, 1 to 32 nodes, keys that are a strided view of
+a larger cache, spans that are not a multiple of the key chunk, rows whose later chunks are all masked, chain and
+tree masks. On CUDA in fp32 and bf16; on a CPU `test_under_interpreter` reruns this file with TRITON_INTERPRET=1
+(fp32: the interpreter has no bf16)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import tree_attention, tree_attention_reference, triton_enabled
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+CUDA = torch.cuda.is_available()
+TRITON_MODE = HAS_TRITON and (CUDA or os.environ.get("TRITON_INTERPRET") == "1")
+DEVICE = "cuda" if CUDA else "cpu"
+REPO = Path(__file__).resolve().parents[2]
+needs_triton = pytest.mark.skipif(not TRITON_MODE, reason="needs CUDA or TRITON_INTERPRET=1 (see below)")
+
+# (rows, query heads, KV heads, nodes, span, head size, tree)
+CASES = [
+    (1, 9, 3, 1, 256, 64, False),  # a decoding step of the embedded model's shape
+    (1, 9, 3, 5, 700, 64, False),  # a chain of 4 drafts; the span not a multiple of the chunk
+    (3, 9, 3, 17, 513, 64, True),  # three rows, a tree of 17 nodes
+    (2, 8, 2, 32, 300, 32, True),  # 4 query heads per KV head x 32 nodes: the largest tile
+    (2, 4, 4, 3, 1100, 16, False),  # no grouping; most chunks of the first row all masked
+]
+
+
+def make_case(seed: int, B: int, H: int, Hkv: int, Q: int, S: int, D: int, tree: bool, dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(seed)
+    L = S + 37  # the cache is longer than the span read: keys and values are strided views, as in a step
+    cache_k = torch.randn(B, Hkv, L, D, generator=gen)
+    cache_v = torch.randn(B, Hkv, L, D, generator=gen)
+    q = torch.randn(B, Q, H, D, generator=gen).transpose(1, 2) * 2  # [B, H, Q, D], not contiguous
+    lens = torch.randint(1, S - Q + 1, (B,), generator=gen)
+    lens[0] = min(int(lens[0]), 40)  # a short row: its later chunks see nothing
+    parents = torch.arange(Q) - 1
+    if tree:
+        parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, Q)])
+    anc = torch.eye(Q, dtype=torch.bool)  # anc[i, j]: j is i or an ancestor of i
+    for i in range(1, Q):
+        anc[i] |= anc[int(parents[i])]
+    key = torch.arange(S)
+    rel = key[None, :] - lens[:, None]  # [B, S]: node index of a key position in this step
+    inside = (rel >= 0) & (rel < Q)
+    seen = anc[:, rel.clamp(0, Q - 1)].permute(1, 0, 2)  # [B, Q, S]
+    mask = (rel[:, None, :] < 0) | (inside[:, None, :] & seen)
+    to = dict(device=DEVICE, dtype=dtype)
+    return (q.to(**to), cache_k.to(**to)[:, :, :S], cache_v.to(**to)[:, :, :S], mask[:, None].to(DEVICE))
+
+
+@needs_triton
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if CUDA else [torch.float32])
+def test_triton_attention_matches_sdpa(case, dtype) -> None:
+    q, k, v, mask = make_case(0, *case, dtype)
+    scale = case[5] ** -0.5
+    from kernels.triton_attention import supported
+
+    assert triton_enabled(q) and supported(q, k, mask)  # the dispatcher runs the kernel, not SDPA
+    got = tree_attention(q, k, v, mask, scale)
+    want = tree_attention_reference(q.float(), k.float(), v.float(), mask, scale)
+    assert got.shape == want.shape and got.dtype == dtype
+    tol = 2e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.skipif(not HAS_TRITON or TRITON_MODE, reason="triton missing, or already in Triton mode")
+def test_under_interpreter() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve())]
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=800)
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+    assert f"{len(CASES)} passed" in res.stdout, res.stdout[-2000:]
