@@ -115,7 +115,7 @@ cuda_settings() {
     WL_SR=/tmp/gpu-stage/question_sr.jsonl PER_CAT_SR=4
     SERVE_PER_CAT=11 CONC=1,8,64 REPLAY_BATCH="16384 262144" TESTS_K="cuda or parity or into or attention"
     T_TESTS=120 T_VERIFY=70 T_BENCH=240 T_SERVE=240 T_REPLAY=45 T_BIG=60 HF_STATIC=hf_static,hf_compile
-    SMALL=random:smollm2-135m BIG1=random:llama-1b STEP_ARGS= T_STEP=90 T_BIG1=180
+    SMALL=random:smollm2-135m BIG1=random:llama-1b STEP_ARGS= T_STEP=60 T_BIG1=180
 }
 
 tokenizer_files() {  # tokenizer_files DEST: the embedded model's tokenizer files (3.5 MB), all part b needs of it
