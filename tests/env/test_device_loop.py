@@ -150,27 +150,33 @@ def test_on_cuda_no_host_sync_and_hf_greedy():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_cuda_bf16_steps_attend_through_the_triton_kernel(monkeypatch):
     """bf16 on CUDA: a chain's forward attends through ``kernels.tree_attention`` (``DRAFTGYM_ATTENTION=auto``), its
-    logits those of SDPA's within bf16 rounding, the same top token nearly everywhere; whole generations in CUDA
-    graphs under ``set_sync_debug_mode("error")`` with it, accepting drafts on a prompt that repeats itself."""
+    logits those of SDPA's within bf16 rounding (relative error over the whole [1, 16, V] block), the same top token
+    nearly everywhere; whole generations in CUDA graphs under ``set_sync_debug_mode("error")`` with it, accepting
+    drafts on prompts that quote their source (summarization, RAG)."""
     from env.model import load_model
 
     m = load_model(dtype="bf16", device="cuda")
     net = lean_of(m)
-    prompt = chat_prompt(m.tokenizer, "Repeat this line four times: the quick brown fox jumps over the lazy dog.")
+    ws = load_workload()
+    prompts = [
+        chat_prompt(m.tokenizer, next(p for p in ws if p.category == c).text)
+        for c in ("summarization", "rag")
+    ]
     logits = {}
     for mode in ("sdpa", "auto"):
         monkeypatch.setenv("DRAFTGYM_ATTENTION", mode)
-        loop = DeviceLoop(net, 1, 5, 600, eos_ids(m))
-        loop.prefill([prompt], 40)
+        loop = DeviceLoop(net, 1, 15, 2048, eos_ids(m))
+        loop.prefill([prompts[0]], 40)
         ids = loop.draft()
-        logits[mode] = loop.forward(ids, 512).float()
-    torch.testing.assert_close(logits["auto"], logits["sdpa"], atol=0.25, rtol=0.05)
-    agree = (logits["auto"].argmax(-1) == logits["sdpa"].argmax(-1)).float().mean().item()
-    assert agree >= 0.8, agree
+        logits[mode] = loop.forward(ids, 2048).float()
+    a, b = logits["auto"], logits["sdpa"]
+    rel = ((a - b).norm() / b.norm()).item()
+    agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+    assert rel < 0.05 and agree >= 0.75, (rel, agree, (a - b).abs().max().item())
     monkeypatch.setenv("DRAFTGYM_ATTENTION", "auto")
-    loop = DeviceLoop(net, 2, 5, 600, eos_ids(m), graph=True)
-    run = loop.generate([prompt, prompt[:-3]], 60, strict_sync=True)
-    assert all(len(t) > 0 for t in run.tokens) and run.tau > 1.2, run.tau
+    loop = DeviceLoop(net, 2, 5, 2048, eos_ids(m), graph=True)
+    run = loop.generate(prompts, 64, strict_sync=True)
+    assert all(len(t) > 0 for t in run.tokens) and run.tau > 1.1, (run.tau, [len(t) for t in run.tokens])
 
 
 def test_a_bad_attention_setting_is_one_line(monkeypatch, capsys):
