@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 needs_triton = pytest.mark.skipif(not TRITON_MODE, reason="needs CUDA or TRITON_INTERPRET=1 (see below)")
 
 # (rows, query heads, KV heads, nodes, span, head size, tree)
-CASES = [
+CASES = [  # bf16 on CUDA takes the first three (see kernels.triton_attention.supported)
     (1, 9, 3, 1, 256, 64, False),  # a decoding step of the embedded model's shape
     (1, 9, 3, 5, 700, 64, False),  # a chain of 4 drafts; the span not a multiple of the chunk
     (3, 9, 3, 17, 513, 64, True),  # three rows, a tree of 17 nodes
@@ -63,7 +63,10 @@ def test_triton_attention_matches_sdpa(case, dtype) -> None:
     scale = case[5] ** -0.5
     from kernels.triton_attention import supported
 
-    assert triton_enabled(q) and supported(q, k, mask)  # the dispatcher runs the kernel, not SDPA
+    assert triton_enabled(q)
+    if dtype != torch.float32 and not supported(q, k, mask):
+        pytest.skip("bf16 at this shape attends through SDPA (kernels.triton_attention.HALF_HEAD_SIZES)")
+    assert supported(q, k, mask)  # the dispatcher runs the kernel, not SDPA
     got = tree_attention(q, k, v, mask, scale)
     want = tree_attention_reference(q.float(), k.float(), v.float(), mask, scale)
     assert got.shape == want.shape and got.dtype == dtype
