@@ -16,6 +16,7 @@ A program, not a test: a table, and ``--json`` (written after every repetition) 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -161,7 +162,7 @@ def _main(argv: list[str] | None) -> int:
         loops[d] = loop
         fns[d] = {k: _graphed(f) if cuda else f for k, f in stage.items()}
     times: dict[int, dict[str, list[float]]] = {d: {k: [] for k in STAGES} for d in depths}
-    prov = dict(command=" ".join([PROG, *(argv or [])]), model=loaded.model_id, device=str(loaded.device),
+    prov = dict(command=" ".join([PROG, *(sys.argv[1:] if argv is None else argv)]), model=loaded.model_id, device=str(loaded.device),
                 gpu=torch.cuda.get_device_name() if cuda else None, cpu=cpu_label(), torch=torch.__version__,
                 dtype=args.dtype, context=args.context, span=span, steps=args.steps)  # fmt: skip
     doc: dict[str, Any] = dict(provenance=prov, rows=[])
