@@ -16,15 +16,17 @@ import os
 import torch
 from torch import Tensor
 
-from kernels.common import TreeBuffers, Verdict, VerifyBuffers, draw_coins
+from kernels.common import TreeBuffers, TreeError, Verdict, VerifyBuffers, check_trees, draw_coins
 from kernels.reference import argmax_lastdim, inverse_cdf, process_logits, verify_reference
 from kernels.reference_tree import compact_kv_reference, tree_attention_reference, tree_buffers_reference
 
 __all__ = [
     "TreeBuffers",
+    "TreeError",
     "Verdict",
     "VerifyBuffers",
     "argmax_lastdim",
+    "check_trees",
     "compact_kv_",
     "compact_kv_reference",
     "draw_coins",
@@ -69,7 +71,10 @@ def verify(
     `generator` (coins first) when not given. Returns a Verdict (path, accept_len, next_token, accepted,
     node_prob). ``out``: a `VerifyBuffers` of this (B, N, V) and device, written in place and returned as the
     Verdict's tensors (path [B, N], -1 padded): no allocation and no host synchronization per call on CUDA.
+    Trees outside the contract raise ``TreeError`` (``check_trees``: shapes always; the values of trees on the
+    CPU when ``out`` is None — a call into buffers is a device-resident step's, which reads nothing back).
     """
+    check_trees(tokens, parents, logits, num_nodes, values=out is None)
     kwargs = dict(
         num_nodes=num_nodes,
         temperature=temperature,

@@ -116,6 +116,57 @@ class VerifyBuffers:
         return Verdict(self.path, self.accept_len, self.next_token, self.accepted, self.node_prob)
 
 
+class TreeError(ValueError):
+    """A draft tree outside the contract (DESIGN.md "Trees"): the message names the row, the node and the rule."""
+
+
+def check_trees(
+    tokens: Tensor, parents: Tensor, logits: Tensor, num_nodes: Tensor | None, values: bool = True
+) -> None:
+    """Raise ``TreeError`` for trees ``kernels.verify`` cannot verify: shapes always (tokens and parents [B, N],
+    logits [B, N, V], num_nodes [B]); with ``values``, when the trees lie on the CPU (reading them from a GPU would
+    synchronize the step), also 1 <= num_nodes <= N, the root's parent -1, every other real node's parent an
+    earlier node, every real node's token within the vocabulary."""
+    if tokens.dim() != 2 or parents.shape != tokens.shape:
+        raise TreeError(
+            f"tokens {tuple(tokens.shape)} and parents {tuple(parents.shape)} must both be [B, N]"
+        )
+    B, N = tokens.shape
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != (B, N):
+        raise TreeError(f"logits {tuple(logits.shape)} must be [B, N, V] with B, N = {B}, {N}")
+    if num_nodes is not None and tuple(num_nodes.shape) != (B,):
+        raise TreeError(f"num_nodes {tuple(num_nodes.shape)} must be [B] with B = {B}")
+    held = (tokens, parents) + ((num_nodes,) if num_nodes is not None else ())
+    if not values or any(t.device.type != "cpu" for t in held):
+        return
+    V = logits.shape[-1]
+    if num_nodes is not None:
+        bad = ((num_nodes < 1) | (num_nodes > N)).nonzero()
+        if len(bad):
+            b = int(bad[0, 0])
+            raise TreeError(
+                f"row {b}: num_nodes {int(num_nodes[b])} is not within 1..{N} (the root is node 0)"
+            )
+    valid = valid_mask(num_nodes, B, N, tokens.device)
+    bad = (parents[:, 0] != -1).nonzero()
+    if len(bad):
+        b = int(bad[0, 0])
+        raise TreeError(f"row {b}: the root's parent is {int(parents[b, 0])}, not -1")
+    node = torch.arange(N)[None, :]
+    bad = (valid & (node > 0) & ((parents < 0) | (parents >= node))).nonzero()
+    if len(bad):
+        b, i = (int(x) for x in bad[0])
+        raise TreeError(
+            f"row {b}: node {i}'s parent {int(parents[b, i])} is not an earlier node (0..{i - 1})"
+        )
+    bad = (valid & ((tokens < 0) | (tokens >= V))).nonzero()
+    if len(bad):
+        b, i = (int(x) for x in bad[0])
+        raise TreeError(
+            f"row {b}: node {i}'s token {int(tokens[b, i])} is not within the vocabulary (0..{V - 1})"
+        )
+
+
 def valid_mask(num_nodes: Tensor | None, B: int, N: int, device: torch.device) -> Tensor:
     """bool [B, N]: node i of sequence b is real (i < num_nodes[b])."""
     ar = torch.arange(N, device=device)

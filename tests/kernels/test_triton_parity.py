@@ -137,7 +137,7 @@ def _check_into(cases) -> None:
                 assert torch.equal(getattr(got, name), getattr(want, name)), name
             torch.testing.assert_close(got.node_prob, want.node_prob, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="verify buffers are for"):
-        verify(tokens, parents, logits, out=VerifyBuffers(B + 1, N, V, logits.device))
+        verify(tokens, parents, logits, num_nodes=num_nodes, out=VerifyBuffers(B + 1, N, V, logits.device))
 
 
 @needs_triton

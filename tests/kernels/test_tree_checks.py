@@ -1,0 +1,55 @@
+"""``kernels.verify`` refuses trees outside the contract (DESIGN.md "Trees") with a ``TreeError`` naming the row, the
+node and the rule, instead of verifying them silently (the reference and the Triton kernel used to disagree on
+them: a node whose parent is -1, an empty tree). Padding nodes past ``num_nodes`` may hold anything."""
+
+import pytest
+import torch
+
+from kernels import TreeError, VerifyBuffers, verify
+
+
+def chain(B: int = 2, N: int = 5, V: int = 50):
+    tokens = torch.randint(0, V, (B, N), generator=torch.Generator().manual_seed(0))
+    parents = (torch.arange(N) - 1)[None].repeat(B, 1)
+    return tokens, parents, torch.randn(B, N, V)
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda t, p, n: p.__setitem__((1, 3), 3), "row 1: node 3's parent 3 is not an earlier node"),
+        (lambda t, p, n: p.__setitem__((0, 2), -1), "row 0: node 2's parent -1 is not an earlier node"),
+        (lambda t, p, n: p.__setitem__((1, 0), 0), "row 1: the root's parent is 0, not -1"),
+        (lambda t, p, n: n.__setitem__(0, 0), "row 0: num_nodes 0 is not within 1..5"),
+        (lambda t, p, n: n.__setitem__(1, 6), "row 1: num_nodes 6 is not within 1..5"),
+        (lambda t, p, n: t.__setitem__((0, 4), 50), "row 0: node 4's token 50 is not within the vocabulary"),
+        (lambda t, p, n: t.__setitem__((1, 1), -2), "row 1: node 1's token -2 is not within the vocabulary"),
+    ],
+)
+def test_a_tree_outside_the_contract_is_refused(edit, message) -> None:
+    tokens, parents, logits = chain()
+    num_nodes = torch.tensor([5, 5])
+    verify(tokens, parents, logits, num_nodes=num_nodes)  # the chain itself is fine
+    edit(tokens, parents, num_nodes)
+    for temperature in (0.0, 1.0):
+        with pytest.raises(TreeError, match=message.replace("(", r"\(")):
+            verify(tokens, parents, logits, num_nodes=num_nodes, temperature=temperature)
+
+
+def test_padding_nodes_may_hold_anything() -> None:
+    tokens, parents, logits = chain()
+    tokens[0, 3:] = -7
+    parents[0, 3:] = 99
+    v = verify(tokens, parents, logits, num_nodes=torch.tensor([3, 5]))
+    assert int(v.accept_len[0]) <= 2
+
+
+def test_shapes_are_checked_into_buffers_too() -> None:
+    tokens, parents, logits = chain()
+    buf = VerifyBuffers(2, 5, 50, "cpu")
+    with pytest.raises(TreeError, match=r"tokens \(2, 5\) and parents \(2, 4\) must both be \[B, N\]"):
+        verify(tokens, parents[:, :4], logits, out=buf)
+    with pytest.raises(TreeError, match=r"logits \(2, 4, 50\) must be \[B, N, V\]"):
+        verify(tokens, parents, logits[:, :4], out=buf)
+    with pytest.raises(TreeError, match=r"num_nodes \(3,\) must be \[B\]"):
+        verify(tokens, parents, logits, num_nodes=torch.tensor([5, 5, 5]), out=buf)
