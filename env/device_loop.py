@@ -117,7 +117,6 @@ class DeviceLoop:
         # constants of the bucket
         self.ar_q = torch.arange(q, **i64)
         self.key_pos = torch.arange(self.max_span, **i64)
-        self.hist_pos = torch.arange(hist_len, **i64)
         self.rows_idx = torch.arange(rows, **i64)[:, None].expand(rows, q).contiguous()
         self.parents = (self.ar_q - 1)[None].expand(rows, q).contiguous()  # a chain: -1, 0, 1, ...
         self.eos = torch.tensor(sorted(set(eos_ids)) or [-1], **i64)
@@ -288,21 +287,9 @@ class DeviceLoop:
 
     def lookup(self) -> torch.Tensor:
         """[B, depth] draft tokens per row: what followed the most recent earlier occurrence of the row's last n
-        tokens (n = ``ngram`` down to 1, the longest that occurs); the root repeated where none occurs."""
-        hist, cur = self.hist, self.cur_len
-        L = hist.shape[1]
-        pos = self.hist_pos
-        best = torch.full_like(cur, -1)  # end position of the chosen match
-        for n in range(1, self.ngram + 1):  # longer n-grams override shorter ones
-            ok = (pos[None, :] >= n - 1) & (pos[None, :] <= cur[:, None] - 2)  # [B, L]: match ends at j
-            for t in range(n):  # hist[j - t] == hist[cur - 1 - t]
-                shifted = torch.nn.functional.pad(hist, (t, 0), value=-1)[:, :L]
-                ok = ok & (shifted == hist.gather(1, (cur - 1 - t).clamp(min=0)[:, None]))
-            j = torch.where(ok, pos[None, :], -1).amax(-1)
-            best = torch.where(j >= 0, j, best)
-        take = (best[:, None] + 1 + self.ar_q[None, : self.depth]).clamp(max=(cur - 1)[:, None])
-        root = hist.gather(1, (cur - 1)[:, None])
-        return torch.where(best[:, None] >= 0, hist.gather(1, take.clamp(min=0)), root)
+        tokens (n = ``ngram`` down to 1, the longest that occurs); the root repeated where none occurs
+        (``kernels.prompt_lookup``: one Triton program per row on CUDA)."""
+        return kernels.prompt_lookup(self.hist, self.cur_len, self.depth, self.ngram)
 
 
 def _round_up(x: int, step: int) -> int:

@@ -323,10 +323,9 @@ def load_model(
         raise ModelError(f"unknown forward {forward!r}; valid: lean, compiled, hf")
     if fmt != "dense" and forward == "hf":
         raise ModelError(f"--weights {weights} needs the lean forward (--forward lean)")
+    from env.lean import attention_mode
     from kernels import quant
     from kernels.packed import packed_mode
-
-    from env.lean import attention_mode
 
     try:
         quant.wide_mode()  # how wide products run (kernels.quant): a bad setting is refused before any work

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from kernels.common import TreeBuffers, TreeError, Verdict, VerifyBuffers, check_trees, draw_coins
+from kernels.lookup import prompt_lookup_reference
 from kernels.reference import argmax_lastdim, inverse_cdf, process_logits, verify_reference
 from kernels.reference_tree import compact_kv_reference, tree_attention_reference, tree_buffers_reference
 
@@ -32,6 +33,8 @@ __all__ = [
     "draw_coins",
     "inverse_cdf",
     "process_logits",
+    "prompt_lookup",
+    "prompt_lookup_reference",
     "tree_buffers",
     "tree_buffers_reference",
     "tree_attention",
@@ -103,14 +106,26 @@ def tree_buffers(parents: Tensor, num_nodes: Tensor | None = None) -> TreeBuffer
     return tree_buffers_reference(parents, num_nodes)
 
 
+def prompt_lookup(hist: Tensor, cur_len: Tensor, depth: int, ngram: int) -> Tensor:
+    """[B, depth] prompt-lookup drafts of each row (``kernels.lookup``): hist int64 [B, L], cur_len int64 [B] (the
+    row's real tokens, the last the root). One Triton program per row where Triton runs (ngram up to 4), the torch
+    reference otherwise; neither reads back to the host."""
+    if triton_enabled(hist) and 1 <= ngram <= 4:
+        from kernels.triton_lookup import prompt_lookup_triton
+
+        return prompt_lookup_triton(hist, cur_len, depth, ngram)
+    return prompt_lookup_reference(hist, cur_len, depth, ngram)
+
+
 def tree_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
     """Attention of a few nodes per row over a KV cache under a mask (a decoding or verify step): q [B, H, Q, D],
     k and v [B, Hkv, S, D] (a view of the cache: any strides), mask bool [B, 1, Q, S]; returns [B, Q, H, D]. The
-    split-key Triton kernel where it takes the shapes (``kernels.triton_attention.supported``), SDPA otherwise."""
+    split-key Triton kernel where it takes the shapes (``kernels.triton_attention.supported``: the ones verified on a
+    GPU), SDPA otherwise; in bf16 the two agree within bf16 rounding, not within 1e-6."""
     if triton_enabled(q):
         from kernels.triton_attention import supported, tree_attention_triton
 
-        if supported(q, k, mask):
+        if supported(q, k, v, mask):
             return tree_attention_triton(q, k, v, mask, scale)
     return tree_attention_reference(q, k, v, mask, scale)
 

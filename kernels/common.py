@@ -132,6 +132,8 @@ def check_trees(
             f"tokens {tuple(tokens.shape)} and parents {tuple(parents.shape)} must both be [B, N]"
         )
     B, N = tokens.shape
+    if N < 1:
+        raise TreeError("trees of no nodes: every tree holds at least its root (node 0)")
     if logits.dim() != 3 or tuple(logits.shape[:2]) != (B, N):
         raise TreeError(f"logits {tuple(logits.shape)} must be [B, N, V] with B, N = {B}, {N}")
     if num_nodes is not None and tuple(num_nodes.shape) != (B,):

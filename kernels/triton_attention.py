@@ -14,7 +14,8 @@ Two launches per call:
      max, normaliser and unnormalised output.
   2. ``_combine_kernel``, one program per (row, KV head): merges the chunks (a chunk whose keys are all masked adds
      nothing) and writes [B, Q, H, D] in the output's dtype, the layout the output projection reads.
-Same results as ``kernels.reference.tree_attention_reference`` (SDPA) within float rounding.
+Same results as ``kernels.reference_tree.tree_attention_reference`` (SDPA) within float rounding (a node that sees
+no key, which a step never has, gets zeros).
 """
 
 from __future__ import annotations
@@ -117,31 +118,35 @@ def _combine_kernel(
     tl.store(ptr, res.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
-# bf16 / fp16 on a GPU: the head sizes and tile rows verified on an H200 (tests/kernels/test_triton_attention.py:
-# head size 64 with 16 to 64 rows passed; a 128-row tile of head size 32 did not return within the call's limit
-# there, undiagnosed). Other shapes attend through SDPA until measured.
+# The shapes verified on an H200 (tests/kernels/test_triton_attention.py): fp32 at head sizes 16 to 64 with up to
+# 128 tile rows; bf16 at head size 64 with 16 to 64 rows (a 128-row tile of head size 32 did not return within the
+# call's limit there, undiagnosed). Other shapes attend through SDPA until measured.
+FP32_MAX_HEAD = 64
 HALF_HEAD_SIZES = (64,)
 HALF_MAX_ROWS = 64
 
 
-def supported(q: Tensor, k: Tensor, mask: Tensor | None) -> bool:
-    """Whether ``tree_attention_triton`` takes these shapes: a boolean mask [B, 1, Q, S], query heads a multiple of
-    the KV heads; fp32: a head size that is a power of two from 16 to 256 and at most MAX_ROWS query heads per KV
-    head x nodes; bf16 and fp16: the verified shapes (HALF_HEAD_SIZES, HALF_MAX_ROWS)."""
-    if mask is None or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1:
+def supported(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
+    """Whether ``tree_attention_triton`` takes these tensors: q [B, H, Q, D], k and v [B, Hkv, S, D] of q's dtype,
+    a boolean mask of exactly [B, 1, Q, S] (a broadcast one goes to SDPA), query heads a multiple of the KV heads,
+    and a verified shape: fp32 at a power-of-two head size from 16 to FP32_MAX_HEAD with at most MAX_ROWS query heads
+    per KV head x nodes; bf16 and fp16 on CUDA at HALF_HEAD_SIZES with at most HALF_MAX_ROWS."""
+    if mask is None or mask.dtype != torch.bool or q.dim() != 4:
         return False
     B, H, Q, D = q.shape
-    hkv = k.shape[1]
-    if D < 16 or D > 256 or D & (D - 1) or H % hkv:
+    hkv, S = k.shape[1], k.shape[2]
+    if tuple(mask.shape) != (B, 1, Q, S) or k.shape != v.shape or tuple(k.shape) != (B, hkv, S, D):
+        return False
+    if k.dtype != q.dtype or v.dtype != q.dtype or H % hkv or D < 16 or D & (D - 1):
         return False
     rows = (H // hkv) * Q
-    if q.dtype != torch.float32:
-        return D in HALF_HEAD_SIZES and rows <= HALF_MAX_ROWS
-    return rows <= MAX_ROWS
+    if q.dtype == torch.float32:
+        return D <= FP32_MAX_HEAD and rows <= MAX_ROWS
+    return q.is_cuda and D in HALF_HEAD_SIZES and rows <= HALF_MAX_ROWS
 
 
 def tree_attention_triton(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-    """Triton twin of ``kernels.reference.tree_attention_reference``: q [B, H, Q, D], k and v [B, Hkv, S, D] (any
+    """Triton twin of ``kernels.reference_tree.tree_attention_reference``: q [B, H, Q, D], k and v [B, Hkv, S, D] (any
     strides: a view of a cache), mask bool [B, 1, Q, S] (True: the node sees the key); returns [B, Q, H, D] in
     q's dtype."""
     B, H, Q, D = q.shape

@@ -53,3 +53,5 @@ def test_shapes_are_checked_into_buffers_too() -> None:
         verify(tokens, parents, logits[:, :4], out=buf)
     with pytest.raises(TreeError, match=r"num_nodes \(3,\) must be \[B\]"):
         verify(tokens, parents, logits, num_nodes=torch.tensor([5, 5, 5]), out=buf)
+    with pytest.raises(TreeError, match="trees of no nodes"):
+        verify(tokens[:, :0], parents[:, :0], logits[:, :0])

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kernels import tree_attention, tree_attention_reference, triton_enabled
+from kernels.triton_attention import supported
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 CUDA = torch.cuda.is_available()
@@ -61,17 +62,30 @@ def make_case(seed: int, B: int, H: int, Hkv: int, Q: int, S: int, D: int, tree:
 def test_triton_attention_matches_sdpa(case, dtype) -> None:
     q, k, v, mask = make_case(0, *case, dtype)
     scale = case[5] ** -0.5
-    from kernels.triton_attention import supported
-
     assert triton_enabled(q)
-    if dtype != torch.float32 and not supported(q, k, mask):
+    if dtype != torch.float32 and not supported(q, k, v, mask):
         pytest.skip("bf16 at this shape attends through SDPA (kernels.triton_attention.HALF_HEAD_SIZES)")
-    assert supported(q, k, mask)  # the dispatcher runs the kernel, not SDPA
+    assert supported(q, k, v, mask)  # the dispatcher runs the kernel, not SDPA
     got = tree_attention(q, k, v, mask, scale)
     want = tree_attention_reference(q.float(), k.float(), v.float(), mask, scale)
     assert got.shape == want.shape and got.dtype == dtype
     tol = 2e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+
+
+@needs_triton
+def test_a_broadcast_mask_or_unverified_shape_goes_to_sdpa() -> None:
+    """A mask that SDPA would broadcast ([1, 1, Q, S] for two rows), or a head size not verified on a GPU, is not
+    the kernel's: the dispatcher gives SDPA's result."""
+    q, k, v, mask = make_case(2, 2, 4, 2, 3, 300, 32, False, torch.float32)
+    one = mask[:1]
+    assert not supported(q, k, v, one)
+    torch.testing.assert_close(tree_attention(q, k, v, one, 0.2), tree_attention_reference(q, k, v, one, 0.2))
+    q, k, v, mask = make_case(3, 1, 4, 2, 3, 300, 128, False, torch.float32)
+    assert not supported(q, k, v, mask)
+    torch.testing.assert_close(
+        tree_attention(q, k, v, mask, 0.1), tree_attention_reference(q, k, v, mask, 0.1)
+    )
 
 
 @pytest.mark.skipif(not HAS_TRITON or TRITON_MODE, reason="triton missing, or already in Triton mode")
@@ -81,4 +95,4 @@ def test_under_interpreter() -> None:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve())]
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=800)
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
-    assert f"{len(CASES)} passed" in res.stdout, res.stdout[-2000:]
+    assert f"\n{len(CASES) + 1} passed" in res.stdout, res.stdout[-2000:]
