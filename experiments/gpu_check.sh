@@ -21,7 +21,8 @@
 # Each step runs under its own time limit (part a 430 s, part b 345 s in all: give each call timeout_s 480, and
 # the whole session's device time, 900 s, also pays the machine's start and the staging). Under $OUT: steps.txt,
 # the JSON summaries and gpu-check-a.tgz / gpu-check-b.tgz (every log and run folder, refreshed after each step).
-# Measured on an H200 (docs/results/gpu-path.md): tests 85 s, verify 25-32 s, the embedded bench ~135 s, the 8B
+# Measured on an H200 (docs/results/gpu-path.md): tests 85 s (more since: give `tests` its own call), verify 25-41 s,
+# the device step 13-38 s, the walk's warps 14 s, the embedded bench ~135-220 s, the 1B bench 51 s, the 8B
 # serve-bench ~215 s, replay 27 s, the 8B bench 31 s; the machine's start ~30 s, a staging call ~5 s.
 # Part a:
 #   1. the CUDA tests: greedy fp32 equal to Hugging Face greedy on CUDA (the decoder with every drafter kind; the
