@@ -48,20 +48,6 @@ def _stage_fns(loop: Any, span: int) -> dict[str, Callable[[], object]]:
     }
 
 
-def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
-    """``fn`` captured as a CUDA graph (after two warm-up calls on a side stream); returns its replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
-
-
 def _time_ms(fn: Callable[[], object], steps: int, cuda: bool) -> float:
     """Mean ms per call of ``steps`` calls: back to back between two CUDA events (the device's time), or by the
     host's clock."""
@@ -119,6 +105,7 @@ def _main(argv: list[str] | None) -> int:
     from env.lean import lean_of
     from env.machine import cpu_label
     from env.model import ModelError, load_model
+    from kernels.bench import cuda_graph
 
     ap = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -160,7 +147,7 @@ def _main(argv: list[str] | None) -> int:
         loop.prefill([prompt], new)
         stage = _stage_fns(loop, span)
         loops[d] = loop
-        fns[d] = {k: _graphed(f) if cuda else f for k, f in stage.items()}
+        fns[d] = {k: cuda_graph(f) if cuda else f for k, f in stage.items()}
     times: dict[int, dict[str, list[float]]] = {d: {k: [] for k in STAGES} for d in depths}
     prov = dict(command=" ".join([PROG, *(sys.argv[1:] if argv is None else argv)]), model=loaded.model_id, device=str(loaded.device),
                 gpu=torch.cuda.get_device_name() if cuda else None, cpu=cpu_label(), torch=torch.__version__,

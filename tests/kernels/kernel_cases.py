@@ -5,14 +5,31 @@ chi-square test. Everything takes an explicit torch.Generator."""
 from __future__ import annotations
 
 import math
+import os
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from kernels import inverse_cdf, process_logits
 from kernels.common import verdict_from_accepted
+
+
+def rerun_under_interpreter(test_file: str, *pytest_args: str, timeout: int = 800) -> str:
+    """Run ``test_file`` again in a subprocess with TRITON_INTERPRET=1 (set before triton is imported: the Triton
+    kernels run on the CPU, slowly); asserts it passed and returns its output."""
+    path = Path(test_file).resolve()
+    repo = path.parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path), *pytest_args]
+    res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+    return res.stdout
 
 
 def random_trees(gen: torch.Generator, B: int, N: int, branch: float = 0.5) -> tuple[Tensor, Tensor]:

@@ -5,12 +5,11 @@ TRITON_INTERPRET=1): rows of several lengths (a root with no earlier tokens too)
 
 import importlib.util
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from kernel_cases import rerun_under_interpreter
 
 from kernels import prompt_lookup, prompt_lookup_reference, triton_enabled
 
@@ -69,10 +68,5 @@ def test_triton_matches_the_reference(seed, B, L, vocab, depth, ngram) -> None:
 
 @pytest.mark.skipif(not HAS_TRITON or TRITON_MODE, reason="triton missing, or already in Triton mode")
 def test_under_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve()), "-k",
-           "triton_matches"]  # fmt: skip
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
-    assert "\n8 passed" in res.stdout, res.stdout[-2000:]
+    out = rerun_under_interpreter(__file__, "-k", "triton_matches", timeout=600)
+    assert "\n8 passed" in out, out[-2000:]

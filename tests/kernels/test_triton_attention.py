@@ -6,12 +6,11 @@ tree masks. On CUDA in fp32 and bf16; on a CPU `test_under_interpreter` reruns t
 
 import importlib.util
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from kernel_cases import rerun_under_interpreter
 
 from kernels import tree_attention, tree_attention_reference, triton_enabled
 from kernels.triton_attention import supported
@@ -90,9 +89,5 @@ def test_a_broadcast_mask_or_unverified_shape_goes_to_sdpa() -> None:
 
 @pytest.mark.skipif(not HAS_TRITON or TRITON_MODE, reason="triton missing, or already in Triton mode")
 def test_under_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve())]
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=800)
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
-    assert f"\n{len(CASES) + 1} passed" in res.stdout, res.stdout[-2000:]
+    out = rerun_under_interpreter(__file__)
+    assert f"\n{len(CASES) + 1} passed" in out, out[-2000:]

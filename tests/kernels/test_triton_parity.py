@@ -5,13 +5,11 @@ TRITON_INTERPRET=1 (the variable must be set before triton is imported, and the 
 
 import importlib.util
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from kernel_cases import random_trees
+from kernel_cases import random_trees, rerun_under_interpreter
 
 from kernels import (
     VerifyBuffers,
@@ -34,12 +32,8 @@ needs_triton = pytest.mark.skipif(not TRITON_MODE, reason="needs CUDA or TRITON_
 
 @pytest.mark.skipif(not HAS_TRITON or TRITON_MODE, reason="triton missing, or already in Triton mode")
 def test_parity_under_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve())]
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=800)
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
-    assert f"{len(VERIFY_CASES) + 6} passed" in res.stdout, res.stdout[-2000:]
+    out = rerun_under_interpreter(__file__)
+    assert f"{len(VERIFY_CASES) + 6} passed" in out, out[-2000:]
 
 
 def make_case(seed: int, B: int, N: int, V: int, stochastic: bool):
