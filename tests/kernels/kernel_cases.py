@@ -4,6 +4,7 @@ chi-square test. Everything takes an explicit torch.Generator."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import statistics
@@ -12,11 +13,23 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 from torch import Tensor
 
 from kernels import inverse_cdf, process_logits
 from kernels.common import verdict_from_accepted
+
+# where the Triton kernels run: on CUDA, or on the CPU under the interpreter (TRITON_INTERPRET=1, set before triton
+# is imported: each Triton test file reruns itself so, through rerun_under_interpreter)
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+CUDA = torch.cuda.is_available()
+TRITON_MODE = HAS_TRITON and (CUDA or os.environ.get("TRITON_INTERPRET") == "1")
+DEVICE = "cuda" if CUDA else "cpu"
+needs_triton = pytest.mark.skipif(not TRITON_MODE, reason="needs CUDA or TRITON_INTERPRET=1 (see below)")
+rerun_here = pytest.mark.skipif(
+    not HAS_TRITON or TRITON_MODE, reason="triton missing, or already in Triton mode"
+)
 
 
 def rerun_under_interpreter(test_file: str, *pytest_args: str, timeout: int = 800) -> str:

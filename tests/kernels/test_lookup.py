@@ -3,21 +3,11 @@ Triton kernel against the reference (on CUDA; on a CPU `test_under_interpreter` 
 TRITON_INTERPRET=1): rows of several lengths (a root with no earlier tokens too), n-grams of 1 to 4, chains of 1 to
 16 drafts, continuations that run into the root, rows longer than one block of the kernel."""
 
-import importlib.util
-import os
-from pathlib import Path
-
 import pytest
 import torch
-from kernel_cases import rerun_under_interpreter
+from kernel_cases import DEVICE, TRITON_MODE, rerun_here, rerun_under_interpreter
 
 from kernels import prompt_lookup, prompt_lookup_reference, triton_enabled
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-CUDA = torch.cuda.is_available()
-TRITON_MODE = HAS_TRITON and (CUDA or os.environ.get("TRITON_INTERPRET") == "1")
-DEVICE = "cuda" if CUDA else "cpu"
-REPO = Path(__file__).resolve().parents[2]
 
 
 def python_lookup(row: list[int], depth: int, ngram: int) -> list[int]:
@@ -66,7 +56,7 @@ def test_triton_matches_the_reference(seed, B, L, vocab, depth, ngram) -> None:
     )
 
 
-@pytest.mark.skipif(not HAS_TRITON or TRITON_MODE, reason="triton missing, or already in Triton mode")
+@rerun_here
 def test_under_interpreter() -> None:
     out = rerun_under_interpreter(__file__, "-k", "triton_matches", timeout=600)
     assert "\n8 passed" in out, out[-2000:]

@@ -4,23 +4,12 @@ a larger cache, spans that are not a multiple of the key chunk, rows whose later
 tree masks. On CUDA in fp32 and bf16; on a CPU `test_under_interpreter` reruns this file with TRITON_INTERPRET=1
 (fp32: the interpreter has no bf16)."""
 
-import importlib.util
-import os
-from pathlib import Path
-
 import pytest
 import torch
-from kernel_cases import rerun_under_interpreter
+from kernel_cases import CUDA, DEVICE, needs_triton, rerun_here, rerun_under_interpreter
 
 from kernels import tree_attention, tree_attention_reference, triton_enabled
 from kernels.triton_attention import supported
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-CUDA = torch.cuda.is_available()
-TRITON_MODE = HAS_TRITON and (CUDA or os.environ.get("TRITON_INTERPRET") == "1")
-DEVICE = "cuda" if CUDA else "cpu"
-REPO = Path(__file__).resolve().parents[2]
-needs_triton = pytest.mark.skipif(not TRITON_MODE, reason="needs CUDA or TRITON_INTERPRET=1 (see below)")
 
 # (rows, query heads, KV heads, nodes, span, head size, tree)
 CASES = [  # bf16 on CUDA takes the first three (see kernels.triton_attention.supported)
@@ -87,7 +76,7 @@ def test_a_broadcast_mask_or_unverified_shape_goes_to_sdpa() -> None:
     )
 
 
-@pytest.mark.skipif(not HAS_TRITON or TRITON_MODE, reason="triton missing, or already in Triton mode")
+@rerun_here
 def test_under_interpreter() -> None:
     out = rerun_under_interpreter(__file__)
     assert f"\n{len(CASES) + 1} passed" in out, out[-2000:]

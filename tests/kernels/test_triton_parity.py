@@ -3,13 +3,17 @@
 1e-6. Runs on CUDA when present; on CPU, `test_parity_under_interpreter` reruns this file in a subprocess with
 TRITON_INTERPRET=1 (the variable must be set before triton is imported, and the interpreter is slow)."""
 
-import importlib.util
-import os
-from pathlib import Path
-
 import pytest
 import torch
-from kernel_cases import random_trees, rerun_under_interpreter
+from kernel_cases import (
+    CUDA,
+    DEVICE,
+    TRITON_MODE,
+    needs_triton,
+    random_trees,
+    rerun_here,
+    rerun_under_interpreter,
+)
 
 from kernels import (
     VerifyBuffers,
@@ -22,15 +26,8 @@ from kernels import (
     verify_reference,
 )
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-CUDA = torch.cuda.is_available()
-TRITON_MODE = HAS_TRITON and (CUDA or os.environ.get("TRITON_INTERPRET") == "1")
-DEVICE = "cuda" if CUDA else "cpu"
-REPO = Path(__file__).resolve().parents[2]
-needs_triton = pytest.mark.skipif(not TRITON_MODE, reason="needs CUDA or TRITON_INTERPRET=1 (see below)")
 
-
-@pytest.mark.skipif(not HAS_TRITON or TRITON_MODE, reason="triton missing, or already in Triton mode")
+@rerun_here
 def test_parity_under_interpreter() -> None:
     out = rerun_under_interpreter(__file__)
     assert f"{len(VERIFY_CASES) + 6} passed" in out, out[-2000:]
