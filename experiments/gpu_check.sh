@@ -14,14 +14,15 @@
 #   bash experiments/gpu_check.sh run2           # there, carrying nothing, after run: part b on the warm machine
 #   bash experiments/gpu_check.sh tests .gpu/4 [K]  # there, instead of run: the CUDA tests alone (or those -k K
 #                                                # selects)
-#   SPEC_BENCH=PATH/question.jsonl bash experiments/gpu_check.sh dry   # here: parts a and b small on this CPU
+#   SPEC_BENCH=PATH/question.jsonl bash experiments/gpu_check.sh dry   # here: parts c, a and b small on this CPU
 #
 # Make calls 2-5 back to back: the staged files live in /tmp there, and the machine goes back after ~30 s idle (or
 # is taken back for other work: part b first, GGUF-free, keeps its figures if that happens between the calls).
-# Each step runs under its own time limit (part a 430 s, part b 345 s in all: give each call timeout_s 480, and
-# the whole session's device time, 900 s, also pays the machine's start and the staging). Under $OUT: steps.txt,
-# the JSON summaries and gpu-check-a.tgz / gpu-check-b.tgz (every log and run folder, refreshed after each step).
-# Measured on an H200 (docs/results/gpu-path.md): tests 85 s (more since: give `tests` its own call), verify 25-41 s,
+# Each step runs under its own time limit (part a 560 s, part b 345 s, part c 340 s in all: give a call timeout_s
+# up to 590, and the whole session's device time, 900 s, also pays the machine's start and the staging: one
+# session has room for part c or b, the staging and part a). Under $OUT: steps.txt, the JSON summaries and
+# gpu-check-a.tgz / -b.tgz / -c.tgz (every log and run folder, refreshed after each step).
+# Measured on an H200 (docs/results/gpu-path.md): tests 85 s (~150 s since; part a gives them 200), verify 25-41 s,
 # the device step 13-38 s, the walk's warps 14 s, the embedded bench ~135-220 s, the 1B bench 51 s, the 8B
 # serve-bench ~215 s, replay 27 s, the 8B bench 31 s; the machine's start ~30 s, a staging call ~5 s.
 # Part a:
@@ -29,8 +30,8 @@
 #      device loop eager and in CUDA graphs, under torch.cuda.set_sync_debug_mode("error")), Triton parity (verify
 #      and the split-key attention), the bf16 device loop through that attention;
 #   2. python -m env.bench_device_step on the embedded model: the step by chain depth and stage, attention through
-#      SDPA and through the Triton kernel (step-sdpa.json, step-triton.json); the greedy verify with its walk on
-#      2, 4, 8 and 16 warps (walk-warps.json);
+#      SDPA and through the Triton kernel (step-sdpa.json, step-triton.json) (the walk's warps were chosen with
+#      `python3 -m kernels.bench --dtype bfloat16 --walk-warps 2,4,8,16`, 14 s);
 #   3. draftgym bench on the embedded model, bf16, Spec-Bench summarization and RAG, 4 prompts each: HF generate
 #      (eager, over a static cache, and compiled), the device loop (AR and lookup chains of 4, 8, 16 drafts, CUDA
 #      graphs) (bench-smollm.json).
@@ -82,10 +83,6 @@ transformers.__version__)" | tee -a "$run/machine.txt"
                 --depths 0,4,8,16 $STEP_ARGS --json "$OUT/step-$mode.json"
         done
         unset DRAFTGYM_ATTENTION  # auto: the kernel for steps of several nodes, SDPA for one
-        if [ "$DEV" = cuda ]; then
-            step walk-warps 60 python3 -m kernels.bench --dtype bfloat16 --walk-warps 2,4,8,16 \
-                --json "$OUT/walk-warps.json"
-        fi
         # summarization and RAG (where the issue's 1.5x line is drawn), deeper lookup chains beside depth 4
         step bench-smollm "$T_BENCH" python3 -m experiments bench --device "$DEV" --dtype bf16 --workload "$WL_SR" \
             --per-category "$PER_CAT_SR" --max-new-tokens 128 --out "$run/bench-smollm" \
@@ -118,7 +115,7 @@ cuda_settings() {
     RUN_ROOT=/tmp/gpu-run VERIFY_ARGS= DEV=cuda BIG=random:llama-8b WL=/tmp/gpu-stage/question.jsonl PER_CAT=2
     WL_SR=/tmp/gpu-stage/question_sr.jsonl PER_CAT_SR=4
     SERVE_PER_CAT=11 CONC=1,8,64 REPLAY_BATCH="16384 262144" TESTS_K="cuda or parity or into or attention"
-    T_TESTS=120 T_VERIFY=70 T_BENCH=240 T_SERVE=240 T_REPLAY=45 T_BIG=60 HF_STATIC=hf_static,hf_compile
+    T_TESTS=200 T_VERIFY=70 T_BENCH=240 T_SERVE=240 T_REPLAY=45 T_BIG=60 HF_STATIC=hf_static,hf_compile
     SMALL=random:smollm2-135m BIG1=random:llama-1b STEP_ARGS= T_STEP=60 T_BIG1=180
 }
 
