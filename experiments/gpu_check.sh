@@ -27,8 +27,8 @@
 # serve-bench ~215 s, replay 27 s, the 8B bench 31 s; the machine's start ~30 s, a staging call ~5 s.
 # Part a:
 #   1. the CUDA tests: greedy fp32 equal to Hugging Face greedy on CUDA (the decoder with every drafter kind; the
-#      device loop eager and in CUDA graphs, under torch.cuda.set_sync_debug_mode("error")), Triton parity (verify
-#      and the split-key attention), the bf16 device loop through that attention;
+#      device loop eager and in CUDA graphs, under torch.cuda.set_sync_debug_mode("error")), Triton parity (verify,
+#      the split-key attention, the prompt lookup), the bf16 device loop through that attention;
 #   2. python -m env.bench_device_step on the embedded model: the step by chain depth and stage, attention through
 #      SDPA and through the Triton kernel (step-sdpa.json, step-triton.json) (the walk's warps were chosen with
 #      `python3 -m kernels.bench --dtype bfloat16 --walk-warps 2,4,8,16`, 14 s);
@@ -74,7 +74,8 @@ transformers.__version__)" | tee -a "$run/machine.txt"
     if [ "$part" = a ] || [ "$part" = t ]; then
         step tests "$T_TESTS" python3 -m pytest -q -rfE --durations=15 -p no:cacheprovider \
             tests/env/test_device_loop.py tests/env/test_cuda.py tests/kernels/test_triton_parity.py \
-            tests/kernels/test_device_generator.py tests/kernels/test_triton_attention.py -k "$TESTS_K"
+            tests/kernels/test_device_generator.py tests/kernels/test_triton_attention.py tests/kernels/test_lookup.py \
+            -k "$TESTS_K"
         [ "$part" = t ] && return
         # the embedded model's step by depth, attention through SDPA against the split-key Triton kernel
         for mode in sdpa triton; do
@@ -114,7 +115,7 @@ cuda_settings() {
     export PYTHONPATH="$here:$SITE" PYTHONUNBUFFERED=1 DRAFTGYM_CACHE=/tmp/draftgym-cache
     RUN_ROOT=/tmp/gpu-run VERIFY_ARGS= DEV=cuda BIG=random:llama-8b WL=/tmp/gpu-stage/question.jsonl PER_CAT=2
     WL_SR=/tmp/gpu-stage/question_sr.jsonl PER_CAT_SR=4
-    SERVE_PER_CAT=11 CONC=1,8,64 REPLAY_BATCH="16384 262144" TESTS_K="cuda or parity or into or attention"
+    SERVE_PER_CAT=11 CONC=1,8,64 REPLAY_BATCH="16384 262144" TESTS_K="cuda or parity or into or attention or triton_matches"
     T_TESTS=200 T_VERIFY=70 T_BENCH=240 T_SERVE=240 T_REPLAY=45 T_BIG=60 HF_STATIC=hf_static,hf_compile
     SMALL=random:smollm2-135m BIG1=random:llama-1b STEP_ARGS= T_STEP=60 T_BIG1=180
 }
@@ -212,7 +213,7 @@ dry)  # the same steps on this CPU, small: every command line and output path ch
     OUT=${DRY_OUT:-/tmp/gpu-dry} RUN_ROOT=/tmp/gpu-dry-run
     VERIFY_ARGS=--quick DEV=cpu BIG=random:llama-tiny WL=$SPEC_BENCH PER_CAT=1 SERVE_PER_CAT=1 CONC=1,2
     WL_SR=$(mktemp) PER_CAT_SR=1 && grep -E '"category": *"(summarization|rag)"' "$SPEC_BENCH" >"$WL_SR"
-    REPLAY_BATCH="64 256" TESTS_K="(cuda or parity or into or attention) and not interpreter"
+    REPLAY_BATCH="64 256" TESTS_K="(cuda or parity or into or attention or triton_matches) and not interpreter"
     T_TESTS=600 T_VERIFY=300 T_BENCH=600 T_SERVE=300 T_REPLAY=60 T_BIG=300 HF_STATIC=hf_static  # no compile on a CPU
     SMALL=random:llama-tiny BIG1=random:llama-tiny STEP_ARGS="--steps 4 --reps 2 --context 128" T_STEP=300 T_BIG1=300
     measure c && cp "$OUT/steps.txt" "$OUT/steps-c.txt" || exit 1
