@@ -1,13 +1,14 @@
 """What one step of the device loop (``env.device_loop``) costs, by chain depth and by stage:
 ``python -m env.bench_device_step`` times, for each ``--depths`` D (0: an AR step), the whole step and each of its
 stages — draft (the prompt lookup), forward (the target over the chain, LM head included), verify, commit — of
-one row whose prompt is ``--context`` random tokens, all at the same span of key positions. On CUDA every piece is
-captured as its own CUDA graph and replayed ``--steps`` times back to back between two CUDA events (the time the
+``--rows`` rows (default 1) whose prompts are ``--context`` random tokens, all at the same span of key positions.
+On CUDA every piece is captured as its own CUDA graph and replayed ``--steps`` times back to back between two CUDA events (the time the
 device spends, as inside the step's graph); elsewhere each is timed eagerly. Median ms per step over ``--reps``
 repetitions, the depths in turn within every repetition. ``--profile`` (CUDA) adds, per depth, the GPU kernels of
 the step's graph (torch.profiler): their number and the most expensive ones, µs per step.
 
     python -m env.bench_device_step --model random:smollm2-135m --device cuda --depths 0,4,8,16 --profile
+    python -m env.bench_device_step --device cuda --rows 16 --depths 0,2,4,8    # a busier step: 16 rows at once
     python -m env.bench_device_step --depths 0,4 --steps 8 --reps 3            # this CPU, the embedded model
 
 A program, not a test: a table, and ``--json`` (written after every repetition) with its provenance.
@@ -87,14 +88,14 @@ def _kernels(fn: Callable[[], object], steps: int, top: int) -> dict[str, Any]:
     }
 
 
-def _profile(doc, depths, loops, fns, prompt, new, span, steps) -> None:
+def _profile(doc, depths, loops, fns, prompts, new, span, steps) -> None:
     """Each depth's kernels a step, into ``doc``'s rows."""
     for d in depths:
-        loops[d].prefill([prompt], new)
+        loops[d].prefill(prompts, new)
         k = _kernels(fns[d]["step"], steps, 12)
         k["source"] = "graph replays"
         if not k["kernels_per_step"]:  # a profiler that does not see into graphs: the same step, eager
-            loops[d].prefill([prompt], new)
+            loops[d].prefill(prompts, new)
             k = dict(_kernels(lambda d=d: loops[d].step(span), steps, 12), source="eager steps")
         doc["rows"][depths.index(d)]["kernels"] = k
 
@@ -115,6 +116,7 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "auto"])
     ap.add_argument("--depths", default="0,4,8,16", help="chain depths, 0 for an AR step (default 0,4,8,16)")
     ap.add_argument("--context", type=positive_int, default=1024, help="prompt tokens (default 1024)")
+    ap.add_argument("--rows", type=positive_int, default=1, help="rows decoded together (default 1)")
     ap.add_argument("--steps", type=positive_int, default=32, help="calls per timing (default 32)")
     ap.add_argument("--reps", type=positive_int, default=5, help="repetitions (default 5)")
     ap.add_argument("--profile", action="store_true", help="CUDA: the step's kernels per depth")
@@ -140,23 +142,23 @@ def _main(argv: list[str] | None) -> int:
                            f"model's {loaded.max_context}")  # fmt: skip
     span = _round_up(ctx + top_q, SPAN_STEP)  # every depth reads the same span
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(100, 1000, (args.context,), generator=gen).tolist()
+    prompts = [torch.randint(100, 1000, (args.context,), generator=gen).tolist() for _ in range(args.rows)]
     loops, fns = {}, {}
     for d in depths:
-        loop = DeviceLoop(net, 1, d, ctx + top_q, [], graph=False)
-        loop.prefill([prompt], new)
+        loop = DeviceLoop(net, args.rows, d, ctx + top_q, [], graph=False)
+        loop.prefill(prompts, new)
         stage = _stage_fns(loop, span)
         loops[d] = loop
         fns[d] = {k: cuda_graph(f) if cuda else f for k, f in stage.items()}
     times: dict[int, dict[str, list[float]]] = {d: {k: [] for k in STAGES} for d in depths}
     prov = dict(command=" ".join([PROG, *(sys.argv[1:] if argv is None else argv)]), model=loaded.model_id, device=str(loaded.device),
                 gpu=torch.cuda.get_device_name() if cuda else None, cpu=cpu_label(), torch=torch.__version__,
-                dtype=args.dtype, context=args.context, span=span, steps=args.steps)  # fmt: skip
+                dtype=args.dtype, context=args.context, rows=args.rows, span=span, steps=args.steps)  # fmt: skip
     doc: dict[str, Any] = dict(provenance=prov, rows=[])
     bar = progress_bar(args.reps * len(depths), "device step")
     for _ in range(args.reps):
         for d in depths:
-            loops[d].prefill([prompt], new)  # back at its prompt: every repetition times the same steps
+            loops[d].prefill(prompts, new)  # back at their prompts: every repetition times the same steps
             for k in STAGES:
                 times[d][k].append(_time_ms(fns[d][k], args.steps, cuda))
             bar.update(1)
@@ -168,7 +170,7 @@ def _main(argv: list[str] | None) -> int:
     bar.close()
     if args.profile and cuda:
         try:
-            _profile(doc, depths, loops, fns, prompt, new, span, args.steps)
+            _profile(doc, depths, loops, fns, prompts, new, span, args.steps)
         except Exception as err:  # noqa: BLE001 - the timings above are kept; the error is reported with them
             doc["profile_error"] = f"{type(err).__name__}: {err}"
             print(f"profile failed: {doc['profile_error']}")

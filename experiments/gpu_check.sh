@@ -18,7 +18,7 @@
 #
 # Make calls 2-5 back to back: the staged files live in /tmp there, and the machine goes back after ~30 s idle (or
 # is taken back for other work: part b first, GGUF-free, keeps its figures if that happens between the calls).
-# Each step runs under its own time limit (part a 560 s, part b 345 s, part c 340 s in all: give a call timeout_s
+# Each step runs under its own time limit (part a 560 s, part b 345 s, part c 460 s in all: give a call timeout_s
 # up to 590, and the whole session's device time, 900 s, also pays the machine's start and the staging: one
 # session has room for part c or b, the staging and part a). Under $OUT: steps.txt, the JSON summaries and
 # gpu-check-a.tgz / -b.tgz / -c.tgz (every log and run folder, refreshed after each step).
@@ -38,7 +38,8 @@
 # Part c (runc, its own call, GGUF-free): the verify table (python -m kernels.bench: verify µs for B in {1, 8, 64},
 #   N in {8, 32, 64}, three modes; Triton as it is, into buffers, in a CUDA graph, and that graph as the device's
 #   time; verify.json); the device step of the embedded model's shape with random weights and its kernels
-#   (device-step.json); random:llama-1b against HF generate eager, static and compiled (bench-1b.json).
+#   (device-step.json), and of random:llama-8b at 16 rows by depth (device-step-8b.json); random:llama-1b against
+#   HF generate eager, static and compiled (bench-1b.json).
 # Part b:
 #   4. draftgym serve-bench on random:llama-8b (random weights) at concurrency 1, 8, 64 (goodput; 66 requests of
 #      32 tokens; serve-big.json);
@@ -93,6 +94,9 @@ transformers.__version__)" | tee -a "$run/machine.txt"
         step verify "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --json "$OUT/verify.json"
         step device-step "$T_STEP" python3 -m env.bench_device_step --model "$SMALL" --device "$DEV" --dtype bf16 \
             --depths 0,4,8,16 $STEP_ARGS --profile --json "$OUT/device-step.json"
+        # the 8B shape at 16 rows: what a chain costs when the step is busy (which depth pays at which load)
+        step device-step-8b "$T_STEP8" python3 -m env.bench_device_step --model "$BIG" --device "$DEV" --dtype bf16 \
+            --rows 16 --depths 0,2,4,8 --context 512 --steps 16 --reps 3 $STEP_ARGS --json "$OUT/device-step-8b.json"
         step bench-1b "$T_BIG1" python3 -m experiments bench --model "$BIG1" --device "$DEV" --dtype bf16 \
             --workload "$WL" --limit 2 --max-new-tokens 48 --out "$run/bench-1b" \
             --methods "hf_greedy,$HF_STATIC,device:none,device:lookup-d4"
@@ -117,7 +121,7 @@ cuda_settings() {
     WL_SR=/tmp/gpu-stage/question_sr.jsonl PER_CAT_SR=4
     SERVE_PER_CAT=11 CONC=1,8,64 REPLAY_BATCH="16384 262144" TESTS_K="cuda or parity or into or attention or triton_matches"
     T_TESTS=200 T_VERIFY=70 T_BENCH=240 T_SERVE=240 T_REPLAY=45 T_BIG=60 HF_STATIC=hf_static,hf_compile
-    SMALL=random:smollm2-135m BIG1=random:llama-1b STEP_ARGS= T_STEP=60 T_BIG1=180
+    SMALL=random:smollm2-135m BIG1=random:llama-1b STEP_ARGS= T_STEP=60 T_STEP8=120 T_BIG1=180
 }
 
 tokenizer_files() {  # tokenizer_files DEST: the embedded model's tokenizer files (3.5 MB), all part b needs of it
@@ -216,6 +220,7 @@ dry)  # the same steps on this CPU, small: every command line and output path ch
     REPLAY_BATCH="64 256" TESTS_K="(cuda or parity or into or attention or triton_matches) and not interpreter"
     T_TESTS=600 T_VERIFY=300 T_BENCH=600 T_SERVE=300 T_REPLAY=60 T_BIG=300 HF_STATIC=hf_static  # no compile on a CPU
     SMALL=random:llama-tiny BIG1=random:llama-tiny STEP_ARGS="--steps 4 --reps 2 --context 128" T_STEP=300 T_BIG1=300
+    T_STEP8=300
     measure c && cp "$OUT/steps.txt" "$OUT/steps-c.txt" || exit 1
     measure a && cp "$OUT/steps.txt" "$OUT/steps-a.txt" || exit 1
     # part b as runb runs it: a cache that holds the embedded tokenizer's files and nothing else of the model

@@ -214,6 +214,10 @@ def test_output_file_checks(tmp_path):
         ("exactness", ["--workload", "{tmp}/none.jsonl"], "does not exist"),
         ("exactness", ["--arms", "ngram-d4,bogus-d2"], "unknown drafter 'bogus'"),
         ("exactness", ["--concurrency", "0"], "--concurrency: must be >= 1"),
+        ("bench_device_step", ["--depths", "0,x"], "--depths must be a comma list"),
+        ("bench_device_step", ["--depths", "4,40"], "--depths: at most 31, got 40"),
+        ("bench_device_step", ["--rows", "0"], "--rows: must be >= 1"),
+        ("bench_device_step", ["--json", "{tmp}"], "is a directory, not a file"),
     ],
 )
 def test_the_other_env_programs_refuse_bad_input_in_one_line(
@@ -245,6 +249,7 @@ def test_fidelity_runs_and_the_live_text_equals_the_trace():
         (["--qui"], "unrecognized arguments: --qui"),  # no abbreviations
         (["--json", "{tmp}"], "is a directory, not a file"),
         (["--threads", "0"], "must be an integer >= 1"),
+        (["--walk-warps", "4,3"], "must be a comma list of 1, 2, 4, 8, 16 or 32"),
     ],
 )
 def test_kernels_bench_refuses_bad_input_before_it_runs(args, expected, tmp_path, capsys, monkeypatch):
@@ -259,3 +264,20 @@ def test_kernels_bench_refuses_bad_input_before_it_runs(args, expected, tmp_path
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and expected in err, err
+
+
+def test_bench_device_step_times_each_stage_and_writes_json(tmp_path, capsys):
+    """``python -m env.bench_device_step`` on a tiny random-weight shape, two rows: a row per depth with the step and
+    its four stages, printed and written to ``--json`` with its provenance."""
+    from env.bench_device_step import main
+
+    out = tmp_path / "step.json"
+    code = main(["--model", "random:llama-tiny", "--depths", "0,3", "--rows", "2", "--context", "40", "--steps", "2",
+                 "--reps", "2", "--json", str(out)])  # fmt: skip
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert [r["depth"] for r in doc["rows"]] == [0, 3] and doc["provenance"]["rows"] == 2
+    assert all(
+        r[f"{k}_ms"] > 0 for r in doc["rows"] for k in ("step", "draft", "forward", "verify", "commit")
+    )
+    assert "| 3 |" in capsys.readouterr().out
