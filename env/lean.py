@@ -2,7 +2,8 @@
 ``RaggedCache``: fused QKV and gate/up projections, rotary tables computed once per forward, each layer's keys and
 values written straight into the rows' cache slots, one SDPA call per layer with the tree mask the step needs (or
 none: a single row's causal forward; on CUDA in bf16, a step of several nodes attends through the split-key Triton
-kernel ``kernels.tree_attention`` instead, at the shapes verified on a GPU (head size 64): ``attention_mode``). No per-layer Python work beyond the arithmetic.
+kernel ``kernels.tree_attention`` instead, at the shapes verified on a GPU, head size 64: ``attention_mode``). No
+per-layer Python work beyond the arithmetic.
 
 The weights come in one of ``kernels.quant.FORMATS``: ``dense`` (the activation dtype), ``int8`` (per output
 channel) or ``int4`` (group 32; for the embedded model read from the GGUF's own Q4_1 blocks: ``env.lean_files``,
@@ -279,9 +280,7 @@ class LeanLlama:
                 keys, vals = kc[lo:hi, :, :span], vc[lo:hi, :, :span]
             if fused:  # [b, q, heads, hd]: the output projection reads it as it is
                 a = kernels.tree_attention(qs, keys, vals, mask, self.scale).reshape(b, q, nq)
-            elif (
-                q == 1 and x.dtype != torch.float32 and x.device.type == "cpu"
-            ):  # a decoding step: _attend_one
+            elif q == 1 and x.dtype != torch.float32 and x.device.type == "cpu":  # a CPU decoding step
                 a = _attend_one(qs, keys, vals, mask, self.scale).transpose(1, 2).reshape(b, q, nq)
             else:
                 if wide:
@@ -303,10 +302,10 @@ ATTENTION_MODES = ("auto", "sdpa", "triton")
 
 def attention_mode() -> str:
     """``DRAFTGYM_ATTENTION``: how a masked step's attention runs on CUDA in bf16 or fp16. ``auto`` (default): the
-    split-key Triton kernel (``kernels.tree_attention``, at the shapes it takes: ``kernels.triton_attention.supported``;
-    SDPA for the others) for steps of two or more nodes, SDPA for one (its cuDNN
-    kernel is fast there; with a mask over several nodes it took 6x as long on an H200); ``sdpa``: always SDPA;
-    ``triton``: the kernel for one node too. fp32 and CPUs keep SDPA (fp32 logits equal transformers')."""
+    split-key Triton kernel (``kernels.tree_attention``; SDPA at the shapes it does not take) for steps of two or
+    more nodes, SDPA for one (its cuDNN kernel is fast there; with a mask over several nodes it took 6x as long on
+    an H200); ``sdpa``: always SDPA; ``triton``: the kernel for one node too. fp32 and CPUs keep SDPA (fp32 logits
+    equal transformers')."""
     mode = os.environ.get("DRAFTGYM_ATTENTION", "auto")
     if mode not in ATTENTION_MODES:
         raise ValueError(f"DRAFTGYM_ATTENTION={mode!r}; valid: {', '.join(ATTENTION_MODES)}")

@@ -7,8 +7,9 @@ deterministic drafts, sampling with draft_probs (T = 1). On CPU only the referen
 is and writing preallocated buffers (``+buf``); on CUDA also Triton, as it is, with buffers, and with buffers
 captured in a CUDA graph (``+graph``), timed with CUDA events after synchronisation (so a call's time includes
 the host's launch of it), and that graph timed as ``triton.testing.do_bench`` times kernels (``+graph+pipe``: calls
-enqueued back to back, each between CUDA events after an L2 flush: the device's time, as inside a captured step). Trees are random chain-biased trees whose tokens are the
-parent row's argmax 70% of the time, so paths are realistic. Fewer repetitions for the big shapes keep the CPU run
+enqueued back to back, each between CUDA events after an L2 flush: the device's time, as inside a captured step).
+Trees are random chain-biased trees whose tokens are the parent row's argmax 70% of the time, so paths are
+realistic. Fewer repetitions for the big shapes keep the CPU run
 to a couple of minutes. A program, not a test: it prints a table and writes JSON with its provenance.
 """
 
