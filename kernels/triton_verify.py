@@ -366,7 +366,9 @@ def _walk_kernel(
         total = tl.sum(acc32, axis=0)
         # scattered by rank (no [N, N] tile): the accepted nodes fill [0, total), -1 the rest
         tl.store(path_ptr + base + rank, offs_n.to(tl.int64), mask=acc32 == 1)
-        tl.store(path_ptr + base + offs_n, tl.full((BLOCK_N,), -1, tl.int64), mask=(offs_n >= total) & (offs_n < N))
+        tl.store(
+            path_ptr + base + offs_n, tl.full((BLOCK_N,), -1, tl.int64), mask=(offs_n >= total) & (offs_n < N)
+        )
         tl.store(alen_ptr + b, (total - 1).to(tl.int64))
 
 
