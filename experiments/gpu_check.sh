@@ -13,6 +13,8 @@
 #                                                # sha256, measures part a
 #   bash experiments/gpu_check.sh run2           # there, carrying nothing, after run: part b on the warm machine
 #   bash experiments/gpu_check.sh runf .gpu/4    # there, instead of run: part f, the focused call
+#   bash experiments/gpu_check.sh runp .gpu/4    # there, GGUF-free: part p, the greedy statistics' settings and
+#                                                # the step's kernels
 #   bash experiments/gpu_check.sh tests .gpu/4 [K]  # there, instead of run: the CUDA tests alone (or those -k K
 #                                                # selects)
 #   SPEC_BENCH=PATH/question.jsonl bash experiments/gpu_check.sh dry   # here: parts c, a and b small on this CPU
@@ -109,6 +111,13 @@ transformers.__version__)" | tee -a "$run/machine.txt"
         step tests-rest "$T_TESTS_F" python3 -m pytest -q -rfE -p no:cacheprovider tests/env/test_device_loop.py \
             tests/env/test_cuda.py tests/kernels/test_triton_attention.py tests/kernels/test_device_generator.py \
             -k "$TESTS_K and not no_host_sync"
+    elif [ "$part" = p ]; then
+        # GGUF-free: the greedy statistics' settings timed (tokens per program and per load, warps), and the
+        # embedded model's shape (random weights) step by step with its kernels
+        step greedy-settings "$T_VERIFY" python3 -m kernels.bench --dtype bfloat16 --greedy-settings "$GREEDY_SETTINGS" \
+            --json "$OUT/greedy-settings.json"
+        step device-step "$T_STEP" python3 -m env.bench_device_step --model "$SMALL" --device "$DEV" --dtype bf16 \
+            --depths 0,4,16 $STEP_ARGS --profile --json "$OUT/device-step.json"
     elif [ "$part" = c ]; then
         step verify "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --json "$OUT/verify.json"
         step device-step "$T_STEP" python3 -m env.bench_device_step --model "$SMALL" --device "$DEV" --dtype bf16 \
@@ -141,6 +150,8 @@ cuda_settings() {
     SERVE_PER_CAT=11 CONC=1,8,64 REPLAY_BATCH="16384 262144" TESTS_K="cuda or parity or into or attention or triton_matches"
     T_TESTS=200 T_TESTS_F=150 T_VERIFY=70 T_BENCH=240 T_SERVE=240 T_REPLAY=45 T_BIG=60 HF_STATIC=hf_static,hf_compile
     SMALL=random:smollm2-135m BIG1=random:llama-1b STEP_ARGS= T_STEP=60 T_STEP8=120 T_BIG1=180
+    GREEDY_SETTINGS=4096:1024:4:8,4096:4096:4:8,4096:4096:8:8,4096:4096:16:8,2048:2048:4:8,1024:1024:4:8
+    GREEDY_SETTINGS=$GREEDY_SETTINGS,8192:8192:8:8,8192:8192:16:8,16384:16384:16:8,4096:4096:8:16
 }
 
 tokenizer_files() {  # tokenizer_files DEST: the embedded model's tokenizer files (3.5 MB), all part b needs of it
@@ -216,6 +227,13 @@ run | tests | runf)  # tests: the same GGUF, then the CUDA tests alone (a longer
     [ "$mode" = runf ] && { measure f; exit; }
     measure a
     ;;
+runp)  # a call of its own, GGUF-free, carrying .gpu/4: part p (~90 s)
+    dir=${2:?usage: gpu_check.sh runp .gpu/4}
+    install_wheels "$dir"
+    cuda_settings
+    stage_tokenizer /tmp/gpu-stage/tok
+    measure p
+    ;;
 runc)  # a call of its own, GGUF-free, carrying .gpu/4: the verify table (also as the device's time), the device
     # loop's step by depth and stage with its kernels (the embedded model's shape, random weights), and the 1B shape
     # against HF generate eager, over a static cache and compiled
@@ -257,7 +275,7 @@ dry)  # the same steps on this CPU, small: every command line and output path ch
     ! cat "$OUT/steps-c.txt" "$OUT/steps-a.txt" "$OUT/steps.txt" | grep -v ' rc=0 '
     ;;
 *)
-    echo "usage: bash experiments/gpu_check.sh prepare|runb|runc|stage|run|tests|run2|dry" >&2
+    echo "usage: bash experiments/gpu_check.sh prepare|runb|runc|runp|stage|run|runf|tests|run2|dry" >&2
     exit 2
     ;;
 esac

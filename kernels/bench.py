@@ -1,6 +1,7 @@
 """Benchmark of tree verification: median microseconds per `verify` call, Triton vs the torch reference.
 
     python -m kernels.bench [--json FILE] [--dtype float32|bfloat16] [--quick] [--threads N] [--walk-warps 4,8]
+                             [--greedy-settings CHUNK:BLOCK:WARPS:WALK,...]
 
 Shapes: B in {1, 8, 64}, N in {8, 32, 64}, V = 49152 (SmolLM2's vocabulary); modes greedy, sampling with
 deterministic drafts, sampling with draft_probs (T = 1). On CPU only the reference runs (Triton needs CUDA), as it
@@ -168,32 +169,53 @@ def run(dtype: torch.dtype, quick: bool) -> list[dict]:
     return rows
 
 
-def walk_warps(dtype: torch.dtype, choices: list[int]) -> list[dict]:
-    """Greedy verify at B in {1, 8}, N in {8, 32, 64}, captured in a CUDA graph, with the parallel walk's program
-    on each number of warps (``kernels.triton_verify.WALK_WARPS``), timed both ways (``+graph``, ``+graph+pipe``)."""
-    from kernels import triton_verify
+def greedy_settings(dtype: torch.dtype, settings: list[tuple[int, int, int, int]]) -> list[dict]:
+    """Greedy verify at B = 1 (N in {8, 32, 64}) and B = 8 (N = 64), captured in a CUDA graph, for each setting
+    (chunk, block, warps, walk warps): tokens per program of the statistics (``kernels.common.GREEDY_CHUNK``), per
+    load (``kernels.triton_verify.GREEDY_BLOCK``), that program's warps (``GREEDY_WARPS``) and the parallel walk's
+    (``WALK_WARPS``); timed both ways (``+graph``, ``+graph+pipe``) and the statistics' launch alone in a graph
+    (``stats+graph``: the rest of ``+graph`` is the walk and the gap between the two launches)."""
+    from kernels import common, triton_verify
 
-    V, rows, saved = 49152, [], triton_verify.WALK_WARPS
+    V, rows = 49152, []
+    names = ("GREEDY_BLOCK", "GREEDY_WARPS", "WALK_WARPS")
+    saved = common.GREEDY_CHUNK, *(getattr(triton_verify, n) for n in names)
     try:
-        for B in (1, 8):
-            for N in (8, 32, 64):
-                tokens, parents, logits, _ = make_inputs(B, N, V, dtype, "cuda", False)
-                for w in choices:
-                    triton_verify.WALK_WARPS = w
-                    out = VerifyBuffers(B, N, V, "cuda")
-                    fn = cuda_graph(
-                        functools.partial(triton_verify.verify_triton, tokens, parents, logits, out=out)
+        for B, N in ((1, 8), (1, 32), (1, 64), (8, 64)):
+            tokens, parents, logits, _ = make_inputs(B, N, V, dtype, "cuda", False)
+            nodes = torch.full((B,), N, dtype=torch.int64, device="cuda")
+            for chunk, block, warps, walk in settings:
+                common.GREEDY_CHUNK = chunk
+                triton_verify.GREEDY_BLOCK, triton_verify.GREEDY_WARPS, triton_verify.WALK_WARPS = (
+                    block,
+                    warps,
+                    walk,
+                )
+                out = VerifyBuffers(B, N, V, "cuda")
+                fn = cuda_graph(
+                    functools.partial(triton_verify.verify_triton, tokens, parents, logits, out=out)
+                )
+                stats = cuda_graph(
+                    functools.partial(
+                        triton_verify._greedy_stats_kernel[(B * N, common.greedy_splits(V))],
+                        logits, nodes, out.part_m, out.part_s, out.part_am, N, V, common.greedy_splits(V),
+                        CHUNK=chunk, BLOCK_V=min(block, chunk), num_warps=warps,
                     )
-                    for name, (us, reps) in (
-                        (f"triton+graph w{w}", time_call(fn, "cuda", 0.5, 50)),
-                        (f"triton+graph+pipe w{w}", time_pipelined(fn, 100)),
-                    ):
-                        rows.append(
-                            dict(mode="greedy", B=B, N=N, V=V, impl=name, median_us=round(us, 1), reps=reps)
-                        )
-                        print(f"      greedy B={B:<3} N={N:<3} {name}: {us:>8.1f} us", flush=True)
+                )  # fmt: skip
+                tag = f"c{chunk}/b{block}/w{warps}/walk{walk}"
+                for name, (us, reps) in (
+                    (f"triton+graph {tag}", time_call(fn, "cuda", 0.5, 50)),
+                    (f"triton+graph+pipe {tag}", time_pipelined(fn, 100)),
+                    (f"stats+graph {tag}", time_call(stats, "cuda", 0.5, 50)),
+                ):
+                    rows.append(
+                        dict(mode="greedy", B=B, N=N, V=V, impl=name, median_us=round(us, 1), reps=reps)
+                    )
+                    print(f"      greedy B={B:<3} N={N:<3} {name}: {us:>8.1f} us", flush=True)
     finally:
-        triton_verify.WALK_WARPS = saved
+        common.GREEDY_CHUNK = saved[0]
+        for n, v in zip(names, saved[1:]):
+            setattr(triton_verify, n, v)
     return rows
 
 
@@ -236,6 +258,30 @@ def _warps(text: str) -> list[int]:
     return [int(x) for x in items]
 
 
+def _settings(text: str) -> list[tuple[int, int, int, int]]:
+    out = []
+    for item in text.split(","):
+        parts = item.split(":")
+        ok = len(parts) == 4 and all(p.isascii() and p.isdigit() for p in parts)
+        if ok:
+            chunk, block, warps, walk = (int(p) for p in parts)
+            pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
+            ok = (
+                pow2(chunk)
+                and pow2(block)
+                and 64 <= block <= chunk <= 65536
+                and warps in (1, 2, 4, 8, 16, 32)
+            )
+            ok = ok and walk in (1, 2, 4, 8, 16, 32)
+        if not ok:
+            raise argparse.ArgumentTypeError(
+                f"must be a comma list of CHUNK:BLOCK:WARPS:WALK_WARPS (powers of two, 64 <= BLOCK <= CHUNK <= "
+                f"65536; warps 1-32), got {item!r}"
+            )
+        out.append((chunk, block, warps, walk))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _Parser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", metavar="FILE", help="write rows and provenance as JSON")
@@ -245,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--walk-warps", type=_warps, metavar="LIST",
         help="CUDA: only greedy verify, the parallel walk on each of these numbers of warps (e.g. 2,4,8,16)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--greedy-settings", type=_settings, metavar="LIST",
+        help="CUDA: only greedy verify, for each CHUNK:BLOCK:WARPS:WALK_WARPS (e.g. 4096:1024:4:8,4096:4096:8:8): "
+        "tokens per program and per load of the statistics, that program's warps, the walk's warps",
     )  # fmt: skip
     args = ap.parse_args(argv)
     if args.json is not None:  # checked before the benchmark runs, not after it
@@ -259,10 +310,14 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--json {args.json}: cannot make {out.parent} ({err.strerror})")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.walk_warps is not None:
+    if args.walk_warps is not None or args.greedy_settings is not None:
         if not torch.cuda.is_available():
-            ap.error("--walk-warps needs CUDA (the Triton kernels)")
-        rows = walk_warps(getattr(torch, args.dtype), args.walk_warps)
+            ap.error("--walk-warps and --greedy-settings need CUDA (the Triton kernels)")
+        from kernels import common, triton_verify
+
+        here = (common.GREEDY_CHUNK, triton_verify.GREEDY_BLOCK, triton_verify.GREEDY_WARPS)
+        settings = args.greedy_settings or [(*here, w) for w in args.walk_warps]
+        rows = greedy_settings(getattr(torch, args.dtype), settings)
     else:
         rows = run(getattr(torch, args.dtype), args.quick)
     print()

@@ -10,7 +10,7 @@ Two launches, no [B, N, V] probability tensor:
      and top-p into three numbers per row (max m, normaliser s, and a threshold on the order-preserving integer
      key of z = l * fp32(1/T)), so that p(t) = [key(z_t) >= thr] * exp(z_t - m) / s anywhere later; top-k / top-p
      thresholds are found by bisection over the 2^32 keys (exact, ties kept together as in the reference), each
-     step a blocked pass over V. Greedy: `_greedy_stats_kernel`, one program per (row, chunk of GREEDY_CHUNK
+     step a blocked pass over V. Greedy: `_greedy_stats_kernel`, one program per (row, chunk of common.GREEDY_CHUNK
      tokens), keeps the argmax and the T=1 softmax statistics of its chunk (a row of 49,152 tokens is 12 short
      programs, not one long serial loop: the loop's latency, not the bytes, bounded a small verify).
   2. `_walk_kernel`, one program per sequence: greedy first merges the chunks' statistics of its rows, then finds
@@ -32,12 +32,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels import common
 from kernels.common import (
-    GREEDY_CHUNK,
     Verdict,
     VerifyBuffers,
     draw_coins,
-    greedy_splits,
     valid_mask,
     verdict_from_accepted,
 )
@@ -49,6 +48,10 @@ PARALLEL_WALK_MAX = 64
 # times the choices: on an H200 8 was the fastest or within 0.5 µs of it at B in {1, 8}, N in {8, 32, 64} (at B = 1,
 # N = 64: 21.0 µs in a graph against 24.4 with 4 warps)
 WALK_WARPS = 8
+# the greedy statistics' program: tokens per load (a chunk of kernels.common.GREEDY_CHUNK in one block when equal:
+# one max-and-index reduction and one sum, no serial loop) and its warps; `python -m kernels.bench --greedy-settings`
+GREEDY_BLOCK = 1024
+GREEDY_WARPS = 4
 
 
 @triton.jit
@@ -173,8 +176,9 @@ def _greedy_stats_kernel(
         for v0 in tl.static_range(0, CHUNK, BLOCK_V):
             mask = start + v0 + offs < V
             z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32)
-            bm = tl.max(z, axis=0)
-            bi = tl.argmax(z, axis=0).to(tl.int64) + start + v0
+            # the block's max and its earliest index in one reduction
+            bm, bi = tl.max(z, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            bi = bi.to(tl.int64) + start + v0
             best = tl.where(bm > m, bi, best)  # strict: the earliest block keeps ties
             m_new = tl.maximum(m, bm)
             # a block of -inf (past V, or masked tokens) adds nothing: exp(-inf - -inf) would be NaN
@@ -461,7 +465,7 @@ def verify_triton(
         s = torch.ones(B, N, dtype=torch.float32, device=device)
         thr = torch.zeros(B, N, dtype=torch.int64, device=device)
         am = torch.zeros(B, N, dtype=torch.int64, device=device)
-    splits = greedy_splits(V) if greedy else 1
+    splits = common.greedy_splits(V) if greedy else 1
     if not greedy:
         pm = ps = pa = m  # unused
         _row_stats_kernel[(B * N,)](
@@ -476,8 +480,9 @@ def verify_triton(
             ps = torch.empty(B * N * splits, dtype=torch.float32, device=device)
             pa = torch.empty(B * N * splits, dtype=torch.int64, device=device)
         _greedy_stats_kernel[(B * N, splits)](
-            logits, num_nodes, pm, ps, pa, N, V, splits, CHUNK=GREEDY_CHUNK, BLOCK_V=1024
-        )
+            logits, num_nodes, pm, ps, pa, N, V, splits, CHUNK=common.GREEDY_CHUNK,
+            BLOCK_V=min(GREEDY_BLOCK, common.GREEDY_CHUNK), num_warps=GREEDY_WARPS,
+        )  # fmt: skip
 
     block_n = max(16, triton.next_power_of_2(N))
     parallel = greedy and block_n <= PARALLEL_WALK_MAX

@@ -43,7 +43,9 @@ def test_verify_kernels_compile(dtype: str) -> None:
         compile_for_sm90(tv._row_stats_kernel, sig, dict(USE_TOP_K=top_k, USE_TOP_P=top_p, BLOCK_V=1024))
     sig = dict(logits_ptr=dtype, num_nodes_ptr="*i64", pm_ptr="*fp32", ps_ptr="*fp32", pa_ptr="*i64", N="i32",
                V="i32", SPLITS="i32")  # fmt: skip
-    compile_for_sm90(tv._greedy_stats_kernel, sig, dict(CHUNK=4096, BLOCK_V=1024))
+    # the settings kernels.bench --greedy-settings times
+    for chunk, block, warps in ((4096, 1024, 4), (4096, 4096, 8), (2048, 2048, 4)):
+        compile_for_sm90(tv._greedy_stats_kernel, sig, dict(CHUNK=chunk, BLOCK_V=block), num_warps=warps)
     sig = dict(tokens_ptr="*i64", parents_ptr="*i64", num_nodes_ptr="*i64", logits_ptr=dtype, dp_ptr=dtype,
                coins_ptr="*fp32", fcoins_ptr="*fp32", **VERIFY_ARGS, scratch_ptr="*fp32", acc_ptr="*i8",
                nprob_ptr="*fp32", next_ptr="*i64", path_ptr="*i64", alen_ptr="*i64", pm_ptr="*fp32",

@@ -30,7 +30,7 @@ from kernels import (
 @rerun_here
 def test_parity_under_interpreter() -> None:
     out = rerun_under_interpreter(__file__)
-    assert f"{len(VERIFY_CASES) + 7} passed" in out, out[-2000:]
+    assert f"{len(VERIFY_CASES) + 10} passed" in out, out[-2000:]
 
 
 def make_case(seed: int, B: int, N: int, V: int, stochastic: bool):
@@ -141,6 +141,21 @@ def test_verify_into_buffers_reference() -> None:
     if TRITON_MODE:
         pytest.skip("Triton mode: the dispatcher runs the kernel (test_verify_into_buffers_parity)")
     _check_into(VERIFY_CASES)
+
+
+@needs_triton
+@pytest.mark.parametrize("chunk,block,warps", [(4096, 4096, 8), (1024, 1024, 4), (2048, 512, 2)])
+def test_greedy_statistics_settings_parity(chunk, block, warps, monkeypatch) -> None:
+    """The greedy statistics give the reference's results for other chunks and loads than the default
+    (``python -m kernels.bench --greedy-settings`` times them): several chunks, ties in a later chunk, -inf blocks."""
+    from kernels import common, triton_verify
+
+    monkeypatch.setattr(common, "GREEDY_CHUNK", chunk)
+    monkeypatch.setattr(triton_verify, "GREEDY_BLOCK", block)
+    monkeypatch.setattr(triton_verify, "GREEDY_WARPS", warps)
+    for case in (VERIFY_CASES[i] for i in (0, 7, 9, 10)):
+        test_verify_parity(*case)
+    _check_into([VERIFY_CASES[8]])
 
 
 @needs_triton
