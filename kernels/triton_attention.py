@@ -8,10 +8,10 @@ kernel of 64-query tiles for a 5-node chain that took 29 µs per layer (one CTA 
 cost more than a decoding step (``python -m env.bench_device_step --profile``).
 
 Two launches per call:
-  1. ``_split_kernel``, one program per (row, KV head, chunk of CHUNK keys): the query heads that share the KV head
-     and every node are one [G * Q, D] tile (GQA as in transformers: query head h reads KV head h // G), scores by
+  1. ``_split_kernel``, one program per (row, KV head, chunk of keys; at most MAX_SPLITS chunks a row): the query
+     heads that share the KV head and every node are one [G * Q, D] tile (GQA as in transformers: query head h reads KV head h // G), scores by
      ``tl.dot`` in fp32, the mask read as bytes, an online softmax over the chunk's key blocks; writes the chunk's
-     max, normaliser and unnormalised output.
+     max, normaliser and unnormalised output; a block of keys no node sees is skipped.
   2. ``_combine_kernel``, one program per (row, KV head): merges the chunks (a chunk whose keys are all masked adds
      nothing) and writes [B, Q, H, D] in the output's dtype, the layout the output projection reads.
 Same results as ``kernels.reference_tree.tree_attention_reference`` (SDPA) within float rounding (a node that sees
@@ -25,8 +25,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-CHUNK = 256  # keys per program
 BLOCK_S = 64  # keys per block within a program
+# keys per program: the fewest (a power of two, at least a block) that keep a row's chunks within MAX_SPLITS. On an
+# H200 a step's 15 programs of 256 keys each (3 KV heads, 1,792 keys) took 9.5 µs a layer and the serial merge
+# of their 7 chunks 4.8 (`python -m env.bench_device_step --profile`): more, shorter programs, and a merge that
+# loads every chunk at once
+MAX_SPLITS = 32
 MAX_ROWS = 128  # query heads per KV head x nodes that one tile holds
 
 
@@ -60,28 +64,30 @@ def _split_kernel(
     for j in tl.static_range(0, CHUNK, BLOCK_S):
         offs_s = split * CHUNK + j + tl.arange(0, BLOCK_S)
         smask = offs_s < S
-        kt = tl.load(kbase + offs_s[None, :].to(tl.int64) * sks + offs_d[:, None] * skd, mask=smask[None, :],
-                     other=0.0)  # fmt: skip
-        if IEEE:
-            sc = tl.dot(qt, kt, input_precision="ieee") * scale
-        else:
-            sc = tl.dot(qt, kt) * scale  # [BLOCK_M, BLOCK_S], fp32
         vis = tl.load(
             mbase + offs_s[None, :].to(tl.int64) * sms, mask=rmask[:, None] & smask[None, :], other=0
         )
-        sc = tl.where(vis != 0, sc, float("-inf"))
-        m_new = tl.maximum(m, tl.max(sc, axis=1))
-        # a block whose keys are all masked adds nothing: exp(-inf - -inf) would be NaN
-        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
-        p = tl.where(sc == float("-inf"), 0.0, tl.exp(sc - m_new[:, None]))
-        l_sum = l_sum * alpha + tl.sum(p, axis=1)
-        vt = tl.load(vbase + offs_s[:, None].to(tl.int64) * svs + offs_d[None, :] * svd, mask=smask[:, None],
-                     other=0.0)  # fmt: skip
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-        m = m_new
+        # a block no node sees (the cache's unused tail) adds nothing: its keys and values are not read
+        if tl.max(tl.max(vis, axis=1), axis=0) != 0:
+            kt = tl.load(kbase + offs_s[None, :].to(tl.int64) * sks + offs_d[:, None] * skd, mask=smask[None, :],
+                         other=0.0)  # fmt: skip
+            if IEEE:
+                sc = tl.dot(qt, kt, input_precision="ieee") * scale
+            else:
+                sc = tl.dot(qt, kt) * scale  # [BLOCK_M, BLOCK_S], fp32
+            sc = tl.where(vis != 0, sc, float("-inf"))
+            m_new = tl.maximum(m, tl.max(sc, axis=1))
+            # a row whose keys in this block are all masked adds nothing: exp(-inf - -inf) would be NaN
+            alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
+            p = tl.where(sc == float("-inf"), 0.0, tl.exp(sc - m_new[:, None]))
+            l_sum = l_sum * alpha + tl.sum(p, axis=1)
+            vt = tl.load(vbase + offs_s[:, None].to(tl.int64) * svs + offs_d[None, :] * svd, mask=smask[:, None],
+                         other=0.0)  # fmt: skip
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+            m = m_new
     out = (pid.to(tl.int64) * SPLITS + split) * BLOCK_M + rows
     tl.store(pm_ptr + out, m)
     tl.store(pl_ptr + out, l_sum)
@@ -91,7 +97,7 @@ def _split_kernel(
 @triton.jit
 def _combine_kernel(
     pm_ptr, pl_ptr, pacc_ptr, o_ptr, HKV, G, Q, SPLITS, sob, soq, soh, sod,
-    BLOCK_M: tl.constexpr, D: tl.constexpr,
+    BLOCK_M: tl.constexpr, D: tl.constexpr, SPLITS_P2: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     b = pid // HKV
@@ -99,17 +105,22 @@ def _combine_kernel(
     rows = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     base = pid.to(tl.int64) * SPLITS * BLOCK_M
-    mx = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    for s in range(0, SPLITS):
-        mx = tl.maximum(mx, tl.load(pm_ptr + base + s * BLOCK_M + rows))
-    den = tl.zeros((BLOCK_M,), tl.float32)
+    # every chunk's max and normaliser in one load ([SPLITS_P2, BLOCK_M]), then the outputs unrolled with masks (no
+    # loop-carried load: the loads are independent, issued together)
+    offs_p = tl.arange(0, SPLITS_P2)
+    at2 = base + offs_p[:, None] * BLOCK_M + rows[None, :]
+    pmask = (offs_p < SPLITS)[:, None]
+    ms2 = tl.load(pm_ptr + at2, mask=pmask, other=float("-inf"))
+    mx = tl.max(ms2, axis=0)
+    w2 = tl.where(ms2 == float("-inf"), 0.0, tl.exp(ms2 - mx[None, :]))
+    den = tl.sum(w2 * tl.load(pl_ptr + at2, mask=pmask, other=0.0), axis=0)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
-    for s in range(0, SPLITS):
+    for s in tl.static_range(0, SPLITS_P2):
+        on = (rows * 0 + s) < SPLITS  # [BLOCK_M]: this chunk exists
         at = base + s * BLOCK_M + rows
-        ms = tl.load(pm_ptr + at)
+        ms = tl.load(pm_ptr + at, mask=on, other=float("-inf"))
         w = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - mx))
-        den += w * tl.load(pl_ptr + at)
-        acc += w[:, None] * tl.load(pacc_ptr + at[:, None] * D + offs_d[None, :])
+        acc += w[:, None] * tl.load(pacc_ptr + at[:, None] * D + offs_d[None, :], mask=on[:, None], other=0.0)
     res = acc / tl.where(den > 0, den, 1.0)[:, None]  # a node that sees no key (never in a step) gets zeros
     qi = rows % Q
     h = kvh * G + rows // Q
@@ -153,7 +164,8 @@ def tree_attention_triton(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: 
     hkv, S = k.shape[1], k.shape[2]
     G = H // hkv
     block_m = max(16, triton.next_power_of_2(G * Q))
-    splits = triton.cdiv(S, CHUNK)
+    chunk = max(BLOCK_S, triton.next_power_of_2(triton.cdiv(S, MAX_SPLITS)))
+    splits = triton.cdiv(S, chunk)
     dev = q.device
     pm = torch.empty(B * hkv * splits * block_m, dtype=torch.float32, device=dev)
     pl = torch.empty_like(pm)
@@ -164,9 +176,10 @@ def tree_attention_triton(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: 
     _split_kernel[(B * hkv, splits)](
         q, k, v, mask8, pm, pl, pacc, hkv, G, Q, S, float(scale), splits,
         *q.stride(), *k.stride(), *v.stride(), mask8.stride(0), mask8.stride(2), mask8.stride(3),
-        CHUNK=CHUNK, BLOCK_S=BLOCK_S, BLOCK_M=block_m, D=D, IEEE=ieee,
+        CHUNK=chunk, BLOCK_S=BLOCK_S, BLOCK_M=block_m, D=D, IEEE=ieee,
     )  # fmt: skip
     _combine_kernel[(B * hkv,)](
-        pm, pl, pacc, out, hkv, G, Q, splits, *out.stride(), BLOCK_M=block_m, D=D
+        pm, pl, pacc, out, hkv, G, Q, splits, *out.stride(), BLOCK_M=block_m, D=D,
+        SPLITS_P2=triton.next_power_of_2(splits),
     )  # fmt: skip
     return out

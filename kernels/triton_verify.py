@@ -11,8 +11,8 @@ Two launches, no [B, N, V] probability tensor:
      key of z = l * fp32(1/T)), so that p(t) = [key(z_t) >= thr] * exp(z_t - m) / s anywhere later; top-k / top-p
      thresholds are found by bisection over the 2^32 keys (exact, ties kept together as in the reference), each
      step a blocked pass over V. Greedy: `_greedy_stats_kernel`, one program per (row, chunk of common.GREEDY_CHUNK
-     tokens), keeps the argmax and the T=1 softmax statistics of its chunk (a row of 49,152 tokens is 12 short
-     programs, not one long serial loop: the loop's latency, not the bytes, bounded a small verify).
+     tokens), keeps the argmax and the T=1 softmax statistics of its chunk (a row of 49,152 tokens is 6 short
+     programs, each one load, one max-and-index reduction and one sum: latency, not bytes, bounds a small verify).
   2. `_walk_kernel`, one program per sequence: greedy first merges the chunks' statistics of its rows, then finds
      the accepted path without a serial loop (node i is good iff its token is its parent's argmax and no earlier
      sibling's is; accepted iff every node from it to the root is good: pointer jumping over parents, log2 N
@@ -50,8 +50,8 @@ PARALLEL_WALK_MAX = 64
 WALK_WARPS = 8
 # the greedy statistics' program: tokens per load (a chunk of kernels.common.GREEDY_CHUNK in one block when equal:
 # one max-and-index reduction and one sum, no serial loop) and its warps; `python -m kernels.bench --greedy-settings`
-GREEDY_BLOCK = 1024
-GREEDY_WARPS = 4
+GREEDY_BLOCK = 8192
+GREEDY_WARPS = 8
 
 
 @triton.jit

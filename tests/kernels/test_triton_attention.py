@@ -1,6 +1,7 @@
 """The split-key Triton attention (kernels.triton_attention) against SDPA (kernels.tree_attention_reference) on
 the shapes a decoding or verify step gives it: grouped-query heads, 1 to 32 nodes, keys that are a strided view of
-a larger cache, spans that are not a multiple of the key chunk, rows whose later chunks are all masked, chain and
+a larger cache, spans that are not a multiple of the key chunk, long spans (chunks of several key blocks), rows whose later
+chunks are all masked, chain and
 tree masks. On CUDA in fp32 and bf16; on a CPU `test_under_interpreter` reruns this file with TRITON_INTERPRET=1
 (fp32: the interpreter has no bf16)."""
 
@@ -12,10 +13,11 @@ from kernels import tree_attention, tree_attention_reference, triton_enabled
 from kernels.triton_attention import supported
 
 # (rows, query heads, KV heads, nodes, span, head size, tree)
-CASES = [  # bf16 on CUDA takes the first three (see kernels.triton_attention.supported)
+CASES = [  # bf16 on CUDA takes the first four (see kernels.triton_attention.supported)
     (1, 9, 3, 1, 256, 64, False),  # a decoding step of the embedded model's shape
     (1, 9, 3, 5, 700, 64, False),  # a chain of 4 drafts; the span not a multiple of the chunk
     (3, 9, 3, 17, 513, 64, True),  # three rows, a tree of 17 nodes
+    (2, 9, 3, 5, 2500, 64, False),  # a long span: chunks of two key blocks, 20 of them; most of them unseen
     (2, 8, 2, 32, 300, 32, True),  # 4 query heads per KV head x 32 nodes: the largest tile
     (2, 4, 4, 3, 1100, 16, False),  # no grouping; most chunks of the first row all masked
 ]

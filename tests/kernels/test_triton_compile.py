@@ -69,3 +69,22 @@ def test_tree_and_kv_kernels_compile() -> None:
     sig = dict(kv_ptr="*i16", path_ptr="*i64", S="i32", H="i32", D="i32", start="i32", stride_b="i32",
                stride_h="i32", stride_l="i32", stride_d="i32")  # fmt: skip
     compile_for_sm90(tk._compact_kernel, sig, dict(BLOCK_D=64))
+
+
+@pytest.mark.parametrize("dtype", ["*fp32", "*bf16"])
+def test_attention_kernels_compile(dtype: str) -> None:
+    from kernels import triton_attention as ta
+
+    strides = {
+        f"s{x}": "i32" for x in ("qb", "qh", "qq", "qd", "kb", "kh", "ks", "kd", "vb", "vh", "vs", "vd")
+    }
+    sig = dict(q_ptr=dtype, k_ptr=dtype, v_ptr=dtype, mask_ptr="*u8", pm_ptr="*fp32", pl_ptr="*fp32",
+               pacc_ptr="*fp32", HKV="i32", G="i32", Q="i32", S="i32", scale="fp32", SPLITS="i32", **strides,
+               smb="i32", smq="i32", sms="i32")  # fmt: skip
+    for chunk in (64, 128):  # one key block a program, and two
+        consts = dict(CHUNK=chunk, BLOCK_S=64, BLOCK_M=16, D=64, IEEE=dtype == "*fp32")
+        compile_for_sm90(ta._split_kernel, sig, consts)
+    sig = dict(pm_ptr="*fp32", pl_ptr="*fp32", pacc_ptr="*fp32", o_ptr=dtype, HKV="i32", G="i32", Q="i32",
+               SPLITS="i32", sob="i32", soq="i32", soh="i32", sod="i32")  # fmt: skip
+    for splits_p2 in (1, 8, 32):
+        compile_for_sm90(ta._combine_kernel, sig, dict(BLOCK_M=16, D=64, SPLITS_P2=splits_p2))
