@@ -101,14 +101,14 @@ transformers.__version__)" | tee -a "$run/machine.txt"
             tests/kernels/test_lookup.py tests/kernels/test_triton_attention.py tests/env/test_device_loop.py \
             -k "verify or triton_matches or attention or no_host_sync"
         step verify "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --json "$OUT/verify.json"
-        [ "$DEV" = cuda ] && step greedy-settings "$T_VERIFY" python3 -m kernels.bench --dtype bfloat16 \
-            --greedy-settings "$GREEDY_SETTINGS_F" --json "$OUT/greedy-settings.json"
-        step step-triton "$T_STEP" python3 -m env.bench_device_step --device "$DEV" --dtype bf16 \
-            --depths 0,4,8,16 $STEP_ARGS --profile --json "$OUT/step-triton.json"
         step bench-smollm "$T_BENCH" python3 -m experiments bench --device "$DEV" --dtype bf16 --workload "$WL_SR" \
             --per-category "$PER_CAT_SR" --max-new-tokens 128 --out "$run/bench-smollm" \
             --methods "hf_greedy,device:none,device:lookup-d8,device:lookup-d16"
         cp "$run/bench-smollm/bench.json" "$OUT/bench-smollm.json" 2>/dev/null
+        [ "$DEV" = cuda ] && step greedy-settings "$T_VERIFY" python3 -m kernels.bench --dtype bfloat16 \
+            --greedy-settings "$GREEDY_SETTINGS_F" --json "$OUT/greedy-settings.json"
+        step step-triton "$T_STEP" python3 -m env.bench_device_step --device "$DEV" --dtype bf16 \
+            --depths 0,4,8,16 $STEP_ARGS --profile --json "$OUT/step-triton.json"
     elif [ "$part" = p ]; then
         # GGUF-free: the greedy statistics' settings timed (tokens per program and per load, warps), and the
         # embedded model's shape (random weights) step by step with its kernels
