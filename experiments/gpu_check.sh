@@ -146,7 +146,7 @@ cuda_settings() {
     RUN_ROOT=/tmp/gpu-run VERIFY_ARGS= DEV=cuda BIG=random:llama-8b WL=/tmp/gpu-stage/question.jsonl PER_CAT=2
     WL_SR=/tmp/gpu-stage/question_sr.jsonl PER_CAT_SR=4
     SERVE_PER_CAT=11 CONC=1,8,64 REPLAY_BATCH="16384 262144" TESTS_K="cuda or parity or into or attention or triton_matches"
-    T_TESTS=200 T_TESTS_F=150 T_VERIFY=70 T_BENCH=240 T_SERVE=240 T_REPLAY=45 T_BIG=60 HF_STATIC=hf_static,hf_compile
+    T_TESTS=200 T_TESTS_F=110 T_VERIFY=70 T_BENCH=240 T_SERVE=240 T_REPLAY=45 T_BIG=60 HF_STATIC=hf_static,hf_compile
     SMALL=random:smollm2-135m BIG1=random:llama-1b STEP_ARGS= T_STEP=60 T_STEP8=120 T_BIG1=180
     GREEDY_SETTINGS=4096:1024:4:8,4096:4096:4:8,4096:4096:8:8,4096:4096:16:8,2048:2048:4:8,1024:1024:4:8
     GREEDY_SETTINGS=$GREEDY_SETTINGS,8192:8192:8:8,8192:8192:16:8,16384:16384:16:8,4096:4096:8:16
