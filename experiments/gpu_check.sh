@@ -99,7 +99,7 @@ transformers.__version__)" | tee -a "$run/machine.txt"
         # first, then their figures
         step tests "$T_TESTS_F" python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_triton_parity.py \
             tests/kernels/test_lookup.py tests/kernels/test_triton_attention.py tests/env/test_device_loop.py \
-            -k "verify or triton_matches or attention or no_host_sync"
+            -k "verify or greedy_statistics or triton_matches or attention or no_host_sync"
         step verify "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --json "$OUT/verify.json"
         step bench-smollm "$T_BENCH" python3 -m experiments bench --device "$DEV" --dtype bf16 --workload "$WL_SR" \
             --per-category "$PER_CAT_SR" --max-new-tokens 128 --out "$run/bench-smollm" \

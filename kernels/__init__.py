@@ -2,9 +2,9 @@
 lookup on the device, attention of a step's few nodes over a KV cache.
 
 Each function has a torch reference (`kernels.reference`, `kernels.reference_tree`, `kernels.lookup`) and a fused
-Triton kernel (`kernels.triton_verify`, `kernels.triton_tree`, `kernels.triton_kv`, `kernels.triton_lookup`,
-`kernels.triton_attention`). The dispatchers below pick Triton when the tensors are on CUDA, or when
-TRITON_INTERPRET=1 is set (CPU interpreter, for tests), and triton is installed; the torch reference otherwise.
+Triton kernel (`kernels.triton_verify` with `kernels.triton_stats`, `kernels.triton_tree`, `kernels.triton_kv`,
+`kernels.triton_lookup`, `kernels.triton_attention`). The dispatchers below pick Triton when the tensors are on
+CUDA, or when TRITON_INTERPRET=1 is set (CPU interpreter, for tests), and triton is installed; the torch reference otherwise.
 Both give the same results: integers equal, floats within 1e-6 (the accept/reject decisions can differ only when a
 coin lands within float rounding of its threshold; attention in bf16 agrees within bf16 rounding). Triton is
 imported lazily, on the first dispatched call, never at import time.

@@ -175,7 +175,7 @@ def greedy_settings(dtype: torch.dtype, settings: list[tuple[int, int, int, int]
     load (``kernels.triton_verify.GREEDY_BLOCK``), that program's warps (``GREEDY_WARPS``) and the parallel walk's
     (``WALK_WARPS``); timed both ways (``+graph``, ``+graph+pipe``) and the statistics' launch alone in a graph
     (``stats+graph``: the rest of ``+graph`` is the walk and the gap between the two launches)."""
-    from kernels import common, triton_verify
+    from kernels import common, triton_stats, triton_verify
 
     V, rows = 49152, []
     names = ("GREEDY_BLOCK", "GREEDY_WARPS", "WALK_WARPS")
@@ -197,7 +197,7 @@ def greedy_settings(dtype: torch.dtype, settings: list[tuple[int, int, int, int]
                 )
                 stats = cuda_graph(
                     functools.partial(
-                        triton_verify._greedy_stats_kernel[(B * N, common.greedy_splits(V))],
+                        triton_stats.greedy_stats_kernel[(B * N, common.greedy_splits(V))],
                         logits, nodes, out.part_m, out.part_s, out.part_am, N, V, common.greedy_splits(V),
                         CHUNK=chunk, BLOCK_V=min(block, chunk), num_warps=warps,
                     )
@@ -310,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--json {args.json}: cannot make {out.parent} ({err.strerror})")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.walk_warps is not None and args.greedy_settings is not None:
+        ap.error("--walk-warps and --greedy-settings: give one (a setting names its walk's warps too)")
     if args.walk_warps is not None or args.greedy_settings is not None:
         if not torch.cuda.is_available():
             ap.error("--walk-warps and --greedy-settings need CUDA (the Triton kernels)")

@@ -113,6 +113,11 @@ class VerifyBuffers:
             raise ValueError(
                 "these verify buffers have no draft_probs scratch (VerifyBuffers(..., draft_probs=True))"
             )
+        if self.part_m.numel() != B * N * greedy_splits(V):  # GREEDY_CHUNK changed since they were made
+            raise ValueError(
+                f"these verify buffers hold greedy statistics for chunks of another size than GREEDY_CHUNK = "
+                f"{GREEDY_CHUNK}: make them again"
+            )
 
     def verdict(self) -> Verdict:
         return Verdict(self.path, self.accept_len, self.next_token, self.accepted, self.node_prob)

@@ -27,7 +27,7 @@ from torch import Tensor
 
 BLOCK_S = 64  # keys per block within a program
 # keys per program: the fewest (a power of two, at least a block) that keep a row's chunks within MAX_SPLITS. On an
-# H200 a step's 15 programs of 256 keys each (3 KV heads, 1,792 keys) took 9.5 µs a layer and the serial merge
+# H200 a step's 21 programs of 256 keys each (3 KV heads, 1,792 keys) took 9.5 µs a layer and the serial merge
 # of their 7 chunks 4.8 (`python -m env.bench_device_step --profile`): more, shorter programs, and a merge that
 # loads every chunk at once
 MAX_SPLITS = 32

@@ -6,13 +6,11 @@ Lossless multi-draft rejection sampling over a token tree:
 Same contract and results as `kernels.reference.verify_reference` (DESIGN.md "Verification semantics").
 
 Two launches, no [B, N, V] probability tensor:
-  1. Row statistics. Sampling: `_row_stats_kernel`, one program per (sequence, node) row, fuses temperature, top-k
-     and top-p into three numbers per row (max m, normaliser s, and a threshold on the order-preserving integer
-     key of z = l * fp32(1/T)), so that p(t) = [key(z_t) >= thr] * exp(z_t - m) / s anywhere later; top-k / top-p
-     thresholds are found by bisection over the 2^32 keys (exact, ties kept together as in the reference), each
-     step a blocked pass over V. Greedy: `_greedy_stats_kernel`, one program per (row, chunk of common.GREEDY_CHUNK
-     tokens), keeps the argmax and the T=1 softmax statistics of its chunk (a row of 49,152 tokens is 6 short
-     programs, each one load, one max-and-index reduction and one sum: latency, not bytes, bounds a small verify).
+  1. Row statistics (`kernels.triton_stats`). Sampling: `row_stats_kernel`, one program per (sequence, node) row,
+     fuses temperature, top-k and top-p into three numbers per row (max, normaliser and a threshold on the
+     order-preserving key of the tempered logits). Greedy: `greedy_stats_kernel`, one program per (row, chunk of
+     common.GREEDY_CHUNK tokens): a row of 49,152 tokens is 6 short programs, each one load, one max-and-index
+     reduction and one sum (latency, not bytes, bounds a small verify).
   2. `_walk_kernel`, one program per sequence: greedy first merges the chunks' statistics of its rows, then finds
      the accepted path without a serial loop (node i is good iff its token is its parent's argmax and no earlier
      sibling's is; accepted iff every node from it to the root is good: pointer jumping over parents, log2 N
@@ -40,6 +38,7 @@ from kernels.common import (
     valid_mask,
     verdict_from_accepted,
 )
+from kernels.triton_stats import greedy_stats_kernel, order_key, row_stats_kernel
 
 _GREEDY, _DETERMINISTIC, _DRAFT_PROBS = 0, 1, 2
 # the greedy walk without a serial loop up to this many nodes ([BLOCK_N, BLOCK_N] tiles); a serial scan above it
@@ -55,147 +54,10 @@ GREEDY_WARPS = 8
 
 
 @triton.jit
-def _key(z):
-    """Order-preserving int32 key of fp32 values (a < b iff key(a) < key(b), -0.0 just below +0.0)."""
-    bits = z.to(tl.int32, bitcast=True)
-    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-
-
-@triton.jit
-def _count_ge(row_ptr, V, inv_t, t, BLOCK_V: tl.constexpr):
-    """Number of tokens with key(z) >= t."""
-    offs = tl.arange(0, BLOCK_V)
-    cnt = tl.zeros((), tl.int64)
-    for v0 in range(0, V, BLOCK_V):
-        mask = v0 + offs < V
-        z = tl.load(row_ptr + v0 + offs, mask=mask, other=0.0).to(tl.float32) * inv_t
-        cnt += tl.sum(((_key(z) >= t) & mask).to(tl.int64), axis=0)
-    return cnt
-
-
-@triton.jit
-def _mass_above(row_ptr, V, inv_t, m, s, thr_k, t, BLOCK_V: tl.constexpr):
-    """Probability mass (after top-k) of tokens with key(z) > t."""
-    offs = tl.arange(0, BLOCK_V)
-    acc = tl.zeros((), tl.float32)
-    for v0 in range(0, V, BLOCK_V):
-        mask = v0 + offs < V
-        z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
-        k = _key(z)
-        p = tl.where(mask & (k >= thr_k) & (k > t), tl.exp(z - m), 0.0)
-        acc += tl.sum(p, axis=0)
-    return acc / s
-
-
-@triton.jit
-def _row_stats_kernel(
-    logits_ptr, num_nodes_ptr, m_ptr, s_ptr, thr_ptr, am_ptr,
-    N, V, inv_t, top_k, top_p,
-    USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr, BLOCK_V: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0)
-    b = row // N
-    i = row % N
-    n = tl.load(num_nodes_ptr + b)
-    if i < n:
-        row_ptr = logits_ptr + row.to(tl.int64) * V  # logits: [B, N, V]
-        offs = tl.arange(0, BLOCK_V)
-        # online max / argmax / sum of exp(z - m) over all tokens
-        m = tl.full((), float("-inf"), tl.float32)
-        s = tl.zeros((), tl.float32)
-        best = tl.zeros((), tl.int64)
-        kmin = tl.full((), 2147483647, tl.int64)
-        for v0 in range(0, V, BLOCK_V):
-            mask = v0 + offs < V
-            z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
-            bm = tl.max(z, axis=0)
-            bi = tl.argmax(z, axis=0).to(tl.int64) + v0
-            best = tl.where(bm > m, bi, best)  # strict: the earliest block keeps ties
-            m_new = tl.maximum(m, bm)
-            alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))  # a block of -inf adds nothing
-            s = s * alpha + tl.sum(tl.where(mask & (z > float("-inf")), tl.exp(z - m_new), 0.0), axis=0)
-            m = m_new
-            kmin = tl.minimum(kmin, tl.min(tl.where(mask, _key(z), 2147483647), axis=0).to(tl.int64))
-        thr = kmin
-        kmax = _key(m).to(tl.int64)
-        if USE_TOP_K:  # largest t with count(key >= t) >= k: the k-th largest key
-            lo = kmin
-            hi = kmax
-            while lo < hi:
-                mid = lo + (hi - lo + 1) // 2
-                if _count_ge(row_ptr, V, inv_t, mid, BLOCK_V) >= top_k:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            thr = lo
-            s = tl.zeros((), tl.float32)
-            for v0 in range(0, V, BLOCK_V):
-                mask = v0 + offs < V
-                z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
-                s += tl.sum(tl.where(mask & (_key(z) >= thr), tl.exp(z - m), 0.0), axis=0)
-        if USE_TOP_P:  # smallest t with mass(key > t) < top_p; keep key >= t
-            lo = thr - 1
-            hi = kmax
-            while lo < hi:
-                mid = lo + (hi - lo) // 2
-                if _mass_above(row_ptr, V, inv_t, m, s, thr, mid, BLOCK_V) < top_p:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            thr = tl.maximum(thr, lo)
-            s = tl.zeros((), tl.float32)
-            for v0 in range(0, V, BLOCK_V):
-                mask = v0 + offs < V
-                z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
-                s += tl.sum(tl.where(mask & (_key(z) >= thr), tl.exp(z - m), 0.0), axis=0)
-        tl.store(m_ptr + row, m)
-        tl.store(s_ptr + row, s)
-        tl.store(thr_ptr + row, thr)
-        tl.store(am_ptr + row, best)
-
-
-@triton.jit
-def _greedy_stats_kernel(
-    logits_ptr, num_nodes_ptr, pm_ptr, ps_ptr, pa_ptr, N, V, SPLITS,
-    CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
-):  # fmt: skip
-    """Greedy statistics of one chunk of one row: max, sum of exp(l - max) and the earliest argmax of tokens
-    [chunk * CHUNK, (chunk + 1) * CHUNK), into the row's partials (merged by the walk)."""
-    row = tl.program_id(0)
-    part = tl.program_id(1)
-    b = row // N
-    i = row % N
-    n = tl.load(num_nodes_ptr + b)
-    if i < n:
-        start = part * CHUNK
-        row_ptr = logits_ptr + row.to(tl.int64) * V + start  # logits: [B, N, V]
-        offs = tl.arange(0, BLOCK_V)
-        m = tl.full((), float("-inf"), tl.float32)
-        s = tl.zeros((), tl.float32)
-        best = tl.zeros((), tl.int64)
-        for v0 in tl.static_range(0, CHUNK, BLOCK_V):
-            mask = start + v0 + offs < V
-            z = tl.load(row_ptr + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32)
-            # the block's max and its earliest index in one reduction
-            bm, bi = tl.max(z, axis=0, return_indices=True, return_indices_tie_break_left=True)
-            bi = bi.to(tl.int64) + start + v0
-            best = tl.where(bm > m, bi, best)  # strict: the earliest block keeps ties
-            m_new = tl.maximum(m, bm)
-            # a block of -inf (past V, or masked tokens) adds nothing: exp(-inf - -inf) would be NaN
-            alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
-            s = s * alpha + tl.sum(tl.where(mask & (z > float("-inf")), tl.exp(z - m_new), 0.0), axis=0)
-            m = m_new
-        out = row.to(tl.int64) * SPLITS + part
-        tl.store(pm_ptr + out, m)
-        tl.store(ps_ptr + out, s)
-        tl.store(pa_ptr + out, best)
-
-
-@triton.jit
 def _p_block(row_ptr, offs, mask, inv_t, m, s, thr):
     """Processed target probabilities p(t) of one row at token ids `offs`."""
     z = tl.load(row_ptr + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
-    return tl.where(mask & (_key(z) >= thr), tl.exp(z - m) / s, 0.0)
+    return tl.where(mask & (order_key(z) >= thr), tl.exp(z - m) / s, 0.0)
 
 
 @triton.jit
@@ -252,7 +114,7 @@ def _walk_kernel(
     else:
         z = lx * inv_t
         pthr = tl.load(thr_ptr + prow, mask=nmask, other=0)
-        prob = tl.where(_key(z) >= pthr, tl.exp(z - pm) / ps, 0.0)
+        prob = tl.where(order_key(z) >= pthr, tl.exp(z - pm) / ps, 0.0)
     prob = tl.where(offs_n == 0, 1.0, prob)
     tl.store(nprob_ptr + base + offs_n, tl.where(nmask, prob, 0.0), mask=offs_n < N)
 
@@ -468,7 +330,7 @@ def verify_triton(
     splits = common.greedy_splits(V) if greedy else 1
     if not greedy:
         pm = ps = pa = m  # unused
-        _row_stats_kernel[(B * N,)](
+        row_stats_kernel[(B * N,)](
             logits, num_nodes, m, s, thr, am, N, V, inv_t, int(top_k), float(top_p),
             USE_TOP_K=use_top_k, USE_TOP_P=use_top_p, BLOCK_V=1024,
         )  # fmt: skip
@@ -479,7 +341,7 @@ def verify_triton(
             pm = torch.empty(B * N * splits, dtype=torch.float32, device=device)
             ps = torch.empty(B * N * splits, dtype=torch.float32, device=device)
             pa = torch.empty(B * N * splits, dtype=torch.int64, device=device)
-        _greedy_stats_kernel[(B * N, splits)](
+        greedy_stats_kernel[(B * N, splits)](
             logits, num_nodes, pm, ps, pa, N, V, splits, CHUNK=common.GREEDY_CHUNK,
             BLOCK_V=min(GREEDY_BLOCK, common.GREEDY_CHUNK), num_warps=GREEDY_WARPS,
         )  # fmt: skip

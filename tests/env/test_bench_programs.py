@@ -252,6 +252,7 @@ def test_fidelity_runs_and_the_live_text_equals_the_trace():
         (["--walk-warps", "4,3"], "must be a comma list of 1, 2, 4, 8, 16 or 32"),
         (["--greedy-settings", "4096:1024:4"], "must be a comma list of CHUNK:BLOCK:WARPS:WALK_WARPS"),
         (["--greedy-settings", "4096:8192:4:8"], "got '4096:8192:4:8'"),  # a block larger than its chunk
+        (["--walk-warps", "4", "--greedy-settings", "4096:1024:4:8"], "give one"),
     ],
 )
 def test_kernels_bench_refuses_bad_input_before_it_runs(args, expected, tmp_path, capsys, monkeypatch):

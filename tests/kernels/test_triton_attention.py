@@ -13,11 +13,12 @@ from kernels import tree_attention, tree_attention_reference, triton_enabled
 from kernels.triton_attention import supported
 
 # (rows, query heads, KV heads, nodes, span, head size, tree)
-CASES = [  # bf16 on CUDA takes the first four (see kernels.triton_attention.supported)
+CASES = [  # bf16 on CUDA takes the first five (see kernels.triton_attention.supported)
     (1, 9, 3, 1, 256, 64, False),  # a decoding step of the embedded model's shape
     (1, 9, 3, 5, 700, 64, False),  # a chain of 4 drafts; the span not a multiple of the chunk
     (3, 9, 3, 17, 513, 64, True),  # three rows, a tree of 17 nodes
     (2, 9, 3, 5, 2500, 64, False),  # a long span: chunks of two key blocks, 20 of them; most of them unseen
+    (1, 9, 3, 3, 50, 64, False),  # a span shorter than a key block: one chunk, nothing to merge
     (2, 8, 2, 32, 300, 32, True),  # 4 query heads per KV head x 32 nodes: the largest tile
     (2, 4, 4, 3, 1100, 16, False),  # no grouping; most chunks of the first row all masked
 ]

@@ -35,17 +35,18 @@ def compile_for_sm90(fn, signature: dict, constexprs: dict, num_warps: int = 4) 
 
 @pytest.mark.parametrize("dtype", ["*fp32", "*bf16"])
 def test_verify_kernels_compile(dtype: str) -> None:
+    from kernels import triton_stats as ts
     from kernels import triton_verify as tv
 
     for top_k, top_p in ((False, False), (True, True)):
         sig = dict(logits_ptr=dtype, num_nodes_ptr="*i64", **VERIFY_ARGS, N="i32", V="i32", inv_t="fp32",
                    top_k="i32", top_p="fp32")  # fmt: skip
-        compile_for_sm90(tv._row_stats_kernel, sig, dict(USE_TOP_K=top_k, USE_TOP_P=top_p, BLOCK_V=1024))
+        compile_for_sm90(ts.row_stats_kernel, sig, dict(USE_TOP_K=top_k, USE_TOP_P=top_p, BLOCK_V=1024))
     sig = dict(logits_ptr=dtype, num_nodes_ptr="*i64", pm_ptr="*fp32", ps_ptr="*fp32", pa_ptr="*i64", N="i32",
                V="i32", SPLITS="i32")  # fmt: skip
     # the settings kernels.bench --greedy-settings times
-    for chunk, block, warps in ((4096, 1024, 4), (4096, 4096, 8), (2048, 2048, 4)):
-        compile_for_sm90(tv._greedy_stats_kernel, sig, dict(CHUNK=chunk, BLOCK_V=block), num_warps=warps)
+    for chunk, block, warps in ((8192, 8192, 8), (4096, 1024, 4), (4096, 4096, 8), (2048, 2048, 4)):
+        compile_for_sm90(ts.greedy_stats_kernel, sig, dict(CHUNK=chunk, BLOCK_V=block), num_warps=warps)
     sig = dict(tokens_ptr="*i64", parents_ptr="*i64", num_nodes_ptr="*i64", logits_ptr=dtype, dp_ptr=dtype,
                coins_ptr="*fp32", fcoins_ptr="*fp32", **VERIFY_ARGS, scratch_ptr="*fp32", acc_ptr="*i8",
                nprob_ptr="*fp32", next_ptr="*i64", path_ptr="*i64", alen_ptr="*i64", pm_ptr="*fp32",
@@ -56,7 +57,9 @@ def test_verify_kernels_compile(dtype: str) -> None:
             consts = dict(MODE=mode, BLOCK_N=block_n, BLOCK_V=256, WRITE_PATH=write_path, SPLITS_P2=16,
                           LOG_N=block_n.bit_length() - 1, PARALLEL=parallel)  # fmt: skip
             # as verify_triton launches them
-            compile_for_sm90(tv._walk_kernel, sig, consts, num_warps=1 if mode == 0 and not parallel else 4)
+            compile_for_sm90(
+                tv._walk_kernel, sig, consts, num_warps=(tv.WALK_WARPS if parallel else 1) if mode == 0 else 4
+            )
 
 
 def test_tree_and_kv_kernels_compile() -> None:

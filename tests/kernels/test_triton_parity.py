@@ -129,6 +129,14 @@ def _check_into(cases) -> None:
             torch.testing.assert_close(got.node_prob, want.node_prob, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="verify buffers are for"):
         verify(tokens, parents, logits, num_nodes=num_nodes, out=VerifyBuffers(B + 1, N, V, logits.device))
+    # buffers made under another chunk of the greedy statistics would be written past their end: refused
+    stale = VerifyBuffers(B, N, V, logits.device)
+    with pytest.MonkeyPatch.context() as mp:
+        from kernels import common
+
+        mp.setattr(common, "GREEDY_CHUNK", common.GREEDY_CHUNK // 8)
+        with pytest.raises(ValueError, match="make them again"):
+            verify(tokens, parents, logits, num_nodes=num_nodes, out=stale)
 
 
 @needs_triton
