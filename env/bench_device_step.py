@@ -10,6 +10,7 @@ the step's graph (torch.profiler): their number and the most expensive ones, µs
     python -m env.bench_device_step --model random:smollm2-135m --device cuda --depths 0,4,8,16 --profile
     python -m env.bench_device_step --device cuda --rows 16 --depths 0,2,4,8    # a busier step: 16 rows at once
     python -m env.bench_device_step --depths 0,4 --steps 8 --reps 3            # this CPU, the embedded model
+    python -m env.bench_device_step --device cuda --attention-merge rows       # the attention's other merge
 
 A program, not a test: a table, and ``--json`` (written after every repetition) with its provenance.
 """
@@ -120,12 +121,20 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--steps", type=positive_int, default=32, help="calls per timing (default 32)")
     ap.add_argument("--reps", type=positive_int, default=5, help="repetitions (default 5)")
     ap.add_argument("--profile", action="store_true", help="CUDA: the step's kernels per depth")
+    ap.add_argument(
+        "--attention-merge", choices=("kv", "rows"), default=None,
+        help="the split-key attention's merge of its chunks (kernels.triton_attention.MERGE; default: as it is)",
+    )  # fmt: skip
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     depths = int_list(args.depths, "--depths", low=0)
     if max(depths) > 31:
         raise ProgramError(f"--depths: at most 31, got {max(depths)}")
     out = output_file(args.json)
+    if args.attention_merge is not None:
+        from kernels import triton_attention
+
+        triton_attention.MERGE = args.attention_merge
     try:
         loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     except ModelError as err:
@@ -153,7 +162,8 @@ def _main(argv: list[str] | None) -> int:
     times: dict[int, dict[str, list[float]]] = {d: {k: [] for k in STAGES} for d in depths}
     prov = dict(command=" ".join([PROG, *(sys.argv[1:] if argv is None else argv)]), model=loaded.model_id, device=str(loaded.device),
                 gpu=torch.cuda.get_device_name() if cuda else None, cpu=cpu_label(), torch=torch.__version__,
-                dtype=args.dtype, context=args.context, rows=args.rows, span=span, steps=args.steps)  # fmt: skip
+                dtype=args.dtype, context=args.context, rows=args.rows, span=span, steps=args.steps,
+                attention_merge=args.attention_merge)  # fmt: skip
     doc: dict[str, Any] = dict(provenance=prov, rows=[])
     bar = progress_bar(args.reps * len(depths), "device step")
     for _ in range(args.reps):

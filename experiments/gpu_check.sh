@@ -109,6 +109,10 @@ transformers.__version__)" | tee -a "$run/machine.txt"
             --greedy-settings "$GREEDY_SETTINGS_F" --json "$OUT/greedy-settings.json"
         step step-triton "$T_STEP" python3 -m env.bench_device_step --device "$DEV" --dtype bf16 \
             --depths 0,4,8,16 $STEP_ARGS --profile --json "$OUT/step-triton.json"
+        # the attention's other merge (one program per tile row), written after the third session: if its step is
+        # faster, make it kernels.triton_attention.MERGE
+        step step-rows "$T_STEP" python3 -m env.bench_device_step --device "$DEV" --dtype bf16 \
+            --depths 0,4,8,16 $STEP_ARGS --profile --attention-merge rows --json "$OUT/step-rows.json"
     elif [ "$part" = p ]; then
         # GGUF-free: the greedy statistics' settings timed (tokens per program and per load, warps), and the
         # embedded model's shape (random weights) step by step with its kernels

@@ -9,11 +9,12 @@ cost more than a decoding step (``python -m env.bench_device_step --profile``).
 
 Two launches per call:
   1. ``_split_kernel``, one program per (row, KV head, chunk of keys; at most MAX_SPLITS chunks a row): the query
-     heads that share the KV head and every node are one [G * Q, D] tile (GQA as in transformers: query head h reads KV head h // G), scores by
-     ``tl.dot`` in fp32, the mask read as bytes, an online softmax over the chunk's key blocks; writes the chunk's
-     max, normaliser and unnormalised output; a block of keys no node sees is skipped.
-  2. ``_combine_kernel``, one program per (row, KV head): merges the chunks (a chunk whose keys are all masked adds
-     nothing) and writes [B, Q, H, D] in the output's dtype, the layout the output projection reads.
+     heads that share the KV head and every node are one [G * Q, D] tile (GQA as in transformers: query head h
+     reads KV head h // G), scores by ``tl.dot`` in fp32, the mask read as bytes, an online softmax over the chunk's
+     key blocks; writes the chunk's max, normaliser and unnormalised output; a block of keys no node sees is skipped.
+  2. ``_combine_kernel``, one program per (row, KV head) (or ``_combine_rows_kernel``, one per tile row: MERGE):
+     merges the chunks (a chunk whose keys are all masked adds nothing) and writes [B, Q, H, D] in the output's
+     dtype, the layout the output projection reads.
 Same results as ``kernels.reference_tree.tree_attention_reference`` (SDPA) within float rounding (a node that sees
 no key, which a step never has, gets zeros).
 """
@@ -31,6 +32,11 @@ BLOCK_S = 64  # keys per block within a program
 # of their 7 chunks 4.8 (`python -m env.bench_device_step --profile`): more, shorter programs, and a merge that
 # loads every chunk at once
 MAX_SPLITS = 32
+# the merge: "kv", one program per (row, KV head) over every chunk (measured: ~10.5 µs a layer at 28 chunks on an
+# H200, the attention's slowest launch), or "rows", one program per (row, KV head, tile row) — written after that
+# measurement, not yet timed on a GPU (`python -m env.bench_device_step --attention-merge rows` compares them)
+MERGE = "kv"
+MERGES = ("kv", "rows")
 MAX_ROWS = 128  # query heads per KV head x nodes that one tile holds
 
 
@@ -129,6 +135,35 @@ def _combine_kernel(
     tl.store(ptr, res.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
+@triton.jit
+def _combine_rows_kernel(
+    pm_ptr, pl_ptr, pacc_ptr, o_ptr, HKV, G, Q, SPLITS, sob, soq, soh, sod,
+    BLOCK_M: tl.constexpr, D: tl.constexpr, SPLITS_P2: tl.constexpr,
+):  # fmt: skip
+    """The merge with one program per (row, KV head, tile row): a tile row's chunks as one [SPLITS_P2, D] load and
+    one weighted sum (``MERGE = "rows"``)."""
+    pid = tl.program_id(0)
+    r = tl.program_id(1)  # tile row: query head kvh * G + r // Q, node r % Q
+    b = pid // HKV
+    kvh = pid % HKV
+    offs_d = tl.arange(0, D)
+    offs_p = tl.arange(0, SPLITS_P2)
+    pmask = offs_p < SPLITS
+    at = pid.to(tl.int64) * SPLITS * BLOCK_M + offs_p * BLOCK_M + r  # [SPLITS_P2]
+    ms = tl.load(pm_ptr + at, mask=pmask, other=float("-inf"))
+    mx = tl.max(ms, axis=0)
+    w = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - mx))  # a chunk whose keys are all masked adds nothing
+    den = tl.sum(w * tl.load(pl_ptr + at, mask=pmask, other=0.0), axis=0)
+    acc = tl.load(
+        pacc_ptr + at[:, None] * D + offs_d[None, :], mask=pmask[:, None], other=0.0
+    )  # [SPLITS_P2, D]
+    res = tl.sum(w[:, None] * acc, axis=0) / tl.where(den > 0, den, 1.0)
+    qi = r % Q
+    h = kvh * G + r // Q
+    ptr = o_ptr + b.to(tl.int64) * sob + qi * soq + h * soh + offs_d * sod
+    tl.store(ptr, res.to(o_ptr.dtype.element_ty))
+
+
 # The shapes verified on an H200 (tests/kernels/test_triton_attention.py): fp32 at head sizes 16 to 64 with up to
 # 128 tile rows; bf16 at head size 64 with 16 to 64 rows (a 128-row tile of head size 32 did not return within the
 # call's limit there, undiagnosed). Other shapes attend through SDPA until measured.
@@ -178,7 +213,8 @@ def tree_attention_triton(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: 
         *q.stride(), *k.stride(), *v.stride(), mask8.stride(0), mask8.stride(2), mask8.stride(3),
         CHUNK=chunk, BLOCK_S=BLOCK_S, BLOCK_M=block_m, D=D, IEEE=ieee,
     )  # fmt: skip
-    _combine_kernel[(B * hkv,)](
+    merge = _combine_rows_kernel[(B * hkv, G * Q)] if MERGE == "rows" else _combine_kernel[(B * hkv,)]
+    merge(
         pm, pl, pacc, out, hkv, G, Q, splits, *out.stride(), BLOCK_M=block_m, D=D,
         SPLITS_P2=triton.next_power_of_2(splits),
     )  # fmt: skip

@@ -218,6 +218,7 @@ def test_output_file_checks(tmp_path):
         ("bench_device_step", ["--depths", "4,40"], "--depths: at most 31, got 40"),
         ("bench_device_step", ["--rows", "0"], "--rows: must be >= 1"),
         ("bench_device_step", ["--json", "{tmp}"], "is a directory, not a file"),
+        ("bench_device_step", ["--attention-merge", "fast"], "invalid choice: 'fast'"),
     ],
 )
 def test_the_other_env_programs_refuse_bad_input_in_one_line(
@@ -269,17 +270,20 @@ def test_kernels_bench_refuses_bad_input_before_it_runs(args, expected, tmp_path
     assert err.count("\n") == 1 and expected in err, err
 
 
-def test_bench_device_step_times_each_stage_and_writes_json(tmp_path, capsys):
+def test_bench_device_step_times_each_stage_and_writes_json(tmp_path, capsys, monkeypatch):
     """``python -m env.bench_device_step`` on a tiny random-weight shape, two rows: a row per depth with the step and
-    its four stages, printed and written to ``--json`` with its provenance."""
+    its four stages, printed and written to ``--json`` with its provenance (the attention's merge included)."""
     from env.bench_device_step import main
+    from kernels import triton_attention
 
+    monkeypatch.setattr(triton_attention, "MERGE", triton_attention.MERGE)  # restored after the test
     out = tmp_path / "step.json"
     code = main(["--model", "random:llama-tiny", "--depths", "0,3", "--rows", "2", "--context", "40", "--steps", "2",
-                 "--reps", "2", "--json", str(out)])  # fmt: skip
-    assert code == 0
+                 "--reps", "2", "--attention-merge", "rows", "--json", str(out)])  # fmt: skip
+    assert code == 0 and triton_attention.MERGE == "rows"
     doc = json.loads(out.read_text())
     assert [r["depth"] for r in doc["rows"]] == [0, 3] and doc["provenance"]["rows"] == 2
+    assert doc["provenance"]["attention_merge"] == "rows"
     assert all(
         r[f"{k}_ms"] > 0 for r in doc["rows"] for k in ("step", "draft", "forward", "verify", "commit")
     )

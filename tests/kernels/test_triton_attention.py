@@ -9,8 +9,8 @@ import pytest
 import torch
 from kernel_cases import CUDA, DEVICE, needs_triton, rerun_here, rerun_under_interpreter
 
-from kernels import tree_attention, tree_attention_reference, triton_enabled
-from kernels.triton_attention import supported
+from kernels import tree_attention, tree_attention_reference, triton_attention, triton_enabled
+from kernels.triton_attention import MERGES, supported
 
 # (rows, query heads, KV heads, nodes, span, head size, tree)
 CASES = [  # bf16 on CUDA takes the first five (see kernels.triton_attention.supported)
@@ -50,7 +50,9 @@ def make_case(seed: int, B: int, H: int, Hkv: int, Q: int, S: int, D: int, tree:
 @needs_triton
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if CUDA else [torch.float32])
-def test_triton_attention_matches_sdpa(case, dtype) -> None:
+@pytest.mark.parametrize("merge", MERGES)
+def test_triton_attention_matches_sdpa(case, dtype, merge, monkeypatch) -> None:
+    monkeypatch.setattr(triton_attention, "MERGE", merge)  # either merge of the chunks
     q, k, v, mask = make_case(0, *case, dtype)
     scale = case[5] ** -0.5
     assert triton_enabled(q)
@@ -82,4 +84,4 @@ def test_a_broadcast_mask_or_unverified_shape_goes_to_sdpa() -> None:
 @rerun_here
 def test_under_interpreter() -> None:
     out = rerun_under_interpreter(__file__)
-    assert f"\n{len(CASES) + 1} passed" in out, out[-2000:]
+    assert f"\n{len(CASES) * len(MERGES) + 1} passed" in out, out[-2000:]

@@ -90,4 +90,5 @@ def test_attention_kernels_compile(dtype: str) -> None:
     sig = dict(pm_ptr="*fp32", pl_ptr="*fp32", pacc_ptr="*fp32", o_ptr=dtype, HKV="i32", G="i32", Q="i32",
                SPLITS="i32", sob="i32", soq="i32", soh="i32", sod="i32")  # fmt: skip
     for splits_p2 in (1, 8, 32):
-        compile_for_sm90(ta._combine_kernel, sig, dict(BLOCK_M=16, D=64, SPLITS_P2=splits_p2))
+        for merge in (ta._combine_kernel, ta._combine_rows_kernel):
+            compile_for_sm90(merge, sig, dict(BLOCK_M=16, D=64, SPLITS_P2=splits_p2))
