@@ -39,6 +39,13 @@
 #   3. draftgym bench on the embedded model, bf16, Spec-Bench summarization and RAG, 4 prompts each: HF generate
 #      (eager, over a static cache, and compiled), the device loop (AR and lookup chains of 4, 8, 16 drafts, CUDA
 #      graphs) (bench-smollm.json).
+# Part f (runf, instead of run; ~250 s; what the third session ran twice): the CUDA tests of the verify kernels, the
+#   attention and the prompt lookup, and the fp32 device loop under strict sync; the verify table; the embedded bench
+#   on summarization and RAG (HF eager, our AR, lookup chains of 8 and 16); the greedy statistics' settings; the step
+#   by depth with its kernels, with the attention's default merge and with MERGE = "rows" (step-triton.json,
+#   step-rows.json).
+# Part p (runp, GGUF-free, ~80 s): python -m kernels.bench --greedy-settings over 10 settings, and the embedded
+#   model's shape (random weights) step by depth with its kernels.
 # Part c (runc, its own call, GGUF-free): the verify table (python -m kernels.bench: verify µs for B in {1, 8, 64},
 #   N in {8, 32, 64}, three modes; Triton as it is, into buffers, in a CUDA graph, and that graph as the device's
 #   time; verify.json); the device step of the embedded model's shape with random weights and its kernels
