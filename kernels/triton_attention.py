@@ -213,6 +213,8 @@ def tree_attention_triton(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: 
         *q.stride(), *k.stride(), *v.stride(), mask8.stride(0), mask8.stride(2), mask8.stride(3),
         CHUNK=chunk, BLOCK_S=BLOCK_S, BLOCK_M=block_m, D=D, IEEE=ieee,
     )  # fmt: skip
+    if MERGE not in MERGES:
+        raise ValueError(f"kernels.triton_attention.MERGE must be one of {MERGES}, not {MERGE!r}")
     merge = _combine_rows_kernel[(B * hkv, G * Q)] if MERGE == "rows" else _combine_kernel[(B * hkv,)]
     merge(
         pm, pl, pacc, out, hkv, G, Q, splits, *out.stride(), BLOCK_M=block_m, D=D,

@@ -274,8 +274,10 @@ def test_bench_device_step_times_each_stage_and_writes_json(tmp_path, capsys, mo
     """``python -m env.bench_device_step`` on a tiny random-weight shape, two rows: a row per depth with the step and
     its four stages, printed and written to ``--json`` with its provenance (the attention's merge included)."""
     from env.bench_device_step import main
-    from kernels import triton_attention
 
+    triton_attention = pytest.importorskip(
+        "kernels.triton_attention", reason="the merge setting needs Triton"
+    )
     monkeypatch.setattr(triton_attention, "MERGE", triton_attention.MERGE)  # restored after the test
     out = tmp_path / "step.json"
     code = main(["--model", "random:llama-tiny", "--depths", "0,3", "--rows", "2", "--context", "40", "--steps", "2",
