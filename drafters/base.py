@@ -77,6 +77,14 @@ def path_option(owner: str, name: str, value: Any) -> str | None:
     return value
 
 
+# bounds of an arm's tree shape (``arm_shape``): far above what pays (the sweeps search depth <= 16, topk <= 4), low
+# enough that a model drafter's buffers (depth x topk candidates a level) stay small. A drafter's own largest
+# proposal (``max_shape``, e.g. every n-gram continuation) is not an arm and may be larger.
+MAX_DEPTH = 256
+MAX_TOPK = 64
+MAX_BUDGET = 4096
+
+
 @dataclass(frozen=True)
 class TreeShape:
     """How large a tree a drafter may propose: ``depth`` levels below the root, ``topk`` children per expanded
@@ -93,6 +101,14 @@ class TreeShape:
             raise DrafterError(f"tree topk must be >= 1, got {self.topk}")
         if self.budget < 0:
             raise DrafterError(f"tree budget must be >= 0, got {self.budget}")
+
+    def arm_shape(self, owner: str = "an arm") -> TreeShape:
+        """This shape, checked within the bounds of an arm's (``MAX_DEPTH``, ``MAX_TOPK``, ``MAX_BUDGET``)."""
+        for name, value, most in (("depth", self.depth, MAX_DEPTH), ("topk", self.topk, MAX_TOPK),
+                                  ("budget", self.budget, MAX_BUDGET)):  # fmt: skip
+            if value > most:
+                raise DrafterError(f"{owner}: tree {name} must be <= {most}, got {value}")
+        return self
 
     @property
     def max_nodes(self) -> int:

@@ -307,7 +307,13 @@ def load_head(
         cfg = HeadConfig(**meta["config"])
     except DrafterError as err:  # a field of the wrong type or sign
         raise DrafterError(f"{meta_path}: {err}") from err
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        RecursionError,
+        OverflowError,
+    ) as err:  # JSON's errors are ValueErrors
         why = " ".join(str(err).split())[:200]  # one line, whatever the file held
         raise DrafterError(f"{meta_path} is not a draftgym head description ({why})") from err
     if meta.get("format") != FORMAT or cfg.kind != kind:
@@ -335,6 +341,9 @@ def load_head(
         raise DrafterError(f"{path}: the draft vocabulary map 'd2t' must hold integer ids, not {d2t.dtype}")
     if int(d2t.min()) < 0 or int(d2t.max()) >= int(model.config.vocab_size):
         raise DrafterError(f"{path}: draft vocabulary ids fall outside the target's vocabulary")
+    for name, t in tensors.items():  # a head of NaN weights drafts, but nothing the target accepts
+        if t.is_floating_point() and not bool(t.isfinite().all()):
+            raise DrafterError(f"{path}: tensor {name} holds NaN or infinite values")
     return cfg, tensors, meta
 
 

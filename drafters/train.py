@@ -345,6 +345,10 @@ def train_head(
 
     torch.manual_seed(st.seed)
     seqs = load_data(*data_dirs, keep=keep_ids)
+    vocab = int(model.config.vocab_size)
+    if any(s.tokens.numel() and int(s.tokens.max()) >= vocab for s in seqs):
+        raise DrafterError(f"the data in {', '.join(map(str, data_dirs))} holds token ids outside this target's "
+                           f"vocabulary of {vocab} (made for another model?)")  # fmt: skip
     train, held = split(seqs)
     if st.kind == "eagle3":  # every position trains: long sequences are cut into windows
         train, held = windows(train, st.window), windows(held, st.window)
@@ -375,7 +379,13 @@ def train_head(
     if state_path.is_file():  # resume after a kill
         state = load_train_state(state_path)
         check_fingerprint(state.get("target", {}), model, model_id, f"training checkpoint {state_path}")
-        if state.get("config") != asdict(cfg) or not torch.equal(state.get("d2t", torch.empty(0)), d2t):
+        saved_d2t = state.get("d2t")
+        same_d2t = (
+            isinstance(saved_d2t, torch.Tensor)
+            and saved_d2t.shape == d2t.shape
+            and torch.equal(saved_d2t, d2t)
+        )
+        if state.get("config") != asdict(cfg) or not same_d2t:
             raise DrafterError(
                 f"training checkpoint {state_path} has other head shapes or data ({state.get('config')}); "
                 "delete it or use another --work folder"
@@ -388,9 +398,18 @@ def train_head(
                 f"{', '.join(str(saved.get(k)) for k in changed)}); give the same ones to resume, or "
                 "delete it or use another --work folder to start over"
             )
-        head.load_state_dict(state["head"])
-        opt.load_state_dict(state["opt"])
-        step, cpu_before, epoch = state["step"], state["cpu_s"], state["epoch"]
+        try:  # the same shapes and data, but mangled tensors or counters: one line, not torch's paragraph
+            head.load_state_dict(state["head"])
+            opt.load_state_dict(state["opt"])
+            step, epoch = (int(state[k]) for k in ("step", "epoch"))
+            cpu_before = float(state["cpu_s"])
+            if step < 0 or epoch < 0 or not 0 <= cpu_before < 1e9:
+                raise ValueError(f"step {step}, epoch {epoch}, cpu_s {cpu_before}")
+        except (RuntimeError, ValueError, TypeError, KeyError, OverflowError) as err:
+            why = " ".join(str(err).split())[:200]
+            raise DrafterError(
+                f"training checkpoint {state_path} is corrupted ({why}); delete it to start over"
+            ) from None
         resume_gen = state.get("gen")
     if hidden != cfg.hidden:
         raise DrafterError(f"the data's features have size {hidden}, the head {cfg.hidden}")

@@ -259,24 +259,46 @@ def load_data(*dirs: Path, keep: set[str] | None = None) -> list[Sequence]:
 
     seqs = []
     for part in sorted(p for d in dirs for p in d.glob("part-*.safetensors")):
-        with safe_open(str(part), framework="pt") as fh:
-            meta = json.loads(fh.metadata()["meta"])
-            for b, m in enumerate(meta):
-                if keep is not None and str(m["prompt_id"]) not in keep:
-                    continue
-                names = [k for k in fh.keys() if k.startswith(f"{b}/exit")]  # noqa: SIM118
-                exits = {int(k.split("/exit")[1]): fh.get_tensor(k) for k in names}
-                seqs.append(
-                    Sequence(
-                        tokens=fh.get_tensor(f"{b}/tokens").long(),
-                        feats=fh.get_tensor(f"{b}/final"),
-                        exits=exits,
-                        answer_start=int(m["answer_start"]),
-                        prompt_id=str(m["prompt_id"]),
-                    )
-                )
+        try:
+            seqs += _read_part(part, safe_open, keep)
+        except Exception as err:  # a torn or foreign part: safetensors', JSON's and our own errors alike
+            if isinstance(err, DrafterError):
+                raise
+            why = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+            raise DrafterError(
+                f"{part} is not a readable data part ({why}); delete it to make it again"
+            ) from None
     if not seqs:
         raise DrafterError(f"no distillation data in {', '.join(map(str, dirs))}")
+    return seqs
+
+
+def _read_part(part: Path, safe_open: Any, keep: set[str] | None) -> list[Sequence]:
+    seqs = []
+    with safe_open(str(part), framework="pt") as fh:
+        meta = json.loads(fh.metadata()["meta"])
+        for b, m in enumerate(meta):
+            if keep is not None and str(m["prompt_id"]) not in keep:
+                continue
+            names = [k for k in fh.keys() if k.startswith(f"{b}/exit")]  # noqa: SIM118
+            exits = {int(k.split("/exit")[1]): fh.get_tensor(k) for k in names}
+            seq = Sequence(
+                tokens=fh.get_tensor(f"{b}/tokens").long(),
+                feats=fh.get_tensor(f"{b}/final"),
+                exits=exits,
+                answer_start=int(m["answer_start"]),
+                prompt_id=str(m["prompt_id"]),
+            )
+            n = seq.tokens.shape[0]
+            if (
+                seq.tokens.dim() != 1
+                or seq.feats.shape[0] != n
+                or any(x.shape[0] != n for x in exits.values())
+            ):
+                raise DrafterError(f"{part}: sequence {b} has tokens and features of different lengths")
+            if n and int(seq.tokens.min()) < 0:
+                raise DrafterError(f"{part}: sequence {b} holds a negative token id")
+            seqs.append(seq)
     return seqs
 
 

@@ -42,7 +42,9 @@ def _arm(entry: Any) -> Arm:
             raise DrafterError(f"arm entry {dict(entry)} has no depth")
         return Arm(
             str(drafter),
-            TreeShape(int(entry["depth"]), int(entry.get("topk", 1)), int(entry.get("budget", 0))),
+            TreeShape(
+                int(entry["depth"]), int(entry.get("topk", 1)), int(entry.get("budget", 0))
+            ).arm_shape(),
         )
     raise DrafterError(f"cannot read arm {entry!r}; expected a name like ngram-d8, a mapping or an Arm")
 

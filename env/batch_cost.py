@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from env.cost import CostModelError, Curve
+from env.file_checks import one_line
 
 FORMAT = "draftgym-batch-cost-model"
 ROOFLINE_FORMAT = "draftgym-roofline-cost-model"
@@ -356,8 +357,8 @@ def load_batch_cost(source: str | Path | BatchCost | None = None) -> BatchCost:
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as err:
-        raise CostModelError(f"batch cost model {path} is not JSON ({err})") from err
+    except (ValueError, RecursionError, OSError) as err:  # JSON's and UTF-8's errors are ValueErrors
+        raise CostModelError(one_line(f"batch cost model {path} is not JSON ({err})")) from None
     if not isinstance(data, dict):
         raise CostModelError(f"batch cost model {path} is not a draftgym batch cost model")
     if data.get("format") == FORMAT:

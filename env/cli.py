@@ -141,6 +141,20 @@ def positive_int(text: str) -> int:
     return value
 
 
+SEED_MAX = (1 << 63) - 1
+
+
+def seed_int(text: str) -> int:
+    """An argparse type: a seed, an integer in [0, 2**63 - 1] (numpy refuses negative seeds, torch larger ones)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**63 - 1], got {text}")
+    return value
+
+
 def write_json(path: Path | None, doc: Any, indent: int | None = 1) -> None:
     """Write ``doc`` to ``path`` atomically (``env.files``), after every row measured; nothing when None."""
     if path is not None:

@@ -116,4 +116,6 @@ def parse_arm(name: str) -> Arm:
         raise DrafterError(f"arm {name!r} has no depth; expected DRAFTER-dDEPTH[-kTOPK][-bBUDGET]")
     if vals["d"] <= 0:
         raise DrafterError(f"arm {name!r}: depth must be >= 1 (use 'none' for no draft)")
-    return Arm(drafter, TreeShape(depth=vals["d"], topk=vals["k"], budget=vals["b"]))
+    return Arm(
+        drafter, TreeShape(depth=vals["d"], topk=vals["k"], budget=vals["b"]).arm_shape(f"arm {name!r}")
+    )

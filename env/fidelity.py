@@ -115,14 +115,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from env.cli import Parser, output_file, positive_int, write_json
+    from env.cli import Parser, output_file, positive_int, seed_int, write_json
 
     p = Parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--prompts", type=positive_int, default=10)
     p.add_argument("--trace", default=None, help="trace file (default: the shipped one)")
     p.add_argument("--cost-model", default=None, help="cost-model JSON (default: the shipped one)")
     p.add_argument("--calibrate", action="store_true", help="calibrate first, in this process, and use that")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument(
         "--json", default=None, help="write the full result (rows included) here, after each prompt"
     )

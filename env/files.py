@@ -69,8 +69,9 @@ def settings_conflict(
     if path.is_file():
         try:
             before = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            return f"{path} is not readable JSON ({err}); delete it or use another output folder"
+        except (OSError, ValueError, RecursionError) as err:  # JSON's and UTF-8's errors are ValueErrors
+            why = " ".join(str(err).split())[:200]
+            return f"{path} is not readable JSON ({why}); delete it or use another output folder"
         if not isinstance(before, dict):
             return f"{path} is not a settings object; delete it or use another output folder"
     if started and isinstance(before, dict) and before != now:

@@ -130,9 +130,16 @@ class LoadedModel:
             eos = self._model.generation_config.eos_token_id
         else:
             gen = None if self.folder is None else Path(self.folder) / "generation_config.json"
-            eos = (
-                json.loads(gen.read_text()).get("eos_token_id") if gen is not None and gen.is_file() else None
-            )
+            eos = None
+            if gen is not None and gen.is_file():
+                try:
+                    values = json.loads(gen.read_text(encoding="utf-8"))
+                except (OSError, ValueError, RecursionError) as err:
+                    raise ModelError(f"cannot read {gen}: {str(err).splitlines()[0]}") from None
+                eos = values.get("eos_token_id") if isinstance(values, dict) else None
+                ok = isinstance(eos, int) or (isinstance(eos, list) and all(isinstance(e, int) for e in eos))
+                if eos is not None and (isinstance(eos, bool) or not ok):
+                    raise ModelError(f"{gen}: eos_token_id must be a token id or a list of them")
         if eos is None:
             eos = self.tokenizer.eos_token_id
         return [eos] if isinstance(eos, int) else list(eos or [])
@@ -351,7 +358,7 @@ def load_model(
         values = json.loads((folder / "config.json").read_text())
         if not isinstance(values, dict):
             raise ValueError("not a JSON object")
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise ModelError(f"cannot read {folder / 'config.json'}: {str(err).splitlines()[0]}") from err
     check_config(values, folder / "config.json")
     weights_file = folder / "model.safetensors"

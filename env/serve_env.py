@@ -77,8 +77,9 @@ class SpecServeEnv(gym.Env):
 
     ## Info
 
-    ``tokens``, ``rows``, ``nodes``, ``cost_s``, ``ar_cost_s``, ``queue``, ``clock_s``, ``load``, ``row_mask``
-    (the slots holding a request after the step) and, at the end, ``goodput`` (committed tokens per simulated
+    ``tokens``, ``accepted`` (draft tokens accepted, all rows), ``arm`` (its name; with ``action="row"`` the names
+    of the rows served, in slot order), ``rows``, ``nodes``, ``cost_s``, ``ar_cost_s``, ``queue``, ``clock_s``,
+    ``load`` (the episode's load), ``row_mask`` (the slots holding a request after the step) and, at the end, ``goodput`` (committed tokens per simulated
     second of the episode, prefills included).
     """
     )
@@ -106,13 +107,22 @@ class SpecServeEnv(gym.Env):
         self.sim.reset(load=(options or {}).get("load"))
         return self.sim.observe()[0].copy(), self._info(None)
 
-    def _info(self, o: dict[str, np.ndarray] | None) -> dict[str, Any]:
+    def _info(
+        self, o: dict[str, np.ndarray] | None, a: np.ndarray | None = None, rows: np.ndarray | None = None
+    ):
         sim = self.sim
-        info = {"queue": int(sim.queue()[0]), "clock_s": float(sim.clock[0]), "row_mask": sim.active[0].copy(),
-                "load": sim.loads[int(sim.load_index[0])].name}  # fmt: skip
+        info: dict[str, Any] = {"queue": int(sim.queue()[0]), "clock_s": float(sim.clock[0]),
+                                "row_mask": sim.active[0].copy(), "load": sim.load_name[0]}  # fmt: skip
         if o is not None:
-            info.update(tokens=int(o["tokens"][0]), rows=int(o["rows"][0]), nodes=int(o["nodes"][0]),
-                        cost_s=float(o["cost"][0]), ar_cost_s=float(o["ar"][0]))  # fmt: skip
+            info.update(tokens=int(o["tokens"][0]), accepted=int(o["acc"][0].sum()), rows=int(o["rows"][0]),
+                        nodes=int(o["nodes"][0]), cost_s=float(o["cost"][0]), ar_cost_s=float(o["ar"][0]))  # fmt: skip
+        if (
+            a is not None and rows is not None
+        ):  # the arm's name; per row: the served rows' arms, in slot order
+            names = self.arm_names
+            info["arm"] = (
+                names[int(a[0])] if self.action_mode == "batch" else [names[int(i)] for i in a[0][rows]]
+            )
         if sim.done()[0]:
             info["goodput"] = float(sim.goodput()[0])
         return info
@@ -129,16 +139,17 @@ class SpecServeEnv(gym.Env):
             if a.shape != (self.sim.max_batch,):
                 raise ServeEnvError(f"a row action has shape ({self.sim.max_batch},), got {a.shape}")
             a = a.reshape(1, -1)
+        served = self.sim.active[0].copy()
         reward, o = self.sim.step(a)
         terminated = bool(self.sim.done()[0])
-        return self.sim.observe()[0].copy(), float(reward[0]), terminated, False, self._info(o)
+        return self.sim.observe()[0].copy(), float(reward[0]), terminated, False, self._info(o, a, served)
 
 
 class SpecServeVectorEnv(VectorEnv):
     """``num_envs`` servers of ``SpecServeEnv`` in one numpy simulator (``ServeSim``). ``autoreset_mode``:
     ``"next_step"`` (Gymnasium's default) or ``"same_step"`` (``info["final_obs"]``, ``info["_final_obs"]``).
-    ``info``: ``tokens``, ``rows``, ``cost_s``, ``ar_cost_s`` (arrays) and ``goodput`` (NaN until an episode
-    ends)."""
+    ``info``: ``tokens``, ``accepted``, ``rows``, ``cost_s``, ``ar_cost_s``, ``arm`` (the actions, arm indices)
+    (arrays) and ``goodput`` (NaN but on the step an episode ends)."""
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": []}
 
@@ -163,10 +174,16 @@ class SpecServeVectorEnv(VectorEnv):
         self._pending = np.zeros(num_envs, bool)
 
     def reset(self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None):
-        if seed is not None:
-            self.sim.seed(int(seed if np.isscalar(seed) else seed[0]))
         opts = options or {}
         mask = opts.get("reset_mask")
+        only = None if mask is None else np.flatnonzero(np.asarray(mask, bool))
+        if seed is not None and np.isscalar(seed):
+            self.sim.seed(int(seed), only)  # server i: [seed, i]
+        elif seed is not None:  # one seed per server (None: it keeps its stream), as Gymnasium's vector envs
+            if len(seed) != self.num_envs:
+                raise ServeEnvError(f"reset: {len(seed)} seeds for {self.num_envs} servers")
+            given = [i for i in (range(self.num_envs) if only is None else only) if seed[i] is not None]
+            self.sim.seed_each([0 if s is None else int(s) for s in seed], given)
         self.sim.reset(None if mask is None else np.asarray(mask, bool), load=opts.get("load"))
         self._pending[:] = False if mask is None else self._pending & ~np.asarray(mask, bool)
         return self.sim.observe().copy(), {}
@@ -176,8 +193,9 @@ class SpecServeVectorEnv(VectorEnv):
         pending = self._pending
         reward, o = self.sim.step(a)
         done = self.sim.done()
-        info: dict[str, Any] = {"tokens": o["tokens"], "rows": o["rows"], "cost_s": o["cost"], "ar_cost_s": o["ar"],
-                                "goodput": np.where(done, self.sim.goodput(), np.nan)}  # fmt: skip
+        info: dict[str, Any] = {"tokens": o["tokens"], "accepted": o["acc"].sum(1), "rows": o["rows"],
+                                "cost_s": o["cost"], "ar_cost_s": o["ar"], "arm": a,
+                                "goodput": np.where(done & ~pending, self.sim.goodput(), np.nan)}  # fmt: skip
         terminated = done.copy()
         mode = self.metadata["autoreset_mode"]
         if mode == AutoresetMode.NEXT_STEP:

@@ -85,8 +85,9 @@ def request_stream(load: Load, requests: int, max_batch: int, unit_rate: float,
         while sum(sizes) < requests:
             sizes.append(int(rng.geometric(1 / 8)))
         mean_gap = 8.0 / (2.0 * unit_rate)
-        starts = np.cumsum(rng.exponential(mean_gap, size=len(sizes)))
-        starts[0] = 0.0
+        gaps = rng.exponential(mean_gap, size=len(sizes))
+        gaps[0] = 0.0  # the first burst at 0, every later one a whole gap after the one before
+        starts = np.cumsum(gaps)
         arr = np.repeat(starts, sizes)[:requests]
     else:
         gaps = rng.exponential(1.0 / (load.level * unit_rate), size=requests)

@@ -149,12 +149,14 @@ class ServeSim:
         names = sorted({a.drafter for a in self.arms if a.drafter is not None})
         self.drafter_names = names
         self.arm_drafter = np.array([-1 if a.drafter is None else names.index(a.drafter) for a in self.arms])
-        # the unit rate: one row decoding autoregressively, requests of the mean length at the mean context
+        # the unit rate: one row decoding autoregressively, requests of the mean length at the mean context (the
+        # prefill commits a request's first token, so L tokens take L - 1 steps)
         lengths = self.tb.length[self.pool].astype(np.float64)
         ctx = float(np.mean(self.prompt_len[self.pool] + lengths / 2))
         ar1 = float(self.cost.forward_s(1, 1, ctx))
         self.unit_rate = 1.0 / (
-            float(np.mean(lengths)) * ar1 + float(np.mean(self.cost.prefill_s(self.prompt_len[self.pool])))
+            float(np.mean(lengths) - 1) * ar1
+            + float(np.mean(self.cost.prefill_s(self.prompt_len[self.pool])))
         )
         q = max(self.requests, len(ramp_caps(self.max_batch)))
         e, m = self.num_envs, self.max_batch
@@ -170,7 +172,7 @@ class ServeSim:
         self.req_cap = np.ones((e, q), np.int64)
         self.n_req = np.zeros(e, np.int64)
         self.closed = np.ones(e, bool)
-        self.load_index = np.zeros(e, np.int64)
+        self.load_name = [""] * e  # each server's load this episode
         self.ptr = np.zeros(e, np.int64)
         self.finished = np.zeros(e, np.int64)
         self.clock = np.zeros(e, np.float64)
@@ -181,8 +183,15 @@ class ServeSim:
 
     # ---- episodes ------------------------------------------------------------------------------------------------
 
-    def seed(self, seed: int | None) -> None:
-        self.rngs = [np.random.default_rng(None if seed is None else [seed, i]) for i in range(self.num_envs)]
+    def seed(self, seed: int | None, only: Sequence[int] | None = None) -> None:
+        """Server i draws from ``[seed, i]`` (``only``: those servers; the others keep their streams)."""
+        for i in range(self.num_envs) if only is None else only:
+            self.rngs[i] = np.random.default_rng(None if seed is None else [seed, i])
+
+    def seed_each(self, seeds: Sequence[int], only: Sequence[int] | None = None) -> None:
+        """Server i draws from ``[seeds[i], 0]``: the stream of a one-server simulator seeded with ``seeds[i]``."""
+        for i in range(self.num_envs) if only is None else only:
+            self.rngs[i] = np.random.default_rng([int(seeds[i]), 0])
 
     def reset(self, mask: np.ndarray | None = None, load: str | None = None) -> None:
         """Start new episodes (``mask``: those servers only); ``load``: that load instead of a random one."""
@@ -194,7 +203,7 @@ class ServeSim:
             ld = fixed or self.loads[li]
             arr, cap = request_stream(ld, self.requests, self.max_batch, self.unit_rate, rng)
             k = len(arr)
-            self.n_req[i], self.closed[i], self.load_index[i] = k, ld.closed, li
+            self.n_req[i], self.closed[i], self.load_name[i] = k, ld.closed, ld.name
             self.req_arr[i, :k], self.req_cap[i, :k] = arr, cap
             self.req_arr[i, k:] = np.inf
             self.req_prompt[i, :k] = rng.choice(self.pool, size=k)
@@ -207,13 +216,13 @@ class ServeSim:
         self._admit(idx)
 
     def set_requests(self, i: int, prompts: Sequence[int], arrivals: Sequence[float], caps: Sequence[int],
-                     closed: bool) -> None:  # fmt: skip
+                     closed: bool, load: str = "given") -> None:  # fmt: skip
         """Server ``i`` starts an episode of exactly these requests (trace prompt indices, arrival seconds, closed-
-        loop caps): evaluation replays the stream a live run serves."""
+        loop caps; ``load``: its name in ``info``): evaluation replays the stream a live run serves."""
         k = len(prompts)
         if k > self.q_max:
             self._grow(k)
-        self.n_req[i], self.closed[i] = k, closed
+        self.n_req[i], self.closed[i], self.load_name[i] = k, closed, load
         self.req_prompt[i, :k], self.req_arr[i, :k], self.req_cap[i, :k] = prompts, arrivals, caps
         self.req_arr[i, k:] = np.inf
         self.active[i] = False

@@ -160,6 +160,9 @@ class Stepper:
         return seq
 
     def retire(self, seq: Seq) -> None:
+        # the drafters' view of the answer is what was emitted: a step that ran past the end of sequence or
+        # max_new_tokens committed tokens the sequence did not count, which a cross-request cache must not learn
+        del seq.row.tokens[seq.row.prompt_len + len(seq.tokens) :]
         self.engine.retire(seq.row)
         self.seqs.remove(seq)
         self.seqs.sort(key=lambda s: s.row.slot)

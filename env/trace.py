@@ -47,10 +47,12 @@ from env.features import (
 )
 from env.file_checks import Bad, check_trace_arrays, check_trace_header, check_trace_values, one_line
 from env.files import atomic_write_text
+from env.safe_zip import ArchiveProblem, parse_json, read_npz
 from env.step import Stepper, largest_shape
 
 FORMAT = "draftgym-trace"
 VERSION = 1
+TRACE_BYTES = 8 << 30  # a trace unpacks to at most this much (Spec-Bench's 480 prompts x 128 tokens: ~60 MB)
 
 
 class TraceError(ValueError):
@@ -156,12 +158,13 @@ def load_trace(path: str | Path | None = None) -> Trace:
         raise TraceError(f"trace file {file} does not exist (record one with: draftgym record --out FILE)")
     if not zipfile.is_zipfile(file):
         raise TraceError(f"{file} is not a draftgym trace (not an .npz archive)")
-    try:  # arrays only: an object array (a pickle) is refused by allow_pickle=False
-        with np.load(file, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-        header = json.loads(str(data["header"]))
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, RecursionError) as err:
-        raise TraceError(f"{file} is not a readable trace ({type(err).__name__}: {err})") from err
+    try:  # arrays only (an object array, a pickle, is refused), within TRACE_BYTES, each the size it declares
+        data = read_npz(file, max_bytes=TRACE_BYTES)
+        if "header" not in data or data["header"].shape != () or data["header"].dtype.kind != "U":
+            raise ArchiveProblem("no header string")
+        header = parse_json(str(data["header"]))
+    except ArchiveProblem as err:
+        raise TraceError(one_line(f"{file} is not a readable trace ({err})")) from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         got = header.get("format") if isinstance(header, dict) else type(header).__name__
         raise TraceError(f"{file} is not a draftgym trace (format {got!r})")
@@ -374,7 +377,14 @@ def record(
         _remove_parts(parts_dir)
         return old
     if parts_dir.is_dir() and head_file.is_file():
-        old = json.loads(head_file.read_text())
+        try:
+            old = parse_json(head_file.read_bytes())
+        except (ArchiveProblem, OSError) as err:
+            raise TraceError(
+                f"{head_file} is not readable ({err}); delete {parts_dir} to record again"
+            ) from None
+        if not isinstance(old, dict):
+            raise TraceError(f"{head_file} is not a recording's header; delete {parts_dir} to record again")
         if old != header:
             diff = sorted(k for k in header if old.get(k) != header.get(k))
             raise TraceError(
@@ -397,11 +407,20 @@ def record(
             tmp = parts_dir / f"{i:05d}.tmp.npz"
             np.savez(tmp, **arrays)
             tmp.replace(part_file)
-        with np.load(part_file, allow_pickle=False) as z:
-            parts.append({k: z[k] for k in z.files})
+        try:
+            parts.append(read_npz(part_file, max_bytes=TRACE_BYTES))
+        except ArchiveProblem as err:
+            raise TraceError(
+                f"{part_file} is a corrupted part of this recording ({err}); delete it to record again"
+            ) from None
     header = dict(header)
     header["created"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    trace = _assemble(header, parts)
+    try:
+        trace = _assemble(header, parts)
+    except (KeyError, ValueError) as err:
+        raise TraceError(
+            f"{parts_dir} holds a part of another recording ({one_line(str(err))}); delete it"
+        ) from None
     trace.save(out)
     _remove_parts(parts_dir)
     return trace

@@ -76,8 +76,9 @@ def load_workload(
             if isinstance(qid, bool) or not isinstance(qid, (int, str)):
                 raise TypeError("its question_id is neither a number nor a string")
             text, qid = turns[0], str(qid)
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
-            raise WorkloadError(f"{file}:{lineno}: not a Spec-Bench question line ({err})") from err
+        except (ValueError, RecursionError, KeyError, IndexError, TypeError) as err:  # JSON's are ValueErrors
+            why = " ".join(str(err).split())[:200]
+            raise WorkloadError(f"{file}:{lineno}: not a Spec-Bench question line ({why})") from None
         if not isinstance(text, str) or not text.strip():
             raise WorkloadError(f"{file}:{lineno}: the first turn is empty")
         if qid in seen:  # results are kept by prompt id: two prompts under one id would lose one on a resume

@@ -44,12 +44,20 @@ def agreement(run_dir: Path, eps: float) -> dict:
         for key in ("model", "dtype", "workload"):
             if not isinstance(s[key], str):
                 raise TypeError(f"settings.{key} is not a string")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+    except (OSError, ValueError, RecursionError, KeyError, TypeError) as err:
         raise UserError(f"{run_dir / 'bench.json'} is not a bench result ({err})") from None
     records = load_done(run_dir / "records.jsonl")
     ref = {r.prompt_id: r for r in records if r.method == "hf_greedy"}
     if not ref:
         raise UserError(f"{run_dir} has no hf_greedy records to compare with")
+    texts = {  # the workload before the model: a record of a prompt it does not hold fails in one line, early
+        p.prompt_id: p.text for p in load_workload(None if s["workload"] == "builtin" else s["workload"])
+    }
+    strangers = sorted({r.prompt_id for r in records} - set(texts))
+    if strangers:
+        raise UserError(
+            f"{run_dir}: its records name prompts its workload {s['workload']} does not hold ({strangers[:3]})"
+        )
     loaded = load_model(
         None if s["model"] == "smollm2-135m-instruct" else s["model"],
         dtype=s["dtype"].replace("bfloat16", "bf16").replace("float32", "fp32"),
@@ -57,9 +65,6 @@ def agreement(run_dir: Path, eps: float) -> dict:
     vocab = int(loaded.model.config.vocab_size)
     if any(t >= vocab for r in records for t in r.token_ids):
         raise UserError(f"{run_dir}: its records hold token ids outside the model's vocabulary of {vocab}")
-    texts = {
-        p.prompt_id: p.text for p in load_workload(None if s["workload"] == "builtin" else s["workload"])
-    }
     rows: dict[str, dict] = {}
     gaps: dict[tuple[str, int], tuple[float, list[int]]] = {}  # methods often diverge at the same near-tie
     for r in records:

@@ -11,6 +11,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from env.cli import seed_int
+
 
 def int_at_least(low: int) -> Callable[[str], int]:
     """An integer >= ``low``."""
@@ -45,6 +47,17 @@ def float_in(low: float, high: float, *, low_open: bool = False, high_open: bool
 
     parse.__name__ = "number"
     return parse
+
+
+MIN_TEMPERATURE = 1e-3  # below it 1/T overflows float32 logits to infinity: use 0 (greedy) instead
+
+
+def temperature(text: str) -> float:
+    """``--temperature``: 0 (greedy) or in [1e-3, 1e4]."""
+    value = float_in(0.0, 1e4)(text)
+    if 0 < value < MIN_TEMPERATURE:
+        raise argparse.ArgumentTypeError(f"must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {text}")
+    return value
 
 
 positive_int = int_at_least(1)
@@ -152,7 +165,7 @@ def same_drafter_options(out: Path, options: dict[str, dict[str, object]], start
     if path.is_file():
         try:
             before = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        except (OSError, ValueError, RecursionError) as err:
             raise UserError(f"{path} is not readable JSON ({err}); delete it or use another --out") from err
     if started and before != options:
         raise UserError(
@@ -183,10 +196,10 @@ def same_settings(out: Path, settings: dict[str, object], started: bool) -> None
 
 
 def sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float_in(0.0, 1e4), default=0.0, help="0: greedy")
+    p.add_argument("--temperature", type=temperature, default=0.0, help="0: greedy; else in [1e-3, 1e4]")
     p.add_argument("--top-k", type=nonnegative_int, default=0, help="0: no top-k filter")
     p.add_argument("--top-p", type=float_in(0.0, 1.0, low_open=True), default=1.0, help="in (0, 1]")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
 
 
 def output_dir(path: str | Path, flag: str = "--out") -> Path:

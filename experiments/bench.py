@@ -377,6 +377,11 @@ def cmd_bench(args: Any) -> int:
     if args.policy:  # a bad policy file fails here, before a folder is made or the model loads
         from policies import load_policy
 
+        stems = [f"policy:{Path(p).stem}" for p in args.policy]
+        twice = sorted({s for s in stems if stems.count(s) > 1} | (set(stems) & set(methods)))
+        if twice:  # each file is the method named by its stem: two of one name would be one method
+            raise UserError(f"--policy: two methods would be named {twice[0]}; rename one of the files")
+
         policies = [load_policy(path) for path in args.policy]
     out = Path(args.out or f"runs/bench-{dt.datetime.now():%Y%m%d-%H%M%S}")
     output_dir(out)

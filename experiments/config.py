@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from env.cli import SEED_MAX
+from experiments.args import MIN_TEMPERATURE
 from experiments.errors import one_line
 from experiments.strict_toml import (
     ConfigError,
@@ -141,8 +143,8 @@ class SweepConfig:
     Empty: the last method that is an arm or a policy."""
     drafters: tuple[str, ...] = ("ngram",)
     """Tree sweeps: the drafters to choose from (each gets its own depth/topk/budget)."""
-    max_depth: int = _f(16, min=1)
-    max_topk: int = _f(4, min=1)
+    max_depth: int = _f(16, min=1, max=256)
+    max_topk: int = _f(4, min=1, max=64)
     objective: str = _f("speedup", choices=("speedup", "tokens_per_s", "tau"))
     """Per prompt: speedup over ``ar`` (measured by the same worker, same prompt), tokens/s, or tau."""
     ar_every_trial: bool = True
@@ -153,7 +155,7 @@ class SweepConfig:
     sampler: str = _f("tpe", choices=("tpe", "random"))
     pruner: str = _f("wilcoxon", choices=("wilcoxon", "median", "none"))
     """Pruning per prompt: Wilcoxon signed-rank against the best trial, or the median rule."""
-    seed: int = 0
+    seed: int = _f(0, min=0, max=SEED_MAX - 64)
     """Sampler seed; local worker i uses seed + i."""
     study_name: str = ""
     """Empty: the config's name."""
@@ -176,7 +178,7 @@ class SweepConfig:
 class Config:
     name: str = "run"
     """Run name; default run directory runs/<name> (sweeps: runs/sweep-<name>)."""
-    seed: int = 0
+    seed: int = _f(0, min=0, max=SEED_MAX)
     """Seed of sampled decoding and of policies."""
     methods: tuple[str, ...] = ("ar", "ngram-d8")
     """Methods run on every prompt, interleaved: ar, hf_greedy, hf_pld, llama_cpp, arm names, policy:NAME."""
@@ -219,8 +221,10 @@ def load_config(
                 raise ConfigError(f"cannot read config file {p}: {err.strerror or err}") from err
     try:
         raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{file or '<config>'}: not valid TOML: {err}") from err
+    except (ValueError, RecursionError) as err:  # TOMLDecodeError is a ValueError; so is an over-long integer
+        raise ConfigError(
+            f"{file or '<config>'}: not valid TOML: {' '.join(str(err).split())[:200]}"
+        ) from None
     overridden: dict[tuple[str, ...], str] = {}
     for key, value in (trial or {}).items():
         keys = tuple(key.split("."))
@@ -246,6 +250,11 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
     def fail(path: tuple[str, ...], msg: str) -> None:
         raise ConfigError(f"{where(path)}: {dotted(path)} {msg}")
 
+    if 0 < cfg.decode.temperature < MIN_TEMPERATURE:
+        fail(
+            ("decode", "temperature"),
+            f"is {cfg.decode.temperature}; use 0 for greedy or >= {MIN_TEMPERATURE}",
+        )
     if not cfg.methods:
         fail(("methods",), 'is empty; list at least one method (e.g. ["ar", "ngram-d8"])')
     if len(set(cfg.methods)) != len(cfg.methods):

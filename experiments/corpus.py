@@ -76,10 +76,20 @@ def same_parts(out_dir: Path, settings: dict[str, Any]) -> None:
 def _done_ids(out_dir: Path) -> set[str]:
     from safetensors import safe_open
 
+    from experiments.errors import UserError
+
     done: set[str] = set()
     for part in out_dir.glob("part-*.safetensors"):
-        with safe_open(str(part), framework="pt") as fh:
-            done.update(m["prompt_id"] for m in json.loads(fh.metadata()["meta"]))
+        try:
+            with safe_open(str(part), framework="pt") as fh:
+                done.update(str(m["prompt_id"]) for m in json.loads(fh.metadata()["meta"]))
+        except (
+            Exception
+        ) as err:  # a torn or foreign part (safetensors' own error types, JSON's, a missing key)
+            why = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+            raise UserError(
+                f"{part} is not a readable data part ({why}); delete it to make it again"
+            ) from None
     return done
 
 
@@ -95,10 +105,22 @@ def _write_part(out_dir: Path, seqs: list[dict[str, Any]], layers: tuple[int, ..
         for j, n in enumerate(layers):
             tensors[f"{b}/exit{n}"] = s["aux"].chunk(len(layers), dim=-1)[j].to(torch.float16).contiguous()
         meta.append({"prompt_id": s["id"], "answer_start": s["answer_start"], "answer_len": s["answer_len"]})
-    n = len(list(out_dir.glob("part-*.safetensors")))
-    tmp = out_dir / f"part-{n:05d}.tmp"
+    tmp = out_dir / f".part.{os.getpid()}.tmp"
     save_file(tensors, str(tmp), metadata={"meta": json.dumps(meta)})
-    os.replace(tmp, out_dir / f"part-{n:05d}.safetensors")
+    try:  # the next free number after the highest there (a part deleted to be made again leaves a gap)
+        while True:
+            taken = [int(p.stem[5:]) for p in out_dir.glob("part-*.safetensors") if p.stem[5:].isdigit()]
+            final = out_dir / f"part-{max(taken, default=-1) + 1:05d}.safetensors"
+            try:
+                os.link(tmp, final)  # never replaces a part (another process may have taken the number)
+                break
+            except FileExistsError:
+                continue
+            except OSError:  # a file system without hard links: rename (a race may then replace a part)
+                os.replace(tmp, final)
+                break
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class _CpuLog:

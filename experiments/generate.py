@@ -57,7 +57,9 @@ def arm_from_args(args: argparse.Namespace) -> Any:
             f"unknown drafter {name!r}; known drafters: {', '.join(sorted([*DRAFTERS, 'none']))}"
         )
     depth = default_arm().shape.depth if args.depth is None else args.depth
-    return Arm(name, TreeShape(depth=depth, topk=args.topk, budget=args.budget))
+    return Arm(
+        name, TreeShape(depth=depth, topk=args.topk, budget=args.budget).arm_shape("--depth/--topk/--budget")
+    )
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -76,13 +78,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
                             "in its file); drop one")  # fmt: skip
     arm = None if args.policy else arm_from_args(args)
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    policy = None
+    if args.policy:  # a bad policy file fails before the model loads
+        from policies import load_policy
+
+        policy = load_policy(args.policy)
     loaded = load_model(
         args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
     )
     if args.policy:  # a saved policy picks the arm each step (experiments.policy_commands)
         from experiments.policy_commands import policy_decoder
 
-        dec = policy_decoder(loaded, args.policy)
+        dec = policy_decoder(loaded, policy)
     else:
         dec = SpeculativeDecoder(loaded, [arm])
     g = dec.generate(

@@ -287,7 +287,7 @@ def serve(argv: list[str] | None = None) -> int:
             req = json.loads(line)
             ids = [int(t) for t in req["prompt_ids"]]
             n = int(req["max_new_tokens"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (ValueError, RecursionError, KeyError, TypeError):
             say({"error": f"bad request: {one_line(line[:120])}"})
             continue
         if not ids or len(ids) >= n_ctx or n < 1:

@@ -30,7 +30,7 @@ def ar_answers(path: Path) -> dict[str, list[int]]:
     for line in data.decode("utf-8", errors="replace").split("\n")[:-1]:  # the last piece has no newline yet
         try:
             rec = Record(**json.loads(line))
-        except (json.JSONDecodeError, TypeError):
+        except (ValueError, RecursionError, TypeError):
             continue
         if rec.method == "ar":
             out[rec.prompt_id] = rec.token_ids

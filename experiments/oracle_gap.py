@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from env.cli import seed_int
 from env.files import atomic_write_text
 from env.trace import Trace
 
@@ -240,6 +241,6 @@ def register(sub: Any) -> None:
     g.add_argument("--arms", default=",".join(DEFAULT_MENU), help="comma list of arms (the menu)")
     g.add_argument("--cost-model", default=None, help="cost model JSON (default: the shipped one)")
     g.add_argument("--test-per-category", type=positive_int, default=5, help="held-out prompts per category")
-    g.add_argument("--seed", type=int, default=0, help="split seed")
+    g.add_argument("--seed", type=seed_int, default=0, help="split seed")
     g.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON to FILE")
     g.set_defaults(func=cmd_oracle_gap)

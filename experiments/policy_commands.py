@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from env.cli import seed_int
 from env.files import atomic_write_text
 from experiments.args import output_dir, output_file
 
@@ -125,6 +126,7 @@ def evaluate(
     seed: int = 0,
     live: bool = True,
     loaded: Any = None,
+    load: Any = None,
     workload: str | None = None,
     max_new_tokens: int | None = None,
     live_limit: int | None = None,
@@ -192,7 +194,7 @@ def evaluate(
         "replay_baseline": "our autoregressive loop, cost model",
     }
     if live:
-        live_rows = _live(policy_paths, policies, best_name, trace, test, loaded=loaded, workload=workload,
+        live_rows = _live(policy_paths, policies, best_name, trace, test, loaded=load if loaded is None else loaded, workload=workload,
                           max_new_tokens=max_new_tokens or trace.max_new_tokens, limit=live_limit,
                           out_dir=out_dir, progress=progress)  # fmt: skip
         for r in rows:
@@ -215,6 +217,8 @@ def _live(policy_paths, policies, best_name, trace, test, *, loaded, workload, m
 
     if loaded is None:
         loaded = load_model(None, dtype=trace.header["model"]["dtype"], device="cpu")
+    elif callable(loaded):  # the command's own model, loaded once the policies, trace and split were checked
+        loaded = loaded()
     trace.check_model(model_fingerprint(loaded))
     source = workload or trace.header.get("workload") or "builtin"
     by_id = {p.prompt_id: p for p in load_workload(source)}
@@ -297,14 +301,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         output_file(args.json, flag="--json")
     if args.out:
         output_dir(args.out)
-    loaded = None
-    if not args.no_live:
-        loaded = load_model(
+
+    def load() -> Any:
+        return load_model(
             args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
         )
+
     result = evaluate(
         paths, trace_path=args.trace, cost_model=args.cost_model, test_per_category=args.test_per_category,
-        seed=args.seed, live=not args.no_live, loaded=loaded, workload=args.workload,
+        seed=args.seed, live=not args.no_live, load=load, workload=args.workload,
         max_new_tokens=args.max_new_tokens, live_limit=args.limit, out_dir=Path(args.out) if args.out else None,
         progress=sys.stderr.isatty(),
     )  # fmt: skip
@@ -354,7 +359,7 @@ def register(sub: Any) -> None:
         default=None,
         help="held-out prompts per category (default: the split recorded in the first policy)",
     )
-    e.add_argument("--seed", type=int, default=0, help="split seed when a fresh split is made")
+    e.add_argument("--seed", type=seed_int, default=0, help="split seed when a fresh split is made")
     e.add_argument(
         "--no-live", action="store_true", help="replay only (no model, seconds instead of minutes)"
     )

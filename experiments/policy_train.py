@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from experiments.args import output_dir
+from experiments.args import output_dir, output_file
 from experiments.policy_commands import _user_error, replay_env
 
 TRAINABLE = ("static", "hf_schedule", "confidence", "ucb1", "thompson", "exp3", "linucb", "predictor", "sb3")
@@ -137,6 +137,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if unknown:
         raise _user_error(f"no [policies.{unknown[0]}] in {args.config}; defined: {', '.join(cfg.policies)}")
     run_dir = output_dir(args.out or f"runs/{cfg.name}")
+    for name in names:  # a train.out that cannot be written fails now, not after the training
+        if cfg.policies[name].train.out:
+            output_file(cfg.policies[name].train.out, flag=f"policies.{name}.train.out")
     rows = []
     for name in names:
         _, path, summary = train_policy(name, cfg.policies[name], seed=cfg.seed, run_dir=run_dir,

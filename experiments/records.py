@@ -101,7 +101,7 @@ def load_done(path: Path) -> list[Record]:
     for line in jsonl_lines(path):
         try:
             out.append(Record(**json.loads(line)))
-        except (json.JSONDecodeError, TypeError):
+        except (ValueError, RecursionError, TypeError):
             continue
     return out
 

@@ -70,7 +70,7 @@ def _stale(path: Path) -> bool:
 
     try:
         made_from = json.loads((path / "summary.json").read_text(encoding="utf-8")).get("records_lines")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+    except (OSError, ValueError, RecursionError, AttributeError):
         return False  # not readable: _read says so in one line
     return made_from != records_stamp(path / "records.jsonl")
 
@@ -79,7 +79,7 @@ def _read(file: Path, fields: dict[str, type]) -> dict[str, Any]:
     """A result file as the report reads it: a JSON object with ``fields`` of their types (``ReportError`` else)."""
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise ReportError(f"{file} is not readable JSON ({err})") from None
     bad = [k for k, t in fields.items() if not isinstance(data, dict) or not isinstance(data.get(k), t)]
     if bad:
@@ -103,7 +103,7 @@ def _provenance(path: Path) -> dict[str, Any]:
     lines = [ln for ln in file.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
     try:
         first = json.loads(lines[0]) if lines else {}
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         first = None
     if not isinstance(first, dict):  # provenance is context, not a result: a damaged file is reported as such
         first = {"note": f"{file.name} is not readable"}
@@ -226,14 +226,30 @@ def sweep_section(r: dict[str, Any], report_dir: Path) -> list[str]:
 
 
 def write_report(paths: list[Path], out: Path) -> Path:
-    from experiments import plots
-
     items = [load_run(Path(p)) for p in paths]
     runs = [r for r in items if r["kind"] == "run"]
     report_dir = out.parent
     report_dir.mkdir(parents=True, exist_ok=True)
     lines = ["# draftgym report", ""]
     lines += [f"- {r['kind']} `{r['name']}`: `{r['path']}`" for r in items] + [""]
+    try:
+        lines += _sections(items, runs, out, report_dir)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:  # a file of another shape
+        where = ", ".join(str(r["path"]) for r in items)
+        why = " ".join(f"{type(err).__name__}: {err}".split())[:160]
+        raise ReportError(
+            f"a result file in {where} is not a draftgym result this report can read ({why})"
+        ) from None
+    atomic_write_text(out, "\n".join(lines) + "\n")
+    return out
+
+
+def _sections(
+    items: list[dict[str, Any]], runs: list[dict[str, Any]], out: Path, report_dir: Path
+) -> list[str]:
+    from experiments import plots
+
+    lines: list[str] = []
     if len(runs) > 1:
         png = plots.compare_runs(
             [(r["name"], r["data"]["summary"], r["data"]["settings"]["methods"]) for r in runs],
@@ -246,8 +262,7 @@ def write_report(paths: list[Path], out: Path) -> Path:
         )
     for r in items:
         lines += run_section(r, report_dir) if r["kind"] == "run" else sweep_section(r, report_dir)
-    atomic_write_text(out, "\n".join(lines) + "\n")
-    return out
+    return lines
 
 
 def cmd_report(args: Any) -> int:

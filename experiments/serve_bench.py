@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from env.cli import seed_int
 from env.files import atomic_write_text, jsonl_lines
 
 HF_BATCH = "hf_batch"
@@ -162,7 +163,7 @@ def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[d
     open_loop = bool(args.rate or args.arrivals)
     reqs = [Request(r, p, arms[i % len(arms)], args.max_new_tokens, arrivals[i])
             for i, (r, p) in enumerate(zip(rids, prompts))]  # fmt: skip
-    rows = min(args.max_batch or level, level)
+    rows = min(args.max_batch or level, level, len(reqs))  # more rows than requests would stay empty
     engine = engine_cache.get(rows)
     if engine is None:
         engine = engine_cache[rows] = BatchEngine(loaded, max_rows=rows)
@@ -188,7 +189,7 @@ def load_cells(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
         try:
             c = json.loads(line)
             out[(c["method"], int(c["concurrency"]))] = c
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (ValueError, RecursionError, KeyError, TypeError):
             continue
     return out
 
@@ -386,6 +387,9 @@ def read_arrivals(path: str, n: int) -> list[float]:
     return times[:n]
 
 
+MAX_LEVEL = 4096  # rows a batch engine is built for (each row's KV cache is allocated up front)
+
+
 def parse_levels(text: str) -> list[int]:
     from experiments.errors import UserError
 
@@ -393,8 +397,8 @@ def parse_levels(text: str) -> list[int]:
         levels = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"--concurrency must be a comma list of integers, got {text!r}") from None
-    if not levels or any(c < 1 for c in levels):
-        raise UserError(f"--concurrency levels must be >= 1, got {text!r}")
+    if not levels or any(c < 1 or c > MAX_LEVEL for c in levels):
+        raise UserError(f"--concurrency levels must be in [1, {MAX_LEVEL}], got {text!r}")
     return sorted(dict.fromkeys(levels))
 
 
@@ -442,7 +446,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--kv-budget", type=int_at_least(1), default=1 << 22,
                    help="KV positions all requests in flight may reserve (prompt + answer + a tree each)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0, help="arrival seed (--rate)")
+    p.add_argument("--seed", type=seed_int, default=0, help="arrival seed (--rate)")
     p.add_argument(
         "--out", default=None, help="run directory (default runs/serve-bench); re-use it to resume"
     )

@@ -168,7 +168,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                 done[(c["policy"], c["load"])] = float(c["live_goodput"])
                 if isinstance(c.get("probe"), dict) and isinstance(c["probe"].get("factor"), (int, float)):
                     probes[c["load"]] = c["probe"]
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            except (ValueError, RecursionError, KeyError, TypeError):
                 continue
     menu = [parse_arm(a) for a in arms]
     cells = [(name, pol, load) for load in loads for name, pol in [*statics, *policies]]
@@ -307,6 +307,8 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     max_new = args.max_new_tokens or int(meta.get("max_new_tokens", 64))
     max_batch = int(meta.get("max_batch", 16))
     loads = [x.strip() for x in args.loads.split(",") if x.strip()]
+    if not loads:
+        raise UserError(f"--loads names no load (got {args.loads!r}); e.g. --loads 1,4,16,mixed")
     for x in loads:  # checked here, before a folder is made (a concurrency above the trace's rows too)
         if x not in ("mixed", "bursty") and not x.isdigit() and not x.startswith("poisson@"):
             raise UserError(f"--loads: unknown load {x!r}; valid: concurrencies, mixed, bursty, poisson@X")

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from env.cli import seed_int
 from env.files import atomic_write_text
 from experiments.serve_policies import _sim_factory, _split, train_loads
 
@@ -63,7 +64,7 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     if report_path.is_file():
         try:
             report = json.loads(report_path.read_text())
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             report = {}
         report = report if isinstance(report, dict) else {}
 
@@ -183,7 +184,7 @@ def register(sub: Any) -> None:
                    help="batch cost model JSON, or roofline:ACC/MODEL (simulated); default the shipped")  # fmt: skip
     t.add_argument("--arms", default=None, help="arm menu, comma list (default: env.serve_env.DEFAULT_ARMS)")
     t.add_argument("--test-per-category", type=positive_int, default=4, help="held-out prompts per category")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=seed_int, default=0)
     t.add_argument("--max-new-tokens", type=new_tokens, default=64)
     t.add_argument("--requests", type=positive_int, default=32, help="requests per training episode")
     t.add_argument("--max-batch", type=positive_int, default=16)

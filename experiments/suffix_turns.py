@@ -40,7 +40,7 @@ def _turns(path: str) -> list[tuple[str, str, str]]:
             row = json.loads(line)
             if row["category"] in MT_BENCH and len(row["turns"]) >= 2:
                 out.append((str(row["question_id"]), str(row["turns"][0]), str(row["turns"][1])))
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
+        except (ValueError, RecursionError, KeyError, TypeError) as err:
             raise WorkloadError(f"{path}:{n}: not a Spec-Bench question line ({err})") from err
     if not out:
         raise WorkloadError(f"{path} has no two-turn MT-bench questions")
@@ -65,7 +65,7 @@ class AnswerCache:
             return
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        except (OSError, ValueError, RecursionError) as err:
             raise UserError(f"{path} is not readable JSON ({err}); delete it or use another --out") from err
         if not isinstance(doc, dict) or not isinstance(doc.get("settings"), dict):
             raise UserError(

@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from env.cli import seed_int
+
 KINDS = ("eagle", "eagle3", "early_exit")
 # flags only some heads read: given for another head they were ignored silently, now they are refused
 KIND_FLAGS = {
@@ -125,7 +127,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="each training window holding answer tokens appears this many times an epoch (weighs the target's "
         "own answers up against the teacher-forced text)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument(
         "--steps",
         type=nonnegative_int,

@@ -308,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
             out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             ap.error(f"--json {args.json}: cannot make {out.parent} ({err.strerror})")
+        probe = out.parent / f".{out.name}.{os.getpid()}.probe"
+        try:  # a folder we cannot write in fails now, not after the benchmark
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as err:
+            ap.error(f"--json {args.json}: cannot write in {out.parent} ({err.strerror})")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.walk_warps is not None and args.greedy_settings is not None:
@@ -341,9 +347,13 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             prov["triton"] = None
         tmp = f"{args.json}.tmp"  # written whole, then renamed: a kill leaves no half a file
-        with open(tmp, "w") as f:
-            json.dump(dict(provenance=prov, rows=rows), f, indent=1)
-        os.replace(tmp, args.json)
+        try:
+            with open(tmp, "w") as f:
+                json.dump(dict(provenance=prov, rows=rows), f, indent=1)
+            os.replace(tmp, args.json)
+        except OSError as err:  # the table above is the result; say why the file is not there
+            print(f"kernels.bench: error: --json {args.json}: {err.strerror or err}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -235,26 +235,41 @@ def read_policy(path: str | Path) -> tuple[Header, dict[str, bytes]]:
         raise PolicyError(f"policy file {path} does not exist")
     meta, files = read_archive(path, "header.json", FORMAT, FORMAT_VERSION, "draftgym policy file")
     try:
+        features = meta.get("features")
         header = Header(
             type=str(meta["type"]),
             kind=str(meta["kind"]),
-            arms=tuple(str(a) for a in meta["arms"]),
-            obs_size=int(meta["obs_size"]),
+            arms=_strings(meta["arms"], "arms"),
+            obs_size=_count(meta["obs_size"], "obs_size"),
             params=dict(meta.get("params") or {}),
-            features=None if meta.get("features") is None else tuple(meta["features"]),
+            features=None if features is None else _strings(features, "features"),
             versions=dict(meta.get("versions") or {}),
             created=str(meta.get("created", "")),
             payload=dict(meta.get("payload") or {}),
             meta=dict(meta.get("meta") or {}),
         )
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, OverflowError) as err:
         raise PolicyError(f"{path}: header.json lacks or mangles a field ({err})") from err
+    if not all(isinstance(d, str) for d in header.payload.values()):
+        raise PolicyError(f"{path}: header.json lacks or mangles a field (payload checksums must be strings)")
     for name, digest in header.payload.items():
         if name not in files:
             raise PolicyError(f"{path} is corrupted: member {name} is missing")
         if hashlib.sha256(files[name]).hexdigest() != digest:
             raise PolicyError(f"{path} is corrupted: member {name} does not match its checksum")
     return header, files
+
+
+def _strings(value: object, name: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{name} must be a list of strings")
+    return tuple(value)
+
+
+def _count(value: object, name: str, most: int = 1 << 20) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+        raise ValueError(f"{name} must be an integer in [0, {most}], got {str(value)[:40]}")
+    return value
 
 
 def write_archive(
@@ -284,25 +299,19 @@ def read_archive(
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The JSON member ``head`` of a zip and its other members, as data (nothing is unpickled), checked to be
     ``fmt`` at ``version``; every problem is a one-line ``PolicyError`` naming the file (``what`` it should be)."""
+    from env.safe_zip import ArchiveProblem, parse_json, read_zip
+
     try:
-        with zipfile.ZipFile(path) as zf:
-            names = zf.namelist()
-            if head not in names:
-                raise PolicyError(f"{path} is not a {what} (no {head})")
-            infos = zf.infolist()
-            if len(infos) > ARCHIVE_MEMBERS or sum(i.file_size for i in infos) > ARCHIVE_BYTES:
-                raise PolicyError(
-                    f"{path} is not a {what}: {len(infos)} members of {sum(i.file_size for i in infos)} bytes "
-                    f"unpacked (at most {ARCHIVE_MEMBERS} and {ARCHIVE_BYTES})"
-                )
-            raw = zf.read(head)
-            files = {n: zf.read(n) for n in names if n != head}
-    except (zipfile.BadZipFile, EOFError, OSError, zlib_error()) as err:
-        raise PolicyError(f"{path} is not a readable {what} ({one_line(err)})") from err
+        files = read_zip(path, max_bytes=ARCHIVE_BYTES, max_members=ARCHIVE_MEMBERS)
+    except ArchiveProblem as err:
+        raise PolicyError(f"{path} is not a readable {what} ({err})") from None
+    if head not in files:
+        raise PolicyError(f"{path} is not a {what} (no {head})")
+    raw = files.pop(head)
     try:
-        meta = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise PolicyError(f"{path}: {head} is corrupted ({one_line(err)})") from err
+        meta = parse_json(raw)
+    except ArchiveProblem as err:
+        raise PolicyError(f"{path}: {head} is corrupted ({err})") from None
     found = meta.get("format") if isinstance(meta, dict) else None
     if found != fmt:
         raise PolicyError(f"{path} is not a {what} (format {found!r})")
@@ -311,12 +320,6 @@ def read_archive(
             f"{path} has {what} format version {meta.get('format_version')}; this draftgym reads {version}"
         )
     return meta, files
-
-
-def zlib_error() -> type[Exception]:
-    import zlib
-
-    return zlib.error
 
 
 def _policy_class(type_name: str) -> type[BasePolicy]:
@@ -389,8 +392,10 @@ def load_policy(
             policy = load_sb3_zip(path, arms=arms, obs_size=obs_size)
         else:
             policy = cls.from_header(header, files)
-    except PolicyError:
-        raise
+    except PolicyError as err:  # named by the file it came from
+        if str(path) in str(err):
+            raise
+        raise PolicyError(f"{path}: cannot restore the {what} ({err})") from None
     except Exception as err:  # a payload that cannot be decoded is a corrupted file, reported in one line
         raise PolicyError(f"{path}: cannot restore the {what} ({one_line(err)})") from err
     check_compatible(policy, arms=arms, obs_size=obs_size, features=features, source=f"policy {path}")
@@ -414,6 +419,12 @@ def npz_bytes(**arrays: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def read_npz(data: bytes) -> dict[str, np.ndarray]:
-    with np.load(io.BytesIO(data), allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
+def read_npz(data: bytes, what: str = "the policy's arrays") -> dict[str, np.ndarray]:
+    """An ``npz_bytes`` member as arrays (``env.safe_zip``: bounded, no objects); a bad one is a ``PolicyError``."""
+    from env.safe_zip import ArchiveProblem
+    from env.safe_zip import read_npz as safe_read_npz
+
+    try:
+        return safe_read_npz(data, max_bytes=ARCHIVE_BYTES)
+    except ArchiveProblem as err:
+        raise PolicyError(f"{what}: corrupted ({err})") from None

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import BasePolicy, PolicyError, json_bytes
+from policies.base import BasePolicy, PolicyError, json_bytes, real
 
 
 def chain_arms(arm_names: Sequence[str], drafter: str | None = None) -> tuple[str, dict[int, int]]:
@@ -230,9 +230,16 @@ class ConfidencePolicy(BasePolicy):
         import json
 
         if "state.json" in files:
-            s = json.loads(files["state.json"])
-            self.threshold = float(s["threshold"])
-            self.pairs.extend((float(p), bool(b)) for p, b in s["pairs"])
+            try:
+                s = json.loads(files["state.json"])
+                threshold = real("threshold", s["threshold"], lo=0.0, hi=1.0, lo_open=True)
+                if threshold == 1.0:
+                    raise ValueError("threshold must be below 1")
+                pairs = [(real("pair", p, lo=0.0, hi=1.0), bool(b)) for p, b in s["pairs"]]
+            except (KeyError, TypeError, ValueError, RecursionError) as err:
+                raise PolicyError(f"confidence policy state is corrupted ({err})") from None
+            self.threshold = threshold
+            self.pairs.extend(pairs)
 
 
 def default_confidence_feature(features: Sequence[str]) -> str:

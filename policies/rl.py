@@ -265,7 +265,7 @@ class SB3Policy(BasePolicy):
                 raise PolicyError("RL policy file has policy.safetensors but no network.json")
             try:
                 described = json.loads(files["network.json"])
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            except (ValueError, RecursionError) as err:
                 raise PolicyError(f"RL policy file: network.json is corrupted ({err})") from err
             if described != self.network():
                 raise PolicyError(

@@ -116,7 +116,7 @@ def eval_rows(log: Path) -> list[dict[str, Any]]:
             r = json.loads(line)
             rows.append({"timesteps": int(r["timesteps"]), "wall_s": float(r["wall_s"]),
                          "cpu_s": float(r["cpu_s"]), "replay_speedup": float(r["replay_speedup"])})  # fmt: skip
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (ValueError, RecursionError, KeyError, TypeError):
             continue
     return rows
 

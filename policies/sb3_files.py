@@ -19,7 +19,6 @@ pickles (LIBRARY-FACTS.md), so draftgym never calls it. Instead:
 from __future__ import annotations
 
 import io
-import json
 import re
 import zipfile
 from collections.abc import Sequence
@@ -31,7 +30,15 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from policies.base import PolicyError, npz_bytes, one_line, read_archive, read_npz, write_archive
+from policies.base import (
+    ARCHIVE_BYTES,
+    PolicyError,
+    npz_bytes,
+    one_line,
+    read_archive,
+    read_npz,
+    write_archive,
+)
 
 # activation name in our files -> torch.nn class name (what stable-baselines3's ``activation_fn`` holds)
 ACTIVATIONS = {
@@ -161,9 +168,18 @@ def read_tensors(data: bytes, source: str) -> dict[str, Any]:
     from safetensors.torch import load
 
     try:
-        return load(data)
+        state = load(data)
     except Exception as err:  # safetensors raises its own error types; the file is not a tensor file
         raise PolicyError(f"{source} is not a safetensors file ({one_line(err)})") from err
+    finite_tensors(state, source)
+    return state
+
+
+def finite_tensors(state: dict[str, Any], source: str) -> None:
+    """Refuse weights holding NaN or infinity (a network of them acts, but on nothing: argmax of NaN is arm 0)."""
+    for key, t in state.items():
+        if t.is_floating_point() and not bool(t.isfinite().all()):
+            raise PolicyError(f"{source}: tensor {key} holds NaN or infinite values")
 
 
 def read_torch_tensors(data: bytes, source: str) -> Any:
@@ -205,25 +221,28 @@ class SB3Zip:
 def read_sb3_zip(src: str | Path | bytes, source: str) -> SB3Zip:
     """Read a stable-baselines3 ``model.save`` zip as data: ``policy.pth`` with ``weights_only=True`` and the
     plain fields of ``data``; the ``:serialized:`` (pickled) payloads are never decoded."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(src) if isinstance(src, bytes) else src) as zf:
-            names = set(zf.namelist())
-            if "policy.pth" not in names:
-                raise PolicyError(f"{source} is not a stable-baselines3 zip (no policy.pth)")
-            raw = zf.read("policy.pth")
-            data = json.loads(zf.read("data")) if "data" in names else {}
-            version = (
-                zf.read("_stable_baselines3_version").decode(errors="replace").strip()[:40]
-                if "_stable_baselines3_version" in names
-                else None
-            )
-    except (zipfile.BadZipFile, EOFError, OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise PolicyError(f"{source} is not a readable stable-baselines3 zip ({one_line(err)})") from err
+    from env.safe_zip import ArchiveProblem, parse_json, read_zip
+
+    members = ("policy.pth", "data", "_stable_baselines3_version")
+    try:  # the optimizer's and pytorch_variables' members are neither read nor counted
+        files = read_zip(src, max_bytes=ARCHIVE_BYTES, only=members)
+        if "policy.pth" not in files:
+            raise PolicyError(f"{source} is not a stable-baselines3 zip (no policy.pth)")
+        raw = files["policy.pth"]
+        data = parse_json(files["data"]) if "data" in files else {}
+    except ArchiveProblem as err:
+        raise PolicyError(f"{source} is not a readable stable-baselines3 zip ({err})") from None
+    version = (
+        files["_stable_baselines3_version"].decode(errors="replace").strip()[:40]
+        if "_stable_baselines3_version" in files
+        else None
+    )
     state = read_torch_tensors(raw, f"{source}: policy.pth")
     import torch
 
     if not (isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values())):
         raise PolicyError(f"{source}: policy.pth is not a state dict of tensors")
+    finite_tensors(state, f"{source}: policy.pth")
     data = data if isinstance(data, dict) else {}
     family, obs, n, pi, vf = infer_network(state, source)
     if family == "dqn":
@@ -381,10 +400,7 @@ def read_checkpoint(path: Path) -> Checkpoint:
         raise PolicyError(f"{path}: optimizer.pt is not an optimizer state dict")
     buffer = None
     if "replay_buffer.npz" in files:
-        try:
-            buffer = read_npz(files["replay_buffer.npz"])
-        except Exception as err:  # numpy raises ValueError, OSError, BadZipFile... for a torn array file
-            raise PolicyError(f"{path}: replay_buffer.npz is not readable ({one_line(err)})") from err
+        buffer = read_npz(files["replay_buffer.npz"], f"{path}: replay_buffer.npz")
     return Checkpoint(
         network=dict(meta.get("network") or {}),
         counters=dict(meta.get("counters") or {}),
@@ -403,17 +419,44 @@ def apply_checkpoint(model: Any, ckpt: Checkpoint, network: dict[str, Any], sour
             f"{source} was written by a training with other settings ({', '.join(diff)}); "
             "train into another run directory or delete its checkpoints"
         )
-    model.policy.load_state_dict(ckpt.state, strict=True)
-    model.policy.optimizer.load_state_dict(ckpt.optimizer)
-    for key, value in ckpt.counters.items():
-        if key in COUNTERS and hasattr(model, key):
-            setattr(model, key, type(getattr(model, key))(value))
+    try:  # a checkpoint of this network whose tensors or counters were mangled: one line, not torch's paragraph
+        model.policy.load_state_dict(ckpt.state, strict=True)
+        model.policy.optimizer.load_state_dict(ckpt.optimizer)
+        counters = {}
+        for key, value in ckpt.counters.items():
+            if key in COUNTERS and hasattr(model, key):
+                kind = type(getattr(model, key))
+                if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) < 2**62:
+                    raise ValueError(f"counter {key} is {str(value)[:40]}")
+                counters[key] = kind(value)
+    except (RuntimeError, ValueError, TypeError, KeyError, IndexError, OverflowError) as err:
+        raise PolicyError(f"{source} is corrupted ({one_line(err)})") from None
+    for key, value in counters.items():
+        setattr(model, key, value)
     rb = getattr(model, "replay_buffer", None)
     if rb is None or ckpt.buffer is None or ckpt.buffer_pos is None:
         return
+    pos, full = (
+        (ckpt.buffer_pos.get(k) for k in ("pos", "full"))
+        if isinstance(ckpt.buffer_pos, dict)
+        else (None,) * 2
+    )
+    if (
+        isinstance(pos, bool)
+        or not isinstance(pos, int)
+        or not 0 <= pos < rb.buffer_size
+        or not isinstance(full, bool)
+    ):
+        raise PolicyError(
+            f"{source}: the replay buffer's position is corrupted ({str(ckpt.buffer_pos)[:60]})"
+        )
     for key, arr in ckpt.buffer.items():
         target = getattr(rb, key, None) if key in BUFFER_ARRAYS else None
-        if target is None or target.shape != arr.shape:
+        if (
+            target is None
+            or target.shape != arr.shape
+            or not np.can_cast(arr.dtype, target.dtype, "same_kind")
+        ):
             raise PolicyError(f"{source}: replay buffer {key} does not fit this training's buffer")
         target[...] = arr
-    rb.pos, rb.full = int(ckpt.buffer_pos["pos"]), bool(ckpt.buffer_pos["full"])
+    rb.pos, rb.full = pos, full

@@ -14,8 +14,8 @@ Baselines as the engines ship them:
 - ``BucketUCB`` (kind ``bandit``): UCB1 per batch-size bucket (as mit-han-lab/fastrl's per-batch-size bandit).
 
 Learned ones use the policies of the single-sequence env on this observation: ``policies.rl.SB3Policy`` (PPO on
-the vectorized serving env, ``train_serve_ppo``) and ``policies.linucb.LinUCB`` (a contextual bandit on the load
-features). Every file is JSON and arrays (``policies.base``), never code.
+the vectorized serving env, ``train_serve_ppo``) and ``policies.linucb.LinUCB`` (a contextual bandit on the whole
+serving observation: load, pooled and per-row features). Every file is JSON and arrays (``policies.base``), never code.
 """
 
 from __future__ import annotations

@@ -151,3 +151,33 @@ def test_serving_rows_with_suffix_and_other_arms_is_exact(concurrency):
     for r, o in zip(reqs, out):
         assert o.token_ids == decode(loaded, None, r.prompt_ids, 16)[0], (r.arm.name, r.rid)
     assert sum(o.accepted for o, r in zip(out, reqs) if r.arm.drafter == "suffix") > 0
+
+
+def test_the_cache_learns_only_the_tokens_a_request_emitted():
+    """A step may commit past ``max_new_tokens`` (a draft accepted beyond it): the sequence counts only what it
+    may emit, and the suffix drafter's cross-request cache must learn that answer, not the overshoot."""
+    from drafters.suffix import SuffixDrafter
+    from drafters.trees import chain
+    from env.batch import BatchEngine
+    from env.engine import NO_DRAFT, parse_arm
+    from env.step import Stepper
+    from tests.drafters.tiny import tiny_loaded
+
+    loaded = tiny_loaded()
+    prompt = [5, 17, 33, 8]
+    ar = Stepper(BatchEngine(loaded, max_rows=1), [NO_DRAFT])
+    seq = ar.start(prompt, 8, {})
+    while not seq.done:
+        ar.step([0])
+    greedy = list(seq.tokens)
+    ar.retire(seq)
+    assert len(greedy) == 8  # (the tiny model ends no sequence early)
+
+    first = SuffixDrafter()
+    st = Stepper(BatchEngine(loaded, max_rows=1), [NO_DRAFT, parse_arm("suffix-d6")])
+    seq = st.start(prompt, 3, {"suffix": first.fork()})
+    seq._proposals, seq._root_at = {"suffix": chain(greedy[0], greedy[1:7])}, len(seq.row.tokens)
+    out = st.step([1])[0]
+    assert out.result.accepted == 6 and seq.tokens == greedy[:3] and seq.done  # 7 committed, 3 counted
+    st.retire(seq)
+    assert list(first.shared["answers"]) == [greedy[:3]]

@@ -40,6 +40,7 @@ def _one_line_error(capsys, code, expected, rc=2):
         (["--max-depth", "2"], "--max-depth: must be >= 3"),
         (["--draft", "eagle"], "unrecognized arguments: --draft"),  # no abbreviations
         (["--json", "{tmp}"], "is a directory, not a file"),
+        (["--json", "/proc/draftgym-bench.json"], "cannot write there"),
     ],
 )
 def test_bench_draft_refuses_bad_input_before_loading(args, expected, no_model, tmp_path, capsys):
@@ -249,6 +250,7 @@ def test_fidelity_runs_and_the_live_text_equals_the_trace():
     [
         (["--qui"], "unrecognized arguments: --qui"),  # no abbreviations
         (["--json", "{tmp}"], "is a directory, not a file"),
+        (["--json", "/proc/draftgym-bench.json"], "cannot write in /proc"),  # found before, not after the run
         (["--threads", "0"], "must be an integer >= 1"),
         (["--walk-warps", "4,3"], "must be a comma list of 1, 2, 4, 8, 16 or 32"),
         (["--greedy-settings", "4096:1024:4"], "must be a comma list of CHUNK:BLOCK:WARPS:WALK_WARPS"),

@@ -77,6 +77,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     for key, name, data in [("run_garbage", "summary.json", b"{{{"), ("run_list", "summary.json", b"[]"),
                             ("run_nosettings", "summary.json", b'{"name": "x", "summary": []}'),
                             ("sweep_garbage", "sweep.json", b"\xff\xfe"),
+                            ("sweep_nobest", "sweep.json", b'{"study": "x"}'),
                             ("bench_garbage", "bench.json", b"{{{"),
                             ("bench_nosettings", "bench.json", b'{"summary": []}')]:  # fmt: skip
         f[key] = d / key
@@ -114,6 +115,20 @@ GENERATE = [
     ("max-new-zero", ["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens: must be >= 1"),
     ("max-new-huge", ["generate", "hi", "--max-new-tokens", "99999999999"], "--max-new-tokens: must be <="),
     ("seed-garbage", ["generate", "hi", "--seed", "x"], "--seed"),
+    ("seed-negative", ["generate", "hi", "--seed", "-1"], "--seed: must be in [0, 2**63 - 1]"),
+    ("seed-huge", ["generate", "hi", "--seed", str(2**64)], "--seed: must be in [0, 2**63 - 1]"),
+    ("temperature-tiny", ["generate", "hi", "--temperature", "1e-39"], "must be 0 (greedy) or >= 0.001"),
+    (
+        "depth-huge",
+        ["generate", "hi", "--drafter", "ngram", "--depth", "100000000"],
+        "tree depth must be <= 256",
+    ),
+    (
+        "topk-huge",
+        ["generate", "hi", "--drafter", "ngram", "--depth", "2", "--topk", "1000"],
+        "tree topk must be <= 64",
+    ),
+    ("generate-policy-missing", ["generate", "hi", "--policy", "{tmp}/p.zip"], "does not exist"),
     ("unknown-drafter", ["generate", "hi", "--drafter", "bogus"], "known drafters:"),
     ("dtype", ["generate", "hi", "--dtype", "fp16"], "invalid choice"),
     ("abbreviated-option", ["generate", "--prompt", "a" * 5000], "unrecognized arguments: --prompt"),
@@ -157,6 +172,19 @@ BENCH = [
     ("unknown-arm-drafter", ["bench", "--methods", "bogus-d3"], "unknown drafter 'bogus'"),
     ("unreadable-arm", ["bench", "--methods", "ngram-dX"], "cannot read arm"),
     ("arm-without-depth", ["bench", "--methods", "ngram-k2"], "has no depth"),
+    (
+        "policies-of-one-name",
+        [
+            "bench",
+            "--methods",
+            "ar",
+            "--policy",
+            str(ROOT / "policies/data/ppo.zip"),
+            "--policy",
+            "{tmp}/ppo.zip",
+        ],
+        "two methods would be named policy:ppo",
+    ),
     ("arm-depth-zero", ["bench", "--methods", "ngram-d0"], "depth must be >= 1"),
     ("method-twice", ["bench", "--methods", "ar,ar"], "lists a method twice"),
     ("device-arm-unknown", ["bench", "--methods", "device:ngram-d3"], "unknown device-loop arm 'ngram-d3'"),
@@ -217,6 +245,12 @@ CONFIG_COMMANDS = [
         ("unknown-key", ["{toml_unknown}"], "did you mean 'max_new_tokens'"),
         ("wrong-type", ["{toml_type}"], "decode.max_new_tokens must be"),
         ("set-unknown-key", [str(CONFIGS / "bandit.toml"), "--set", "decode.nope=1"], "nope"),
+        ("set-seed-negative", [str(CONFIGS / "bandit.toml"), "--set", "seed=-1"], "seed"),
+        (
+            "set-temperature-tiny",
+            [str(CONFIGS / "bandit.toml"), "--set", "decode.temperature=1e-39"],
+            "temperature",
+        ),
         ("set-no-equals", [str(CONFIGS / "bandit.toml"), "--set", "decode.max_new_tokens"], "KEY=VALUE"),
         (
             "set-out-of-range",
@@ -278,6 +312,7 @@ READERS = [
     ("report-summary-list", ["report", "{run_list}"], "not a draftgym result (no valid name"),
     ("report-summary-no-settings", ["report", "{run_nosettings}"], "no valid settings"),
     ("report-sweep-not-utf8", ["report", "{sweep_garbage}"], "is not readable JSON"),
+    ("report-sweep-no-best", ["report", "{sweep_nobest}"], "not a draftgym result this report can read"),
     ("agreement-bench-garbage", ["agreement", "{bench_garbage}"], "is not a bench result"),
     ("agreement-bench-no-settings", ["agreement", "{bench_nosettings}"], "is not a bench result"),
 ]
@@ -354,7 +389,16 @@ TRAIN_DRAFTER = [
     ),
 ]
 SERVE = [
-    ("concurrency-zero", ["serve-bench", "--concurrency", "0"], "levels must be >= 1"),
+    ("concurrency-zero", ["serve-bench", "--concurrency", "0"], "levels must be in [1, 4096]"),
+    ("concurrency-huge", ["serve-bench", "--concurrency", "1000000"], "levels must be in [1, 4096]"),
+    ("serve-bench-arm-too-deep", ["serve-bench", "--methods", "ngram-d100000"], "tree depth must be <= 256"),
+    ("serve-bench-seed-negative", ["serve-bench", "--rate", "2", "--seed", "-1"], "--seed: must be in"),
+    ("serve-train-seed-negative", ["serve-train", "--seed", "-1"], "--seed: must be in"),
+    (
+        "evaluate-serve-no-loads",
+        ["evaluate", "--serve", "--no-live", "--loads", ","],
+        "--loads names no load",
+    ),
     (
         "serve-bench-cost-without-policy",
         ["serve-bench", "--batch-cost", "{tmp}/bc.json"],
@@ -366,7 +410,7 @@ SERVE = [
         ["evaluate", "--serve", "--live-policies", "nope"],
         "--live-policies names nope",
     ),
-    ("concurrency-negative", ["serve-bench", "--concurrency", "1,-2"], "levels must be >= 1"),
+    ("concurrency-negative", ["serve-bench", "--concurrency", "1,-2"], "levels must be in [1, 4096]"),
     ("concurrency-garbage", ["serve-bench", "--concurrency", "1,x"], "comma list of integers"),
     ("rate-zero", ["serve-bench", "--rate", "0"], "--rate: must be in"),
     ("rate-negative", ["serve-bench", "--rate", "-3"], "--rate: must be in"),
