@@ -34,6 +34,13 @@ from env.ragged_cache import RaggedCache, RowKV, Write, hf_ragged_cache
 from env.target import check_prompt, eos_ids
 
 
+def row_seed(seed: int, number: int) -> int:
+    """The seed of the ``number``-th row admitted under ``seed`` (mixed: neighbouring rows' streams unrelated)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([int(seed), int(number)]).generate_state(1, np.uint64)[0] >> 1)
+
+
 @dataclass
 class Row:
     """A sequence in the batch: its committed tokens (prompt included; the last is the root of its next tree)."""
@@ -47,6 +54,9 @@ class Row:
     slot: int = -1
     last_aux: torch.Tensor | None = None  # the target's residual streams at ``aux_layers`` at the last node
     prompt_aux: torch.Tensor | None = None  # the prompt's, between prefill and the drafters' reset
+    generator: torch.Generator | None = (
+        None  # the row's own coins (sampling): its text does not depend on the batch
+    )
 
     @property
     def past_len(self) -> int:
@@ -308,24 +318,39 @@ class BatchTarget:
 
 class BatchEngine:
     """Rows with their own arms, one verification forward per step (``step``), prefill on ``admit``. The sampling
-    settings and the generator may be set between steps (``configure``)."""
+    settings and the seed may be set between steps (``configure``).
+
+    Sampling draws each row's coins from the row's own generator, seeded by (seed, the row's admission number):
+    exactly its tree's nodes and one final draw per step, so a request's sampled text depends on the seed and the
+    order requests were admitted in, not on its slot, the other rows' trees or when they came and went."""
 
     def __init__(
         self, loaded: LoadedModel, max_rows: int, sampling: Sampling = Sampling(), seed: int = 0
     ) -> None:
         self.target = BatchTarget(loaded, max_rows)
         self.sampling = sampling
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed, self.admitted = seed, 0
 
     def configure(self, sampling: Sampling, seed: int) -> None:
+        """Sampling settings and the seed of the rows admitted from now on (numbered from 0 again)."""
         self.sampling = sampling
-        self.generator.manual_seed(seed)
+        self.seed, self.admitted = seed, 0
 
-    def _verify(self, tokens, parents, logits, num_nodes) -> kernels.Verdict:
+    def _verify(self, tokens, parents, logits, num_nodes, gens: list[torch.Generator]) -> kernels.Verdict:
         s = self.sampling
+        coins = final = None
+        if (
+            s.temperature > 0
+        ):  # each row's own uniforms: its nodes' (the padding's are never read) and the final draw
+            n = tokens.shape[1]
+            coins = torch.zeros(len(gens), n)
+            final = torch.empty(len(gens))
+            for i, (g, k) in enumerate(zip(gens, num_nodes.tolist())):
+                coins[i, :k] = torch.rand(k, generator=g)
+                final[i] = torch.rand(1, generator=g)[0]
         return kernels.verify(
             tokens.to(logits.device), parents.to(logits.device), logits, num_nodes=num_nodes.to(logits.device),
-            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, generator=self.generator,
+            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, coins=coins, final_coins=final,
         )  # fmt: skip
 
     def begin_prefill(self, prompt_ids: list[int]) -> Prefill:
@@ -346,10 +371,14 @@ class BatchEngine:
         elif prefill.prompt_ids != list(prompt_ids):
             raise ValueError("the prefill is of another prompt")
         row, hidden = self.target.admit(prefill)
+        row.generator = torch.Generator().manual_seed(row_seed(self.seed, self.admitted))
+        self.admitted += 1
         prompt_aux, row.prompt_aux = row.prompt_aux, None
         logits = row.last_logits
         root = DraftTree.root_only(prompt_ids[-1])
-        v = self._verify(root.tokens[None], root.parents[None], logits[None, None], torch.tensor([1]))
+        v = self._verify(
+            root.tokens[None], root.parents[None], logits[None, None], torch.tensor([1]), [row.generator]
+        )
         first = int(v.next_token[0])
         row.tokens.append(first)
         row.ctx = DraftContext(
@@ -428,7 +457,7 @@ class BatchEngine:
         logits, hidden, tokens, parents = self.target.forward_trees(trees)
         aux = self.target.last_aux
         num = torch.tensor([t.num_nodes for t in trees])
-        verdict = self._verify(tokens, parents, logits, num)
+        verdict = self._verify(tokens, parents, logits, num, [row.generator for row in rows])
         done = []
         for i, (row, tree) in enumerate(zip(rows, trees)):
             path = verdict.path[i]

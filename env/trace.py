@@ -46,7 +46,7 @@ from env.features import (
     projection,
 )
 from env.file_checks import Bad, check_trace_arrays, check_trace_header, check_trace_values, one_line
-from env.files import atomic_write_text
+from env.files import atomic_write_text, file_digest
 from env.safe_zip import ArchiveProblem, parse_json, read_npz
 from env.step import Stepper, largest_shape
 
@@ -362,6 +362,13 @@ def record(
         "drafters": {n: _drafter_header(n, d, options.get(n, {})) for n, d in probes.items()},
         "workload": str(workload),
         "prompts": {"ids": ids, "categories": [str(p.category) for p in prompts]},
+        # what else decides the trajectories: the weight format and forward the target ran in, and the workload
+        # file's bytes (an edited file under the same path: other prompts under the same ids)
+        "engine": {
+            "weights": str(getattr(loaded, "weights", "dense")),
+            "forward": str(getattr(loaded, "forward", "lean")),
+        },
+        "workload_sha256": file_digest(workload) if Path(str(workload)).is_file() else None,
     }
     parts_dir = out.with_name(out.name + ".parts")
     head_file = parts_dir / "header.json"

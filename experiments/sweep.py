@@ -141,10 +141,12 @@ def open_study(cfg: Config, url: str, *, worker: int = 0, create: bool = True) -
         pruner=_pruner(cfg),
     )
     stored = study.user_attrs.get("config")
+    inputs = input_digests(cfg)
     if stored is None and create:
         # the config attribute marks a created study: set it last, so that a creator killed in between leaves a
         # study whose next worker enqueues the config as written (once: skip_if_exists)
         study.enqueue_trial(default_params(cfg), user_attrs={"default": True}, skip_if_exists=True)
+        study.set_user_attr("inputs", inputs)
         study.set_user_attr("config", to_toml(cfg))
     elif stored is not None:
         # n_trials may grow (extend the study); seeds differ per machine (distinct samples from each)
@@ -154,7 +156,27 @@ def open_study(cfg: Config, url: str, *, worker: int = 0, create: bool = True) -
                 f"study {name!r} in {mask(url)} was created from another config (differs in "
                 f"{', '.join(diff[:5])}); use the same config or another sweep.study_name"
             )
+        had = study.user_attrs.get("inputs")  # (a study from before it was recorded: none)
+        if isinstance(had, dict) and had != inputs:
+            changed = sorted(k for k in {*had, *inputs} if had.get(k) != inputs.get(k))
+            raise ConfigError(
+                f"study {name!r} in {mask(url)} was run on other input files ({', '.join(changed)} changed since); "
+                "its trials would not compare: restore the files or use another sweep.study_name"
+            )
     return study
+
+
+def input_digests(cfg: Config) -> dict[str, str | None]:
+    """The files a sweep's trials are scored on, by sha256: the workload (live) and the trace (replay); an
+    edited or re-recorded file under the same path would put trials of two data sets in one study."""
+    from env.files import file_digest
+    from experiments.records import workload_digest
+
+    trace = cfg.sweep.trace
+    return {
+        "workload_sha256": workload_digest(cfg.workload.path),
+        "trace_sha256": file_digest(trace) if trace and Path(trace).is_file() else None,
+    }
 
 
 def counts(study: Any) -> dict[str, int]:

@@ -116,3 +116,31 @@ def test_engine_sampling_follows_the_target_and_a_planted_wrong_rule_fails(monke
     monkeypatch.setattr(kernels, "verify", wrong_verify)
     stat, crit = sample(loaded).chi_square()
     assert stat > crit, (stat, crit)
+
+
+def test_a_rows_sampled_text_does_not_depend_on_the_rows_beside_it():
+    """The engine drew every row's coins from one generator as one [rows, widest tree] block, so a request's
+    sampled text changed with its slot, the other rows' trees and when they came and went. Each row now draws
+    from its own generator (the seed and its admission number): the same request, admitted first, samples the
+    same text alone and beside a row drafting a deep tree."""
+    from drafters import make_drafter
+    from env.engine import NO_DRAFT
+    from env.step import Stepper
+
+    loaded = tiny_loaded()
+
+    def serve(neighbour: list[int] | None) -> list[int]:
+        engine = BatchEngine(loaded, max_rows=2, sampling=Sampling(temperature=1.0), seed=11)
+        st = Stepper(engine, [NO_DRAFT, parse_arm("ngram-d2"), parse_arm("ngram-d8-k2-b16")])
+        seq = st.start(PROMPT, 24, {"ngram": make_drafter("ngram")})
+        if neighbour is not None:
+            st.start(neighbour, 40, {"ngram": make_drafter("ngram")})
+        while not seq.done:
+            for s in [s for s in st.seqs if s.done]:
+                st.retire(s)
+            st.step([1 if s is seq else 2 for s in st.seqs])
+        return list(seq.tokens)
+
+    alone = serve(None)
+    assert serve([5, 17, 33, 8, 5, 17, 33, 8, 5, 17]) == alone
+    assert len(set(alone)) > 3  # sampled, not one token over and over

@@ -132,6 +132,18 @@ def test_record_resumes_after_a_kill(fp32_model, prompts, tmp_path, monkeypatch)
     assert trace_mod.part_progress(out) == 1 and not out.exists()
     with pytest.raises(TraceError, match="other settings.*max_new_tokens"):
         record(fp32_model, prompts, ["ngram"], out, max_new_tokens=7, progress=False)
+    source = (
+        tmp_path / "workload.jsonl"
+    )  # the workload file's bytes are part of the settings: an edit is refused
+    source.write_text("one version\n")
+    with pytest.raises(KeyboardInterrupt):
+        calls.clear()
+        record(fp32_model, prompts, ["ngram"], tmp_path / "w.npz", max_new_tokens=6, progress=False,
+               workload=str(source))  # fmt: skip
+    source.write_text("another version\n")
+    with pytest.raises(TraceError, match="other settings.*workload_sha256"):
+        record(fp32_model, prompts, ["ngram"], tmp_path / "w.npz", max_new_tokens=6, progress=False,
+               workload=str(source))  # fmt: skip
     monkeypatch.setattr(trace_mod, "record_prompt", real)
     calls.clear()
     monkeypatch.setattr(trace_mod, "record_prompt", lambda *a, **k: (calls.append(1), real(*a, **k))[1])

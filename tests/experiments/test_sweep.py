@@ -209,3 +209,22 @@ def test_live_sweep_loads_the_configured_weight_format(monkeypatch):
     for w in ("int4", "int4", "dense"):
         ev._model(load_config(None, text=f'methods = ["ar"]\n[model]\nweights = "{w}"\n'))
     assert [c["weights"] for c in calls] == ["int4", "dense"]
+
+
+def test_a_study_refuses_a_workload_edited_since_it_was_created(tmp_path):
+    """A resumed study compared only the config: a workload (or trace) edited under the same path put trials of two
+    data sets in one study. The study records their digests and refuses other files in one line."""
+    from experiments.config import ConfigError
+    from experiments.sweep import open_study
+
+    work = tmp_path / "q.jsonl"
+    work.write_text('{"question_id": 1, "category": "qa", "turns": ["What is 2+2?"]}\n')
+    path = tmp_path / "c.toml"
+    path.write_text(f'name = "w"\nmethods = ["ar", "ngram-d8"]\n[workload]\npath = "{work}"\n'
+                    '[sweep]\nn_trials = 2\nbackend = "analytic"\n')  # fmt: skip
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    open_study(load_config(path), url)
+    open_study(load_config(path), url)  # the same files: resumes
+    work.write_text('{"question_id": 1, "category": "qa", "turns": ["What is 3+3?"]}\n')
+    with pytest.raises(ConfigError, match="workload_sha256 changed since"):
+        open_study(load_config(path), url)

@@ -157,10 +157,12 @@ def planted_verify(accept_rule: str, residual_rule: str) -> Callable:
     deterministic drafts. Same scan as the reference otherwise."""
 
     def verify_fn(
-        tokens, parents, logits, *, draft_probs=None, generator=None, temperature=1.0, top_k=0, top_p=1.0
-    ):
+        tokens, parents, logits, *, draft_probs=None, generator=None, temperature=1.0, top_k=0, top_p=1.0,
+        coins=None, final_coins=None,
+    ):  # fmt: skip
         B, N, V = logits.shape
-        coins, final = torch.rand(B, N, generator=generator), torch.rand(B, generator=generator)
+        coins = torch.rand(B, N, generator=generator) if coins is None else coins
+        final = torch.rand(B, generator=generator) if final_coins is None else final_coins
         probs = process_logits(logits, temperature, top_k, top_p)  # [B, N, V]
         q_all = torch.nn.functional.one_hot(tokens, V).float() if draft_probs is None else draft_probs
         cur, r = torch.zeros(B, dtype=torch.int64), probs[:, 0].clone()
