@@ -21,19 +21,23 @@ from env.files import atomic_write_text
 from experiments.serve_policies import _sim_factory, _split, train_loads
 
 
-def _same_ppo(path: Path, meta: dict[str, Any]) -> bool:
-    """Whether ``path`` holds a PPO policy trained with these settings (its file's meta: split, cost model,
-    lengths); a folder made before the settings check may hold one trained with others."""
+def _same_ppo(path: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The training report a PPO policy at ``path`` carries when it was trained with these settings (its file's
+    meta: split, cost model, lengths, timesteps), else None; a folder made before the settings check may hold one
+    trained with others. The file alone decides: a kill between writing it and ``train.json`` loses nothing."""
     from policies.base import PolicyError, load_policy
 
     if not path.is_file():
-        return False
+        return None
     try:
         saved = dict(load_policy(path).meta or {})
     except PolicyError:
-        return False
+        return None
     saved.pop("name", None)
-    return json.loads(json.dumps(saved)) == json.loads(json.dumps(meta))
+    report = saved.pop("ppo_report", None)
+    if json.loads(json.dumps(saved)) != json.loads(json.dumps(meta)):
+        return None
+    return report if isinstance(report, dict) else {}
 
 
 def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, max_new: int, requests: int,
@@ -68,8 +72,8 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
             report = {}
         report = report if isinstance(report, dict) else {}
 
-    def save(name: str, pol: Any) -> None:
-        pol.meta = {**meta, "name": name}
+    def save(name: str, pol: Any, extra: dict[str, Any] | None = None) -> None:
+        pol.meta = {**meta, "name": name, **(extra or {})}
         pol.save(out / f"{name}.zip")
         report["saved"] = sorted({*report.get("saved", []), name})
         atomic_write_text(report_path, json.dumps(report, indent=1))
@@ -101,9 +105,10 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
                                   requests=requests, max_new_tokens=max_new, prompt_ids=list(split.train),
                                   reward="goodput_ratio", seed=seed)  # fmt: skip
 
-    kept = {k: report[k] for k in ("ppo_s", "ppo_timesteps", "ppo_curve", "ppo_plateau") if k in report}
-    if timesteps > 0 and kept.get("ppo_timesteps") == timesteps and _same_ppo(out / "ppo.zip", meta):
-        report.update(kept)  # trained before a kill of a later stage, or a finished run again: kept
+    ppo_keys = ("ppo_s", "ppo_timesteps", "ppo_curve", "ppo_plateau")
+    kept = _same_ppo(out / "ppo.zip", {**meta, "ppo_timesteps": timesteps}) if timesteps > 0 else None
+    if kept is not None:  # trained before a kill of a later stage, or a finished run again: kept
+        report.update({k: v for k, v in kept.items() if k in ppo_keys}, ppo_timesteps=timesteps)
         report["saved"] = sorted({*report["saved"], "ppo"})
     elif timesteps > 0:
 
@@ -125,7 +130,8 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
                 "timesteps": first["timesteps"],
                 "seconds": first["seconds"],
             }
-        save("ppo", policies["ppo"])
+        save("ppo", policies["ppo"], {"ppo_timesteps": timesteps,
+                                      "ppo_report": {k: report[k] for k in ppo_keys if k in report}})  # fmt: skip
     return report
 
 

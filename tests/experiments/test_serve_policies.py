@@ -178,6 +178,9 @@ def test_serve_train_killed_in_ppo_resumes_with_ppo_only(trace_path, tmp_path, m
         assert set(report["saved"]) == SAVED | {"ppo"} and report["ppo_timesteps"] == 2048
         assert main(argv) == 0 and calls == [2048]  # finished: PPO not trained again
         assert json.loads((out / "train.json").read_text())["ppo_timesteps"] == 2048
+        (out / "train.json").unlink()  # a kill between ppo.zip and train.json: the policy file alone decides
+        assert main(argv) == 0 and calls == [2048]
+        assert json.loads((out / "train.json").read_text())["ppo_timesteps"] == 2048
         capsys.readouterr()
         other = list(argv)
         other[other.index("--requests") + 1] = "5"
