@@ -9,7 +9,9 @@ of every verified token are overwritten with the target's fresh top-K (the paper
 accepted path last so that it wins when a token occurs twice).
 
 The table outlives a sequence ("hot start" across queries, as in the paper), so the drafter is stateful and its
-proposals depend on what was decoded before: ``exact_replay = False``. Memory: ``V * K`` int64 + float32 (49152 x 8:
+proposals depend on what was decoded before: ``exact_replay = False``. ``fork`` gives another sequence (a served
+request) a drafter over the same table: every request's verifications fill it for all, as one table does for a
+server in the paper. Memory: ``V * K`` int64 + float32 (49152 x 8:
 4.7 MB).
 """
 
@@ -37,8 +39,30 @@ class RecyclingDrafter:
         self.tree = tree_option("recycling", tree)
         # a log-probability: finite and <= 0 (a NaN would poison every path score it enters)
         self.prompt_prior = float_option("recycling", "prompt_prior", prompt_prior, -1e4, 0.0)
-        self.ids: torch.Tensor | None = None  # [V, K] int64, -1: no candidate
-        self.logp: torch.Tensor | None = None  # [V, K] float32, -inf: no candidate
+        # ids [V, K] int64 (-1: no candidate) and logp [V, K] float32 (-inf: no candidate), shared by forks
+        self._table: dict[str, torch.Tensor | None] = {"ids": None, "logp": None}
+
+    @property
+    def ids(self) -> torch.Tensor | None:
+        return self._table["ids"]
+
+    @ids.setter
+    def ids(self, value: torch.Tensor | None) -> None:
+        self._table["ids"] = value
+
+    @property
+    def logp(self) -> torch.Tensor | None:
+        return self._table["logp"]
+
+    @logp.setter
+    def logp(self, value: torch.Tensor | None) -> None:
+        self._table["logp"] = value
+
+    def fork(self) -> RecyclingDrafter:
+        """A drafter for another sequence over the same table (hot start across requests in serving)."""
+        other = RecyclingDrafter(self.width, self.tree, self.prompt_prior)
+        other._table = self._table
+        return other
 
     # ---- table ----
     def _ensure(self, vocab: int) -> None:

@@ -206,8 +206,9 @@ def tree_steps(kind: str, root: int, shape: TreeShape, min_prob: float = 0.0) ->
         raise DrafterError(f"unknown tree builder {kind!r}; valid: {', '.join(TREE_BUILDERS)}")
     if shape.depth == 0:
         return _done(DraftTree.root_only(root))
-    if shape.topk == 1 or kind == "chain":
-        return dynamic_steps(root, shape.depth, 1, shape.depth, min_prob)
+    if shape.topk == 1 or kind == "chain":  # at most the shape's node budget (eagle-d8-b4: 4 nodes)
+        d = min(shape.depth, shape.max_nodes)
+        return dynamic_steps(root, d, 1, d, min_prob)
     if kind == "kary":
         return kary_steps(root, shape.depth, shape.topk, shape.max_nodes)
     return dynamic_steps(root, shape.depth, shape.topk, shape.max_nodes, min_prob)

@@ -70,3 +70,16 @@ def test_greedy_exact_on_tiny_target():
         out, steps = decode(loaded, arm, prompt, 40)
         assert out == ref, arm
         assert steps < ref_steps, arm  # the tiny target loops: the table predicts it
+
+
+def test_forks_share_one_table_across_requests():
+    """Serving gives every request a fork of the first request's drafter: without ``fork`` each got a fresh, empty
+    table, and recycling served every request but the first cold."""
+    d = RecyclingDrafter(width=2)
+    f = d.fork()
+    d.update(torch.tensor([3]), torch.log_softmax(torch.tensor([[0.0, 1.0, 5.0, 2.0, -1.0]]), -1))
+    assert f.ids is d.ids and f.ids[3].tolist() == [2, 3]
+    later = f.fork()
+    later.update(torch.tensor([1]), torch.log_softmax(torch.tensor([[4.0, 0.0, 0.0, 3.0, 0.0]]), -1))
+    assert d.ids[1].tolist() == [0, 3] and d.ids[3].tolist() == [2, 3]
+    assert (d.width, d.tree, d.prompt_prior) == (later.width, later.tree, later.prompt_prior)

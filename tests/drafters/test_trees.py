@@ -100,3 +100,16 @@ def test_rerank_keeps_parents_before_children():
 def test_unknown_builder():
     with pytest.raises(DrafterError, match="valid: chain, kary, dynamic"):
         build_tree("bushy", 0, toy_expand([]), TreeShape(depth=2, topk=2))
+
+
+@pytest.mark.parametrize(
+    "kind, shape, nodes",
+    [("dynamic", TreeShape(depth=8, topk=1, budget=3), 3), ("kary", TreeShape(depth=8, topk=1, budget=3), 3),
+     ("chain", TreeShape(depth=6, topk=4, budget=2), 2), ("chain", TreeShape(depth=6, topk=4), 6)],
+)  # fmt: skip
+def test_a_chain_keeps_to_the_node_budget(kind, shape, nodes):
+    """A chain was grown to the shape's depth whatever its budget (eagle-d8-b4 drafted 8 nodes, priced as 4)."""
+    calls: list[list[int]] = []
+    t = build_tree(kind, 0, toy_expand(calls), shape)
+    _check_tree(t)
+    assert t.num_draft == nodes == min(shape.depth, shape.max_nodes) and len(calls) == nodes  # no wasted pass
