@@ -118,12 +118,53 @@ def train_policy(
         "total_timesteps": t.total_timesteps,
         "train_replay_speedup": score.speedup,
         "train_seconds": round(time.perf_counter() - t0, 1),
+        "train_settings": training_settings(pcfg, seed),
     }
-    path = Path(t.out) if t.out else run_dir / "policies" / f"{name}.zip"
-    policy.save(path)
+    path = policy_path(name, pcfg, run_dir)
     summary["out"] = str(path)
     summary["seconds"] = policy.meta["train_seconds"]
+    # (its time is train_seconds; its path, where it is found)
+    policy.meta["summary"] = {k: v for k, v in summary.items() if k not in ("seconds", "out", "run_dir")}
+    policy.save(path)
     return policy, path, summary
+
+
+def policy_path(name: str, pcfg: Any, run_dir: Path) -> Path:
+    return Path(pcfg.train.out) if pcfg.train.out else run_dir / "policies" / f"{name}.zip"
+
+
+def training_settings(pcfg: Any, seed: int) -> dict[str, Any]:
+    """What a trained policy depends on: its table of the config (kind, arms, parameters, training settings), the
+    seed, and the trace's and cost model's bytes. A rerun keeps a saved policy of the same settings."""
+    from dataclasses import asdict
+
+    from env.files import file_digest
+
+    def digest(path: str) -> str | None:
+        return file_digest(path) if path and Path(path).is_file() else (path or None)
+
+    train = {k: v for k, v in asdict(pcfg.train).items() if k != "out"}
+    out = {"kind": pcfg.kind, "arms": list(pcfg.arms), "params": dict(pcfg.params), "train": train, "seed": seed,
+           "trace": digest(pcfg.train.trace), "cost_model": digest(pcfg.train.cost_model)}  # fmt: skip
+    return json.loads(json.dumps(out, default=str))
+
+
+def kept_summary(name: str, pcfg: Any, seed: int, run_dir: Path) -> dict[str, Any] | None:
+    """The summary of ``name``'s policy if a run killed later already saved it with these settings, else None."""
+    from policies.base import PolicyError, load_policy
+
+    path = policy_path(name, pcfg, run_dir)
+    if pcfg.kind == "sb3" or not path.is_file():  # SB3 training resumes from its own checkpoints
+        return None
+    try:
+        meta = load_policy(path).meta or {}
+    except PolicyError:
+        return None
+    if meta.get("train_settings") != training_settings(pcfg, seed) or not isinstance(
+        meta.get("summary"), dict
+    ):
+        return None
+    return {**meta["summary"], "out": str(path), "seconds": meta.get("train_seconds", 0.0), "kept": True}
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -142,8 +183,11 @@ def cmd_train(args: argparse.Namespace) -> int:
             output_file(cfg.policies[name].train.out, flag=f"policies.{name}.train.out")
     rows = []
     for name in names:
-        _, path, summary = train_policy(name, cfg.policies[name], seed=cfg.seed, run_dir=run_dir,
-                                        progress=not args.json)  # fmt: skip
+        summary = kept_summary(name, cfg.policies[name], cfg.seed, run_dir)
+        if summary is None:
+            _, path, summary = train_policy(name, cfg.policies[name], seed=cfg.seed, run_dir=run_dir,
+                                            progress=not args.json)  # fmt: skip
+        path = policy_path(name, cfg.policies[name], run_dir)
         rows.append(summary)
         if not args.json:
             print(

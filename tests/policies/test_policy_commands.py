@@ -71,6 +71,24 @@ def test_train_then_evaluate(files, capsys):
     assert pred["replay_speedup"] > rows[0]["replay_speedup"]  # beats the best static arm on held-out prompts
 
 
+def test_a_rerun_keeps_the_policies_already_trained_with_its_settings(files, capsys):
+    """A run killed at its third policy trained the first two again on the rerun; a saved policy of the same
+    settings (its config table, the seed, the trace's and cost model's bytes) is kept now, another is retrained."""
+    out = files / "rerun"
+    cfg = str(files / "cfg.toml")
+    assert main(["train", cfg, "--out", str(out), "--policy", "ucb", "--policy", "pred", "--json"]) == 0
+    first = {p["policy"]: p for p in json.loads(capsys.readouterr().out)["policies"]}
+    before = {n: (out / "policies" / f"{n}.zip").read_bytes() for n in ("ucb", "pred")}
+    assert main(["train", cfg, "--out", str(out), "--policy", "ucb", "--policy", "pred", "--json"]) == 0
+    again = {p["policy"]: p for p in json.loads(capsys.readouterr().out)["policies"]}
+    assert again["ucb"]["kept"] and again["pred"]["kept"] and not first["ucb"].get("kept")
+    assert again["ucb"]["train_replay_speedup"] == first["ucb"]["train_replay_speedup"]
+    assert all((out / "policies" / f"{n}.zip").read_bytes() == before[n] for n in before)
+    assert main(["train", cfg, "--out", str(out), "--policy", "ucb", "--set", "policies.ucb.params.scale=2.0",
+                 "--json"]) == 0  # fmt: skip
+    assert not json.loads(capsys.readouterr().out)["policies"][0].get("kept")
+
+
 def test_user_errors_are_one_line(files, tmp_path, capsys):
     bad = tmp_path / "bad.zip"
     bad.write_bytes(b"not a zip")
