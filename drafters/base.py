@@ -103,9 +103,10 @@ class TreeShape:
             raise DrafterError(f"tree budget must be >= 0, got {self.budget}")
 
     def arm_shape(self, owner: str = "an arm") -> TreeShape:
-        """This shape, checked within the bounds of an arm's (``MAX_DEPTH``, ``MAX_TOPK``, ``MAX_BUDGET``)."""
+        """This shape, checked within the bounds of an arm's: depth, topk and draft nodes (the budget, or depth x
+        topk without one) at most ``MAX_DEPTH``, ``MAX_TOPK``, ``MAX_BUDGET``."""
         for name, value, most in (("depth", self.depth, MAX_DEPTH), ("topk", self.topk, MAX_TOPK),
-                                  ("budget", self.budget, MAX_BUDGET)):  # fmt: skip
+                                  ("nodes", self.max_nodes, MAX_BUDGET)):  # fmt: skip
             if value > most:
                 raise DrafterError(f"{owner}: tree {name} must be <= {most}, got {value}")
         return self
@@ -272,8 +273,9 @@ class BatchProposer(Protocol):
 
 @runtime_checkable
 class Forkable(Protocol):
-    """A drafter whose loaded weights another sequence can share: ``fork()`` is a fresh drafter (own state)
-    over the same read-only weights."""
+    """A drafter whose loaded weights another sequence can share: ``fork()`` is a fresh drafter over the same
+    read-only weights, with its own state — but for what a drafter shares across requests by design (the suffix
+    drafter's answer cache, the recycling drafter's table)."""
 
     def fork(self) -> Any: ...
 

@@ -321,8 +321,9 @@ class BatchEngine:
     settings and the seed may be set between steps (``configure``).
 
     Sampling draws each row's coins from the row's own generator, seeded by (seed, the row's admission number):
-    exactly its tree's nodes and one final draw per step, so a request's sampled text depends on the seed and the
-    order requests were admitted in, not on its slot, the other rows' trees or when they came and went."""
+    exactly its tree's nodes and one final draw per step, so a row's coins depend on the seed and the order rows
+    were admitted in, not on its slot, the other rows' trees or when they came and went. (Its trees may: drafters
+    that share state across rows by design, the suffix cache and the recycling table, learn from its neighbours.)"""
 
     def __init__(
         self, loaded: LoadedModel, max_rows: int, sampling: Sampling = Sampling(), seed: int = 0

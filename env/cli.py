@@ -141,17 +141,18 @@ def positive_int(text: str) -> int:
     return value
 
 
-SEED_MAX = (1 << 63) - 1
+SEED_MAX = (1 << 32) - 1
 
 
 def seed_int(text: str) -> int:
-    """An argparse type: a seed, an integer in [0, 2**63 - 1] (numpy refuses negative seeds, torch larger ones)."""
+    """An argparse type: a seed, an integer in [0, 2**32 - 1] (numpy refuses negative seeds; numpy's legacy seeding,
+    which stable-baselines3 and scikit-learn use, larger ones)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if not 0 <= value <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2**63 - 1], got {text}")
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**32 - 1], got {text}")
     return value
 
 

@@ -76,8 +76,12 @@ def read_zip(
                     while chunk := fh.read(CHUNK):
                         buf += chunk
                         total += len(chunk)
-                        if len(buf) > info.file_size or total > max_bytes:
+                        if len(buf) > info.file_size:
                             raise ArchiveProblem(f"member {name!r} unpacks to more than it declares")
+                        if total > max_bytes:
+                            raise ArchiveProblem(
+                                f"unpacks to more than {max_bytes} bytes (the most that are read)"
+                            )
                 if len(buf) != info.file_size:
                     raise ArchiveProblem(
                         f"member {name!r} unpacks to {len(buf)} bytes, not the {info.file_size} it declares"

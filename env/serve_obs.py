@@ -173,8 +173,8 @@ class LiveObserver:
     def reward(outcomes: Sequence[Any], wall_s: float, cost: Any) -> float:
         rows = len(outcomes)
         tokens = sum(o.info["tokens"] for o in outcomes)
-        # priced at the context the step ran at (before its tokens were committed), as replay prices it
-        ctxs = np.array([[o.seq.context - o.info["tokens"] for o in outcomes]], np.float64)
+        # priced at the context the step ran at (before it committed its path: counted or not), as replay prices it
+        ctxs = np.array([[o.seq.context - len(o.result.committed) for o in outcomes]], np.float64)
         ctx = float(step_context(cost, ctxs, np.ones_like(ctxs, bool))[0]) if rows else 0.0
         ar = float(cost.forward_s(max(rows, 1), 1, ctx))
         return tokens * ar / (max(rows, 1) * wall_s) if wall_s > 0 else 0.0

@@ -375,7 +375,7 @@ def record(
     if out.exists() and not overwrite:
         old = load_trace(out)
         want = json.loads(json.dumps(header))
-        diff = sorted(k for k in want if old.header.get(k) != want[k])
+        diff = sorted(k for k in want if _differs(old.header, want, k))
         if diff:
             raise TraceError(
                 f"{out} already holds a trace of other settings ({', '.join(diff)} differ); delete it, "
@@ -392,8 +392,8 @@ def record(
             ) from None
         if not isinstance(old, dict):
             raise TraceError(f"{head_file} is not a recording's header; delete {parts_dir} to record again")
-        if old != header:
-            diff = sorted(k for k in header if old.get(k) != header.get(k))
+        diff = sorted(k for k in header if _differs(old, header, k))
+        if diff:
             raise TraceError(
                 f"{parts_dir} holds a partial recording with other settings ({', '.join(diff)} differ); "
                 f"delete it or choose another --out"
@@ -431,6 +431,16 @@ def record(
     trace.save(out)
     _remove_parts(parts_dir)
     return trace
+
+
+# header keys a recording from before they existed does not have: not compared then (it is taken as it is)
+LATER_KEYS = ("engine", "workload_sha256")
+
+
+def _differs(old: dict[str, Any], new: dict[str, Any], key: str) -> bool:
+    if key in LATER_KEYS and key not in old:
+        return False
+    return old.get(key) != new.get(key)
 
 
 def _remove_parts(parts_dir: Path) -> None:

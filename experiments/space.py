@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from drafters import TreeShape
+from drafters.base import MAX_BUDGET
 from env.engine import Arm, parse_arm
 from experiments.config import EXTERNAL_METHODS, Config, ConfigError, policy_class
 
@@ -109,6 +110,10 @@ def arm_of(cfg: Config, params: dict[str, Any]) -> Arm:
         frac = float(params.get(f"{drafter}.budget_frac", 1.0))
         budget = max(depth, round(frac * depth * topk))
         budget = 0 if budget >= depth * topk else budget
+        if (
+            budget or depth * topk
+        ) > MAX_BUDGET:  # a wide corner of the space: the most nodes an arm may have
+            budget = MAX_BUDGET
     return Arm(drafter, TreeShape(depth=depth, topk=topk, budget=budget))
 
 

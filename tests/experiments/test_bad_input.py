@@ -115,8 +115,8 @@ GENERATE = [
     ("max-new-zero", ["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens: must be >= 1"),
     ("max-new-huge", ["generate", "hi", "--max-new-tokens", "99999999999"], "--max-new-tokens: must be <="),
     ("seed-garbage", ["generate", "hi", "--seed", "x"], "--seed"),
-    ("seed-negative", ["generate", "hi", "--seed", "-1"], "--seed: must be in [0, 2**63 - 1]"),
-    ("seed-huge", ["generate", "hi", "--seed", str(2**64)], "--seed: must be in [0, 2**63 - 1]"),
+    ("seed-negative", ["generate", "hi", "--seed", "-1"], "--seed: must be in [0, 2**32 - 1]"),
+    ("seed-huge", ["generate", "hi", "--seed", str(2**32)], "--seed: must be in [0, 2**32 - 1]"),
     ("temperature-tiny", ["generate", "hi", "--temperature", "1e-39"], "must be 0 (greedy) or >= 0.001"),
     (
         "depth-huge",
@@ -172,6 +172,7 @@ BENCH = [
     ("unknown-arm-drafter", ["bench", "--methods", "bogus-d3"], "unknown drafter 'bogus'"),
     ("unreadable-arm", ["bench", "--methods", "ngram-dX"], "cannot read arm"),
     ("arm-without-depth", ["bench", "--methods", "ngram-k2"], "has no depth"),
+    ("arm-too-wide", ["bench", "--methods", "ngram-d256-k64"], "tree nodes must be <= 4096, got 16384"),
     (
         "policies-of-one-name",
         [

@@ -59,3 +59,26 @@ def test_analytic_objective_is_the_closed_form():
     out = AnalyticEvaluator()(cfg, {}, lambda step, v: seen.append((step, v)))
     expected = chain_expected_tokens(0.7, 6) / (1 + 0.05 * 6)
     assert out["value"] == pytest.approx(expected) and seen == [(0, pytest.approx(expected))]
+
+
+def test_the_widest_corner_of_the_space_is_an_arm_of_at_most_4096_nodes():
+    """With max_depth 256 and max_topk 64 a budget fraction below 1 made arms of up to 16,384 nodes, refused by the
+    arm check inside the objective (a worker's death mid-sweep); the budget is capped at the arm's bound instead."""
+    from experiments.space import arm_of
+
+    wide = 'methods = ["ar", "ngram-d12-k4-b24"]\n[sweep]\nmax_depth = 256\nmax_topk = 64\n'
+    cfg = load_config(None, text=wide)
+    for frac in (0.25, 0.6, 1.0):
+        arm = arm_of(
+            cfg, {"drafter": "ngram", "ngram.depth": 256, "ngram.topk": 64, "ngram.budget_frac": frac}
+        )
+        assert arm.shape.max_nodes == 4096
+        over = to_overrides(
+            cfg, {**default_params(cfg), "ngram.depth": 256, "ngram.topk": 64, "ngram.budget_frac": frac}
+        )
+        shape = (
+            __import__("env.engine")
+            .engine.parse_arm(tuned_method(load_config(None, text=wide, trial=over)))
+            .shape
+        )
+        assert shape.max_nodes == 4096
