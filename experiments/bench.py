@@ -124,15 +124,37 @@ def runs_compiled(method: str, loaded: LoadedModel) -> bool:
     return variant.endswith("compiled") or loaded.forward == "compiled"
 
 
-def warm_up(method: str, loaded: LoadedModel, decoders: dict[str, Any], prompt_ids: list[int]) -> None:
-    """One short untimed generation. An online policy learns from every step, so it warms up on a copy and is
-    put back as it was: what is timed starts from the policy as loaded."""
+HF_STATIC_METHODS = ("hf_static", "hf_compile")
+
+
+def bucket_warmup_lengths(lengths: set[int], max_new_tokens: int, warmed: int) -> list[int]:
+    """Prompt lengths that, with 4 new tokens, make ``hf_static``/``hf_compile`` build each static-cache size the
+    timed prompts will (``HF_CACHE_BUCKET`` steps; the warm-up prompt of ``warmed`` tokens built the first)."""
+    from experiments.hf_baselines import HF_CACHE_BUCKET as B
+
+    have = -(-(warmed + 4) // B)
+    need = sorted({-(-(n + max_new_tokens) // B) for n in lengths} - {have})
+    return [(k - 1) * B + 1 for k in need]  # (k - 1) * B + 1 + 4 positions: the k-th bucket
+
+
+def warm_up(
+    method: str,
+    loaded: LoadedModel,
+    decoders: dict[str, Any],
+    prompt_ids: list[int],
+    *,
+    sampling: Sampling = Sampling(),
+    seed: int = 0,
+) -> None:
+    """One short untimed generation with the decoder that is then timed. An online policy learns from every step,
+    so it warms up on a copy and is put back as it was: what is timed starts from the policy as loaded."""
     dec = decoders.get(method)
     policy = getattr(dec, "policy", None)
     saved = copy.deepcopy(policy) if hasattr(policy, "update") else None
-    run_method(method, loaded, decoders, prompt_ids, 4)
+    run_method(method, loaded, decoders, prompt_ids, 4, sampling=sampling, seed=seed)
     if runs_compiled(method, loaded):
-        run_method(method, loaded, decoders, chat_prompt(loaded.tokenizer, DRAFTING_PROMPT), 24)
+        drafting = chat_prompt(loaded.tokenizer, DRAFTING_PROMPT)
+        run_method(method, loaded, decoders, drafting, 24, sampling=sampling, seed=seed)
     if saved is not None:
         dec.policy = saved
 
@@ -168,11 +190,12 @@ def run_bench(
     for m in methods:
         if m not in decoders:
             check_method(m)  # fail before any work on a bad method name
-    longest = 0
+    longest, lengths = 0, set()
     for p in prompts:  # and on a prompt that does not fit the context
         ids = chat_prompt(loaded.tokenizer, p.text)
         check_prompt(ids, loaded.max_context, f"prompt {p.prompt_id}")
         longest = max(longest, len(ids))
+        lengths.add(len(ids))
     out_dir.mkdir(parents=True, exist_ok=True)
     rec_path = out_dir / "records.jsonl"
     records = load_done(rec_path)
@@ -216,6 +239,12 @@ def run_bench(
         for m in methods:
             if m != LLAMA_CPP:  # its worker warmed up when it started
                 warm_up(m, loaded, decoders, warm_ids)
+            if (
+                m in HF_STATIC_METHODS
+            ):  # one static-cache size (and compiled graph) per bucket the prompts reach
+                for n in bucket_warmup_lengths(lengths, max_new_tokens, len(warm_ids)):
+                    if n + 4 <= loaded.max_context:
+                        run_method(m, loaded, decoders, (warm_ids * (n // len(warm_ids) + 1))[:n], 4)
     finished = sum((m, p.prompt_id) in done for p in prompts for m in methods)  # of this run's selection only
     bar = tqdm(total=len(prompts) * len(methods), initial=finished, desc="bench", disable=not progress)
     try:
@@ -261,7 +290,9 @@ def run_bench(
 
 
 def summarize(records: list[Record], methods: list[str]) -> list[dict[str, Any]]:
-    """Per category (and overall) and method: tokens/s, tau, speedup over HF greedy and over our AR loop."""
+    """Per category (and overall) and method: tokens/s, tau, speedup over HF greedy and over our AR loop. A
+    speedup compares the two methods on the prompts both finished (a method that stopped early, e.g. llama.cpp's
+    worker dying, is not compared with a baseline's whole workload)."""
     by: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for r in records:
         by[(r.category, r.method)].append(r)
@@ -285,11 +316,20 @@ def summarize(records: list[Record], methods: list[str]) -> list[dict[str, Any]]
                 "tokens": sum(r.new_tokens for r in rs),
                 "tokens_per_s": tps[m],
                 "tau": (sum(r.new_tokens for r in rs) / steps) if steps and m != "hf_pld" else None,
-                "speedup_vs_hf": speedup(tps[m], tps["hf_greedy"]) if "hf_greedy" in tps else None,
-                "speedup_vs_ar": speedup(tps[m], tps["ar"]) if "ar" in tps else None,
+                "speedup_vs_hf": _paired(rs, by[(cat, "hf_greedy")]) if "hf_greedy" in tps else None,
+                "speedup_vs_ar": _paired(rs, by[(cat, "ar")]) if "ar" in tps else None,
             }
             rows.append(row)
     return rows
+
+
+def _paired(rs: list[Record], base: list[Record]) -> float | None:
+    """tokens/s of ``rs`` over that of ``base``, both on the prompts both have."""
+    both = {r.prompt_id for r in rs} & {r.prompt_id for r in base}
+    a = [r for r in rs if r.prompt_id in both]
+    b = [r for r in base if r.prompt_id in both]
+    return speedup(throughput([r.new_tokens for r in a], [r.wall_s for r in a]),
+                   throughput([r.new_tokens for r in b], [r.wall_s for r in b]))  # fmt: skip
 
 
 def format_table(rows: list[dict[str, Any]], failures: dict[str, str] | None = None) -> str:

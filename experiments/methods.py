@@ -144,23 +144,3 @@ def save_policy_states(decoders: dict[str, Any], state_dir: Path, method: str) -
     if policy is not None and hasattr(policy, "update") and hasattr(policy, "save"):  # online learners only
         state_dir.mkdir(parents=True, exist_ok=True)
         policy.save(state_dir / f"{method.removeprefix('policy:')}.zip")
-
-
-def warmup_decoders(cfg: Config, loaded: LoadedModel) -> dict[str, Any]:
-    """Static decoders for every arm any method uses (policies included), to pay lazy initialisation untimed
-    without teaching an online policy anything."""
-    options = {name: dict(opts) for name, opts in cfg.drafters.items()}
-    names: list[str] = []  # arms, or ARM@VARIANT: warmed up on the variant they decode with
-    for m in cfg.methods:
-        if is_policy(m):
-            names += list(cfg.policies[m.removeprefix("policy:")].arms)
-        elif m not in EXTERNAL_METHODS:
-            names.append(m)
-    out: dict[str, Any] = {}
-    for name in dict.fromkeys(names):
-        if is_device_method(name):  # built and captured by make_decoders: nothing lazy is left to warm up
-            continue
-        arm, variant = split_weights(name)
-        target = with_weights(loaded, variant)
-        out[name] = SpeculativeDecoder(target, [parse_arm(arm)], drafter_options=options)
-    return out

@@ -43,7 +43,17 @@ def policy_decoder(loaded: Any, policy: Any, drafter_options: dict[str, dict[str
         policy = load_policy(policy)
     spec = FeatureSpec.from_dict(policy.meta.get("feature_spec"))
     arms = [parse_arm(a) for a in policy.arm_names]
-    dec = SpeculativeDecoder(loaded, arms, policy=policy, drafter_options=drafter_options, features=spec)
+    cost = (
+        None  # an online policy learns live from the rewards of the cost model it was trained with, when here
+    )
+    trained = policy.meta.get("cost_model")
+    if isinstance(trained, str) and Path(trained).is_file():
+        from env.cost import load_cost_model
+
+        cost = load_cost_model(trained)
+    dec = SpeculativeDecoder(
+        loaded, arms, policy=policy, drafter_options=drafter_options, features=spec, cost_model=cost
+    )
     names = dec.feature_names
     check_compatible(policy, arms=[a.name for a in arms], obs_size=len(names), features=names,
                      source=f"policy {policy.source or policy.name}")  # fmt: skip

@@ -33,9 +33,12 @@ def library_versions() -> dict[str, str | None]:
 def machine() -> dict[str, object]:
     import torch
 
+    from env.machine import cpu_label, machine_info
+
     info: dict[str, object] = {
+        "cpu_label": cpu_label(),  # model, family/model and the bf16 flags: what every figure names
         "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
+        "processor": str(machine_info()["cpu"]),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),

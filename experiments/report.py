@@ -172,7 +172,7 @@ def run_section(r: dict[str, Any], report_dir: Path) -> list[str]:
         f"first at {p.get('time', '?')})",
         f"- model {s['model']} ({s['dtype']}), workload {s['workload']} ({s['prompts']} prompts), "
         f"max_new_tokens {s['max_new_tokens']}, temperature {s['temperature']}",
-        f"- machine: {machine.get('processor', '?')}, {machine.get('cpu_count', '?')} CPUs, "
+        f"- machine: {machine.get('cpu_label') or machine.get('processor', '?')}, {machine.get('cpu_count', '?')} CPUs, "
         f"{'GPU ' + str(machine.get('gpu')) if machine.get('cuda') else 'no GPU'}; "
         + ", ".join(
             f"{k} {v}" for k, v in versions.items() if v and k in ("torch", "transformers", "optuna")

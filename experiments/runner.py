@@ -30,12 +30,11 @@ from tqdm import tqdm
 from env.files import atomic_write_text
 from env.workloads import Prompt, load_workload
 from experiments.bench import (
-    DRAFTING_PROMPT,
     format_table,
     interleaved,
     run_method,
-    runs_compiled,
     summarize,
+    warm_up,
 )
 from experiments.config import Config, diff_configs, load_config, to_toml
 from experiments.provenance import provenance
@@ -88,7 +87,7 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
     ``loaded``: an already loaded model to use instead of loading ``cfg.model`` (tests, notebooks)."""
     from env.decoder import chat_prompt
     from env.model import load_model
-    from experiments.methods import make_decoders, sampling_of, save_policy_states, warmup_decoders
+    from experiments.methods import make_decoders, sampling_of, save_policy_states
 
     prepare_run_dir(cfg, out)
     prompts = select_prompts(cfg)
@@ -115,19 +114,10 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
         longest = max((len(chat_prompt(loaded.tokenizer, p.text)) for p in prompts), default=0)
         decoders = make_decoders(cfg, loaded, state_dir, context=longest + cfg.decode.max_new_tokens)
         sampling = sampling_of(cfg)
-        if cfg.decode.warmup:  # untimed: the first call of each arm pays for lazy initialisation
+        if cfg.decode.warmup:  # untimed: the first call of each decoder that is then timed pays for lazy init
             warm_ids = chat_prompt(loaded.tokenizer, "Say hello.")
-            warm = warmup_decoders(cfg, loaded)
-            for m in tqdm(
-                [*warm, *(m for m in methods if m.startswith("hf_"))],
-                desc="warm-up",
-                disable=not progress,
-                leave=False,
-            ):
-                run_method(m, loaded, warm, warm_ids, 4, sampling=sampling, seed=cfg.seed)
-                if runs_compiled(m, loaded):
-                    drafting = chat_prompt(loaded.tokenizer, DRAFTING_PROMPT)
-                    run_method(m, loaded, warm, drafting, 24, sampling=sampling, seed=cfg.seed)
+            for m in tqdm(methods, desc="warm-up", disable=not progress, leave=False):
+                warm_up(m, loaded, decoders, warm_ids, sampling=sampling, seed=cfg.seed)
         bar = tqdm(
             total=len(prompts) * len(methods), initial=len(done), desc=f"run {cfg.name}", disable=not progress
         )

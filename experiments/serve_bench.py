@@ -76,8 +76,11 @@ def summarize_cell(
     from env.metrics import goodput, tau, tpot
 
     tokens = [len(s["token_ids"]) for s in served]
-    tpots = [
-        t for s in served if (t := tpot(len(s["token_ids"]), s["first_token_s"], s["finish_s"])) is not None
+    tpots = [  # (a request of no first-token time, hf_batch's: none)
+        t
+        for s in served
+        if s.get("first_token_s") is not None
+        and (t := tpot(len(s["token_ids"]), s["first_token_s"], s["finish_s"])) is not None
     ]
     ttfts = [s["first_token_s"] - s["arrival_s"] for s in served if s.get("first_token_s") is not None]
     steps = sum(s["steps"] for s in served)
@@ -107,7 +110,9 @@ def run_hf_batch(
     loaded: Any, prompts: list[list[int]], rids: list[str], level: int, max_new: int
 ) -> list[dict]:
     """Hugging Face ``generate`` on left-padded waves of ``level`` prompts (greedy); per request its tokens (cut at
-    end of sequence), and the wave's times (every request of a wave finishes with it; no first-token time)."""
+    end of sequence), and the wave's times: a request arrives when its wave starts (as ours when it enters the batch)
+    and finishes with it. ``generate`` times no token on its own, so no first-token time: TTFT and TPOT are not
+    reported for it (goodput is)."""
     import torch
 
     tok = loaded.tokenizer
@@ -128,12 +133,9 @@ def run_hf_batch(
         for j, row in enumerate(gen[:, width:].tolist()):
             cut = next((k + 1 for k, t in enumerate(row) if t in eos), len(row))
             toks = row[:cut]
-            out.append({"rid": rids[i + j], "arm": HF_BATCH, "token_ids": toks, "arrival_s": 0.0,
+            out.append({"rid": rids[i + j], "arm": HF_BATCH, "token_ids": toks, "arrival_s": start,
                         "first_token_s": None, "finish_s": end, "steps": len(toks), "accepted": 0, "drafted": 0,
                         "wave_start_s": start})  # fmt: skip
-    for s in out:  # time per output token: the wave's decode steps are shared by its requests
-        n = len(s["token_ids"])
-        s["first_token_s"] = s["wave_start_s"] + (s["finish_s"] - s["wave_start_s"]) / max(n, 1)
     return out
 
 
@@ -230,6 +232,10 @@ def cmd_serve_bench(args: Any) -> int:
         raise UserError(f"--methods must name each method once, got {methods}")
     for m in methods:
         method_arms(m)  # bad names fail before the model loads
+    if HF_BATCH in methods and (args.rate is not None or args.arrivals):
+        raise UserError(
+            f"{HF_BATCH} serves waves of prompts from time 0 and cannot follow arrivals: drop it, or --rate/--arrivals"
+        )
     if args.rate is not None and args.rate <= 0:
         raise ServeError(f"--rate must be > 0 requests/s, got {args.rate}")
     if args.rate is not None and args.arrivals:

@@ -62,6 +62,10 @@ class ArmStats:
                 self.sums[old] -= r
                 self.sq[old] -= r * r
                 self.counts[old] = max(self.counts[old], 0.0)
+                if (
+                    self.counts[old] < 1e-9
+                ):  # every pull of the arm left: no rounding residue (sq < 0 would not load)
+                    self.counts[old] = self.sums[old] = self.sq[old] = 0.0
 
     def means(self, prior: float = 0.0) -> np.ndarray:
         return np.where(self.counts > 1e-12, self.sums / np.maximum(self.counts, 1e-12), prior)

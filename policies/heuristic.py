@@ -1,8 +1,9 @@
 """Hand-written schedules for the draft length.
 
-- ``HFSchedulePolicy``: the Hugging Face assisted-generation "heuristic" schedule (``num_assistant_tokens_schedule
-  = "heuristic"`` in transformers): the draft length grows by 2 after a step whose drafts were all accepted and
-  shrinks by 1 otherwise.
+- ``HFSchedulePolicy``: the Hugging Face assisted-generation heuristic schedule: the draft length grows by 2 after a
+  step whose drafts were all accepted and shrinks by 1 otherwise, starting again from its initial length every
+  sequence — transformers' ``num_assistant_tokens_schedule = "heuristic_transient"`` (``"heuristic"`` keeps the
+  length across ``generate`` calls).
 - ``ConfidencePolicy``: a confidence-threshold stop in the style of DISCO (arXiv 2405.04304) and transformers'
   ``assistant_confidence_threshold``: keep drafting while the estimated probability that the next draft token is
   accepted stays above a threshold (default 0.4, the transformers default); the threshold is re-fitted online

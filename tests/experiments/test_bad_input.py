@@ -392,6 +392,11 @@ TRAIN_DRAFTER = [
 SERVE = [
     ("concurrency-zero", ["serve-bench", "--concurrency", "0"], "levels must be in [1, 4096]"),
     ("concurrency-huge", ["serve-bench", "--concurrency", "1000000"], "levels must be in [1, 4096]"),
+    (
+        "hf-batch-open-loop",
+        ["serve-bench", "--methods", "ar,hf_batch", "--rate", "2"],
+        "cannot follow arrivals",
+    ),
     ("serve-bench-arm-too-deep", ["serve-bench", "--methods", "ngram-d100000"], "tree depth must be <= 256"),
     ("serve-bench-seed-negative", ["serve-bench", "--rate", "2", "--seed", "-1"], "--seed: must be in"),
     ("serve-train-seed-negative", ["serve-train", "--seed", "-1"], "--seed: must be in"),

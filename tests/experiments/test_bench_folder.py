@@ -134,3 +134,39 @@ def test_a_resume_on_an_edited_workload_file_is_refused(tmp_path, monkeypatch, c
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "workload_sha256" in err, err
+
+
+def test_a_method_that_stopped_early_is_compared_on_the_prompts_it_finished():
+    """llama.cpp's worker dying at prompt 2 of 4 left its "x HF" a ratio of 2 prompts' tokens/s over 4 others':
+    a speedup now compares the two methods on the prompts both finished."""
+    from experiments.bench import summarize
+    from experiments.records import Record
+
+    def rec(m, i, s):  # 100 tokens in s seconds
+        return Record(m, f"p{i}", "qa", 10, 100, s, 100, 1.0, [1] * 100)
+
+    slow_late = [
+        rec("hf_greedy", i, s) for i, s in enumerate([1.0, 1.0, 4.0, 4.0])
+    ]  # later prompts are slower
+    early = [rec("llama_cpp", i, 0.5) for i in range(2)]  # twice as fast on the two prompts it ran
+    rows = {
+        r["method"]: r
+        for r in summarize(slow_late + early, ["hf_greedy", "llama_cpp"])
+        if r["category"] == "overall"
+    }
+    assert rows["llama_cpp"]["speedup_vs_hf"] == pytest.approx(2.0)  # not 200/1 over 400/10 = 5x
+    assert rows["hf_greedy"]["speedup_vs_hf"] == pytest.approx(1.0) and rows["llama_cpp"]["prompts"] == 2
+
+
+def test_hf_static_warms_every_cache_size_the_prompts_reach():
+    """hf_static and hf_compile size their static cache in 256-position buckets; the warm-up built only the first,
+    so a longer prompt recompiled inside the timed region. One warm-up prompt per further bucket now."""
+    from experiments.bench import bucket_warmup_lengths
+
+    assert bucket_warmup_lengths({100, 300, 700}, 128, 20) == [
+        257,
+        769,
+    ]  # buckets 2 (428 positions) and 4 (828)
+    assert bucket_warmup_lengths({20, 60}, 128, 20) == []  # all in the first, which the warm-up built
+    for n in bucket_warmup_lengths({1000}, 512, 20):
+        assert -(-(n + 4) // 256) == -(-(1000 + 512) // 256)

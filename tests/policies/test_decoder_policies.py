@@ -138,3 +138,21 @@ def test_bench_times_an_online_policy_from_its_loaded_state(fp32_model, tmp_path
     run_bench(fp32_model, prompts, ["policy:c"], max_new_tokens=6, out_dir=tmp_path, settings={},
               progress=False, decoders={"policy:c": dec})  # fmt: skip
     assert dec.policy.starts[-1] == 0  # the timed run began with no step learned
+
+
+def test_a_policy_learns_live_from_the_cost_model_it_was_trained_with(fp32_model, tmp_path):
+    """``evaluate --cost-model X`` trained and scored replay with X, but the live decoder fed the online policy the
+    rewards of the shipped cost model: it now prices live steps with the cost model named in the policy's file."""
+    from dataclasses import replace
+
+    from experiments.policy_commands import policy_decoder
+    from tests.policies.synthetic import synthetic_cost_model
+
+    cm = replace(synthetic_cost_model(per_node=0.5), model_id=fp32_model.model_id, dtype="float32")
+    path = cm.save(tmp_path / "cost.json")
+    policy = UCB1(ARMS, scale=4.0)
+    policy.meta = {"cost_model": str(path)}
+    dec = policy_decoder(fp32_model, policy)
+    assert dec.costs.cost_model is not None and dec.costs.cost_model.chain.seconds == cm.chain.seconds
+    policy.meta = {"cost_model": None}  # none named: the shipped one, as before
+    assert policy_decoder(fp32_model, policy).costs.cost_model.chain.seconds != cm.chain.seconds
