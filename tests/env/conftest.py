@@ -102,3 +102,22 @@ def toy_trace() -> Trace:
 @pytest.fixture
 def toy_cost() -> FittedCostModel:
     return toy_cost_model()
+
+
+# ---- the serving env's tests (test_serve_env*.py): a synthetic trace priced by the H200 roofline model ----------
+
+SERVE_COST = "roofline:h200/llama-3.1-8b"
+SERVE_ROWS = 4  # max_batch
+
+
+@pytest.fixture(scope="module")
+def serve_trace() -> Trace:
+    return make_trace(seed=0, prompts=8, max_new=40)
+
+
+def serve_kw(trace: Trace, **over):
+    """``ServeSim``/``SpecServeEnv`` arguments on ``trace``, with ``over`` replacing any of them."""
+    args = dict(trace=trace, cost=SERVE_COST, max_batch=SERVE_ROWS, requests=6,
+                loads=["1", "3", "ramp", "bursty", "poisson@2"])  # fmt: skip
+    args.update(over)
+    return args

@@ -33,23 +33,13 @@ from env.serve_env import (
     request_stream,
     serve_observation,
 )
-from tests.env.conftest import make_trace
-
-COST = "roofline:h200/llama-3.1-8b"
-M = 4  # max_batch
+from tests.env.conftest import SERVE_ROWS as M
+from tests.env.conftest import serve_kw as kw
 
 
 @pytest.fixture(scope="module")
-def trace():
-    return make_trace(seed=0, prompts=8, max_new=40)
-
-
-def kw(trace, **over):
-    args = dict(
-        trace=trace, cost=COST, max_batch=M, requests=6, loads=["1", "3", "ramp", "bursty", "poisson@2"]
-    )
-    args.update(over)
-    return args
+def trace(serve_trace):
+    return serve_trace
 
 
 def run_const(sim: ServeSim, k: int) -> None:

@@ -9,23 +9,13 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 from env.serve_env import DEFAULT_ARMS, ServeSim, SpecServeEnv, SpecServeVectorEnv, parse_load, request_stream
-from tests.env.conftest import make_trace
-
-COST = "roofline:h200/llama-3.1-8b"
-M = 4
+from tests.env.conftest import SERVE_ROWS as M
+from tests.env.conftest import serve_kw as kw
 
 
 @pytest.fixture(scope="module")
-def trace():
-    return make_trace(seed=0, prompts=8, max_new=40)
-
-
-def kw(trace, **over):
-    args = dict(
-        trace=trace, cost=COST, max_batch=M, requests=6, loads=["1", "3", "ramp", "bursty", "poisson@2"]
-    )
-    args.update(over)
-    return args
+def trace(serve_trace):
+    return serve_trace
 
 
 def test_info_names_the_load_given_in_reset_options(trace):
