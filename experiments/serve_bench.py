@@ -232,10 +232,6 @@ def cmd_serve_bench(args: Any) -> int:
         raise UserError(f"--methods must name each method once, got {methods}")
     for m in methods:
         method_arms(m)  # bad names fail before the model loads
-    if HF_BATCH in methods and (args.rate is not None or args.arrivals):
-        raise UserError(
-            f"{HF_BATCH} serves waves of prompts from time 0 and cannot follow arrivals: drop it, or --rate/--arrivals"
-        )
     if args.rate is not None and args.rate <= 0:
         raise ServeError(f"--rate must be > 0 requests/s, got {args.rate}")
     if args.rate is not None and args.arrivals:
@@ -244,6 +240,15 @@ def cmd_serve_bench(args: Any) -> int:
     if args.limit:
         prompts = prompts[: args.limit]
     args.arrival_times = read_arrivals(args.arrivals, len(prompts)) if args.arrivals else None
+    if HF_BATCH in methods and (args.rate is not None or args.arrivals):
+        if args.methods != ",".join(DEFAULT_METHODS):
+            raise UserError(
+                f"{HF_BATCH} serves waves of prompts from time 0 and cannot follow arrivals: drop it, or "
+                "--rate/--arrivals"
+            )
+        methods.remove(
+            HF_BATCH
+        )  # the default methods under an open loop: the static-batching peer cannot run
     out = output_dir(args.out or "runs/serve-bench")
     same_drafter_options(out, args.drafter_options, started=bool(load_cells(out / "cells.jsonl")))
     loaded = load_model(
