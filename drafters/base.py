@@ -25,6 +25,13 @@ class DrafterError(ValueError):
 # ---- option checks: every drafter's constructor refuses a value of the wrong type or out of range in one line ----
 
 
+def reason(err: BaseException, width: int = 200, kind: bool = False) -> str:
+    """An error's message as a one-line message quotes it: on one line, cut to ``width`` characters (``kind``: after
+    the error's type, for errors whose message alone says little, e.g. a ``KeyError``'s)."""
+    text = " ".join(str(err).split())
+    return (f"{type(err).__name__}: {text}" if kind else text)[:width]
+
+
 def shown(value: Any, width: int = 60) -> str:
     """A value as a message quotes it: its repr, on one line, cut to ``width`` characters (a mapping by its kind:
     a file's whole JSON object would not fit)."""

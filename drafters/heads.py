@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from drafters.base import DrafterError, TargetModel, shown
+from drafters.base import DrafterError, TargetModel, reason, shown
 from kernels.packed import Stacked
 
 FORMAT = "draftgym-head"
@@ -314,7 +314,7 @@ def load_head(
         RecursionError,
         OverflowError,
     ) as err:  # JSON's errors are ValueErrors
-        why = " ".join(str(err).split())[:200]  # one line, whatever the file held
+        why = reason(err)  # one line, whatever the file held
         raise DrafterError(f"{meta_path} is not a draftgym head description ({why})") from err
     if meta.get("format") != FORMAT or cfg.kind != kind:
         raise DrafterError(f"{meta_path} describes a {cfg.kind!r} head, not {kind!r}")

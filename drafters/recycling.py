@@ -27,6 +27,11 @@ from drafters.trees import GrowingTree, build_tree, tree_option
 MAX_WIDTH = 256  # the table is V x width (int64 + float32): 150 MB at V = 49152
 
 
+def _shared(name: str) -> property:
+    """An attribute kept in the drafter's ``_table``, which its forks share."""
+    return property(lambda self: self._table[name], lambda self, value: self._table.__setitem__(name, value))
+
+
 class RecyclingDrafter:
     """Adjacency-table drafter. ``width`` = K candidates kept per token; ``tree`` = ``kary`` | ``dynamic``;
     ``prompt_prior`` = log-prob given to "the token that followed v in the prompt" for rows never verified."""
@@ -42,21 +47,8 @@ class RecyclingDrafter:
         # ids [V, K] int64 (-1: no candidate) and logp [V, K] float32 (-inf: no candidate), shared by forks
         self._table: dict[str, torch.Tensor | None] = {"ids": None, "logp": None}
 
-    @property
-    def ids(self) -> torch.Tensor | None:
-        return self._table["ids"]
-
-    @ids.setter
-    def ids(self, value: torch.Tensor | None) -> None:
-        self._table["ids"] = value
-
-    @property
-    def logp(self) -> torch.Tensor | None:
-        return self._table["logp"]
-
-    @logp.setter
-    def logp(self, value: torch.Tensor | None) -> None:
-        self._table["logp"] = value
+    ids = _shared("ids")
+    logp = _shared("logp")
 
     def fork(self) -> RecyclingDrafter:
         """A drafter for another sequence over the same table (hot start across requests in serving)."""

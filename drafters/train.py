@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from drafters.base import DrafterError
+from drafters.base import DrafterError, reason
 from drafters.heads import HeadConfig, aux_layers, check_fingerprint, save_head, target_fingerprint
 from drafters.train_data import Sequence, draft_vocab, load_data, split
 
@@ -316,13 +316,17 @@ def load_train_state(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unreadable file is reported the same way
-        reason = " ".join(str(err).split())[:200]
         raise DrafterError(
-            f"training checkpoint {path} is corrupted ({reason}); delete it to start over"
+            f"training checkpoint {path} is corrupted ({reason(err)}); delete it to start over"
         ) from err
     if not isinstance(state, dict) or not {"head", "opt", "step", "cpu_s", "epoch"} <= set(state):
         raise DrafterError(
             f"training checkpoint {path} is not a draftgym head checkpoint; delete it to start over"
+        )
+    counters = [state[k] for k in ("step", "epoch", "cpu_s")]
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e12 for v in counters):
+        raise DrafterError(
+            f"training checkpoint {path} is corrupted (its counters: {counters}); delete it to start over"
         )
     return state
 
@@ -398,18 +402,14 @@ def train_head(
                 f"{', '.join(str(saved.get(k)) for k in changed)}); give the same ones to resume, or "
                 "delete it or use another --work folder to start over"
             )
-        try:  # the same shapes and data, but mangled tensors or counters: one line, not torch's paragraph
+        try:  # the same shapes and data, but mangled tensors: one line, not torch's paragraph
             head.load_state_dict(state["head"])
             opt.load_state_dict(state["opt"])
-            step, epoch = (int(state[k]) for k in ("step", "epoch"))
-            cpu_before = float(state["cpu_s"])
-            if step < 0 or epoch < 0 or not 0 <= cpu_before < 1e9:
-                raise ValueError(f"step {step}, epoch {epoch}, cpu_s {cpu_before}")
-        except (RuntimeError, ValueError, TypeError, KeyError, OverflowError) as err:
-            why = " ".join(str(err).split())[:200]
+        except (RuntimeError, ValueError, TypeError, KeyError) as err:
             raise DrafterError(
-                f"training checkpoint {state_path} is corrupted ({why}); delete it to start over"
+                f"training checkpoint {state_path} is corrupted ({reason(err)}); delete it to start over"
             ) from None
+        step, epoch, cpu_before = int(state["step"]), int(state["epoch"]), float(state["cpu_s"])
         resume_gen = state.get("gen")
     if hidden != cfg.hidden:
         raise DrafterError(f"the data's features have size {hidden}, the head {cfg.hidden}")

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from drafters.base import DrafterError
+from drafters.base import DrafterError, reason
 
 
 @dataclass(frozen=True)
@@ -264,7 +264,7 @@ def load_data(*dirs: Path, keep: set[str] | None = None) -> list[Sequence]:
         except Exception as err:  # a torn or foreign part: safetensors', JSON's and our own errors alike
             if isinstance(err, DrafterError):
                 raise
-            why = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+            why = reason(err, kind=True)
             raise DrafterError(
                 f"{part} is not a readable data part ({why}); delete it to make it again"
             ) from None

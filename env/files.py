@@ -70,7 +70,9 @@ def settings_conflict(
         try:
             before = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError) as err:  # JSON's and UTF-8's errors are ValueErrors
-            why = " ".join(str(err).split())[:200]
+            from drafters.base import reason
+
+            why = reason(err)
             return f"{path} is not readable JSON ({why}); delete it or use another output folder"
         if not isinstance(before, dict):
             return f"{path} is not a settings object; delete it or use another output folder"

@@ -25,17 +25,14 @@ from typing import Any
 
 import numpy as np
 
+from drafters.base import reason
+
 READ_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
 CHUNK = 1 << 20
 
 
 class ArchiveProblem(ValueError):
     """What is wrong with an archive, in one line (without the file's name: the caller adds it)."""
-
-
-def _line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
 
 
 def read_zip(
@@ -95,7 +92,7 @@ def read_zip(
     except (
         Exception
     ) as err:  # BadZipFile, EOFError, OSError, zlib.error, NotImplementedError, RuntimeError, ...
-        raise ArchiveProblem(f"not a readable zip ({_line(err)})") from None
+        raise ArchiveProblem(f"not a readable zip ({reason(err, kind=True)})") from None
 
 
 def npy_array(data: bytes, name: str = "array") -> np.ndarray:
@@ -112,7 +109,7 @@ def npy_array(data: bytes, name: str = "array") -> np.ndarray:
     except ArchiveProblem:
         raise
     except Exception as err:
-        raise ArchiveProblem(f"{name} is not a .npy array ({_line(err)})") from None
+        raise ArchiveProblem(f"{name} is not a .npy array ({reason(err, kind=True)})") from None
     if dtype.hasobject:
         raise ArchiveProblem(f"{name} holds Python objects (refused: reading it would unpickle)")
     count = math.prod(int(s) for s in shape)
@@ -143,4 +140,4 @@ def parse_json(raw: bytes | str) -> Any:
     try:
         return json.loads(raw)
     except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ArchiveProblem(f"not valid JSON ({_line(err)})") from None
+        raise ArchiveProblem(f"not valid JSON ({reason(err, kind=True)})") from None

@@ -77,7 +77,9 @@ def load_workload(
                 raise TypeError("its question_id is neither a number nor a string")
             text, qid = turns[0], str(qid)
         except (ValueError, RecursionError, KeyError, IndexError, TypeError) as err:  # JSON's are ValueErrors
-            why = " ".join(str(err).split())[:200]
+            from drafters.base import reason
+
+            why = reason(err)
             raise WorkloadError(f"{file}:{lineno}: not a Spec-Bench question line ({why})") from None
         if not isinstance(text, str) or not text.strip():
             raise WorkloadError(f"{file}:{lineno}: the first turn is empty")

@@ -31,7 +31,13 @@ from env.model import LoadedModel, with_weights
 from env.target import check_prompt
 from env.workloads import Prompt
 from experiments.config import EXTERNAL_METHODS, device_depth, is_device_method
-from experiments.hf_baselines import HF_METHODS, HFRunner, device_problem
+from experiments.hf_baselines import (
+    HF_METHODS,
+    STATIC_CACHE_METHODS,
+    HFRunner,
+    bucket_warmup_lengths,
+    device_problem,
+)
 from experiments.llama_cpp import METHOD as LLAMA_CPP
 from experiments.llama_cpp import LlamaCppError, LlamaCppRunner, runner_for
 from experiments.methods import MethodError, device_loop
@@ -122,19 +128,6 @@ def runs_compiled(method: str, loaded: LoadedModel) -> bool:
         return False
     variant = split_weights(method)[1] or ""
     return variant.endswith("compiled") or loaded.forward == "compiled"
-
-
-HF_STATIC_METHODS = ("hf_static", "hf_compile")
-
-
-def bucket_warmup_lengths(lengths: set[int], max_new_tokens: int, warmed: int) -> list[int]:
-    """Prompt lengths that, with 4 new tokens, make ``hf_static``/``hf_compile`` build each static-cache size the
-    timed prompts will (``HF_CACHE_BUCKET`` steps; the warm-up prompt of ``warmed`` tokens built the first)."""
-    from experiments.hf_baselines import HF_CACHE_BUCKET as B
-
-    have = -(-(warmed + 4) // B)
-    need = sorted({-(-(n + max_new_tokens) // B) for n in lengths} - {have})
-    return [(k - 1) * B + 1 for k in need]  # (k - 1) * B + 1 + 4 positions: the k-th bucket
 
 
 def warm_up(
@@ -240,7 +233,7 @@ def run_bench(
             if m != LLAMA_CPP:  # its worker warmed up when it started
                 warm_up(m, loaded, decoders, warm_ids)
             if (
-                m in HF_STATIC_METHODS
+                m in STATIC_CACHE_METHODS
             ):  # one static-cache size (and compiled graph) per bucket the prompts reach
                 for n in bucket_warmup_lengths(lengths, max_new_tokens, len(warm_ids)):
                     if n + 4 <= loaded.max_context:

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from drafters.base import reason
 from env.workloads import _source_files, _stdlib_root, code_prompts
 
 TEXT_LICENCE = "Python standard library sources, PSF License 2.0"
@@ -86,7 +87,7 @@ def _done_ids(out_dir: Path) -> set[str]:
         except (
             Exception
         ) as err:  # a torn or foreign part (safetensors' own error types, JSON's, a missing key)
-            why = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+            why = reason(err, kind=True)
             raise UserError(
                 f"{part} is not a readable data part ({why}); delete it to make it again"
             ) from None

@@ -13,6 +13,9 @@ import torch
 HF_METHODS = ("hf_greedy", "hf_pld", "hf_static", "hf_compile")
 HF_CACHE_BUCKET = 256  # the static cache's length is rounded up to this: one compiled shape per size
 _CACHE = {"hf_static": "static", "hf_compile": "compile"}
+STATIC_CACHE_METHODS = tuple(
+    _CACHE
+)  # their cache is sized per call: warmed once per bucket (bucket_warmup_lengths)
 
 
 def device_problem(method: str, device: str) -> str | None:
@@ -65,3 +68,12 @@ class HFRunner:
         out = model.generate(ids, **kwargs)
         wall = time.perf_counter() - t0
         return [int(t) for t in out[0, ids.shape[1] :].tolist()], wall
+
+
+def bucket_warmup_lengths(lengths: set[int], max_new_tokens: int, warmed: int) -> list[int]:
+    """Prompt lengths that, with 4 new tokens, make ``hf_static``/``hf_compile`` build each static-cache size the
+    timed prompts will (``HF_CACHE_BUCKET`` steps; the warm-up prompt of ``warmed`` tokens built the first)."""
+    b = HF_CACHE_BUCKET
+    have = -(-(warmed + 4) // b)
+    need = sorted({-(-(n + max_new_tokens) // b) for n in lengths} - {have})
+    return [(k - 1) * b + 1 for k in need]  # (k - 1) * b + 1 + 4 positions: the k-th bucket

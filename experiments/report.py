@@ -236,7 +236,9 @@ def write_report(paths: list[Path], out: Path) -> Path:
         lines += _sections(items, runs, out, report_dir)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:  # a file of another shape
         where = ", ".join(str(r["path"]) for r in items)
-        why = " ".join(f"{type(err).__name__}: {err}".split())[:160]
+        from drafters.base import reason
+
+        why = reason(err, 160, kind=True)
         raise ReportError(
             f"a result file in {where} is not a draftgym result this report can read ({why})"
         ) from None

@@ -62,3 +62,17 @@ def test_cpu_time_is_on_disk_as_each_part_is_written(tmp_path):
     model.generate = generate
     again = generate_data(model, PROMPTS, tmp_path, model_id="tiny", **KW)  # resumed: the time adds up
     assert again["cpu_s"] > info["cpu_s"] and len(list(tmp_path.glob("part-*.safetensors"))) == 3
+
+
+@pytest.mark.parametrize("counters", [{"step": -1}, {"epoch": 1e400}, {"cpu_s": "lots"}, {"step": True}])
+def test_a_training_checkpoint_of_mangled_counters_is_one_line(counters, tmp_path):
+    """A head checkpoint whose counters were mangled reached ``int()``/the budget arithmetic as a traceback (or a
+    negative step count); it is refused when loaded, naming the file."""
+    import torch
+
+    from drafters.train import load_train_state
+
+    path = tmp_path / "state.pt"
+    torch.save({"head": {}, "opt": {}, "step": 3, "cpu_s": 1.5, "epoch": 0, **counters}, path)
+    with pytest.raises(DrafterError, match="state.pt is corrupted .its counters"):
+        load_train_state(path)

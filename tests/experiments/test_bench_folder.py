@@ -161,7 +161,7 @@ def test_a_method_that_stopped_early_is_compared_on_the_prompts_it_finished():
 def test_hf_static_warms_every_cache_size_the_prompts_reach():
     """hf_static and hf_compile size their static cache in 256-position buckets; the warm-up built only the first,
     so a longer prompt recompiled inside the timed region. One warm-up prompt per further bucket now."""
-    from experiments.bench import bucket_warmup_lengths
+    from experiments.hf_baselines import bucket_warmup_lengths
 
     assert bucket_warmup_lengths({100, 300, 700}, 128, 20) == [
         257,
