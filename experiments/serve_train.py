@@ -4,13 +4,14 @@
 The policies: the engines' batch-size table fitted on this cost curve, TensorRT-LLM's AUTO rule, the SmartSpec
 rule, a bandit per batch-size bucket, LinUCB and PPO (stable-baselines3 on the vectorized replay). Each is saved
 under ``--out`` as soon as it is made, with ``train.json``; a rerun checks its settings and trains only what is
-missing.
+missing; PPO, killed midway, resumes from its latest checkpoint (``ppo-checkpoints/``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -44,7 +45,8 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
               max_batch: int, timesteps: int, seed: int, progress: bool) -> dict[str, Any]:  # fmt: skip
     """Fit and train every serving policy into ``out``. Each is saved as soon as it is made (the fitted ones before
     PPO starts), with ``train.json`` (the report so far); a rerun into the same folder (its settings checked by the
-    caller) keeps the policies already saved and trains only the missing ones — after a kill during PPO, PPO."""
+    caller) keeps the policies already saved and trains only the missing ones — after a kill during PPO, PPO, from
+    its latest checkpoint."""
     from env.serve_env import feature_names, make_sb3_serve_env, obs_size
     from policies.linucb import LinUCB
     from policies.serving import (
@@ -117,8 +119,10 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
             sim.reset()
             return sim
 
+        ckpt = out / "ppo-checkpoints"  # a kill during PPO resumes from its latest checkpoint
         policies["ppo"], curve = train_serve_ppo(make_vec, arms, size, feats, timesteps=timesteps, seed=seed,
-                                                 progress=progress, make_eval=make_eval)  # fmt: skip
+                                                 progress=progress, make_eval=make_eval,
+                                                 checkpoints=ckpt)  # fmt: skip
         report["ppo_s"] = round(time.perf_counter() - t1, 1)
         report["ppo_timesteps"] = timesteps
         report["ppo_curve"] = curve  # replayed goodput on a ramp of training prompts, training seconds
@@ -132,6 +136,7 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
             }
         save("ppo", policies["ppo"], {"ppo_timesteps": timesteps,
                                       "ppo_report": {k: report[k] for k in ppo_keys if k in report}})  # fmt: skip
+        shutil.rmtree(ckpt, ignore_errors=True)  # the policy file holds what a rerun needs
     return report
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -290,31 +291,68 @@ def fit_batch_table(goodputs: dict[str, dict[str, float]], arms: Sequence[str], 
 
 def train_serve_ppo(make_vec: Any, arms: Sequence[str], obs_size: int, features: Sequence[str], *,
                     timesteps: int, seed: int = 0, progress: bool = False, make_eval: Any = None,
-                    eval_every: int = 16384) -> tuple[Any, list[dict[str, float]]]:  # fmt: skip
+                    eval_every: int = 16384, checkpoints: Path | None = None,
+                    checkpoint_every: int = 65536) -> tuple[Any, list[dict[str, float]]]:  # fmt: skip
     """PPO (stable-baselines3) on the vectorized serving env ``make_vec()`` (``draftgym serve-train`` builds it with
     the env's own reward, the step's goodput relative to AR at the same batch; ``time_saved`` learned less here). ``make_eval()``: a fresh
     ``ServeSim`` (reset) whose median replayed goodput under the current policy is logged every ``eval_every``
-    steps — the learning curve, ``[{"timesteps", "seconds", "goodput"}]``. Returns ``(SB3Policy, curve)``."""
+    steps — the learning curve, ``[{"timesteps", "seconds", "goodput"}]``. Returns ``(SB3Policy, curve)``.
+
+    ``checkpoints``: a folder for the training state (``policies.sb3_files.save_checkpoint``, atomic; the last two
+    kept) and the curve so far (``curve.json``), written every ``checkpoint_every`` steps; a run killed midway and
+    started again with the same folder resumes from its latest readable checkpoint (its curve and training seconds
+    carried on), not from step 0. The caller checks that the folder's settings are this run's (a checkpoint of
+    another network is refused). A resumed run is not bitwise the run that was not killed: the envs restart."""
     import time
 
     from stable_baselines3.common.callbacks import BaseCallback
 
+    from env.files import atomic_write_text
     from policies.rl import SB3Policy, numpy_actor
+    from policies.rl_train import _checkpoints, _resume_model
+    from policies.sb3_files import save_checkpoint
 
     venv = make_vec()
     policy = SB3Policy(arms, obs_size, features, algo="ppo", net_arch="128,128", seed=seed, gamma=0.9,
                        n_steps=64, batch_size=1024, n_epochs=4, learning_rate=3e-4, ent_coef=0.003)  # fmt: skip
     model = policy.build(venv)
     curve: list[dict[str, float]] = []
+    carried = 0.0  # training seconds of the run a resume continues
+    if checkpoints is not None:
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        _resume_model(policy, model, checkpoints)
+        curve, carried = _saved_curve(checkpoints / "curve.json", int(model.num_timesteps))
     t0 = time.perf_counter()
     eval_s = [0.0]
+
+    def seconds() -> float:
+        return round(carried + time.perf_counter() - t0 - eval_s[0], 2)
 
     class Curve(BaseCallback):
         def __init__(self) -> None:
             super().__init__()
             self.next = 0
+            self.next_ckpt = 0
+
+        def _on_training_start(self) -> None:
+            done = int(self.num_timesteps)  # after a resume, the next multiples of the periods
+            if curve:
+                self.next = int(curve[-1]["timesteps"]) + eval_every
+            self.next_ckpt = (done // checkpoint_every + 1) * checkpoint_every
 
         def _on_rollout_end(self) -> None:
+            self._evaluate()
+            if checkpoints is not None and self.num_timesteps >= self.next_ckpt:
+                self.next_ckpt = (self.num_timesteps // checkpoint_every + 1) * checkpoint_every
+                save_checkpoint(
+                    self.model, policy.network(), checkpoints / f"model_{self.num_timesteps}_steps.zip"
+                )
+                atomic_write_text(checkpoints / "curve.json", json.dumps(
+                    {"timesteps": int(self.num_timesteps), "seconds": seconds(), "curve": curve}))  # fmt: skip
+                for _, old in _checkpoints(checkpoints)[:-2]:
+                    old.unlink(missing_ok=True)
+
+        def _evaluate(self) -> None:
             if make_eval is None or self.num_timesteps < self.next:
                 return
             self.next = self.num_timesteps + eval_every
@@ -328,15 +366,41 @@ def train_serve_ppo(make_vec: Any, arms: Sequence[str], obs_size: int, features:
 
             g = float(np.median(run_policy(make_eval(), Greedy())))
             eval_s[0] += time.perf_counter() - a
-            curve.append({"timesteps": int(self.num_timesteps),
-                          "seconds": round(time.perf_counter() - t0 - eval_s[0], 2), "goodput": g})  # fmt: skip
+            curve.append({"timesteps": int(self.num_timesteps), "seconds": seconds(), "goodput": g})
 
         def _on_step(self) -> bool:
             return True
 
-    model.learn(total_timesteps=int(timesteps), progress_bar=progress, callback=Curve())
+    remaining = int(timesteps) - int(model.num_timesteps)
+    if remaining > 0:
+        model.learn(total_timesteps=remaining, progress_bar=progress, callback=Curve(),
+                    reset_num_timesteps=model.num_timesteps == 0)  # fmt: skip
     policy.attach(model)
     return policy, curve
+
+
+def _saved_curve(path: Path, step: int) -> tuple[list[dict[str, float]], float]:
+    """The learning curve and training seconds a checkpoint at ``step`` was written with (``curve.json``); none
+    (a fresh start, or a file torn or of another step): an empty curve from 0 s. Points after ``step`` go."""
+    from env.safe_zip import ArchiveProblem, parse_json
+
+    if step == 0 or not path.is_file() or path.stat().st_size > 1 << 24:
+        return [], 0.0
+    try:
+        saved = parse_json(path.read_bytes())
+    except (ArchiveProblem, OSError):  # a torn curve loses the curve only, never the run
+        return [], 0.0
+    if not isinstance(saved, dict) or saved.get("timesteps") != step:
+        return [], 0.0
+    points = [
+        {"timesteps": int(c["timesteps"]), "seconds": float(c["seconds"]), "goodput": float(c["goodput"])}
+        for c in saved.get("curve") or []
+        if isinstance(c, dict)
+        and all(isinstance(c.get(k), int | float) for k in ("timesteps", "seconds", "goodput"))
+        and c["timesteps"] <= step
+    ]
+    secs = saved.get("seconds")
+    return points, float(secs) if isinstance(secs, int | float) and 0 <= secs < 1e9 else 0.0
 
 
 def describe(policy: Any) -> str:

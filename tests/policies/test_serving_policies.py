@@ -310,3 +310,57 @@ def test_a_few_hundred_ppo_steps_give_a_loadable_policy(trace, tmp_path):
     back = load_policy(tmp_path / "ppo.zip", arms=ARMS, obs_size=obs_size(4))
     obs = np.stack([obs_with(4, r, alpha=a) for r in (1, 2, 3, 4) for a in (0.0, 0.5, 1.0)])
     assert np.array_equal(back.act_batch(obs), p.act_batch(obs))
+
+
+def test_ppo_killed_midway_resumes_from_its_checkpoint(trace, tmp_path):
+    """A kill after three checkpoints: the rerun steps only the rest (counted on the env), its learning curve and
+    training seconds carry on from the checkpoint's, and the checkpoints kept are the last two."""
+    from stable_baselines3.common.vec_env import VecEnvWrapper
+
+    from env.serve_env import make_sb3_serve_env
+
+    steps = [0]
+
+    class Counted(VecEnvWrapper):
+        def reset(self):
+            return self.venv.reset()
+
+        def step_wait(self):
+            out = self.venv.step_wait()
+            steps[0] += self.num_envs
+            return out
+
+    def make_vec():
+        return Counted(make_sb3_serve_env(4, trace=trace, cost=COST, max_batch=4, loads=["1", "4"], requests=4,
+                                          seed=0))  # fmt: skip
+
+    calls = [0]
+
+    def make_eval(kill_at=None):
+        calls[0] += 1
+        if calls[0] == kill_at:
+            raise KeyboardInterrupt
+        sim = make_sim(trace)
+        sim.reset()
+        return sim
+
+    ckpt = tmp_path / "ckpt"
+    kw = dict(timesteps=1280, seed=0, eval_every=256, checkpoints=ckpt, checkpoint_every=256)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*mini-batch size.*")
+        with pytest.raises(KeyboardInterrupt):  # the 4th evaluation (rollout 4) dies before its checkpoint
+            train_serve_ppo(
+                make_vec, ARMS, obs_size(4), feature_names(4), make_eval=lambda: make_eval(4), **kw
+            )
+        assert steps[0] == 1024
+        assert sorted(p.name for p in ckpt.glob("*.zip")) == ["model_512_steps.zip", "model_768_steps.zip"]
+        saved = json.loads((ckpt / "curve.json").read_text())
+        assert saved["timesteps"] == 768 and [c["timesteps"] for c in saved["curve"]] == [256, 512, 768]
+        steps[0] = 0
+        p, curve = train_serve_ppo(make_vec, ARMS, obs_size(4), feature_names(4), make_eval=make_eval, **kw)
+    assert steps[0] == 1280 - 768  # resumed, not started again
+    assert p.model.num_timesteps == 1280
+    assert curve[:3] == saved["curve"]
+    assert [c["timesteps"] for c in curve] == [256, 512, 768, 1024, 1280]
+    assert all(a["seconds"] <= b["seconds"] for a, b in zip(curve, curve[1:]))
+    assert sorted(p.name for p in ckpt.glob("*.zip")) == ["model_1024_steps.zip", "model_1280_steps.zip"]
