@@ -62,9 +62,10 @@ class NGramDrafter:
         self._update(ctx.tokens)
 
     def _update(self, tokens: list[int]) -> None:
-        if len(tokens) < self._indexed or tokens[: len(self._tokens)] != self._tokens[: len(tokens)]:
-            self._index, self._indexed = {}, 0  # the context was rewritten: rebuild
-        self._tokens = tokens
+        n = len(self._tokens)  # a copy of what is indexed: the caller's list may be cut and grown in place
+        if len(tokens) < n or tokens[:n] != self._tokens:
+            self._index, self._indexed, self._tokens = {}, 0, []  # the context was rewritten: rebuild
+        self._tokens.extend(tokens[len(self._tokens) :])
         for end in range(self._indexed, len(tokens)):
             for n in range(self.min_ngram, min(self.max_ngram, end + 1) + 1):
                 self._index.setdefault(tuple(tokens[end - n + 1 : end + 1]), []).append(end)

@@ -50,3 +50,28 @@ def test_unknown_drafter_lists_known_ones():
         assert "ngram" in str(err) and "none" in str(err)
     else:
         raise AssertionError("expected DrafterError")
+
+
+def test_a_context_cut_and_grown_in_place_is_indexed_again():
+    """The engine hands the drafter its row's own list and cuts it in place (a rollback, a retire's trim): the
+    drafter proposes what a fresh one proposes on the same tokens, never from n-grams of tokens gone."""
+    import random
+
+    ctx = _ctx([7, 8, 9, 7])
+    d = NGramDrafter(max_ngram=2)
+    d.reset(ctx)
+    assert d.propose(ctx, TreeShape(depth=2)).tokens.tolist() == [7, 8, 9]
+    del ctx.tokens[2:]
+    ctx.tokens += [4, 4]  # [7, 8, 4, 4]: "4" follows "4"
+    assert d.propose(ctx, TreeShape(depth=2)).tokens.tolist() == [4, 4]
+    rng = random.Random(0)
+    for _ in range(300):  # random in-place edits against a fresh drafter on a copy
+        if ctx.tokens and rng.random() < 0.3:
+            del ctx.tokens[rng.randrange(len(ctx.tokens)) :]
+        ctx.tokens += [rng.randrange(4) for _ in range(rng.randrange(1, 6))]
+        shape = TreeShape(depth=3, topk=2, budget=5)
+        fresh = NGramDrafter(max_ngram=2)
+        fresh.reset(_ctx(ctx.tokens))
+        got = d.propose(ctx, shape)
+        want = fresh.propose(_ctx(ctx.tokens), shape)
+        assert got.tokens.tolist() == want.tokens.tolist() and got.parents.tolist() == want.parents.tolist()
