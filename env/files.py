@@ -90,7 +90,9 @@ def settings_conflict(
             return a != b
 
         keys = sorted(k for k in {*before, *now} if differs(k))
-        diff = "; ".join(f"{k}: {shown(before.get(k))} there, {shown(now.get(k))} now" for k in keys[:3])
+        diff = "; ".join(
+            f"{k}: {shown(before.get(k), 100)} there, {shown(now.get(k), 100)} now" for k in keys[:3]
+        )
         more = f"; and {', '.join(keys[3:])}" if keys[3:] else ""
         if keys:
             return f"{folder} holds results run with other settings ({diff}{more})"

@@ -45,6 +45,7 @@ from experiments.provenance import provenance
 from experiments.records import (
     Record,
     load_done,
+    machine_identity,
     resume_learners,
     run_identity,
     save_learner,
@@ -192,7 +193,8 @@ def run_bench(
     out_dir.mkdir(parents=True, exist_ok=True)
     rec_path = out_dir / "records.jsonl"
     records = load_done(rec_path)
-    same_settings(out_dir, {**run_identity(loaded, max_new_tokens, drafter_options), **(identity or {})},
+    same_settings(out_dir, {**run_identity(loaded, max_new_tokens, drafter_options),
+                           **machine_identity(loaded.device), **(identity or {})},
                   started=bool(records))  # fmt: skip
     if start_note:
         import sys

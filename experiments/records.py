@@ -123,6 +123,21 @@ def run_identity(
     }
 
 
+def machine_identity(device: Any) -> dict[str, str]:
+    """The machine a run's timings depend on: the CPU (``env.machine.cpu_label``: model and bf16 flags) and, on
+    CUDA, the GPU's name. In ``settings.json`` of every timed run (``bench``, ``run``, live ``evaluate``,
+    ``serve-bench``, live ``evaluate --serve``), so that a run folder started on one machine and resumed on
+    another is refused, not two machines' timings mixed in one table."""
+    from env.machine import cpu_label
+
+    out = {"cpu": cpu_label()}
+    if str(device).startswith("cuda"):
+        import torch
+
+        out["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return out
+
+
 def workload_identity(workload: str | None) -> str:
     """A workload as a resume compares it: the built-in set, a ``code:`` source as named, or the file's absolute
     path."""

@@ -42,6 +42,7 @@ from experiments.records import (
     RUN_RECORD,
     Record,
     load_done,
+    machine_identity,
     run_identity,
     workload_digest,
     workload_identity,
@@ -166,6 +167,7 @@ def run_settings(cfg: Config, loaded: Any) -> dict[str, Any]:
             policies[m] = file_digest(p.path)
     return {
         **run_identity(loaded, cfg.decode.max_new_tokens, options),
+        **machine_identity(loaded.device),
         "workload": workload_identity(cfg.workload.path),
         "workload_sha256": workload_digest(cfg.workload.path),
         "policies": policies,

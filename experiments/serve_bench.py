@@ -276,10 +276,17 @@ def cmd_serve_bench(args: Any) -> int:
     cells_path = out / "cells.jsonl"
     cells = load_cells(cells_path)
     from env.files import file_digest
-    from experiments.records import cost_identity, run_identity, workload_digest, workload_identity
+    from experiments.records import (
+        cost_identity,
+        machine_identity,
+        run_identity,
+        workload_digest,
+        workload_identity,
+    )
 
     same_settings(out, {
         **run_identity(loaded, args.max_new_tokens, args.drafter_options),
+        **machine_identity(loaded.device),
         "workload": workload_identity(args.workload), "workload_sha256": workload_digest(args.workload),
         "prompt_ids": rids, "rate": args.rate,
         "arrivals": None if args.arrivals is None else file_digest(args.arrivals), "max_batch": args.max_batch,

@@ -334,10 +334,10 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     if loaded is not None:  # live cells on disk must come from the same settings (a resume), else refused
         from env.files import file_digest
         from experiments.args import same_settings
-        from experiments.records import cost_identity, run_identity
+        from experiments.records import cost_identity, machine_identity, run_identity
 
         same_settings(out, {
-            **run_identity(loaded, max_new), "trace": "bundled" if args.trace is None else file_digest(args.trace),
+            **run_identity(loaded, max_new), **machine_identity(loaded.device), "trace": "bundled" if args.trace is None else file_digest(args.trace),
             "batch_cost": cost_identity(args.batch_cost), "test_prompts": list(split.test),
             "requests": args.requests, "max_batch": max_batch, "seed": args.seed, "repeats": args.repeats,
             "probe": not args.no_probe, "policies": {name: file_digest(p) for (name, _), p in zip(policies, paths)},

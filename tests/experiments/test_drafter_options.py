@@ -90,6 +90,16 @@ def test_bench_option_reaches_the_drafter_and_a_mismatched_resume_is_refused(tmp
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and "other settings" in err[0] and "max_new_tokens" in err[0], err
     assert (capped / "records.jsonl").read_text() == records
+    settings = (
+        capped / "settings.json"
+    ).read_text()  # started on another CPU: its timings are not this one's
+    (capped / "settings.json").write_text(
+        json.dumps({**json.loads(settings), "cpu": "Other CPU (family 1 model 2)"})
+    )
+    assert main([*base, "--out", str(capped), *CAP]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and "cpu: 'Other CPU (family 1 model 2)' there" in err[0], err
+    assert (capped / "records.jsonl").read_text() == records
 
 
 @pytest.mark.model

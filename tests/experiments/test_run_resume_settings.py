@@ -5,6 +5,7 @@ contents must be those the records were made with (``settings.json``); else one 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -78,6 +79,16 @@ path = "{tmp_path / "p.zip"}"
     # started where "auto" resolved to a GPU: this CPU does not continue it
     (out / "settings.json").write_text(json.dumps({**settings, "device": "cuda:0"}))
     with pytest.raises(UserError, match="device: 'cuda:0' there, 'cpu' now"):
+        run(cfg, out, progress=False, loaded=fp32_model)
+    (out / "settings.json").write_text(json.dumps(settings))
+
+    # started on another CPU: its timings are not mixed with this one's
+    from env.machine import cpu_label
+
+    assert settings["cpu"] == cpu_label()
+    other = "Other CPU (family 1 model 2; no native bf16)"
+    (out / "settings.json").write_text(json.dumps({**settings, "cpu": other}))
+    with pytest.raises(UserError, match=rf"cpu: '{re.escape(other)}' there, '{re.escape(cpu_label())}' now"):
         run(cfg, out, progress=False, loaded=fp32_model)
     (out / "settings.json").write_text(json.dumps(settings))
 

@@ -53,6 +53,14 @@ def test_serve_bench_writes_the_documented_json_and_resumes(tmp_path, capsys):
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and "other settings" in err[0] and "max_new_tokens" in err[0], err
     assert (out / "cells.jsonl").read_text() == cells
+    settings = (out / "settings.json").read_text()  # started on another CPU: its timings are not this one's
+    (out / "settings.json").write_text(
+        json.dumps({**json.loads(settings), "cpu": "Other CPU (family 1 model 2)"})
+    )
+    assert main(argv) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and "cpu: 'Other CPU (family 1 model 2)' there" in err[0], err
+    (out / "settings.json").write_text(settings)
     with (out / "cells.jsonl").open("a") as fh:  # a kill mid-append: the torn line is cut, the cells kept
         fh.write('{"method": "ar", "concu')
     assert main(argv) == 0
