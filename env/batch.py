@@ -475,11 +475,11 @@ class BatchEngine:
                               path_aux=aux[i, path])  # fmt: skip
                 for d in row.drafters.values():
                     d.observe(row.ctx, fb)
-            done.append((committed, int(verdict.accept_len[i])))
+            done.append((committed, int(verdict.accept_len[i]), bool((tree.parents == last).any())))
         verify_s = time.perf_counter() - t1
         return [
-            StepResult(arm, committed, accepted, tree.num_draft, ds, verify_s, tree.parents)
-            for arm, tree, ds, (committed, accepted) in zip(arms, trees, draft_s, done)
+            StepResult(arm, committed, accepted, tree.num_draft, ds, verify_s, tree.parents, rejected)
+            for arm, tree, ds, (committed, accepted, rejected) in zip(arms, trees, draft_s, done)
         ]
 
     def step(self, arms: list[Arm]) -> list[StepResult]:

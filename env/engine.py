@@ -58,6 +58,9 @@ class StepResult:
     draft_s: float  # this row's drafting
     verify_s: float  # the step's forward, verification and commit (shared by the rows of a batch)
     parents: torch.Tensor | None = None  # [N] the verified tree's parents (its shape: chain or branching)
+    rejected: bool = (
+        False  # a draft was rejected: the accepted path ends at a node with children (not a leaf)
+    )
 
     @property
     def chain(self) -> bool:

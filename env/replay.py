@@ -43,6 +43,7 @@ class ReplayTables:
 
     accept: Any  # int64 [K, T] greedy walk length of arm k's tree at position g (bonus excluded, uncut)
     drafted: Any  # int64 [K, T] draft nodes in that tree
+    rejected: Any  # bool [K, T] that walk ends at a node with children (a draft rejected), not at a leaf
     cost: Any  # float32 [K, T] seconds of the step (cost model)
     ar_cost: Any  # float32 [T] seconds of one autoregressive token there
     # the step's outcome, evaluated once per (arm, position) for the env's max_new_tokens:
@@ -77,6 +78,11 @@ class ReplayTables:
 
 def greedy_walk(tokens: Sequence[int], parents: Sequence[int], continuation: Sequence[int]) -> int:
     """Accepted length of a tree whose root is followed by ``continuation`` (the trajectory after the root)."""
+    return _walk(tokens, parents, continuation)[1]
+
+
+def _walk(tokens: Sequence[int], parents: Sequence[int], continuation: Sequence[int]) -> tuple[int, int]:
+    """(the node the greedy walk ends at, its depth)."""
     cur, depth = 0, 0
     n = len(tokens)
     while depth < len(continuation):
@@ -91,21 +97,23 @@ def greedy_walk(tokens: Sequence[int], parents: Sequence[int], continuation: Seq
         if nxt is None:
             break
         cur, depth = nxt, depth + 1
-    return depth
+    return cur, depth
 
 
 def replay_accept(
     tokens: Sequence[int], parents: Sequence[int], continuation: Sequence[int], arm: Arm
-) -> tuple[int, int, bool]:
-    """(accepted, draft nodes, is chain) of ``arm`` on one recorded tree: prune, then walk."""
+) -> tuple[int, int, bool, bool]:
+    """(accepted, draft nodes, is chain, rejected) of ``arm`` on one recorded tree: prune, then walk; rejected: the
+    walk ends at a node with children."""
     if arm.drafter is None or arm.shape.depth == 0:
-        return 0, 0, True
+        return 0, 0, True, False
     keep = prune_indices(list(parents), arm.shape)
     remap = {old: new for new, old in enumerate(keep)}
     toks = [int(tokens[i]) for i in keep]
     pars = [-1] + [remap[int(parents[i])] for i in keep[1:]]
     chain = pars == list(range(-1, len(keep) - 1))
-    return greedy_walk(toks, pars, continuation), len(keep) - 1, chain
+    end, accepted = _walk(toks, pars, continuation)
+    return accepted, len(keep) - 1, chain, end in pars
 
 
 # ---- vectorized over a whole trace ---------------------------------------------------------------------------------
@@ -163,12 +171,13 @@ def tree_index(trace: Trace, name: str) -> dict[str, np.ndarray]:
     return out
 
 
-def arm_columns(trace: Trace, arm: Arm) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(accepted [T], draft nodes [T], is chain [T]) of ``arm`` at every position of the trace, vectorized."""
+def arm_columns(trace: Trace, arm: Arm) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(accepted [T], draft nodes [T], is chain [T], rejected [T]) of ``arm`` at every position of the trace,
+    vectorized; rejected: the greedy walk ends at a node with children (a draft was rejected), not at a leaf."""
     npos = trace.traj.shape[0]
     if arm.drafter is None or arm.shape.depth == 0:
         z = np.zeros(npos, dtype=np.int32)
-        return z, z.copy(), np.ones(npos, dtype=bool)
+        return z, z.copy(), np.ones(npos, dtype=bool), np.zeros(npos, dtype=bool)
     if arm.drafter not in trace.trees:
         raise TraceError(
             f"arm {arm.name} needs drafter {arm.drafter!r}, which the trace did not record "
@@ -197,6 +206,7 @@ def arm_columns(trace: Trace, arm: Arm) -> tuple[np.ndarray, np.ndarray, np.ndar
     on[~nonroot] = True
     cand = alive & ix["match"]
     accept = np.zeros(npos, dtype=np.int32)
+    end = t.off[:-1].astype(np.int64)  # the walk's last node per tree: its root until a level extends it
     for level in range(1, s.depth + 1):
         c = np.flatnonzero(cand & (ix["depth"] == level))
         if not c.size:
@@ -208,9 +218,12 @@ def arm_columns(trace: Trace, arm: Arm) -> tuple[np.ndarray, np.ndarray, np.ndar
         c = c[first]
         on[c] = True
         accept[ix["pos"][c]] = level
+        end[ix["pos"][c]] = c
     branching = alive & (ix["rank"] > 0)
     chain = np.bincount(ix["pos"][branching], minlength=npos) == 0
-    return accept, drafted, chain
+    has_child = np.zeros(alive.shape[0], dtype=bool)
+    has_child[ix["gpar"][alive]] = True
+    return accept, drafted, chain, has_child[end]
 
 
 def _position_features(trace: Trace, arms: Sequence[Arm], draft: bool) -> np.ndarray:
@@ -254,6 +267,7 @@ def build_tables(
     k = len(arms)
     accept = np.zeros((k, npos), dtype=np.int64)
     drafted = np.zeros((k, npos), dtype=np.int64)
+    rejected = np.zeros((k, npos), dtype=bool)
     cost = np.zeros((k, npos), dtype=np.float32)
     prompt_of_pos = np.searchsorted(trace.traj_off, np.arange(npos), side="right") - 1
     context = trace.prompt_len[prompt_of_pos] + (
@@ -263,8 +277,8 @@ def build_tables(
         key = ("arm", arm)
         if key not in trace.cache:
             trace.cache[key] = arm_columns(trace, arm)
-        acc, dr, chain = trace.cache[key]
-        accept[i], drafted[i] = acc, dr
+        acc, dr, chain, rej = trace.cache[key]
+        accept[i], drafted[i], rejected[i] = acc, dr, rej
         cost[i] = cost_model.step_cost(arm, dr + 1, context, chain)
     lengths = np.minimum(np.diff(trace.traj_off), max_new)
     eos_ids = np.asarray(trace.header["model"]["eos_ids"])
@@ -288,6 +302,7 @@ def build_tables(
     return ReplayTables(
         accept=accept,
         drafted=drafted,
+        rejected=rejected,
         cost=cost,
         ar_cost=ar_cost,
         tokens=tokens,

@@ -56,10 +56,13 @@ def alpha_estimate(s: Any, n: Any) -> Any:
     return (s + 1.0) / (n + 2.0)
 
 
-def update_alpha(s: Any, n: Any, accepted: Any, drafted: Any, depth: Any) -> tuple[Any, Any]:
-    """One step's evidence into the decayed counts (rows that did not draft keep theirs)."""
+def update_alpha(s: Any, n: Any, accepted: Any, drafted: Any, stopped: Any) -> tuple[Any, Any]:
+    """One step's evidence into the decayed counts (rows that did not draft keep theirs): ``accepted`` successes,
+    and one failure where ``stopped`` — a draft was rejected, the accepted path ending at a node with children.
+    A walk that ends at a leaf ran out of draft (a chain fully accepted; in a tree, a branch shallower than the
+    arm's depth fully accepted) and counts no failure."""
     drew = drafted > 0
-    stopped = accepted < np.minimum(drafted, depth)
+    stopped = np.asarray(stopped, bool) & drew
     s2 = np.where(drew, DECAY * s + accepted, s)
     n2 = np.where(drew, DECAY * n + accepted + stopped, n)
     return s2, n2
@@ -131,7 +134,6 @@ class LiveObserver:
     def __init__(self, arms: Sequence[Arm], max_batch: int) -> None:
         self.arms, self.max_batch = list(arms), int(max_batch)
         self.drafters = sorted({a.drafter for a in self.arms if a.drafter is not None})
-        self.depth = [0 if a.drafter is None else a.shape.depth for a in self.arms]
         self.stats: dict[int, list[float]] = {}  # id(seq) -> [s, n, last accepted]
 
     def observe(self, stepper: Any, queue: int) -> np.ndarray:
@@ -157,11 +159,11 @@ class LiveObserver:
             raise ServeEnvError(f"the policy chose {a.tolist()} for {rows} rows; valid arms: 0..{k - 1}")
         return picked
 
-    def record(self, outcomes: Sequence[Any], choices: Sequence[int]) -> None:
-        for o, c in zip(outcomes, choices):
+    def record(self, outcomes: Sequence[Any]) -> None:
+        for o in outcomes:
             st = self.stats.setdefault(id(o.seq), [0.0, 0.0, 0.0])
             acc, dr = o.info["accepted"], o.info["drafted"]
-            s2, n2 = update_alpha(np.float64(st[0]), np.float64(st[1]), acc, dr, self.depth[c])
+            s2, n2 = update_alpha(np.float64(st[0]), np.float64(st[1]), acc, dr, o.result.rejected)
             st[0], st[1] = float(s2), float(n2)
             if dr > 0:
                 st[2] = float(acc)

@@ -136,16 +136,17 @@ class ServeSim:
             raise ServeEnvError("no prompt of the trace has a step to take")
         self.prompt_len = self.trace.prompt_len.astype(np.int64)
         tb = self.tb
-        # one gather a step: (tokens, accepted, drafted, ends) of arm k at trace position t packed as 4 small
-        # ints in one word at [k * T + t], read back through a view of the gathered words as [E, M, 4]
-        fields = np.stack([tb.tokens, tb.accepted, tb.drafted, tb.ends > 0], axis=-1).astype(np.int64)
+        # one gather a step: (tokens, accepted, drafted, flags) of arm k at trace position t packed as 4 small
+        # ints in one word at [k * T + t], read back through a view of the gathered words as [E, M, 4]; flags:
+        # bit 0 the request ends, bit 1 a draft was rejected (the acceptance estimate's failure)
+        flags = (tb.ends > 0).astype(np.int64) | (tb.rejected.astype(np.int64) << 1)
+        fields = np.stack([tb.tokens, tb.accepted, tb.drafted, flags], axis=-1).astype(np.int64)
         small = np.int8 if fields.max(initial=0) <= np.iinfo(np.int8).max else np.int16
         words = np.ascontiguousarray(fields.astype(small))  # [K, T, 4]
         self._table = words.view(np.int32 if small is np.int8 else np.int64).reshape(-1)  # [K * T]
         self._field_dtype = small
         self._positions = int(tb.tokens.shape[1])  # T
         self._offset = tb.offset.astype(np.int64)
-        self.depth = np.array([0 if a.drafter is None else a.shape.depth for a in self.arms], np.int64)
         names = sorted({a.drafter for a in self.arms if a.drafter is not None})
         self.drafter_names = names
         self.arm_drafter = np.array([-1 if a.drafter is None else names.index(a.drafter) for a in self.arms])
@@ -361,8 +362,8 @@ class ServeSim:
         # [E, M] words of (tokens, accepted, drafted, ends)
         words = np.take(self._table, a * self._positions + g, mode="clip")
         words *= act  # empty slots: nothing
-        tok, acc, dr, end = np.moveaxis(words.view(self._field_dtype).reshape(*words.shape, 4), -1, 0)
-        end = end > 0
+        tok, acc, dr, flags = np.moveaxis(words.view(self._field_dtype).reshape(*words.shape, 4), -1, 0)
+        end, rejected = (flags & 1) > 0, (flags & 2) > 0
         rows = act.sum(1)
         nodes = dr.max(1).astype(np.int64) + 1  # the widest tree in the batch (empty slots have drafted 0)
         r1 = np.maximum(rows, 1)
@@ -380,7 +381,7 @@ class ServeSim:
             reward = np.where(rows > 0, total / r1 - cost / ar, 0.0)
         else:  # goodput relative to autoregressive decoding at the same batch
             reward = np.where(rows > 0, total * ar / (r1 * cost), 0.0)
-        return {"tok": tok, "acc": acc, "dr": dr, "end": end, "rows": rows, "nodes": nodes, "cost": cost,
+        return {"tok": tok, "acc": acc, "dr": dr, "end": end, "rejected": rejected, "rows": rows, "nodes": nodes, "cost": cost,
                 "ar": ar, "tokens": total, "reward": reward}  # fmt: skip
 
     def step(self, actions: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -391,7 +392,7 @@ class ServeSim:
         act = self.active
         o["cost"] = np.where(running, o["cost"], 0.0)
         self.clock += o["cost"]
-        self.s, self.n = update_alpha(self.s, self.n, o["acc"], o["dr"], self.depth[a])
+        self.s, self.n = update_alpha(self.s, self.n, o["acc"], o["dr"], o["rejected"])
         self.last = np.where(act & (o["dr"] > 0), o["acc"], self.last)
         self.pos = self.pos + o["tok"]
         self.finished += o["end"].sum(1)

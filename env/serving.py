@@ -279,7 +279,7 @@ def serve(
             log.arm_rows[menu[c].name] += 1
         if observer is not None:
             b = clock()
-            observer.record(outcomes, choices)
+            observer.record(outcomes)
             if cost is not None and hasattr(policy, "update"):
                 policy.update(obs, int(choices[0]), observer.reward(outcomes, wall, cost), {})
             log.policy_s += clock() - b

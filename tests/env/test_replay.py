@@ -29,14 +29,14 @@ def test_greedy_walk_known_cases():
 def test_vectorized_tables_equal_the_reference(toy_trace):
     tr = toy_trace
     for arm in ARMS:
-        acc, drafted, chain = arm_columns(tr, arm)
+        acc, drafted, chain, rejected = arm_columns(tr, arm)
         for p in range(tr.num_prompts):
             traj = tr.trajectory(p)
             for t in range(len(traj)):
                 g = int(tr.traj_off[p]) + t
                 toks, pars = tr.trees["ngram"].at(g)
                 want = replay_accept(toks.tolist(), pars.tolist(), traj[t + 1 :], arm)
-                assert (acc[g], drafted[g], bool(chain[g])) == want, (arm.name, p, t)
+                assert (acc[g], drafted[g], bool(chain[g]), bool(rejected[g])) == want, (arm.name, p, t)
     assert arm_columns(tr, ARMS[3])[0].max() >= 3  # the synthetic text repeats: long drafts get accepted
 
 

@@ -155,7 +155,9 @@ def test_the_live_observation_marks_the_live_rows(fp32_model, requests):
     with pytest.raises(ServeEnvError):
         observer.choices(np.array([1, 1]), 3)  # fewer choices than rows
     outcomes = stepper.step(observer.choices(1, 2))  # ngram-d2 on both: evidence moves the estimate
-    observer.record(outcomes, [1, 1])
+    observer.record(outcomes)
+    for o in outcomes:  # a chain's draft was rejected exactly when it was not all accepted
+        assert o.result.chain and o.result.rejected == (o.info["accepted"] < o.info["drafted"])
     after = observer.observe(stepper, queue=0)[9:].reshape(m, len(ROW_FEATURES))
     for i, o in enumerate(outcomes):
         if o.info["drafted"] > 0:

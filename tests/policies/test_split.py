@@ -29,8 +29,8 @@ def test_subset_trace_replays_like_the_original(synth_trace):
     sub = subset_trace(synth_trace, keep)
     assert sub.prompt_ids == keep
     arm = parse_arm("ngram-d8")
-    full_acc, full_dr, _ = arm_columns(synth_trace, arm)
-    acc, dr, _ = arm_columns(sub, arm)
+    full_acc, full_dr, _, _ = arm_columns(synth_trace, arm)
+    acc, dr, _, _ = arm_columns(sub, arm)
     pos = np.concatenate([np.arange(synth_trace.traj_off[i], synth_trace.traj_off[i + 1]) for i in (3, 5, 7)])
     assert np.array_equal(acc, full_acc[pos]) and np.array_equal(dr, full_dr[pos])
     assert np.array_equal(sub.feat, synth_trace.feat[pos])
