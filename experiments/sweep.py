@@ -142,11 +142,14 @@ def open_study(cfg: Config, url: str, *, worker: int = 0, create: bool = True) -
     )
     stored = study.user_attrs.get("config")
     inputs = input_digests(cfg)
+    machine = timing_machine(cfg)
     if stored is None and create:
         # the config attribute marks a created study: set it last, so that a creator killed in between leaves a
         # study whose next worker enqueues the config as written (once: skip_if_exists)
         study.enqueue_trial(default_params(cfg), user_attrs={"default": True}, skip_if_exists=True)
         study.set_user_attr("inputs", inputs)
+        if machine:
+            study.set_user_attr("machine", machine)
         study.set_user_attr("config", to_toml(cfg))
     elif stored is not None:
         # n_trials may grow (extend the study); seeds differ per machine (distinct samples from each)
@@ -163,7 +166,25 @@ def open_study(cfg: Config, url: str, *, worker: int = 0, create: bool = True) -
                 f"study {name!r} in {mask(url)} was run on other input files ({', '.join(changed)} changed since); "
                 "its trials would not compare: restore the files or use another sweep.study_name"
             )
+        had_machine = study.user_attrs.get("machine")
+        if machine and isinstance(had_machine, str) and had_machine != machine:
+            raise ConfigError(
+                f"study {name!r} in {mask(url)} scores live tokens/s measured on {had_machine}; this worker runs on "
+                f"{machine}: tokens/s of two machines do not compare (the objective speedup is normalized per "
+                "worker) — run it there, or use another sweep.study_name"
+            )
     return study
+
+
+def timing_machine(cfg: Config) -> str | None:
+    """The CPU a study's values depend on: that of its creator when they are live tokens per second (absolute
+    timings); None for objectives that do not compare timings across workers (speedup is each worker's own
+    ratio to its own autoregressive loop; tau and replay are deterministic)."""
+    if cfg.sweep.backend != "live" or cfg.sweep.objective != "tokens_per_s":
+        return None
+    from env.machine import cpu_label
+
+    return cpu_label()
 
 
 def input_digests(cfg: Config) -> dict[str, str | None]:
@@ -210,6 +231,9 @@ def work(
     evaluator = EVALUATORS[base.sweep.backend]()
     evaluator.progress = progress  # live decoding shows a bar over each trial's prompts
     me = f"{socket.gethostname()}:{os.getpid()}"
+    from env.machine import cpu_label
+
+    cpu = cpu_label()  # each trial names the machine it was measured on
     log = out / "trials.jsonl"
 
     def objective(trial: Any) -> float:
@@ -220,6 +244,7 @@ def work(
             optuna.trial.TrialState.WAITING,
         )
         trial.set_user_attr("worker", me)  # first: until then only the trial's age tells it is orphaned
+        trial.set_user_attr("cpu", cpu)
         ahead = sum(1 for t in study.get_trials(deepcopy=False, states=live) if t.number < trial.number)
         if ahead >= n:
             trial.set_user_attr("surplus", True)

@@ -228,3 +228,29 @@ def test_a_study_refuses_a_workload_edited_since_it_was_created(tmp_path):
     work.write_text('{"question_id": 1, "category": "qa", "turns": ["What is 3+3?"]}\n')
     with pytest.raises(ConfigError, match="workload_sha256 changed since"):
         open_study(load_config(path), url)
+
+
+def test_a_live_tokens_per_s_study_refuses_a_worker_on_another_cpu(tmp_path, monkeypatch):
+    """Live tokens per second are absolute timings: a study of them records its creator's CPU and refuses a worker
+    on another one in one line; a speedup study (each worker's own ratio) takes workers of any machine."""
+    import env.machine
+    from experiments.config import ConfigError
+    from experiments.sweep import open_study
+
+    def study(objective: str, name: str) -> Path:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(f'name = "{name}"\nmethods = ["ar", "ngram-d8"]\n'
+                        f'[sweep]\nn_trials = 2\nbackend = "live"\nobjective = "{objective}"\n')  # fmt: skip
+        return path
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    tps, ratio = study("tokens_per_s", "tps"), study("speedup", "ratio")
+    monkeypatch.setattr(env.machine, "cpu_label", lambda: "CPU A (family 1 model 1; avx512_bf16)")
+    assert open_study(load_config(tps), url).user_attrs["machine"].startswith("CPU A")
+    open_study(load_config(ratio), url)
+    open_study(load_config(tps), url)  # the same machine: joins
+    monkeypatch.setattr(env.machine, "cpu_label", lambda: "CPU B (family 2 model 2; no native bf16)")
+    with pytest.raises(ConfigError, match=r"measured on CPU A .* this worker runs on CPU B") as err:
+        open_study(load_config(tps), url)
+    assert "\n" not in str(err.value)
+    assert "machine" not in open_study(load_config(ratio), url).user_attrs  # speedup: any machine
