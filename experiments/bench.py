@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+import statistics
 import time
 from collections import defaultdict
 from dataclasses import asdict
@@ -313,6 +315,7 @@ def summarize(records: list[Record], methods: list[str]) -> list[dict[str, Any]]
                 "tau": (sum(r.new_tokens for r in rs) / steps) if steps and m != "hf_pld" else None,
                 "speedup_vs_hf": _paired(rs, by[(cat, "hf_greedy")]) if "hf_greedy" in tps else None,
                 "speedup_vs_ar": _paired(rs, by[(cat, "ar")]) if "ar" in tps else None,
+                "median_speedup_vs_ar": _median_paired(rs, by[(cat, "ar")]) if "ar" in tps else None,
             }
             rows.append(row)
     return rows
@@ -327,13 +330,27 @@ def _paired(rs: list[Record], base: list[Record]) -> float | None:
                    throughput([r.new_tokens for r in b], [r.wall_s for r in b]))  # fmt: skip
 
 
+def _median_paired(rs: list[Record], base: list[Record]) -> float | None:
+    """The median over the prompts both have of ``rs``'s tokens/s over ``base``'s on the same prompt (a long
+    prompt weighs as much as a short one; the aggregate ratio, ``_paired``, weighs them by time)."""
+    mine = {r.prompt_id: throughput([r.new_tokens], [r.wall_s]) for r in rs}
+    ratios = [
+        speedup(mine[r.prompt_id], throughput([r.new_tokens], [r.wall_s]))
+        for r in base
+        if r.prompt_id in mine
+    ]
+    ratios = [x for x in ratios if math.isfinite(x)]  # a prompt timed at 0 s compares nothing
+    return statistics.median(ratios) if ratios else None
+
+
 def format_table(rows: list[dict[str, Any]], failures: dict[str, str] | None = None) -> str:
     """The summary rows as a table; each failed method (``failures``: method -> why) adds one line below."""
 
     def f(x: Any, spec: str) -> str:
         return "-" if x is None else format(x, spec)
 
-    head = f"{'category':<15}{'method':<20}{'prompts':>8}{'tokens':>8}{'tok/s':>8}{'tau':>7}{'x HF':>7}{'x AR':>7}"
+    head = (f"{'category':<15}{'method':<20}{'prompts':>8}{'tokens':>8}{'tok/s':>8}{'tau':>7}{'x HF':>7}{'x AR':>7}"
+            f"{'med x AR':>10}")  # fmt: skip
     lines = [head, "-" * len(head)]
     last = None
     for r in rows:
@@ -343,6 +360,7 @@ def format_table(rows: list[dict[str, Any]], failures: dict[str, str] | None = N
         lines.append(
             f"{r['category']:<15}{r['method']:<20}{r['prompts']:>8}{r['tokens']:>8}{r['tokens_per_s']:>8.2f}"
             f"{f(r['tau'], '.2f'):>7}{f(r['speedup_vs_hf'], '.2f'):>7}{f(r['speedup_vs_ar'], '.2f'):>7}"
+            f"{f(r.get('median_speedup_vs_ar'), '.2f'):>10}"
         )
     if failures:
         lines += [""] + [f"{m} failed: {why}" for m, why in failures.items()]

@@ -170,3 +170,23 @@ def test_hf_static_warms_every_cache_size_the_prompts_reach():
     assert bucket_warmup_lengths({20, 60}, 128, 20) == []  # all in the first, which the warm-up built
     for n in bucket_warmup_lengths({1000}, 512, 20):
         assert -(-(n + 4) // 256) == -(-(1000 + 512) // 256)
+
+
+def test_the_median_speedup_weighs_every_prompt_alike():
+    """``x AR`` is the ratio of aggregate tokens/s, which a long slow prompt dominates; ``median_speedup_vs_ar`` is
+    the median of the per-prompt ratios on the prompts both methods ran."""
+    from experiments.bench import format_table, summarize
+    from experiments.records import Record
+
+    def rec(m, i, s):  # 100 tokens in s seconds
+        return Record(m, f"p{i}", "qa", 10, 100, s, 100, 1.0, [1] * 100)
+
+    ar = [rec("ar", i, s) for i, s in enumerate([1.0, 1.0, 1.0, 10.0])]
+    fast = [rec("ngram-d4", i, s) for i, s in enumerate([0.5, 0.5, 0.5, 10.0, 0.0])]  # p4: no ar to pair with
+    rows = {r["method"]: r for r in summarize(ar + fast, ["ar", "ngram-d4"]) if r["category"] == "overall"}
+    assert rows["ngram-d4"]["median_speedup_vs_ar"] == pytest.approx(2.0)  # per prompt: 2, 2, 2, 1
+    assert rows["ngram-d4"]["speedup_vs_ar"] == pytest.approx(
+        400 / 11.5 / (400 / 13.0)
+    )  # the long prompt weighs
+    assert rows["ar"]["median_speedup_vs_ar"] == pytest.approx(1.0)
+    assert "med x AR" in format_table(list(rows.values())).splitlines()[0]

@@ -203,7 +203,7 @@ def _run_results(out: Path) -> dict[str, Any]:
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     records = sorted((_without(r, "wall_s") for r in records), key=lambda r: (r["method"], r["prompt_id"]))
     summary = json.loads((out / "summary.json").read_text())
-    timed = ("tokens_per_s", "speedup_vs_hf", "speedup_vs_ar")
+    timed = ("tokens_per_s", "speedup_vs_hf", "speedup_vs_ar", "median_speedup_vs_ar")
     states = {}
     for path in sorted((out / "policies").glob("*.zip")):
         header, files = read_policy(path)
