@@ -62,6 +62,9 @@ class ArmStats:
                 self.sums[old] -= r
                 self.sq[old] -= r * r
                 self.counts[old] = max(self.counts[old], 0.0)
+                self.sq[old] = max(
+                    self.sq[old], 0.0
+                )  # a sum of squares: its rounding residue may dip below 0
                 if (
                     self.counts[old] < 1e-9
                 ):  # every pull of the arm left: no rounding residue (sq < 0 would not load)
@@ -273,9 +276,14 @@ class EXP3(Bandit):
         return {"log_w": self.log_w.tolist()}
 
     def load_extra(self, s: dict[str, Any]) -> None:
-        log_w = np.asarray(s["log_w"], dtype=np.float64)
+        try:
+            log_w = np.asarray(s["log_w"], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise PolicyError("exp3 state log_w is not a list of numbers") from None
         if log_w.shape != (self.num_arms,):
-            raise PolicyError(f"exp3 state has {log_w.shape[0]} weights, expected {self.num_arms}")
+            raise PolicyError(f"exp3 state has weights of shape {log_w.shape}, expected ({self.num_arms},)")
+        if not np.isfinite(log_w).all():  # NaN weights act on nothing: refused here, not found mid-run
+            raise PolicyError("exp3 state log_w holds non-finite values")
         self.log_w = log_w
         self.probs = self.distribution()
 

@@ -173,6 +173,8 @@ class ConfidencePolicy(BasePolicy):
         self.threshold = float(threshold)
         self.drafter, self.by_depth = chain_arms(self.arm_names, drafter)
         self.max_depth = max(self.by_depth)
+        real("confidence refit_every", refit_every, lo=1, integer=True)
+        real("confidence window", window, lo=1, integer=True)
         self.refit, self.refit_every, self.window = bool(refit), int(refit_every), int(window)
         self.pairs: deque[tuple[float, bool]] = deque(maxlen=self.window)
         self.steps = 0
@@ -225,7 +227,11 @@ class ConfidencePolicy(BasePolicy):
                 self.threshold = float(np.clip(t, 0.05, 0.95))
 
     def state(self) -> dict[str, bytes]:
-        return {"state.json": json_bytes({"threshold": self.threshold, "pairs": list(self.pairs)})}
+        return {
+            "state.json": json_bytes(
+                {"threshold": self.threshold, "pairs": list(self.pairs), "steps": self.steps}
+            )
+        }
 
     def restore(self, files: dict[str, bytes]) -> None:
         import json
@@ -237,10 +243,12 @@ class ConfidencePolicy(BasePolicy):
                 if threshold == 1.0:
                     raise ValueError("threshold must be below 1")
                 pairs = [(real("pair", p, lo=0.0, hi=1.0), bool(b)) for p, b in s["pairs"]]
+                steps = int(real("steps", s.get("steps", 0), lo=0, integer=True))  # (saved before it: 0)
             except (KeyError, TypeError, ValueError, RecursionError) as err:
                 raise PolicyError(f"confidence policy state is corrupted ({err})") from None
             self.threshold = threshold
             self.pairs.extend(pairs)
+            self.steps = steps  # the refits fall on the steps they would have without the restart
 
 
 def default_confidence_feature(features: Sequence[str]) -> str:

@@ -96,9 +96,32 @@ class LinUCB(BasePolicy):
         s = read_npz(files["state.npz"])
         k, d = self.num_arms, self.dim
         for name, shape in (("A", (k, d, d)), ("b", (k, d)), ("pulls", (k,))):
+            if name not in s:
+                raise PolicyError(f"LinUCB state has no {name}")
             x = s[name]
             if x.shape != shape:
                 raise PolicyError(f"LinUCB state {name} has shape {x.shape}, expected {shape}")
             if x.dtype.kind not in "fiu" or not np.isfinite(x).all() or (name == "pulls" and (x < 0).any()):
                 raise PolicyError(f"LinUCB state {name} holds non-numeric, non-finite or negative values")
-        self.A, self.b, self.pulls = s["A"], s["b"], s["pulls"]
+        A = s["A"].astype(np.float64)
+        try:  # lam I plus outer products: symmetric positive definite, else its solves fail mid-run
+            if not np.allclose(A, A.transpose(0, 2, 1)):
+                raise np.linalg.LinAlgError
+            np.linalg.cholesky(A)
+        except np.linalg.LinAlgError:
+            raise PolicyError("LinUCB state A is not symmetric positive definite") from None
+        self.A, self.b, self.pulls = A, s["b"], s["pulls"]
+
+    @classmethod
+    def from_header(cls, header: Any, files: dict[str, bytes]) -> LinUCB:
+        """The payload's ``A`` checked against the header's arms and observation size before the policy is built:
+        building it allocates arms x (obs_size + 1)^2 floats, which a header alone must not make it do."""
+        s = read_npz(files["state.npz"]) if "state.npz" in files else {}
+        d = int(header.obs_size or 0) + 1
+        want = (len(header.arms), d, d)
+        got = getattr(s.get("A"), "shape", None)
+        if got != want:
+            raise PolicyError(
+                f"LinUCB state A has shape {got}, expected {want} (arms, obs_size + 1, obs_size + 1)"
+            )
+        return super().from_header(header, files)  # type: ignore[return-value]

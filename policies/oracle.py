@@ -201,14 +201,17 @@ def score_policy(
     learn: bool = True,
 ) -> ReplayScore:
     """Run ``policy`` episode by episode on the replay env (``SpecDecodeEnv``), in prompt order; online learners
-    keep learning across prompts when ``learn`` (as they would inside the decoder)."""
+    keep learning across prompts when ``learn`` (as they would inside the decoder). A policy whose ``update`` is
+    its decision rule, not learning (``warm_start = False``: the HF schedule's length moves with each step's
+    acceptance), is updated either way: frozen, it would be scored as the static arm it starts at."""
     idx = prompt_indices(env, prompt_ids)
     k = len(env.arm_names)
     n = idx.shape[0]
     ar_s, cost_s = np.zeros(n), np.zeros(n)
     tokens, steps = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
     counts = np.zeros(k, dtype=np.int64)
-    update = getattr(policy, "update", None) if learn else None
+    rule = not getattr(policy, "warm_start", True)
+    update = getattr(policy, "update", None) if learn or rule else None
     for i, p in enumerate(idx):
         obs, _ = env.reset(options={"prompt_id": env.prompt_ids[p]})
         if hasattr(policy, "reset"):

@@ -153,6 +153,9 @@ class PredictorPolicy(BasePolicy):
         if "model.npz" not in files:
             raise PolicyError("predictor file has no model.npz")
         z = read_npz(files["model.npz"])
+        missing = [k for k in ("x_mean", "x_scale", "y_mean", "y_scale") if k not in z]
+        if missing:
+            raise PolicyError(f"predictor file lacks {', '.join(missing)}")
         self.x_mean, self.x_scale, self.y_mean, self.y_scale = (
             z["x_mean"],
             z["x_scale"],
@@ -187,6 +190,9 @@ class PredictorPolicy(BasePolicy):
                         *((f"w{i}", w) for i, (w, _) in enumerate(self.weights))]:  # fmt: skip
             if x.dtype.kind not in "fiu" or not np.isfinite(x).all():
                 raise PolicyError(f"predictor {name} holds non-numeric or non-finite values")
+        for name in ("x_scale", "y_scale"):  # divisors and multipliers of a standardization: positive
+            if (named[name][0] <= 0).any():
+                raise PolicyError(f"predictor {name} holds values <= 0")
 
 
 # ---- training data from replay -------------------------------------------------------------------------------------

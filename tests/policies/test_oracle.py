@@ -81,3 +81,15 @@ def test_best_static_is_chosen_on_the_given_prompts(synth_env, synth_split):
     train = static_table(synth_env, synth_split.train)
     assert train[best_static(train)].speedup == max(s.speedup for s in train)
     assert set(train[0].prompts) == set(synth_split.train)
+
+
+def test_the_hf_schedule_is_scored_with_its_rule_running(synth_env):
+    """The HF schedule's update is its decision rule (warm_start False): scored with learn=False it must still
+    move its length, not be scored as the static arm it starts at."""
+    from policies.heuristic import HFSchedulePolicy
+
+    arms = list(synth_env.arm_names)
+    sched = HFSchedulePolicy(arms)
+    frozen = score_policy(sched, synth_env, learn=False)
+    assert (frozen.arm_counts > 0).sum() > 1  # it changed arms
+    assert frozen.speedup == score_policy(HFSchedulePolicy(arms), synth_env, learn=True).speedup

@@ -69,3 +69,7 @@ def test_a_predictor_file_of_inconsistent_layers_is_refused(synth_train_env, tmp
     policy.save(tmp_path / "nan.zip")
     with pytest.raises(PolicyError, match="x_scale holds non-numeric or non-finite"):
         load_policy(tmp_path / "nan.zip")
+    policy.x_scale = np.zeros(policy.obs_size)  # a standardization dividing by 0: NaN scores mid-run
+    policy.save(tmp_path / "zero.zip")
+    with pytest.raises(PolicyError, match="x_scale holds values <= 0"):
+        load_policy(tmp_path / "zero.zip")

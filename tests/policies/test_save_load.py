@@ -180,6 +180,8 @@ def test_bad_constructor_arguments():
         (lambda: EXP3(ARMS, horizon=0), "exp3 horizon"),
         (lambda: LinUCB(ARMS, len(FEATURES), FEATURES, alpha=float("nan")), "LinUCB alpha"),
         (lambda: HFSchedulePolicy(ARMS, initial=3), "initial depth must be one of"),
+        (lambda: ConfidencePolicy(ARMS, len(FEATURES), FEATURES, refit_every=0), "confidence refit_every"),
+        (lambda: ConfidencePolicy(ARMS, len(FEATURES), FEATURES, window=-1), "confidence window"),
     ],
 )
 def test_parameters_of_a_policy_are_checked(make, needle):
@@ -238,3 +240,63 @@ def test_an_archive_declaring_more_than_a_policy_could_hold_is_not_unpacked(save
     rewrite(saved, members={"extra.bin": b"\0" * 20_000})
     with pytest.raises(PolicyError, match="unpacked"):
         load_policy(saved)
+
+
+def test_a_windowed_bandit_saves_a_state_it_loads(tmp_path):
+    """A pull leaving the window subtracts its squared reward; with other pulls of the arm still in it, the
+    rounding residue left a negative sum of squares, which the saved state's check then refused at load."""
+    b = UCB1(["none", "ngram-d4"], window=2)
+    for r in (2.7, 0.1, 0.0, 0.0):
+        b.update(None, 0, r, {})
+    assert (b.stats.sq >= 0).all()
+    b.save(tmp_path / "w.zip")
+    assert load_policy(tmp_path / "w.zip").act(None) == b.act(None)
+
+
+def test_states_that_would_fail_mid_run_are_refused_at_load(tmp_path):
+    """NaN EXP3 weights (no distribution to draw from) and a singular LinUCB matrix (no solve) load no more."""
+    e = EXP3(ARMS)
+    drive(e, 10)
+    e.log_w[0] = np.nan
+    e.save(tmp_path / "e.zip")
+    with pytest.raises(PolicyError, match="exp3 state log_w holds non-finite"):
+        load_policy(tmp_path / "e.zip")
+    lin = LinUCB(ARMS, len(FEATURES), FEATURES)
+    drive(lin, 10)
+    lin.A[1] = 0.0
+    lin.save(tmp_path / "l.zip")
+    with pytest.raises(PolicyError, match="not symmetric positive definite"):
+        load_policy(tmp_path / "l.zip")
+
+
+def test_a_linucb_header_alone_does_not_allocate_its_matrices(saved, tmp_path):
+    """A header claiming a huge observation with a tiny payload: refused by the payload's shape before the policy
+    allocates arms x (obs_size + 1)^2 floats (2,000 features: 256 MB)."""
+    import tracemalloc
+
+    from policies.base import npz_bytes, write_policy
+
+    header, _ = read_policy(saved)
+    lin = LinUCB(ARMS, len(FEATURES), FEATURES)
+    hostile = header.__class__(**{**header.__dict__, "type": "linucb", "kind": lin.kind, "obs_size": 2000,
+                                  "features": None, "params": lin.params()})  # fmt: skip
+    path = tmp_path / "big.zip"
+    write_policy(
+        path, hostile, {"state.npz": npz_bytes(A=np.eye(1)[None], b=np.zeros((1, 1)), pulls=np.zeros(1))}
+    )
+    tracemalloc.start()
+    with pytest.raises(PolicyError, match="LinUCB state A has shape"):
+        load_policy(path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 50 * 2**20, peak
+
+
+def test_the_confidence_policy_resumes_its_refit_schedule(tmp_path):
+    """Its refit counter is saved: a loaded copy refits on the same steps and chooses as the original."""
+    pol = ConfidencePolicy(ARMS, len(FEATURES), FEATURES, refit_every=16, window=128)
+    drive(pol, 77, seed=1)
+    pol.save(tmp_path / "c.zip")
+    back = load_policy(tmp_path / "c.zip")
+    assert back.steps == pol.steps > 0
+    assert drive(back, 60, seed=2) == drive(pol, 60, seed=2) and back.threshold == pol.threshold
