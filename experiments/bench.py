@@ -332,14 +332,12 @@ def _paired(rs: list[Record], base: list[Record]) -> float | None:
 
 def _median_paired(rs: list[Record], base: list[Record]) -> float | None:
     """The median over the prompts both have of ``rs``'s tokens/s over ``base``'s on the same prompt (a long
-    prompt weighs as much as a short one; the aggregate ratio, ``_paired``, weighs them by time)."""
-    mine = {r.prompt_id: throughput([r.new_tokens], [r.wall_s]) for r in rs}
-    ratios = [
-        speedup(mine[r.prompt_id], throughput([r.new_tokens], [r.wall_s]))
-        for r in base
-        if r.prompt_id in mine
-    ]
-    ratios = [x for x in ratios if math.isfinite(x)]  # a prompt timed at 0 s compares nothing
+    prompt weighs as much as a short one; the aggregate ratio, ``_paired``, weighs them by time). A prompt timed
+    at 0 s on either side compares nothing and is left out."""
+    mine = {r.prompt_id: throughput([r.new_tokens], [r.wall_s]) for r in rs if r.wall_s > 0}
+    ratios = [speedup(mine[r.prompt_id], throughput([r.new_tokens], [r.wall_s]))
+              for r in base if r.prompt_id in mine and r.wall_s > 0]  # fmt: skip
+    ratios = [x for x in ratios if math.isfinite(x)]
     return statistics.median(ratios) if ratios else None
 
 

@@ -70,7 +70,8 @@ def tau_distribution(records: Sequence[Any], methods: Sequence[str], path: Path)
     shown = [m for m in methods if by.get(m)]
     fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(shown) + 2), 4))
     if shown:
-        ax.boxplot([by[m] for m in shown], tick_labels=shown, showfliers=False)
+        ax.boxplot([by[m] for m in shown], showfliers=False)
+        ax.set_xticks(range(1, len(shown) + 1), shown)  # (boxplot's own label keyword was renamed in 3.9)
         for i, m in enumerate(shown, 1):
             n = len(by[m])
             xs = [i + 0.15 * ((k % 5) - 2) / 2 for k in range(n)]

@@ -147,7 +147,8 @@ def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[d
     from env.serving import Request, ServeLog, poisson_arrivals, serve
 
     if method == HF_BATCH:
-        return run_hf_batch(loaded, prompts, rids, level, args.max_new_tokens), None
+        wave = min(args.max_batch or level, level)  # the batch limit every method runs under
+        return run_hf_batch(loaded, prompts, rids, wave, args.max_new_tokens), None
     policy = args.policy_objects.get(method)
     if (
         policy is not None

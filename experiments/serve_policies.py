@@ -286,6 +286,11 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     policies = []
     from experiments.policy_commands import check_meta
 
+    stems = [p.stem for p in paths]  # each policy is a row named by its file's stem
+    twice = sorted({s for s in stems if stems.count(s) > 1 or s == "oracle" or s.startswith("static:")})
+    if twice:  # two of one name would share their replay and live results
+        raise UserError(f"two policies (or a policy and a baseline row) would be named {twice[0]!r}; "
+                        "rename one of the files")  # fmt: skip
     for p in paths:
         pol = check_meta(load_policy(p), p)
         policies.append((p.stem, pol))
@@ -306,7 +311,7 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
 
     max_new = args.max_new_tokens or int(meta.get("max_new_tokens", 64))
     max_batch = int(meta.get("max_batch", 16))
-    loads = [x.strip() for x in args.loads.split(",") if x.strip()]
+    loads = list(dict.fromkeys(x.strip() for x in args.loads.split(",") if x.strip()))  # once each, in order
     if not loads:
         raise UserError(f"--loads names no load (got {args.loads!r}); e.g. --loads 1,4,16,mixed")
     for x in loads:  # checked here, before a folder is made (a concurrency above the trace's rows too)

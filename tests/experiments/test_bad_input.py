@@ -470,6 +470,16 @@ SERVE_POLICIES = [
     ),
     ("evaluate-serve-policy-garbage", ["evaluate", "--serve", "--no-live", "{garbage}"], "garbage"),
     (
+        "evaluate-serve-policy-stem-twice",
+        ["evaluate", "--serve", "--no-live", "{tmp}/a/ppo.zip", "{tmp}/b/ppo.zip"],
+        "would be named 'ppo'",
+    ),
+    (
+        "evaluate-serve-policy-oracle",
+        ["evaluate", "--serve", "--no-live", "{tmp}/oracle.zip"],
+        "named 'oracle'",
+    ),
+    (
         "evaluate-serve-cost-garbage",
         ["evaluate", "--serve", "--no-live", "--batch-cost", "{garbage}"],
         "is not JSON",

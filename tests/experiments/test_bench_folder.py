@@ -183,10 +183,12 @@ def test_the_median_speedup_weighs_every_prompt_alike():
 
     ar = [rec("ar", i, s) for i, s in enumerate([1.0, 1.0, 1.0, 10.0])]
     fast = [rec("ngram-d4", i, s) for i, s in enumerate([0.5, 0.5, 0.5, 10.0, 0.0])]  # p4: no ar to pair with
+    ar.append(rec("ar", 5, 1.0))
+    fast.append(rec("ngram-d4", 5, 0.0))  # timed at 0 s: compares nothing (not a 0x or infinite speedup)
     rows = {r["method"]: r for r in summarize(ar + fast, ["ar", "ngram-d4"]) if r["category"] == "overall"}
     assert rows["ngram-d4"]["median_speedup_vs_ar"] == pytest.approx(2.0)  # per prompt: 2, 2, 2, 1
     assert rows["ngram-d4"]["speedup_vs_ar"] == pytest.approx(
-        400 / 11.5 / (400 / 13.0)
+        500 / 11.5 / (500 / 14.0)
     )  # the long prompt weighs
     assert rows["ar"]["median_speedup_vs_ar"] == pytest.approx(1.0)
     assert "med x AR" in format_table(list(rows.values())).splitlines()[0]

@@ -87,3 +87,20 @@ def test_recorded_arrivals_and_chunked_prefill_serve_the_same_tokens(tmp_path, c
         return sorted((q["method"], q["prompt_id"], tuple(q["token_ids"])) for q in run["requests"])
 
     assert tokens(runs["open"]) == tokens(runs["closed"])
+
+
+def test_hf_batch_runs_under_the_batch_limit_of_the_other_methods(monkeypatch):
+    """Under ``--max-batch 4`` at concurrency 16 every method serves at most 4 rows; HF's waves were 16 prompts."""
+    from types import SimpleNamespace
+
+    import experiments.serve_bench as sb
+
+    waves = []
+    monkeypatch.setattr(
+        sb, "run_hf_batch", lambda loaded, prompts, rids, level, max_new: waves.append(level) or []
+    )
+    args = SimpleNamespace(max_batch=4, max_new_tokens=8)
+    sb.run_cell(None, sb.HF_BATCH, 16, [[1]] * 16, [str(i) for i in range(16)], args, {})
+    args.max_batch = None  # no limit: the concurrency
+    sb.run_cell(None, sb.HF_BATCH, 16, [[1]] * 16, [str(i) for i in range(16)], args, {})
+    assert waves == [4, 16]
