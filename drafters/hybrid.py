@@ -40,7 +40,10 @@ from drafters.base import (
 
 def node_probs(tree: DraftTree, unscored: float) -> list[float]:
     """Path probability of every node (the root 1): from ``scores`` (log path probabilities), else ``unscored``
-    per level."""
+    per level for a first child, shared out geometrically among siblings in node order (the k-th child of a node
+    gets ``unscored * (1 - unscored)**(k - 1)`` of its parent's): siblings never add up to more than their parent,
+    so the sum over nodes, the expected accepted length, stays below the tree's depth. A chain gets
+    ``unscored**level``."""
     n = tree.num_nodes
     if tree.scores is not None:
         p = tree.scores.float().exp().tolist()
@@ -48,8 +51,11 @@ def node_probs(tree: DraftTree, unscored: float) -> list[float]:
         return p
     parents = tree.parents.tolist()
     out = [1.0] * n
+    rank = [0] * n  # children seen so far, per node
     for i in range(1, n):
-        out[i] = out[parents[i]] * unscored
+        p = parents[i]
+        out[i] = out[p] * unscored * (1.0 - unscored) ** rank[p]
+        rank[p] += 1
     return out
 
 

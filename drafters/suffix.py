@@ -206,12 +206,17 @@ class SuffixDrafter:
         self._catch_up(ctx.tokens)
 
     def _catch_up(self, tokens: list[int]) -> None:
-        if tokens[: self._seen] != self._tokens[: self._seen]:  # rewritten: start over
-            self._local, self._seen = SuffixTrie(self.depth_limit), 0
+        """Index what ``tokens`` (the caller's list, which it may cut in place) added since the last call;
+        ``self._tokens`` is a copy of the ``self._seen`` tokens indexed."""
+        n = self._seen
+        if len(tokens) < n or tokens[:n] != self._tokens:  # rewritten: start over
+            self._local, self._seen, self._tokens = SuffixTrie(self.depth_limit), 0, []
             self._active = self._local.open()
-        for t in tokens[self._seen :]:
+        new = tokens[self._seen :]
+        for t in new:
             self._active = self._local.extend(self._active, t)
-        self._tokens, self._seen = list(tokens), len(tokens)
+        self._tokens.extend(new)
+        self._seen = len(tokens)
 
     def propose(self, ctx: DraftContext, shape: TreeShape) -> DraftTree:
         root = ctx.tokens[-1]
@@ -246,7 +251,10 @@ class SuffixDrafter:
 
     def finish(self, ctx: DraftContext) -> None:
         """The sequence ended: its answer goes into the global cache now (a fork serves one request and is never
-        reset again, so waiting for the next ``reset`` would lose it)."""
-        self._catch_up(ctx.tokens)
+        reset again, so waiting for the next ``reset`` would lose it). The answer is the context as it ended (the
+        engine may have cut a last step's overshoot): read as it is, not indexed into this request's trie, which
+        is dropped."""
+        self._tokens = list(ctx.tokens)
         self._remember_answer()
-        self._tokens, self._seen = [], 0
+        self._local, self._tokens, self._seen = SuffixTrie(self.depth_limit), [], 0
+        self._active = self._local.open()

@@ -129,21 +129,24 @@ def kary_tree(root: int, expand: Expand, depth: int, topk: int, budget: int) -> 
     return drive(kary_steps(root, depth, topk, budget), expand)
 
 
-def kary_steps(root: int, depth: int, topk: int, budget: int) -> TreeSteps:
-    """``kary_tree`` as a generator (``TreeSteps``)."""
+def kary_steps(root: int, depth: int, topk: int, budget: int, min_prob: float = 0.0) -> TreeSteps:
+    """``kary_tree`` as a generator (``TreeSteps``). Every node of a level is expanded: a node may have fewer
+    than ``topk`` children (a lookup table's row, or a child below ``min_prob``, which is not added), so the ones
+    after it fill the budget. Nodes whose path probability is below ``min_prob`` are not added."""
     g = GrowingTree.start(root)
     level = [0]
+    min_logp = math.log(min_prob) if min_prob > 0 else -math.inf
     for _ in range(depth):
-        room = budget - (len(g) - 1)
-        if room <= 0 or not level:
+        if len(g) - 1 >= budget or not level:
             break
-        level = level[: -(-room // topk)]  # only nodes whose children can still fit
         logp, toks = yield level, g
         nxt = []
         for f, node in enumerate(level):
             for lp, tok in _children(logp, toks, f, topk):
                 if len(g) - 1 >= budget:
                     break
+                if g.scores[node] + lp < min_logp:
+                    continue
                 nxt.append(g.add(node, tok, lp))
         level = nxt
     return g.to_tree()
@@ -210,7 +213,7 @@ def tree_steps(kind: str, root: int, shape: TreeShape, min_prob: float = 0.0) ->
         d = min(shape.depth, shape.max_nodes)
         return dynamic_steps(root, d, 1, d, min_prob)
     if kind == "kary":
-        return kary_steps(root, shape.depth, shape.topk, shape.max_nodes)
+        return kary_steps(root, shape.depth, shape.topk, shape.max_nodes, min_prob)
     return dynamic_steps(root, shape.depth, shape.topk, shape.max_nodes, min_prob)
 
 

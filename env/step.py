@@ -190,10 +190,13 @@ class Stepper:
         return obs.clip(self.builder.low, self.builder.high)
 
     def _cached(self, seq: Seq, arm: Arm) -> DraftTree | None:
-        """The tree for ``arm`` cut from this root's proposal, when the drafter already proposed here."""
+        """The tree for ``arm`` cut from this root's proposal, when the drafter already proposed here and cutting
+        its largest tree gives what it proposes for the arm (``exact_replay``: n-gram; a best-first tree of a
+        node budget, suffix's or a dynamic one, may spend its budget elsewhere than the arm's own would)."""
         if arm.drafter is None or seq._root_at != len(seq.row.tokens) or arm.drafter not in seq._proposals:
             return None
-        if not _fits(arm.shape, largest_shape(seq.row.drafters[arm.drafter])):
+        drafter = seq.row.drafters[arm.drafter]
+        if not getattr(drafter, "exact_replay", False) or not _fits(arm.shape, largest_shape(drafter)):
             return None
         return prune(seq._proposals[arm.drafter], arm.shape)
 

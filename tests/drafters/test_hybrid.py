@@ -50,6 +50,18 @@ def test_unscored_nodes_decay_per_level():
     assert node_probs(t, 0.5) == [1.0, 0.5, 0.25]
 
 
+def test_unscored_siblings_share_their_parent():
+    """Four one-off continuations of one token: siblings share their parent's probability (geometrically, best
+    first), so the expected accepted length stays below the depth and does not make the skip rule drop the
+    second part."""
+    t = _tree([9, 1, 2, 3, 4, 5, 6, 7, 8], [-1, 0, 1, 0, 3, 0, 5, 0, 7])  # four chains of two
+    p = node_probs(t, 0.6)
+    assert p[1] == pytest.approx(0.6) and p[2] == pytest.approx(0.36)  # the first chain as a chain alone
+    first = [p[i] for i in (1, 3, 5, 7)]
+    assert sum(first) <= 1.0 and first == sorted(first, reverse=True)
+    assert sum(p[1:]) < 2  # a depth-2 tree accepts at most 2
+
+
 def test_bad_parts_are_refused():
     for parts in ("suffix", "suffix,suffix", "suffix,hybrid", "suffix,medusa"):
         with pytest.raises(DrafterError):

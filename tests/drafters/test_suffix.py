@@ -175,9 +175,36 @@ def test_the_cache_learns_only_the_tokens_a_request_emitted():
 
     first = SuffixDrafter()
     st = Stepper(BatchEngine(loaded, max_rows=1), [NO_DRAFT, parse_arm("suffix-d6")])
-    seq = st.start(prompt, 3, {"suffix": first.fork()})
-    seq._proposals, seq._root_at = {"suffix": chain(greedy[0], greedy[1:7])}, len(seq.row.tokens)
+    fork = first.fork()
+    seq = st.start(prompt, 3, {"suffix": fork})
+    fork.propose = lambda ctx, shape: chain(
+        greedy[0], greedy[1:7]
+    )  # a step that overshoots the request's end
     out = st.step([1])[0]
     assert out.result.accepted == 6 and seq.tokens == greedy[:3] and seq.done  # 7 committed, 3 counted
     st.retire(seq)
     assert list(first.shared["answers"]) == [greedy[:3]]
+
+
+def test_finishing_after_the_context_was_cut_does_not_reindex_it(monkeypatch):
+    """The engine cuts a last step's overshoot from the row's list in place, then finishes the drafter: the answer
+    goes to the cache as cut, without indexing the whole context again into a trie that is dropped."""
+    d = SuffixDrafter()
+    toks = [1, 2, 3] + [4, 5, 6, 7] * 50
+    ctx = DraftContext(tokens=toks, prompt_len=3)
+    d.reset(ctx)
+    d.propose(ctx, TreeShape(depth=4))
+    del toks[-3:]  # in place, as Stepper.retire cuts
+    extended = []
+    real = SuffixTrie.extend
+    cache = d.shared["trie"]  # the cache learns the answer, as it should; no other trie learns anything
+    monkeypatch.setattr(
+        SuffixTrie, "extend", lambda self, *a: (self is not cache and extended.append(1)) or real(self, *a)
+    )
+    d.finish(ctx)
+    assert extended == [] and list(d.shared["answers"]) == [toks[3:]]
+    monkeypatch.undo()
+    d.reset(DraftContext(tokens=[4, 5, 6], prompt_len=3))  # the next request: the cache knows what follows
+    assert d.propose(DraftContext(tokens=[4, 5, 6], prompt_len=3), TreeShape(depth=3)).tokens.tolist()[
+        1:
+    ] == [7, 4, 5]

@@ -113,3 +113,28 @@ def test_a_chain_keeps_to_the_node_budget(kind, shape, nodes):
     t = build_tree(kind, 0, toy_expand(calls), shape)
     _check_tree(t)
     assert t.num_draft == nodes == min(shape.depth, shape.max_nodes) and len(calls) == nodes  # no wasted pass
+
+
+def test_kary_fills_its_budget_past_nodes_without_children():
+    """A lookup table's node may have no children: the next node's fill the budget (a cut of the level to
+    budget / topk nodes assumed every node had topk)."""
+    table = {0: [1, 2], 1: [], 2: [3, 4]}
+
+    def expand(frontier, g):
+        lp = torch.full((len(frontier), 2), -math.inf)
+        toks = torch.zeros((len(frontier), 2), dtype=torch.long)
+        for f, n in enumerate(frontier):
+            for r, tok in enumerate(table.get(g.tokens[n], [])):
+                lp[f, r], toks[f, r] = math.log(0.5), tok
+        return lp, toks
+
+    tree = kary_tree(0, expand, depth=2, topk=2, budget=4)
+    assert tree.tokens.tolist() == [0, 1, 2, 3, 4] and tree.parents.tolist() == [-1, 0, 0, 2, 2]
+
+
+def test_kary_honours_min_prob():
+    """min_prob, documented for every tree kind of the model drafters, bounds the k-ary tree's paths too."""
+    shape = TreeShape(depth=3, topk=2, budget=14)
+    tree = build_tree("kary", 0, toy_expand([]), shape, min_prob=0.3)
+    assert math.exp(float(tree.scores[1:].min())) >= 0.3 - 1e-6
+    assert build_tree("kary", 0, toy_expand([]), shape).num_draft > tree.num_draft
