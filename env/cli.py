@@ -97,6 +97,19 @@ def run_program(
         return EXIT_USAGE
 
 
+def holds_other_than_json(path: Path) -> bool:
+    """``path`` is an existing file whose first bytes are not JSON's: not an earlier result of a ``--json`` output
+    (a policy, a trace, a model file named there by a misplaced flag), which writing it would destroy."""
+    if not path.is_file():
+        return False
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(64).lstrip()
+    except OSError:
+        return False
+    return bool(head) and head[:1] not in (b"{", b"[")
+
+
 def output_file(path: str | Path | None, flag: str = "--json") -> Path | None:
     """Check, before any work, that ``path`` can be written: not a directory, its folder made and writable
     (``ProgramError`` naming ``flag`` otherwise). None stays None (nothing to write)."""
@@ -105,6 +118,8 @@ def output_file(path: str | Path | None, flag: str = "--json") -> Path | None:
     out = Path(path)
     if out.is_dir() or str(path).endswith(("/", os.sep)):
         raise ProgramError(f"{flag} {path} is a directory, not a file")
+    if flag == "--json" and holds_other_than_json(out):
+        raise ProgramError(f"{flag} {path} exists and is not a JSON file; not overwritten")
     folder = out.parent
     if folder.exists() and not folder.is_dir():
         raise ProgramError(f"{flag} {path}: {folder} is a file, not a folder")

@@ -20,7 +20,9 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
+    """``text`` as UTF-8; a file name of bytes that are not UTF-8 (Python keeps them as surrogates) quoted in it is
+    written back as those bytes, not an encoding error after the work is done."""
+    return atomic_write_bytes(path, text.encode("utf-8", errors="surrogateescape"))
 
 
 def jsonl_lines(path: str | Path) -> list[str]:

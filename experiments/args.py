@@ -14,19 +14,20 @@ from pathlib import Path
 from env.cli import seed_int
 
 
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An integer >= ``low``."""
+def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An integer >= ``low`` (and <= ``high`` when given)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if value < low or (high is not None and value > high):
+            span = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"must be {span}, got {value}")
         return value
 
-    parse.__name__ = f"integer >= {low}"
+    parse.__name__ = f"integer >= {low}" if high is None else f"integer in [{low}, {high}]"
     return parse
 
 
@@ -220,12 +221,27 @@ def output_dir(path: str | Path, flag: str = "--out") -> Path:
     return out
 
 
-def output_file(path: str | Path, flag: str = "--out") -> Path:
-    """Check, before any work, that ``path`` can be written (its folder made and writable, not a directory)."""
+def output_file(path: str | Path, flag: str = "--out", inputs: tuple[object, ...] = ()) -> Path:
+    """Check, before any work, that ``path`` can be written (its folder made and writable, not a directory), that it
+    is none of the command's ``inputs`` (paths, None for an input not given), and, for a ``--json`` output, that an
+    existing file there is JSON (an earlier result), not something else a misplaced flag would destroy."""
+    import os
+
+    from env.cli import holds_other_than_json
     from experiments.errors import UserError
 
     out = Path(path)
     if out.is_dir():
         raise UserError(f"{flag} {out} is a directory, not a file")
+    if out.exists():
+        for src in inputs:
+            try:
+                same = src is not None and os.path.samefile(out, src)
+            except (OSError, ValueError):
+                same = False
+            if same:
+                raise UserError(f"{flag} {out} is also an input of this command; it would be overwritten")
+        if flag == "--json" and holds_other_than_json(out):
+            raise UserError(f"{flag} {out} exists and is not a JSON file; not overwritten")
     output_dir(out.parent if str(out.parent) else ".", flag=f"{flag} {out}: folder")
     return out

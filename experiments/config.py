@@ -387,14 +387,15 @@ def _check_policy(name: str, p: PolicyConfig, fail: Any, seed: int = 0) -> None:
 def _try_policy(name: str, p: PolicyConfig, cls: Any, fail: Any, seed: int) -> None:
     """Build the policy once with its ``params`` over its arm menu and the observation ``draftgym run`` gives it
     (``experiments.methods.build_policy`` does the same), so that a parameter of the wrong type or out of range
-    fails in one line before any model loads. Not for the policies that are trained before they are built
-    (``sb3``, ``predictor``), one that is loaded from ``path``, a static policy whose arm training chooses, or a
-    confidence policy reading a named ``feature`` (the training trace's observation may differ)."""
+    fails in one line before any model loads (the trained kinds too, ``sb3`` and ``predictor``: building one
+    checks its hyper-parameters and trains nothing). Not for one that is loaded from ``path``, a static policy
+    whose arm training chooses, or a confidence policy reading a named ``feature`` (the training trace's
+    observation may differ)."""
     from drafters import DrafterError
     from env.engine import parse_arm, split_weights
     from env.features import FeatureSpec, feature_names
 
-    if getattr(cls, "kind", "") in ("rl", "predictor") or p.path or "feature" in p.params:
+    if p.path or "feature" in p.params:
         return
     if p.kind == "static" and "arm" not in p.params:
         return

@@ -50,7 +50,7 @@ def _main(argv: list[str] | None) -> int:
     )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    json_out = output_file(args.json)
+    json_out = output_file(args.json, flag="--json")
     kinds = [k.strip() for k in args.heads.split(",") if k.strip()]
     if not kinds or len(args.weights) > len(kinds):
         raise DrafterError(f"--heads names {len(kinds)} head(s), --weights {len(args.weights)} file(s)")

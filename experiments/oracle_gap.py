@@ -208,7 +208,7 @@ def cmd_oracle_gap(args: argparse.Namespace) -> int:
             f"--test-per-category must be >= 1 and --seed >= 0, got {args.test_per_category} and {args.seed}"
         )
     if args.json:
-        output_file(args.json, flag="--json")
+        output_file(args.json, flag="--json", inputs=(args.trace, args.cost_model))
     try:
         trace = load_trace(args.trace)
         arms = [a.name for a in make_arms(args.arms)]

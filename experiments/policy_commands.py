@@ -308,7 +308,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise _user_error(f"--limit must be >= 1, got {args.limit}")
     if args.json:
-        output_file(args.json, flag="--json")
+        output_file(
+            args.json, flag="--json", inputs=(*args.policies, args.trace, args.cost_model, args.workload)
+        )
     if args.out:
         output_dir(args.out)
 

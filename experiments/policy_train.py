@@ -177,6 +177,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in cfg.policies]
     if unknown:
         raise _user_error(f"no [policies.{unknown[0]}] in {args.config}; defined: {', '.join(cfg.policies)}")
+    planned = Path(args.out or f"runs/{cfg.name}")  # the run folder, not made yet
+    where: dict[Path, str] = {}
+    for name in cfg.policies:  # one file per policy: two sharing one would overwrite each other
+        other = where.setdefault(policy_path(name, cfg.policies[name], planned).resolve(), name)
+        if other != name:
+            raise _user_error(f"policies {other} and {name} would both be saved to "
+                              f"{policy_path(name, cfg.policies[name], planned)}; give each its own train.out")  # fmt: skip
     run_dir = output_dir(args.out or f"runs/{cfg.name}")
     for name in names:  # a train.out that cannot be written fails now, not after the training
         if cfg.policies[name].train.out:

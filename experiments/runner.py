@@ -90,8 +90,8 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
     from env.model import load_model
     from experiments.methods import make_decoders, sampling_of, save_policy_states
 
+    prompts = select_prompts(cfg)  # a missing or bad workload: refused before the run folder is written
     prepare_run_dir(cfg, out)
-    prompts = select_prompts(cfg)
     methods = list(cfg.methods)
     rec_path = out / "records.jsonl"
     records = load_done(rec_path)
@@ -290,6 +290,7 @@ def cmd_run(args: Any) -> int:
     from experiments.errors import UserError
 
     cfg = load_config(args.config, sets=args.set or [])
+    select_prompts(cfg)  # a missing or bad workload: one line before the run folder is made
     out = output_dir(args.out or f"runs/{cfg.name}")
     result = run(cfg, out, progress=not args.json)
     problems = check_results(load_done(out / "records.jsonl"), select_prompts(cfg), list(cfg.methods))

@@ -217,9 +217,10 @@ def cmd_serve_bench(args: Any) -> int:
     for path in args.policy or []:  # serving policies (draftgym serve-train): one method each
         from env.batch_cost import load_batch_cost
         from env.serve_env import obs_size
+        from experiments.policy_commands import check_meta
         from policies.base import PolicyError, load_policy
 
-        pol = load_policy(path)
+        pol = check_meta(load_policy(path), path)  # a hand-edited meta: one line, as evaluate --serve says it
         m = int(pol.meta.get("max_batch", 16))
         if pol.obs_size != obs_size(m):
             raise PolicyError(f"{path} is not a serving policy (draftgym serve-train makes them)")
@@ -372,13 +373,21 @@ MAX_ARRIVAL_S = (
 )
 
 
+MAX_ARRIVALS_BYTES = 16 << 20  # a line per request: far more than any served trace
+
+
 def read_arrivals(path: str, n: int) -> list[float]:
     """A recorded arrival trace: one arrival time (seconds from the start, non-decreasing) per line, the i-th for
     the i-th request; at least as many as there are requests."""
     from experiments.errors import UserError, describe_os_error
 
+    src = Path(path)
+    if src.exists() and not src.is_file():  # a FIFO would block, a device never end
+        raise UserError(f"--arrivals {path} is not a regular file")
+    if src.is_file() and src.stat().st_size > MAX_ARRIVALS_BYTES:
+        raise UserError(f"--arrivals {path} is over {MAX_ARRIVALS_BYTES >> 20} MiB: not an arrival trace")
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = src.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise UserError(
             f"--arrivals {path}: {describe_os_error(err) if isinstance(err, OSError) else 'not UTF-8 text'}"

@@ -91,7 +91,7 @@ def _main(argv: list[str] | None) -> int:
     for x in loads:
         parse_load(x, 16)
     cost = load_batch_cost(args.batch_cost)
-    json_out = output_file(args.json)
+    json_out = output_file(args.json, flag="--json")
     from env.model import load_model
 
     loaded = load_model(None, dtype="bf16")

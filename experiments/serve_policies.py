@@ -327,7 +327,7 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
         raise UserError(f"--live-policies names {', '.join(unknown)}, not among the policies evaluated: "
                         f"{', '.join(name for name, _ in policies)}")  # fmt: skip
     if args.json:
-        output_file(args.json, flag="--json")
+        output_file(args.json, flag="--json", inputs=(*args.policies, args.trace, args.batch_cost))
     out = output_dir(args.out or "runs/evaluate-serve")
     loaded = None
     if not args.no_live:
@@ -405,16 +405,18 @@ def format_table(res: dict[str, Any]) -> str:
 
 
 def add_serve_args(e: Any) -> None:
-    from experiments.args import positive_int
+    from experiments.args import int_at_least, positive_int
+    from experiments.serve_train import MAX_REQUESTS
 
     e.add_argument("--serve", action="store_true", help="evaluate serving policies under load (SpecServe-v0)")
     e.add_argument("--batch-cost", default=None,
                    help="--serve: batch cost model JSON, or roofline:ACC/MODEL (simulated); default the shipped")  # fmt: skip
     e.add_argument("--loads", default=",".join(EVAL_LOADS), help="--serve: load levels, mixed (ramp), bursty")
-    e.add_argument("--episodes", type=positive_int, default=16, help="--serve: replayed servers per load")
     e.add_argument(
-        "--requests", type=positive_int, default=32, help="--serve: requests per episode (mixed: 46)"
+        "--episodes", type=int_at_least(1, 65_536), default=16, help="--serve: replayed servers per load"
     )
+    e.add_argument("--requests", type=int_at_least(1, MAX_REQUESTS), default=32,
+                   help="--serve: requests per episode (mixed: 46)")  # fmt: skip
     e.add_argument("--repeats", type=positive_int, default=3, help="--serve: live runs per cell (median)")
     e.add_argument("--live-policies", default=None, help="--serve: live only these policies (comma list)")
     e.add_argument("--no-probe", action="store_true",

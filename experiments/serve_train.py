@@ -186,8 +186,12 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_REQUESTS = 65_536  # per training episode: a served stream of requests, not an allocation
+
+
 def register(sub: Any) -> None:
     from experiments.args import int_at_least, new_tokens, positive_int
+    from experiments.serve_bench import MAX_LEVEL
 
     t = sub.add_parser("serve-train", help="fit and train the serving policies on the replayed serving env")
     t.add_argument("--trace", default=None, help="replay trace (default: the bundled serving trace)")
@@ -197,8 +201,11 @@ def register(sub: Any) -> None:
     t.add_argument("--test-per-category", type=positive_int, default=4, help="held-out prompts per category")
     t.add_argument("--seed", type=seed_int, default=0)
     t.add_argument("--max-new-tokens", type=new_tokens, default=64)
-    t.add_argument("--requests", type=positive_int, default=32, help="requests per training episode")
-    t.add_argument("--max-batch", type=positive_int, default=16)
+    t.add_argument("--requests", type=int_at_least(1, MAX_REQUESTS), default=32,
+                   help="requests per training episode")  # fmt: skip
+    t.add_argument(
+        "--max-batch", type=int_at_least(1, MAX_LEVEL), default=16, help="rows in the batch at most"
+    )
     t.add_argument("--timesteps", type=int_at_least(0), default=600_000, help="PPO steps (0: no PPO)")
     t.add_argument("--out", default="runs/serve-policies", help="output folder of the policy files")
     t.add_argument("--json", action="store_true")

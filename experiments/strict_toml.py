@@ -137,6 +137,8 @@ def _coerce(tp: Any, value: Any, path: tuple[str, ...], where: Origin, finite: b
         if finite and not math.isfinite(value):
             raise _nonfinite(value, path, where)
         return float(value)
+    if tp is str and type(value) is str and "\x00" in value:  # no path, name or option holds one
+        raise ConfigError(f"{where(path)}: {dotted(path)} holds a NUL character (\\x00)")
     if tp in (int, str, bool) and type(value) is tp:
         return value
     raise bad()

@@ -447,6 +447,21 @@ def _fmt(v: Any) -> str:
 # ------------------------------------------------------------------------------------------------ command line
 
 
+def check_inputs(cfg: Config) -> None:
+    """Read what the backend's trials will read (the replay trace and cost model; the live workload), so that a
+    bad file is one line before any folder or study is made, not a failed trial."""
+    if cfg.sweep.backend == "replay":
+        from env.cost import load_cost_model
+        from env.trace import load_trace
+
+        load_trace(cfg.sweep.trace or None)
+        load_cost_model(cfg.sweep.cost_model or None)
+    elif cfg.sweep.backend == "live":
+        from experiments.runner import select_prompts
+
+        select_prompts(cfg)
+
+
 def cmd_sweep(args: Any) -> int:
     import optuna
 
@@ -460,6 +475,9 @@ def cmd_sweep(args: Any) -> int:
             raise ConfigError(f"--workers must be >= 1, got {args.workers}")
         if args.storage:
             open_storage(args.storage, base)  # a storage that cannot be opened fails first
+        check_inputs(
+            base
+        )  # a missing trace, cost model or workload: refused before the run folder is written
     out = output_dir(args.out or f"runs/sweep-{base.name}")
     url = args.storage or f"sqlite:///{(out / 'study.db').resolve()}"
     progress = not args.json

@@ -228,11 +228,19 @@ def write_policy(path: str | Path, header: Header, files: dict[str, bytes]) -> N
     write_archive(path, "header.json", meta, files)
 
 
+def _regular_file(path: Path) -> None:
+    """A policy is read from a regular file: a missing one, a folder, a FIFO (which would block) or a device
+    (``/dev/zero``, endless) is a ``PolicyError`` before any byte is read."""
+    if not path.exists():
+        raise PolicyError(f"policy file {path} does not exist")
+    if not path.is_file():
+        raise PolicyError(f"policy file {path} is not a regular file")
+
+
 def read_policy(path: str | Path) -> tuple[Header, dict[str, bytes]]:
     """Read and check an archive: every problem is a ``PolicyError`` naming the file."""
     path = Path(path)
-    if not path.is_file():
-        raise PolicyError(f"policy file {path} does not exist")
+    _regular_file(path)
     meta, files = read_archive(path, "header.json", FORMAT, FORMAT_VERSION, "draftgym policy file")
     try:
         features = meta.get("features")
@@ -378,6 +386,7 @@ def load_policy(
 ) -> BasePolicy:
     """Restore any saved policy, or a plain stable-baselines3 zip; with ``arms``/``obs_size``/``features`` given,
     refuse a mismatched one."""
+    _regular_file(Path(path))
     plain_sb3 = is_sb3_zip(path)  # a stable-baselines3 ``model.save`` file, read as data (policies.sb3_files)
     what = "stable-baselines3 model"
     if not plain_sb3:

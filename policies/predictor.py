@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from env.replay import ReplayTables
-from policies.base import BasePolicy, PolicyError, npz_bytes, read_npz
+from policies.base import BasePolicy, PolicyError, npz_bytes, read_npz, real
 from policies.oracle import rollout_actions
 
 MODELS = ("mlp", "ridge")
@@ -58,6 +58,12 @@ class PredictorPolicy(BasePolicy):
             raise PolicyError(f"unknown predictor model {model!r}; valid: {', '.join(MODELS)}")
         if self.obs_size < 1:
             raise PolicyError("the predictor needs an observation (obs_size >= 1)")
+        real("predictor hidden", hidden, lo=1, hi=1 << 16, integer=True)
+        real("predictor layers", layers, lo=1, hi=64, integer=True)
+        real("predictor alpha", alpha, lo=0.0, hi=1e6)
+        real("predictor max_iter", max_iter, lo=1, hi=1 << 24, integer=True)
+        real("predictor rate", rate, lo=0.0, hi=1e6)
+        real("seed", seed, lo=0, integer=True)
         self.model, self.hidden, self.layers = model, int(hidden), int(layers)
         self.alpha, self.max_iter, self.seed = float(alpha), int(max_iter), int(seed)
         self.weights: list[tuple[np.ndarray, np.ndarray]] = []

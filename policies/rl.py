@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import BasePolicy, PolicyError, json_bytes
+from policies.base import BasePolicy, PolicyError, json_bytes, real
 from policies.sb3_files import (
     DEFAULT_ACTIVATION,
     SpacesEnv,
@@ -41,6 +41,31 @@ from policies.sb3_files import (
 ALGOS = ("ppo", "dqn", "a2c")
 REWARDS = ("time_saved", "speedup")
 # Hyper-parameters each algorithm takes (None: stable-baselines3's default).
+# the range of each hyper-parameter (low, high, low open, integer): a value outside fails in one line at build
+# time, not as a stable-baselines3 assertion or a diverging run mid-training
+HYPER_RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "learning_rate": (0.0, 10.0, True, False),
+    "gamma": (0.0, 1.0, False, False),
+    "n_steps": (1, 1 << 20, False, True),
+    "batch_size": (
+        2,
+        1 << 24,
+        False,
+        True,
+    ),  # PPO normalizes advantages over a mini-batch: one sample is refused
+    "n_epochs": (1, 10_000, False, True),
+    "gae_lambda": (0.0, 1.0, False, False),
+    "ent_coef": (0.0, 100.0, False, False),
+    "clip_range": (0.0, 10.0, True, False),
+    "buffer_size": (1, 1 << 26, False, True),
+    "learning_starts": (0, 1 << 40, False, True),
+    "train_freq": (1, 1 << 20, False, True),
+    "gradient_steps": (-1, 1 << 20, False, True),  # -1: as many as env steps (stable-baselines3's convention)
+    "target_update_interval": (1, 1 << 30, False, True),
+    "exploration_fraction": (0.0, 1.0, False, False),
+    "exploration_final_eps": (0.0, 1.0, False, False),
+}
+
 HYPER = {
     "ppo": (
         "learning_rate",
@@ -167,6 +192,11 @@ class SB3Policy(BasePolicy):
         wrong = [k for k, v in given.items() if v is not None and k not in HYPER[algo]]
         if wrong:
             raise PolicyError(f"{algo} does not take {wrong}; it takes {list(HYPER[algo])}")
+        real("seed", seed, lo=0, integer=True)
+        for k, v in given.items():
+            if v is not None:
+                lo, hi, lo_open, integer = HYPER_RANGES[k]
+                real(f"{algo} {k}", v, lo=lo, hi=hi, lo_open=lo_open, integer=integer)
         self.hyper = {k: v for k, v in given.items() if v is not None}
         self.model: Any = None
         self._layers: list[tuple[str, Any, Any]] | None = None  # numpy copy of the actor (``numpy_actor``)

@@ -47,6 +47,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
         "toml_type": b'name = "x"\n[decode]\nmax_new_tokens = "many"\n',
         "toml_live": b'name = "x"\n[policies.p]\nkind = "sb3"\n[policies.p.train]\nbackend = "live"\n',
         "toml_nopolicy": b'name = "x"\nmethods = ["ar"]\n',
+        "toml_twoout": b'name = "x"\n[policies.a]\nkind = "ucb1"\narms = ["none", "ngram-d2"]\n'
+        b'[policies.a.train]\nout = "shared.zip"\n[policies.b]\nkind = "thompson"\narms = ["none", "ngram-d2"]\n'
+        b'[policies.b.train]\nout = "shared.zip"\n',
         "jsonl_long": (
             json.dumps({"question_id": 1, "category": "qa", "turns": ["word " * 9000]}) + "\n"
         ).encode(),
@@ -154,7 +157,7 @@ GENERATE = [
     ("model-config-eps", ["generate", "hi", "--model", "{model_eps_str}"], "rms_norm_eps is 'x'"),
     ("model-config-kv", ["generate", "hi", "--model", "{model_kv_split}"], "do not split into 3 KV heads"),
     ("policy-missing", ["generate", "hi", "--policy", "{tmp}/p.zip"], "does not exist"),
-    ("policy-directory", ["generate", "hi", "--policy", "{dir}"], "does not exist"),
+    ("policy-directory", ["generate", "hi", "--policy", "{dir}"], "not a regular file"),
     ("policy-not-zip", ["generate", "hi", "--policy", "{bin}"], "not a readable draftgym policy"),
     ("policy-empty", ["generate", "hi", "--policy", "{empty}"], "not a readable draftgym policy"),
     ("policy-truncated", ["generate", "hi", "--policy", "{policy_truncated}"], "policy"),
@@ -299,6 +302,57 @@ RUN_SWEEP_TRAIN = [
         "train-out-under-a-file",
         ["train", str(CONFIGS / "bandit.toml"), "--out", "{blocker}/t"],
         "not a directory",
+    ),
+    (
+        "run-workload-missing",
+        [
+            "run",
+            str(CONFIGS / "bandit.toml"),
+            "--set",
+            'workload.path="{tmp}/nope.jsonl"',
+            "--out",
+            "{tmp}/r",
+        ],
+        "does not exist",
+    ),
+    (
+        "sweep-trace-missing",
+        [
+            "sweep",
+            str(CONFIGS / "tree_sweep.toml"),
+            "--set",
+            'sweep.backend="replay"',
+            "--set",
+            'sweep.trace="{tmp}/nope.npz"',
+            "--out",
+            "{tmp}/s",
+        ],
+        "does not exist",
+    ),  # fmt: skip
+    ("train-two-policies-one-file", ["train", "{toml_twoout}", "--out", "{tmp}/t"], "both be saved to"),
+    (
+        "train-ppo-batch-size-one",
+        ["train", str(CONFIGS / "ppo.toml"), "--set", "policies.ppo.params.batch_size=1", "--out", "{tmp}/t"],
+        "batch_size must be an integer in [2",
+    ),
+    (
+        "train-predictor-hidden-negative",
+        [
+            "train",
+            str(CONFIGS / "policies.toml"),
+            "--policy",
+            "predictor",
+            "--set",
+            "policies.predictor.params.hidden=-1",
+            "--out",
+            "{tmp}/t",
+        ],
+        "predictor hidden",
+    ),  # fmt: skip
+    (
+        "train-name-nul",
+        ["train", str(CONFIGS / "bandit.toml"), "--set", 'name="a\\u0000b"', "--out", "{tmp}/t"],
+        "NUL character",
     ),
 ]
 READERS = [
@@ -480,6 +534,19 @@ SERVE_POLICIES = [
         "named 'oracle'",
     ),
     (
+        "evaluate-json-over-a-policy",
+        ["evaluate", "--no-live", "--json", "{policy_truncated}"],
+        "not a JSON file",
+    ),
+    (
+        "evaluate-json-is-an-input",
+        ["evaluate", "--no-live", "{garbage}", "--json", "{garbage}"],
+        "also an input",
+    ),
+    ("serve-train-max-batch-huge", ["serve-train", "--max-batch", "1000000000000"], "must be in [1, 4096]"),
+    ("generate-policy-device", ["generate", "hi", "--policy", "/dev/zero"], "not a regular file"),
+    ("serve-bench-arrivals-device", ["serve-bench", "--arrivals", "/dev/zero"], "not a regular file"),
+    (
         "evaluate-serve-cost-garbage",
         ["evaluate", "--serve", "--no-live", "--batch-cost", "{garbage}"],
         "is not JSON",
@@ -625,3 +692,18 @@ def test_a_policy_whose_training_record_is_malformed_is_refused(tmp_path, capsys
     assert main(["evaluate", str(tmp_path / "p.zip"), "--no-live"]) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and needle in err[0], err
+
+
+@pytest.mark.parametrize("value", ["x", [16], 0])
+def test_a_serving_policy_whose_max_batch_is_malformed_is_refused(tmp_path, capsys, value):
+    """``serve-bench --policy`` reads the batch size a serving policy was trained for from its meta: checked as
+    ``evaluate --serve`` checks it, one line and exit 2, not an int() traceback."""
+    from experiments.cli import main
+    from policies import load_policy
+
+    pol = load_policy(ROOT / "policies" / "data" / "serve" / "smartspec.zip")
+    pol.meta = {**pol.meta, "max_batch": value}
+    pol.save(tmp_path / "p.zip")
+    assert main(["serve-bench", "--policy", str(tmp_path / "p.zip"), "--out", str(tmp_path / "o")]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and "meta.max_batch is not a positive integer" in err[0], err
