@@ -40,6 +40,19 @@ def ar_answers(path: Path) -> dict[str, list[int]]:
 PROG = "python -m experiments.offline_tau"
 
 
+def _bench_settings(path: Path) -> dict:
+    """The ``settings`` of a bench run's ``bench.json`` ({} when there is none or it is not readable)."""
+    from env.safe_zip import ArchiveProblem, parse_json
+
+    try:
+        if path.is_file() and path.stat().st_size < 1 << 26:
+            settings = parse_json(path.read_bytes()).get("settings")
+            return settings if isinstance(settings, dict) else {}
+    except (ArchiveProblem, OSError, AttributeError):
+        pass
+    return {}
+
+
 def main(argv: list[str] | None = None) -> int:
     from env.cli import run_program
     from experiments.errors import USER_ERROR_TYPES
@@ -54,7 +67,8 @@ def _main(argv: list[str] | None) -> int:
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", help="a bench run folder (its records.jsonl)")
     p.add_argument("workload", help="the workload the bench ran")
-    p.add_argument("per_category", nargs="?", type=positive_int, default=5, help="as bench --per-category")
+    p.add_argument("per_category", nargs="?", type=positive_int, default=None,
+                   help="as bench --per-category (default: what the run's bench.json says the bench ran with)")  # fmt: skip
     args = p.parse_args(argv)
 
     from drafters import make_drafter
@@ -65,14 +79,19 @@ def _main(argv: list[str] | None) -> int:
     from env.workloads import load_workload
 
     ar = ar_answers(Path(args.run_dir) / "records.jsonl")
-    prompts = load_workload(args.workload, per_category=args.per_category)
+    ran = _bench_settings(Path(args.run_dir) / "bench.json")  # the prompts and the model the bench ran
+    per_category = args.per_category if args.per_category is not None else ran.get("per_category")
+    prompts = load_workload(
+        args.workload, per_category=per_category if isinstance(per_category, int) else None
+    )
     missing = [p.prompt_id for p in prompts if p.prompt_id not in ar]
     if missing:
         raise UserError(
             f"{args.run_dir} has no ar answer to {len(missing)} of {len(prompts)} prompts (first: {missing[0]!r}); "
             "run the bench with the ar method on this workload and --per-category"
         )
-    loaded = load_model(None, dtype="bf16", device="cpu")
+    model = ran.get("model")  # its tokenizer writes the prompts as the bench did
+    loaded = load_model(model if isinstance(model, str) else None, dtype="bf16", device="cpu")
     order, cats = [], []
     for p in prompts:
         ids = chat_prompt(loaded.tokenizer, p.text)
