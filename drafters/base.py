@@ -163,7 +163,7 @@ def tree_problem(
         return "offsets, tokens and parents must be 1-D"
     if tok.shape != par.shape:
         return f"{tok.shape[0]} tokens but {par.shape[0]} parents"
-    if off.size < 1 or off[0] != 0 or off[-1] != tok.size or (np.diff(off) < 1).any():
+    if off.size < 1 or off[0] != 0 or off[-1] != tok.size or (off[1:] <= off[:-1]).any():
         return "the offsets do not split the nodes into non-empty trees"
     for name, a in (("tokens", tok), ("parents", par)):
         if a.size and not np.issubdtype(a.dtype, np.integer):

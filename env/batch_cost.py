@@ -168,7 +168,9 @@ class FittedBatchCost:
         if base.shape != shape or slope.shape != shape:
             raise CostModelError(f"{source}: base_s and slope_s_per_token must be {shape} grids")
         if (
-            sorted(set(rows)) != list(rows)
+            not rows
+            or not nodes
+            or sorted(set(rows)) != list(rows)
             or sorted(set(nodes)) != list(nodes)
             or rows[0] < 1
             or nodes[0] < 1
@@ -182,6 +184,13 @@ class FittedBatchCost:
             or any((v < 0).any() for v in values)
         ):
             raise CostModelError(f"{source}: costs must be finite and positive")
+        # calibrate --batch fits them monotone: more rows, more nodes or a longer prompt never cost less (a
+        # falling grid extrapolates past its last point to a step that costs nothing)
+        if (
+            any((np.diff(g, axis=a) < 0).any() for g in (base, slope) for a in (0, 1))
+            or (np.diff(np.asarray(prefill.seconds)) < 0).any()
+        ):
+            raise CostModelError(f"{source}: costs must not fall with more rows, nodes or prompt tokens")
         if (
             len(prefill.nodes) < 1
             or len(prefill.nodes) != len(prefill.seconds)
@@ -319,8 +328,14 @@ class RooflineCost:
             [acc[k] for k in need_acc]
             + [shape[k] for k in need_shape]
             + [out.bw_efficiency, out.flop_efficiency]
+            + list(out.draft_per_row_s.values())
         )
-        if not all(math.isfinite(x) and x >= 0 for x in nums) or acc["bytes_s"] <= 0 or acc["flops"] <= 0:
+        if (
+            not all(math.isfinite(x) and x >= 0 for x in nums)
+            or acc["bytes_s"] <= 0
+            or acc["flops"] <= 0
+            or any(shape[k] <= 0 for k in need_shape)  # a model of no weights or layers costs nothing to run
+        ):
             raise CostModelError(f"{source}: figures must be finite and positive")
         if not (0 < out.bw_efficiency <= 1 and 0 < out.flop_efficiency <= 1):
             raise CostModelError(f"{source}: efficiencies must be in (0, 1]")

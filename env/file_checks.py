@@ -116,9 +116,9 @@ def check_trace_arrays(t: Any) -> None:
             ("traj_off", t.traj_off)]  # fmt: skip
     for n, a in t.trees.items():
         ints += [(f"tree/{n}/off", a.off), (f"tree/{n}/tokens", a.tokens), (f"tree/{n}/parents", a.parents)]
-    for name, a in ints:
-        if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
-            raise Bad(name, f"must be a 1-D integer array, got {a.dtype} of shape {a.shape}")
+    for name, a in ints:  # signed: an unsigned offset's differences wrap around instead of going negative
+        if a.ndim != 1 or not np.issubdtype(a.dtype, np.signedinteger):
+            raise Bad(name, f"must be a 1-D signed integer array, got {a.dtype} of shape {a.shape}")
     cols = len(position_feature_names(t.spec))
     if t.feat.ndim != 2 or not np.issubdtype(t.feat.dtype, np.floating):
         raise Bad(
@@ -130,6 +130,8 @@ def check_trace_arrays(t: Any) -> None:
     prompts = t.traj_off.shape[0] - 1
     if prompts < 1:
         raise Bad("traj_off", "holds no prompt")
+    if t.traj.size == 0:
+        raise Bad("traj", "holds no position (no step to replay)")
     for key in ("ids", "categories"):
         if len(t.header["prompts"][key]) != prompts:
             raise Bad(
@@ -180,15 +182,21 @@ def integer(v: Any, path: str, lo: int, hi: int) -> int:
     return v
 
 
+MAX_SECONDS = 1e6  # per step or token: far past any machine, and finite in the float32 tables replay keeps
+
+
 def finite_seconds(v: Any, path: str, positive: bool = False) -> float:
-    """A finite number of seconds, >= 0 (``positive``: > 0)."""
+    """A finite number of seconds, >= 0 (``positive``: > 0), at most ``MAX_SECONDS``."""
     ok = isinstance(v, (int, float)) and not isinstance(v, bool)
     try:
         x = float(v) if ok else np.nan
     except OverflowError:
         x = np.inf
-    if not (np.isfinite(x) and (x > 0 if positive else x >= 0)):
-        raise Bad(path, f"must be a finite number {'> 0' if positive else '>= 0'}, got {shown(v)}")
+    if not (np.isfinite(x) and (x > 0 if positive else x >= 0) and x <= MAX_SECONDS):
+        raise Bad(
+            path,
+            f"must be a finite number {'> 0' if positive else '>= 0'} and <= {MAX_SECONDS:g}, got {shown(v)}",
+        )
     return x
 
 

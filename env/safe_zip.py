@@ -112,6 +112,8 @@ def npy_array(data: bytes, name: str = "array") -> np.ndarray:
         raise ArchiveProblem(f"{name} is not a .npy array ({reason(err, kind=True)})") from None
     if dtype.hasobject:
         raise ArchiveProblem(f"{name} holds Python objects (refused: reading it would unpickle)")
+    if any(int(s) < 0 or int(s) > 1 << 40 for s in shape):
+        raise ArchiveProblem(f"{name} declares shape {tuple(shape)}: a dimension out of range")
     count = math.prod(int(s) for s in shape)
     rest = memoryview(data)[fh.tell() :]
     if count * dtype.itemsize != len(rest):
@@ -119,8 +121,13 @@ def npy_array(data: bytes, name: str = "array") -> np.ndarray:
             f"{name} declares shape {tuple(shape)} of {dtype} ({count * dtype.itemsize} bytes) "
             f"but holds {len(rest)} bytes"
         )
-    flat = np.frombuffer(rest, dtype=dtype, count=count)
-    return flat.reshape(shape, order="F" if fortran else "C").copy()
+    try:  # (numpy's own limits on a shape, e.g. more elements than an index holds)
+        flat = np.frombuffer(rest, dtype=dtype, count=count)
+        return flat.reshape(shape, order="F" if fortran else "C").copy()
+    except (ValueError, MemoryError) as err:
+        raise ArchiveProblem(
+            f"{name} cannot be read as shape {tuple(shape)} ({reason(err, kind=True)})"
+        ) from None
 
 
 def read_npz(src: str | Path | bytes, *, max_bytes: int, max_members: int = 4096) -> dict[str, np.ndarray]:

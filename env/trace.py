@@ -216,7 +216,7 @@ def _check_offsets(file: Path, t: Trace) -> None:
         *((f"tree/{n}/off", a.off, a.tokens.shape[0]) for n, a in t.trees.items()),
     ]
     for name, off, end in checks:
-        if off.ndim != 1 or off.size < 1 or off[0] != 0 or off[-1] != end or (np.diff(off) < 0).any():
+        if off.ndim != 1 or off.size < 1 or off[0] != 0 or off[-1] != end or (off[1:] < off[:-1]).any():
             raise TraceError(f"{file} is not a consistent trace ({name} does not index its array)")
     if t.prompt_off.size != t.traj_off.size or t.feat.shape[0] != npos:
         raise TraceError(f"{file} is not a consistent trace (prompt, trajectory and feature counts differ)")

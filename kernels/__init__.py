@@ -18,7 +18,15 @@ import os
 import torch
 from torch import Tensor
 
-from kernels.common import TreeBuffers, TreeError, Verdict, VerifyBuffers, check_trees, draw_coins
+from kernels.common import (
+    TreeBuffers,
+    TreeError,
+    Verdict,
+    VerifyBuffers,
+    check_sampling_inputs,
+    check_trees,
+    draw_coins,
+)
 from kernels.lookup import prompt_lookup_reference
 from kernels.reference import argmax_lastdim, inverse_cdf, process_logits, verify_reference
 from kernels.reference_tree import compact_kv_reference, tree_attention_reference, tree_buffers_reference
@@ -80,6 +88,7 @@ def verify(
     CPU when ``out`` is None — a call into buffers is a device-resident step's, which reads nothing back).
     """
     check_trees(tokens, parents, logits, num_nodes, values=out is None)
+    check_sampling_inputs(tokens, logits, draft_probs, coins, final_coins)
     kwargs = dict(
         num_nodes=num_nodes,
         temperature=temperature,

@@ -127,6 +127,24 @@ class TreeError(ValueError):
     """A draft tree outside the contract (DESIGN.md "Trees"): the message names the row, the node and the rule."""
 
 
+def check_sampling_inputs(
+    tokens: Tensor,
+    logits: Tensor,
+    draft_probs: Tensor | None,
+    coins: Tensor | None,
+    final_coins: Tensor | None,
+) -> None:
+    """Raise ``TreeError`` unless the sampling inputs given have their documented shapes (draft_probs [B, N, V],
+    coins [B, N], final_coins [B]): one row's coins broadcast to every row would tie the rows' draws together
+    (no longer independent samples), and the Triton kernel would read past a short buffer."""
+    B, N = tokens.shape
+    V = logits.shape[-1]
+    for name, t, want in (("draft_probs", draft_probs, (B, N, V)), ("coins", coins, (B, N)),
+                          ("final_coins", final_coins, (B,))):  # fmt: skip
+        if t is not None and tuple(t.shape) != want:
+            raise TreeError(f"{name} {tuple(t.shape)} must be {list(want)} for B, N, V = {B}, {N}, {V}")
+
+
 def check_trees(
     tokens: Tensor, parents: Tensor, logits: Tensor, num_nodes: Tensor | None, values: bool = True
 ) -> None:

@@ -146,6 +146,11 @@ COSTS = [
     ("verify-missing", _set("verify", DELETE), "verify is missing"),
     ("verify-string", _set("verify", "fast"), "verify must be a JSON object"),
     ("per-context-nan", _set("verify.per_context", math.nan), "verify.per_context must be a finite number"),
+    (
+        "seconds-past-float32",  # finite as a float64, infinite in replay's float32 tables: every reward NaN
+        _set("verify.chain.seconds", [1e300, 2e300, 3e300]),
+        "verify.chain.seconds",
+    ),
     ("per-context-string", _set("verify.per_context", "1e-5"), "verify.per_context must be"),
     ("per-node-negative", _set("verify.per_node_context", -1e-7), "verify.per_node_context must be"),
     ("context-ref-float", _set("verify.context_ref", 16.5), "verify.context_ref must be an integer"),
@@ -317,15 +322,36 @@ TRACES = [
     ("feat-nan", _array("feat", _feat_nan), "feat holds a value that is not finite"),
     ("feat-out-of-bounds", _array("feat", lambda f: f * 3), "feat holds a value out of its bounds"),
     ("feat-short", _array("feat", lambda f: f[:-1]), "feature counts differ"),
-    ("traj-2d", _array("traj", lambda t: np.stack([t, t])), "traj must be a 1-D integer array"),
-    ("traj-floats", _array("traj", lambda t: t.astype(np.float32)), "traj must be a 1-D integer array"),
+    ("traj-2d", _array("traj", lambda t: np.stack([t, t])), "traj must be a 1-D signed integer array"),
+    (
+        "traj-floats",
+        _array("traj", lambda t: t.astype(np.float32)),
+        "traj must be a 1-D signed integer array",
+    ),
     ("traj-token-huge", _array("traj", _at(10**9)), "traj holds a token id outside the vocabulary [0, 64)"),
     ("prompt-token-negative", _array("prompt_tokens", _at(-1)), "prompt_tokens holds a token id outside"),
-    ("traj-off-floats", _array("traj_off", lambda o: o.astype(np.float64)), "traj_off must be a 1-D integer"),
-    ("prompt-off-2d", _array("prompt_off", lambda o: o[None]), "prompt_off must be a 1-D integer array"),
-    ("tree-off-floats", _array("tree/ngram/off", lambda o: o + 0.0), "tree/ngram/off must be a 1-D integer"),
+    (
+        "traj-off-floats",
+        _array("traj_off", lambda o: o.astype(np.float64)),
+        "traj_off must be a 1-D signed integer",
+    ),
+    (
+        "prompt-off-2d",
+        _array("prompt_off", lambda o: o[None]),
+        "prompt_off must be a 1-D signed integer array",
+    ),
+    (
+        "tree-off-floats",
+        _array("tree/ngram/off", lambda o: o + 0.0),
+        "tree/ngram/off must be a 1-D signed integer",
+    ),
     ("tree-token-huge", _array("tree/ngram/tokens", _at(10**6, 0)), "invalid tree/ngram: a token id"),
     ("no-prompt", _array("traj_off", lambda o: o[:1]), "traj_off holds no prompt"),
+    (
+        "tree-off-unsigned-swapped",  # uint64 differences wrap around: "offsets only grow" must still hold
+        _array("tree/ngram/off", lambda o: np.concatenate([o[:1], o[2:3], o[1:2], o[3:]]).astype(np.uint64)),
+        "tree/ngram/off must be a 1-D signed integer",
+    ),
 ]
 
 

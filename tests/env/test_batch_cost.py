@@ -204,6 +204,9 @@ BAD_FITTED = {
     "prefill-not-a-table": _set(("prefill",), 7),
     "rows-not-a-list": _set(("rows",), 3),
     "padded-context-not-a-bool": _set(("padded_context",), "yes"),
+    "empty-grid": lambda d: d.update(rows=[], nodes=[], base_s=[], slope_s_per_token=[]),
+    "falling-last-row": _set(("base_s", -1), [1e-7] * 3),  # a bigger batch cheaper: extrapolates to nothing
+    "falling-prefill": lambda d: d["prefill"].update(seconds=sorted(d["prefill"]["seconds"], reverse=True)),
     **{
         f"missing-{k}": _drop(k)
         for k in (
@@ -246,6 +249,9 @@ BAD_ROOFLINE = {
     "inf-params": _set(("shape", "params"), float("inf")),
     "text-heads": _set(("shape", "heads"), "many"),
     "acc-not-a-table": _set(("acc",), [1, 2]),
+    "nan-draft-cost": _set(("draft_per_row_s",), {"ngram": float("nan")}),
+    "negative-draft-cost": _set(("draft_per_row_s",), {"ngram": -1.0}),
+    "zero-params": _set(("shape", "params"), 0.0),
 }
 
 

@@ -155,3 +155,22 @@ def test_loaders_turn_archive_problems_into_their_own_one_line_errors(tmp_path):
     with pytest.raises(TraceError, match="declares shape") as err:
         load_trace(trace)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("shape", "nbytes"),
+    [((-2, -4), 64), ((0, 9223372036854775808), 0), ((3000000000, 0, 3000000000, 3000000000), 0)],
+)
+def test_npy_headers_of_impossible_shapes_are_archive_problems(shape, nbytes):
+    """Negative dimensions whose product matches the data, or shapes past numpy's limits, are an ``ArchiveProblem``
+    (one line for the user), not numpy's ValueError from the reshape."""
+    import io
+
+    import numpy as np
+
+    from env.safe_zip import ArchiveProblem, npy_array
+
+    b = io.BytesIO()
+    np.lib.format.write_array_header_1_0(b, {"descr": "<f8", "fortran_order": False, "shape": shape})
+    with pytest.raises(ArchiveProblem):
+        npy_array(b.getvalue() + b"\0" * nbytes)

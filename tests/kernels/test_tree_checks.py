@@ -55,3 +55,17 @@ def test_shapes_are_checked_into_buffers_too() -> None:
         verify(tokens, parents, logits, num_nodes=torch.tensor([5, 5, 5]), out=buf)
     with pytest.raises(TreeError, match="trees of no nodes"):
         verify(tokens[:, :0], parents[:, :0], logits[:, :0])
+
+
+def test_sampling_inputs_of_other_shapes_are_refused() -> None:
+    """One row's coins broadcast to every row would tie the rows' draws together (and the Triton kernel read past
+    the buffer): coins [B, N], final_coins [B] and draft_probs [B, N, V] are checked like the trees."""
+    tokens, parents, logits = chain()
+    kw = dict(temperature=1.0)
+    with pytest.raises(TreeError, match=r"coins \(1, 5\) must be \[2, 5\]"):
+        verify(tokens, parents, logits, coins=torch.rand(1, 5), final_coins=torch.rand(2), **kw)
+    with pytest.raises(TreeError, match=r"final_coins \(1,\) must be \[2\]"):
+        verify(tokens, parents, logits, coins=torch.rand(2, 5), final_coins=torch.rand(1), **kw)
+    with pytest.raises(TreeError, match=r"draft_probs \(1, 5, 50\) must be \[2, 5, 50\]"):
+        verify(tokens, parents, logits, draft_probs=torch.rand(1, 5, 50), **kw)
+    verify(tokens, parents, logits, coins=torch.rand(2, 5), final_coins=torch.rand(2), **kw)  # the right ones
