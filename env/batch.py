@@ -216,7 +216,7 @@ class BatchTarget:
     def begin_prefill(self, prompt_ids: list[int]) -> Prefill:
         """A prompt to prefill, chunk by chunk (``prefill_chunk``), into a one-row cache of its own: the rows of
         the batch take no part in it and may step in between."""
-        check_prompt(prompt_ids, self.max_context)
+        check_prompt(prompt_ids, self.max_context, vocab_size=self.vocab_size)
         c = self.cache
         own = self._cache_cls(c.n_layers, 1, c.kv_heads, c.head_dim, self.dtype, self.device)
         return Prefill(list(prompt_ids), own)

@@ -153,6 +153,8 @@ def serve(
     if prefill_chunk is not None and prefill_chunk < 1:
         raise ServeError(f"the prefill chunk must be >= 1 token, got {prefill_chunk}")
     limit = min(max_batch, concurrency or max_batch, engine.target.max_rows)
+    if limit < 1 and requests:  # nothing would ever be admitted: refused, not waited on
+        raise ServeError(f"the engine serves {engine.target.max_rows} rows: no request can be admitted")
     menu = list(arms) if policy is not None else list(dict.fromkeys(r.arm for r in requests))
     observer = None
     if policy is not None:
@@ -178,6 +180,15 @@ def serve(
 
     def need(req: Request) -> int:  # KV positions to reserve: with a policy, for the menu's largest tree
         return req.reservation if observer is None else len(req.prompt_ids) + req.max_new_tokens + deepest + 1
+
+    # check_load saw the requests' own arms; a policy may pick the menu's deeper ones
+    if kv_budget is not None and requests:
+        big = max(requests, key=need)
+        if need(big) > kv_budget:
+            raise ServeError(
+                f"request {big.rid} needs {need(big)} KV positions with the menu's largest tree "
+                f"({deepest} nodes), over the budget of {kv_budget}: it could never be admitted"
+            )
 
     queue = deque(requests if caps is not None else sorted(requests, key=lambda r: r.arrival_s))
     flights: dict[int, _Flight] = {}  # by id(seq)

@@ -51,8 +51,10 @@ class StepCosts:
 
     - a cost model: both from it (``step_cost`` of the arm and tree, ``ar_cost`` at the step's context);
     - a cost model and ``measured``: the step's wall time against the model's autoregressive cost;
-    - no cost model: the step's wall time against the last measured root-only step's (a plain autoregressive
-      step; the first step of a sequence is one)."""
+    - no cost model: the step's wall time against the last measured plain autoregressive step's (no draft and no
+      drafting time: a root-only step after a drafter's search costs that search too); until one was measured,
+      against the step's own verification time (a drafted step's verify costs at least an autoregressive one:
+      the reward errs low, never by the whole draft)."""
 
     def __init__(self, cost_model: CostModel | None, measured: bool = False) -> None:
         if measured and cost_model is None:
@@ -63,9 +65,9 @@ class StepCosts:
     def __call__(self, res: StepResult, context: int) -> tuple[float, float]:
         cm = self.cost_model
         if cm is None:
-            if res.drafted == 0 or self.ar_wall is None:
+            if res.drafted == 0 and res.draft_s == 0:
                 self.ar_wall = res.wall_s
-            return res.wall_s, self.ar_wall
+            return res.wall_s, self.ar_wall if self.ar_wall is not None else res.verify_s
         ar = float(cm.ar_cost(context))
         if self.measured:
             return res.wall_s, ar

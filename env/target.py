@@ -11,12 +11,20 @@ class PromptError(ValueError):
     """A prompt that cannot be decoded (empty, or longer than the context); the message is meant for the user."""
 
 
-def check_prompt(prompt_ids: list[int], max_context: int, what: str = "the prompt") -> None:
-    """A ``PromptError`` for a prompt that cannot be decoded: empty, or no room after it in the context."""
+def check_prompt(
+    prompt_ids: list[int], max_context: int, what: str = "the prompt", vocab_size: int | None = None
+) -> None:
+    """A ``PromptError`` for a prompt that cannot be decoded: empty, no room after it in the context, or (given
+    ``vocab_size``) a token id outside the vocabulary (an embedding lookup out of range; on CUDA a device assert
+    that ends every request in flight)."""
     if not prompt_ids:
         raise PromptError(f"{what} is empty")
     if len(prompt_ids) >= max_context:
         raise PromptError(f"{what} has {len(prompt_ids)} tokens; the model's context is {max_context} tokens")
+    if vocab_size is not None:
+        bad = next((t for t in prompt_ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise PromptError(f"{what} holds token id {bad}, outside the vocabulary [0, {vocab_size})")
 
 
 def eos_ids(loaded: LoadedModel) -> frozenset[int]:

@@ -129,6 +129,23 @@ def test_a_policy_needs_its_menu_and_valid_choices(fp32_model, requests):
         )
 
 
+def test_a_budget_too_small_for_the_menus_largest_tree_is_refused_not_waited_on():
+    """With a policy a request reserves KV room for the menu's largest tree, not its own arm's: a budget that fits
+    the request but not that could never admit it (the loop waited forever); refused in one line instead."""
+    from tests.drafters.tiny import tiny_loaded
+
+    req = Request("r0", [5, 6, 7, 8], NO_DRAFT, 10)
+    assert req.reservation == 15
+
+    class First:
+        def act(self, obs):
+            return 0
+
+    with pytest.raises(ServeError, match="needs 23 KV positions with the menu's largest tree"):
+        serve(BatchEngine(tiny_loaded(), max_rows=2), [req], concurrency=1, kv_budget=15, policy=First(),
+              arms=[NO_DRAFT, parse_arm("ngram-d8")])  # fmt: skip
+
+
 def test_the_live_observation_marks_the_live_rows(fp32_model, requests):
     from drafters import make_drafter
     from env.step import Stepper
