@@ -337,8 +337,11 @@ def load_head(
     if "d2t" not in tensors or tensors["d2t"].shape != (cfg.draft_vocab,):
         raise DrafterError(f"{path} has no valid draft vocabulary map 'd2t' of {cfg.draft_vocab} ids")
     d2t = tensors["d2t"]
-    if d2t.is_floating_point() or d2t.is_complex() or d2t.dtype == torch.bool:
-        raise DrafterError(f"{path}: the draft vocabulary map 'd2t' must hold integer ids, not {d2t.dtype}")
+    if d2t.dtype not in (torch.int32, torch.int64):  # (unsigned ones have no min(); uint8 indexes as a mask)
+        raise DrafterError(
+            f"{path}: the draft vocabulary map 'd2t' must hold int32/int64 ids, not {d2t.dtype}"
+        )
+    tensors["d2t"] = d2t = d2t.long()
     if int(d2t.min()) < 0 or int(d2t.max()) >= int(model.config.vocab_size):
         raise DrafterError(f"{path}: draft vocabulary ids fall outside the target's vocabulary")
     for name, t in tensors.items():  # a head of NaN weights drafts, but nothing the target accepts

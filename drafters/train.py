@@ -328,6 +328,16 @@ def load_train_state(path: Path) -> dict[str, Any]:
         raise DrafterError(
             f"training checkpoint {path} is corrupted (its counters: {counters}); delete it to start over"
         )
+    gen, settings = state.get("gen"), state.get("settings")
+    size = torch.Generator().get_state().numel()  # the batch generator's state, as a resume sets it
+    if gen is not None and not (
+        isinstance(gen, torch.Tensor) and gen.dtype == torch.uint8 and tuple(gen.shape) == (size,)
+    ):
+        raise DrafterError(
+            f"training checkpoint {path} is corrupted (its generator state); delete it to start over"
+        )
+    if settings is not None and not isinstance(settings, dict):
+        raise DrafterError(f"training checkpoint {path} is corrupted (its settings); delete it to start over")
     return state
 
 

@@ -108,7 +108,13 @@ def cached_int4(loaded: Any, cfg: Mapping[str, Any], state: Mapping[str, torch.T
             return out
         except Exception:  # noqa: BLE001  (a damaged or foreign cache file is rebuilt from the GGUF)
             path.unlink(missing_ok=True)
-    blocks = gguf_int4(embedded_gguf_path(), cfg, state)
+    gguf = embedded_gguf_path()
+    try:
+        blocks = gguf_int4(gguf, cfg, state)
+    except Exception as err:  # noqa: BLE001  (a damaged GGUF: the one line of unreadable_gguf)
+        from env.model import unreadable_gguf
+
+        raise unreadable_gguf(gguf, err) from None
     flat = {}
     for name, (q, s, z) in blocks.items():
         q8 = q.to(torch.uint8).reshape(q.shape[0], -1, 2)
@@ -137,9 +143,17 @@ _LINEARS = ("qkv", "o", "gate_up", "down")
 
 
 def _source_stamp(loaded: Any) -> str:
-    """What the saved copy was built from: the weights file's size and modification time."""
-    st = (Path(loaded.folder) / "model.safetensors").stat()
-    return f"{st.st_size}-{st.st_mtime_ns}"
+    """What the saved copy was built from: the weights file's size and modification time, and ``config.json``'s
+    sha256 (the rope's frequencies and the sizes the copy holds come from it: an edited config rebuilds it)."""
+    import hashlib
+
+    folder = Path(loaded.folder)
+    st = (folder / "model.safetensors").stat()
+    try:
+        conf = hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()[:16]
+    except OSError:
+        conf = "-"
+    return f"{st.st_size}-{st.st_mtime_ns}-{conf}"
 
 
 def saved_path(loaded: Any) -> Path | None:

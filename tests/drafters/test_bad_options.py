@@ -208,18 +208,22 @@ def test_head_config_checks_its_own_fields():
             HeadConfig(**{**good, field: value})
 
 
-def test_a_float_d2t_is_refused(tiny_head, tmp_path):
+@pytest.mark.parametrize("kind", ["float", "uint8", "uint32"])
+def test_a_d2t_of_other_than_signed_integer_ids_is_refused(tiny_head, tmp_path, kind):
+    """Floats are no ids; unsigned ids had no min() (a traceback) and uint8 ones indexed as a boolean mask."""
     import hashlib
 
+    import torch
     from safetensors.torch import load_file, save_file
 
     loaded, heads = tiny_head
     path = _with(heads["eagle"], tmp_path, lambda meta: None)
     tensors = load_file(str(path))
-    tensors["d2t"] = tensors["d2t"].float() + 0.5
+    d2t = tensors["d2t"]
+    tensors["d2t"] = d2t.float() + 0.5 if kind == "float" else d2t.to(getattr(torch, kind))
     save_file(tensors, str(path))
     meta = json.loads(path.with_suffix(".json").read_text())
     meta["weights_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
     path.with_suffix(".json").write_text(json.dumps(meta))
-    with pytest.raises(DrafterError, match="'d2t' must hold integer ids"):
+    with pytest.raises(DrafterError, match="'d2t' must hold int32/int64 ids"):
         load_head(path, "eagle", loaded.model, loaded.model_id)

@@ -76,3 +76,26 @@ def test_a_training_checkpoint_of_mangled_counters_is_one_line(counters, tmp_pat
     torch.save({"head": {}, "opt": {}, "step": 3, "cpu_s": 1.5, "epoch": 0, **counters}, path)
     with pytest.raises(DrafterError, match="state.pt is corrupted .its counters"):
         load_train_state(path)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [("settings", [1, 2], "its settings"), ("gen", "abc", "its generator state"),
+     ("gen", "3 bytes", "its generator state")],
+)  # fmt: skip
+def test_a_training_checkpoint_of_mangled_fields_is_one_line(field, value, needle, tmp_path):
+    """A resume set the batch generator from ``gen`` and read ``settings`` as a mapping: a mangled one was a
+    TypeError or a generator-size RuntimeError; refused when loaded, naming the file."""
+    import torch
+
+    from drafters.train import load_train_state
+
+    if value == "3 bytes":
+        value = torch.zeros(3, dtype=torch.uint8)
+    path = tmp_path / "state.pt"
+    torch.save({"head": {}, "opt": {}, "step": 3, "cpu_s": 1.5, "epoch": 0, field: value}, path)
+    with pytest.raises(DrafterError, match=f"state.pt is corrupted .{needle}"):
+        load_train_state(path)
+    good = {"head": {}, "opt": {}, "step": 3, "cpu_s": 1.5, "epoch": 0, "gen": torch.Generator().get_state()}
+    torch.save(good, path)
+    assert load_train_state(path)["step"] == 3
