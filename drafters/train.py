@@ -18,6 +18,8 @@ Costs are counted in CPU seconds of this process (``time.process_time``), summed
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import time
@@ -341,6 +343,20 @@ def load_train_state(path: Path) -> dict[str, Any]:
     return state
 
 
+def check_data_fits(seqs: list[Sequence], model: Any, data_dirs: Any) -> None:
+    """The data is this target's: token ids within its vocabulary, features of its hidden size (data made for
+    another model fails in one line here, not as a shape error inside the loss)."""
+    where = ", ".join(map(str, data_dirs))
+    vocab, hidden = int(model.config.vocab_size), int(model.config.hidden_size)
+    if any(s.tokens.numel() and int(s.tokens.max()) >= vocab for s in seqs):
+        raise DrafterError(f"the data in {where} holds token ids outside this target's vocabulary of {vocab} "
+                           "(made for another model?)")  # fmt: skip
+    width = next((int(s.feats.shape[1]) for s in seqs if s.feats.dim() == 2), hidden)
+    if width != hidden:
+        raise DrafterError(f"the data in {where} holds features of size {width}; this target's hidden size is "
+                           f"{hidden} (made for another model?)")  # fmt: skip
+
+
 def train_head(
     model: Any,
     model_id: str,
@@ -359,14 +375,15 @@ def train_head(
 
     torch.manual_seed(st.seed)
     seqs = load_data(*data_dirs, keep=keep_ids)
-    vocab = int(model.config.vocab_size)
-    if any(s.tokens.numel() and int(s.tokens.max()) >= vocab for s in seqs):
-        raise DrafterError(f"the data in {', '.join(map(str, data_dirs))} holds token ids outside this target's "
-                           f"vocabulary of {vocab} (made for another model?)")  # fmt: skip
+    check_data_fits(seqs, model, data_dirs)
     train, held = split(seqs)
     if st.kind == "eagle3":  # every position trains: long sequences are cut into windows
         train, held = windows(train, st.window), windows(held, st.window)
     distinct, train = train, repeat_answers(train, st.answer_repeat)
+    # what the batches are drawn from: a resume on other data (another prefill, more prompts) would train on it
+    # from the middle of an epoch of this data's length
+    data_id = hashlib.sha256(json.dumps(sorted(
+        (s.prompt_id, int(s.tokens.shape[0]), int(s.answer_start)) for s in distinct)).encode()).hexdigest()[:16]  # fmt: skip
     eos = model.generation_config.eos_token_id
     size = min(st.draft_vocab, int(model.config.vocab_size))
     d2t = draft_vocab(distinct, size, always=tuple(eos if isinstance(eos, list) else [eos]))
@@ -399,6 +416,11 @@ def train_head(
             and saved_d2t.shape == d2t.shape
             and torch.equal(saved_d2t, d2t)
         )
+        if state.get("data") is not None and state.get("data") != data_id:
+            raise DrafterError(
+                f"training checkpoint {state_path} was trained on other data (other prompts, prefills or text); "
+                "give the same data to resume, or delete it or use another --work folder to start over"
+            )
         if state.get("config") != asdict(cfg) or not same_d2t:
             raise DrafterError(
                 f"training checkpoint {state_path} has other head shapes or data ({state.get('config')}); "
@@ -415,6 +437,14 @@ def train_head(
         try:  # the same shapes and data, but mangled tensors: one line, not torch's paragraph
             head.load_state_dict(state["head"])
             opt.load_state_dict(state["opt"])
+            for p in (
+                q for g in opt.param_groups for q in g["params"]
+            ):  # AdamW's moments: its parameters' shapes
+                for k, t in opt.state.get(p, {}).items():
+                    if isinstance(t, torch.Tensor) and t.dim() and t.shape != p.shape:
+                        raise ValueError(
+                            f"optimizer state {k} of shape {tuple(t.shape)} for {tuple(p.shape)}"
+                        )
         except (RuntimeError, ValueError, TypeError, KeyError) as err:
             raise DrafterError(
                 f"training checkpoint {state_path} is corrupted ({reason(err)}); delete it to start over"
@@ -459,6 +489,7 @@ def train_head(
                 "config": asdict(cfg),
                 "settings": _trajectory(st),
                 "d2t": d2t,
+                "data": data_id,
                 "target": fingerprint,
             },
             tmp,

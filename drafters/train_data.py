@@ -254,13 +254,19 @@ def _log_info(out_dir: Path, cpu: float, fields: dict[str, Any]) -> dict[str, An
 
 def load_data(*dirs: Path, keep: set[str] | None = None) -> list[Sequence]:
     """The sequences of every part in ``dirs``; with ``keep``, only those of these prompt (or window) ids -- a
-    work folder answered by id keeps what earlier runs asked for too, which this run may hold out."""
+    work folder answered by id keeps what earlier runs asked for too, which this run may hold out. An id a folder
+    holds twice (two runs answering into it at once) is read once, from its first part: a second copy would
+    train on what the split holds out."""
     from safetensors import safe_open
 
     seqs = []
+    seen: set[tuple[Path, str]] = set()
     for part in sorted(p for d in dirs for p in d.glob("part-*.safetensors")):
         try:
-            seqs += _read_part(part, safe_open, keep)
+            for s in _read_part(part, safe_open, keep):
+                if (part.parent, s.prompt_id) not in seen:
+                    seen.add((part.parent, s.prompt_id))
+                    seqs.append(s)
         except Exception as err:  # a torn or foreign part: safetensors', JSON's and our own errors alike
             if isinstance(err, DrafterError):
                 raise
@@ -292,10 +298,13 @@ def _read_part(part: Path, safe_open: Any, keep: set[str] | None) -> list[Sequen
             n = seq.tokens.shape[0]
             if (
                 seq.tokens.dim() != 1
+                or seq.feats.dim() != 2
                 or seq.feats.shape[0] != n
-                or any(x.shape[0] != n for x in exits.values())
+                or any(x.shape != seq.feats.shape for x in exits.values())
             ):
-                raise DrafterError(f"{part}: sequence {b} has tokens and features of different lengths")
+                raise DrafterError(
+                    f"{part}: sequence {b} has tokens and features of different lengths or widths"
+                )
             if n and int(seq.tokens.min()) < 0:
                 raise DrafterError(f"{part}: sequence {b} holds a negative token id")
             seqs.append(seq)

@@ -30,7 +30,7 @@ def _main(argv: list[str] | None) -> int:
     from drafters import DrafterError
     from drafters.eagle import EagleHead
     from drafters.heads import find_head, load_head, load_state
-    from drafters.train import TrainSettings, evaluate, windows
+    from drafters.train import TrainSettings, check_data_fits, evaluate, windows
     from drafters.train_data import load_data, split
     from env.cli import Parser, output_file, positive_int, write_json
     from env.model import DEFAULT_MODEL, load_model
@@ -66,6 +66,7 @@ def _main(argv: list[str] | None) -> int:
     held = windows(held, args.window)
     loaded = load_model(None, dtype="fp32", device="cpu")
     model = loaded.model
+    check_data_fits(held, model, args.data)
     out = []
     for kind, path in zip(kinds, paths):
         cfg, tensors, meta = load_head(path, kind, model, loaded.model_id)

@@ -317,16 +317,19 @@ def train_serve_ppo(make_vec: Any, arms: Sequence[str], obs_size: int, features:
                        n_steps=64, batch_size=1024, n_epochs=4, learning_rate=3e-4, ent_coef=0.003)  # fmt: skip
     model = policy.build(venv)
     curve: list[dict[str, float]] = []
-    carried = 0.0  # training seconds of the run a resume continues
+    carried, carried_wall = 0.0, 0.0  # training seconds (and wall seconds) of the run a resume continues
     if checkpoints is not None:
         checkpoints.mkdir(parents=True, exist_ok=True)
         _resume_model(policy, model, checkpoints)
-        curve, carried = _saved_curve(checkpoints / "curve.json", int(model.num_timesteps))
+        curve, carried, carried_wall = _saved_curve(checkpoints / "curve.json", int(model.num_timesteps))
     t0 = time.perf_counter()
     eval_s = [0.0]
 
     def seconds() -> float:
         return round(carried + time.perf_counter() - t0 - eval_s[0], 2)
+
+    def wall() -> float:
+        return round(carried_wall + time.perf_counter() - t0, 2)
 
     class Curve(BaseCallback):
         def __init__(self) -> None:
@@ -342,13 +345,17 @@ def train_serve_ppo(make_vec: Any, arms: Sequence[str], obs_size: int, features:
 
         def _on_rollout_end(self) -> None:
             self._evaluate()
+
+        def _on_rollout_start(self) -> None:
+            # after the previous rollout's update (stable-baselines3 trains on a rollout after its end): the
+            # weights saved are those of num_timesteps, and a resume repeats no update and skips none
             if checkpoints is not None and self.num_timesteps >= self.next_ckpt:
                 self.next_ckpt = (self.num_timesteps // checkpoint_every + 1) * checkpoint_every
                 save_checkpoint(
                     self.model, policy.network(), checkpoints / f"model_{self.num_timesteps}_steps.zip"
                 )
-                atomic_write_text(checkpoints / "curve.json", json.dumps(
-                    {"timesteps": int(self.num_timesteps), "seconds": seconds(), "curve": curve}))  # fmt: skip
+                atomic_write_text(checkpoints / "curve.json", json.dumps({"timesteps": int(self.num_timesteps),
+                    "seconds": seconds(), "wall_s": wall(), "curve": curve}))  # fmt: skip
                 for _, old in _checkpoints(checkpoints)[:-2]:
                     old.unlink(missing_ok=True)
 
@@ -376,31 +383,39 @@ def train_serve_ppo(make_vec: Any, arms: Sequence[str], obs_size: int, features:
         model.learn(total_timesteps=remaining, progress_bar=progress, callback=Curve(),
                     reset_num_timesteps=model.num_timesteps == 0)  # fmt: skip
     policy.attach(model)
+    policy.train_wall_s = wall()  # PPO's wall seconds, evaluations included, across resumes
     return policy, curve
 
 
-def _saved_curve(path: Path, step: int) -> tuple[list[dict[str, float]], float]:
-    """The learning curve and training seconds a checkpoint at ``step`` was written with (``curve.json``); none
-    (a fresh start, or a file torn or of another step): an empty curve from 0 s. Points after ``step`` go."""
+def _saved_curve(path: Path, step: int) -> tuple[list[dict[str, float]], float, float]:
+    """The learning curve, training seconds and wall seconds a checkpoint at ``step`` was written with
+    (``curve.json``); none (a fresh start, or a file torn, hand-edited or of another step): an empty curve from
+    0 s. Points after ``step`` go."""
+    import math
+
     from env.safe_zip import ArchiveProblem, parse_json
 
     if step == 0 or not path.is_file() or path.stat().st_size > 1 << 24:
-        return [], 0.0
+        return [], 0.0, 0.0
     try:
         saved = parse_json(path.read_bytes())
     except (ArchiveProblem, OSError):  # a torn curve loses the curve only, never the run
-        return [], 0.0
+        return [], 0.0, 0.0
     if not isinstance(saved, dict) or saved.get("timesteps") != step:
-        return [], 0.0
+        return [], 0.0, 0.0
+
+    def number(x: Any) -> bool:
+        return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and 0 <= x < 1e12
+
     points = [
         {"timesteps": int(c["timesteps"]), "seconds": float(c["seconds"]), "goodput": float(c["goodput"])}
         for c in saved.get("curve") or []
         if isinstance(c, dict)
-        and all(isinstance(c.get(k), int | float) for k in ("timesteps", "seconds", "goodput"))
+        and all(number(c.get(k)) for k in ("timesteps", "seconds", "goodput"))
         and c["timesteps"] <= step
     ]
-    secs = saved.get("seconds")
-    return points, float(secs) if isinstance(secs, int | float) and 0 <= secs < 1e9 else 0.0
+    secs, wall = saved.get("seconds"), saved.get("wall_s")
+    return points, float(secs) if number(secs) else 0.0, float(wall) if number(wall) else 0.0
 
 
 def describe(policy: Any) -> str:

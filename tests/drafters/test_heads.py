@@ -128,10 +128,12 @@ def test_data_generation_training_and_resume_checks(tmp_path):
     with pytest.raises(DrafterError, match="not the weights head.json describes"):
         EagleDrafter(weights=str(tmp_path / "head")).reset(_ctx(loaded))
     (tmp_path / "head.safetensors").write_bytes(saved)
-    # resuming with a training state made for another target or other shapes fails clearly
+    # data or a training state made for another target, or other shapes, fail clearly
     other = tiny_loaded(seed=0, hidden=48)
-    with pytest.raises(DrafterError, match="training checkpoint .* another target"):
+    with pytest.raises(DrafterError, match="features of size 32; this target's hidden size is 48"):
         train_head(other.model, other.model_id, dirs, tmp_path / "h2", st, **kw)
+    with pytest.raises(DrafterError, match="was trained on other data"):  # the prefill folder left out
+        train_head(loaded.model, loaded.model_id, dirs[:1], tmp_path / "h2", st, **kw)
     st_other = TrainSettings(kind="eagle", draft_vocab=4, levels=2, max_steps=3, batch_size=4, window=16)
     with pytest.raises(DrafterError, match="other head shapes"):
         train_head(loaded.model, loaded.model_id, dirs, tmp_path / "h2", st_other, **kw)

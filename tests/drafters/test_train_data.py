@@ -99,3 +99,43 @@ def test_a_training_checkpoint_of_mangled_fields_is_one_line(field, value, needl
     good = {"head": {}, "opt": {}, "step": 3, "cpu_s": 1.5, "epoch": 0, "gen": torch.Generator().get_state()}
     torch.save(good, path)
     assert load_train_state(path)["step"] == 3
+
+
+def _part(path, ids, width=8, n=12):
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for b, _ in enumerate(ids):
+        tensors[f"{b}/tokens"] = torch.arange(n) % 5
+        tensors[f"{b}/final"] = torch.zeros(n, width)
+    meta = [{"prompt_id": pid, "answer_start": 4} for pid in ids]
+    save_file(tensors, str(path), metadata={"meta": json.dumps(meta)})
+
+
+def test_an_id_answered_twice_into_one_folder_is_read_once(tmp_path):
+    """Two runs answering into one folder at once wrote a prompt twice; the split then held out one copy and trained
+    on the other. Read once per folder (from the first part); the same id in another folder (a prefill) stays."""
+    from drafters.train_data import load_data
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _part(tmp_path / "a" / "part-00000.safetensors", ["p1", "p2"])
+    _part(tmp_path / "a" / "part-00001.safetensors", ["p2", "p3"])
+    _part(tmp_path / "b" / "part-00000.safetensors", ["p1"])
+    ids = [s.prompt_id for s in load_data(tmp_path / "a", tmp_path / "b")]
+    assert ids == ["p1", "p2", "p3", "p1"]
+
+
+def test_features_of_mixed_widths_are_refused(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from drafters.train_data import load_data
+
+    n = 12
+    tensors = {"0/tokens": torch.arange(n), "0/final": torch.zeros(n, 8), "0/exit2": torch.zeros(n, 16)}
+    save_file(tensors, str(tmp_path / "part-00000.safetensors"),
+              metadata={"meta": json.dumps([{"prompt_id": "p", "answer_start": 4}])})  # fmt: skip
+    with pytest.raises(DrafterError, match="different lengths or widths"):
+        load_data(tmp_path)

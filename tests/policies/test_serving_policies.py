@@ -313,8 +313,9 @@ def test_a_few_hundred_ppo_steps_give_a_loadable_policy(trace, tmp_path):
 
 
 def test_ppo_killed_midway_resumes_from_its_checkpoint(trace, tmp_path):
-    """A kill after three checkpoints: the rerun steps only the rest (counted on the env), its learning curve and
-    training seconds carry on from the checkpoint's, and the checkpoints kept are the last two."""
+    """A kill after three checkpoints: the rerun steps only the rest (counted on the env) and makes exactly the
+    updates an uninterrupted run makes (a checkpoint is written after its rollout's update, not before it); its
+    learning curve and training seconds carry on, and the checkpoints kept are the last two."""
     from stable_baselines3.common.vec_env import VecEnvWrapper
 
     from env.serve_env import make_sb3_serve_env
@@ -344,11 +345,15 @@ def test_ppo_killed_midway_resumes_from_its_checkpoint(trace, tmp_path):
         sim.reset()
         return sim
 
-    ckpt = tmp_path / "ckpt"
-    kw = dict(timesteps=1280, seed=0, eval_every=256, checkpoints=ckpt, checkpoint_every=256)
+    kw = dict(timesteps=1280, seed=0, eval_every=256, checkpoint_every=256)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*mini-batch size.*")
-        with pytest.raises(KeyboardInterrupt):  # the 4th evaluation (rollout 4) dies before its checkpoint
+        whole, _ = train_serve_ppo(make_vec, ARMS, obs_size(4), feature_names(4), make_eval=make_eval, **kw,
+                                   checkpoints=tmp_path / "whole")  # fmt: skip
+        ckpt = tmp_path / "ckpt"
+        kw["checkpoints"] = ckpt
+        steps[0] = calls[0] = 0
+        with pytest.raises(KeyboardInterrupt):  # the 4th evaluation (rollout 4's end) dies before its update
             train_serve_ppo(
                 make_vec, ARMS, obs_size(4), feature_names(4), make_eval=lambda: make_eval(4), **kw
             )
@@ -359,8 +364,9 @@ def test_ppo_killed_midway_resumes_from_its_checkpoint(trace, tmp_path):
         steps[0] = 0
         p, curve = train_serve_ppo(make_vec, ARMS, obs_size(4), feature_names(4), make_eval=make_eval, **kw)
     assert steps[0] == 1280 - 768  # resumed, not started again
-    assert p.model.num_timesteps == 1280
+    assert p.model.num_timesteps == 1280 and p.model._n_updates == whole.model._n_updates
     assert curve[:3] == saved["curve"]
     assert [c["timesteps"] for c in curve] == [256, 512, 768, 1024, 1280]
     assert all(a["seconds"] <= b["seconds"] for a, b in zip(curve, curve[1:]))
-    assert sorted(p.name for p in ckpt.glob("*.zip")) == ["model_1024_steps.zip", "model_1280_steps.zip"]
+    assert p.train_wall_s >= saved["wall_s"] > 0
+    assert {p.name for p in ckpt.glob("*.zip")} == {"model_768_steps.zip", "model_1024_steps.zip"}
