@@ -76,14 +76,26 @@ def _axis(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def bilinear(gx: np.ndarray, gy: np.ndarray, values: np.ndarray, x: Any, y: Any) -> np.ndarray:
-    """``values[i, j]`` at (gx[i], gy[j]), interpolated at (x, y) (broadcast), linear past the grid."""
+    """``values[i, j]`` at (gx[i], gy[j]), interpolated at (x, y) (broadcast) within the grid; past its last row
+    (node), plus the last row (node) segment's slope times the distance — that slope taken at the point's node
+    (row), as a running maximum over nodes (rows). On a grid that never falls (``calibrate --batch`` fits it so)
+    the result never falls along either axis anywhere: extending each cell's own segments (bilinear weights past
+    [0, 1]) made 2 rows cheaper than 1 at 25 nodes, where the row segment is steeper at 6 nodes than at 9."""
     x, y = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(y, np.float64))
-    i, wx = _axis(gx, x)
-    j, wy = _axis(gy, y)
+    cx, cy = np.minimum(x, gx[-1]), np.minimum(y, gy[-1])
+    i, wx = _axis(gx, cx)
+    j, wy = _axis(gy, cy)
     i1, j1 = np.minimum(i + 1, len(gx) - 1), np.minimum(j + 1, len(gy) - 1)  # a one-point axis: weight 0
     v00, v10 = values[i, j], values[i1, j]
     v01, v11 = values[i, j1], values[i1, j1]
-    return (v00 * (1 - wx) + v10 * wx) * (1 - wy) + (v01 * (1 - wx) + v11 * wx) * wy
+    out = (v00 * (1 - wx) + v10 * wx) * (1 - wy) + (v01 * (1 - wx) + v11 * wx) * wy
+    if len(gx) > 1:  # per node column, the last row segment's slope, never falling with more nodes
+        rs = np.maximum.accumulate((values[-1, :] - values[-2, :]) / (gx[-1] - gx[-2]))
+        out = out + np.interp(cy, gy, rs) * np.maximum(x - gx[-1], 0.0)
+    if len(gy) > 1:  # per row, the last node segment's slope, never falling with more rows
+        ns = np.maximum.accumulate((values[:, -1] - values[:, -2]) / (gy[-1] - gy[-2]))
+        out = out + np.interp(cx, gx, ns) * np.maximum(y - gy[-1], 0.0)
+    return out
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,17 @@ def _time_verify(
                 continue
             fixed.parents = tree_parents(n, c)
             ctx = seqs[i].past_len
-            samples[(i, n, c)].append((ctx, engines[i].step([arm])[0].verify_s))
+            res = engines[i].step([arm])[0]
+            if (
+                res.drafted + 1 != n
+            ):  # the engine verifies the root alone where a tree no longer fits the context
+                from env.cost import CostModelError
+
+                raise CostModelError(
+                    f"a context of {ctx} tokens leaves no room for a tree of {n} nodes in the model's "
+                    f"{loaded.max_context}: calibrate at shorter contexts or with fewer repetitions"
+                )
+            samples[(i, n, c)].append((ctx, res.verify_s))
             tick()
     return [
         (n, c, statistics.mean(x for x, _ in v), statistics.median(s for _, s in v))

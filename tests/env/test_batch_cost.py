@@ -69,18 +69,25 @@ def test_bilinear_between_grid_points():
 
 def test_linear_past_the_grid():
     c = fitted()
-    # rows 8: the last rows segment (2 -> 4) extended by 2 more of its width
-    want = BASE[1, 1] + (BASE[2, 1] - BASE[1, 1]) * (8 - 2) / (4 - 2)
+    # rows 8: the last rows segment (2 -> 4) at this node column, extended by 4 more rows
+    want = BASE[2, 1] + (BASE[2, 1] - BASE[1, 1]) / (4 - 2) * (8 - 4)
     assert c.forward_s(8, 3, REF) == pytest.approx(want, rel=1e-12)
-    # nodes 15: the last nodes segment (3 -> 9) extended
-    want = BASE[0, 1] + (BASE[0, 2] - BASE[0, 1]) * (15 - 3) / (9 - 3)
+    # nodes 15: the last nodes segment (3 -> 9) of this row extended
+    want = BASE[0, 2] + (BASE[0, 2] - BASE[0, 1]) / (9 - 3) * (15 - 9)
     assert c.forward_s(1, 15, REF) == pytest.approx(want, rel=1e-12)
-    # both at once: bilinear in the extended corner cell
-    wx, wy = (16 - 2) / 2, (27 - 3) / 6
-    want = (BASE[1, 1] * (1 - wx) + BASE[2, 1] * wx) * (1 - wy) + (
-        BASE[1, 2] * (1 - wx) + BASE[2, 2] * wx
-    ) * wy
+    # both at once: the corner plus each axis's extension
+    want = BASE[2, 2] + (BASE[2, 2] - BASE[1, 2]) / 2 * (16 - 4) + (BASE[2, 2] - BASE[2, 1]) / 6 * (27 - 9)
     assert c.forward_s(16, 27, REF) == pytest.approx(want, rel=1e-12)
+
+
+def test_past_the_grid_more_rows_or_nodes_never_cost_less():
+    """A grid that never falls, whose row segment is steeper at a middle node column than at the last (as a
+    measured one can be): extending each cell's own segments made 2 rows cheaper than 1 past the last node."""
+    base = np.array([[0.010, 0.012, 0.020], [0.011, 0.030, 0.031], [0.013, 0.050, 0.052]])
+    c = fitted(base=base)
+    for ctx in (REF, REF + 500):
+        grid = c.forward_s(np.arange(1, 40)[:, None], np.arange(1, 60)[None, :], ctx)
+        assert (np.diff(grid, axis=0) >= -1e-15).all() and (np.diff(grid, axis=1) >= -1e-15).all()
 
 
 def test_linear_in_context_with_a_floor():

@@ -118,3 +118,15 @@ def test_isotonic_pools_violators():
 
     assert isotonic([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
     assert isotonic([5.0, 1.0, 1.0]) == [7 / 3] * 3
+
+
+@pytest.mark.model
+def test_a_tree_that_no_longer_fits_the_context_is_not_timed_as_one(fp32_model, monkeypatch):
+    """The engine verifies the root alone where a tree does not fit the context left: calibrating there filed a
+    one-node step's time under the tree's node count. Refused in one line instead (the room left made small)."""
+    from env.batch import BatchTarget
+
+    monkeypatch.setattr(BatchTarget, "room", lambda self, row: 4)
+    with pytest.raises(CostModelError, match=r"leaves no room for a tree of \d+ nodes"):
+        calibrate(fp32_model, [], reps=1, contexts=(16, 48), chain_nodes=(1, 9), tree_nodes=(5,),
+                  draft_prompts=1, draft_positions=2)  # fmt: skip
