@@ -213,6 +213,7 @@ class SpecDecodeEnv(gym.Env):
         if self.max_new_tokens < 2:
             raise EnvError(f"max_new_tokens must be >= 2, got {self.max_new_tokens}")
         opts = drafter_options or {}
+        self._drafter_options = opts
         self.drafters = {n: make_drafter(n, **opts.get(n, {})) for n in drafter_names(self.arms)}
         self.engine = BatchEngine(self.loaded, max_rows=1, sampling=self.sampling)
         self.feature_spec = spec
@@ -239,6 +240,12 @@ class SpecDecodeEnv(gym.Env):
         self._done = False
         if self.backend == "replay":
             return self._reset_replay(p)
+        if seed is not None:  # a seeded episode repeats: drafters that learn across requests start afresh
+            from drafters import make_drafter
+
+            stateful = [n for n, d in self.drafters.items() if not getattr(d, "exact_replay", False)]
+            for n in stateful:
+                self.drafters[n] = make_drafter(n, **self._drafter_options.get(n, {}))
         return self._reset_live(p)
 
     def step(self, action: Any):

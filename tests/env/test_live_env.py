@@ -170,3 +170,31 @@ def test_live_sampling_is_reproducible_from_the_seed(fp32_model, prompts):
 
     assert len(a) == len(b)
     assert all(np.array_equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(a, b))
+
+
+@pytest.mark.model
+def test_a_seeded_reset_repeats_the_episode_with_a_drafter_that_learns_across_requests(fp32_model):
+    """The suffix drafter's cross-request cache carried one episode's answers into the next: the same seed and
+    actions gave other observations and rewards. A seeded reset starts such drafters afresh."""
+    env = SpecDecodeEnv(
+        "live",
+        model=fp32_model,
+        arms=["none", "suffix-d4"],
+        max_new_tokens=8,
+        workload="builtin",
+        cost="measured",
+    )  # (rewards are wall times: observations compared)
+
+    def episode(seed):
+        obs, _ = env.reset(seed=seed)
+        out, done = [obs], False
+        while not done:
+            obs, _, term, trunc, _ = env.step(1)
+            out.append(obs)
+            done = term or trunc
+        return out
+
+    first = episode(3)
+    episode(4), episode(5)
+    again = episode(3)
+    assert len(first) == len(again) and all(np.array_equal(a, b) for a, b in zip(first, again))
