@@ -369,6 +369,9 @@ def record(
             "forward": str(getattr(loaded, "forward", "lean")),
         },
         "workload_sha256": file_digest(workload) if Path(str(workload)).is_file() else None,
+        # the device the target ran on: greedy outputs may differ between a GPU's kernels and the CPU's, so a
+        # recording is not resumed on another
+        "device": str(loaded.device),
     }
     parts_dir = out.with_name(out.name + ".parts")
     head_file = parts_dir / "header.json"
@@ -422,6 +425,7 @@ def record(
             ) from None
     header = dict(header)
     header["created"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    header["provenance"] = _provenance()  # where it was recorded (not compared on a resume)
     try:
         trace = _assemble(header, parts)
     except (KeyError, ValueError) as err:
@@ -434,7 +438,23 @@ def record(
 
 
 # header keys a recording from before they existed does not have: not compared then (it is taken as it is)
-LATER_KEYS = ("engine", "workload_sha256")
+LATER_KEYS = ("engine", "workload_sha256", "device")
+
+
+def _provenance() -> dict[str, Any]:
+    """The machine, library versions and command line of a recording (DESIGN's provenance of a result file)."""
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
+
+    from env.machine import machine_info
+
+    versions = {}
+    for lib in ("torch", "transformers", "numpy"):
+        try:
+            versions[lib] = version(lib)
+        except PackageNotFoundError:
+            versions[lib] = None
+    return {"machine": machine_info(), "versions": versions, "command": " ".join(["draftgym", *sys.argv[1:]])}
 
 
 def _differs(old: dict[str, Any], new: dict[str, Any], key: str) -> bool:

@@ -7,7 +7,8 @@ A, uninterrupted (timing when its first partial result appears and when it ends)
 first partial result exists plus a random fraction (seeded ``random.Random``) of the time A took from there to its
 end; then into B again, to the end. What "exactly the results" means, per command:
 
-- ``record``: every array of the trace, its header (but ``created``, a timestamp) and nothing left beside it.
+- ``record``: every array of the trace, its header (but ``created``, a timestamp, and ``provenance``, which names
+  the command) and nothing left beside it.
 - ``train``: each saved policy's parameters, learned state (the payload bytes), training meta (but
   ``train_seconds``) and actions on fixed observations. The policies are bandits and a ridge predictor, whose
   training is deterministic and is simply redone by the rerun. stable-baselines3 training is left out: it resumes
@@ -126,7 +127,11 @@ def _record_results(out: Path) -> dict[str, Any]:
     arrays = {k: _exact(getattr(t, k)) for k in ("prompt_tokens", "prompt_off", "traj", "traj_off", "feat")}
     for name, tree in t.trees.items():
         arrays.update({f"{name}/{k}": _exact(getattr(tree, k)) for k in ("off", "tokens", "parents")})
-    return {"header": _without(t.header, "created"), "arrays": arrays, "files": sorted(os.listdir(out))}
+    return {
+        "header": _without(t.header, "created", "provenance"),
+        "arrays": arrays,
+        "files": sorted(os.listdir(out)),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- train
