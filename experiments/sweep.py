@@ -244,11 +244,11 @@ def work(
             optuna.trial.TrialState.WAITING,
         )
         trial.set_user_attr("worker", me)  # first: until then only the trial's age tells it is orphaned
-        trial.set_user_attr("cpu", cpu)
         ahead = sum(1 for t in study.get_trials(deepcopy=False, states=live) if t.number < trial.number)
         if ahead >= n:
             trial.set_user_attr("surplus", True)
             raise SurplusTrial(f"trial {trial.number}: {n} trials are already finished or running")
+        trial.set_user_attr("cpu", cpu)
 
         def report(step: int, value: float) -> None:
             trial.report(value, step)
