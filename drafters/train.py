@@ -549,6 +549,8 @@ def train_head(
             "data": data_info,
             "train_sequences": len(train),
             "heldout_sequences": len(held),
+            # the prompts this head never trained on, as ``head_eval`` scores it (a corpus folder grows)
+            "heldout_ids": sorted({s.prompt_id for s in held}),
             "train_positions": n_tokens,
             "train_answer_tokens": n_answer,
             "steps": step,

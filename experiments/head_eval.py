@@ -12,6 +12,7 @@ the argmax over the head's own draft vocabulary instead, as the first reports di
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 PROG = "python -m experiments.head_eval"
@@ -62,7 +63,19 @@ def _main(argv: list[str] | None) -> int:
         if not path.is_file():
             raise DrafterError(f"no head file {path}")
         paths.append(path)
-    _, held = split(load_data(*[Path(d) for d in args.data]))  # before the model: a bad folder is one line
+    recorded = [_heldout_ids(p) for p in paths]
+    dirs = [Path(d) for d in args.data]
+    if recorded and all(r is not None for r in recorded):  # the prompts none of the heads trained on
+        keep = set.intersection(*recorded)  # type: ignore[arg-type]
+        held = [s for s in load_data(*dirs, keep=keep) if s.answer_start < s.tokens.shape[0]] if keep else []
+        if not held:
+            raise DrafterError(f"the heads' recorded held-out prompts share none in {', '.join(args.data)}")
+        source = f"held out by every head ({len(keep)} prompts recorded)"
+    else:  # heads from before the ids were recorded: the folder's own split (a grown folder may hold their
+        # training prompts among it)
+        _, held = split(load_data(*dirs))  # before the model: a bad folder is one line
+        source = "the folder's split (a head here records no held-out prompts)"
+    print(f"held-out sequences: {len(held)}, {source}", file=sys.stderr, flush=True)
     held = windows(held, args.window)
     loaded = load_model(None, dtype="fp32", device="cpu")
     model = loaded.model
@@ -89,12 +102,27 @@ def _main(argv: list[str] | None) -> int:
             "file": path.name,
             "draft_vocab": len(d2t),
             "answer_coverage": round(cover, 4),
+            "heldout": source,
             **metric,
         }
         out.append(row)
         print(json.dumps(row), flush=True)
         write_json(json_out, out, indent=2)  # as measured: a later head's error keeps this one's row
     return 0
+
+
+def _heldout_ids(head: Path) -> set[str] | None:
+    """The prompt ids a head file's JSON records as held out of its training; None when it records none."""
+    from env.safe_zip import ArchiveProblem, parse_json
+
+    try:
+        meta = parse_json(head.with_suffix(".json").read_bytes())
+    except (ArchiveProblem, OSError):
+        return None
+    ids = meta.get("training", {}).get("heldout_ids") if isinstance(meta, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        return None
+    return set(ids)
 
 
 if __name__ == "__main__":

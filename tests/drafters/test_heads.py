@@ -121,6 +121,8 @@ def test_data_generation_training_and_resume_checks(tmp_path):
     kw = dict(work_dir=work, data_info=info, progress=False)
     meta = train_head(loaded.model, loaded.model_id, dirs, tmp_path / "head", st, **kw)
     assert meta["training"]["steps"] == 2 and "top1_depth1" in meta["metric"]
+    held_ids = meta["training"]["heldout_ids"]  # what head_eval scores the head on, however the folder grows
+    assert held_ids == sorted(held_ids) and len(held_ids) == meta["training"]["heldout_sequences"] > 0
     EagleDrafter(weights=str(tmp_path / "head")).reset(_ctx(loaded))  # loads
     # new weights beside an older description (a kill between the two renames of a save): caught at load
     saved = (tmp_path / "head.safetensors").read_bytes()

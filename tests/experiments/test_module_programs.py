@@ -63,3 +63,19 @@ def test_vocab_order_checks_the_workload_before_the_model_loads(no_model, tmp_pa
     code = main([str(tmp_path / "head.safetensors"), "--workload", str(tmp_path / "none.jsonl")])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "none.jsonl does not exist" in err, err
+
+
+def test_head_eval_reads_the_held_out_prompts_a_head_records(tmp_path):
+    """A corpus folder grows across runs; the split of what it holds now may fall on prompts a head trained on.
+    A head's JSON records the ids it held out, and head_eval scores those (none recorded: the folder's split)."""
+    import json
+
+    from experiments.head_eval import _heldout_ids
+
+    head = tmp_path / "h.safetensors"
+    head.with_suffix(".json").write_text(json.dumps({"training": {"heldout_ids": ["p3", "p9"]}}))
+    assert _heldout_ids(head) == {"p3", "p9"}
+    head.with_suffix(".json").write_text(json.dumps({"training": {}}))
+    assert _heldout_ids(head) is None
+    head.with_suffix(".json").write_text("{{{")
+    assert _heldout_ids(head) is None
