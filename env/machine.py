@@ -117,6 +117,23 @@ def settle_packed() -> bool:
     )
 
 
+LIBRARIES = ("draftgym", "torch", "transformers", "gymnasium", "stable-baselines3", "scikit-learn", "optuna",
+             "triton", "numpy")  # fmt: skip
+
+
+def library_versions(libs: tuple[str, ...] = LIBRARIES) -> dict[str, str | None]:
+    """The installed version of each library a result file names (None: not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in libs:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def machine_info() -> dict[str, Any]:
     """The machine a measurement ran on, for a result file's provenance: CPU (its label with the bf16 flags),
     platform, threads, torch version, GPU."""

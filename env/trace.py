@@ -444,17 +444,11 @@ LATER_KEYS = ("engine", "workload_sha256", "device")
 def _provenance() -> dict[str, Any]:
     """The machine, library versions and command line of a recording (DESIGN's provenance of a result file)."""
     import sys
-    from importlib.metadata import PackageNotFoundError, version
 
-    from env.machine import machine_info
+    from env.machine import library_versions, machine_info
 
-    versions = {}
-    for lib in ("torch", "transformers", "numpy"):
-        try:
-            versions[lib] = version(lib)
-        except PackageNotFoundError:
-            versions[lib] = None
-    return {"machine": machine_info(), "versions": versions, "command": " ".join(["draftgym", *sys.argv[1:]])}
+    return {"machine": machine_info(), "versions": library_versions(),
+            "command": " ".join(["draftgym", *sys.argv[1:]])}  # fmt: skip
 
 
 def _differs(old: dict[str, Any], new: dict[str, Any], key: str) -> bool:

@@ -3,31 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-import importlib.metadata
 import os
 import platform
 import sys
 
-_LIBS = (
-    "draftgym",
-    "torch",
-    "transformers",
-    "gymnasium",
-    "stable-baselines3",
-    "scikit-learn",
-    "optuna",
-    "triton",
-)
-
-
-def library_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in _LIBS:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+from env.machine import library_versions  # noqa: F401  (re-exported: what every result's provenance names)
 
 
 def machine() -> dict[str, object]:

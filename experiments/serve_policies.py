@@ -404,9 +404,11 @@ def format_table(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+MAX_REQUESTS = 65_536  # per episode (serve-train, evaluate --serve): a stream of requests, not an allocation
+
+
 def add_serve_args(e: Any) -> None:
     from experiments.args import int_at_least, positive_int
-    from experiments.serve_train import MAX_REQUESTS
 
     e.add_argument("--serve", action="store_true", help="evaluate serving policies under load (SpecServe-v0)")
     e.add_argument("--batch-cost", default=None,

@@ -19,7 +19,7 @@ from typing import Any
 
 from env.cli import seed_int
 from env.files import atomic_write_text
-from experiments.serve_policies import _sim_factory, _split, train_loads
+from experiments.serve_policies import MAX_REQUESTS, _sim_factory, _split, train_loads
 
 
 def _same_ppo(path: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
@@ -184,9 +184,6 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
                     f"  {load:>3}: {best:<10} {g[best]:8.1f} tok/s   (none: {g.get('none', float('nan')):.1f})"
                 )
     return 0
-
-
-MAX_REQUESTS = 65_536  # per training episode: a served stream of requests, not an allocation
 
 
 def register(sub: Any) -> None:

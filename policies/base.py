@@ -31,7 +31,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import importlib
-import importlib.metadata
 import io
 import json
 import zipfile
@@ -194,13 +193,10 @@ class BasePolicy:
 
 
 def library_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for lib in ("draftgym", "numpy", "scikit-learn", "stable-baselines3", "gymnasium", "torch"):
-        try:
-            out[lib] = importlib.metadata.version(lib)
-        except importlib.metadata.PackageNotFoundError:
-            out[lib] = None
-    return out
+    """The versions a policy file names (the libraries its training and loading use)."""
+    from env.machine import library_versions as versions
+
+    return versions(("draftgym", "numpy", "scikit-learn", "stable-baselines3", "gymnasium", "torch"))
 
 
 def write_policy(path: str | Path, header: Header, files: dict[str, bytes]) -> None:

@@ -43,7 +43,8 @@ def time_saved_wrapper(venv: Any) -> Any:
     return TimeSaved(venv)
 
 
-def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
+def checkpoint_files(folder: Path) -> list[tuple[int, Path]]:
+    """The training checkpoints in ``folder`` (``model_STEP_steps.zip``), by step, oldest first."""
     out = []
     for p in folder.glob("model_*_steps.zip"):
         m = re.fullmatch(r"model_(\d+)_steps\.zip", p.name)
@@ -99,9 +100,9 @@ def _callbacks(policy: SB3Policy, out: Path, eval_fn, eval_freq: int, checkpoint
                 ckpt = out / "checkpoints"
                 ckpt.mkdir(parents=True, exist_ok=True)
                 save_checkpoint(self.model, policy.network(), ckpt / f"model_{self.num_timesteps}_steps.zip")
-                for _, old in _checkpoints(ckpt)[:-2]:  # keep the last two
+                for _, old in checkpoint_files(ckpt)[:-2]:  # keep the last two
                     old.unlink(missing_ok=True)
-                _prune_bests(out, _checkpoints(ckpt)[0][0])
+                _prune_bests(out, checkpoint_files(ckpt)[0][0])
             return True
 
     return Train()
@@ -125,7 +126,7 @@ def _resume(policy: SB3Policy, model: Any, folder: Path) -> None:
     """Load the latest readable checkpoint of ``folder`` into the fresh ``model`` (none: start afresh). The
     evaluations a killed run logged after that checkpoint are dropped from ``eval.jsonl``: they are run again; so
     are the bests they made (``_resume_best``)."""
-    _resume_model(policy, model, folder)
+    resume_model(policy, model, folder)
     log = folder.parent / "eval.jsonl"
     rows = eval_rows(log)
     keep = [r for r in rows if r["timesteps"] <= model.num_timesteps]
@@ -216,8 +217,9 @@ def _best_speedup(out: Path, rows: list[dict[str, Any]]) -> float:
         return max((r["replay_speedup"] for r in rows), default=-np.inf)
 
 
-def _resume_model(policy: SB3Policy, model: Any, folder: Path) -> None:
-    for _, path in reversed(_checkpoints(folder)):
+def resume_model(policy: SB3Policy, model: Any, folder: Path) -> None:
+    """Load the latest readable checkpoint of ``folder`` into ``model`` (a torn one: the one before; none: as built)."""
+    for _, path in reversed(checkpoint_files(folder)):
         try:
             ckpt = read_checkpoint(path)
         except PolicyError:
@@ -262,7 +264,7 @@ def train_sb3(
             "n_envs": venv.num_envs,
             **(settings or {}),
         }
-        started = bool(_checkpoints(out / "checkpoints")) or bool(eval_rows(out / "eval.jsonl"))
+        started = bool(checkpoint_files(out / "checkpoints")) or bool(eval_rows(out / "eval.jsonl"))
         why = settings_conflict(out, ident, started)
         if why:
             raise PolicyError(f"{why}: use another output folder, or the same settings to resume")

@@ -309,7 +309,7 @@ def train_serve_ppo(make_vec: Any, arms: Sequence[str], obs_size: int, features:
 
     from env.files import atomic_write_text
     from policies.rl import SB3Policy, numpy_actor
-    from policies.rl_train import _checkpoints, _resume_model
+    from policies.rl_train import checkpoint_files, resume_model
     from policies.sb3_files import save_checkpoint
 
     venv = make_vec()
@@ -320,7 +320,7 @@ def train_serve_ppo(make_vec: Any, arms: Sequence[str], obs_size: int, features:
     carried, carried_wall = 0.0, 0.0  # training seconds (and wall seconds) of the run a resume continues
     if checkpoints is not None:
         checkpoints.mkdir(parents=True, exist_ok=True)
-        _resume_model(policy, model, checkpoints)
+        resume_model(policy, model, checkpoints)
         curve, carried, carried_wall = _saved_curve(checkpoints / "curve.json", int(model.num_timesteps))
     t0 = time.perf_counter()
     eval_s = [0.0]
@@ -356,7 +356,7 @@ def train_serve_ppo(make_vec: Any, arms: Sequence[str], obs_size: int, features:
                 )
                 atomic_write_text(checkpoints / "curve.json", json.dumps({"timesteps": int(self.num_timesteps),
                     "seconds": seconds(), "wall_s": wall(), "curve": curve}))  # fmt: skip
-                for _, old in _checkpoints(checkpoints)[:-2]:
+                for _, old in checkpoint_files(checkpoints)[:-2]:
                     old.unlink(missing_ok=True)
 
         def _evaluate(self) -> None:
