@@ -120,6 +120,7 @@ def serve(
     drafter_options: dict[str, dict[str, object]] | None = None,
     on_finish: Callable[[Served], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
     log: ServeLog | None = None,
     prefill_chunk: int | None = None,
     caps: Sequence[int] | None = None,
@@ -142,7 +143,8 @@ def serve(
     ``env.serve_env`` (``LiveObserver``: the same features as replay); online policies (``update``) learn from
     each step's goodput relative to autoregressive decoding, priced by the batch cost model ``cost`` against the
     step's wall time; ``obs_max_batch``: the row slots of the observation (the policy's ``max_batch``; default
-    ``max_batch``)."""
+    ``max_batch``). ``clock`` and ``sleep``: the server's time (open loop, an idle server sleeps until the next
+    arrival by ``sleep``; a caller with its own ``clock`` passes the ``sleep`` that moves it)."""
     if caps is not None:
         if len(caps) != len(requests) or min(caps, default=1) < 1:
             raise ServeError("caps: one concurrency >= 1 per request")
@@ -269,7 +271,7 @@ def serve(
                 log.prefill_s += clock() - a
         if not flights:
             if queue and pending is None:  # open loop, idle until the next arrival
-                time.sleep(max(0.0, min(queue[0].arrival_s - now(), 0.05)))
+                sleep(max(0.0, min(queue[0].arrival_s - now(), 0.05)))
             continue
         live = [flights[id(s)] for s in stepper.seqs]
         a = clock()

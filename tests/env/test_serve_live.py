@@ -208,3 +208,22 @@ def test_the_cache_is_grown_before_the_clock_starts(fp32_model):
     assert seen[0] > max(r.reservation for r in reqs) > start
     assert engine.target.cache.capacity == seen[0]  # and not grown again while serving
     assert len(out) == 2 and all(1 <= len(s.token_ids) <= 4 for s in out)
+
+
+def test_an_open_loop_server_waits_on_its_own_clock(fp32_model):
+    """Open loop with the caller's clock: an idle server sleeps until the next arrival through ``sleep``, which
+    moves that clock (a still clock with the real ``time.sleep`` would wait forever); the late request enters at
+    its arrival time, not before."""
+    clock = FakeClock()
+    slept = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        clock.t += s
+
+    reqs = [Request("early", [5, 6, 7], NO_DRAFT, 3, 0.0), Request("late", [8, 9], NO_DRAFT, 3, 100.0)]
+    out = serve(BatchEngine(fp32_model, max_rows=2), reqs, max_batch=2, clock=clock, sleep=sleep)
+    by = {s.rid: s for s in out}
+    assert by["late"].arrival_s == 100.0 and by["late"].first_token_s >= 100.0
+    assert by["early"].finish_s < 100.0 and sum(slept) == pytest.approx(100.0 - by["early"].finish_s)
+    assert all(1 <= len(s.token_ids) <= 3 for s in out)
