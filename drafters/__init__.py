@@ -7,6 +7,7 @@ from typing import Any
 
 from drafters.base import (
     BatchProposer,
+    Carries,
     DraftContext,
     Drafter,
     DrafterError,
@@ -47,6 +48,7 @@ def make_drafter(name: str, **kwargs: Any) -> Drafter:
 
 __all__ = [
     "BatchProposer",
+    "Carries",
     "Forkable",
     "DRAFTERS",
     "check_tree",

@@ -287,6 +287,26 @@ class Forkable(Protocol):
     def fork(self) -> Any: ...
 
 
+@runtime_checkable
+class Carries(Protocol):
+    """A drafter with state that outlives a sequence (the suffix drafter's answer cache, the recycling drafter's
+    table): ``carried()`` is that state as named arrays, ``restore(arrays)`` takes it back, checked (the arrays come
+    from a file, which may be corrupted or hostile: a ``DrafterError`` names the problem) — so that a recording
+    resumed after a kill goes on with the probes as they were, not empty."""
+
+    def carried(self) -> dict[str, np.ndarray]: ...
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None: ...
+
+
+def int_array(owner: str, name: str, arrays: dict[str, np.ndarray], ndim: int) -> np.ndarray:
+    """``arrays[name]``: an integer array of ``ndim`` dimensions, as int64 (a ``DrafterError`` otherwise)."""
+    a = arrays.get(name)
+    if not isinstance(a, np.ndarray) or a.ndim != ndim or a.dtype.kind not in "iu":
+        raise DrafterError(f"{owner} state: {name} must be an integer array of {ndim} dimensions")
+    return a.astype(np.int64, copy=False)
+
+
 def keyword_options(cls: Any) -> list[str]:
     """Keyword arguments a class accepts, following ``**kwargs`` up the base classes."""
     names: list[str] = []

@@ -21,10 +21,12 @@ import heapq
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from drafters.base import (
     BatchProposer,
+    Carries,
     DraftContext,
     DrafterError,
     DraftTree,
@@ -192,6 +194,16 @@ class HybridDrafter:
                        for p, n in zip(self.parts, self.part_names)]  # fmt: skip
         other.skipped = 0
         return other
+
+    def carried(self) -> dict[str, np.ndarray]:
+        """Each part's carried state (``drafters.base.Carries``), its keys under the part's name."""
+        return {f"{n}/{k}": v for n, p in zip(self.part_names, self.parts) if isinstance(p, Carries)
+                for k, v in p.carried().items()}  # fmt: skip
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        for n, p in zip(self.part_names, self.parts):
+            if isinstance(p, Carries):
+                p.restore({k.removeprefix(f"{n}/"): v for k, v in arrays.items() if k.startswith(f"{n}/")})
 
     def reset(self, ctx: DraftContext) -> None:
         for p in self.parts:

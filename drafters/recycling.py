@@ -19,9 +19,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
-from drafters.base import DraftContext, DraftTree, Feedback, TreeShape, float_option, int_option
+from drafters.base import (
+    DraftContext,
+    DrafterError,
+    DraftTree,
+    Feedback,
+    TreeShape,
+    float_option,
+    int_array,
+    int_option,
+)
 from drafters.trees import GrowingTree, build_tree, tree_option
 
 MAX_WIDTH = 256  # the table is V x width (int64 + float32): 150 MB at V = 49152
@@ -55,6 +65,37 @@ class RecyclingDrafter:
         other = RecyclingDrafter(self.width, self.tree, self.prompt_prior)
         other._table = self._table
         return other
+
+    # ---- the table as arrays (``drafters.base.Carries``) ----
+    def carried(self) -> dict[str, np.ndarray]:
+        """The table (``ids``, ``logp``); none before the first sequence."""
+        if self.ids is None:
+            return {}
+        return {"ids": self.ids.numpy().copy(), "logp": self.logp.numpy().copy()}
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        """The table from ``carried()``'s arrays (checked), shared with the forks; none given: empty again."""
+        if not arrays:
+            self.ids = self.logp = None
+            return
+        ids = int_array("recycling", "ids", arrays, 2)
+        logp = arrays.get("logp")
+        vocab = ids.shape[0]
+        if ids.shape[1] != self.width or vocab < 1:
+            raise DrafterError(
+                f"recycling state: ids must be [vocab, {self.width}] (width), got {list(ids.shape)}"
+            )
+        if not isinstance(logp, np.ndarray) or logp.shape != ids.shape or logp.dtype.kind != "f":
+            raise DrafterError(
+                f"recycling state: logp must be a float array of the shape of ids, {list(ids.shape)}"
+            )
+        if ids.min() < -1 or ids.max() >= vocab:
+            raise DrafterError(f"recycling state: a token id outside -1..{vocab - 1}")
+        empty = ids < 0
+        if np.isnan(logp).any() or (logp > 0).any() or np.isfinite(logp[empty]).any():
+            raise DrafterError("recycling state: logp must be log-probabilities (<= 0), -inf where ids is -1")
+        self.ids = torch.from_numpy(ids.copy())
+        self.logp = torch.from_numpy(logp.astype(np.float32))
 
     # ---- table ----
     def _ensure(self, vocab: int) -> None:

@@ -25,6 +25,7 @@ import heapq
 from collections import deque
 from typing import Any
 
+import numpy as np
 import torch
 
 from drafters.base import (
@@ -34,6 +35,7 @@ from drafters.base import (
     Feedback,
     TreeShape,
     choice_option,
+    int_array,
     int_option,
 )
 
@@ -195,6 +197,36 @@ class SuffixDrafter:
         answers.append(answer)
         while len(answers) > self.cache_requests:
             trie.remove(answers.popleft())
+
+    # ---- the cross-request cache as arrays (``drafters.base.Carries``) ----
+    def carried(self) -> dict[str, np.ndarray]:
+        """The cached answers, oldest first: ``answers`` (their tokens end to end) and ``answer_off`` (offsets)."""
+        answers = list(self.shared["answers"])
+        off = np.concatenate([[0], np.cumsum([len(a) for a in answers], dtype=np.int64)]).astype(np.int64)
+        flat = np.asarray([t for a in answers for t in a], dtype=np.int64)
+        return {"answers": flat, "answer_off": off}
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        """The global cache rebuilt from ``carried()``'s arrays (checked), in place: forks share it."""
+        flat = int_array("suffix", "answers", arrays, 1)
+        off = int_array("suffix", "answer_off", arrays, 1)
+        n = off.shape[0] - 1
+        if n < 0 or off[0] != 0 or off[-1] != flat.shape[0] or (np.diff(off) < 2).any():
+            raise DrafterError(
+                "suffix state: answer_off must run from 0 to the end of answers, >= 2 tokens apart"
+            )
+        if n > self.cache_requests:
+            raise DrafterError(
+                f"suffix state: {n} answers, more than this drafter's cache_requests ({self.cache_requests})"
+            )
+        if flat.size and flat.min() < 0:
+            raise DrafterError("suffix state: a negative token id")
+        trie, answers = SuffixTrie(self.depth_limit), deque()
+        for i in range(n):
+            answer = flat[off[i] : off[i + 1]].tolist()
+            trie.add(answer)
+            answers.append(answer)
+        self.shared["trie"], self.shared["answers"] = trie, answers
 
     # ---- Drafter protocol ----
     def reset(self, ctx: DraftContext) -> None:

@@ -28,6 +28,7 @@ import datetime as dt
 import hashlib
 import json
 import shutil
+import sys
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from drafters import Drafter, DraftTree, make_drafter, tree_problem
+from drafters import Carries, Drafter, DrafterError, DraftTree, make_drafter, tree_problem
 from env.features import (
     FeatureSpec,
     FeatureSpecError,
@@ -404,6 +405,9 @@ def record(
     else:
         parts_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(head_file, json.dumps(header))  # torn, it would stop every later resume
+    carriers = {n: d for n, d in probes.items() if isinstance(d, Carries)}
+    if carriers:
+        _resume_carriers(parts_dir, len(prompts), carriers)
     stepper = Stepper(engine, [NO_DRAFT])
     proj = projection(int(loaded.config.hidden_size), spec)
     parts = []
@@ -417,6 +421,12 @@ def record(
             tmp = parts_dir / f"{i:05d}.tmp.npz"
             np.savez(tmp, **arrays)
             tmp.replace(part_file)
+            if (
+                carriers
+            ):  # after the part: a kill in between leaves the state one part behind (that part redone)
+                state = {f"{n}/{k}": v for n, d in carriers.items() for k, v in d.carried().items()}
+                np.savez(parts_dir / "probes.tmp.npz", part=np.int64(i + 1), **state)
+                (parts_dir / "probes.tmp.npz").replace(parts_dir / PROBES_FILE)
         try:
             parts.append(read_npz(part_file, max_bytes=TRACE_BYTES))
         except ArchiveProblem as err:
@@ -455,6 +465,54 @@ def _differs(old: dict[str, Any], new: dict[str, Any], key: str) -> bool:
     if key in LATER_KEYS and key not in old:
         return False
     return old.get(key) != new.get(key)
+
+
+PROBES_FILE = "probes.npz"  # the probes' carried state after the parts before ``part``
+
+
+def _resume_carriers(parts_dir: Path, n_prompts: int, carriers: dict[str, Any]) -> None:
+    """Probes whose state outlives a prompt (``drafters.Carries``: the suffix drafter's answer cache, the
+    recycling drafter's table) must go on, after a kill, as they were at the first prompt recorded again: their
+    state is restored from ``PROBES_FILE`` (kept after every part), and the parts it does not cover are recorded
+    again (a kill between a part and the state; a part deleted by hand: all, from fresh probes)."""
+    state_file = parts_dir / PROBES_FILE
+    have = 0
+    while have < n_prompts and (parts_dir / f"{have:05d}.npz").is_file():
+        have += 1
+    covered, arrays = 0, {}
+    if state_file.is_file():
+        try:
+            arrays = read_npz(state_file, max_bytes=TRACE_BYTES)
+            part = arrays.pop("part", None)
+            if (
+                part is None
+                or part.shape != ()
+                or part.dtype.kind not in "iu"
+                or not 0 < int(part) <= n_prompts
+            ):
+                raise ArchiveProblem(f"no part count in 1..{n_prompts}")
+        except ArchiveProblem as err:
+            raise TraceError(
+                f"{state_file} is not the probes' state of this recording ({err}); delete it to record again"
+            ) from None
+        covered = int(part)
+    keep = covered if covered <= have else 0  # state past a missing part: nothing before it can be continued
+    redo = sorted(f for f in parts_dir.glob("[0-9]*[0-9].npz") if f.stem.isdigit() and int(f.stem) >= keep)
+    if redo:
+        print(
+            f"record: {len(redo)} recorded prompt(s) past the probes' saved state are recorded again",
+            file=sys.stderr,
+        )
+    for f in redo:
+        f.unlink()
+    if keep == 0:
+        state_file.unlink(missing_ok=True)
+        return
+    for n, d in carriers.items():
+        try:
+            d.restore({k.removeprefix(f"{n}/"): v for k, v in arrays.items() if k.startswith(f"{n}/")})
+        except DrafterError as err:
+            raise TraceError(f"{state_file}: {err}; delete it to record again") from None
 
 
 def _remove_parts(parts_dir: Path) -> None:

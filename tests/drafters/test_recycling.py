@@ -83,3 +83,34 @@ def test_forks_share_one_table_across_requests():
     later.update(torch.tensor([1]), torch.log_softmax(torch.tensor([[4.0, 0.0, 0.0, 3.0, 0.0]]), -1))
     assert d.ids[1].tolist() == [0, 3] and d.ids[3].tolist() == [2, 3]
     assert (d.width, d.tree, d.prompt_prior) == (later.width, later.tree, later.prompt_prior)
+
+
+def test_the_table_as_arrays_comes_back_whole_and_bad_arrays_are_refused():
+    """``carried``/``restore`` (what a resumed recording keeps): the restored table is the original, shared with
+    the forks; arrays from a hostile file are refused in one line."""
+    import numpy as np
+    import pytest
+
+    from drafters import DrafterError
+
+    d = RecyclingDrafter(width=2)
+    assert d.carried() == {}
+    d.update(torch.tensor([3, 4]), torch.stack([_logits([1, 2]), _logits([5, 6])]))
+    state = d.carried()
+    back = RecyclingDrafter(width=2)
+    fork = back.fork()
+    back.restore(state)
+    assert torch.equal(fork.ids, d.ids) and torch.equal(fork.logp, d.logp)
+    ids, logp = state["ids"], state["logp"]
+    bad = [
+        ({"ids": ids[:, :1], "logp": logp[:, :1]}, r"ids must be \[vocab, 2\]"),
+        ({"ids": ids, "logp": logp[:-1]}, "logp must be a float array"),
+        ({"ids": np.where(ids == 5, V, ids), "logp": logp}, "a token id outside"),
+        ({"ids": ids, "logp": np.where(ids == 5, np.nan, logp)}, "log-probabilities"),
+        ({"ids": ids, "logp": np.where(ids == 5, 0.5, logp)}, "log-probabilities"),
+        ({"ids": ids, "logp": np.where(ids < 0, 0.0, logp)}, "-inf where ids is -1"),
+        ({"ids": ids.astype(np.float32), "logp": logp}, "integer array"),
+    ]
+    for arrays, match in bad:
+        with pytest.raises(DrafterError, match=match):
+            RecyclingDrafter(width=2).restore(arrays)

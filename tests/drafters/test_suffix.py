@@ -208,3 +208,40 @@ def test_finishing_after_the_context_was_cut_does_not_reindex_it(monkeypatch):
     assert d.propose(DraftContext(tokens=[4, 5, 6], prompt_len=3), TreeShape(depth=3)).tokens.tolist()[
         1:
     ] == [7, 4, 5]
+
+
+def test_the_cache_as_arrays_comes_back_whole_and_bad_arrays_are_refused():
+    """``carried``/``restore`` (what a resumed recording keeps): the restored cache proposes as the original, to
+    its forks too; arrays from a hostile file are refused in one line."""
+    import numpy as np
+
+    from drafters import DrafterError
+
+    d = SuffixDrafter(cache_requests=2)
+    for i, answer in enumerate(([40, 41, 42], [50, 51, 52])):
+        d.reset(_ctx([i]))
+        d.propose(_ctx([i, *answer], prompt_len=1), TreeShape(depth=2))
+    d.reset(_ctx([9]))
+    state = d.carried()
+    assert state["answer_off"].tolist() == [0, 3, 6]
+    back = SuffixDrafter(cache_requests=2)
+    fork = back.fork()
+    back.restore(state)
+    for token in (40, 50):
+        want = d.propose(_ctx([0, token]), TreeShape(depth=2)).tokens.tolist()
+        assert (
+            fork.propose(_ctx([0, token]), TreeShape(depth=2)).tokens.tolist()
+            == want
+            == [token, token + 1, token + 2]
+        )
+    bad = [
+        ({"answers": state["answers"], "answer_off": np.array([0, 3, 7])}, "answer_off must run"),
+        ({"answers": state["answers"].astype(float), "answer_off": state["answer_off"]}, "integer array"),
+        ({"answers": -state["answers"], "answer_off": state["answer_off"]}, "negative token"),
+        ({"answers": state["answers"], "answer_off": np.array([0, 1, 6])}, ">= 2 tokens apart"),
+    ]
+    for arrays, match in bad:
+        with pytest.raises(DrafterError, match=match):
+            SuffixDrafter(cache_requests=2).restore(arrays)
+    with pytest.raises(DrafterError, match="2 answers, more than this drafter's cache_requests"):
+        SuffixDrafter(cache_requests=1).restore(state)

@@ -155,6 +155,74 @@ def test_record_resumes_after_a_kill(fp32_model, prompts, tmp_path, monkeypatch)
     assert np.array_equal(back.traj, trace.traj) and back.feat.shape == (back.traj.shape[0], 12)
 
 
+def test_a_resumed_recording_keeps_the_probes_state(fp32_model, tmp_path, monkeypatch):
+    """Probes whose state outlives a prompt (the recycling table, the suffix answer cache) go on after a kill as
+    they were: the resumed trace equals the uninterrupted one; without their saved state the prompts are recorded
+    again from fresh probes, and a hostile state file is refused in one line."""
+    import env.trace as trace_mod
+
+    three = load_workload()[:3]
+    probes, new = ["suffix", "recycling"], 8
+    whole = record(fp32_model, three, probes, tmp_path / "whole.npz", max_new_tokens=new, progress=False)
+    alone = record(fp32_model, three[2:], probes, tmp_path / "alone.npz", max_new_tokens=new, progress=False)
+
+    def trees(t, name, i):
+        tr = t.trees[name]
+        lo, hi = int(t.traj_off[i]), int(t.traj_off[i + 1])
+        a, b = int(tr.off[lo]), int(tr.off[hi])
+        return tr.tokens[a:b].tolist(), tr.parents[a:b].tolist()
+
+    # the state matters: the third prompt's recycling proposals differ from fresh probes'
+    assert trees(whole, "recycling", 2) != trees(alone, "recycling", 0)
+
+    real, calls = trace_mod.record_prompt, []
+
+    def dies_on_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    out = tmp_path / "r.npz"
+    monkeypatch.setattr(trace_mod, "record_prompt", dies_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        record(fp32_model, three, probes, out, max_new_tokens=new, progress=False)
+    parts = out.with_name(out.name + ".parts")
+    assert trace_mod.part_progress(out) == 2 and (parts / trace_mod.PROBES_FILE).is_file()
+    saved = (parts / trace_mod.PROBES_FILE).read_bytes()
+    bad = dict(np.load(parts / trace_mod.PROBES_FILE))
+    bad["recycling/ids"] = bad["recycling/ids"] + 10**6
+    np.savez(parts / trace_mod.PROBES_FILE, **bad)
+    with pytest.raises(TraceError, match="probes.npz: recycling state: a token id outside"):
+        record(fp32_model, three, probes, out, max_new_tokens=new, progress=False)
+    (parts / trace_mod.PROBES_FILE).write_bytes(saved)
+
+    calls.clear()
+    monkeypatch.setattr(trace_mod, "record_prompt", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    resumed = record(fp32_model, three, probes, out, max_new_tokens=new, progress=False)
+    assert len(calls) == 1  # only the third prompt was recorded again
+    for name in probes:
+        for arr in ("off", "tokens", "parents"):
+            assert np.array_equal(getattr(resumed.trees[name], arr), getattr(whole.trees[name], arr)), (
+                name,
+                arr,
+            )
+
+    # a kill before the first state was saved: everything again, from fresh probes
+    calls.clear()
+    out2 = tmp_path / "r2.npz"
+    monkeypatch.setattr(trace_mod, "record_prompt", dies_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        record(fp32_model, three, probes, out2, max_new_tokens=new, progress=False)
+    (out2.with_name(out2.name + ".parts") / trace_mod.PROBES_FILE).unlink()
+    calls.clear()
+    monkeypatch.setattr(trace_mod, "record_prompt", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    again = record(fp32_model, three, probes, out2, max_new_tokens=new, progress=False)
+    assert len(calls) == 3 and np.array_equal(
+        again.trees["recycling"].tokens, whole.trees["recycling"].tokens
+    )
+
+
 def test_live_sampling_is_reproducible_from_the_seed(fp32_model, prompts):
     e = SpecDecodeEnv(
         "live",
