@@ -7,8 +7,12 @@ mappings ``{drafter, depth, topk, budget}`` or ``Arm`` objects.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping, Sequence
+from numbers import Integral
 from typing import Any
+
+import numpy as np
 
 from drafters import DRAFTERS, DrafterError, TreeShape
 from env.engine import NO_DRAFT, Arm, parse_arm
@@ -36,17 +40,43 @@ def _arm(entry: Any) -> Arm:
                 f"arm entry {dict(entry)} has unknown keys {sorted(unknown)}; valid: drafter, depth, topk, budget"
             )
         drafter = entry.get("drafter")
-        if drafter in (None, "none") or int(entry.get("depth", 1)) == 0:
+        if drafter in (None, "none") or _int_field(entry, "depth", 1) == 0:
             return NO_DRAFT
         if "depth" not in entry:
             raise DrafterError(f"arm entry {dict(entry)} has no depth")
-        return Arm(
-            str(drafter),
-            TreeShape(
-                int(entry["depth"]), int(entry.get("topk", 1)), int(entry.get("budget", 0))
-            ).arm_shape(),
+        shape = TreeShape(
+            _int_field(entry, "depth", 1), _int_field(entry, "topk", 1), _int_field(entry, "budget", 0)
         )
+        return Arm(str(drafter), shape.arm_shape())
     raise DrafterError(f"cannot read arm {entry!r}; expected a name like ngram-d8, a mapping or an Arm")
+
+
+def arm_index(action: Any, names: Sequence[str]) -> int:
+    """``action`` as an index into the menu ``names``: an integer (Python or numpy, a one-element integer array),
+    not a bool, a float or anything else, within range (a ``ValueError`` naming the problem otherwise)."""
+    try:
+        if isinstance(action, bool):  # operator.index(True) is 1, but a bool is no arm index
+            raise TypeError
+        a = operator.index(action)
+    except TypeError:
+        arr = np.asarray(action)
+        if arr.size != 1 or arr.dtype.kind not in "iu":
+            raise ValueError(
+                f"action {action!r} is not an arm index (an integer in 0..{len(names) - 1})"
+            ) from None
+        a = int(arr.reshape(()))
+    if not 0 <= a < len(names):
+        raise ValueError(
+            f"action {a} is not a valid arm index; valid: 0..{len(names) - 1} ({', '.join(names)})"
+        )
+    return a
+
+
+def _int_field(entry: Mapping, key: str, default: int) -> int:
+    v = entry.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, Integral):
+        raise DrafterError(f"arm entry {dict(entry)}: {key} must be an integer, got {v!r}")
+    return int(v)
 
 
 def make_arms(

@@ -187,10 +187,12 @@ class SpeculativeDecoder:
     def _choose(self, obs) -> int:
         if self.policy is None:
             return 0
-        idx = int(self.policy.act(obs))
-        if not 0 <= idx < len(self.arms):
-            raise ValueError(f"policy chose arm {idx}; valid arms are 0..{len(self.arms) - 1}")
-        return idx
+        from env.arms import arm_index
+
+        try:
+            return arm_index(self.policy.act(obs), [a.name for a in self.arms])
+        except ValueError as err:
+            raise ValueError(f"the policy's choice: {err}") from None
 
 
 def _step_costs(dec: SpeculativeDecoder, cost_model: CostModel | None) -> StepCosts:

@@ -5,7 +5,9 @@ step gives back. The step itself (propose -> tree forward -> verify -> commit ->
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import torch
 
@@ -41,6 +43,12 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_k", "top_p"):
+            v = getattr(self, name)
+            number = Integral if name == "top_k" else Real
+            if isinstance(v, bool) or not isinstance(v, number) or not math.isfinite(v):
+                kind = "an integer" if name == "top_k" else "a finite number"
+                raise ValueError(f"{name} must be {kind}, got {v!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:

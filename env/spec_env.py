@@ -6,16 +6,16 @@ pure functions of ``env.replay`` (which the vector env shares); observations com
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
+from numbers import Integral
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from env.arms import arm_depths, drafter_names, make_arms
+from env.arms import arm_depths, arm_index, drafter_names, make_arms
 from env.cost import CostModelError, load_cost_model
 from env.engine import Arm, Sampling
 from env.features import FeatureSpec, feature_names, observation_bounds
@@ -23,6 +23,33 @@ from env.replay import build_tables, replay_observe, replay_step
 from env.trace import Trace, TraceError, load_trace, model_fingerprint
 
 BACKENDS = ("replay", "live")
+
+
+def sampling_of(value: Any) -> Sampling | None:
+    """The env's ``sampling`` argument: a ``Sampling``, None, or a mapping of its fields (checked here)."""
+    if value is None or isinstance(value, Sampling):
+        return value
+    if not isinstance(value, dict):
+        raise EnvError(f"sampling must be a mapping of temperature, top_k, top_p; got {type(value).__name__}")
+    names = [f.name for f in fields(Sampling)]
+    unknown = sorted(set(value) - set(names))
+    if unknown:
+        raise EnvError(f"unknown sampling keys {unknown}; valid: {', '.join(names)}")
+    try:
+        return Sampling(**value)
+    except ValueError as err:
+        raise EnvError(f"sampling: {err}") from None
+
+
+def count_of(name: str, value: Any, default: int) -> int:
+    """An integer argument: ``default`` when None; a bool, a float or a string is refused, not rounded."""
+    if value is None:
+        return int(default)
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise EnvError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
 COSTS = ("model", "measured")
 
 
@@ -149,7 +176,7 @@ class SpecDecodeEnv(gym.Env):
     def _init_replay(self, trace, model, spec, max_new_tokens, sampling) -> None:
         if self.cost == "measured":
             raise EnvError("cost='measured' needs backend='live' (replay has no wall time to measure)")
-        s = Sampling(**sampling) if isinstance(sampling, dict) else sampling
+        s = sampling_of(sampling)
         if s is not None and s.temperature > 0:
             raise EnvError(
                 "replay is greedy (traces record the greedy trajectory); use backend='live' to sample"
@@ -171,7 +198,7 @@ class SpecDecodeEnv(gym.Env):
         self.cost_model.check_model(
             self.trace.header["model"]["model_id"], self.trace.header["model"]["dtype"]
         )
-        self.max_new_tokens = int(max_new_tokens or self.trace.max_new_tokens)
+        self.max_new_tokens = count_of("max_new_tokens", max_new_tokens, self.trace.max_new_tokens)
         self.tables = build_tables(
             self.trace,
             self.arms,
@@ -199,7 +226,7 @@ class SpecDecodeEnv(gym.Env):
             model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype, device=device)
         )
         self.cost_model.check_model(self.loaded.model_id, str(self.loaded.dtype).removeprefix("torch."))
-        self.sampling = Sampling(**sampling) if isinstance(sampling, dict) else (sampling or Sampling())
+        self.sampling = sampling_of(sampling) or Sampling()
         self._token_cache: dict[int, list[int]] = {}
         if isinstance(workload, Trace):  # decode exactly the prompts (token ids) a trace recorded
             workload.check_model(model_fingerprint(self.loaded))
@@ -209,7 +236,7 @@ class SpecDecodeEnv(gym.Env):
         else:
             self.prompts = list(workload) if isinstance(workload, (list, tuple)) else load_workload(workload)
         self.prompt_ids = [str(p.prompt_id) for p in self.prompts]
-        self.max_new_tokens = int(max_new_tokens or 128)
+        self.max_new_tokens = count_of("max_new_tokens", max_new_tokens, 128)
         if self.max_new_tokens < 2:
             raise EnvError(f"max_new_tokens must be >= 2, got {self.max_new_tokens}")
         opts = drafter_options or {}
@@ -237,16 +264,20 @@ class SpecDecodeEnv(gym.Env):
             p = self.prompt_ids.index(pid)
         else:
             p = None
-        self._done = False
+        self._done = True  # until the backend's reset succeeds: a failed reset leaves no episode to step
         if self.backend == "replay":
-            return self._reset_replay(p)
+            out = self._reset_replay(p)
+            self._done = False
+            return out
         if seed is not None:  # a seeded episode repeats: drafters that learn across requests start afresh
             from drafters import make_drafter
 
             stateful = [n for n, d in self.drafters.items() if not getattr(d, "exact_replay", False)]
             for n in stateful:
                 self.drafters[n] = make_drafter(n, **self._drafter_options.get(n, {}))
-        return self._reset_live(p)
+        out = self._reset_live(p)
+        self._done = False
+        return out
 
     def step(self, action: Any):
         a = self._check_action(action)
@@ -258,21 +289,9 @@ class SpecDecodeEnv(gym.Env):
 
     def _check_action(self, action: Any) -> int:
         try:
-            if isinstance(action, bool):  # operator.index(True) is 1, but a bool is no arm index
-                raise TypeError
-            a = operator.index(action)
-        except TypeError:
-            arr = np.asarray(action)
-            if arr.size != 1 or arr.dtype.kind not in "iu":
-                raise EnvError(
-                    f"action {action!r} is not an arm index (an integer in 0..{len(self.arms) - 1})"
-                ) from None
-            a = int(arr.reshape(()))
-        if not 0 <= a < len(self.arms):
-            raise EnvError(
-                f"action {a} is not a valid arm index; valid: 0..{len(self.arms) - 1} ({', '.join(self.arm_names)})"
-            )
-        return a
+            return arm_index(action, self.arm_names)
+        except ValueError as err:
+            raise EnvError(str(err)) from None
 
     # ---- replay ----
     def _reset_replay(self, p: int | None):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -128,9 +129,15 @@ class SpecDecodeVectorEnv(VectorEnv):
 
     # ---- Gymnasium VectorEnv API ----
     def reset(self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None):
-        if seed is not None:
-            s = seed if isinstance(seed, int) else int(seed[0])
-            self._np_random, self._np_random_seed = seeding.np_random(s)
+        s = seed
+        if seed is not None and not isinstance(seed, Integral):  # one seed per env: the first seeds them all
+            if not isinstance(seed, (Sequence, np.ndarray)) or isinstance(seed, str) or len(seed) == 0:
+                raise EnvError(f"seed must be an integer, a sequence of them or None, got {seed!r}")
+            s = seed[0]
+        if s is not None:
+            if isinstance(s, bool) or not isinstance(s, Integral) or s < 0:
+                raise EnvError(f"seed must be a non-negative integer or None, got {s!r}")
+            self._np_random, self._np_random_seed = seeding.np_random(int(s))
         elif self._np_random is None:
             self._np_random, self._np_random_seed = seeding.np_random()
         options = dict(options or {})

@@ -139,3 +139,39 @@ def test_arm_menu_from_mappings(toy_trace, toy_cost):
         arms=[{"drafter": "ngram", "depth": 4, "topk": 2, "budget": 6}, "none"],
     )
     assert e.arm_names == ("none", "ngram-d4-k2-b6") and e.action_space.n == 2
+
+
+def test_a_failed_reset_leaves_no_episode_to_step(toy_trace, toy_cost, monkeypatch):
+    """A reset that raises (a prompt that cannot start, a prompt too long for the context) leaves the env
+    un-steppable, not stepping the previous episode's state."""
+    e = SpecDecodeEnv(trace=toy_trace, cost_model=toy_cost)
+    e.reset(seed=0)
+    e.step(1)  # mid-episode
+
+    def fails(_p):
+        raise TraceError("this prompt cannot start")
+
+    monkeypatch.setattr(e, "_reset_replay", fails)
+    with pytest.raises(TraceError, match="cannot start"):
+        e.reset()
+    with pytest.raises(EnvError, match="call reset"):
+        e.step(1)
+
+
+def test_arguments_of_the_wrong_type_are_refused_not_coerced(toy_trace, toy_cost):
+    kw = {"trace": toy_trace, "cost_model": toy_cost}
+    for bad in (0, 1):  # 0 was read as "the default"
+        with pytest.raises(TraceError, match=r"max_new_tokens must be in 2\.\.40"):
+            SpecDecodeEnv(max_new_tokens=bad, **kw)
+    for bad in (2.9, "16", True):
+        with pytest.raises(EnvError, match="max_new_tokens must be an integer"):
+            SpecDecodeEnv(max_new_tokens=bad, **kw)
+    assert SpecDecodeEnv(max_new_tokens=np.int64(8), **kw).max_new_tokens == 8
+    with pytest.raises(EnvError, match=r"unknown sampling keys \['temp'\]; valid: temperature, top_k, top_p"):
+        SpecDecodeEnv(sampling={"temp": 0.0}, **kw)
+    for bad, match in (({"temperature": "0.5"}, "temperature must be a finite number"),
+                       ({"top_k": 1.5}, "top_k must be an integer"), ("greedy", "must be a mapping")):  # fmt: skip
+        with pytest.raises(EnvError, match=match):
+            SpecDecodeEnv(sampling=bad, **kw)
+    with pytest.raises(DrafterError, match="depth must be an integer, got 'x'"):
+        SpecDecodeEnv(arms=[{"drafter": "ngram", "depth": "x"}], **kw)

@@ -150,3 +150,16 @@ def test_stable_baselines3_trains_on_it(toy_trace, toy_cost, tmp_path, monkeypat
     actions, _ = model.predict(obs, deterministic=True)
     assert actions.shape == (16,)
     assert not list(tmp_path.glob("SB3-*"))
+
+
+def test_seeds_of_every_integer_kind(toy_trace, toy_cost):
+    """A numpy integer seeds as a Python one (it crashed); a sequence seeds by its first; junk is refused."""
+    first = SpecDecodeVectorEnv(3, trace=toy_trace, cost_model=toy_cost).reset(seed=3)[0]
+    for seed in (np.int64(3), [3, 4, 5], np.array([3, 4, 5])):
+        obs = SpecDecodeVectorEnv(3, trace=toy_trace, cost_model=toy_cost).reset(seed=seed)[0]
+        assert np.array_equal(obs, first)
+    v = SpecDecodeVectorEnv(3, trace=toy_trace, cost_model=toy_cost)
+    v.reset(seed=[None, None, None])  # unseeded, as gymnasium's own vector envs take it
+    for bad in (1.5, "3", [], -1, True):
+        with pytest.raises(EnvError, match="seed must be"):
+            v.reset(seed=bad)

@@ -156,3 +156,14 @@ def test_a_policy_learns_live_from_the_cost_model_it_was_trained_with(fp32_model
     assert dec.costs.cost_model is not None and dec.costs.cost_model.chain.seconds == cm.chain.seconds
     policy.meta = {"cost_model": None}  # none named: the shipped one, as before
     assert policy_decoder(fp32_model, policy).costs.cost_model.chain.seconds != cm.chain.seconds
+
+
+@pytest.mark.parametrize("choice", [1.9, "1", None, 7])
+def test_a_policys_choice_that_is_no_arm_index_is_refused_not_truncated(fp32_model, prompt_ids, choice):
+    class Picks:
+        def act(self, obs):
+            return choice
+
+    dec = SpeculativeDecoder(fp32_model, [parse_arm(a) for a in ARMS], policy=Picks())
+    with pytest.raises(ValueError, match="the policy's choice: action .* arm index"):
+        dec.generate(prompt_ids, max_new_tokens=4)
