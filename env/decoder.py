@@ -78,6 +78,14 @@ def chat_prompt(tokenizer: Any, text: str) -> list[int]:
     """Token ids of ``text`` as one user turn, through the model's chat template when it has one."""
     if not text or not text.strip():
         raise PromptError("the prompt is empty")
+    try:
+        text.encode("utf-8")
+    except (
+        UnicodeEncodeError
+    ) as err:  # a lone surrogate: a JSON escape, or bytes a command line could not decode
+        raise PromptError(
+            f"the prompt is not valid text (character {err.start} is a lone surrogate)"
+        ) from None
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True

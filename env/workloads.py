@@ -55,7 +55,9 @@ def load_workload(
         raise WorkloadError(f"workload file {file} does not exist; {WHERE_TO_GET}")
     groups: dict[str, list[tuple[str, Prompt]]] = defaultdict(list)
     try:
-        lines = file.read_text(encoding="utf-8").splitlines()
+        # lines end at "\n" only (a "\r" before it is JSON whitespace): str.splitlines would also cut at U+2028,
+        # U+0085 and others, which JSON allows raw inside a string
+        lines = file.read_text(encoding="utf-8").split("\n")
     except UnicodeDecodeError as err:
         raise WorkloadError(f"workload {file} is not UTF-8 text (byte {err.start})") from err
     except OSError as err:
@@ -83,6 +85,10 @@ def load_workload(
             raise WorkloadError(f"{file}:{lineno}: not a Spec-Bench question line ({why})") from None
         if not isinstance(text, str) or not text.strip():
             raise WorkloadError(f"{file}:{lineno}: the first turn is empty")
+        if not _encodable(text):
+            raise WorkloadError(
+                f"{file}:{lineno}: the first turn is not valid Unicode (a lone surrogate escape)"
+            )
         if qid in seen:  # results are kept by prompt id: two prompts under one id would lose one on a resume
             raise WorkloadError(f"{file}:{lineno}: question_id {qid} already used on line {seen[qid]}")
         seen[qid] = lineno
@@ -99,6 +105,14 @@ def load_workload(
     if not out:
         raise WorkloadError(f"workload {file} has no prompts")
     return out
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 CODE_PREFIX = "code:"

@@ -74,3 +74,20 @@ def test_a_code_workload_imports_nothing(tmp_path, monkeypatch):
     for bad in ("ranpkg.absent", "ranpkg..sub", "os;x"):
         with pytest.raises(WorkloadError, match="not installed|not a package name"):
             load_workload(f"code:{bad}")
+
+
+def test_line_separators_inside_strings_and_lone_surrogates(tmp_path):
+    """JSON allows U+2028, U+0085 and the like raw inside a string (``json.dumps(ensure_ascii=False)`` writes
+    them): such a line is one question. A lone surrogate escape is no text to tokenize: refused in one line."""
+    from env.decoder import PromptError, chat_prompt
+
+    f = tmp_path / "w.jsonl"
+    rows = [{"question_id": 1, "category": "qa", "turns": ["One\u2028two\x85three?"]}]
+    f.write_text(json.dumps(rows[0], ensure_ascii=False) + "\r\n", encoding="utf-8")
+    (p,) = load_workload(f)
+    assert p.text == "One\u2028two\x85three?"
+    f.write_text('{"question_id": 1, "category": "qa", "turns": ["\\ud800 hi"]}\n')
+    with pytest.raises(WorkloadError, match="w.jsonl:1: the first turn is not valid Unicode"):
+        load_workload(f)
+    with pytest.raises(PromptError, match="not valid text .*lone surrogate"):
+        chat_prompt(None, "ab\udcff")
