@@ -25,18 +25,21 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8", errors="surrogateescape"))
 
 
-def jsonl_lines(path: str | Path) -> list[str]:
+def jsonl_lines(path: str | Path, repair: bool = True) -> list[str]:
     """The complete lines of an append-only JSONL file (``[]`` when there is none); a torn last line (a kill
-    mid-write) is cut from the file, so that the next append starts on a fresh line."""
+    mid-write) is left out and, with ``repair`` (the writer resuming), cut from the file so that the next append
+    starts on a fresh line. A reader beside a run that may still be writing passes ``repair=False``: the torn line
+    may be an append in progress. Lines end at ``\n`` only (JSON allows U+2028 and the like inside strings)."""
     path = Path(path)
     if not path.is_file():
         return []
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
-        with path.open("r+b") as fh:
-            fh.truncate(data.rfind(b"\n") + 1)
+        if repair:
+            with path.open("r+b") as fh:
+                fh.truncate(data.rfind(b"\n") + 1)
         data = data[: data.rfind(b"\n") + 1]
-    return data.decode("utf-8", errors="replace").splitlines()
+    return data.decode("utf-8", errors="replace").split("\n")[:-1]
 
 
 def file_digest(path: str | Path) -> str:

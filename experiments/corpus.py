@@ -139,8 +139,21 @@ class _CpuLog:
 
 
 def _add_info(out_dir: Path, **info: Any) -> dict[str, Any]:
+    from experiments.errors import UserError
+
     path = out_dir / "info.json"
-    old = json.loads(path.read_text()) if path.is_file() else {"cpu_s": 0.0}
+    old: Any = {"cpu_s": 0.0}
+    if path.is_file():
+        try:
+            old = json.loads(path.read_bytes())
+        except (OSError, ValueError, RecursionError):
+            old = None
+        if isinstance(old, dict) and not isinstance(old.get("cpu_s", 0.0), (int, float)):
+            old = None
+        if not isinstance(old, dict):
+            raise UserError(
+                f"{path} is not this corpus's info (readable JSON with a cpu_s number); delete it"
+            )
     old.update({k: v for k, v in info.items() if k != "cpu_s"})
     old["cpu_s"] = float(old.get("cpu_s", 0.0)) + float(info.get("cpu_s", 0.0))
     tmp = path.with_name("info.json.tmp")
@@ -169,7 +182,13 @@ def distill_answers(
 
     from env.batch import BatchEngine
     from env.engine import NO_DRAFT
+    from experiments.errors import UserError
 
+    if max_new_tokens < 1 or max_new_tokens + 3 > loaded.max_context:  # a prompt needs one token of room
+        raise UserError(
+            f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the target's "
+            f"{loaded.max_context}-token context (at most {loaded.max_context - 3})"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     same_parts(out_dir, {"kind": "answers", "model": loaded.model_id, "weights": loaded.weights,
                          "dtype": str(loaded.dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens})  # fmt: skip

@@ -51,6 +51,12 @@ def arm_from_args(args: argparse.Namespace) -> Any:
         return default_arm()
     name = args.drafter or default_arm().drafter
     if name == "none":
+        shaped = [f for f, v, d in (("--depth", args.depth, None), ("--topk", args.topk, 1),
+                                    ("--budget", args.budget, 0)) if v != d]  # fmt: skip
+        if shaped:
+            raise DrafterError(
+                f"--drafter none drafts nothing: {', '.join(shaped)} would be ignored; drop it"
+            )
         return NO_DRAFT
     if name not in DRAFTERS:
         raise DrafterError(

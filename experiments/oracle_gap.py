@@ -212,6 +212,10 @@ def cmd_oracle_gap(args: argparse.Namespace) -> int:
     try:
         trace = load_trace(args.trace)
         arms = [a.name for a in make_arms(args.arms)]
+        if len(arms) < 2:  # "none" alone: nothing to choose between
+            raise UserError(
+                f"--arms {args.arms!r} names no drafting arm (e.g. --arms none,ngram-d2,ngram-d4)"
+            )
         cm = load_cost_model(args.cost_model)
         res = measure(trace, arms, cm, test_per_category=args.test_per_category, seed=args.seed,
                       progress=sys.stderr.isatty())  # fmt: skip

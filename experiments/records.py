@@ -94,11 +94,12 @@ def save_learner(decoder: Any, state_dir: Path, method: str, rec: Record) -> Non
         policy.save(state_dir / f"{method.removeprefix('policy:')}.zip")
 
 
-def load_done(path: Path) -> list[Record]:
-    """Records of an earlier (possibly killed) run; a torn last line is dropped (and cut from the file, so that
-    the next append starts on a fresh line)."""
+def load_done(path: Path, repair: bool = True) -> list[Record]:
+    """Records of an earlier (possibly killed) run; a torn last line is dropped (and, with ``repair``, cut from
+    the file so that the next append starts on a fresh line: ``repair=False`` for a reader beside a run that may
+    still be appending, ``env.files.jsonl_lines``)."""
     out = []
-    for line in jsonl_lines(path):
+    for line in jsonl_lines(path, repair=repair):
         try:
             out.append(Record(**json.loads(line)))
         except (ValueError, RecursionError, TypeError):

@@ -93,7 +93,7 @@ def _summarize_partial(path: Path) -> None:
     from experiments.runner import finish, select_prompts
 
     cfg = load_config(path / "config.toml")
-    finish(cfg, path, load_done(path / "records.jsonl"), select_prompts(cfg))
+    finish(cfg, path, load_done(path / "records.jsonl", repair=False), select_prompts(cfg))
 
 
 def _provenance(path: Path) -> dict[str, Any]:

@@ -25,12 +25,14 @@ from typing import Any
 
 
 def _turns(path: str) -> list[tuple[str, str, str]]:
-    """(question id, turn 1, turn 2) of the MT-bench questions of a Spec-Bench file."""
+    """(question id, turn 1, turn 2) of the MT-bench questions of a Spec-Bench file (checked as
+    ``env.workloads.load_workload`` checks a question line: turns a list of non-empty strings, ids unique)."""
+    from drafters.base import reason
     from env.workloads import MT_BENCH, WorkloadError
 
-    out = []
+    out, seen = [], {}
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8").split("\n")
     except (OSError, UnicodeDecodeError) as err:
         raise WorkloadError(f"cannot read workload {path}: {err}") from err
     for n, line in enumerate(lines, 1):
@@ -38,10 +40,27 @@ def _turns(path: str) -> list[tuple[str, str, str]]:
             continue
         try:
             row = json.loads(line)
-            if row["category"] in MT_BENCH and len(row["turns"]) >= 2:
-                out.append((str(row["question_id"]), str(row["turns"][0]), str(row["turns"][1])))
-        except (ValueError, RecursionError, KeyError, TypeError) as err:
-            raise WorkloadError(f"{path}:{n}: not a Spec-Bench question line ({err})") from err
+            if not isinstance(row, dict):
+                raise TypeError(f"a JSON {type(row).__name__}, not an object")
+            cat, turns, qid = row["category"], row["turns"], row.get("question_id", n)
+            if (
+                not isinstance(turns, list)
+                or not turns
+                or not all(isinstance(t, str) and t.strip() for t in turns)
+            ):
+                raise TypeError("its turns are not a list of non-empty strings")
+            if isinstance(qid, bool) or not isinstance(qid, (int, str)):
+                raise TypeError("its question_id is neither a number nor a string")
+            for t in turns:
+                t.encode("utf-8")  # a lone surrogate escape is no text to tokenize
+        except (ValueError, RecursionError, KeyError, TypeError) as err:  # UnicodeEncodeError is a ValueError
+            raise WorkloadError(f"{path}:{n}: not a Spec-Bench question line ({reason(err)})") from None
+        qid = str(qid)
+        if qid in seen:  # answers are kept by question id: a second question under it would be lost
+            raise WorkloadError(f"{path}:{n}: question_id {qid} already used on line {seen[qid]}")
+        seen[qid] = n
+        if cat in MT_BENCH and len(turns) >= 2:
+            out.append((qid, turns[0], turns[1]))
     if not out:
         raise WorkloadError(f"{path} has no two-turn MT-bench questions")
     return out

@@ -161,8 +161,15 @@ def test_bench_records_with_a_torn_line_resume(tmp_path):
     rec = Record("ar", "p1", "qa", 3, 2, 0.1, 2, 1.0, [5, 6])
     path = tmp_path / "records.jsonl"
     path.write_text(json.dumps(rec.__dict__) + "\n" + '{"method": "ar", "prom')
+    torn = path.read_bytes()
+    # a reader beside a run that may still be appending (agreement, report) leaves the file as it is
+    assert load_done(path, repair=False) == [rec] and path.read_bytes() == torn
     assert load_done(path) == [rec]
     assert path.read_text().endswith("\n")
+    # a record holding a raw U+2028 (JSON allows it inside a string) is one line, not two torn halves
+    other = Record("ar", "p\u2028two", "qa", 3, 2, 0.1, 2, 1.0, [5, 6])
+    path.write_text(json.dumps(other.__dict__, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert load_done(path) == [other]
 
 
 def test_a_run_folder_remembers_its_settings(tmp_path):

@@ -162,6 +162,18 @@ def test_distilled_features_are_what_a_prefill_computes(tmp_path):
     assert all(sum(q is p for q in more) == (3 if any(p is a for a in answered) else 1) for p in pieces)
     with pytest.raises(DrafterError, match="answer_repeat"):
         repeat_answers(pieces, 0)
+    # an answer length that leaves no room for a prompt is refused before anything is written (it cut prompts
+    # from their start); a damaged info.json is one line, the parts kept
+    from experiments.errors import UserError
+
+    for bad in (loaded.max_context - 2, 0):
+        with pytest.raises(UserError, match=f"--max-new-tokens {bad} leaves no room"):
+            distill_answers(loaded, prompts, tmp_path / "other", max_new_tokens=bad, progress=False)
+    assert not (tmp_path / "other").exists()
+    (tmp_path / "ans" / "info.json").write_text("garbage")
+    with pytest.raises(UserError, match="info.json is not this corpus's info"):
+        distill_answers(loaded, prompts, tmp_path / "ans", max_new_tokens=9, batch=2, progress=False)
+    assert sorted(p.name for p in (tmp_path / "ans").glob("part-*")) == before
 
 
 def test_training_a_tiny_eagle3_head(tmp_path):

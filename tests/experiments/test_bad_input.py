@@ -133,6 +133,11 @@ GENERATE = [
     ),
     ("generate-policy-missing", ["generate", "hi", "--policy", "{tmp}/p.zip"], "does not exist"),
     ("unknown-drafter", ["generate", "hi", "--drafter", "bogus"], "known drafters:"),
+    (
+        "none-with-depth",
+        ["generate", "hi", "--drafter", "none", "--depth", "3"],
+        "--drafter none drafts nothing",
+    ),
     ("dtype", ["generate", "hi", "--dtype", "fp16"], "invalid choice"),
     ("abbreviated-option", ["generate", "--prompt", "a" * 5000], "unrecognized arguments: --prompt"),
     ("prompt-and-file", ["generate", "hi", "--prompt-file", "{garbage}"], "not both"),
@@ -400,6 +405,8 @@ POLICY_FILES = [
     ("oracle-gap-cost-empty", ["oracle-gap", "--cost-model", "{empty}"], "is not JSON"),
     ("oracle-gap-cost-pickle", ["oracle-gap", "--cost-model", "{pickle}"], "is not JSON"),
     ("oracle-gap-unknown-arm", ["oracle-gap", "--arms", "none,bogus-d3"], "unknown drafter"),
+    ("oracle-gap-no-arm", ["oracle-gap", "--arms", ","], "names no drafting arm"),
+    ("oracle-gap-none-only", ["oracle-gap", "--arms", "none"], "names no drafting arm"),
     ("oracle-gap-test-zero", ["oracle-gap", "--test-per-category", "0"], "must be >= 1"),
     ("oracle-gap-json-under-a-file", ["oracle-gap", "--json", "{blocker}/o.json"], "not a directory"),
 ]

@@ -65,3 +65,34 @@ def test_answers_of_other_settings_are_refused_in_one_line(tmp_path):
     path.write_text(json.dumps({"q1/1": [2]}))  # a cache of an earlier version: no settings to compare
     with pytest.raises(UserError, match="without the settings"):
         AnswerCache(path, SETTINGS)
+
+
+def test_question_lines_are_checked_as_the_workload_loader_checks_them(tmp_path):
+    """A string for ``turns`` (read letter by letter), an empty or non-string second turn, a question id used
+    twice (one question lost) and a lone surrogate are each refused in one line naming the line."""
+    import json
+
+    import pytest
+
+    from env.workloads import WorkloadError
+    from experiments.suffix_turns import _turns
+
+    good = {"category": "writing", "turns": ["First?", "Second?"], "question_id": 1}
+    f = tmp_path / "w.jsonl"
+    f.write_text(json.dumps(good) + "\n" + json.dumps({**good, "question_id": 2, "category": "qa"}) + "\n")
+    assert _turns(str(f)) == [("1", "First?", "Second?")]
+    bad = [
+        ([{**good, "turns": "ab"}], ":1: .*turns are not a list"),
+        ([{**good, "turns": ["First?", ""]}], ":1: .*turns are not a list of non-empty strings"),
+        ([{**good, "turns": ["First?", 7]}], ":1: .*turns are not a list"),
+        ([good, good], ":2: question_id 1 already used on line 1"),
+        ([{**good, "question_id": True}], ":1: .*question_id"),
+    ]
+    for rows, match in bad:
+        f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with pytest.raises(WorkloadError, match=match) as err:
+            _turns(str(f))
+        assert "\n" not in str(err.value)
+    f.write_text('{"category": "writing", "turns": ["\\ud800", "x"], "question_id": 1}\n')
+    with pytest.raises(WorkloadError, match=":1: not a Spec-Bench question line"):
+        _turns(str(f))
