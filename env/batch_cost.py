@@ -123,7 +123,10 @@ class FittedBatchCost:
         gx, gy = np.asarray(self.rows, np.float64), np.asarray(self.nodes, np.float64)
         base = bilinear(gx, gy, self.base, rows, nodes)
         slope = bilinear(gx, gy, self.slope, rows, nodes)
-        out = base + slope * (np.asarray(context, np.float64) - self.context_ref)
+        # not extrapolated below the shortest context measured: base and slope are each fitted monotone in nodes,
+        # but base - slope * (context_ref - context) is not, and priced a larger tree below a smaller one there
+        context = np.maximum(np.asarray(context, np.float64), self.context_ref)
+        out = base + slope * (context - self.context_ref)
         return np.maximum(out, 0.25 * np.maximum(base, 1e-6))
 
     def draft_s(self, drafter: str | None, rows: Any) -> Any:

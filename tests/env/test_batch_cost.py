@@ -95,9 +95,19 @@ def test_linear_in_context_with_a_floor():
     xs = np.array([REF, REF + 1000, REF + 5000])
     ys = c.forward_s(4, 9, xs)
     assert np.allclose(np.diff(ys) / np.diff(xs), SLOPE[2, 2], rtol=1e-9)
-    # far below the reference context the line would go negative: floored at a quarter of the base
-    steep = fitted(slope=np.full((3, 3), 1e-3))
-    assert steep.forward_s(1, 1, 0) == pytest.approx(0.25 * BASE[0, 0])
+    # below the shortest context measured it is not extrapolated: a step there costs what it costs at context_ref
+    assert c.forward_s(4, 9, 0) == c.forward_s(4, 9, REF // 2) == c.forward_s(4, 9, REF) == BASE[2, 2]
+
+
+def test_below_the_reference_context_a_larger_tree_never_costs_less():
+    """base and slope are each monotone in nodes, yet base - slope * (context_ref - context) was not: the shipped
+    model priced 4 nodes a row below 3 at one row and context 20."""
+    from env.batch_cost import load_batch_cost
+
+    for c in (fitted(), load_batch_cost()):
+        rows, nodes = np.asarray(c.rows)[:, None, None], np.arange(1, 12)[None, :, None]
+        grid = c.forward_s(rows, nodes, np.arange(0, 2 * c.context_ref, 7)[None, None, :])
+        assert (np.diff(grid, axis=1) >= -1e-15).all() and (np.diff(grid, axis=2) >= -1e-15).all()
 
 
 def test_bilinear_function_on_a_single_row_grid():
