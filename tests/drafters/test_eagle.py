@@ -8,7 +8,7 @@ import torch
 from drafters import TreeShape
 from drafters.eagle import EagleDrafter
 from drafters.trees import GrowingTree
-from tests.drafters.tiny import check_batched_drafting, decode, random_head, tiny_loaded
+from tests.drafters.tiny import check_batched_drafting, decode, decode_counts, random_head, tiny_loaded
 
 
 @pytest.fixture(scope="module")
@@ -122,15 +122,20 @@ def test_unrolled_blocks_give_the_same_gradients(tiny):
         d.head.unrolled(feats, emb, levels=2, block=0)
 
 
-def test_greedy_exact_on_tiny_target(tiny):
-    loaded, path = tiny
+def test_greedy_exact_on_tiny_target(trained_tiny):
+    """With a head that drafts (trained on the tiny target): drafts accepted and rejected, the text the same."""
+    loaded, path = trained_tiny("eagle")
     prompt = [5, 17, 33, 17, 5, 60, 2, 8, 44, 9]
     ref, _ = decode(loaded, None, prompt, 32)
-    for arm in ("eagle-d4", "eagle-d4-k3-b8", "eagle-d3-k2"):
-        out, _ = decode(loaded, arm, prompt, 32, {"weights": str(path)})
+    for arm, opts in (
+        ("eagle-d4", {}),
+        ("eagle-d4-k3-b8", {}),
+        ("eagle-d3-k2", {}),
+        ("eagle-d3-k2-b5", {"tree": "kary"}),
+    ):
+        out, accepted, drafted = decode_counts(loaded, arm, prompt, 32, {"weights": str(path), **opts})
         assert out == ref, arm
-    out, _ = decode(loaded, "eagle-d3-k2-b5", prompt, 32, {"weights": str(path), "tree": "kary"})
-    assert out == ref
+        assert 0 < accepted < drafted, (arm, accepted, drafted)
 
 
 def test_feedback_without_hidden_states_still_decodes(tiny):
@@ -150,7 +155,7 @@ def test_feedback_without_hidden_states_still_decodes(tiny):
     assert d.propose(ctx, TreeShape(depth=2)).num_nodes == 3
 
 
-def test_batched_proposals_equal_one_at_a_time(tiny):
+def test_batched_proposals_equal_one_at_a_time(trained_tiny):
     """Rows that chose eagle are drafted in lockstep (one head pass per depth over all their frontiers)."""
-    loaded, path = tiny
+    loaded, path = trained_tiny("eagle")
     check_batched_drafting(loaded, EagleDrafter(weights=str(path)), "eagle", {"weights": str(path)})

@@ -11,7 +11,7 @@ import torch
 from drafters import DraftContext, DrafterError
 from drafters.eagle import Eagle3Drafter, KVBuffer
 from drafters.heads import aux_layers
-from tests.drafters.tiny import check_batched_drafting, decode, random_head, tiny_loaded
+from tests.drafters.tiny import check_batched_drafting, decode, decode_counts, random_head, tiny_loaded
 
 
 @pytest.fixture(scope="module")
@@ -77,17 +77,19 @@ def test_fused_catch_up_matches_training(tiny):
     torch.testing.assert_close(d.root_feat, outs[0][0, r - 1], atol=1e-5, rtol=1e-4)
 
 
-def test_greedy_exact_on_tiny_target(tiny):
-    loaded, path = tiny
+def test_greedy_exact_on_tiny_target(trained_tiny):
+    """With a head that drafts (trained on the tiny target): drafts accepted and rejected, the text the same."""
+    loaded, path = trained_tiny("eagle3")
     prompt = [5, 17, 33, 17, 5, 60, 2, 8, 44, 9]
     ref, _ = decode(loaded, None, prompt, 32)
     for arm in ("eagle3-d4", "eagle3-d4-k3-b8", "eagle3-d3-k2"):
-        out, _ = decode(loaded, arm, prompt, 32, {"weights": str(path)})
+        out, accepted, drafted = decode_counts(loaded, arm, prompt, 32, {"weights": str(path)})
         assert out == ref, arm
+        assert 0 < accepted < drafted, (arm, accepted, drafted)
 
 
-def test_batched_proposals_equal_one_at_a_time(tiny):
-    loaded, path = tiny
+def test_batched_proposals_equal_one_at_a_time(trained_tiny):
+    loaded, path = trained_tiny("eagle3")
     check_batched_drafting(loaded, Eagle3Drafter(weights=str(path)), "eagle3", {"weights": str(path)})
 
 
@@ -198,7 +200,7 @@ def test_training_a_tiny_eagle3_head(tmp_path):
     )
 
 
-def test_a_reduced_draft_vocabulary_stays_exact_and_keeps_the_most_frequent(tiny, tmp_path):
+def test_a_reduced_draft_vocabulary_stays_exact_and_keeps_the_most_frequent(trained_tiny, tmp_path):
     """Option ``vocab``: the drafter projects onto its ``vocab`` most frequent draft tokens only -- the first of a
     head whose d2t was put in frequency order (``experiments.vocab_order``), the lowest ids of an older head --
     and greedy decoding stays exact; a bad value is a DrafterError."""
@@ -219,20 +221,27 @@ def test_a_reduced_draft_vocabulary_stays_exact_and_keeps_the_most_frequent(tiny
     assert frequency_order(d2t, counts, first=(40, 1000)).tolist() == [40, 77, 9, 41, 3]  # ties: lower id
     from safetensors.torch import load_file
 
-    loaded, path = tiny
+    loaded, path = trained_tiny("eagle3")
     shutil.copy(path.with_suffix(".json"), tmp_path / path.with_suffix(".json").name)
     path = Path(shutil.copy(path, tmp_path / path.name))
 
     old = load_file(str(path))["d2t"]
     new = frequency_order(old, {int(t): i for i, t in enumerate(old.tolist())})  # reversed id order
     rewrite_head(path, new, {"by": "frequency", "test": True})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a permutation"):
         rewrite_head(path, new[:-1], {"by": "frequency"})
     prompt = [5, 17, 33, 17, 5, 60, 2, 8, 44, 9]
     ref, _ = decode(loaded, None, prompt, 24)
     for vocab in (0, 8, 40):
-        out, _ = decode(loaded, "eagle3-d3-k2-b5", prompt, 24, {"weights": str(path), "vocab": vocab})
+        out, accepted, drafted = decode_counts(
+            loaded, "eagle3-d3-k2-b5", prompt, 24, {"weights": str(path), "vocab": vocab}
+        )
         assert out == ref, vocab
+        assert accepted < drafted and (accepted > 0 or vocab > 0), (
+            vocab,
+            accepted,
+            drafted,
+        )  # 8, 40: the highest ids
     drafter = Eagle3Drafter(weights=str(path), vocab=8)
     drafter._load(BatchTarget(loaded, max_rows=1))
     assert drafter.d2t.tolist() == new[:8].tolist() and drafter.w_draft.shape[0] == 8

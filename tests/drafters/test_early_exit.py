@@ -8,7 +8,7 @@ import torch
 
 from drafters import TreeShape
 from drafters.early_exit import EarlyExitDrafter
-from tests.drafters.tiny import check_batched_drafting, decode, random_head, tiny_loaded
+from tests.drafters.tiny import check_batched_drafting, decode, decode_counts, random_head, tiny_loaded
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +52,9 @@ def test_greedy_exact_on_tiny_target(tiny):
     prompt = [5, 17, 33, 17, 5, 60, 2, 8, 44, 9]
     ref, _ = decode(loaded, None, prompt, 32)
     for arm in ("early_exit-d4", "early_exit-d4-k3-b8"):
-        out, _ = decode(loaded, arm, prompt, 32, {"weights": str(path)})
+        out, accepted, drafted = decode_counts(loaded, arm, prompt, 32, {"weights": str(path)})
         assert out == ref, arm
+        assert 0 < accepted < drafted, (arm, accepted, drafted)  # the adapter starts as the next target layer
 
 
 def test_batched_proposals_equal_one_at_a_time(tiny):

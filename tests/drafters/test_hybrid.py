@@ -10,7 +10,7 @@ import torch
 
 from drafters import DrafterError, DraftTree, TreeShape, make_drafter
 from drafters.hybrid import HybridDrafter, merge_trees, node_probs
-from tests.drafters.tiny import decode, random_head, tiny_loaded
+from tests.drafters.tiny import decode, decode_counts
 
 
 def _tree(tokens, parents, probs=None):
@@ -71,10 +71,8 @@ def test_bad_parts_are_refused():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    loaded = tiny_loaded()
-    path = random_head("eagle3", loaded, tmp_path_factory.mktemp("heads") / "eagle3-tiny")
-    return loaded, path
+def tiny(trained_tiny):
+    return trained_tiny("eagle3")  # a head that drafts: hybrid rows see eagle3 drafts accepted and rejected
 
 
 @pytest.mark.parametrize("parts", ["suffix,eagle3", "ngram,eagle3", "suffix,ngram"])
@@ -83,9 +81,12 @@ def test_greedy_exact_on_tiny_target(tiny, parts):
     prompt = [5, 17, 33, 17, 5, 60, 2, 8, 44, 9, 5, 17, 33]
     ref, _ = decode(loaded, None, prompt, 40)
     opts = {"parts": parts, "options": {"eagle3": {"weights": str(path)}}, "skip_at": 1.5}
+    kept = rejected = 0
     for arm in ("hybrid-d4", "hybrid-d4-k2-b8", "hybrid-d6-k3-b12"):
-        out, _ = decode(loaded, arm, prompt, 40, opts)
+        out, accepted, drafted = decode_counts(loaded, arm, prompt, 40, opts)
         assert out == ref, (parts, arm)
+        kept, rejected = kept + accepted, rejected + drafted - accepted
+    assert kept > 0 and rejected > 0, (parts, kept, rejected)
 
 
 def test_serving_rows_with_hybrid_and_other_arms(tiny):
@@ -103,6 +104,8 @@ def test_serving_rows_with_hybrid_and_other_arms(tiny):
     out = serve(BatchEngine(loaded, max_rows=3), reqs, concurrency=3, drafter_options=opts)
     for r, o in zip(reqs, out):
         assert o.token_ids == decode(loaded, None, r.prompt_ids, 20)[0], r.arm.name
+        if r.arm.drafter is not None:
+            assert 0 < o.accepted < o.drafted, (r.arm.name, o.accepted, o.drafted)
 
 
 def test_the_model_drafter_is_skipped_when_the_cheap_tree_is_strong(tiny):

@@ -58,6 +58,44 @@ def random_head(kind: str, loaded, path: Path, seed: int = 0, exit_layer: int = 
     return save_head(path, head, d2t, cfg, meta)
 
 
+def trained_head(kind: str, loaded, folder: Path, steps: int = 150) -> Path:
+    """A head trained ``steps`` optimizer steps on the tiny target's own greedy answers (24 random prompts, 40 new
+    tokens; ~6 s): it drafts what the target decodes, so that exactness tests see drafts accepted as well as
+    rejected -- an untrained head's drafts never are, and a test on it checks the rejection path only."""
+    from drafters.train import TrainSettings, train_head
+    from experiments.corpus import distill_answers
+
+    answers = folder / "answers"
+    if not (answers / "info.json").is_file():
+        g = torch.Generator().manual_seed(5)
+        prompts = [(f"p{i:02d}", torch.randint(3, 90, (9,), generator=g).tolist()) for i in range(24)]
+        distill_answers(loaded, prompts, answers, max_new_tokens=40, batch=8, progress=False)
+    st = TrainSettings(kind=kind, draft_vocab=90, levels=3, feat_noise=0.0, reg_weight=0.1 if kind == "eagle" else 0.0,
+                       steps=steps, window=48, batch_size=8, save_every_s=1e9, lr=1e-2)  # fmt: skip
+    out = folder / f"{kind}-trained"
+    (folder / f"{kind}-work").mkdir(parents=True, exist_ok=True)
+    train_head(loaded.model, loaded.model_id, [answers], out, st, work_dir=folder / f"{kind}-work", data_info={},
+               progress=False)  # fmt: skip
+    return out.with_suffix(".safetensors")
+
+
+def decode_counts(
+    loaded, arm_name: str, prompt: list[int], n: int, drafter_options=None
+) -> tuple[list[int], int, int]:
+    """``decode``'s new tokens, with the draft tokens accepted and drafted over the whole sequence."""
+    from drafters import make_drafter
+    from env.batch import BatchEngine
+    from env.engine import parse_arm
+    from env.step import Stepper
+
+    arm = parse_arm(arm_name)
+    stepper = Stepper(BatchEngine(loaded, max_rows=1), [arm])
+    seq = stepper.start(prompt, n, {arm.drafter: make_drafter(arm.drafter, **(drafter_options or {}))})
+    while not seq.done:
+        stepper.step([0])
+    return seq.tokens, seq.accepted, seq.drafted
+
+
 def decode(
     loaded, arm_name: str | None, prompt: list[int], n: int, drafter_options=None
 ) -> tuple[list[int], int]:
@@ -81,7 +119,8 @@ def decode(
 def check_batched_drafting(loaded, first, name: str, options: dict, seed: int = 4) -> None:
     """Rows that chose drafter ``name`` are drafted in lockstep (``first.propose_batch``; the other rows' drafters
     are forks of ``first``, sharing its loaded weights): the trees equal those each row's drafter proposes alone,
-    and greedy serving with several such rows equals plain greedy decoding."""
+    and greedy serving with several such rows equals plain greedy decoding -- with drafts accepted and rejected
+    (a head that drafts, ``trained_head``)."""
     from drafters import TreeShape
     from env.batch import BatchEngine
     from env.engine import parse_arm
@@ -107,3 +146,5 @@ def check_batched_drafting(loaded, first, name: str, options: dict, seed: int = 
     out = serve(BatchEngine(loaded, max_rows=3), reqs, concurrency=3, drafter_options={name: options})
     for r, o in zip(reqs, out):
         assert o.token_ids == decode(loaded, None, r.prompt_ids, 18)[0], r.arm.name
+    drafting = [o for r, o in zip(reqs, out) if r.arm.drafter == name]
+    assert sum(o.accepted for o in drafting) > 0 and sum(o.drafted - o.accepted for o in drafting) > 0
