@@ -94,53 +94,68 @@ class LeanLlama:
         rope: tuple[torch.Tensor, float] | None = None,
     ) -> LeanLlama:
         """``weights``: dense | int8 | int4. ``int4_blocks``: per HF weight name, (q, scale, zero) read from a GGUF
-        (used as they are for int4 instead of requantizing). ``rope``: (inv_freq, scaling) when not a default rope."""
+        (used as they are for int4 instead of requantizing). ``rope``: (inv_freq, scaling) when not a default rope.
+        A quantized model is quantized on the CPU whatever the ``device``: elsewhere each layer is then moved there
+        by ``QLinear.to`` (dequantized on CUDA), so every device runs the same quantized weights. The biases are
+        those the config gives the projections (``env.model_checks.lean_biases``); the LM head is ``lm_head.weight``,
+        or the embeddings where the config ties them and the state has none."""
+        from env.model_checks import lean_biases, tied_head
+
         if weights not in ("dense", "int8", "int4"):
             raise ValueError(f"unknown weight format {weights!r}; valid: dense, int8, int4")
-        quantize = weights != "dense" and device.type == "cpu"
         blocks = int4_blocks or {}
+        biased = lean_biases(dict(cfg))
 
-        def lin(names: list[str], bias_names: list[str] | None = None) -> QLinear:
-            w = torch.cat([state[n].float() for n in names]) if len(names) > 1 else state[names[0]].float()
-            bias = None
-            if bias_names and all(b in state for b in bias_names):
-                bias = torch.cat([state[b].float() for b in bias_names])
-            if not quantize:
-                return QLinear.dense(w, bias, dtype).to(device)
-            if weights == "int8":
+        def quantized(names: list[str], w: torch.Tensor, bias: torch.Tensor | None) -> QLinear:
+            if weights == "dense":
+                return QLinear.dense(w, bias, dtype)
+            if weights == "int8" or not int4_fits(*w.shape):  # (no int4 layout for this shape: int8)
                 return QLinear.int8(w, bias, dtype)
-            if not int4_fits(*w.shape):
-                return QLinear.int8(w, bias, dtype)  # no int4 layout for this shape
             if all(n in blocks for n in names):
                 q, s, z = (torch.cat([blocks[n][j] for n in names]) for j in range(3))
                 return QLinear.from_int4(q, s, z, bias, dtype)
             return QLinear.int4(w, bias, dtype)
 
+        def lin(prefix: str, projs: list[str]) -> QLinear:
+            names = [prefix + p + ".weight" for p in projs]
+            w = torch.cat([state[n].float() for n in names]) if len(names) > 1 else state[names[0]].float()
+            bias = None
+            if any(p in biased for p in projs):
+                missing = [prefix + p + ".bias" for p in projs if prefix + p + ".bias" not in state]
+                if missing:
+                    raise ValueError(
+                        f"the weights have no {missing[0]} (the config gives the projection a bias)"
+                    )
+                bias = torch.cat([state[prefix + p + ".bias"].float() for p in projs])
+            return quantized(names, w, bias).to(device)
+
         n_layers = int(cfg["num_hidden_layers"])
         layers = []
         for i in range(n_layers):
             p = f"model.layers.{i}."
-            a, m = p + "self_attn.", p + "mlp."
             layers.append(
                 LeanLayer(
                     state[p + "input_layernorm.weight"].to(device, dtype),
                     state[p + "post_attention_layernorm.weight"].to(device, dtype),
-                    lin(
-                        [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"],
-                        [a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"],
-                    ),  # fmt: skip
-                    lin([a + "o_proj.weight"], [a + "o_proj.bias"]),
-                    lin([m + "gate_proj.weight", m + "up_proj.weight"]),
-                    lin([m + "down_proj.weight"]),
+                    lin(p, ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
+                    lin(p, ["self_attn.o_proj"]),
+                    lin(p, ["mlp.gate_proj", "mlp.up_proj"]),
+                    lin(p, ["mlp.down_proj"]),
                 )
             )
         embed = state["model.embed_tokens.weight"]
-        head_w = state.get("lm_head.weight", embed)
-        # the LM head of an int4 target is int8 per channel (the GGUF keeps it in 8 bits, Q8_0, too)
-        if quantize:
-            lm_head = QLinear.int8(head_w.float(), None, dtype)
-        else:
+        head_w = state.get("lm_head.weight")
+        if head_w is None:
+            if not tied_head(dict(cfg)):
+                raise ValueError(
+                    "the weights have no lm_head.weight and the config does not tie it to the embeddings"
+                )
+            head_w = embed
+        # the LM head of a quantized target is int8 per channel (the GGUF keeps it in 8 bits, Q8_0, too)
+        if weights == "dense":
             lm_head = QLinear.dense(head_w.float(), None, dtype).to(device)
+        else:
+            lm_head = QLinear.int8(head_w.float(), None, dtype).to(device)
         head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
         if rope is None:
             rope = rope_inv_freq(cfg, head_dim)

@@ -44,22 +44,45 @@ def check_config(values: dict[str, Any], where: Path) -> None:
             raise _error(f"{where}: {key} is {v!r}, not a positive number")
 
 
+def lean_biases(values: dict[str, Any]) -> set[str]:
+    """The projections of each layer that carry a bias, as transformers builds the model: Llama's ``attention_bias``
+    (q, k, v, o) and ``mlp_bias`` (gate, up, down), Qwen2's q, k and v always, none in Mistral."""
+    kind = values.get("model_type")
+    out = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"} if kind == "qwen2" else set()
+    if kind == "llama" and values.get("attention_bias"):
+        out |= {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"}
+    if kind == "llama" and values.get("mlp_bias"):
+        out |= {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
+    return out
+
+
+def tied_head(values: dict[str, Any]) -> bool:
+    """Whether the LM head is the embeddings (``tie_word_embeddings``; false when absent, as in transformers' Llama,
+    Qwen2 and Mistral configs). A tied model's file may still hold an ``lm_head.weight``, which is then used."""
+    return bool(values.get("tie_word_embeddings", False))
+
+
 def lean_shapes(values: dict[str, Any]) -> dict[str, list[int]]:
-    """Every tensor the lean forward reads from a Llama-family ``model.safetensors`` (biases and a tied LM head
-    optional, not listed), with the shape ``config.json`` gives it."""
+    """Every tensor the lean forward reads from a Llama-family ``model.safetensors``, with the shape ``config.json``
+    gives it: the biases the config gives its projections (``lean_biases``) included, the LM head not (see
+    ``check_lean_weights``)."""
     h, v = values["hidden_size"], values["vocab_size"]
     heads = values["num_attention_heads"]
     kv = values.get("num_key_value_heads") or heads
     hd = values.get("head_dim") or h // heads
     inter = values["intermediate_size"]
     out = {"model.embed_tokens.weight": [v, h], "model.norm.weight": [h]}
+    biased = lean_biases(values)
     for i in range(values["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        out |= {p + "input_layernorm.weight": [h], p + "post_attention_layernorm.weight": [h],
-                p + "self_attn.q_proj.weight": [heads * hd, h], p + "self_attn.k_proj.weight": [kv * hd, h],
-                p + "self_attn.v_proj.weight": [kv * hd, h], p + "self_attn.o_proj.weight": [h, heads * hd],
-                p + "mlp.gate_proj.weight": [inter, h], p + "mlp.up_proj.weight": [inter, h],
-                p + "mlp.down_proj.weight": [h, inter]}  # fmt: skip
+        out |= {p + "input_layernorm.weight": [h], p + "post_attention_layernorm.weight": [h]}
+        for proj, shape in {"self_attn.q_proj": [heads * hd, h], "self_attn.k_proj": [kv * hd, h],
+                            "self_attn.v_proj": [kv * hd, h], "self_attn.o_proj": [h, heads * hd],
+                            "mlp.gate_proj": [inter, h], "mlp.up_proj": [inter, h],
+                            "mlp.down_proj": [h, inter]}.items():  # fmt: skip
+            out[p + proj + ".weight"] = shape
+            if proj in biased:
+                out[p + proj + ".bias"] = shape[:1]
     return out
 
 
@@ -82,10 +105,21 @@ def check_lean_weights(f: Any, values: dict[str, Any], weights_file: Path) -> No
     keys = set(f.keys())
     for name, want in lean_shapes(values).items():
         if name not in keys:
-            raise _error(f"{weights_file} has no {name} (config.json: {values['num_hidden_layers']} layers)")
+            why = (
+                f"{values.get('model_type')} with attention_bias {values.get('attention_bias', False)}, mlp_bias "
+                f"{values.get('mlp_bias', False)}"
+                if name.endswith(".bias")
+                else f"{values['num_hidden_layers']} layers"
+            )
+            raise _error(f"{weights_file} has no {name} (config.json: {why})")
         got = list(f.get_slice(name).get_shape())
         if got != want:
             raise _error(f"{weights_file}: {name} has shape {got}, config.json gives {want}")
+    if "lm_head.weight" not in keys and not tied_head(values):
+        raise _error(
+            f"{weights_file} has no lm_head.weight (config.json: tie_word_embeddings is not true, so the LM head is "
+            "not the embeddings)"
+        )
     if (
         "lm_head.weight" in keys
         and list(f.get_slice("lm_head.weight").get_shape())

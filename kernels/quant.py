@@ -157,10 +157,12 @@ class QLinear:
 
     # ---- use ----
     def to(self, device: torch.device) -> QLinear:
-        """On CUDA a quantized layer is dequantized (the CPU kernels' packing is CPU-only)."""
+        """On CUDA a quantized layer is dequantized (the CPU kernels' packing is CPU-only): its exact weight
+        (``weight_fp32``'s values, read from the codes in O(N K), not through the kernel) in the activation dtype."""
         if device.type == "cpu":
             return self
-        w = self.dequantized().to(device)
+        dtype = self.weight.dtype if self.fmt == "dense" else self.scales.dtype  # type: ignore[union-attr]
+        w = (self.weight if self.fmt == "dense" else self._exact_fp32()).to(device, dtype)  # type: ignore[union-attr]
         b = None if self.bias is None else self.bias.to(device)
         return QLinear("dense", self.n, self.k, b, weight=w)
 
