@@ -211,7 +211,7 @@ class FittedBatchCost:
             or len(prefill.nodes) != len(prefill.seconds)
             or sorted(set(prefill.nodes)) != list(prefill.nodes)
         ):
-            raise CostModelError(f"{source}: prefill tokens must be increasing")
+            raise CostModelError(f"{source}: prefill tokens must be increasing, one time for each")
         return out
 
     def save(self, path: str | Path) -> Path:

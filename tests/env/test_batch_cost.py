@@ -319,7 +319,7 @@ def test_infinity_in_an_integer_field_is_refused(field, tmp_path):
     d[field] = float("inf") if field == "context_ref" else [1, 2, float("inf")]
     path = tmp_path / "bc.json"
     path.write_text(json.dumps(d))
-    with pytest.raises(CostModelError):
+    with pytest.raises(CostModelError, match="bc.json is malformed .*infinity to integer"):
         load_batch_cost(path)
 
 
@@ -328,7 +328,7 @@ def test_prefill_tables_of_different_lengths_are_refused(tmp_path):
     d["prefill"]["seconds"] = [0.01]
     path = tmp_path / "bc.json"
     path.write_text(json.dumps(d))
-    with pytest.raises(CostModelError):
+    with pytest.raises(CostModelError, match="prefill tokens must be increasing, one time for each"):
         load_batch_cost(path).prefill_s(40)
 
 
@@ -337,7 +337,7 @@ def test_a_negative_drafter_time_is_refused(tmp_path):
     d["drafters_s_per_row"] = {"ngram": -1.0}
     path = tmp_path / "bc.json"
     path.write_text(json.dumps(d))
-    with pytest.raises(CostModelError):
+    with pytest.raises(CostModelError, match="costs must be finite and positive"):
         load_batch_cost(path)
 
 
@@ -346,7 +346,7 @@ def test_a_zero_efficiency_roofline_is_refused(tmp_path):
     d["bw_efficiency"] = 0.0
     path = tmp_path / "rl.json"
     path.write_text(json.dumps(d))
-    with pytest.raises(CostModelError):
+    with pytest.raises(CostModelError, match=r"efficiencies must be in \(0, 1\]"):
         load_batch_cost(path)
 
 

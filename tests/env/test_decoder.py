@@ -49,6 +49,10 @@ def test_sampling_is_seeded_and_stops_at_max(fp32_model):
     assert 1 <= len(a.token_ids) <= 24
     vocab = fp32_model.model.config.vocab_size
     assert all(0 <= t < vocab for t in a.token_ids)
+    # and it samples: another seed, and greedy decoding, give other text (a greedy decoder passed the lines above)
+    c = dec.generate("Tell me a story about a cat.", max_new_tokens=24, sampling=s, seed=4)
+    greedy = dec.generate("Tell me a story about a cat.", max_new_tokens=24)
+    assert c.token_ids != a.token_ids and greedy.token_ids not in (a.token_ids, c.token_ids)
 
 
 class _Oracle:

@@ -71,5 +71,9 @@ def test_a_prompt_token_outside_the_vocabulary_is_a_prompt_error():
     for bad in (vocab, -1):
         with pytest.raises(PromptError, match=f"token id {bad}, outside the vocabulary"):
             engine.admit([5, bad], {})
-    row, _ = engine.admit([5, 6], {})  # the engine still serves
-    assert row is not None
+    row, first = engine.admit([5, 6], {})  # the engine still serves
+    assert row.slot == 0 and 0 <= first < vocab
+    from env.engine import NO_DRAFT
+
+    (res,) = engine.step([NO_DRAFT])
+    assert len(res.committed) == 1 and row.tokens[-2:] == [first, res.committed[0]]

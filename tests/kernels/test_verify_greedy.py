@@ -92,7 +92,7 @@ def test_speculative_greedy_equals_autoregressive_greedy() -> None:
     ar = [0]
     for _ in range(40):
         ar.append(int(table[ar[-1]].argmax()))
-    out = [0]
+    out, kept, rejected = [0], 0, 0
     shape = [-1, 0, 0, 1, 1, 2, 3, 5]
     while len(out) < 41:
         tokens = torch.randint(0, Vm, (1, len(shape)), generator=gen)
@@ -101,8 +101,15 @@ def test_speculative_greedy_equals_autoregressive_greedy() -> None:
             if torch.rand(1, generator=gen).item() < 0.5:
                 tokens[0, i] = table[tokens[0, shape[i]]].argmax()
         v = verify(tokens, torch.tensor([shape]), table[tokens])
-        out += tokens[0, v.path[0, 1:][v.path[0, 1:] >= 0]].tolist() + v.next_token.tolist()
+        path = v.path[0, 1:][v.path[0, 1:] >= 0]
+        out += tokens[0, path].tolist() + v.next_token.tolist()
+        last = int(path[-1]) if path.numel() else 0
+        kept, rejected = (
+            kept + path.numel(),
+            rejected + int(last in shape),
+        )  # the path stopped at a node with children
     assert out[:41] == ar
+    assert kept > 0 and rejected > 0  # both paths of verification were taken
 
 
 def test_argmax_lastdim_matches_torch() -> None:

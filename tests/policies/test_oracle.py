@@ -4,6 +4,7 @@ against brute force, and the batched replay against the single env stepping a po
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from policies.oracle import (
     best_static,
@@ -22,10 +23,20 @@ def test_plain_decoding_scores_one(synth_env):
     )  # "none" is the AR loop: speedup 1 by definition
 
 
+def _played(env, prompt_ids=None) -> list[float]:
+    """Every arm's speedup found by running it as a policy episode by episode (``score_policy``), not read from the
+    static table the oracle picks its best arm from."""
+    return [score_policy(StaticPolicy(env.arm_names, arm=a), env, prompt_ids, learn=False).speedup
+            for a in env.arm_names]  # fmt: skip
+
+
 def test_ceilings_are_ordered(synth_env):
     statics = static_table(synth_env)
-    best_arm, per_prompt, greedy, optimal = (o.speedup for o in oracle_scores(synth_env))
-    assert best_arm == max(s.speedup for s in statics)
+    scores = oracle_scores(synth_env)
+    best_arm, per_prompt, greedy, optimal = (o.speedup for o in scores)
+    played = _played(synth_env)
+    assert max(played) > 1.0 and best_arm == pytest.approx(max(played), rel=1e-12)
+    assert f"({synth_env.arm_names[int(np.argmax(played))]})" in scores[0].name
     assert best_arm <= per_prompt + 1e-9 <= optimal + 1e-9
     assert best_arm < greedy <= optimal + 1e-9
     for o in oracle_scores(synth_env):
@@ -79,7 +90,13 @@ def test_batched_replay_equals_the_env_stepping_a_policy(synth_env):
 
 def test_best_static_is_chosen_on_the_given_prompts(synth_env, synth_split):
     train = static_table(synth_env, synth_split.train)
-    assert train[best_static(train)].speedup == max(s.speedup for s in train)
+    played = _played(synth_env, synth_split.train)
+    assert best_static(train) == int(np.argmax(played))
+    assert train[best_static(train)].speedup == pytest.approx(max(played), rel=1e-12)
+    # the choice depends on the prompts it is made on: the held-out prompts' best arm is scored on those
+    assert np.argmax(_played(synth_env, synth_split.test)) == best_static(
+        static_table(synth_env, synth_split.test)
+    )
     assert set(train[0].prompts) == set(synth_split.train)
 
 

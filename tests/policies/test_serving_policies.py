@@ -255,9 +255,9 @@ def test_bucket_ucb_tries_every_arm_then_exploits():
         b.update(o1, a, 2.0 if a == 3 else 1.0)
     assert sorted(tried) == list(range(len(ARMS)))  # one pull each, in order
     assert b.act(o1) == 3 and b.act(o4) == 0  # bucket 1 has learned nothing yet
-    with pytest.raises(PolicyError):
+    with pytest.raises(PolicyError, match="bucket bounds must be positive row counts"):
         BucketUCB(ARMS, obs_size(4), buckets=(0, 2))
-    with pytest.raises(PolicyError):
+    with pytest.raises(PolicyError, match="exploration constant must be >= 0, got -1"):
         BucketUCB(ARMS, obs_size(4), c=-1)
 
 
