@@ -38,7 +38,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -339,19 +338,21 @@ def test_killed_and_rerun_ends_with_the_uninterrupted_results(command, tmp_path)
     first, total = _run_to_end(case.argv(tmp_path, a), a, case, log)
 
     delay = random.Random(f"{SEED}:{command}").uniform(*KILL_WINDOW) * (total - first)
-    proc, t0 = _start(case.argv(tmp_path, b), log), time.monotonic()
-    try:
-        while proc.poll() is None and not case.started(b):
-            assert time.monotonic() - t0 < TIMEOUT_S, f"{command} wrote no result in {TIMEOUT_S} s"
-            time.sleep(POLL_S)
-        time.sleep(delay)
-        killed = proc.poll() is None
-    finally:
-        _stop(proc)
-    print(f"draftgym {command}: killed {delay:.2f} s after its first result: {killed}")
-    if not killed:  # the rerun then only has to leave the finished results as they are
-        warnings.warn(f"draftgym {command} finished before its kill, {delay:.2f} s after its first result",
-                      stacklevel=1)  # fmt: skip
+    for attempt, scale in enumerate((1.0, 0.25, 0.0)):  # ended before its kill (a faster run): again, sooner
+        b = tmp_path / f"B{attempt}"
+        proc, t0 = _start(case.argv(tmp_path, b), log), time.monotonic()
+        try:
+            while proc.poll() is None and not case.started(b):
+                assert time.monotonic() - t0 < TIMEOUT_S, f"{command} wrote no result in {TIMEOUT_S} s"
+                time.sleep(POLL_S)
+            time.sleep(delay * scale)
+            killed = proc.poll() is None
+        finally:
+            _stop(proc)
+        print(f"draftgym {command}: killed {delay * scale:.2f} s after its first result: {killed}")
+        if killed:
+            break
+    assert killed, f"draftgym {command} finished before every kill"
 
     _run_to_end(case.argv(tmp_path, b), b, case, log)
     assert case.results(b) == case.results(a)
