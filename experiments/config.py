@@ -159,9 +159,12 @@ class SweepConfig:
     """Sampler seed; local worker i uses seed + i."""
     study_name: str = ""
     """Empty: the config's name."""
-    heartbeat_s: int = _f(10, min=1)
-    """Workers write a heartbeat this often; a RUNNING trial silent for ``grace_s`` is failed (killed worker)."""
-    grace_s: int = _f(60, min=1)
+    heartbeat_s: int = _f(10, min=1, max=3600)
+    """Workers write a heartbeat this often (at most hourly); a RUNNING trial silent for ``grace_s`` is failed
+    (killed worker)."""
+    grace_s: int = _f(60, min=2, max=86400)
+    """At least twice ``heartbeat_s`` (a live worker's trial must not look dead between two heartbeats, timed to
+    the second), at most a day."""
     trace: str = ""
     """replay backend: the trace file (empty: the trace shipped with the package)."""
     cost_model: str = ""
@@ -288,7 +291,18 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
                 fail(key, f"is {m!r}, which only runs greedy; set decode.temperature = 0 or drop it")
         else:
             _check_arm(m, key, fail, DRAFTERS)
+    sw = cfg.sweep
+    if sw.grace_s < 2 * sw.heartbeat_s:
+        fail(
+            ("sweep", "grace_s"),
+            f"is {sw.grace_s}; it must be at least twice sweep.heartbeat_s ({sw.heartbeat_s})",
+        )
     for name, p in cfg.policies.items():
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+            fail(
+                ("policies",),
+                f"has a table named {name!r}: a policy name is letters, digits, '_' and '-' only",
+            )
         if not p.arms:
             fail(("policies", name, "arms"), "is empty")
         for j, a in enumerate(p.arms):

@@ -15,7 +15,7 @@ Backends (``sweep.backend``):
   kill/resume) in milliseconds, and its optimum is known.
 
 An evaluator is built once per worker process and called once per trial with the trial's resolved config and a
-``report(step, value)`` callback that may raise ``optuna.TrialPruned``.
+``report(step, value, n_steps)`` callback (prompt ``step`` of ``n_steps``) that may raise ``optuna.TrialPruned``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from env.metrics import chain_expected_tokens
 from experiments.config import Config, ConfigError
 from experiments.space import tuned_method
 
-Report = Callable[[int, float], None]
+Report = Callable[[int, float, int], None]  # (step, value, n_steps)
 
 
 def _mean(xs: list[float]) -> float:
@@ -60,7 +60,7 @@ class AnalyticEvaluator:
             if sw.analytic_prompt_s:
                 time.sleep(sw.analytic_prompt_s)
             values.append(value)
-            report(i, value)
+            report(i, value, n_prompts)
         return {"value": _mean(values), "per_prompt": values}
 
 
@@ -116,7 +116,7 @@ class LiveEvaluator:
             else:
                 value = tps
             values.append(value)
-            report(i, value)
+            report(i, value, len(prompts))
         return {
             "value": _mean(values),
             "per_prompt": values,
@@ -188,7 +188,7 @@ class ReplayEvaluator:
             objective = cfg.sweep.objective
             value = {"tau": tokens / steps, "tokens_per_s": tokens / cost_s}.get(objective, tokens / cost_ar)
             values.append(value)
-            report(i, value)
+            report(i, value, len(pids))
         return {"value": _mean(values), "per_prompt": values, "max_new_tokens": max_new}
 
 

@@ -7,9 +7,11 @@ What is tuned is one entry of ``methods`` (``sweep.method``):
 - an arm (``ngram-d8``): its drafter (when ``sweep.drafters`` lists several) and, per drafter, the tree depth
   (log scale), the branching ``topk`` and the node budget as a fraction of ``depth * topk`` (so every sample is
   a valid tree; ``budget_frac = 1`` means no extra limit);
-- a policy (``policy:NAME``): the hyper-parameters of its type, on log scales (``POLICY_SPACES``).
+- a policy (``policy:NAME``) built from its ``params``: the hyper-parameters of its type, on log scales
+  (``POLICY_SPACES``; bandits only: a trained policy, or one loaded from ``path``, is refused).
 
-``default_params(cfg)`` gives the coordinates of the config as written; the sweep enqueues them as trial 0.
+``default_params(cfg)`` gives the coordinates of the config as written; the sweep enqueues them as trial 0, so a
+config outside the space (a smaller node budget, a parameter off the range) is refused rather than moved into it.
 Following the Optuna examples and rl-baselines3-zoo (``sample_ppo_params``).
 """
 
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,41 +30,25 @@ from experiments.config import EXTERNAL_METHODS, Config, ConfigError, policy_cla
 
 @dataclass(frozen=True)
 class Dim:
-    """One policy hyper-parameter: the Optuna parameter ``name`` on [low, high] sets the constructor keyword
-    ``key`` to ``to_value(x)``; ``from_value`` is the inverse (for the default trial)."""
+    """One policy hyper-parameter: the Optuna parameter ``name`` on [low, high] (log scale unless ``log`` is false)
+    sets the constructor keyword ``key``."""
 
     name: str
     key: str
     low: float
     high: float
     log: bool = True
-    integer: bool = False
-    to_value: Callable[[float], Any] = lambda x: x
-    from_value: Callable[[Any], float] = lambda v: v
 
 
-# Policy type -> its dimensions. Bandit rewards are instantaneous speedups, O(1) to O(10).
+# Policy type -> its dimensions. Bandit rewards are instantaneous speedups, O(1) to O(10). The trained kinds
+# (sb3, predictor) have none: a trial would have to train one (``draftgym train``), which a sweep does not do.
 POLICY_SPACES: dict[str, tuple[Dim, ...]] = {
     "ucb1": (Dim("c", "c", 0.05, 5.0),),
     "thompson": (Dim("scale", "scale", 0.25, 8.0),),
     "exp3": (Dim("gamma", "gamma", 0.005, 0.5),),
     "linucb": (Dim("alpha", "alpha", 0.05, 5.0),),
-    "sb3": (
-        Dim("learning_rate", "learning_rate", 1e-5, 3e-3),
-        Dim("one_minus_gamma", "gamma", 1e-3, 0.1, to_value=lambda x: 1 - x, from_value=lambda v: 1 - v),
-        Dim("ent_coef", "ent_coef", 1e-5, 0.1),
-        Dim(
-            "log2_n_steps",
-            "n_steps",
-            5,
-            11,
-            log=False,
-            integer=True,
-            to_value=lambda x: 2 ** int(x),
-            from_value=lambda v: math.log2(v),
-        ),  # fmt: skip
-    ),
 }
+BUDGET_FRAC = (0.25, 1.0)  # a tree's node budget as a fraction of depth * topk
 
 
 def tuned_method(cfg: Config) -> str:
@@ -84,10 +69,7 @@ def sample(trial: Any, cfg: Config) -> dict[str, Any]:
     method = tuned_method(cfg)
     if method.startswith("policy:"):
         for dim in _policy_dims(cfg, method):
-            if dim.integer:
-                trial.suggest_int(dim.name, int(dim.low), int(dim.high), log=dim.log)
-            else:
-                trial.suggest_float(dim.name, dim.low, dim.high, log=dim.log)
+            trial.suggest_float(dim.name, dim.low, dim.high, log=dim.log)
         return dict(trial.params)
     sw = cfg.sweep
     drafter = sw.drafters[0]
@@ -96,7 +78,7 @@ def sample(trial: Any, cfg: Config) -> dict[str, Any]:
     trial.suggest_int(f"{drafter}.depth", 1, sw.max_depth, log=True)
     topk = trial.suggest_int(f"{drafter}.topk", 1, sw.max_topk) if sw.max_topk > 1 else 1
     if topk > 1:
-        trial.suggest_float(f"{drafter}.budget_frac", 0.25, 1.0)
+        trial.suggest_float(f"{drafter}.budget_frac", *BUDGET_FRAC)
     return dict(trial.params)
 
 
@@ -122,9 +104,7 @@ def to_overrides(cfg: Config, params: dict[str, Any]) -> dict[str, Any]:
     method = tuned_method(cfg)
     if method.startswith("policy:"):
         name = method.removeprefix("policy:")
-        return {
-            f"policies.{name}.params.{d.key}": _value(d, params[d.name]) for d in _policy_dims(cfg, method)
-        }
+        return {f"policies.{name}.params.{d.key}": float(params[d.name]) for d in _policy_dims(cfg, method)}
     new = arm_of(cfg, params).name
     methods = [new if m == method else m for m in cfg.methods]
     out: dict[str, Any] = {"methods": list(dict.fromkeys(methods))}
@@ -133,30 +113,14 @@ def to_overrides(cfg: Config, params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _value(dim: Dim, x: float) -> Any:
-    v = dim.to_value(x)
-    return int(v) if dim.integer else float(v)
-
-
 def default_params(cfg: Config) -> dict[str, Any]:
-    """The coordinates of the config as written (the tuned arm's shape, or the policy's parameters)."""
+    """The coordinates of the config as written (the tuned arm's shape, or the policy's parameters), which the
+    sweep runs as trial 0; a config that lies outside the space is refused in one line (its trial 0 would run
+    another config under the label "config as written")."""
     method = tuned_method(cfg)
-    sw = cfg.sweep
     if method.startswith("policy:"):
-        p = cfg.policies[method.removeprefix("policy:")]
-        out = {}
-        for d in _policy_dims(cfg, method):
-            v = p.params.get(d.key, _class_default(p.kind, d.key))
-            x = (
-                d.from_value(v)
-                if v is not None
-                else math.sqrt(d.low * d.high)
-                if d.log
-                else (d.low + d.high) / 2
-            )
-            x = min(max(x, d.low), d.high)
-            out[d.name] = int(round(x)) if d.integer else float(x)
-        return out
+        return _policy_default(cfg, method)
+    sw = cfg.sweep
     arm = parse_arm(method)
     if arm.drafter not in sw.drafters:
         raise ConfigError(
@@ -174,21 +138,72 @@ def default_params(cfg: Config) -> dict[str, Any]:
     out[f"{arm.drafter}.depth"] = s.depth
     if sw.max_topk > 1:
         out[f"{arm.drafter}.topk"] = s.topk
+    frac = min(1.0, s.budget / (s.depth * s.topk)) if s.budget else 1.0
     if s.topk > 1:
-        out[f"{arm.drafter}.budget_frac"] = (
-            min(1.0, max(0.25, s.budget / (s.depth * s.topk))) if s.budget else 1.0
+        out[f"{arm.drafter}.budget_frac"] = frac
+    runs = arm_of(cfg, {**out, f"{arm.drafter}.budget_frac": max(frac, BUDGET_FRAC[0])}).name
+    if runs != arm.name or frac < BUDGET_FRAC[0]:
+        if s.topk == 1:
+            why = f"its chains have no node budget (-b{s.budget}); drop it, or sweep a tree (-k2 or more)"
+        else:
+            least = max(s.depth, math.ceil(BUDGET_FRAC[0] * s.depth * s.topk))
+            why = (
+                f"its trees of depth {s.depth} and topk {s.topk} have budgets of at least {least} "
+                f"(max(depth, {BUDGET_FRAC[0]} x depth x topk)), not {s.budget}"
+            )
+        raise ConfigError(
+            f"sweep.method {method!r} lies outside the sweep space: {why}; trial 0 would run {runs!r}, "
+            "not the config as written"
         )
     return out
 
 
+def _policy_default(cfg: Config, method: str) -> dict[str, Any]:
+    name = method.removeprefix("policy:")
+    p = cfg.policies[name]
+    out = {}
+    for d in _policy_dims(cfg, method):
+        key = f"policies.{name}.params.{d.key}"
+        v = p.params.get(d.key, _class_default(p.kind, d.key))
+        space = f"[{d.low:g}, {d.high:g}]{' (log scale)' if d.log else ''}"
+        if v is None:
+            raise ConfigError(
+                f"{key} is unset ({p.kind} chooses it itself); a sweep starts from the config as written: "
+                f"set it in the sweep space {space}"
+            )
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not d.low <= v <= d.high:
+            shown = "the default of " + p.kind if d.key not in p.params else "written"
+            raise ConfigError(
+                f"{key} = {v!r} ({shown}) lies outside the sweep space {space} of {p.kind}; trial 0 runs "
+                "the config as written: set it inside the space"
+            )
+        out[d.name] = float(v)
+    return out
+
+
 def _policy_dims(cfg: Config, method: str) -> tuple[Dim, ...]:
-    kind = cfg.policies[method.removeprefix("policy:")].kind
-    if kind not in POLICY_SPACES:
+    name = method.removeprefix("policy:")
+    p = cfg.policies[name]
+    if p.path:
         raise ConfigError(
-            f"no sweep space for policy type {kind!r} (policies.{method[7:]}.kind); "
+            f"policies.{name}.path is set: every trial would load the same saved policy; a sweep tunes a "
+            f"policy built from params (drop path, or sweep another method)"
+        )
+    try:
+        trained = getattr(policy_class(p.kind), "kind", "") in ("rl", "predictor")
+    except (ImportError, KeyError):
+        trained = False
+    if trained:
+        raise ConfigError(
+            f"policies.{name} is a {p.kind} policy, trained offline (draftgym train): a sweep does not train "
+            f"one per trial; sweep a bandit ({', '.join(sorted(POLICY_SPACES))}) or a tree shape"
+        )
+    if p.kind not in POLICY_SPACES:
+        raise ConfigError(
+            f"no sweep space for policy type {p.kind!r} (policies.{name}.kind); "
             f"spaces exist for {', '.join(sorted(POLICY_SPACES))}"
         )
-    return POLICY_SPACES[kind]
+    return POLICY_SPACES[p.kind]
 
 
 def _class_default(kind: str, key: str) -> Any:

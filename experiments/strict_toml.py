@@ -234,13 +234,22 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- writing
 
 
+# Control characters (U+0000-001F, U+007F) may not stand raw in a TOML basic string: written as \uXXXX
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _basic_string(s: str) -> str:
+    s = s.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04X}", s) + '"'
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return _basic_string(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     raise TypeError(f"cannot write {v!r} as TOML")
@@ -252,7 +261,8 @@ def _key(k: str) -> str:
 
 def to_toml(cfg: Any, header: str = "") -> str:
     """The config as TOML (every field, resolved); ``load_config(text=to_toml(cfg)) == cfg``."""
-    lines = [f"# {line}" for line in header.splitlines()]
+    # a comment holds no control character but tab (a config path in the header may)
+    lines = [f"# {_CONTROL.sub('?', line)}" for line in header.splitlines()]
 
     def table(obj: Any, path: tuple[str, ...]) -> None:
         scalars, subs = [], []

@@ -6,16 +6,19 @@ best trial exported as a config (``best.toml``, runnable with ``draftgym run``) 
 - **Space and converter**: ``experiments.space`` (``sample(trial)`` in well-conditioned coordinates,
   ``to_overrides`` from parameters to config); a trial's config is file < trial < ``--set``.
 - **Objective**: ``experiments.objective`` (live decoding, the replay env, or the analytic toy); one value per
-  prompt goes to ``trial.report`` and the pruner (Wilcoxon signed-rank or median) may stop the trial there.
+  prompt goes to ``trial.report`` and the pruner (Wilcoxon signed-rank or median) may stop the trial there (not
+  at the last prompt: that would save nothing); a pruned trial shows the mean of the prompts it ran.
 - **Storage**: an embedded SQLite file in the run directory by default; ``--storage postgresql://...`` (any Optuna
   RDB URL) for workers on several machines. Every worker writes a heartbeat; a RUNNING trial whose worker was
   killed is failed once silent for ``sweep.grace_s`` and its slot is run again.
 - **Workers**: each loops "fail stale trials; stop when ``sweep.n_trials`` trials are finished (complete or pruned);
-  wait while the rest are running; else run one trial". A trial that finds ``n_trials`` unfailed trials ahead of it
-  (a race between workers at the end) marks itself FAIL (``surplus``) before evaluating anything, so the study
-  finishes with exactly ``n_trials`` finished trials. ``--workers N`` starts N such processes here (seeds
-  ``sweep.seed + i``); on another machine, run the same command with the same ``--storage`` and another seed
-  (``--set sweep.seed=K``), so that its sampler draws other points. Rerunning the command resumes the study.
+  wait while the rest are running; else take a trial", under a file lock (``sweep_recovery.recovery_lock``: SQLite
+  has no row locks, so two workers could take one queued trial), then runs it (``sweep_trial``). A trial that finds
+  ``n_trials`` unfailed trials ahead of it (a race between workers of several machines at the end) marks itself
+  FAIL (``surplus``) before evaluating anything, so the study finishes with exactly ``n_trials`` finished trials.
+  ``--workers N`` starts N such processes here (seeds ``sweep.seed + i``); on another machine, run the same
+  command with the same ``--storage`` and another seed (``--set sweep.seed=K``), so that its sampler draws other
+  points. Rerunning the command resumes the study.
 """
 
 from __future__ import annotations
@@ -34,11 +37,18 @@ from tqdm import tqdm
 
 from env.files import atomic_write_text
 from experiments.args import output_dir
-from experiments.config import Config, ConfigError, diff_configs, load_config, to_toml
+from experiments.config import Config, ConfigError, load_config, to_toml
 from experiments.space import default_params, sample, to_overrides, tuned_method
-from experiments.sweep_recovery import ORPHANED, fail_orphaned_trials, recovery_lock, retry_callback
-
-FINISHED = ("COMPLETE", "PRUNED")
+from experiments.sweep_checks import check_inputs, check_resumed, input_digests, timing_machine
+from experiments.sweep_recovery import (
+    ORPHANED,
+    fail_orphaned_trials,
+    lock_file,
+    recovery_lock,
+    retry_callback,
+)
+from experiments.sweep_table import FINISHED, format_trials, trial_row, trial_value
+from experiments.sweep_trial import run_trial, take_trial
 
 
 class StorageError(ValueError):
@@ -141,63 +151,18 @@ def open_study(cfg: Config, url: str, *, worker: int = 0, create: bool = True) -
         pruner=_pruner(cfg),
     )
     stored = study.user_attrs.get("config")
-    inputs = input_digests(cfg)
-    machine = timing_machine(cfg)
     if stored is None and create:
         # the config attribute marks a created study: set it last, so that a creator killed in between leaves a
         # study whose next worker enqueues the config as written (once: skip_if_exists)
         study.enqueue_trial(default_params(cfg), user_attrs={"default": True}, skip_if_exists=True)
-        study.set_user_attr("inputs", inputs)
+        study.set_user_attr("inputs", input_digests(cfg))
+        machine = timing_machine(cfg)
         if machine:
             study.set_user_attr("machine", machine)
         study.set_user_attr("config", to_toml(cfg))
     elif stored is not None:
-        # n_trials may grow (extend the study); seeds differ per machine (distinct samples from each)
-        diff = diff_configs(load_config(None, text=stored), cfg, ignore=("sweep.n_trials", "sweep.seed"))
-        if diff:
-            raise ConfigError(
-                f"study {name!r} in {mask(url)} was created from another config (differs in "
-                f"{', '.join(diff[:5])}); use the same config or another sweep.study_name"
-            )
-        had = study.user_attrs.get("inputs")  # (a study from before it was recorded: none)
-        if isinstance(had, dict) and had != inputs:
-            changed = sorted(k for k in {*had, *inputs} if had.get(k) != inputs.get(k))
-            raise ConfigError(
-                f"study {name!r} in {mask(url)} was run on other input files ({', '.join(changed)} changed since); "
-                "its trials would not compare: restore the files or use another sweep.study_name"
-            )
-        had_machine = study.user_attrs.get("machine")
-        if machine and isinstance(had_machine, str) and had_machine != machine:
-            raise ConfigError(
-                f"study {name!r} in {mask(url)} scores live tokens/s measured on {had_machine}; this worker runs on "
-                f"{machine}: tokens/s of two machines do not compare (the objective speedup is normalized per "
-                "worker) — run it there, or use another sweep.study_name"
-            )
+        check_resumed(study, cfg, f"study {name!r} in {mask(url)}")
     return study
-
-
-def timing_machine(cfg: Config) -> str | None:
-    """The CPU a study's values depend on: that of its creator when they are live tokens per second (absolute
-    timings); None for objectives that do not compare timings across workers (speedup is each worker's own
-    ratio to its own autoregressive loop; tau and replay are deterministic)."""
-    if cfg.sweep.backend != "live" or cfg.sweep.objective != "tokens_per_s":
-        return None
-    from env.machine import cpu_label
-
-    return cpu_label()
-
-
-def input_digests(cfg: Config) -> dict[str, str | None]:
-    """The files a sweep's trials are scored on, by sha256: the workload (live) and the trace (replay); an
-    edited or re-recorded file under the same path would put trials of two data sets in one study."""
-    from env.files import file_digest
-    from experiments.records import workload_digest
-
-    trace = cfg.sweep.trace
-    return {
-        "workload_sha256": workload_digest(cfg.workload.path),
-        "trace_sha256": file_digest(trace) if trace and Path(trace).is_file() else None,
-    }
 
 
 def counts(study: Any) -> dict[str, int]:
@@ -243,16 +208,16 @@ def work(
             optuna.trial.TrialState.RUNNING,
             optuna.trial.TrialState.WAITING,
         )
-        trial.set_user_attr("worker", me)  # first: until then only the trial's age tells it is orphaned
         ahead = sum(1 for t in study.get_trials(deepcopy=False, states=live) if t.number < trial.number)
         if ahead >= n:
             trial.set_user_attr("surplus", True)
             raise SurplusTrial(f"trial {trial.number}: {n} trials are already finished or running")
         trial.set_user_attr("cpu", cpu)
 
-        def report(step: int, value: float) -> None:
+        def report(step: int, value: float, n_steps: int) -> None:
             trial.report(value, step)
-            if trial.should_prune():
+            # never at the last prompt: stopping there saves nothing (the trial is complete)
+            if step < n_steps - 1 and trial.should_prune():
                 raise optuna.TrialPruned(f"pruned at prompt {step}")
 
         try:
@@ -260,7 +225,7 @@ def work(
             cfg = load_config(config, trial=to_overrides(base, params), sets=sets)  # file < trial < --set
             trial.set_user_attr("method", tuned_method(cfg))
             result = evaluator(cfg, params, report)
-        except KeyboardInterrupt:  # Optuna fails the trial; marked so the next start retries its point first
+        except KeyboardInterrupt:  # the trial is failed; marked so the next start retries its point first
             study._storage.set_trial_system_attr(trial._trial_id, ORPHANED, True)
             raise
         for k, v in result.items():
@@ -268,40 +233,44 @@ def work(
                 trial.set_user_attr(k, v)
         return float(result["value"])
 
-    def record(study_: Any, t: Any) -> None:  # after the storage has the trial's final state
+    def record(t: Any) -> None:  # after the storage has the trial's final state
         if t.state.name in FINISHED:
             line = {
                 "number": t.number,
                 "state": t.state.name,
-                "value": t.value,
+                "value": trial_value(t),  # a pruned trial: the mean of the prompts it ran
                 "params": t.params,
                 "method": t.user_attrs.get("method"),
                 "worker": me,
             }
             with log.open("a") as fh:
                 fh.write(json.dumps(line) + "\n")
-        bar.n = min(n, finished(study_))
-        bar.refresh()
 
     out.mkdir(parents=True, exist_ok=True)
+    lock = lock_file(url, out)
     bar = tqdm(total=n, desc=f"sweep {study.study_name}", disable=not progress)
     try:
         while True:
-            with recovery_lock(
-                out
-            ):  # one worker at a time fails and retries dead trials (SQLite has no row locks)
+            # One worker at a time (SQLite has no row locks) fails and retries dead trials, counts, and takes its
+            # next trial: two workers never take the same queued one.
+            trial = None
+            with recovery_lock(lock):
                 optuna.storages.fail_stale_trials(study)
                 fail_orphaned_trials(study, base.sweep.grace_s)
-            c = counts(study)
-            done = sum(c.get(s, 0) for s in FINISHED)
+                c = counts(study)
+                done = sum(c.get(s, 0) for s in FINISHED)
+                if done < n and done + c.get("RUNNING", 0) < n:
+                    trial = take_trial(study, me)
             bar.n = min(n, done)
             bar.refresh()
             if done >= n:
                 break
-            if done + c.get("RUNNING", 0) >= n:
+            if trial is None:
                 time.sleep(min(1.0, base.sweep.heartbeat_s))  # the rest are running (or about to be failed)
                 continue
-            study.optimize(objective, n_trials=1, catch=(SurplusTrial,), callbacks=[record])
+            record(run_trial(study, trial, objective, catch=(SurplusTrial,)))
+            bar.n = min(n, finished(study))
+            bar.refresh()
     except sqlalchemy.exc.OperationalError as err:
         raise StorageError(f"lost storage {mask(url)}: {str(err).strip().splitlines()[0]}") from err
     finally:
@@ -375,7 +344,7 @@ def export(config: str, sets: list[str], url: str, out: Path) -> dict[str, Any]:
 
     base = load_config(config, sets=sets)
     study = open_study(base, url, create=False)
-    trials = [_trial_row(t) for t in study.get_trials(deepcopy=False)]
+    trials = [trial_row(t) for t in study.get_trials(deepcopy=False)]
     complete = [t for t in trials if t["state"] == "COMPLETE"]
     if not complete:
         raise ConfigError(f"study {study.study_name!r} has no complete trial yet; nothing to export")
@@ -405,61 +374,7 @@ def export(config: str, sets: list[str], url: str, out: Path) -> dict[str, Any]:
     return result
 
 
-def _trial_row(t: Any) -> dict[str, Any]:
-    return {
-        "number": t.number,
-        "state": t.state.name,
-        "value": t.value,
-        "params": t.params,
-        "method": t.user_attrs.get("method"),
-        "default": bool(t.user_attrs.get("default")),
-        "intermediate": [t.intermediate_values[k] for k in sorted(t.intermediate_values)],
-    }
-
-
-def format_trials(trials: list[dict[str, Any]], cfg: Config, top: int = 10) -> str:
-    """The best finished trials, best first (pruned ones after complete ones)."""
-    rows = sorted(
-        (t for t in trials if t["state"] in FINISHED and t["value"] is not None),
-        key=lambda t: (t["state"] != "COMPLETE", -t["value"]),
-    )[:top]
-    keys = list(dict.fromkeys(k for t in rows for k in t["params"]))
-    width = {k: max(10, len(k) + 2) for k in keys}
-    head = f"{'trial':>5}  {'state':<9}{cfg.sweep.objective:>9}  {'method':<20}" + "".join(
-        f"{k:>{width[k]}}" for k in keys
-    )
-    lines = [head, "-" * len(head)]
-    for t in rows:
-        vals = "".join(f"{_fmt(t['params'].get(k)):>{width[k]}}" for k in keys)
-        mark = " (config as written)" if t["default"] else ""
-        lines.append(
-            f"{t['number']:>5}  {t['state']:<9}{t['value']:>9.3f}  {str(t['method']):<20}{vals}{mark}"
-        )
-    return "\n".join(lines)
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
 # ------------------------------------------------------------------------------------------------ command line
-
-
-def check_inputs(cfg: Config) -> None:
-    """Read what the backend's trials will read (the replay trace and cost model; the live workload), so that a
-    bad file is one line before any folder or study is made, not a failed trial."""
-    if cfg.sweep.backend == "replay":
-        from env.cost import load_cost_model
-        from env.trace import load_trace
-
-        load_trace(cfg.sweep.trace or None)
-        load_cost_model(cfg.sweep.cost_model or None)
-    elif cfg.sweep.backend == "live":
-        from experiments.runner import select_prompts
-
-        select_prompts(cfg)
 
 
 def cmd_sweep(args: Any) -> int:

@@ -35,13 +35,31 @@ def retry_callback() -> Any:
     return callback
 
 
+def lock_file(url: str, run_dir: Path) -> Path:
+    """The file the workers of one storage lock: beside an SQLite file (every run folder that shares it takes
+    turns), else in the run folder."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        u = make_url(url)
+    except ArgumentError:
+        return run_dir / ".recovery.lock"
+    db = u.database or ""
+    if u.get_backend_name() != "sqlite" or db in ("", ":memory:") or db.startswith("file:"):
+        return run_dir / ".recovery.lock"
+    path = Path(db).resolve()
+    return path.with_name(f".{path.name}.lock")
+
+
 @contextlib.contextmanager
-def recovery_lock(run_dir: Path) -> Iterator[None]:
-    """Held while a worker fails and retries dead trials: the workers of one run (one machine, one run folder)
-    take turns. Without it two workers could both fail the same dead trial — SQLite reads a RUNNING trial in both
-    before either writes FAIL — and both retry it, so its point would run twice. (PostgreSQL locks the row.)"""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".recovery.lock", "a") as fh:
+def recovery_lock(path: Path) -> Iterator[None]:
+    """Held (an exclusive ``flock`` on ``path``, from ``lock_file``) while a worker fails and retries dead trials
+    and takes its next trial: the workers of one SQLite file take turns. Without it two workers could both fail the
+    same dead trial, or both take the same queued one (trial 0, a retry) — SQLite reads a trial in both before
+    either writes — so one point would run twice and the later ``tell`` fail. (PostgreSQL locks the row.)"""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

@@ -63,7 +63,6 @@ def test_bad_values_name_the_key(text, needle):
 
 
 def test_policy_params_checked_against_the_policy_type():
-    pytest.importorskip("policies.bandits")
     base = 'methods = ["ar", "policy:u"]\n[policies.u]\n'
     assert "known policy types" in _err(base + 'kind = "ucb"\n')
     assert "policies.u.params.cc is not a parameter of ucb1" in _err(

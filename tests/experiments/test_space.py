@@ -42,7 +42,6 @@ def test_config_outside_the_space_is_refused():
 
 
 def test_policy_space_sets_policy_params():
-    pytest.importorskip("policies.bandits")
     text = 'methods = ["ar", "policy:u"]\n[policies.u]\nkind = "ucb1"\nparams = { c = 0.5 }\n'
     cfg = load_config(None, text=text)
     assert default_params(cfg) == {"c": 0.5}
@@ -56,9 +55,9 @@ def test_analytic_objective_is_the_closed_form():
         None, text='methods = ["ar", "ngram-d6"]\n[workload]\nlimit = 1\n[sweep]\nanalytic_alpha = 0.7\n'
     )
     seen = []
-    out = AnalyticEvaluator()(cfg, {}, lambda step, v: seen.append((step, v)))
+    out = AnalyticEvaluator()(cfg, {}, lambda step, v, n: seen.append((step, v, n)))
     expected = chain_expected_tokens(0.7, 6) / (1 + 0.05 * 6)
-    assert out["value"] == pytest.approx(expected) and seen == [(0, pytest.approx(expected))]
+    assert out["value"] == pytest.approx(expected) and seen == [(0, pytest.approx(expected), 1)]
 
 
 def test_the_widest_corner_of_the_space_is_an_arm_of_at_most_4096_nodes():
@@ -82,3 +81,111 @@ def test_the_widest_corner_of_the_space_is_an_arm_of_at_most_4096_nodes():
             .shape
         )
         assert shape.max_nodes == 4096
+
+
+def test_trial_0_runs_exactly_the_arm_as_written_or_the_config_is_refused():
+    """Every arm of a small grid: either trial 0 (``default_params``) resolves to the arm as written (the same canonical
+    name), or the config is refused in one line that names the method and what the space allows. A budget below the
+    space's was silently raised (ngram-d4-k8-b4 ran as ngram-d4-k8-b8) and a chain's budget dropped."""
+    from env.engine import parse_arm
+
+    refused = []
+    for depth in range(1, 7):
+        for topk in range(1, 5):
+            for budget in range(0, depth * topk + 2):
+                arm = (
+                    f"ngram-d{depth}" + (f"-k{topk}" if topk > 1 else "") + (f"-b{budget}" if budget else "")
+                )
+                text = f'methods = ["ar", "{arm}"]\n[sweep]\nmax_depth = 8\nmax_topk = 4\n'
+                cfg = load_config(None, text=text)
+                try:
+                    params = default_params(cfg)
+                except ConfigError as err:
+                    assert "\n" not in str(
+                        err
+                    ) and f"sweep.method {arm!r} lies outside the sweep space" in str(err)
+                    refused.append(arm)
+                    continue
+                runs = tuned_method(load_config(None, text=text, trial=to_overrides(cfg, params)))
+                assert parse_arm(runs).name == parse_arm(arm).name, (arm, runs)
+                assert sample(optuna.trial.FixedTrial(params), cfg) == params  # inside the distributions
+    assert "ngram-d4-k4-b3" in refused and "ngram-d6-b3" in refused and "ngram-d4-k4-b4" not in refused
+
+
+@pytest.mark.parametrize(
+    ("arm", "needle"),
+    [
+        (
+            "ngram-d4-k8-b4",
+            "budgets of at least 8 (max(depth, 0.25 x depth x topk)), not 4; trial 0 would run 'ngram-d4-k8-b8'",
+        ),
+        ("ngram-d8-b4", "its chains have no node budget (-b4)"),
+    ],
+)
+def test_an_arm_outside_the_space_names_the_value_and_the_space(arm, needle):
+    cfg = load_config(None, text=f'methods = ["ar", "{arm}"]\n[sweep]\nmax_topk = 8\n')
+    with pytest.raises(ConfigError) as err:
+        default_params(cfg)
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("policy", "needle"),
+    [
+        (
+            'kind = "ucb1"\nparams = { c = 0 }',
+            "policies.u.params.c = 0 (written) lies outside the sweep space [0.05, 5]",
+        ),
+        ('kind = "ucb1"\nparams = { c = 50.0 }', "policies.u.params.c = 50.0 (written) lies outside"),
+        (
+            'kind = "thompson"\nparams = { scale = 0.1 }',
+            "policies.u.params.scale = 0.1 (written) lies outside",
+        ),
+        ('kind = "exp3"', "policies.u.params.gamma is unset (exp3 chooses it itself)"),
+    ],
+)
+def test_a_policy_parameter_outside_the_space_is_refused(policy, needle):
+    cfg = load_config(None, text=f'methods = ["ar", "policy:u"]\n[policies.u]\n{policy}\n')
+    with pytest.raises(ConfigError) as err:
+        default_params(cfg)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_policy_defaults_inside_the_space_are_the_config_as_written():
+    for kind, key in [("ucb1", "c"), ("thompson", "scale"), ("linucb", "alpha")]:
+        text = f'methods = ["ar", "policy:u"]\n[policies.u]\nkind = "{kind}"\n'
+        cfg = load_config(None, text=text)
+        params = default_params(cfg)  # the class default, written out
+        resolved = load_config(None, text=text, trial=to_overrides(cfg, params))
+        assert resolved.policies["u"].params == {key: 1.0}
+
+
+@pytest.mark.parametrize(
+    ("policy", "needle"),
+    [
+        (
+            'kind = "sb3"',
+            "policies.u is a sb3 policy, trained offline (draftgym train): a sweep does not train",
+        ),
+        ('kind = "predictor"', "policies.u is a predictor policy, trained offline"),
+        (
+            'kind = "ucb1"\npath = "u.zip"',
+            "policies.u.path is set: every trial would load the same saved policy",
+        ),
+        ('kind = "static"\nparams = { arm = "none" }', "no sweep space for policy type 'static'"),
+    ],
+)
+def test_a_sweep_that_cannot_tune_its_policy_is_refused_before_any_folder(tmp_path, capsys, policy, needle):
+    """A trained policy (sb3, predictor) needs draftgym train per trial, and a loaded one ignores its parameters:
+    such a sweep failed every trial, or ran one saved policy under every label."""
+    path = tmp_path / "s.toml"
+    path.write_text(
+        f'name = "s"\nmethods = ["ar", "policy:u"]\n[policies.u]\n{policy}\narms = ["none", "ngram-d4"]\n'
+        '[sweep]\nbackend = "replay"\nn_trials = 2\n'
+    )
+    from experiments.cli import main
+
+    assert main(["sweep", str(path), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "run").exists()

@@ -9,8 +9,6 @@ import pytest
 
 from experiments.cli import main
 
-pytest.importorskip("env.spec_env")
-
 
 @pytest.fixture(scope="module")
 def trace_files(tmp_path_factory):
@@ -43,7 +41,6 @@ def test_tree_sweep_on_replay(tmp_path, trace_files, capsys):
 
 
 def test_policy_sweep_on_replay(tmp_path, trace_files, capsys):
-    pytest.importorskip("policies.bandits")
     body = (
         'methods = ["ar", "policy:ucb"]\n[policies.ucb]\nkind = "ucb1"\n'
         'arms = ["none", "ngram-d2", "ngram-d8"]\nparams = { c = 0.5, scale = 9.0 }'

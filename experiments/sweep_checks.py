@@ -1,0 +1,98 @@
+"""What a sweep checks before it runs a trial: that the config's trials can run (``check_inputs``, before any folder
+or study is made), and that a resumed study is the one this worker would have created (``check_resumed``): the
+same config, the same input files, and, for live tokens per second, the same machine. Each problem is one
+``ConfigError`` line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from experiments.config import Config, ConfigError, diff_configs, load_config
+from experiments.space import default_params
+
+
+def check_inputs(cfg: Config) -> None:
+    """The config as written lies in the sweep space (it runs as trial 0), and what the backend's trials will read
+    (the replay trace and cost model; the live workload) reads: a bad file is one line, not a failed trial."""
+    default_params(cfg)
+    if cfg.sweep.backend == "replay":
+        from env.cost import load_cost_model
+        from env.trace import load_trace
+
+        load_trace(cfg.sweep.trace or None)
+        load_cost_model(cfg.sweep.cost_model or None)
+    elif cfg.sweep.backend == "live":
+        from experiments.runner import select_prompts
+
+        select_prompts(cfg)
+
+
+def check_resumed(study: Any, cfg: Config, where: str) -> None:
+    """Refuse to join ``study`` (named ``where`` in messages) with a config, input files or a machine other than
+    those it was created with."""
+    # n_trials may grow (extend the study); seeds differ per machine (distinct samples from each)
+    diff = diff_configs(
+        stored_config(study.user_attrs.get("config"), where), cfg, ignore=("sweep.n_trials", "sweep.seed")
+    )
+    if diff:
+        raise ConfigError(
+            f"{where} was created from another config (differs in {', '.join(diff[:5])}); use the same config or "
+            "another sweep.study_name"
+        )
+    inputs = input_digests(cfg)
+    had = study.user_attrs.get("inputs")  # (a study from before it was recorded: none)
+    if isinstance(had, dict) and had != inputs:
+        changed = sorted(k for k in {*had, *inputs} if had.get(k) != inputs.get(k))
+        raise ConfigError(
+            f"{where} was run on other input files ({', '.join(changed)} changed since); "
+            "its trials would not compare: restore the files or use another sweep.study_name"
+        )
+    machine, had_machine = timing_machine(cfg), study.user_attrs.get("machine")
+    if machine and isinstance(had_machine, str) and had_machine != machine:
+        raise ConfigError(
+            f"{where} scores live tokens/s measured on {had_machine}; this worker runs on "
+            f"{machine}: tokens/s of two machines do not compare (the objective speedup is normalized per "
+            "worker) — run it there, or use another sweep.study_name"
+        )
+
+
+def stored_config(stored: Any, where: str) -> Config:
+    """The config a study was created from (its ``config`` attribute): a damaged one (not TOML text, or not a
+    config this version reads) is one line, not a traceback."""
+    if not isinstance(stored, str):
+        raise ConfigError(
+            f"{where} holds a damaged config attribute ({type(stored).__name__}, not TOML text); "
+            "use another sweep.study_name"
+        )
+    try:
+        return load_config(None, text=stored)
+    except ConfigError as err:
+        raise ConfigError(
+            f"{where} holds a config that cannot be read ({err}); use another sweep.study_name"
+        ) from None
+
+
+def timing_machine(cfg: Config) -> str | None:
+    """The CPU a study's values depend on: that of its creator when they are live tokens per second (absolute
+    timings); None for objectives that do not compare timings across workers (speedup is each worker's own
+    ratio to its own autoregressive loop; tau and replay are deterministic)."""
+    if cfg.sweep.backend != "live" or cfg.sweep.objective != "tokens_per_s":
+        return None
+    from env.machine import cpu_label
+
+    return cpu_label()
+
+
+def input_digests(cfg: Config) -> dict[str, str | None]:
+    """The files a sweep's trials are scored on, by sha256: the workload (live) and the trace (replay); an
+    edited or re-recorded file under the same path would put trials of two data sets in one study."""
+    from env.files import file_digest
+    from experiments.records import workload_digest
+
+    trace = cfg.sweep.trace
+    return {
+        "workload_sha256": workload_digest(cfg.workload.path),
+        "trace_sha256": file_digest(trace) if trace and Path(trace).is_file() else None,
+    }
