@@ -44,7 +44,7 @@ class Dim:
 # (sb3, predictor) have none: a trial would have to train one (``draftgym train``), which a sweep does not do.
 POLICY_SPACES: dict[str, tuple[Dim, ...]] = {
     "ucb1": (Dim("c", "c", 0.05, 5.0),),
-    "thompson": (Dim("scale", "scale", 0.25, 8.0),),
+    "thompson": (Dim("scale", "scale", 0.25, 16.0),),  # rewards reach depth + 1 (13 for a 12-deep arm)
     "exp3": (Dim("gamma", "gamma", 0.005, 0.5),),
     "linucb": (Dim("alpha", "alpha", 0.05, 5.0),),
 }
