@@ -82,7 +82,7 @@ def _replay(
     from policies.serving import run_policy
 
     sim = _streams(make, load, episodes, seed)
-    g = run_policy(sim, policy, oracle=oracle)
+    g = run_policy(sim, policy, oracle=oracle, online=True)  # a bandit learns on each stream, as it does live
     return float(np.median(g)), float(g[0])
 
 
@@ -118,9 +118,14 @@ def _live(
 ) -> float:
     """Serve server 0's request stream of ``sim`` (after ``reset``) live; committed tokens per second."""
     served, wall = serve_stream(loaded, sim, fresh(policy), arms, max_batch, max_new, cost)
-    tokens = sum(len(s.token_ids) for s in served)
     first = min(s.arrival_s for s in served)
-    return tokens / max(max(s.finish_s for s in served) - first, 1e-9) if wall > 0 else 0.0
+    from env.metrics import goodput
+
+    return (
+        goodput([len(s.token_ids) for s in served], first, max(s.finish_s for s in served))
+        if wall > 0
+        else 0.0
+    )
 
 
 class _Static:
@@ -307,6 +312,9 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     split = _split(
         trace, int(tpc), args.seed if args.test_per_category else meta.get("split", {}).get("seed", args.seed)
     )
+    # a policy trained on prompts of this evaluation (another --test-per-category or --seed than its training's)
+    overlap = {name: n for name, pol in policies
+               if (n := len(set((pol.meta.get("split") or {}).get("train") or []) & set(split.test)))}  # fmt: skip
     from env.serve_loads import parse_load
 
     max_new = args.max_new_tokens or int(meta.get("max_new_tokens", 64))
@@ -360,6 +368,7 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
                        "live": loaded is not None, "repeats": args.repeats, "probe": not args.no_probe,
                        "machine": machine_info(),
                        "command": " ".join(["draftgym", *sys.argv[1:]])}  # fmt: skip
+    res["trained_on_evaluated"] = overlap
     res["provenance"] = provenance()
     text = json.dumps(res, indent=1)
     atomic_write_text(out / "evaluate.json", text)
@@ -388,8 +397,15 @@ def format_table(res: dict[str, Any]) -> str:
             vals.append(f"{r['replay_goodput']:>9.1f}/{lv:<6}")
         lines.append(f"{n:<22}{kind:<10}" + "".join(vals))
     lines.append(
-        f"best static per load: {res['best_static_per_load']}; best single static: {res['best_static_overall']}"
+        f"best static per load: {res['best_static_per_load']}; best single static (best mean over the load "
+        f"levels): {res['best_static_overall']} — both picked on these evaluation streams; oracle: the myopic "
+        "per-step one (each step's best arm for the whole batch), a reference, not a bound"
     )
+    n_test = len(s.get("test_prompts") or [])
+    for name, n in (res.get("trained_on_evaluated") or {}).items():
+        lines.append(
+            f"note: {name} was trained on {n} of the {n_test} prompts evaluated here (not held out)!"
+        )
     fid = res.get("fidelity") or {}
     if fid:
         lines.append(

@@ -227,9 +227,15 @@ class BucketUCB(BasePolicy):
 # ---- fitting and training in replay --------------------------------------------------------------------------------
 
 
-def run_policy(sim: Any, policy: Any, *, learn: bool = False, oracle: bool = False) -> np.ndarray:
+def run_policy(
+    sim: Any, policy: Any, *, learn: bool = False, oracle: bool = False, online: bool = False
+) -> np.ndarray:
     """Run every server of ``sim`` (reset) to the end of its episode under ``policy`` (``oracle``: the myopic
-    oracle instead); ``learn``: online policies update after each step. Returns each server's goodput."""
+    oracle instead); ``learn``: online policies update after each step (one policy for all servers: training).
+    ``online``: an online policy (a bandit) serves every server as it does one live stream — a copy of it as
+    given per server, learning from that server's steps only. Returns each server's goodput."""
+    if online and not oracle and hasattr(policy, "update"):
+        return _run_copies(sim, policy)
     act_batch = getattr(policy, "act_batch", None)
     while not sim.done().all():
         live = ~sim.done()
@@ -247,6 +253,20 @@ def run_policy(sim: Any, policy: Any, *, learn: bool = False, oracle: bool = Fal
         if learn and not oracle and hasattr(policy, "update"):
             for i in np.flatnonzero(live):
                 policy.update(obs[i], int(a[i]), float(r[i]), {})
+    return sim.goodput()
+
+
+def _run_copies(sim: Any, policy: Any) -> np.ndarray:
+    import copy
+
+    copies = [copy.deepcopy(policy) for _ in range(sim.num_envs)]
+    while not sim.done().all():
+        live = ~sim.done()
+        obs = sim.observe().copy()
+        a = np.array([copies[i].act(obs[i]) if live[i] else 0 for i in range(sim.num_envs)], np.int64)
+        r, _ = sim.step(a)
+        for i in np.flatnonzero(live):
+            copies[i].update(obs[i], int(a[i]), float(r[i]), {})
     return sim.goodput()
 
 

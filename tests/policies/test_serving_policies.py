@@ -370,3 +370,25 @@ def test_ppo_killed_midway_resumes_from_its_checkpoint(trace, tmp_path):
     assert all(a["seconds"] <= b["seconds"] for a, b in zip(curve, curve[1:]))
     assert p.train_wall_s >= saved["wall_s"] > 0
     assert {p.name for p in ckpt.glob("*.zip")} == {"model_768_steps.zip", "model_1024_steps.zip"}
+
+
+def test_an_online_policy_serves_every_replayed_stream_as_it_serves_one_live(trace):
+    """``online``: each server gets a copy of the bandit as given, learning from that server's steps only (as a
+    fresh copy serves one live stream); the bandit itself is left as it was, and server 0 of a vectorized run
+    equals the same stream run alone."""
+    import copy
+
+    m = 4
+    bandit = BucketUCB(ARMS, obs_size(m), feature_names(m))
+    before = copy.deepcopy(bandit.counts)
+    sim = make_sim(trace, num_envs=3, loads=("4",))
+    sim.reset()
+    g = run_policy(sim, bandit, online=True)
+    assert np.array_equal(bandit.counts, before)  # the copies learned, not the policy given
+    frozen = make_sim(trace, num_envs=3, loads=("4",))
+    frozen.reset()
+    assert not np.allclose(run_policy(frozen, bandit), g)  # learning changed the choices
+    # one copy per server: server 0's result does not depend on the other servers' steps
+    alone = make_sim(trace, num_envs=1, loads=("4",))
+    alone.reset()
+    assert run_policy(alone, bandit, online=True)[0] == pytest.approx(g[0])
