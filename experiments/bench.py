@@ -33,6 +33,7 @@ from env.model import LoadedModel, with_weights
 from env.target import check_prompt
 from env.workloads import Prompt
 from experiments.config import EXTERNAL_METHODS, device_depth, is_device_method
+from experiments.drafter_state import restore_drafters, resume_drafters, save_drafters
 from experiments.hf_baselines import (
     HF_METHODS,
     STATIC_CACHE_METHODS,
@@ -212,6 +213,7 @@ def run_bench(
             decoders[m] = SpeculativeDecoder(
                 with_weights(loaded, fmt), [parse_arm(arm)], drafter_options=drafter_options
             )
+    carried = resume_drafters(decoders, state_dir, rec_path, records)  # restored after the warm-up
     done = {(r.method, r.prompt_id) for r in records}
     todo = [(i, p) for i, p in enumerate(prompts) if any((m, p.prompt_id) not in done for m in methods)]
     failures: dict[str, str] = {}  # method -> why it stopped (the llama_cpp worker's death)
@@ -242,6 +244,7 @@ def run_bench(
                 for n in bucket_warmup_lengths(lengths, max_new_tokens, len(warm_ids)):
                     if n + 4 <= loaded.max_context:
                         run_method(m, loaded, decoders, (warm_ids * (n // len(warm_ids) + 1))[:n], 4)
+    restore_drafters(decoders, carried, state_dir)
     finished = sum((m, p.prompt_id) in done for p in prompts for m in methods)  # of this run's selection only
     bar = tqdm(total=len(prompts) * len(methods), initial=finished, desc="bench", disable=not progress)
     try:
@@ -264,6 +267,7 @@ def run_bench(
                         m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids, arms
                     )
                     save_learner(decoders.get(m), state_dir, m, rec)  # before the record: resume_learners
+                    save_drafters(decoders.get(m), state_dir, m, rec)  # and resume_drafters
                     fh.write(json.dumps(asdict(rec)) + "\n")
                     fh.flush()
                     records.append(rec)

@@ -88,6 +88,7 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
     ``loaded``: an already loaded model to use instead of loading ``cfg.model`` (tests, notebooks)."""
     from env.decoder import chat_prompt
     from env.model import load_model
+    from experiments.drafter_state import restore_drafters, resume_drafters, save_drafters
     from experiments.methods import make_decoders, sampling_of, save_policy_states
 
     prompts = select_prompts(cfg)  # a missing or bad workload: refused before the run folder is written
@@ -114,11 +115,14 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
         state_dir = out / "policies"
         longest = max((len(chat_prompt(loaded.tokenizer, p.text)) for p in prompts), default=0)
         decoders = make_decoders(cfg, loaded, state_dir, context=longest + cfg.decode.max_new_tokens)
+        carried = resume_drafters(decoders, state_dir, rec_path, records)  # restored after the warm-up
+        done |= {(r.method, r.prompt_id) for r in records}
         sampling = sampling_of(cfg)
         if cfg.decode.warmup:  # untimed: the first call of each decoder that is then timed pays for lazy init
             warm_ids = chat_prompt(loaded.tokenizer, "Say hello.")
             for m in tqdm(methods, desc="warm-up", disable=not progress, leave=False):
                 warm_up(m, loaded, decoders, warm_ids, sampling=sampling, seed=cfg.seed)
+        restore_drafters(decoders, carried, state_dir)
         bar = tqdm(
             total=len(prompts) * len(methods), initial=len(done), desc=f"run {cfg.name}", disable=not progress
         )
@@ -143,6 +147,7 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
                         policy.meta = {**policy.meta, RUN_RECORD: asdict(rec)}
                     # before the record (a kill in between: recover_policy_records)
                     save_policy_states(decoders, state_dir, m)
+                    save_drafters(decoders.get(m), state_dir, m, rec)  # and resume_drafters
                     fh.write(json.dumps(asdict(rec)) + "\n")
                     fh.flush()
                     records.append(rec)

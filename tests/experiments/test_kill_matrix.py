@@ -389,6 +389,55 @@ def test_run_killed_between_a_policy_state_and_its_record(tmp_path, fp32_model, 
     assert _run_results(tmp_path / "B") == _run_results(tmp_path / "A")
 
 
+CARRY_TOML = """name = "kill-carry"
+seed = 0
+methods = ["suffix-d8", "recycling-d4-k2-b6"]
+[model]
+dtype = "fp32"
+device = "cpu"
+[workload]
+categories = ["summarization", "rag"]   # they copy from their context: drafts get accepted
+per_category = 2
+limit = 3
+[decode]
+max_new_tokens = 32
+"""
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("where", ["between-state-and-record", "between-prompts"])
+def test_run_with_drafters_that_carry_state_resumes_as_if_never_killed(
+    tmp_path, fp32_model, monkeypatch, where
+):
+    """The suffix drafter's answer cache and the recycling table outlive a prompt: a run killed after its second
+    prompt (between a method's saved drafter state and its record, or between two prompts) resumes with the
+    drafters as they were — the same steps and arms as an uninterrupted run, not those of empty drafters (warm-up
+    included: the state is restored after it)."""
+    import experiments.drafter_state as ds
+    from experiments.config import load_config
+    from experiments.runner import run
+
+    cfg = load_config(None, text=CARRY_TOML)
+    run(cfg, tmp_path / "A", progress=False, loaded=fp32_model)
+    real, calls = ds.save_drafters, []
+
+    def killed(decoder, state_dir, method, rec):
+        calls.append(method)
+        if where == "between-prompts" and len(calls) == 5:  # prompt 2's first method: 4 records written
+            raise KeyboardInterrupt
+        real(decoder, state_dir, method, rec)
+        if where == "between-state-and-record" and len(calls) == 4:  # prompt 1's second method, state saved
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(ds, "save_drafters", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path / "B", progress=False, loaded=fp32_model)
+    assert len((tmp_path / "B" / "records.jsonl").read_text().splitlines()) == (3 if "state" in where else 4)
+    monkeypatch.undo()
+    run(cfg, tmp_path / "B", progress=False, loaded=fp32_model)
+    assert _run_results(tmp_path / "B") == _run_results(tmp_path / "A")
+
+
 @pytest.mark.model
 def test_record_killed_before_its_parts_were_deleted(tmp_path, fp32_model, monkeypatch):
     """Killed after the trace was saved, before its parts were deleted (or after the end): the rerun returns the
