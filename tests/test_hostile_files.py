@@ -231,3 +231,53 @@ def test_a_resume_may_add_a_policy_but_not_change_one(tmp_path):
     assert "policies" in settings_conflict(
         tmp_path, {"model": "m", "policies": {"policy:v": "dd"}}, started=True
     )
+
+
+def test_a_damaged_or_hostile_drafter_state_is_one_line(tmp_path):
+    """``experiments.drafter_state``: a run's saved drafter state (suffix cache, recycling table) comes back whole;
+    torn, pickled, of another method or with arrays a drafter refuses, it is one line naming the file."""
+    import pickle
+    from types import SimpleNamespace
+
+    from drafters import DraftContext, SuffixDrafter, TreeShape
+    from experiments.drafter_state import restore_drafters, resume_drafters, save_drafters, state_file
+    from experiments.errors import UserError
+    from experiments.records import Record
+
+    d = SuffixDrafter()
+    d.reset(DraftContext(tokens=[1, 2], prompt_len=2))
+    d.propose(DraftContext(tokens=[1, 2, 40, 41, 42], prompt_len=2), TreeShape(depth=2))
+    d.reset(DraftContext(tokens=[9], prompt_len=1))  # the answer [40, 41, 42] is in the cache now
+    rec = Record("suffix-d8", "p1", "qa", 2, 3, 0.1, 2, 1.5, [40, 41, 42])
+    save_drafters(SimpleNamespace(drafters={"suffix": d}), tmp_path, "suffix-d8", rec)
+    fresh = SimpleNamespace(drafters={"suffix": SuffixDrafter()})
+    records, rec_path = [], tmp_path / "records.jsonl"
+    pending = resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, records)
+    restore_drafters({"suffix-d8": fresh}, pending, tmp_path)
+    assert (
+        records == [rec] and json.loads(rec_path.read_text()) == rec.__dict__
+    )  # the record only in the state
+    assert fresh.drafters["suffix"].carried()["answers"].tolist() == [40, 41, 42]
+    path = state_file(tmp_path, "suffix-d8")
+    good = path.read_bytes()
+    arrays = dict(np.load(path))
+    cases = [
+        (good[: len(good) // 2], "is not a drafter state of this run"),
+        (pickle.dumps({"x": 1}), "is not a drafter state of this run"),
+    ]
+    for raw, needle in cases:
+        path.write_bytes(raw)
+        with pytest.raises(UserError, match=needle) as err:
+            resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [])
+        assert "\n" not in str(err.value) and str(path) in str(err.value)
+    other = {
+        **arrays,
+        "run_record": np.frombuffer(json.dumps({**rec.__dict__, "method": "x"}).encode(), np.uint8),
+    }
+    np.savez(path, **other)
+    with pytest.raises(UserError, match="its record is not one of method 'suffix-d8'"):
+        resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [])
+    np.savez(path, **{**arrays, "suffix/answers": -arrays["suffix/answers"]})
+    pending = resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [rec])
+    with pytest.raises(UserError, match="suffix state: a negative token id; delete it"):
+        restore_drafters({"suffix-d8": fresh}, pending, tmp_path)
