@@ -67,7 +67,11 @@ def agreement(run_dir: Path, eps: float) -> dict:
         raise UserError(f"{run_dir}: its records hold token ids outside the model's vocabulary of {vocab}")
     rows: dict[str, dict] = {}
     gaps: dict[tuple[str, int], tuple[float, list[int]]] = {}  # methods often diverge at the same near-tie
-    for r in records:
+    import sys
+
+    from tqdm import tqdm
+
+    for r in tqdm(records, desc="agreement", unit="record", disable=not sys.stderr.isatty()):
         if r.method in ("hf_greedy",) or r.prompt_id not in ref:
             continue
         row = rows.setdefault(r.method, {"method": r.method, "prompts": 0, "identical": 0, "divergences": []})

@@ -97,18 +97,23 @@ def _main(argv: list[str] | None) -> int:
         ids = chat_prompt(loaded.tokenizer, p.text)
         order.append((ids + ar[p.prompt_id], len(ids)))
         cats.append(p.category)
+    import sys
+
+    from tqdm import tqdm
+
     rows = []
-    for arm in ARMS:
+    configs = [(arm, opts) for arm in ARMS
+               for opts in ([{}] if parse_arm(arm).drafter == "ngram" else [{}, {"cache_requests": 0}])]  # fmt: skip
+    for arm, opts in tqdm(configs, desc="offline tau", unit="arm", disable=not sys.stderr.isatty()):
         a = parse_arm(arm)
-        for opts in [{}] if a.drafter == "ngram" else [{}, {"cache_requests": 0}]:
-            res = greedy_tau(make_drafter(a.drafter, **opts), a.shape, order)
-            by = collections.defaultdict(lambda: [0, 0])
-            for c, r in zip(cats, res):
-                by[c][0] += r.committed
-                by[c][1] += r.steps
-            tot = sum(r.committed for r in res) / sum(r.steps for r in res)
-            label = arm + (" cache off" if opts else (" cache on" if a.drafter == "suffix" else ""))
-            rows.append((label, {c: v[0] / v[1] for c, v in by.items()}, tot))
+        res = greedy_tau(make_drafter(a.drafter, **opts), a.shape, order)
+        by = collections.defaultdict(lambda: [0, 0])
+        for c, r in zip(cats, res):
+            by[c][0] += r.committed
+            by[c][1] += r.steps
+        tot = sum(r.committed for r in res) / sum(r.steps for r in res)
+        label = arm + (" cache off" if opts else (" cache on" if a.drafter == "suffix" else ""))
+        rows.append((label, {c: v[0] / v[1] for c, v in by.items()}, tot))
     cs = list(dict.fromkeys(cats))
     print("| arm | " + " | ".join(cs) + " | overall |")
     print("|---|" + "---:|" * (len(cs) + 1))
