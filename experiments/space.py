@@ -138,11 +138,13 @@ def default_params(cfg: Config) -> dict[str, Any]:
     out[f"{arm.drafter}.depth"] = s.depth
     if sw.max_topk > 1:
         out[f"{arm.drafter}.topk"] = s.topk
-    frac = min(1.0, s.budget / (s.depth * s.topk)) if s.budget else 1.0
+    # (a sampled fraction is rounded to a whole budget: an arm the sweep samples may hold a little under the
+    # fraction's floor, and is in the space all the same — it is what arm_of gives at the floor)
+    frac = max(min(1.0, s.budget / (s.depth * s.topk)) if s.budget else 1.0, BUDGET_FRAC[0])
     if s.topk > 1:
         out[f"{arm.drafter}.budget_frac"] = frac
-    runs = arm_of(cfg, {**out, f"{arm.drafter}.budget_frac": max(frac, BUDGET_FRAC[0])}).name
-    if runs != arm.name or frac < BUDGET_FRAC[0]:
+    runs = arm_of(cfg, out).name
+    if runs != arm.name:
         if s.topk == 1:
             why = f"its chains have no node budget (-b{s.budget}); drop it, or sweep a tree (-k2 or more)"
         else:

@@ -189,3 +189,13 @@ def test_a_sweep_that_cannot_tune_its_policy_is_refused_before_any_folder(tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+def test_an_arm_the_sweep_samples_is_in_the_space_as_trial_0():
+    """A sampled fraction is rounded to a whole budget: ``ngram-d3-k6-b4`` (4 of 18 nodes, under a quarter) is what
+    the space's floor gives, so it is accepted as written, and trial 0 runs it."""
+    cfg = load_config(None, text='methods = ["ar", "ngram-d3-k6-b4"]\n[sweep]\nmax_topk = 6\n')
+    params = default_params(cfg)
+    from experiments.space import arm_of
+
+    assert arm_of(cfg, params).name == "ngram-d3-k6-b4" and params["ngram.budget_frac"] == 0.25
