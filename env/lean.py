@@ -109,6 +109,9 @@ class LeanLlama:
         def quantized(names: list[str], w: torch.Tensor, bias: torch.Tensor | None) -> QLinear:
             if weights == "dense":
                 return QLinear.dense(w, bias, dtype)
+            # quantized on the CPU even when the state is on the GPU (a random or sharded model is built there):
+            # the int4 packing has no CUDA kernel, and every device must run the same quantized weights
+            w, bias = w.cpu(), None if bias is None else bias.cpu()
             if weights == "int8" or not int4_fits(*w.shape):  # (no int4 layout for this shape: int8)
                 return QLinear.int8(w, bias, dtype)
             if all(n in blocks for n in names):
@@ -155,7 +158,7 @@ class LeanLlama:
         if weights == "dense":
             lm_head = QLinear.dense(head_w.float(), None, dtype).to(device)
         else:
-            lm_head = QLinear.int8(head_w.float(), None, dtype).to(device)
+            lm_head = QLinear.int8(head_w.float().cpu(), None, dtype).to(device)
         head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
         if rope is None:
             rope = rope_inv_freq(cfg, head_dim)
