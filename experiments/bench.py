@@ -33,7 +33,7 @@ from env.model import LoadedModel, with_weights
 from env.target import check_prompt
 from env.workloads import Prompt
 from experiments.config import EXTERNAL_METHODS, device_depth, is_device_method
-from experiments.drafter_state import restore_drafters, resume_drafters, save_drafters
+from experiments.drafter_state import commit_drafters, restore_drafters, resume_drafters, save_drafters
 from experiments.hf_baselines import (
     HF_METHODS,
     STATIC_CACHE_METHODS,
@@ -266,8 +266,11 @@ def run_bench(
                     rec = Record(
                         m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids, arms
                     )
+                    save_drafters(
+                        decoders.get(m), state_dir, m, rec
+                    )  # aside, then the policy's, then in place
                     save_learner(decoders.get(m), state_dir, m, rec)  # before the record: resume_learners
-                    save_drafters(decoders.get(m), state_dir, m, rec)  # and resume_drafters
+                    commit_drafters(state_dir, m)
                     fh.write(json.dumps(asdict(rec)) + "\n")
                     fh.flush()
                     records.append(rec)

@@ -7,6 +7,12 @@ from the answers of the first four. After every prompt of such a method its draf
 ``records.jsonl``); a resumed run restores it, after its warm-up (which the state already saw once), and appends a
 record a kill left only in the state. Without it, the resumed run's drafters started empty and drafted other trees
 than an uninterrupted run's.
+
+A policy method (an online bandit over drafting arms) saves its policy's state too, in another file: the drafters'
+state is written aside first (``save_drafters``: ``.new.npz``), then the policy's, then the aside file takes its
+place (``commit_drafters``), then the record. A kill before the policy was saved leaves both at the prompt before
+(the aside file is dropped on resume); a kill after it, the aside file holds the policy's prompt and takes its place
+then — the policy and the drafters never resume from different prompts.
 """
 
 from __future__ import annotations
@@ -22,16 +28,18 @@ import numpy as np
 
 from drafters import Carries, DrafterError
 from env.safe_zip import ArchiveProblem, read_npz
-from experiments.records import Record
+from experiments.records import RUN_RECORD, Record, learns_online
 
 RECORD_KEY = "run_record"  # the JSON bytes of the record of the last prompt the state learned from
 STATE_BYTES = 1 << 30
 
 
-def state_file(state_dir: Path, method: str) -> Path:
-    """Where a method's drafter state lives (a file name of safe characters, told apart by a hash of the name)."""
+def state_file(state_dir: Path, method: str, aside: bool = False) -> Path:
+    """Where a method's drafter state lives (a file name of safe characters, told apart by a hash of the name);
+    ``aside``: the one written before the policy's state (``commit_drafters`` puts it in place)."""
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", method)[:80]
-    return state_dir / f"drafters-{safe}-{hashlib.sha256(method.encode()).hexdigest()[:8]}.npz"
+    name = f"drafters-{safe}-{hashlib.sha256(method.encode()).hexdigest()[:8]}"
+    return state_dir / (name + (".new.npz" if aside else ".npz"))
 
 
 def _carriers(decoder: Any) -> dict[str, Any]:
@@ -42,49 +50,79 @@ def _carriers(decoder: Any) -> dict[str, Any]:
 
 
 def save_drafters(decoder: Any, state_dir: Path, method: str, rec: Record) -> None:
-    """After a prompt: the state of the method's drafters that carry one, with the prompt's record (atomically)."""
+    """After a prompt, before the policy's state: the state of the method's drafters that carry one, with the
+    prompt's record, written aside (atomically); ``commit_drafters`` puts it in place once the policy is saved."""
     carriers = _carriers(decoder)
     if not carriers:
         return
     arrays = {f"{n}/{k}": v for n, d in carriers.items() for k, v in d.carried().items()}
     arrays[RECORD_KEY] = np.frombuffer(json.dumps(asdict(rec)).encode(), dtype=np.uint8)
     state_dir.mkdir(parents=True, exist_ok=True)
-    path = state_file(state_dir, method)
-    tmp = path.with_name(path.stem + ".tmp.npz")
+    path = state_file(state_dir, method, aside=True)
+    tmp = path.with_name(path.name.removesuffix(".new.npz") + ".tmp.npz")
     np.savez(tmp, **arrays)
     tmp.replace(path)
+
+
+def commit_drafters(state_dir: Path, method: str) -> None:
+    """The state written aside by ``save_drafters`` in place (after the policy's state, before the record)."""
+    aside = state_file(state_dir, method, aside=True)
+    if aside.is_file():
+        aside.replace(state_file(state_dir, method))
+
+
+def _read(path: Path, method: str) -> tuple[dict[str, np.ndarray], Record]:
+    """A saved state's arrays and record (checked: a damaged or hostile file is a one-line ``UserError``)."""
+    from experiments.errors import UserError
+
+    why = None
+    try:
+        arrays = read_npz(path, max_bytes=STATE_BYTES)
+        raw = arrays.pop(RECORD_KEY, None)
+        if raw is None or raw.dtype != np.uint8 or raw.ndim != 1:
+            raise ArchiveProblem(f"no {RECORD_KEY}")
+        row = json.loads(raw.tobytes())
+        rec = Record(**row) if isinstance(row, dict) else None
+        if rec is None or rec.method != method:
+            raise ArchiveProblem(f"its record is not one of method {method!r}")
+    except (ArchiveProblem, ValueError, TypeError, RecursionError) as err:
+        why = str(err)
+    if why is not None:
+        raise UserError(f"{path} is not a drafter state of this run ({why}); delete it to rerun the method")
+    return arrays, rec
+
+
+def _policy_record(decoder: Any) -> tuple[Any, Any] | None:
+    """(method, prompt id) of the last record an online policy's loaded state learned from; None: no such policy."""
+    if not learns_online(decoder):
+        return None
+    row = (getattr(decoder.policy, "meta", None) or {}).get(RUN_RECORD)
+    return (row.get("method"), row.get("prompt_id")) if isinstance(row, dict) else (None, None)
 
 
 def resume_drafters(
     decoders: dict[str, Any], state_dir: Path, rec_path: Path, records: list[Record]
 ) -> dict[str, dict[str, np.ndarray]]:
-    """Read every saved drafter state of ``decoders``' methods (checked) and append to ``rec_path``/``records`` a
-    record that a kill left only in its state; returns the states for ``restore_drafters`` (call it after the
-    warm-up). A damaged or hostile file is a one-line ``UserError``."""
-    from experiments.errors import UserError
-
+    """Read every saved drafter state of ``decoders``' methods (their online policies' states already loaded) and
+    append to ``rec_path``/``records`` a record that a kill left only in its state; returns the states for
+    ``restore_drafters`` (call it after the warm-up)."""
     done = {(r.method, r.prompt_id) for r in records}
     pending = {}
     for m, dec in decoders.items():
-        path = state_file(state_dir, m)
-        if not (_carriers(dec) and path.is_file()):
+        if not _carriers(dec):
             continue
-        why = None
-        try:
-            arrays = read_npz(path, max_bytes=STATE_BYTES)
-            raw = arrays.pop(RECORD_KEY, None)
-            if raw is None or raw.dtype != np.uint8 or raw.ndim != 1:
-                raise ArchiveProblem(f"no {RECORD_KEY}")
-            row = json.loads(raw.tobytes())
-            rec = Record(**row) if isinstance(row, dict) else None
-            if rec is None or rec.method != m:
-                raise ArchiveProblem(f"its record is not one of method {m!r}")
-        except (ArchiveProblem, ValueError, TypeError, RecursionError) as err:
-            why = str(err)
-        if why is not None:
-            raise UserError(
-                f"{path} is not a drafter state of this run ({why}); delete it to rerun the method"
-            )
+        aside = state_file(state_dir, m, aside=True)
+        if aside.is_file():  # killed between the drafters' state and the record
+            _, rec = _read(aside, m)
+            policy = _policy_record(dec)
+            if policy is None or policy == (rec.method, rec.prompt_id):
+                commit_drafters(state_dir, m)  # the policy's state (if any) learned that prompt too
+            else:
+                aside.unlink()  # killed before the policy's state was saved: both resume from the prompt before
+        path = state_file(state_dir, m)
+        if not path.is_file():
+            continue
+        arrays, rec = _read(path, m)
         pending[m] = arrays
         if (rec.method, rec.prompt_id) not in done:
             with rec_path.open("a") as fh:

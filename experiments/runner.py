@@ -88,7 +88,7 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
     ``loaded``: an already loaded model to use instead of loading ``cfg.model`` (tests, notebooks)."""
     from env.decoder import chat_prompt
     from env.model import load_model
-    from experiments.drafter_state import restore_drafters, resume_drafters, save_drafters
+    from experiments.drafter_state import commit_drafters, restore_drafters, resume_drafters, save_drafters
     from experiments.methods import make_decoders, sampling_of, save_policy_states
 
     prompts = select_prompts(cfg)  # a missing or bad workload: refused before the run folder is written
@@ -146,8 +146,11 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
                     if policy is not None:  # the state after this prompt and its record, saved together
                         policy.meta = {**policy.meta, RUN_RECORD: asdict(rec)}
                     # before the record (a kill in between: recover_policy_records)
+                    save_drafters(
+                        decoders.get(m), state_dir, m, rec
+                    )  # aside, then the policy's, then in place
                     save_policy_states(decoders, state_dir, m)
-                    save_drafters(decoders.get(m), state_dir, m, rec)  # and resume_drafters
+                    commit_drafters(state_dir, m)
                     fh.write(json.dumps(asdict(rec)) + "\n")
                     fh.flush()
                     records.append(rec)

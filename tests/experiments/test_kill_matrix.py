@@ -438,6 +438,69 @@ def test_run_with_drafters_that_carry_state_resumes_as_if_never_killed(
     assert _run_results(tmp_path / "B") == _run_results(tmp_path / "A")
 
 
+POLICY_CARRY_TOML = (
+    CARRY_TOML.replace('methods = ["suffix-d8", "recycling-d4-k2-b6"]', 'methods = ["policy:ucb"]')
+    + """[policies.ucb]
+kind = "ucb1"
+arms = ["none", "suffix-d8", "recycling-d4-k2-b6"]
+params = { c = 1.0, scale = 13.0 }
+"""
+)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("where", ["before-the-policy", "before-the-commit"])
+def test_a_policy_and_its_drafters_resume_from_one_prompt(tmp_path, fp32_model, monkeypatch, where):
+    """An online bandit over drafting arms keeps two states, its own and its drafters': killed after the drafters'
+    state was written aside but before the policy's (both resume from the prompt before), or after the policy's
+    but before the drafters' took its place (both resume from this prompt) — as an uninterrupted run either way."""
+    import dataclasses
+
+    import env.decoder
+    import experiments.drafter_state as ds
+    import experiments.methods as methods
+    from env.cost import load_cost_model
+    from experiments.config import load_config
+    from experiments.runner import run
+
+    # rewards priced by the cost model (deterministic), not by wall time: the shipped model with the n-gram
+    # drafter's costs for the suffix and recycling drafters too (it calibrated the n-gram one only)
+    shipped = load_cost_model()
+    ngram = shipped.drafters["ngram"]
+    priced = dataclasses.replace(shipped, drafters={**shipped.drafters, "suffix": ngram, "recycling": ngram})
+    monkeypatch.setattr(env.decoder, "load_cost_model", lambda *a, **k: priced)
+    cfg = load_config(None, text=POLICY_CARRY_TOML)
+    run(cfg, tmp_path / "A", progress=False, loaded=fp32_model)
+    if where == "before-the-policy":
+        real = methods.save_policy_states
+        calls = []
+
+        def killed(*a, **k):
+            calls.append(1)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            real(*a, **k)
+
+        monkeypatch.setattr(methods, "save_policy_states", killed)
+    else:
+        real_commit, commits = ds.commit_drafters, []
+
+        def killed(*a, **k):
+            commits.append(1)
+            if len(commits) == 2:
+                raise KeyboardInterrupt
+            real_commit(*a, **k)
+
+        monkeypatch.setattr(ds, "commit_drafters", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path / "B", progress=False, loaded=fp32_model)
+    assert len((tmp_path / "B" / "records.jsonl").read_text().splitlines()) == 1
+    monkeypatch.undo()
+    monkeypatch.setattr(env.decoder, "load_cost_model", lambda *a, **k: priced)
+    run(cfg, tmp_path / "B", progress=False, loaded=fp32_model)
+    assert _run_results(tmp_path / "B") == _run_results(tmp_path / "A")
+
+
 @pytest.mark.model
 def test_record_killed_before_its_parts_were_deleted(tmp_path, fp32_model, monkeypatch):
     """Killed after the trace was saved, before its parts were deleted (or after the end): the rerun returns the
