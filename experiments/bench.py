@@ -266,9 +266,9 @@ def run_bench(
                     rec = Record(
                         m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids, arms
                     )
-                    save_drafters(
-                        decoders.get(m), state_dir, m, rec
-                    )  # aside, then the policy's, then in place
+                    # the drafters' state aside, then the policy's, then the drafters' in place, then the record
+                    learned = [r.prompt_id for r in records if r.method == m] + [p.prompt_id]
+                    save_drafters(decoders.get(m), state_dir, m, rec, learned)
                     save_learner(decoders.get(m), state_dir, m, rec)  # before the record: resume_learners
                     commit_drafters(state_dir, m)
                     fh.write(json.dumps(asdict(rec)) + "\n")

@@ -31,6 +31,7 @@ from env.safe_zip import ArchiveProblem, read_npz
 from experiments.records import RUN_RECORD, Record, learns_online
 
 RECORD_KEY = "run_record"  # the JSON bytes of the record of the last prompt the state learned from
+LEARNED_KEY = "learned"  # the JSON bytes of the prompt ids the state learned from, in order
 STATE_BYTES = 1 << 30
 
 
@@ -49,14 +50,16 @@ def _carriers(decoder: Any) -> dict[str, Any]:
     return {n: d for n, d in drafters.items() if isinstance(d, Carries)}
 
 
-def save_drafters(decoder: Any, state_dir: Path, method: str, rec: Record) -> None:
+def save_drafters(decoder: Any, state_dir: Path, method: str, rec: Record, learned: list[str]) -> None:
     """After a prompt, before the policy's state: the state of the method's drafters that carry one, with the
-    prompt's record, written aside (atomically); ``commit_drafters`` puts it in place once the policy is saved."""
+    prompt's record and the prompts they learned from (``learned``: this one last), written aside (atomically);
+    ``commit_drafters`` puts it in place once the policy is saved."""
     carriers = _carriers(decoder)
     if not carriers:
         return
     arrays = {f"{n}/{k}": v for n, d in carriers.items() for k, v in d.carried().items()}
     arrays[RECORD_KEY] = np.frombuffer(json.dumps(asdict(rec)).encode(), dtype=np.uint8)
+    arrays[LEARNED_KEY] = np.frombuffer(json.dumps(list(learned)).encode(), dtype=np.uint8)
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_file(state_dir, method, aside=True)
     tmp = path.with_name(path.name.removesuffix(".new.npz") + ".tmp.npz")
@@ -71,33 +74,40 @@ def commit_drafters(state_dir: Path, method: str) -> None:
         aside.replace(state_file(state_dir, method))
 
 
-def _read(path: Path, method: str) -> tuple[dict[str, np.ndarray], Record]:
-    """A saved state's arrays and record (checked: a damaged or hostile file is a one-line ``UserError``)."""
+def _json(arrays: dict[str, np.ndarray], key: str) -> Any:
+    raw = arrays.pop(key, None)
+    if raw is None or raw.dtype != np.uint8 or raw.ndim != 1:
+        raise ArchiveProblem(f"no {key}")
+    return json.loads(raw.tobytes())
+
+
+def _read(path: Path, method: str) -> tuple[dict[str, np.ndarray], Record, list[str]]:
+    """A saved state's arrays, record and learned prompts (checked: a damaged or hostile file is one line)."""
     from experiments.errors import UserError
 
     why = None
     try:
         arrays = read_npz(path, max_bytes=STATE_BYTES)
-        raw = arrays.pop(RECORD_KEY, None)
-        if raw is None or raw.dtype != np.uint8 or raw.ndim != 1:
-            raise ArchiveProblem(f"no {RECORD_KEY}")
-        row = json.loads(raw.tobytes())
+        row, learned = _json(arrays, RECORD_KEY), _json(arrays, LEARNED_KEY)
         rec = Record(**row) if isinstance(row, dict) else None
         if rec is None or rec.method != method:
             raise ArchiveProblem(f"its record is not one of method {method!r}")
+        if not isinstance(learned, list) or not learned or learned[-1] != rec.prompt_id:
+            raise ArchiveProblem("its learned prompts do not end at its record's")
     except (ArchiveProblem, ValueError, TypeError, RecursionError) as err:
         why = str(err)
     if why is not None:
         raise UserError(f"{path} is not a drafter state of this run ({why}); delete it to rerun the method")
-    return arrays, rec
+    return arrays, rec, [str(p) for p in learned]
 
 
-def _policy_record(decoder: Any) -> tuple[Any, Any] | None:
-    """(method, prompt id) of the last record an online policy's loaded state learned from; None: no such policy."""
+def _policy_record(decoder: Any) -> Any:
+    """The last record an online policy's loaded state learned from (a dict; {} when it has none); None: no online
+    policy."""
     if not learns_online(decoder):
         return None
     row = (getattr(decoder.policy, "meta", None) or {}).get(RUN_RECORD)
-    return (row.get("method"), row.get("prompt_id")) if isinstance(row, dict) else (None, None)
+    return row if isinstance(row, dict) else {}
 
 
 def resume_drafters(
@@ -106,6 +116,8 @@ def resume_drafters(
     """Read every saved drafter state of ``decoders``' methods (their online policies' states already loaded) and
     append to ``rec_path``/``records`` a record that a kill left only in its state; returns the states for
     ``restore_drafters`` (call it after the warm-up)."""
+    from experiments.errors import UserError
+
     done = {(r.method, r.prompt_id) for r in records}
     pending = {}
     for m, dec in decoders.items():
@@ -113,16 +125,24 @@ def resume_drafters(
             continue
         aside = state_file(state_dir, m, aside=True)
         if aside.is_file():  # killed between the drafters' state and the record
-            _, rec = _read(aside, m)
+            _, rec, _ = _read(aside, m)
             policy = _policy_record(dec)
-            if policy is None or policy == (rec.method, rec.prompt_id):
+            if policy is None or policy == asdict(rec):
                 commit_drafters(state_dir, m)  # the policy's state (if any) learned that prompt too
             else:
                 aside.unlink()  # killed before the policy's state was saved: both resume from the prompt before
         path = state_file(state_dir, m)
+        ran = [r.prompt_id for r in records if r.method == m]
         if not path.is_file():
+            if ran:  # records of drafters whose state was not kept (a folder from before, a deleted file)
+                raise UserError(f"{m} has {len(ran)} records in {rec_path} but no saved drafter state ({path.name}): "
+                                "its drafters cannot go on as they were; delete its records to run it again")  # fmt: skip
             continue
-        arrays, rec = _read(path, m)
+        arrays, rec, learned = _read(path, m)
+        if set(ran) - {rec.prompt_id} != set(learned) - {rec.prompt_id}:
+            raise UserError(f"{path} learned from other prompts of {m} than {rec_path} records; delete the "
+                            "method's records and its state to run it again")  # fmt: skip
+        restore_drafters({m: dec}, {m: arrays}, state_dir)  # checked before its record is appended
         pending[m] = arrays
         if (rec.method, rec.prompt_id) not in done:
             with rec_path.open("a") as fh:

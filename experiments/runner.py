@@ -146,9 +146,9 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
                     if policy is not None:  # the state after this prompt and its record, saved together
                         policy.meta = {**policy.meta, RUN_RECORD: asdict(rec)}
                     # before the record (a kill in between: recover_policy_records)
-                    save_drafters(
-                        decoders.get(m), state_dir, m, rec
-                    )  # aside, then the policy's, then in place
+                    # the drafters' state aside, then the policy's, then the drafters' in place, then the record
+                    learned = [r.prompt_id for r in records if r.method == m] + [p.prompt_id]
+                    save_drafters(decoders.get(m), state_dir, m, rec, learned)
                     save_policy_states(decoders, state_dir, m)
                     commit_drafters(state_dir, m)
                     fh.write(json.dumps(asdict(rec)) + "\n")

@@ -18,7 +18,6 @@ Following the Optuna examples and rl-baselines3-zoo (``sample_ppo_params``).
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,7 +147,7 @@ def default_params(cfg: Config) -> dict[str, Any]:
         if s.topk == 1:
             why = f"its chains have no node budget (-b{s.budget}); drop it, or sweep a tree (-k2 or more)"
         else:
-            least = max(s.depth, math.ceil(BUDGET_FRAC[0] * s.depth * s.topk))
+            least = max(s.depth, round(BUDGET_FRAC[0] * s.depth * s.topk))  # as arm_of rounds
             why = (
                 f"its trees of depth {s.depth} and topk {s.topk} have budgets of at least {least} "
                 f"(max(depth, {BUDGET_FRAC[0]} x depth x topk)), not {s.budget}"

@@ -249,7 +249,7 @@ def test_a_damaged_or_hostile_drafter_state_is_one_line(tmp_path):
     d.propose(DraftContext(tokens=[1, 2, 40, 41, 42], prompt_len=2), TreeShape(depth=2))
     d.reset(DraftContext(tokens=[9], prompt_len=1))  # the answer [40, 41, 42] is in the cache now
     rec = Record("suffix-d8", "p1", "qa", 2, 3, 0.1, 2, 1.5, [40, 41, 42])
-    save_drafters(SimpleNamespace(drafters={"suffix": d}), tmp_path, "suffix-d8", rec)
+    save_drafters(SimpleNamespace(drafters={"suffix": d}), tmp_path, "suffix-d8", rec, ["p1"])
     fresh = SimpleNamespace(drafters={"suffix": SuffixDrafter()})
     records, rec_path = [], tmp_path / "records.jsonl"
     pending = resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, records)
@@ -278,6 +278,14 @@ def test_a_damaged_or_hostile_drafter_state_is_one_line(tmp_path):
     with pytest.raises(UserError, match="its record is not one of method 'suffix-d8'"):
         resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [])
     np.savez(path, **{**arrays, "suffix/answers": -arrays["suffix/answers"]})
-    pending = resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [rec])
+    rec_path.unlink()
     with pytest.raises(UserError, match="suffix state: a negative token id; delete it"):
-        restore_drafters({"suffix-d8": fresh}, pending, tmp_path)
+        resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [])
+    assert not rec_path.exists()  # checked before its record was appended
+    np.savez(path, **arrays)
+    other = Record("suffix-d8", "p0", "qa", 2, 3, 0.1, 2, 1.5, [1, 2, 3])
+    with pytest.raises(UserError, match="learned from other prompts of suffix-d8 than"):
+        resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [other, rec])  # records the state never saw
+    path.unlink()
+    with pytest.raises(UserError, match="suffix-d8 has 1 records in .* but no saved drafter state"):
+        resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [rec])

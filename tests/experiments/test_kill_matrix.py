@@ -421,11 +421,11 @@ def test_run_with_drafters_that_carry_state_resumes_as_if_never_killed(
     run(cfg, tmp_path / "A", progress=False, loaded=fp32_model)
     real, calls = ds.save_drafters, []
 
-    def killed(decoder, state_dir, method, rec):
+    def killed(decoder, state_dir, method, rec, learned):
         calls.append(method)
         if where == "between-prompts" and len(calls) == 5:  # prompt 2's first method: 4 records written
             raise KeyboardInterrupt
-        real(decoder, state_dir, method, rec)
+        real(decoder, state_dir, method, rec, learned)
         if where == "between-state-and-record" and len(calls) == 4:  # prompt 1's second method, state saved
             raise KeyboardInterrupt
 
