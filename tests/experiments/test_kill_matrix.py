@@ -404,6 +404,18 @@ max_new_tokens = 32
 """
 
 
+_UNINTERRUPTED: dict[str, Any] = {}  # config text -> the results of its uninterrupted run (one per module)
+
+
+def _uninterrupted(cfg: Any, text: str, loaded: Any, out: Path) -> dict[str, Any]:
+    from experiments.runner import run
+
+    if text not in _UNINTERRUPTED:
+        run(cfg, out, progress=False, loaded=loaded)
+        _UNINTERRUPTED[text] = _run_results(out)
+    return _UNINTERRUPTED[text]
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("where", ["between-state-and-record", "between-prompts"])
 def test_run_with_drafters_that_carry_state_resumes_as_if_never_killed(
@@ -418,7 +430,7 @@ def test_run_with_drafters_that_carry_state_resumes_as_if_never_killed(
     from experiments.runner import run
 
     cfg = load_config(None, text=CARRY_TOML)
-    run(cfg, tmp_path / "A", progress=False, loaded=fp32_model)
+    want = _uninterrupted(cfg, CARRY_TOML, fp32_model, tmp_path / "A")
     real, calls = ds.save_drafters, []
 
     def killed(decoder, state_dir, method, rec, learned):
@@ -435,7 +447,7 @@ def test_run_with_drafters_that_carry_state_resumes_as_if_never_killed(
     assert len((tmp_path / "B" / "records.jsonl").read_text().splitlines()) == (3 if "state" in where else 4)
     monkeypatch.undo()
     run(cfg, tmp_path / "B", progress=False, loaded=fp32_model)
-    assert _run_results(tmp_path / "B") == _run_results(tmp_path / "A")
+    assert _run_results(tmp_path / "B") == want
 
 
 POLICY_CARRY_TOML = (
@@ -470,7 +482,7 @@ def test_a_policy_and_its_drafters_resume_from_one_prompt(tmp_path, fp32_model, 
     priced = dataclasses.replace(shipped, drafters={**shipped.drafters, "suffix": ngram, "recycling": ngram})
     monkeypatch.setattr(env.decoder, "load_cost_model", lambda *a, **k: priced)
     cfg = load_config(None, text=POLICY_CARRY_TOML)
-    run(cfg, tmp_path / "A", progress=False, loaded=fp32_model)
+    want = _uninterrupted(cfg, POLICY_CARRY_TOML, fp32_model, tmp_path / "A")
     if where == "before-the-policy":
         real = methods.save_policy_states
         calls = []
@@ -498,7 +510,7 @@ def test_a_policy_and_its_drafters_resume_from_one_prompt(tmp_path, fp32_model, 
     monkeypatch.undo()
     monkeypatch.setattr(env.decoder, "load_cost_model", lambda *a, **k: priced)
     run(cfg, tmp_path / "B", progress=False, loaded=fp32_model)
-    assert _run_results(tmp_path / "B") == _run_results(tmp_path / "A")
+    assert _run_results(tmp_path / "B") == want
 
 
 @pytest.mark.model
