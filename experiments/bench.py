@@ -269,7 +269,9 @@ def run_bench(
                     # the drafters' state aside, then the policy's, then the drafters' in place, then the record
                     learned = [r.prompt_id for r in records if r.method == m] + [p.prompt_id]
                     save_drafters(decoders.get(m), state_dir, m, rec, learned)
-                    save_learner(decoders.get(m), state_dir, m, rec)  # before the record: resume_learners
+                    save_learner(
+                        decoders.get(m), state_dir, m, rec, learned
+                    )  # before the record: resume_learners
                     commit_drafters(state_dir, m)
                     fh.write(json.dumps(asdict(rec)) + "\n")
                     fh.flush()

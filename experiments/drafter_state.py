@@ -28,7 +28,7 @@ import numpy as np
 
 from drafters import Carries, DrafterError
 from env.safe_zip import ArchiveProblem, read_npz
-from experiments.records import RUN_RECORD, Record, learns_online
+from experiments.records import RUN_RECORD, Record, check_learned, learns_online
 
 RECORD_KEY = "run_record"  # the JSON bytes of the record of the last prompt the state learned from
 LEARNED_KEY = "learned"  # the JSON bytes of the prompt ids the state learned from, in order
@@ -139,9 +139,7 @@ def resume_drafters(
                                 "its drafters cannot go on as they were; delete its records to run it again")  # fmt: skip
             continue
         arrays, rec, learned = _read(path, m)
-        if set(ran) - {rec.prompt_id} != set(learned) - {rec.prompt_id}:
-            raise UserError(f"{path} learned from other prompts of {m} than {rec_path} records; delete the "
-                            "method's records and its state to run it again")  # fmt: skip
+        check_learned(path, m, learned, rec.prompt_id, records)
         restore_drafters({m: dec}, {m: arrays}, state_dir)  # checked before its record is appended
         pending[m] = arrays
         if (rec.method, rec.prompt_id) not in done:

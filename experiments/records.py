@@ -54,6 +54,23 @@ class Record:
 
 
 RUN_RECORD = "run_record"  # policy state meta: the record of the last prompt that state learned from
+RUN_LEARNED = "run_learned"  # policy state meta: the prompt ids that state learned from, in order
+
+
+def check_learned(where: Any, method: str, learned: Any, last: str | None, records: list[Record]) -> None:
+    """A saved state (an online policy's, a method's drafters') learned from the prompts ``learned``, ``last`` the
+    prompt of the record it holds: the method's records must be those prompts (``last`` may be missing — a kill
+    before its record), else resuming would go on from a state that saw prompts the run has no record of (a
+    deleted or replaced records file) or missed some it has. One line; a state without the list (from before it
+    was kept) is not checked."""
+    if not isinstance(learned, list):
+        return
+    ran = {r.prompt_id for r in records if r.method == method}
+    if ran - {last} != {str(p) for p in learned} - {last}:
+        from experiments.errors import UserError
+
+        raise UserError(f"{where} learned from other prompts of {method} than the run's records.jsonl holds; "
+                        "delete the method's records and its saved state to run it again")  # fmt: skip
 
 
 def learns_online(decoder: Any) -> bool:
@@ -79,17 +96,21 @@ def resume_learners(decoders: dict[str, Any], state_dir: Path, rec_path: Path, r
             rec = Record(**row) if isinstance(row, dict) else None
         except TypeError:  # a state whose record is not one: the prompt runs again
             rec = None
+        check_learned(
+            path, m, dec.policy.meta.get(RUN_LEARNED), None if rec is None else rec.prompt_id, records
+        )
         if rec is not None and (rec.method, rec.prompt_id) not in done:
             with rec_path.open("a") as fh:
                 fh.write(json.dumps(asdict(rec)) + "\n")
             records.append(rec)
 
 
-def save_learner(decoder: Any, state_dir: Path, method: str, rec: Record) -> None:
-    """After a prompt of an online policy: its state, with the prompt's record in its meta (``resume_learners``)."""
+def save_learner(decoder: Any, state_dir: Path, method: str, rec: Record, learned: list[str]) -> None:
+    """After a prompt of an online policy: its state, with the prompt's record and the prompts it learned from
+    (``learned``, this one last) in its meta (``resume_learners``)."""
     if learns_online(decoder):
         policy = decoder.policy
-        policy.meta = {**policy.meta, RUN_RECORD: asdict(rec)}
+        policy.meta = {**policy.meta, RUN_RECORD: asdict(rec), RUN_LEARNED: list(learned)}
         state_dir.mkdir(parents=True, exist_ok=True)
         policy.save(state_dir / f"{method.removeprefix('policy:')}.zip")
 

@@ -39,8 +39,10 @@ from experiments.bench import (
 from experiments.config import Config, diff_configs, load_config, to_toml
 from experiments.provenance import provenance
 from experiments.records import (
+    RUN_LEARNED,
     RUN_RECORD,
     Record,
+    check_learned,
     load_done,
     machine_identity,
     run_identity,
@@ -142,12 +144,12 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
                     rec = Record(
                         m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids, arms
                     )
+                    learned = [r.prompt_id for r in records if r.method == m] + [p.prompt_id]
                     policy = getattr(decoders.get(m), "policy", None)
                     if policy is not None:  # the state after this prompt and its record, saved together
-                        policy.meta = {**policy.meta, RUN_RECORD: asdict(rec)}
+                        policy.meta = {**policy.meta, RUN_RECORD: asdict(rec), RUN_LEARNED: learned}
                     # before the record (a kill in between: recover_policy_records)
                     # the drafters' state aside, then the policy's, then the drafters' in place, then the record
-                    learned = [r.prompt_id for r in records if r.method == m] + [p.prompt_id]
                     save_drafters(decoders.get(m), state_dir, m, rec, learned)
                     save_policy_states(decoders, state_dir, m)
                     commit_drafters(state_dir, m)
@@ -197,11 +199,13 @@ def recover_policy_records(
             continue
         from policies.base import read_policy
 
-        row = read_policy(path)[0].meta.get(RUN_RECORD)
+        meta = read_policy(path)[0].meta
+        row = meta.get(RUN_RECORD)
         try:
             rec = Record(**row) if isinstance(row, dict) else None
         except TypeError:  # a state whose record is not one: the prompt runs again
             rec = None
+        check_learned(path, m, meta.get(RUN_LEARNED), None if rec is None else rec.prompt_id, records)
         if rec is not None and (rec.method, rec.prompt_id) not in done:
             found.append(rec)
     if found:

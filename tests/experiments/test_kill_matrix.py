@@ -404,6 +404,26 @@ max_new_tokens = 32
 """
 
 
+@pytest.mark.model
+def test_saved_states_that_learned_prompts_the_records_lack_are_refused(tmp_path, fp32_model):
+    """A run folder whose records.jsonl was deleted (or replaced) but whose saved states were kept: the online
+    policies and the stateful drafters learned from prompts the records do not hold, and a resume would go on from
+    them as if from the start — refused in one line instead."""
+    from experiments.config import load_config
+    from experiments.errors import UserError
+    from experiments.runner import run
+
+    for text, what in ((RUN_TOML, "ucb.zip learned from other prompts of policy:ucb"),
+                       (CARRY_TOML, "learned from other prompts of suffix-d8")):  # fmt: skip
+        cfg = load_config(None, text=text)
+        out = tmp_path / cfg.name
+        run(cfg, out, progress=False, loaded=fp32_model)
+        (out / "records.jsonl").unlink()
+        with pytest.raises(UserError, match=what) as err:
+            run(cfg, out, progress=False, loaded=fp32_model)
+        assert "\n" not in str(err.value)
+
+
 _UNINTERRUPTED: dict[str, Any] = {}  # config text -> the results of its uninterrupted run (one per module)
 
 
