@@ -299,6 +299,21 @@ class Carries(Protocol):
     def restore(self, arrays: dict[str, np.ndarray]) -> None: ...
 
 
+def carried_state(drafters: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The carried state of every drafter of ``drafters`` that has one, as one set of arrays: each drafter's under
+    its name (``NAME/KEY``) — what a recording, a run or a hybrid drafter saves for all its drafters at once."""
+    return {
+        f"{n}/{k}": v for n, d in drafters.items() if isinstance(d, Carries) for k, v in d.carried().items()
+    }
+
+
+def restore_state(drafters: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """``carried_state``'s arrays back into the drafters that carry state (each checks its own: ``DrafterError``)."""
+    for n, d in drafters.items():
+        if isinstance(d, Carries):
+            d.restore({k.removeprefix(f"{n}/"): v for k, v in arrays.items() if k.startswith(f"{n}/")})
+
+
 def int_array(owner: str, name: str, arrays: dict[str, np.ndarray], ndim: int) -> np.ndarray:
     """``arrays[name]``: an integer array of ``ndim`` dimensions, as int64 (a ``DrafterError`` otherwise)."""
     a = arrays.get(name)

@@ -26,16 +26,17 @@ import torch
 
 from drafters.base import (
     BatchProposer,
-    Carries,
     DraftContext,
     DrafterError,
     DraftTree,
     Feedback,
     Forkable,
     TreeShape,
+    carried_state,
     float_option,
     int_option,
     keyword_options,
+    restore_state,
     shown,
 )
 
@@ -197,13 +198,10 @@ class HybridDrafter:
 
     def carried(self) -> dict[str, np.ndarray]:
         """Each part's carried state (``drafters.base.Carries``), its keys under the part's name."""
-        return {f"{n}/{k}": v for n, p in zip(self.part_names, self.parts) if isinstance(p, Carries)
-                for k, v in p.carried().items()}  # fmt: skip
+        return carried_state(dict(zip(self.part_names, self.parts)))
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
-        for n, p in zip(self.part_names, self.parts):
-            if isinstance(p, Carries):
-                p.restore({k.removeprefix(f"{n}/"): v for k, v in arrays.items() if k.startswith(f"{n}/")})
+        restore_state(dict(zip(self.part_names, self.parts)), arrays)
 
     def reset(self, ctx: DraftContext) -> None:
         for p in self.parts:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from drafters import Carries, Drafter, DrafterError, DraftTree, make_drafter, tree_problem
+from drafters.base import carried_state, restore_state
 from env.features import (
     FeatureSpec,
     FeatureSpecError,
@@ -424,7 +425,7 @@ def record(
             if (
                 carriers
             ):  # after the part: a kill in between leaves the state one part behind (that part redone)
-                state = {f"{n}/{k}": v for n, d in carriers.items() for k, v in d.carried().items()}
+                state = carried_state(carriers)
                 np.savez(parts_dir / "probes.tmp.npz", part=np.int64(i + 1), **state)
                 (parts_dir / "probes.tmp.npz").replace(parts_dir / PROBES_FILE)
         try:
@@ -508,11 +509,10 @@ def _resume_carriers(parts_dir: Path, n_prompts: int, carriers: dict[str, Any]) 
     if keep == 0:
         state_file.unlink(missing_ok=True)
         return
-    for n, d in carriers.items():
-        try:
-            d.restore({k.removeprefix(f"{n}/"): v for k, v in arrays.items() if k.startswith(f"{n}/")})
-        except DrafterError as err:
-            raise TraceError(f"{state_file}: {err}; delete it to record again") from None
+    try:
+        restore_state(carriers, arrays)
+    except DrafterError as err:
+        raise TraceError(f"{state_file}: {err}; delete it to record again") from None
 
 
 def _remove_parts(parts_dir: Path) -> None:

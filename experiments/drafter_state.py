@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from drafters import Carries, DrafterError
+from drafters.base import carried_state, restore_state
 from env.safe_zip import ArchiveProblem, read_npz
 from experiments.records import RUN_RECORD, Record, check_learned, learns_online
 
@@ -57,7 +58,7 @@ def save_drafters(decoder: Any, state_dir: Path, method: str, rec: Record, learn
     carriers = _carriers(decoder)
     if not carriers:
         return
-    arrays = {f"{n}/{k}": v for n, d in carriers.items() for k, v in d.carried().items()}
+    arrays = carried_state(carriers)
     arrays[RECORD_KEY] = np.frombuffer(json.dumps(asdict(rec)).encode(), dtype=np.uint8)
     arrays[LEARNED_KEY] = np.frombuffer(json.dumps(list(learned)).encode(), dtype=np.uint8)
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -157,8 +158,7 @@ def restore_drafters(
     from experiments.errors import UserError
 
     for m, arrays in pending.items():
-        for n, d in _carriers(decoders[m]).items():
-            try:
-                d.restore({k.removeprefix(f"{n}/"): v for k, v in arrays.items() if k.startswith(f"{n}/")})
-            except DrafterError as err:
-                raise UserError(f"{state_file(state_dir, m)}: {err}; delete it to rerun the method") from None
+        try:
+            restore_state(_carriers(decoders[m]), arrays)
+        except DrafterError as err:
+            raise UserError(f"{state_file(state_dir, m)}: {err}; delete it to rerun the method") from None
