@@ -156,7 +156,8 @@ class SweepConfig:
     pruner: str = _f("wilcoxon", choices=("wilcoxon", "median", "none"))
     """Pruning per prompt: Wilcoxon signed-rank against the best trial, or the median rule."""
     seed: int = _f(0, min=0, max=SEED_MAX - 64)
-    """Sampler seed; local worker i uses seed + i."""
+    """Sampler seed; local worker i seeds its sampler with (seed, i): machines given different seeds never draw
+    alike."""
     study_name: str = ""
     """Empty: the config's name."""
     heartbeat_s: int = _f(10, min=1, max=3600)

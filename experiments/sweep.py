@@ -16,7 +16,7 @@ best trial exported as a config (``best.toml``, runnable with ``draftgym run``) 
   has no row locks, so two workers could take one queued trial), then runs it (``sweep_trial``). A trial that finds
   ``n_trials`` unfailed trials ahead of it (a race between workers of several machines at the end) marks itself
   FAIL (``surplus``) before evaluating anything, so the study finishes with exactly ``n_trials`` finished trials.
-  ``--workers N`` starts N such processes here (seeds ``sweep.seed + i``); on another machine, run the same
+  ``--workers N`` starts N such processes here (sampler seeds ``(sweep.seed, i)``); on another machine, run the same
   command with the same ``--storage`` and another seed (``--set sweep.seed=K``), so that its sampler draws other
   points. Rerunning the command resumes the study.
 """
@@ -120,7 +120,7 @@ def _sampler(cfg: Config, worker: int) -> Any:
         )
 
     # seeded per trial from the study's history: a killed and resumed study draws an uninterrupted one's points
-    return HistorySeededSampler(make, cfg.sweep.seed + worker)
+    return HistorySeededSampler(make, cfg.sweep.seed, worker)
 
 
 def _pruner(cfg: Config) -> Any:

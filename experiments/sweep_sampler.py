@@ -2,8 +2,9 @@
 
 A plain seeded sampler draws from one random stream per process: the k-th point depends on how many points this
 process drew before. A study killed and resumed by a new process would then draw other points than an
-uninterrupted one. Here every parameter of every trial gets a fresh sampler, seeded from the worker's seed, the
-number of finished trials before that trial and the parameter's name, so a point depends only on what the study
+uninterrupted one. Here every parameter of every trial gets a fresh sampler, seeded from the sweep's seed, the
+worker's index, the number of finished trials before that trial and the parameter's name (a tuple, not a sum:
+worker 1 of seed 0 and worker 0 of seed 1 draw different points), so a point depends only on what the study
 holds: a resumed study draws the points an uninterrupted one draws, the retry of a killed trial included, even
 when the trial died before it had suggested all its parameters (the retry keeps those and suggests the rest).
 """
@@ -24,14 +25,19 @@ class HistorySeededSampler(optuna.samplers.BaseSampler):
     """``make(seed)``'s sampler (independent sampling only: TPE's default, and the random sampler), re-seeded for
     every (trial, parameter)."""
 
-    def __init__(self, make: Callable[[int], optuna.samplers.BaseSampler], seed: int) -> None:
+    def __init__(
+        self, make: Callable[[int], optuna.samplers.BaseSampler], seed: int, worker: int = 0
+    ) -> None:
         self.make = make
         self.seed = int(seed)
+        self.worker = int(worker)
 
     def trial_seed(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, name: str) -> int:
         before = sum(1 for t in study.get_trials(deepcopy=False, states=FINISHED) if t.number < trial.number)
         return int(
-            np.random.SeedSequence([self.seed, before, zlib.crc32(name.encode())]).generate_state(1)[0]
+            np.random.SeedSequence(
+                [self.seed, self.worker, before, zlib.crc32(name.encode())]
+            ).generate_state(1)[0]
         )
 
     def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, Any]:

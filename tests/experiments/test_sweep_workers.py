@@ -141,3 +141,19 @@ def test_three_workers_take_every_trial_once(tmp_path):
     assert sorted(logged) == list(range(6))
     for log in Path(out / "workers").glob("*.log"):
         assert "Traceback" not in log.read_text()
+
+
+def test_workers_of_machines_given_adjacent_seeds_draw_different_points():
+    """The sampler is seeded with (sweep seed, worker), not their sum: worker 1 of a machine with seed 0 and worker 0
+    of one with seed 1 (two machines sharing a study) draw different points; a worker's points repeat exactly."""
+    from experiments.sweep_sampler import HistorySeededSampler
+
+    def draws(seed: int, worker: int) -> list[float]:
+        sampler = HistorySeededSampler(lambda s: optuna.samplers.RandomSampler(seed=s), seed, worker)
+        study = optuna.create_study(sampler=sampler)
+        study.optimize(lambda t: t.suggest_float("x", 0.0, 1.0), n_trials=3)
+        return [t.params["x"] for t in study.trials]
+
+    assert draws(0, 1) == draws(0, 1)
+    assert draws(0, 1) != draws(1, 0)
+    assert len({tuple(draws(s, w)) for s in range(3) for w in range(3)}) == 9
