@@ -27,6 +27,9 @@ class Load:
     level: float  # concurrency (closed), or multiple of the unit rate (open)
 
 
+RATE_RANGE = (0.01, 1000.0)  # poisson@X: X times the unit rate
+
+
 def parse_load(text: str, max_batch: int) -> Load:
     t = str(text).strip()
     if t in ("ramp", "bursty"):
@@ -36,10 +39,9 @@ def parse_load(text: str, max_batch: int) -> Load:
             x = float(t.removeprefix("poisson@"))
         except ValueError:
             x = -1.0
-        if not x > 0:
-            raise ServeEnvError(
-                f"load {t!r}: the rate is a positive multiple of the unit rate, e.g. poisson@2"
-            )
+        if not RATE_RANGE[0] <= x <= RATE_RANGE[1]:  # NaN and inf too; a live server would wait on the rest
+            raise ServeEnvError(f"load {t!r}: the rate is a multiple of the unit rate in "
+                                f"{RATE_RANGE[0]}..{RATE_RANGE[1]}, e.g. poisson@2")  # fmt: skip
         return Load(t, False, x)
     try:
         c = int(t)

@@ -250,11 +250,10 @@ class ServeSim:
 
     def _admit(self, idx: np.ndarray | None = None) -> None:
         """Requests enter free slots (closed loop: up to the cap; open loop: those that arrived), each paying its
-        prefill; an idle open-loop server jumps to its next arrival."""
+        prefill; an idle open-loop server jumps to its next arrival. Open loop, as the live server does: requests
+        that arrive during those prefills enter too, before the next step (another pass, until none arrived)."""
         e = np.arange(self.num_envs) if idx is None else np.asarray(idx)
-        if e.size == 0:
-            return
-        for _ in range(2):  # the second pass: idle open-loop servers, after the jump
+        while e.size:  # a pass: servers that admitted (open loop) or were idle look again
             act = self.active[e]
             rows = act.sum(1)
             left = self.n_req[e] - self.ptr[e]
@@ -289,12 +288,11 @@ class ServeSim:
                 self.clock[e] += pf
                 self.tokens_total[e] += new.sum(1)  # the prefill's first token
                 self.ptr[e] += n
-            idle = (~self.active[e].any(1)) & (self.ptr[e] < self.n_req[e]) & ~self.closed[e]
-            if not idle.any():
-                return
+            waiting = (self.ptr[e] < self.n_req[e]) & ~self.closed[e]
+            idle = waiting & ~self.active[e].any(1)
             ii = e[idle]
             self.clock[ii] = np.maximum(self.clock[ii], self.req_arr[ii, self.ptr[ii]])
-            e = ii
+            e = e[idle | (waiting & (n > 0) & (self.active[e].sum(1) < self.max_batch))]
 
     # ---- steps ---------------------------------------------------------------------------------------------------
 

@@ -105,6 +105,12 @@ def check_load(
         raise ServeError(f"concurrency must be >= 1, got {concurrency}")
     if max_batch < 1:
         raise ServeError(f"the max batch must be >= 1, got {max_batch}")
+    for r in requests:
+        m = r.max_new_tokens
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+            raise ServeError(
+                f"request {r.rid}: max_new_tokens must be an integer >= 1, got {r.max_new_tokens!r}"
+            )
     big = max((r.reservation for r in requests), default=0)
     if big > kv_budget:
         raise ServeError(f"the KV budget of {kv_budget} positions is too small for one request (needs {big})")

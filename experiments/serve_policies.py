@@ -306,6 +306,9 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
             raise UserError(
                 f"{name}: its arms {list(pol.arm_names)} differ from {arms}; evaluate one menu at a time"
             )
+        if pol.meta.get("max_batch", 16) != meta.get("max_batch", 16):
+            raise UserError(f"{name}: trained for a max batch of {pol.meta.get('max_batch', 16)}, "
+                            f"{policies[0][0]} for {meta.get('max_batch', 16)}; evaluate one max batch at a time")  # fmt: skip
     trace = default_serve_trace() if args.trace is None else load_trace(args.trace)
     cost = load_batch_cost(args.batch_cost)
     tpc = args.test_per_category or meta.get("split", {}).get("test_per_category", 4)
@@ -313,8 +316,8 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
         trace, int(tpc), args.seed if args.test_per_category else meta.get("split", {}).get("seed", args.seed)
     )
     # a policy trained on prompts of this evaluation (another --test-per-category or --seed than its training's)
-    overlap = {name: n for name, pol in policies
-               if (n := len(set((pol.meta.get("split") or {}).get("train") or []) & set(split.test)))}  # fmt: skip
+    overlap = {name: n for name, pol in policies if pol.meta.get("fitted_on_prompts") is not False
+               and (n := len(set((pol.meta.get("split") or {}).get("train") or []) & set(split.test)))}  # fmt: skip
     from env.serve_loads import parse_load
 
     max_new = args.max_new_tokens or int(meta.get("max_new_tokens", 64))

@@ -99,7 +99,8 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     report["fit_s"] = round(time.perf_counter() - t0, 1)
     report["saved"] = []
     for name, pol in policies.items():  # seconds to make again, deterministic: saved anew (a rerun's report)
-        save(name, pol)
+        # rules that read no training prompt: evaluating them on any prompts is held out
+        save(name, pol, {"fitted_on_prompts": False} if name in ("trt-auto", "smartspec") else None)
     t1 = time.perf_counter()
 
     def make_vec() -> Any:
@@ -146,10 +147,13 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
     from env.serve_env import DEFAULT_ARMS, default_serve_trace
     from env.trace import load_trace
     from experiments.args import output_dir
+    from experiments.errors import UserError
 
     trace = default_serve_trace() if args.trace is None else load_trace(args.trace)
     cost = load_batch_cost(args.batch_cost)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else list(DEFAULT_ARMS)
+    if not arms:
+        raise UserError(f"--arms names no arm (got {args.arms!r}); e.g. --arms none,ngram-d2,ngram-d5")
     for a in arms:  # before the run folder is touched
         parse_arm(a)
     split = _split(trace, args.test_per_category, args.seed)

@@ -518,6 +518,17 @@ SERVE_POLICIES = [
     ("serve-train-cost-garbage", ["serve-train", "--batch-cost", "{garbage}"], "is not JSON"),
     ("serve-train-cost-pickle", ["serve-train", "--batch-cost", "{pickle}"], "is not JSON"),
     ("serve-train-unknown-arm", ["serve-train", "--arms", "none,bogus-d3"], "unknown drafter 'bogus'"),
+    ("serve-train-no-arm", ["serve-train", "--arms", ","], "--arms names no arm"),
+    (
+        "evaluate-serve-poisson-inf",
+        ["evaluate", "--serve", "--no-live", "--loads", "poisson@inf"],
+        "the rate is a multiple of the unit rate in",
+    ),
+    (
+        "evaluate-serve-poisson-tiny",
+        ["evaluate", "--serve", "--no-live", "--loads", "poisson@1e-300"],
+        "the rate is a multiple of the unit rate in",
+    ),
     ("serve-train-trace-garbage", ["serve-train", "--trace", "{garbage}"], "trace"),
     (
         "evaluate-serve-unknown-load",
@@ -714,3 +725,18 @@ def test_a_serving_policy_whose_max_batch_is_malformed_is_refused(tmp_path, caps
     assert main(["serve-bench", "--policy", str(tmp_path / "p.zip"), "--out", str(tmp_path / "o")]) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and "meta.max_batch is not a positive integer" in err[0], err
+
+
+def test_serving_policies_of_two_max_batches_are_refused_together(tmp_path, capsys):
+    from experiments.cli import main
+    from policies import load_policy
+
+    for name, size in (("a", 16), ("b", 8)):
+        pol = load_policy(ROOT / "policies" / "data" / "serve" / "smartspec.zip")
+        pol.meta = {**pol.meta, "max_batch": size}
+        pol.save(tmp_path / f"{name}.zip")
+    argv = ["evaluate", "--serve", "--no-live", str(tmp_path / "a.zip"), str(tmp_path / "b.zip")]
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and "b: trained for a max batch of 8, a for 16" in err[0], err
+    assert not (tmp_path / "o").exists()
