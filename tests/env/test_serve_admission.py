@@ -4,7 +4,6 @@ that arrives while others are prefilled enters before the next batch step, not a
 from __future__ import annotations
 
 import numpy as np
-
 import pytest
 
 from env.engine import parse_arm
@@ -16,7 +15,8 @@ def test_a_request_arriving_during_a_prefill_enters_before_the_first_step():
     sim = ServeSim(1, arms=["none"], loads=["bursty"], requests=2, max_new_tokens=16, seed=0)
     p = int(sim.pool[np.argmax(sim.prompt_len[sim.pool])])  # the longest prompt: the longest prefill
     pf = float(sim.cost.prefill_s(sim.prompt_len[p]))
-    sim.set_requests(0, [p, p], [0.0, pf / 2], [16, 16], closed=False)  # B arrives halfway through A's prefill
+    # B arrives halfway through A's prefill
+    sim.set_requests(0, [p, p], [0.0, pf / 2], [16, 16], closed=False)
     assert int(sim.active[0].sum()) == 2 and int(sim.queue()[0]) == 0
     assert float(sim.clock[0]) == 2 * pf  # both prefills, back to back, before any step
     _, info = sim.step(np.array([0]))
