@@ -14,6 +14,7 @@ of the evaluations kept.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from pathlib import Path
@@ -110,15 +111,17 @@ def _callbacks(policy: SB3Policy, out: Path, eval_fn, eval_freq: int, checkpoint
 
 def eval_rows(log: Path) -> list[dict[str, Any]]:
     """The evaluations in ``eval.jsonl`` (a torn last line, from a kill mid-write, is cut from the file; a line
-    that is not an evaluation row is skipped)."""
+    that is not an evaluation row of finite numbers is skipped)."""
     rows = []
     for line in jsonl_lines(log):
         try:
             r = json.loads(line)
-            rows.append({"timesteps": int(r["timesteps"]), "wall_s": float(r["wall_s"]),
-                         "cpu_s": float(r["cpu_s"]), "replay_speedup": float(r["replay_speedup"])})  # fmt: skip
-        except (ValueError, RecursionError, KeyError, TypeError):
+            row = {"timesteps": int(r["timesteps"]), "wall_s": float(r["wall_s"]),
+                   "cpu_s": float(r["cpu_s"]), "replay_speedup": float(r["replay_speedup"])}  # fmt: skip
+        except (ValueError, RecursionError, KeyError, TypeError, OverflowError):  # Overflow: int(Infinity)
             continue
+        if all(math.isfinite(v) for v in row.values()):
+            rows.append(row)
     return rows
 
 
@@ -140,7 +143,7 @@ def _bests(out: Path) -> list[tuple[int, Path]]:
     found = []
     for p in (out / "best_history").glob("best_*.zip"):
         m = re.fullmatch(r"best_(\d+)\.zip", p.name)
-        if m:
+        if m and p.is_file():  # not a FIFO, whose read would block
             found.append((int(m.group(1)), p))
     return sorted(found)
 
@@ -196,12 +199,20 @@ def _resume_best(out: Path, step: int, rows: list[dict[str, Any]], keep: list[di
     atomic_write_text(meta, json.dumps({"timesteps": s, "replay_speedup": speedup}))
 
 
+def _best_json(meta: Path) -> dict[str, Any]:
+    """What ``best.json`` holds (empty: none, not a regular file, or not a JSON object)."""
+    if not meta.is_file():
+        return {}
+    try:
+        d = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
 def _recorded_step(meta: Path) -> int | None:
     """The step ``best.json`` names (None: no readable one)."""
-    try:
-        v = json.loads(meta.read_text(encoding="utf-8"))["timesteps"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
-        return None
+    v = _best_json(meta).get("timesteps")
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
@@ -210,16 +221,24 @@ def _best_speedup(out: Path, rows: list[dict[str, Any]]) -> float:
     -inf (the next evaluation makes one)."""
     if not (out / "best.zip").is_file():
         return -np.inf
+    v = _best_json(out / "best.json").get("replay_speedup")
     try:
-        v = json.loads((out / "best.json").read_text(encoding="utf-8"))["replay_speedup"]
-        return float(v)
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
-        return max((r["replay_speedup"] for r in rows), default=-np.inf)
+        speedup = float(v) if isinstance(v, int | float | str) and not isinstance(v, bool) else math.nan
+    except (ValueError, OverflowError):  # a string that is no number, an integer of 400 digits
+        speedup = math.nan
+    if math.isfinite(speedup):
+        return speedup
+    return max((r["replay_speedup"] for r in rows), default=-np.inf)
 
 
 def resume_model(policy: SB3Policy, model: Any, folder: Path) -> None:
-    """Load the latest readable checkpoint of ``folder`` into ``model`` (a torn one: the one before; none: as built)."""
+    """Load the latest readable checkpoint of ``folder`` into ``model`` (a torn one: the one before; none: as built).
+    A checkpoint that is not a regular file (a FIFO would block the read) is refused."""
     for _, path in reversed(checkpoint_files(folder)):
+        if not path.is_file():
+            raise PolicyError(
+                f"checkpoint {path} is not a regular file; delete it to resume from the one before"
+            )
         try:
             ckpt = read_checkpoint(path)
         except PolicyError:

@@ -19,6 +19,7 @@ pickles (LIBRARY-FACTS.md), so draftgym never calls it. Instead:
 from __future__ import annotations
 
 import io
+import math
 import re
 import zipfile
 from collections.abc import Sequence
@@ -176,16 +177,54 @@ def read_tensors(data: bytes, source: str) -> dict[str, Any]:
 
 
 def finite_tensors(state: dict[str, Any], source: str) -> None:
-    """Refuse weights holding NaN or infinity (a network of them acts, but on nothing: argmax of NaN is arm 0)."""
+    """Refuse weights that are not dense real floating-point arrays finite in float32, the dtype of the network
+    they load into: NaN or infinity (a network of them acts, but on nothing: argmax of NaN is arm 0), 1e300 in
+    float64 (infinite once loaded), complex or integer tensors, or a strided view (a few bytes of storage seen as
+    GBs of elements)."""
+    import torch
+
     for key, t in state.items():
-        if t.is_floating_point() and not bool(t.isfinite().all()):
-            raise PolicyError(f"{source}: tensor {key} holds NaN or infinite values")
+        if not t.is_floating_point():
+            raise PolicyError(f"{source}: tensor {key} has dtype {t.dtype}, not a real floating-point one")
+        if not t.is_contiguous():
+            raise PolicyError(f"{source}: tensor {key} is not a dense array (a strided view of its storage)")
+        if not bool(t.to(torch.float32).isfinite().all()):
+            raise PolicyError(f"{source}: tensor {key} holds NaN or values that are infinite in float32")
+
+
+def stored_records(data: bytes, source: str) -> None:
+    """A ``torch.save`` file is a zip whose records are stored, not compressed (torch writes them so); torch's
+    reader would inflate a deflated record whole, so a file of KBs could unpack to GBs before any check. Refused:
+    another format (torch's legacy one allocates the sizes its pickle declares), a compressed or encrypted
+    record, records declaring more bytes than the file holds."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            infos = zf.infolist()
+    except Exception as err:  # BadZipFile, EOFError, OSError, ValueError, ...: not a zip
+        raise PolicyError(
+            f"{source} is not a plain tensor file (not a torch.save zip: {one_line(err)})"
+        ) from None
+    for info in infos:
+        if (
+            info.compress_type != zipfile.ZIP_STORED
+            or info.flag_bits & 0x1
+            or info.file_size != info.compress_size
+        ):
+            raise PolicyError(
+                f"{source}: record {info.filename[:80]!r} is compressed or encrypted "
+                "(torch.save stores its records; refused before unpacking)"
+            )
+    declared = sum(i.file_size for i in infos)
+    if declared > len(data):
+        raise PolicyError(f"{source}: its records declare {declared} bytes, more than the file's {len(data)}")
 
 
 def read_torch_tensors(data: bytes, source: str) -> Any:
-    """``torch.load(weights_only=True)``: tensors and plain containers only, never arbitrary objects."""
+    """``torch.load(weights_only=True)``: tensors and plain containers only, never arbitrary objects; its records
+    checked first (``stored_records``: what torch unpacks is at most the file's size)."""
     import torch
 
+    stored_records(data, source)
     try:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as err:  # UnpicklingError for a pickle of anything but tensors, RuntimeError for garbage
@@ -389,6 +428,8 @@ def save_checkpoint(model: Any, network: dict[str, Any], path: Path) -> None:
 
 def read_checkpoint(path: Path) -> Checkpoint:
     """Read a checkpoint as data; a torn or foreign file is a ``PolicyError``."""
+    if not path.is_file():  # a FIFO would block the read, a device (/dev/zero) never end it
+        raise PolicyError(f"checkpoint {path} is not a regular file")
     meta, files = read_archive(
         path, "state.json", CHECKPOINT_FORMAT, CHECKPOINT_VERSION, "draftgym checkpoint"
     )
@@ -401,9 +442,20 @@ def read_checkpoint(path: Path) -> Checkpoint:
     buffer = None
     if "replay_buffer.npz" in files:
         buffer = read_npz(files["replay_buffer.npz"], f"{path}: replay_buffer.npz")
+    network, counters = meta.get("network", {}), meta.get("counters", {})
+    if not isinstance(network, dict):
+        raise PolicyError(f"{path}: state.json's network is {type(network).__name__}, not an object")
+    if not isinstance(counters, dict):
+        raise PolicyError(f"{path}: state.json's counters is {type(counters).__name__}, not an object")
+    for key, value in counters.items():
+        if key not in COUNTERS or isinstance(value, bool) or not isinstance(value, int | float):
+            raise PolicyError(
+                f"{path}: state.json's counter {key[:40]!r} is {str(value)[:40]} "
+                f"(counters: numbers named {', '.join(COUNTERS)})"
+            )
     return Checkpoint(
-        network=dict(meta.get("network") or {}),
-        counters=dict(meta.get("counters") or {}),
+        network=network,
+        counters=counters,
         state=read_tensors(files["policy.safetensors"], f"{path}: policy.safetensors"),
         optimizer=optimizer,
         buffer=buffer,
@@ -422,6 +474,7 @@ def apply_checkpoint(model: Any, ckpt: Checkpoint, network: dict[str, Any], sour
     try:  # a checkpoint of this network whose tensors or counters were mangled: one line, not torch's paragraph
         model.policy.load_state_dict(ckpt.state, strict=True)
         model.policy.optimizer.load_state_dict(ckpt.optimizer)
+        check_optimizer(model.policy.optimizer)
         counters = {}
         for key, value in ckpt.counters.items():
             if key in COUNTERS and hasattr(model, key):
@@ -458,5 +511,50 @@ def apply_checkpoint(model: Any, ckpt: Checkpoint, network: dict[str, Any], sour
             or not np.can_cast(arr.dtype, target.dtype, "same_kind")
         ):
             raise PolicyError(f"{source}: replay buffer {key} does not fit this training's buffer")
+        with np.errstate(over="ignore"):  # float64 beyond float32's range: inf, refused below
+            arr = arr.astype(target.dtype, copy=False)
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            raise PolicyError(f"{source}: replay buffer {key} holds NaN or infinite values")
         target[...] = arr
     rb.pos, rb.full = pos, full
+
+
+def check_optimizer(optimizer: Any) -> None:
+    """The optimizer state just loaded (torch checks none of it: a moment of another shape fails mid-training, a
+    NaN one trains NaN weights): every moment a dense finite tensor of its parameter's shape, every step count a
+    finite number >= 0, every setting (lr, betas, eps, ...) free of NaN and infinity. A ``ValueError`` names the
+    first problem."""
+    import torch
+
+    for group in optimizer.param_groups:
+        for key, value in group.items():
+            if key != "params" and not _finite(value):
+                raise ValueError(f"optimizer setting {key} is {str(value)[:40]}")
+        for p in group["params"]:
+            for key, v in optimizer.state.get(p, {}).items():
+                if key == "step":
+                    n = v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v
+                    if isinstance(n, bool) or not isinstance(n, int | float) or not math.isfinite(n) or n < 0:
+                        raise ValueError(f"optimizer step count is {str(v)[:40]}")
+                elif v is None:  # SGD's momentum_buffer without momentum
+                    continue
+                elif not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(p.shape):
+                    shape = list(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+                    raise ValueError(
+                        f"optimizer state {key} is {shape}, its parameter has shape {list(p.shape)}"
+                    )
+                elif not v.is_contiguous() or not bool(torch.isfinite(v).all()):
+                    raise ValueError(f"optimizer state {key} is not a dense tensor of finite values")
+
+
+def _finite(value: Any) -> bool:
+    """No NaN or infinity in an optimizer setting (a number, a tensor, or a tuple of them)."""
+    import torch
+
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list | tuple):
+        return all(_finite(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return bool(torch.isfinite(value).all())
+    return True
