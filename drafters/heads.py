@@ -345,13 +345,26 @@ def load_head(
     if int(d2t.min()) < 0 or int(d2t.max()) >= int(model.config.vocab_size):
         raise DrafterError(f"{path}: draft vocabulary ids fall outside the target's vocabulary")
     for name, t in tensors.items():  # a head of NaN weights drafts, but nothing the target accepts
-        if t.is_floating_point() and not bool(t.isfinite().all()):
+        if name == "d2t":
+            continue
+        if not t.is_floating_point():  # complex, integer, bool: a parameter holds real numbers
+            raise DrafterError(f"{path}: tensor {name} must hold real floating-point values, not {t.dtype}")
+        if not _finite(t):
             raise DrafterError(f"{path}: tensor {name} holds NaN or infinite values")
     return cfg, tensors, meta
 
 
-def load_state(module: nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
-    """Load weights into ``module`` with shape checks that speak to the user."""
+def _finite(t: torch.Tensor) -> bool:
+    """Whether a floating tensor holds no NaN or inf (fp8 has no ``isfinite``: checked widened, exactly)."""
+    return bool((t if t.dtype.itemsize > 1 else t.float()).isfinite().all())
+
+
+def load_state(
+    module: nn.Module, tensors: dict[str, torch.Tensor], where: str, dtype: torch.dtype | None = None
+) -> None:
+    """Load weights into ``module`` with shape and value checks that speak to the user. Every weight must be
+    finite in the dtype it is converted to (the module's; also ``dtype``, the one the head will compute in, where
+    given): a float64 1e300 is finite in the file and inf in fp32."""
     want = module.state_dict()
     got = {k: v for k, v in tensors.items() if k != "d2t"}
     missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
@@ -362,7 +375,21 @@ def load_state(module: nn.Module, tensors: dict[str, torch.Tensor], where: str) 
             raise DrafterError(
                 f"{where}: tensor {k} has shape {tuple(got[k].shape)}, expected {tuple(v.shape)}"
             )
-    module.load_state_dict({k: got[k].to(v.dtype) for k, v in want.items()})
+    cast = {}
+    for k, v in want.items():
+        if v.is_floating_point() and not got[k].is_floating_point():  # complex, integer, bool
+            raise DrafterError(
+                f"{where}: tensor {k} must hold real floating-point values, not {got[k].dtype}"
+            )
+        cast[k] = got[k].to(v.dtype)
+        if not v.is_floating_point():
+            continue
+        for t in (cast[k], *([got[k].to(dtype)] if dtype not in (None, v.dtype) else [])):
+            if not _finite(t):
+                raise DrafterError(
+                    f"{where}: tensor {k} holds values that are NaN or infinite in {t.dtype} (out of its range)"
+                )
+    module.load_state_dict(cast)
 
 
 def cache_heads_dir() -> Path:

@@ -122,6 +122,9 @@ def cached_int4(loaded: Any, cfg: Mapping[str, Any], state: Mapping[str, torch.T
                         or z.shape != s.shape
                     ):
                         raise ValueError(f"{path}: {name} does not fit the model")
+                    # every row's scale and zero finite (the dequantization below samples 1 row in 8)
+                    if not (torch.isfinite(s).all() and torch.isfinite(z).all()):
+                        raise ValueError(f"{path}: {name} has NaN or infinite scales or zeros")
                     wide = packed.to(torch.int32)
                     q = torch.stack([wide & 0x0F, wide >> 4], dim=-1).reshape(n, k)
                     if not _dequantizes_to(q[::8], s[::8], z[::8], dense[::8]):  # (every 8th row)

@@ -4,8 +4,9 @@ autoregressive token).
 
 - ``UCB1`` (Auer, Cesa-Bianchi & Fischer 2002): index ``mean_i + scale * sqrt(2 ln n / n_i)``; expected regret
   ``<= 8 sum_i ln T / Delta_i + (1 + pi^2 / 3) sum_i Delta_i`` for rewards in [0, scale].
-- ``ThompsonSampling`` (Agrawal & Goyal 2013, Gaussian version): draw ``theta_i ~ N(mean_i, scale^2 / (n_i + 1))``
-  and pull the argmax.
+- ``ThompsonSampling`` (Agrawal & Goyal 2013, Gaussian priors): with ``n_i`` pulls of arm i summing to ``S_i``,
+  draw ``theta_i ~ N(S_i / (n_i + 1), scale^2 / (n_i + 1))`` (the posterior of a N(0, scale^2) prior under
+  N(mu_i, scale^2) rewards) and pull the argmax.
 - ``EXP3`` (Auer et al. 2002b) for adversarial rewards: exponential weights on importance-weighted rewards mixed
   with ``gamma`` uniform exploration; weak regret ``<= (e - 1) gamma G + K ln K / gamma`` against the best fixed
   arm. With ``share > 0`` it is EXP3.S, which tracks an arm that changes (regret against switching sequences).
@@ -200,13 +201,15 @@ class UCB1(Bandit):
 
 
 class ThompsonSampling(Bandit):
-    """Gaussian Thompson sampling: posterior ``N(mean_i, scale^2 / (n_i + 1))`` per arm."""
+    """Gaussian Thompson sampling (Agrawal & Goyal 2013, Algorithm 2): posterior ``N(S_i / (n_i + 1), scale^2 /
+    (n_i + 1))`` per arm, ``S_i`` the sum of its rewards over ``n_i`` pulls (discounted or windowed, where set)."""
 
     type_name = "thompson"
 
     def act(self, obs: np.ndarray | None) -> int:
-        n = self.stats.counts
-        theta = self.rng.normal(self.stats.means(), self.scale / np.sqrt(n + 1.0))
+        n, s = self.stats.counts, self.stats.sums
+        # mu_hat_i = S_i / (n_i + 1), not S_i / n_i: the prior's pseudo-pull at 0
+        theta = self.rng.normal(s / (n + 1.0), self.scale / np.sqrt(n + 1.0))
         return int(np.argmax(theta))
 
 
@@ -263,13 +266,16 @@ class EXP3(Bandit):
         super().update(obs, action, reward, info)
         k = self.num_arms
         x = float(np.clip(reward / self.scale, 0.0, 1.0))
-        xhat = x / max(self.probs[action], 1e-12)
-        self.log_w[action] += self.gamma * xhat / k
-        if self.share > 0:  # EXP3.S: w_i <- w_i exp(gamma xhat_i / K) + (e alpha / K) sum_j w_j
-            m = self.log_w.max()
-            w = np.exp(self.log_w - m)
-            w = w + math.e * self.share / k * w.sum()
-            self.log_w = np.log(w) + m
+        xhat = x / max(self.probs[action], 1e-12)  # importance-weighted reward; 0 for the arms not pulled
+        gain = np.zeros(k)
+        gain[action] = self.gamma * xhat / k
+        if self.share > 0:
+            # EXP3.S (Auer et al. 2002b): w_i(t+1) = w_i(t) exp(gamma xhat_i / K) + (e alpha / K) sum_j w_j(t),
+            # the shared mass taken from the weights before this update; in logs, for range
+            shared = math.log(math.e * self.share / k) + np.logaddexp.reduce(self.log_w)
+            self.log_w = np.logaddexp(self.log_w + gain, shared)
+        else:
+            self.log_w = self.log_w + gain
         self.log_w -= self.log_w.max()  # keep the weights in range; probabilities are unchanged
 
     def extra_state(self) -> dict[str, Any]:

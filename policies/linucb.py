@@ -95,22 +95,28 @@ class LinUCB(BasePolicy):
             raise PolicyError("LinUCB file has no state.npz")
         s = read_npz(files["state.npz"])
         k, d = self.num_arms, self.dim
+        got: dict[str, np.ndarray] = {}
         for name, shape in (("A", (k, d, d)), ("b", (k, d)), ("pulls", (k,))):
             if name not in s:
                 raise PolicyError(f"LinUCB state has no {name}")
             x = s[name]
             if x.shape != shape:
                 raise PolicyError(f"LinUCB state {name} has shape {x.shape}, expected {shape}")
-            if x.dtype.kind not in "fiu" or not np.isfinite(x).all() or (name == "pulls" and (x < 0).any()):
-                raise PolicyError(f"LinUCB state {name} holds non-numeric, non-finite or negative values")
-        A = s["A"].astype(np.float64)
+            if x.dtype.kind not in "fiu":  # not complex, bool or object: every array is updated in float64
+                raise PolicyError(f"LinUCB state {name} must hold real numbers, not {x.dtype}")
+            with np.errstate(over="ignore"):  # a long double beyond float64's range: inf, refused below
+                x = x.astype(np.float64)
+            if not np.isfinite(x).all() or (name == "pulls" and (x < 0).any()):
+                raise PolicyError(f"LinUCB state {name} holds non-finite or negative values")
+            got[name] = x
+        A = got["A"]
         try:  # lam I plus outer products: symmetric positive definite, else its solves fail mid-run
             if not np.allclose(A, A.transpose(0, 2, 1)):
                 raise np.linalg.LinAlgError
             np.linalg.cholesky(A)
         except np.linalg.LinAlgError:
             raise PolicyError("LinUCB state A is not symmetric positive definite") from None
-        self.A, self.b, self.pulls = A, s["b"], s["pulls"]
+        self.A, self.b, self.pulls = A, got["b"], got["pulls"]
 
     @classmethod
     def from_header(cls, header: Any, files: dict[str, bytes]) -> LinUCB:

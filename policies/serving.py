@@ -176,9 +176,18 @@ class BucketUCB(BasePolicy):
                  buckets: Sequence[int] = (1, 2, 4, 8, 16), c: float = 0.5) -> None:  # fmt: skip
         super().__init__(arms, obs_size, features)
         self.max_batch = _check_serving(self)
-        self.buckets = np.array(sorted({int(b) for b in buckets}), np.int64)
-        if self.buckets.size == 0 or self.buckets[0] < 1:
-            raise PolicyError("bucket bounds must be positive row counts")
+        bounds = list(buckets) if isinstance(buckets, (list, tuple)) else []
+        ok = all(
+            isinstance(b, (int, np.integer)) and not isinstance(b, bool) and 1 <= b < 2**31 for b in bounds
+        )
+        if not bounds or not ok:
+            raise PolicyError(
+                f"bucket bounds must be positive row counts (a list of integers >= 1), got {str(buckets)[:60]}"
+            )
+        self.buckets = np.array(sorted({int(b) for b in bounds}), np.int64)
+        finite = isinstance(c, (int, float)) and not isinstance(c, bool) and abs(c) < 1e300  # NaN, inf: False
+        if not finite:
+            raise PolicyError(f"the exploration constant c must be a finite number >= 0, got {str(c)[:40]}")
         if c < 0:
             raise PolicyError(f"the exploration constant must be >= 0, got {c}")
         self.c = float(c)
@@ -217,11 +226,31 @@ class BucketUCB(BasePolicy):
             raise PolicyError("bucket bandit file has no state.npz")
         s = read_npz(files["state.npz"])
         shape = (len(self.buckets), self.num_arms)
-        if s.get("counts") is None or s["counts"].shape != shape or s["sums"].shape != shape:
-            raise PolicyError(f"bucket bandit state has the wrong shape (expected {shape})")
-        if not (np.isfinite(s["counts"]).all() and np.isfinite(s["sums"]).all()) or (s["counts"] < 0).any():
-            raise PolicyError("bucket bandit state holds negative or non-finite counts")
-        self.counts, self.sums = s["counts"], s["sums"]
+        got = {}
+        for name in ("counts", "sums"):
+            x = s.get(name)
+            if x is None:
+                raise PolicyError(f"bucket bandit state has no {name}")
+            if x.shape != shape:
+                raise PolicyError(
+                    f"bucket bandit state has the wrong shape (expected {shape}, {name} is {x.shape})"
+                )
+            if x.dtype.kind not in "fiu":  # not complex, bool (+= 1 stays 1) or object
+                raise PolicyError(f"bucket bandit state {name} must hold real numbers, not {x.dtype}")
+            with np.errstate(over="ignore"):  # a long double beyond float64's range: inf, refused below
+                got[name] = x.astype(np.float64)
+        counts, sums = got["counts"], got["sums"]
+        # pulls: whole numbers (a fraction below 1 makes ln(sum n) < 0 and every score NaN), within float64's exact
+        # integers (their sum, the log's argument, stays finite and exact); sums: finite
+        if not (np.isfinite(counts).all() and (counts >= 0).all() and (counts <= 2**53).all()):
+            raise PolicyError(
+                "bucket bandit state holds negative or non-finite counts (pull counts: 0 to 2^53)"
+            )
+        if (counts != np.floor(counts)).any():
+            raise PolicyError("bucket bandit state counts must be whole numbers of pulls")
+        if not np.isfinite(sums).all():
+            raise PolicyError("bucket bandit state holds negative or non-finite counts, or non-finite sums")
+        self.counts, self.sums = counts, sums
 
 
 # ---- fitting and training in replay --------------------------------------------------------------------------------

@@ -1,0 +1,132 @@
+"""A head file's weights of the wrong dtype: a parameter must hold real floating-point values (not complex, integer
+or bool; the int64 ``d2t`` map stays as it is), finite in the dtype the head computes in -- a float64 1e300 is finite
+in the file and inf once converted to the module's fp32. Each is one DrafterError naming the tensor."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from drafters import DraftContext, DrafterError
+from drafters.eagle import EagleDrafter, EagleHead
+from drafters.heads import load_head, load_state
+from tests.drafters.tiny import random_head, tiny_loaded
+
+
+def _ctx(loaded):
+    from env.batch import BatchTarget
+
+    return DraftContext(
+        tokens=[1, 2, 3], prompt_len=2, target=BatchTarget(loaded, max_rows=1), last_hidden=torch.zeros(32)
+    )
+
+
+def _forge(path, key: str, value: torch.Tensor) -> None:
+    """Replace tensor ``key`` of a saved head and update the sha256 its description names (a forger can)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    tensors[key] = value
+    save_file(tensors, str(path))
+    meta = json.loads(path.with_suffix(".json").read_text())
+    meta["weights_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    path.with_suffix(".json").write_text(json.dumps(meta))
+
+
+def _matrix(path) -> tuple[str, torch.Size]:
+    from safetensors.torch import load_file
+
+    key, t = next((k, t) for k, t in load_file(str(path)).items() if k != "d2t" and t.dim() == 2)
+    return key, t.shape
+
+
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (lambda s: torch.full(s, 1e300, dtype=torch.float64), "NaN or infinite in torch.float32"),
+        (lambda s: torch.full(s, complex(float("nan"), 0.0), dtype=torch.complex64), "real floating-point"),
+        (lambda s: torch.full(s, 0.01 + 0j, dtype=torch.complex64), "real floating-point"),
+        (lambda s: torch.full(s, 2**40, dtype=torch.int64), "real floating-point"),
+        (lambda s: torch.ones(s, dtype=torch.bool), "real floating-point"),
+    ],
+    ids=["f64-huge", "complex-nan", "complex-finite", "int64", "bool"],
+)
+def test_a_head_weight_of_the_wrong_dtype_is_refused(tmp_path, make, needle):
+    loaded = tiny_loaded()
+    path = random_head("eagle", loaded, tmp_path / "h")
+    key, shape = _matrix(path)
+    _forge(path, key, make(shape))
+    with pytest.raises(DrafterError, match=f"tensor {key} .*{needle}"):
+        EagleDrafter(weights=str(path)).reset(_ctx(loaded))
+
+
+def test_a_float64_head_of_ordinary_values_still_loads(tmp_path):
+    """Any real floating dtype is accepted where its values fit the head's: float64 weights of a trained size."""
+    loaded = tiny_loaded()
+    path = random_head("eagle", loaded, tmp_path / "h")
+    key, shape = _matrix(path)
+    _forge(path, key, torch.full(shape, 0.01, dtype=torch.float64))
+    drafter = EagleDrafter(weights=str(path))
+    drafter.reset(_ctx(loaded))
+    got = dict(drafter.head.named_parameters())[key]
+    assert got.dtype == torch.float32 and torch.all(got == torch.tensor(0.01, dtype=torch.float32))
+
+
+def test_load_state_checks_the_dtype_the_head_will_compute_in(tmp_path):
+    """fp32 weights of 1e5 are finite in the module (fp32) and inf in fp16: refused when fp16 is named."""
+    loaded = tiny_loaded()
+    path = random_head("eagle", loaded, tmp_path / "h")
+    key, shape = _matrix(path)
+    _forge(path, key, torch.full(shape, 1e5, dtype=torch.float32))
+    cfg, tensors, _ = load_head(path, "eagle", loaded.model, loaded.model_id)
+    load_state(EagleHead(cfg), tensors, str(path))  # fp32: fine
+    with pytest.raises(
+        DrafterError, match=f"tensor {key} holds values that are NaN or infinite in torch.float16"
+    ):
+        load_state(EagleHead(cfg), tensors, str(path), dtype=torch.float16)
+
+
+# ---- the same rule for the embedded model's cached int4 blocks (env.lean_files; at home in tests/env) ----
+def test_a_cached_int4_file_with_a_non_finite_scale_off_the_sampled_rows_is_rebuilt(tmp_path, monkeypatch):
+    """``cached_int4`` dequantizes every 8th row only (the full check costs as much as the read): a scale or zero
+    that is NaN or inf on another row (a damaged file) is found by a check of every scale and zero, and the
+    blocks are read from the GGUF again (here: a stand-in) and cached afresh."""
+    from safetensors.torch import load_file, save_file
+
+    import env.lean_files as lf
+    import env.model
+    from kernels.quant import GROUP
+
+    gen = torch.Generator().manual_seed(0)
+    n, k, name = 16, 64, "model.layers.0.mlp.down_proj.weight"
+    q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int32)
+    s = torch.rand(n, k // GROUP, generator=gen) + 0.1
+    z = torch.rand(n, k // GROUP, generator=gen)
+    dense = ((q.float() - 8).reshape(n, k // GROUP, GROUP) * s[..., None] + z[..., None]).reshape(n, k)
+    reads = []
+    monkeypatch.setattr(lf, "gguf_int4", lambda *a: reads.append(1) or {name: (q, s, z)})
+    monkeypatch.setattr(env.model, "embedded_gguf_path", lambda: tmp_path / "x.gguf")
+
+    class Loaded:
+        model_id, folder = env.model.DEFAULT_MODEL, tmp_path
+
+    def blocks():
+        got = lf.cached_int4(Loaded(), {}, {name: dense})
+        assert all(torch.equal(a, b) for a, b in zip(got[name], (q, s, z)))
+        return len(reads)
+
+    assert blocks() == 1 and blocks() == 1  # read from the GGUF, then from the cache
+    path = tmp_path / lf.INT4_FILE
+    good = load_file(path)
+    for i, (part, row, value) in enumerate([("scale", 1, float("nan")), ("scale", 3, float("inf")),
+                                            ("zero", 5, float("-inf"))]):  # fmt: skip
+        flat = dict(good)
+        bad = flat[f"{name}.{part}"].clone()
+        bad[row, 1] = value  # rows 1, 3, 5: not among the sampled rows 0, 8
+        flat[f"{name}.{part}"] = bad
+        save_file(flat, path)
+        assert blocks() == 2 + i  # refused, read from the GGUF again
+        assert torch.isfinite(load_file(path)[f"{name}.{part}"]).all()  # and the cache written afresh
