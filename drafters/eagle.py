@@ -218,8 +218,8 @@ class EagleDrafter:
         path = find_head(self.kind, model_id, self.weights)
         cfg, tensors, self.meta = load_head(path, self.kind, target.model, model_id)
         head = EagleHead(cfg)
-        load_state(head, tensors, str(path))
         self.dtype = head_dtype(target)
+        load_state(head, tensors, str(path), dtype=self.dtype)  # finite in the dtype it computes in
         self.device = torch.device(target.device)
         self.head = reorder_linears(head.to(self.device, self.dtype).eval().requires_grad_(False))
         self.d2t = kept_vocab(tensors["d2t"], self.meta, self.vocab).to(self.device)

@@ -89,9 +89,9 @@ class EarlyExitDrafter:
         if not 1 <= cfg.exit_layer < target.model.config.num_hidden_layers:
             raise DrafterError(f"{path}: exit layer {cfg.exit_layer} does not fit this target")
         adapter = ExitAdapter(cfg)
-        load_state(adapter, tensors, str(path))
         self.dtype = target.dtype  # the target's layers run in its dtype; the adapter follows head_dtype
         self.adapter_dtype = head_dtype(target)
+        load_state(adapter, tensors, str(path), dtype=self.adapter_dtype)  # finite in the dtype it runs in
         self.device = torch.device(target.device)
         self.adapter = reorder_linears(
             adapter.to(self.device, self.adapter_dtype).eval().requires_grad_(False)

@@ -130,3 +130,21 @@ def test_a_cached_int4_file_with_a_non_finite_scale_off_the_sampled_rows_is_rebu
         save_file(flat, path)
         assert blocks() == 2 + i  # refused, read from the GGUF again
         assert torch.isfinite(load_file(path)[f"{name}.{part}"]).all()  # and the cache written afresh
+
+
+@pytest.mark.parametrize("kind", ["eagle", "early_exit"])
+def test_a_head_finite_in_its_file_but_not_in_an_fp16_targets_dtype_is_refused(tmp_path, kind):
+    """The drafters check a head in the dtype they will run it in (``head_dtype``: the target's): fp32 weights of
+    1e5 load for an fp32 target and are refused for an fp16 one, rather than drafting from inf."""
+    from drafters.early_exit import EarlyExitDrafter
+    from env.model import LoadedModel
+
+    loaded = tiny_loaded()
+    path = random_head(kind, loaded, tmp_path / "h")
+    key, shape = _matrix(path)
+    _forge(path, key, torch.full(shape, 1e5, dtype=torch.float32))
+    make = EagleDrafter if kind == "eagle" else EarlyExitDrafter
+    make(weights=str(path)).reset(_ctx(loaded))
+    half = LoadedModel(model=loaded.model.half(), model_id=loaded.model_id, dtype=torch.float16, device="cpu")
+    with pytest.raises(DrafterError, match=f"tensor {key} .*NaN or infinite in torch.float16"):
+        make(weights=str(path)).reset(_ctx(half))
