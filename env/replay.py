@@ -149,16 +149,14 @@ def tree_index(trace: Trace, name: str) -> dict[str, np.ndarray]:
         grp = np.cumsum(run) - 1
         r = np.arange(sp.size) - starts[grp]
         rank[nonroot[order]] = r
-    # depth and max rank along the root path: parents precede children, so sweep level by level
-    pending = nonroot
-    done = np.zeros(m, dtype=bool)
-    done[par < 0] = True
-    while pending.size:
-        ready = pending[done[gpar[pending]]]
-        depth[ready] = depth[gpar[ready]] + 1
-        maxrank[ready] = np.maximum(maxrank[gpar[ready]], rank[ready])
-        done[ready] = True
-        pending = pending[~done[pending]]
+    # depth and max rank along the root path, by pointer doubling (O(M log depth), whatever the trees' shapes):
+    # after i rounds up[v] is the node 2^i steps above v (its root when fewer), depth[v] the steps to it, maxrank[v]
+    # the largest rank from v up to it (a root's rank is 0 and its up itself: rounds change nothing there)
+    up = np.where(par >= 0, gpar, np.arange(m))
+    depth[nonroot] = 1
+    maxrank[:] = rank
+    while (up[up] != up).any():
+        depth, maxrank, up = depth + depth[up], np.maximum(maxrank, maxrank[up]), up[up]
     # trajectory match: node at depth d of position g predicts traj[g + d] (same prompt only)
     prompt_of_pos = np.searchsorted(trace.traj_off, np.arange(npos), side="right") - 1
     end = trace.traj_off[prompt_of_pos + 1][pos]  # [M] end of the node's prompt trajectory

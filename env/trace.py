@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
 import shutil
 import sys
 import zipfile
@@ -38,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from drafters import Carries, Drafter, DrafterError, DraftTree, make_drafter, tree_problem
+from drafters import Carries, Drafter, DrafterError, DraftTree, TreeShape, make_drafter, tree_problem
 from drafters.base import carried_state, restore_state
 from env.features import (
     FeatureSpec,
@@ -49,12 +50,23 @@ from env.features import (
 )
 from env.file_checks import Bad, check_trace_arrays, check_trace_header, check_trace_values, one_line
 from env.files import atomic_write_text, file_digest
-from env.safe_zip import ArchiveProblem, parse_json, read_npz
+from env.safe_zip import ArchiveProblem, member_names, parse_json, read_npz
 from env.step import Stepper, largest_shape
 
 FORMAT = "draftgym-trace"
 VERSION = 1
-TRACE_BYTES = 8 << 30  # a trace unpacks to at most this much (Spec-Bench's 480 prompts x 128 tokens: ~60 MB)
+# What a trace may unpack to is derived from its header (``trace_bytes``): its prompts, max_new_tokens, feature
+# columns and each drafter's recorded shape bound every array but the prompts' tokens, which get PROMPT_TOKENS each;
+# TRACE_BYTES caps that (and a recording's parts). Spec-Bench's 480 prompts x 128 tokens: ~60 MB on disk.
+TRACE_BYTES = 4 << 30
+HEADER_BYTES = 64 << 20  # the JSON header array (4 bytes a character)
+PROMPT_TOKENS = 1 << 17  # a 128k-token context
+# the arrays of the format (the table above); a trace holding anything else is refused unread
+TRACE_MEMBER = re.compile(
+    r"(header|prompt_tokens|prompt_off|traj|traj_off|feat|tree/[^/]+/(off|tokens|parents))\.npy"
+)
+# parents are int16: a node's parent is at most 32767, so a tree holds at most this many nodes
+TREE_NODES = (1 << 15) + 1
 
 
 class TraceError(ValueError):
@@ -160,8 +172,11 @@ def load_trace(path: str | Path | None = None) -> Trace:
         raise TraceError(f"trace file {file} does not exist (record one with: draftgym record --out FILE)")
     if not zipfile.is_zipfile(file):
         raise TraceError(f"{file} is not a draftgym trace (not an .npz archive)")
-    try:  # arrays only (an object array, a pickle, is refused), within TRACE_BYTES, each the size it declares
-        data = read_npz(file, max_bytes=TRACE_BYTES)
+    try:  # arrays only (an object array, a pickle, is refused), the header first, each the size it declares
+        odd = [n for n in member_names(file, max_members=4096) if not TRACE_MEMBER.fullmatch(n)]
+        if odd:
+            raise ArchiveProblem(f"member {odd[0]!r} is not an array of the trace format")
+        data = read_npz(file, max_bytes=HEADER_BYTES, only={"header"})
         if "header" not in data or data["header"].shape != () or data["header"].dtype.kind != "U":
             raise ArchiveProblem("no header string")
         header = parse_json(str(data["header"]))
@@ -182,6 +197,18 @@ def load_trace(path: str | Path | None = None) -> Trace:
         ) from None
     except FeatureSpecError as err:
         raise TraceError(one_line(f"{file} is not a valid trace: header {err}")) from None
+    names = ["prompt_tokens", "prompt_off", "traj", "traj_off", "feat"]
+    names += [f"tree/{n}/{a}" for n in header["drafters"] for a in ("off", "tokens", "parents")]
+    bound = trace_bytes(header)
+    try:  # the arrays the header's drafters name (no other drafter's trees), within what the header allows
+        data = read_npz(file, max_bytes=bound, only=names)
+    except ArchiveProblem as err:
+        raise TraceError(
+            one_line(
+                f"{file} is not a readable trace ({err}; its header's {len(header['prompts']['ids'])} prompts, "
+                f"max_new_tokens {header['max_new_tokens']} and drafter shapes allow {bound} bytes)"
+            )
+        ) from None
     try:
         trees = {
             name: TreeArrays(
@@ -209,6 +236,25 @@ def load_trace(path: str | Path | None = None) -> Trace:
     return trace
 
 
+def tree_nodes(shape: Sequence[int]) -> int:
+    """The most nodes a recorded tree of drafter shape ``[depth, topk, budget]`` holds: its draft nodes and the
+    root, within what int16 parents index."""
+    return min(TreeShape(*(int(x) for x in shape)).max_nodes + 1, TREE_NODES)
+
+
+def trace_bytes(header: dict[str, Any]) -> int:
+    """What a trace of this (checked) header may unpack to at most: every array at 8 bytes an element (a wider
+    dtype than the format's is read too), T = prompts x max_new_tokens positions, each drafter's trees at
+    ``tree_nodes`` each, PROMPT_TOKENS per prompt; within TRACE_BYTES."""
+    p = len(header["prompts"]["ids"])
+    t = p * int(header["max_new_tokens"])
+    cols = 4 + FeatureSpec.from_dict(header["features"]["spec"]).proj_dim
+    elements = p * PROMPT_TOKENS + 2 * (p + 1) + t + t * cols
+    elements += sum(t + 1 + 2 * t * tree_nodes(d["shape"]) for d in header["drafters"].values())
+    arrays = 5 + 3 * len(header["drafters"])
+    return min(8 * elements + 4096 * arrays, TRACE_BYTES)  # (4096: room for each .npy header)
+
+
 def _check_offsets(file: Path, t: Trace) -> None:
     """Offsets that index the arrays they belong to (a hand-edited or mixed-up file fails here, not in replay)."""
     npos = t.traj.shape[0]
@@ -225,6 +271,14 @@ def _check_offsets(file: Path, t: Trace) -> None:
     for n, a in t.trees.items():
         if a.off.size != npos + 1 or a.parents.shape != a.tokens.shape:
             raise TraceError(f"{file} is not a consistent trace (tree/{n} does not cover every position)")
+        shape, most = t.header["drafters"][n]["shape"], tree_nodes(t.header["drafters"][n]["shape"])
+        sizes = np.diff(a.off)
+        if sizes.size and sizes.max() > most:
+            g = int(np.argmax(sizes))
+            raise TraceError(
+                f"{file} holds an invalid tree/{n}: the tree at position {g} has {int(sizes[g])} nodes, "
+                f"past the {most} that drafter shape {shape} allows"
+            )
         problem = tree_problem(a.off, a.tokens, a.parents, t.header.get("model", {}).get("vocab_size"))
         if problem:
             raise TraceError(f"{file} holds an invalid tree/{n}: {problem}")

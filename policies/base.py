@@ -12,7 +12,8 @@ The saved file is a zip archive:
   ``kind`` (static | schedule | heuristic | bandit | rl | predictor | oracle), ``arms`` (arm names, in action order),
   ``obs_size``, ``features`` (observation feature names, when known), ``params`` (the constructor's JSON
   arguments), ``versions`` (library versions at save time), ``created`` and ``payload`` (sha256 of every other
-  member, so a truncated or altered file fails at load with a clear message);
+  member, so a truncated or altered file fails at load with a clear message; a member it does not name is
+  refused unread, and the whole file, the archives inside it included, unpacks to at most ``POLICY_BYTES``);
 - payload members the policy type needs (``state.json`` / ``state.npz`` for bandits, ``model.npz`` for the
   scikit-learn predictors, ``network.json`` + ``policy.safetensors`` for stable-baselines3; files of earlier
   versions hold stable-baselines3's ``model.zip`` instead, read as data like a plain stable-baselines3 zip below).
@@ -237,7 +238,15 @@ def read_policy(path: str | Path) -> tuple[Header, dict[str, bytes]]:
     """Read and check an archive: every problem is a ``PolicyError`` naming the file."""
     path = Path(path)
     _regular_file(path)
-    meta, files = read_archive(path, "header.json", FORMAT, FORMAT_VERSION, "draftgym policy file")
+    meta, files = read_archive(
+        path,
+        "header.json",
+        FORMAT,
+        FORMAT_VERSION,
+        "draftgym policy file",
+        max_bytes=POLICY_BYTES,
+        named=True,
+    )
     try:
         features = meta.get("features")
         header = Header(
@@ -292,21 +301,44 @@ def write_archive(
     tmp.replace(path)
 
 
-# a policy or checkpoint archive unpacks to at most this much (the largest shipped: a few MB; an SB3 checkpoint with
-# its replay buffer: up to GBs), read into memory: a file declaring more is refused before anything is unpacked
+# A policy file unpacks to at most POLICY_BYTES, counting the archives inside it (a bandit's state.npz, an old
+# file's model.zip and its policy.pth): the largest shipped is 46 KB, a PPO policy of net_arch 2048,2048 on the
+# default observation ~35 MB of float32 tensors. A training checkpoint holds a DQN replay buffer (buffer_size up to
+# 2**26 rows): up to GBs, so ARCHIVE_BYTES. Either is read into memory; a file declaring more is refused before its
+# members are unpacked. A compression-ratio guard is not added: deflate tops out near 1030:1, which a legitimate
+# array of zeros (an untrained bandit's counts) reaches too, and these bounds already cap the memory.
+POLICY_BYTES = 64 << 20
 ARCHIVE_BYTES = 4 << 30
 ARCHIVE_MEMBERS = 256
+# what policies.sb3_files reads of a plain stable-baselines3 zip
+SB3_MEMBERS = ("policy.pth", "data", "_stable_baselines3_version")
 
 
 def read_archive(
-    path: Path, head: str, fmt: str, version: int, what: str
+    path: Path,
+    head: str,
+    fmt: str,
+    version: int,
+    what: str,
+    *,
+    max_bytes: int | None = None,
+    named: bool = False,
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The JSON member ``head`` of a zip and its other members, as data (nothing is unpickled), checked to be
-    ``fmt`` at ``version``; every problem is a one-line ``PolicyError`` naming the file (``what`` it should be)."""
-    from env.safe_zip import ArchiveProblem, parse_json, read_zip
+    ``fmt`` at ``version``; every problem is a one-line ``PolicyError`` naming the file (``what`` it should be).
+    At most ``max_bytes`` (never past ``ARCHIVE_BYTES``) are unpacked. ``named``: what the whole archive declares
+    is checked, ``head`` read, then only the members its ``payload`` names (one it does not name is refused),
+    within ``max_bytes`` in all, the archives inside them included."""
+    from env.safe_zip import ArchiveProblem, member_names, parse_json, read_zip, unpacked_bytes
 
+    max_bytes = ARCHIVE_BYTES if max_bytes is None else min(max_bytes, ARCHIVE_BYTES)
     try:
-        files = read_zip(path, max_bytes=ARCHIVE_BYTES, max_members=ARCHIVE_MEMBERS)
+        if named:
+            names = member_names(path, max_members=ARCHIVE_MEMBERS)
+            unpacked_bytes(path, max_bytes=max_bytes, max_members=ARCHIVE_MEMBERS)  # (its directory alone)
+            files = read_zip(path, max_bytes=max_bytes, max_members=ARCHIVE_MEMBERS, only={head})
+        else:
+            files = read_zip(path, max_bytes=max_bytes, max_members=ARCHIVE_MEMBERS)
     except ArchiveProblem as err:
         raise PolicyError(f"{path} is not a readable {what} ({err})") from None
     if head not in files:
@@ -323,6 +355,24 @@ def read_archive(
         raise PolicyError(
             f"{path} has {what} format version {meta.get('format_version')}; this draftgym reads {version}"
         )
+    if not named:
+        return meta, files
+    payload = meta.get("payload") or {}
+    if not isinstance(payload, dict) or not all(isinstance(d, str) for d in payload.values()):
+        raise PolicyError(f"{path}: {head} lacks or mangles a field (payload must map members to checksums)")
+    unknown = sorted(set(names) - set(payload) - {head})
+    if unknown:
+        raise PolicyError(
+            f"{path} is not a readable {what}: member {unknown[0]!r} is not in {head}'s payload "
+            f"(named: {', '.join(sorted(payload)) or 'none'})"
+        )
+    try:  # the bound on the whole first, the archives inside included; then the members, each level on its own
+        unpacked_bytes(
+            path, max_bytes=max_bytes, levels=3, only={head, *payload}, max_members=ARCHIVE_MEMBERS
+        )
+        files = read_zip(path, max_bytes=max_bytes, max_members=ARCHIVE_MEMBERS, only=set(payload) - {head})
+    except ArchiveProblem as err:
+        raise PolicyError(f"{path} is not a readable {what} ({err})") from None
     return meta, files
 
 
@@ -385,7 +435,16 @@ def load_policy(
     _regular_file(Path(path))
     plain_sb3 = is_sb3_zip(path)  # a stable-baselines3 ``model.save`` file, read as data (policies.sb3_files)
     what = "stable-baselines3 model"
-    if not plain_sb3:
+    if plain_sb3:  # the members read, and the tensor records inside policy.pth, within a policy's bound
+        from env.safe_zip import ArchiveProblem, unpacked_bytes
+
+        try:
+            unpacked_bytes(
+                path, max_bytes=POLICY_BYTES, levels=2, only=SB3_MEMBERS, max_members=ARCHIVE_MEMBERS
+            )
+        except ArchiveProblem as err:
+            raise PolicyError(f"{path} is not a readable stable-baselines3 zip ({err})") from None
+    else:
         header, files = read_policy(path)
         check_compatible(header, arms=arms, obs_size=obs_size, features=features, source=f"policy {path}")
         cls = _policy_class(header.type)
