@@ -100,7 +100,7 @@ def test_bad_arguments_are_serve_env_errors(trace):
         ({"arms": ["none", "suffix-d3"]}, "no recorded trees for suffix"),
         ({"loads": []}, "load list is empty"),
         ({"loads": ["9"]}, r"concurrency must be in 1\.\.4"),
-        ({"loads": ["poisson@-1"]}, "positive multiple"),
+        ({"loads": ["poisson@-1"]}, "a multiple of the unit rate in 0.01..1000"),
         ({"loads": ["heavy"]}, "unknown load 'heavy'"),
         ({"prompt_ids": ["p0", "zz"]}, "not in the trace: zz"),
         ({"max_batch": 0}, ">= 1"),
