@@ -18,18 +18,14 @@ One ``.npz`` file (compressed numpy arrays, no pickles):
 | ``tree/NAME/tokens``    | int32 [M]          | its nodes' tokens (node 0 = the root)                            |
 | ``tree/NAME/parents``   | int16 [M]          | their parents (local indices, -1 for the root)                   |
 
-``draftgym record`` writes one part per prompt under ``OUT.parts/`` as it goes (so a killed run resumes where it
-stopped) and assembles ``OUT`` at the end.
+Recording (``draftgym record``, resumable part by part) is ``env.trace_record``.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import re
-import shutil
-import sys
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,19 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from drafters import Carries, Drafter, DrafterError, DraftTree, TreeShape, make_drafter, tree_problem
-from drafters.base import carried_state, restore_state
-from env.features import (
-    FeatureSpec,
-    FeatureSpecError,
-    position_feature_names,
-    position_features,
-    projection,
-)
+from drafters import TreeShape, tree_problem
+from env.features import FeatureSpec, FeatureSpecError
 from env.file_checks import Bad, check_trace_arrays, check_trace_header, check_trace_values, one_line
-from env.files import atomic_write_text, file_digest
 from env.safe_zip import ArchiveProblem, member_names, parse_json, read_npz
-from env.step import Stepper, largest_shape
 
 FORMAT = "draftgym-trace"
 VERSION = 1
@@ -284,7 +271,7 @@ def _check_offsets(file: Path, t: Trace) -> None:
             raise TraceError(f"{file} holds an invalid tree/{n}: {problem}")
 
 
-# ---- recording ----------------------------------------------------------------------------------------------------
+# ---- what a trace must match ----------------------------------------------------------------------------------------------------
 
 
 def model_fingerprint(loaded: Any) -> dict[str, Any]:
@@ -304,285 +291,4 @@ def model_fingerprint(loaded: Any) -> dict[str, Any]:
     }
 
 
-def _drafter_header(name: str, d: Drafter, options: dict[str, Any]) -> dict[str, Any]:
-    s = largest_shape(d)
-    exact = bool(getattr(d, "exact_replay", False)) and hasattr(d, "max_shape")
-    return {"exact": exact, "shape": [s.depth, s.topk, s.budget], "options": options}
-
-
-def record_prompt(
-    stepper: Stepper,
-    probes: dict[str, Drafter],
-    prompt_ids: list[int],
-    max_new_tokens: int,
-    spec: FeatureSpec,
-    proj: np.ndarray,
-) -> dict[str, np.ndarray]:
-    """Greedy autoregressive decoding of one prompt (``stepper``'s menu: no draft alone); at every root, its
-    position features and each probe drafter's largest proposal. Returns the arrays of one part."""
-    seq = stepper.start(prompt_ids, max_new_tokens, probes)
-    row = seq.row
-    feats: list[np.ndarray] = []
-    trees: dict[str, list[DraftTree]] = {n: [] for n in probes}
-    try:
-        while True:
-            feats.append(position_features(row.last_logits, row.last_hidden, row.tokens, spec, proj))
-            for name, tree in stepper.proposals(seq, list(probes)).items():
-                trees[name].append(tree)
-            if seq.done:
-                break
-            stepper.step([0])
-    finally:
-        stepper.retire(seq)
-    out = {
-        "prompt": np.asarray(prompt_ids, dtype=np.int32),
-        "traj": np.asarray(row.tokens[row.prompt_len :], dtype=np.int32),
-        "feat": np.stack(feats).astype(np.float32),
-    }
-    for name, ts in trees.items():
-        sizes = [t.num_nodes for t in ts]
-        out[f"{name}/off"] = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        out[f"{name}/tokens"] = np.concatenate([t.tokens.numpy() for t in ts]).astype(np.int32)
-        out[f"{name}/parents"] = np.concatenate([t.parents.numpy() for t in ts]).astype(np.int16)
-    assert out["traj"].shape[0] == out["feat"].shape[0]
-    return out
-
-
-def _assemble(header: dict[str, Any], parts: list[dict[str, np.ndarray]]) -> Trace:
-    def cat_off(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        off = np.concatenate([[0], np.cumsum([a.shape[0] for a in arrays])]).astype(np.int64)
-        return np.concatenate(arrays), off
-
-    prompt_tokens, prompt_off = cat_off([p["prompt"] for p in parts])
-    traj, traj_off = cat_off([p["traj"] for p in parts])
-    feat = np.concatenate([p["feat"] for p in parts])
-    trees = {}
-    for name in header["drafters"]:
-        offs, base = [np.zeros(1, dtype=np.int64)], 0
-        for p in parts:
-            offs.append(p[f"{name}/off"][1:] + base)
-            base += int(p[f"{name}/off"][-1])
-        trees[name] = TreeArrays(
-            np.concatenate(offs),
-            np.concatenate([p[f"{name}/tokens"] for p in parts]),
-            np.concatenate([p[f"{name}/parents"] for p in parts]),
-        )
-    return Trace(header, prompt_tokens, prompt_off, traj, traj_off, feat, trees)
-
-
-def record(
-    loaded: Any,
-    prompts: Sequence[Any],
-    drafter_names: Sequence[str],
-    out: str | Path,
-    *,
-    max_new_tokens: int = 128,
-    spec: FeatureSpec | None = None,
-    drafter_options: dict[str, dict[str, Any]] | None = None,
-    workload: str = "builtin",
-    progress: bool = True,
-    overwrite: bool = False,
-) -> Trace:
-    """Record a trace of ``prompts`` (``env.workloads.Prompt``) into ``out``; resumes from ``out.parts/``. A
-    finished ``out`` of the same settings is returned as it is (a rerun after the end, or after a kill while the
-    parts were deleted); one of other settings is refused unless ``overwrite``."""
-    from tqdm import tqdm
-
-    from env.batch import BatchEngine
-    from env.decoder import chat_prompt
-    from env.engine import NO_DRAFT
-    from env.target import check_prompt
-
-    out = Path(out)
-    spec = spec or FeatureSpec()
-    if max_new_tokens < 2:
-        raise TraceError(f"max_new_tokens must be >= 2, got {max_new_tokens}")
-    names = [n for n in dict.fromkeys(drafter_names) if n != "none"]
-    if not names:
-        raise TraceError("record needs at least one drafter (e.g. --drafters ngram)")
-    options = drafter_options or {}
-    probes = {n: make_drafter(n, **options.get(n, {})) for n in names}
-    ids = [str(p.prompt_id) for p in prompts]
-    if len(set(ids)) != len(ids):
-        raise TraceError("the workload repeats a prompt id; a trace needs unique prompt ids")
-    engine = BatchEngine(loaded, max_rows=1)
-    for p in prompts:  # every prompt fits, before anything is written
-        check_prompt(chat_prompt(loaded.tokenizer, p.text), loaded.max_context, f"prompt {p.prompt_id}")
-    header = {
-        "format": FORMAT,
-        "version": VERSION,
-        "model": model_fingerprint(loaded),
-        "sampling": "greedy",
-        "max_new_tokens": int(max_new_tokens),
-        "features": {"spec": spec.as_dict(), "names": position_feature_names(spec)},
-        "drafters": {n: _drafter_header(n, d, options.get(n, {})) for n, d in probes.items()},
-        "workload": str(workload),
-        "prompts": {"ids": ids, "categories": [str(p.category) for p in prompts]},
-        # what else decides the trajectories: the weight format and forward the target ran in, and the workload
-        # file's bytes (an edited file under the same path: other prompts under the same ids)
-        "engine": {
-            "weights": str(getattr(loaded, "weights", "dense")),
-            "forward": str(getattr(loaded, "forward", "lean")),
-        },
-        "workload_sha256": file_digest(workload) if Path(str(workload)).is_file() else None,
-        # the device the target ran on: greedy outputs may differ between a GPU's kernels and the CPU's, so a
-        # recording is not resumed on another
-        "device": str(loaded.device),
-    }
-    parts_dir = out.with_name(out.name + ".parts")
-    head_file = parts_dir / "header.json"
-    if out.exists() and not overwrite:
-        old = load_trace(out)
-        want = json.loads(json.dumps(header))
-        diff = sorted(k for k in want if _differs(old.header, want, k))
-        if diff:
-            raise TraceError(
-                f"{out} already holds a trace of other settings ({', '.join(diff)} differ); delete it, "
-                f"pass --overwrite or choose another --out"
-            )
-        _remove_parts(parts_dir)
-        return old
-    if parts_dir.is_dir() and head_file.is_file():
-        try:
-            old = parse_json(head_file.read_bytes())
-        except (ArchiveProblem, OSError) as err:
-            raise TraceError(
-                f"{head_file} is not readable ({err}); delete {parts_dir} to record again"
-            ) from None
-        if not isinstance(old, dict):
-            raise TraceError(f"{head_file} is not a recording's header; delete {parts_dir} to record again")
-        diff = sorted(k for k in header if _differs(old, header, k))
-        if diff:
-            raise TraceError(
-                f"{parts_dir} holds a partial recording with other settings ({', '.join(diff)} differ); "
-                f"delete it or choose another --out"
-            )
-    else:
-        parts_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(head_file, json.dumps(header))  # torn, it would stop every later resume
-    carriers = {n: d for n, d in probes.items() if isinstance(d, Carries)}
-    if carriers:
-        _resume_carriers(parts_dir, len(prompts), carriers)
-    stepper = Stepper(engine, [NO_DRAFT])
-    proj = projection(int(loaded.config.hidden_size), spec)
-    parts = []
-    bar = tqdm(prompts, desc="record", unit="prompt", disable=not progress)
-    for i, p in enumerate(bar):
-        part_file = parts_dir / f"{i:05d}.npz"
-        if not part_file.is_file():
-            arrays = record_prompt(
-                stepper, probes, chat_prompt(loaded.tokenizer, p.text), max_new_tokens, spec, proj
-            )
-            tmp = parts_dir / f"{i:05d}.tmp.npz"
-            np.savez(tmp, **arrays)
-            tmp.replace(part_file)
-            if (
-                carriers
-            ):  # after the part: a kill in between leaves the state one part behind (that part redone)
-                state = carried_state(carriers)
-                np.savez(parts_dir / "probes.tmp.npz", part=np.int64(i + 1), **state)
-                (parts_dir / "probes.tmp.npz").replace(parts_dir / PROBES_FILE)
-        try:
-            parts.append(read_npz(part_file, max_bytes=TRACE_BYTES))
-        except ArchiveProblem as err:
-            raise TraceError(
-                f"{part_file} is a corrupted part of this recording ({err}); delete it to record again"
-            ) from None
-    header = dict(header)
-    header["created"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    header["provenance"] = _provenance()  # where it was recorded (not compared on a resume)
-    try:
-        trace = _assemble(header, parts)
-    except (KeyError, ValueError) as err:
-        raise TraceError(
-            f"{parts_dir} holds a part of another recording ({one_line(str(err))}); delete it"
-        ) from None
-    trace.save(out)
-    _remove_parts(parts_dir)
-    return trace
-
-
-# header keys a recording from before they existed does not have: not compared then (it is taken as it is)
-LATER_KEYS = ("engine", "workload_sha256", "device")
-
-
-def _provenance() -> dict[str, Any]:
-    """The machine, library versions and command line of a recording (DESIGN's provenance of a result file)."""
-    import sys
-
-    from env.machine import library_versions, machine_info
-
-    return {"machine": machine_info(), "versions": library_versions(),
-            "command": " ".join(["draftgym", *sys.argv[1:]])}  # fmt: skip
-
-
-def _differs(old: dict[str, Any], new: dict[str, Any], key: str) -> bool:
-    if key in LATER_KEYS and key not in old:
-        return False
-    return old.get(key) != new.get(key)
-
-
-PROBES_FILE = "probes.npz"  # the probes' carried state after the parts before ``part``
-
-
-def _resume_carriers(parts_dir: Path, n_prompts: int, carriers: dict[str, Any]) -> None:
-    """Probes whose state outlives a prompt (``drafters.Carries``: the suffix drafter's answer cache, the
-    recycling drafter's table) must go on, after a kill, as they were at the first prompt recorded again: their
-    state is restored from ``PROBES_FILE`` (kept after every part), and the parts it does not cover are recorded
-    again (a kill between a part and the state; a part deleted by hand: all, from fresh probes)."""
-    state_file = parts_dir / PROBES_FILE
-    have = 0
-    while have < n_prompts and (parts_dir / f"{have:05d}.npz").is_file():
-        have += 1
-    covered, arrays = 0, {}
-    if state_file.is_file():
-        try:
-            arrays = read_npz(state_file, max_bytes=TRACE_BYTES)
-            part = arrays.pop("part", None)
-            if (
-                part is None
-                or part.shape != ()
-                or part.dtype.kind not in "iu"
-                or not 0 < int(part) <= n_prompts
-            ):
-                raise ArchiveProblem(f"no part count in 1..{n_prompts}")
-        except ArchiveProblem as err:
-            raise TraceError(
-                f"{state_file} is not the probes' state of this recording ({err}); delete it to record again"
-            ) from None
-        covered = int(part)
-    keep = covered if covered <= have else 0  # state past a missing part: nothing before it can be continued
-    redo = sorted(f for f in parts_dir.glob("[0-9]*[0-9].npz") if f.stem.isdigit() and int(f.stem) >= keep)
-    if redo:
-        print(
-            f"record: {len(redo)} recorded prompt(s) past the probes' saved state are recorded again",
-            file=sys.stderr,
-        )
-    for f in redo:
-        f.unlink()
-    if keep == 0:
-        state_file.unlink(missing_ok=True)
-        return
-    try:
-        restore_state(carriers, arrays)
-    except DrafterError as err:
-        raise TraceError(f"{state_file}: {err}; delete it to record again") from None
-
-
-def _remove_parts(parts_dir: Path) -> None:
-    """Delete the parts of a finished recording, renamed away first: a kill while deleting must not leave a
-    ``.parts`` folder without its header, whose remaining parts a later recording would take as its own."""
-    trash = parts_dir.with_name(parts_dir.name + ".done")
-    shutil.rmtree(trash, ignore_errors=True)
-    if parts_dir.is_dir():
-        parts_dir.rename(trash)
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def part_progress(out: str | Path) -> int:
-    """How many prompts a resumable recording into ``out`` has finished."""
-    parts_dir = Path(out).with_name(Path(out).name + ".parts")
-    return len(list(parts_dir.glob("[0-9]*[0-9].npz"))) if parts_dir.is_dir() else 0
-
-
-__all__ = ["Trace", "TraceError", "default_trace_path", "load_trace", "model_fingerprint", "record"]
+__all__ = ["Trace", "TraceError", "default_trace_path", "load_trace", "model_fingerprint"]

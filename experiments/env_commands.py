@@ -78,7 +78,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_record(args: argparse.Namespace) -> int:
     from env.model import load_model
-    from env.trace import part_progress, record
+    from env.trace_record import part_progress, record
     from env.workloads import load_workload
     from experiments.errors import UserError
 

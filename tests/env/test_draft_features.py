@@ -10,7 +10,8 @@ import pytest
 from env.decoder import SpeculativeDecoder
 from env.features import FeatureSpec, draft_features
 from env.spec_env import SpecDecodeEnv
-from env.trace import load_trace, record
+from env.trace import load_trace
+from env.trace_record import record
 from env.workloads import load_workload
 
 ARMS = ["none", "ngram-d2", "ngram-d8", "ngram-d4-k2"]

@@ -13,7 +13,8 @@ import pytest
 import env as env_pkg
 from env.decoder import SpeculativeDecoder
 from env.spec_env import SpecDecodeEnv
-from env.trace import TraceError, load_trace, record
+from env.trace import TraceError, load_trace
+from env.trace_record import record
 from env.workloads import load_workload
 
 pytestmark = pytest.mark.model
@@ -114,7 +115,7 @@ def test_measured_cost_and_a_trace_for_another_model(fp32_model, prompts, toy_tr
 
 
 def test_record_resumes_after_a_kill(fp32_model, prompts, tmp_path, monkeypatch):
-    import env.trace as trace_mod
+    import env.trace_record as trace_mod
 
     calls = []
     real = trace_mod.record_prompt
@@ -159,7 +160,7 @@ def test_a_resumed_recording_keeps_the_probes_state(fp32_model, tmp_path, monkey
     """Probes whose state outlives a prompt (the recycling table, the suffix answer cache) go on after a kill as
     they were: the resumed trace equals the uninterrupted one; without their saved state the prompts are recorded
     again from fresh probes, and a hostile state file is refused in one line."""
-    import env.trace as trace_mod
+    import env.trace_record as trace_mod
 
     three = load_workload()[:3]
     probes, new = ["suffix", "recycling"], 8

@@ -393,8 +393,9 @@ def test_run_killed_between_a_policy_state_and_its_record(tmp_path, fp32_model, 
 def test_record_killed_before_its_parts_were_deleted(tmp_path, fp32_model, monkeypatch):
     """Killed after the trace was saved, before its parts were deleted (or after the end): the rerun returns the
     trace as it is; another recording into the same file is refused, naming the settings that differ."""
-    import env.trace as trace_mod
-    from env.trace import TraceError, load_trace, record
+    import env.trace_record as trace_mod
+    from env.trace import TraceError, load_trace
+    from env.trace_record import record
     from env.workloads import load_workload
 
     prompts, out = load_workload(None)[:1], tmp_path / "trace.npz"

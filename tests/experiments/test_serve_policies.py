@@ -130,7 +130,11 @@ def test_evaluate_serve_says_when_a_policy_was_trained_on_the_evaluated_prompts(
     printed = capsys.readouterr().out
     data = json.loads((tmp_path / "eval" / "evaluate.json").read_text())
     seen, n_test = data["trained_on_evaluated"], len(data["settings"]["test_prompts"])
-    assert set(seen) == SAVED - {"trt-auto", "smartspec"} and len(set(seen.values())) == 1 and 0 < seen["linucb"] <= n_test
+    assert (
+        set(seen) == SAVED - {"trt-auto", "smartspec"}
+        and len(set(seen.values())) == 1
+        and 0 < seen["linucb"] <= n_test
+    )
     assert (
         f"note: linucb was trained on {seen['linucb']} of the {n_test} prompts evaluated here (not held out)!"
         in printed
