@@ -45,14 +45,20 @@ class Sampling:
     def __post_init__(self) -> None:
         for name in ("temperature", "top_k", "top_p"):
             v = getattr(self, name)
-            number = Integral if name == "top_k" else Real
-            if isinstance(v, bool) or not isinstance(v, number) or not math.isfinite(v):
+            if name == "top_k":  # an integer is finite; math.isfinite would overflow on a huge one
+                ok = isinstance(v, Integral) and not isinstance(v, bool)
+            else:
+                try:
+                    ok = isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v)
+                except OverflowError:  # an integer too large for a float
+                    ok = False
+            if not ok:
                 kind = "an integer" if name == "top_k" else "a finite number"
-                raise ValueError(f"{name} must be {kind}, got {v!r}")
+                raise ValueError(f"{name} must be {kind}, got {v!r}"[:200])
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.top_k <= (1 << 31) - 1:  # far above any vocabulary (experiments.args.MAX_TOP_K)
+            raise ValueError(f"top_k must be in [0, 2**31 - 1], got {self.top_k}"[:200])
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 

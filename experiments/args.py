@@ -13,18 +13,37 @@ from pathlib import Path
 
 from env.cli import seed_int
 
+INT64_MAX = (1 << 63) - 1  # the most an integer option takes: a larger one overflows a float or a tensor
 
-def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
-    """An integer >= ``low`` (and <= ``high`` when given)."""
+
+def int_at_least(low: int, high: int | None = None, *, most: int = INT64_MAX) -> Callable[[str], int]:
+    """An integer >= ``low`` and <= ``high`` (refused as "in [low, high]"); without ``high``, at most ``most``
+    (refused as "<= most")."""
+    top = most if high is None else high
 
     def parse(text: str) -> int:
+        digits = text.strip().lstrip("+-")
         try:
             value = int(text)
         except ValueError:
+            # past the 4300 digits int() reads
+            if len(digits) > 4000 and digits.isascii() and digits.isdigit():
+                span = f"in [{low}, {high}]" if high is not None else f"<= {top}"
+                raise argparse.ArgumentTypeError(
+                    f"must be {span}, got {digits[:6]}... ({len(digits)} digits)"
+                ) from None
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low or (high is not None and value > high):
-            span = f">= {low}" if high is None else f"in [{low}, {high}]"
-            raise argparse.ArgumentTypeError(f"must be {span}, got {value}")
+        shown = (
+            str(value)
+            if len(digits) <= 24
+            else f"{'-' if value < 0 else ''}{digits[:6]}... ({len(digits)} digits)"
+        )
+        if high is not None and not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}], got {shown}")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {shown}")
+        if value > top:
+            raise argparse.ArgumentTypeError(f"must be <= {top}, got {shown}")
         return value
 
     parse.__name__ = f"integer >= {low}" if high is None else f"integer in [{low}, {high}]"
@@ -63,15 +82,12 @@ def temperature(text: str) -> float:
 
 positive_int = int_at_least(1)
 nonnegative_int = int_at_least(0)
+MAX_TOP_K = (1 << 31) - 1  # far above any vocabulary; env.engine.Sampling refuses more
 MAX_NEW_TOKENS = 1 << 20
 
 
-def new_tokens(text: str) -> int:
-    """``--max-new-tokens``: 1 .. 2**20 (the context bounds it further, checked against the model)."""
-    value = positive_int(text)
-    if value > MAX_NEW_TOKENS:
-        raise argparse.ArgumentTypeError(f"must be <= {MAX_NEW_TOKENS}, got {value}")
-    return value
+new_tokens = int_at_least(1, most=MAX_NEW_TOKENS)
+"""``--max-new-tokens``: 1 .. 2**20 (the context bounds it further, checked against the model)."""
 
 
 def model_args(p: argparse.ArgumentParser) -> None:
@@ -122,7 +138,7 @@ def drafter_options(items: list[str] | None) -> dict[str, dict[str, object]]:
     from drafters import DRAFTERS
     from experiments.config import keywords_of
     from experiments.errors import UserError
-    from experiments.strict_toml import parse_set
+    from experiments.strict_toml import int64_problem, parse_set
 
     out: dict[str, dict[str, object]] = {}
     for item in items or []:
@@ -132,6 +148,9 @@ def drafter_options(items: list[str] | None) -> dict[str, dict[str, object]]:
         if not sep or len(parts) != 2 or not all(parts):
             raise UserError(f"--drafter-option {shown}: expected NAME.OPTION=VALUE, e.g. eagle3.vocab=8192")
         (name, opt), value = parse_set(item)
+        why = int64_problem(value)
+        if why:
+            raise UserError(f"--drafter-option {shown}: the value {why}")
         if name not in DRAFTERS:
             raise UserError(
                 f"--drafter-option {shown}: {name!r} is not a drafter; known: {', '.join(sorted(DRAFTERS))}"
@@ -147,7 +166,7 @@ def drafter_options(items: list[str] | None) -> dict[str, dict[str, object]]:
     for name, opts in out.items():  # a value the drafter refuses fails here too, not mid-run
         try:
             make_drafter(name, **opts)
-        except (DrafterError, TypeError, ValueError) as err:
+        except (DrafterError, TypeError, ValueError, ArithmeticError) as err:
             raise UserError(f"--drafter-option {name}: {err}") from err
     return out
 
@@ -198,7 +217,12 @@ def same_settings(out: Path, settings: dict[str, object], started: bool) -> None
 
 def sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=temperature, default=0.0, help="0: greedy; else in [1e-3, 1e4]")
-    p.add_argument("--top-k", type=nonnegative_int, default=0, help="0: no top-k filter")
+    p.add_argument(
+        "--top-k",
+        type=int_at_least(0, most=MAX_TOP_K),
+        default=0,
+        help=f"0: no top-k filter; at most {MAX_TOP_K}",
+    )
     p.add_argument("--top-p", type=float_in(0.0, 1.0, low_open=True), default=1.0, help="in (0, 1]")
     p.add_argument("--seed", type=seed_int, default=0)
 

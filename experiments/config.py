@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from env.cli import SEED_MAX
-from experiments.args import MIN_TEMPERATURE
+from experiments.args import MAX_TOP_K, MIN_TEMPERATURE
 from experiments.errors import one_line
 from experiments.strict_toml import (
     ConfigError,
@@ -85,7 +85,9 @@ class DecodeConfig:
     further, checked against the model)."""
     temperature: float = _f(0.0, min=0.0, max=1e4)
     """0: greedy (the output equals greedy autoregressive decoding); at most 1e4, as ``--temperature``."""
-    top_k: int = _f(0, min=0)
+    top_k: int = _f(0, min=0, max=MAX_TOP_K)
+    """Top-k filter (0: off; a value at or above the vocabulary size keeps every token, as 0 does); at most
+    2**31 - 1, far above any vocabulary, as ``--top-k`` and ``env.engine.Sampling``."""
     top_p: float = _f(1.0, min=0.0, min_open=True, max=1.0)
     """Nucleus sampling: in (0, 1], as ``--top-p`` (1: off)."""
     warmup: bool = True
@@ -376,7 +378,7 @@ def _check_drafter(name: str, opts: dict[str, Scalar], fail: Any) -> None:
 
     try:
         make_drafter(name, **opts)
-    except (DrafterError, TypeError, ValueError) as err:
+    except (DrafterError, TypeError, ValueError, ArithmeticError) as err:
         opt = _named_option(err, opts)
         fail(("drafters", name) if opt is None else ("drafters", name, opt), f"is refused: {one_line(err)}")
 

@@ -2,7 +2,8 @@
 
 - ``build(cls, raw, origin)``: a dataclass from a parsed TOML dict, refusing unknown keys (with the closest valid
   one suggested), wrong types and non-finite numbers (TOML's ``nan`` and ``inf``: a NaN passes every bound check,
-  and JSON cannot write either), and checking field metadata (``choices``, ``min``, ``max``, ``min_open``; see
+  and JSON cannot write either), integers past TOML's 64-bit range (``tomllib`` reads any size; a larger one
+  overflows where it becomes a float), and checking field metadata (``choices``, ``min``, ``max``, ``min_open``; see
   ``opt``);
 - ``Origin``: where a dotted key was set: ``file:line`` (found by scanning the text: ``tomllib`` keeps no
   positions), ``--set key=value`` or ``sweep trial (key)``;
@@ -30,6 +31,20 @@ else:  # Python 3.10
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the key and where it was set."""
+
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # TOML's integers; ``tomllib`` reads any size
+
+
+def int64_problem(value: Any) -> str | None:
+    """Why ``value`` (or an integer inside a list or table of it) is outside TOML's 64-bit integers, or None. A
+    larger one would overflow where it is made a float (``float``, ``math.isfinite``) or a tensor."""
+    if type(value) is int and not INT64_MIN <= value <= INT64_MAX:
+        digits = str(abs(value))
+        got = f"{'-' if value < 0 else ''}{digits[:6]}... ({len(digits)} digits)"
+        return f"is an integer outside TOML's 64-bit range (-2**63 .. 2**63-1): {got}"
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return next((why for why in map(int64_problem, items) if why), None)
 
 
 def opt(default: Any, **meta: Any) -> Any:
@@ -124,6 +139,10 @@ def _coerce(tp: Any, value: Any, path: tuple[str, ...], where: Origin, finite: b
             raise bad()
         _, val_tp = typing.get_args(tp)
         return {str(k): _coerce(val_tp, v, (*path, str(k)), where, finite) for k, v in value.items()}
+    if type(value) is int and (tp in (int, float) or origin in (typing.Union, types.UnionType)):
+        why = int64_problem(value)
+        if why:
+            raise ConfigError(f"{where(path)}: {dotted(path)} {why}")
     if origin in (typing.Union, types.UnionType):
         if finite and isinstance(value, float) and not math.isfinite(value):
             raise _nonfinite(value, path, where)
@@ -134,9 +153,13 @@ def _coerce(tp: Any, value: Any, path: tuple[str, ...], where: Origin, finite: b
                 continue
         raise bad()
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        if finite and not math.isfinite(value):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer too large for a float (refused above already, kept as a guard)
+            raise _nonfinite(value, path, where) from None
+        if finite and not math.isfinite(number):
             raise _nonfinite(value, path, where)
-        return float(value)
+        return number
     if tp is str and type(value) is str and "\x00" in value:  # no path, name or option holds one
         raise ConfigError(f"{where(path)}: {dotted(path)} holds a NUL character (\\x00)")
     if tp in (int, str, bool) and type(value) is tp:

@@ -150,3 +150,139 @@ def test_the_cli_refuses_in_one_line_before_the_model_loads(
     assert main([command, str(cfg), *sets, "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and err[0].startswith(f"draftgym {command}: error: "), err
+
+
+# An integer past TOML's 64-bit range (``tomllib`` reads any size) overflowed where it was made a float
+# (``math.isfinite``, ``float``) or passed every check of an unbounded field and failed after the model loaded.
+HUGE = "1" + "0" * 400
+
+
+@pytest.mark.parametrize(
+    "line, key",
+    [
+        (f"temperature = {HUGE}", "decode.temperature"),
+        (f"top_k = {HUGE}", "decode.top_k"),
+        (f"top_p = {HUGE}", "decode.top_p"),
+        (f"top_p = -{HUGE}", "decode.top_p"),
+    ],
+    ids=["temperature", "top_k", "top_p", "top_p-negative"],
+)
+def test_a_huge_integer_is_one_line_naming_the_key(line, key):
+    msg = _err(OK + line + "\n")
+    assert msg.startswith(f"cfg.toml:6: {key} is an integer outside TOML's 64-bit range"), msg
+    assert "(401 digits)" in msg and len(msg) < 200, msg
+
+
+@pytest.mark.parametrize(
+    "sets, key",
+    [
+        ([f"sweep.analytic_alpha={HUGE}"], "sweep.analytic_alpha"),
+        ([f"workload.limit={HUGE}"], "workload.limit"),
+        (["methods=['ngram-d2']", f"drafters.ngram.max_matches={HUGE}"], "drafters.ngram.max_matches"),
+        (["methods=['ngram-d2']", f"drafters.eagle.min_prob={HUGE}"], "drafters.eagle.min_prob"),
+    ],
+    ids=["analytic_alpha", "limit", "ngram-max_matches", "eagle-min_prob"],
+)
+def test_a_huge_integer_in_other_fields_and_options(sets, key):
+    assert f"{key} is an integer outside TOML's 64-bit range" in _err(sets=tuple(sets))
+
+
+def test_a_huge_policy_parameter_names_it():
+    msg = _err(POLICY + f"params = {{ c = {HUGE} }}\n", sets=("methods=['policy:u']",))
+    assert msg.startswith("cfg.toml:10: policies.u.params.c is an integer outside TOML's 64-bit range"), msg
+
+
+def test_top_k_has_a_maximum():
+    from env.engine import Sampling
+    from experiments.args import MAX_TOP_K
+
+    assert MAX_TOP_K == 2**31 - 1
+    assert load_config(None, text=OK, sets=[f"decode.top_k={MAX_TOP_K}"]).decode.top_k == MAX_TOP_K
+    assert f"decode.top_k must be <= {MAX_TOP_K}, got {MAX_TOP_K + 1}" in _err(
+        sets=(f"decode.top_k={MAX_TOP_K + 1}",)
+    )
+    assert Sampling(top_k=MAX_TOP_K).top_k == MAX_TOP_K  # the engine's bound is the config's and the CLI's
+    with pytest.raises(ValueError, match=r"top_k must be in \[0, 2\*\*31 - 1\]"):
+        Sampling(top_k=MAX_TOP_K + 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"top_k": int(HUGE)}, "top_k must be in [0, 2**31 - 1]"),
+        ({"temperature": int(HUGE)}, "temperature must be a finite number"),
+        ({"temperature": 1.0, "top_p": int(HUGE)}, "top_p must be a finite number"),
+    ],
+    ids=["top_k", "temperature", "top_p"],
+)
+def test_sampling_refuses_a_huge_integer_with_a_value_error(kwargs, needle):
+    from env.engine import Sampling
+
+    with pytest.raises(ValueError) as info:
+        Sampling(**kwargs)
+    assert needle in str(info.value) and len(str(info.value)) <= 200
+
+
+@pytest.mark.parametrize("key", ["temperature", "top_k", "top_p"])
+def test_run_refuses_a_huge_integer_in_one_line_and_leaves_no_run_folder(key, tmp_path, capsys, monkeypatch):
+    import env.model
+    from experiments.cli import main
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(env.model, "load_model", no_model)
+    cfg = tmp_path / "huge.toml"
+    cfg.write_text(OK + f"{key} = {HUGE}\n")
+    out = tmp_path / "run"
+    assert main(["run", str(cfg), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("draftgym run: error: "), err
+    assert f"decode.{key} is an integer outside TOML's 64-bit range" in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--top-k", HUGE], "argument --top-k: must be <= 2147483647, got 100000... (401 digits)"),
+        (["--top-k", str(2**31)], f"argument --top-k: must be <= 2147483647, got {2**31}"),
+        (["--top-k", "1" * 5000], "argument --top-k: must be <= 2147483647, got 111111... (5000 digits)"),
+        (["--depth", HUGE], "argument --depth: must be <= 9223372036854775807, got 100000... (401 digits)"),
+        (["--budget", HUGE], "argument --budget: must be <= 9223372036854775807"),
+        (["--max-new-tokens", HUGE], "argument --max-new-tokens: must be <= 1048576, got 100000..."),
+    ],
+    ids=["top-k", "top-k-2**31", "top-k-5000-digits", "depth", "budget", "max-new-tokens"],
+)  # fmt: skip
+def test_generate_refuses_a_huge_number_in_one_line(argv, needle, tmp_path, capsys, monkeypatch):
+    import env.model
+    from experiments.cli import main
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(env.model, "load_model", no_model)
+    monkeypatch.chdir(tmp_path)
+    assert main(["generate", "hi", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("draftgym generate: error: ") and needle in err[0], err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option", ["ngram.max_matches", "eagle.min_prob"])
+def test_a_huge_drafter_option_is_one_line(option, tmp_path, capsys, monkeypatch):
+    import env.model
+    from experiments.cli import main
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(env.model, "load_model", no_model)
+    out = tmp_path / "run"
+    assert main(["bench", "--drafter-option", f"{option}={HUGE}", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"draftgym bench: error: --drafter-option {option}="), err
+    assert err[0].endswith(
+        "the value is an integer outside TOML's 64-bit range (-2**63 .. 2**63-1): 100000... (401 digits)"
+    )
+    assert not out.exists()
