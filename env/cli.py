@@ -146,13 +146,14 @@ def int_list(text: str, flag: str, low: int = 1) -> list[int]:
 
 
 def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
+    """An argparse type: an integer in 1..2^63-1."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
+    if not 1 <= value < 1 << 63:
+        shown = str(value) if len(str(value)) <= 24 else f"{str(value)[:12]}... ({len(str(value))} digits)"
+        raise argparse.ArgumentTypeError(f"must be in 1..2^63-1, got {shown}")
     return value
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -40,3 +41,17 @@ def test_record_a_tiny_trace(tmp_path):
     r = _run("evaluate", "--trace", str(out), "--no-live")
     assert r.returncode == 2 and "leaves no held-out prompt" in r.stderr, r.stderr
     assert r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("text, needle", [("0", "must be in 1..2^63-1, got 0"), ("1" + "0" * 30, "(31 digits)"),
+                                          ("x" * 100, "expected an integer")])  # fmt: skip
+def test_an_integer_option_out_of_range_is_one_short_message(text, needle):
+    """``env.cli.positive_int`` (the programs' counts): bounded above too, so no huge count reaches an allocation,
+    and the message stays short whatever the text."""
+    import argparse
+
+    from env.cli import positive_int
+
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(needle)) as err:
+        positive_int(text)
+    assert len(str(err.value)) < 80
