@@ -18,6 +18,7 @@ import math
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -142,9 +143,13 @@ def warm_up(
     *,
     sampling: Sampling = Sampling(),
     seed: int = 0,
+    lengths: Collection[int] = (),
+    max_new_tokens: int = 0,
 ) -> None:
-    """One short untimed generation with the decoder that is then timed. An online policy learns from every step,
-    so it warms up on a copy and is put back as it was: what is timed starts from the policy as loaded."""
+    """One short untimed generation with the decoder that is then timed (what ``bench`` and ``run`` both do). An
+    online policy learns from every step, so it warms up on a copy and is put back as it was: what is timed starts
+    from the policy as loaded. ``hf_static``/``hf_compile`` also build each static-cache size (and compiled graph)
+    that prompts of ``lengths`` tokens with ``max_new_tokens`` new ones will use: one per ``HF_CACHE_BUCKET``."""
     dec = decoders.get(method)
     policy = getattr(dec, "policy", None)
     saved = copy.deepcopy(policy) if hasattr(policy, "update") else None
@@ -152,6 +157,10 @@ def warm_up(
     if runs_compiled(method, loaded):
         drafting = chat_prompt(loaded.tokenizer, DRAFTING_PROMPT)
         run_method(method, loaded, decoders, drafting, 24, sampling=sampling, seed=seed)
+    if method in STATIC_CACHE_METHODS:
+        for n in bucket_warmup_lengths(set(lengths), max_new_tokens, len(prompt_ids)):
+            if n + 4 <= loaded.max_context:
+                run_method(method, loaded, decoders, (prompt_ids * (n // len(prompt_ids) + 1))[:n], 4)
     if saved is not None:
         dec.policy = saved
 
@@ -237,13 +246,7 @@ def run_bench(
         warm_ids = chat_prompt(loaded.tokenizer, "Say hello.")
         for m in methods:
             if m != LLAMA_CPP:  # its worker warmed up when it started
-                warm_up(m, loaded, decoders, warm_ids)
-            if (
-                m in STATIC_CACHE_METHODS
-            ):  # one static-cache size (and compiled graph) per bucket the prompts reach
-                for n in bucket_warmup_lengths(lengths, max_new_tokens, len(warm_ids)):
-                    if n + 4 <= loaded.max_context:
-                        run_method(m, loaded, decoders, (warm_ids * (n // len(warm_ids) + 1))[:n], 4)
+                warm_up(m, loaded, decoders, warm_ids, lengths=lengths, max_new_tokens=max_new_tokens)
     restore_drafters(decoders, carried, state_dir)
     finished = sum((m, p.prompt_id) in done for p in prompts for m in methods)  # of this run's selection only
     bar = tqdm(total=len(prompts) * len(methods), initial=finished, desc="bench", disable=not progress)
@@ -331,12 +334,13 @@ def summarize(records: list[Record], methods: list[str]) -> list[dict[str, Any]]
 
 
 def _paired(rs: list[Record], base: list[Record]) -> float | None:
-    """tokens/s of ``rs`` over that of ``base``, both on the prompts both have."""
+    """tokens/s of ``rs`` over that of ``base``, both on the prompts both have; None when there is no such ratio."""
     both = {r.prompt_id for r in rs} & {r.prompt_id for r in base}
     a = [r for r in rs if r.prompt_id in both]
     b = [r for r in base if r.prompt_id in both]
-    return speedup(throughput([r.new_tokens for r in a], [r.wall_s for r in a]),
-                   throughput([r.new_tokens for r in b], [r.wall_s for r in b]))  # fmt: skip
+    x = speedup(throughput([r.new_tokens for r in a], [r.wall_s for r in a]),
+                throughput([r.new_tokens for r in b], [r.wall_s for r in b]))  # fmt: skip
+    return x if math.isfinite(x) else None  # no prompt in common (or none timed): no ratio, JSON null
 
 
 def _median_paired(rs: list[Record], base: list[Record]) -> float | None:
@@ -372,7 +376,7 @@ def format_table(rows: list[dict[str, Any]], failures: dict[str, str] | None = N
     if failures:
         lines += [""] + [f"{m} failed: {why}" for m, why in failures.items()]
     best = best_by_category(rows)
-    if best and len({r["method"] for r in rows} - BASELINES) > 1:
+    if best and sum(map(drafts, {r["method"] for r in rows})) > 1:
         overall = best.get("overall", ("-", 0.0))[0]
         lines += ["", "best speculative method per category (x HF greedy; * = not the overall best):"]
         for cat, (m, x) in best.items():
@@ -380,15 +384,29 @@ def format_table(rows: list[dict[str, Any]], failures: dict[str, str] | None = N
     return "\n".join(lines)
 
 
-BASELINES = {"hf_greedy", "hf_pld", "hf_static", "hf_compile", "llama_cpp", "ar", "none"}
+def drafts(method: str) -> bool:
+    """Whether ``method`` decodes speculatively with drafters of ours: an arm with a drafter (in any target variant:
+    ``ngram-d8@int4``), a ``device:lookup-dD`` loop or a policy -- not a baseline (``hf_*``, ``llama_cpp``) nor
+    an autoregressive loop (``ar``, ``none``, ``ar@int4``, ``device:none``). A name that is none of these: False."""
+    if method in EXTERNAL_METHODS:
+        return False
+    if method.startswith("policy:"):
+        return True
+    try:
+        if is_device_method(method):
+            return device_depth(method) > 0
+        return parse_arm(split_weights(method)[0]).drafter is not None
+    except ValueError:  # DrafterError, a bad variant: e.g. a table of an older version's methods
+        return False
 
 
 def best_by_category(rows: list[dict[str, Any]]) -> dict[str, tuple[str, float]]:
-    """Per category, the speculative method (baselines excluded) with the highest speedup over HF greedy."""
+    """Per category, the speculative method (``drafts``: baselines and autoregressive loops excluded) with the
+    highest speedup over HF greedy."""
     best: dict[str, tuple[str, float]] = {}
     for r in rows:
         x = r.get("speedup_vs_hf")
-        if r["method"] in BASELINES or x is None or x != x:
+        if not drafts(r["method"]) or x is None or x != x:
             continue
         if r["category"] not in best or x > best[r["category"]][1]:
             best[r["category"]] = (r["method"], float(x))

@@ -1,11 +1,19 @@
 """Hugging Face ``generate`` as baselines of ``draftgym bench`` and ``run``: ``hf_greedy`` (greedy), ``hf_pld`` (its
 prompt lookup, ``prompt_lookup_num_tokens``), ``hf_static`` (greedy over a ``StaticCache`` whose length is rounded up
 to a multiple of ``HF_CACHE_BUCKET`` positions) and ``hf_compile`` (the same, with ``generate`` compiling its forward,
-which Hugging Face does on CUDA only)."""
+which Hugging Face does on CUDA only).
+
+Each call decodes greedily with only the options its method names: ``generate`` is handed a ``GenerationConfig`` of
+those alone and, for the call, a model generation config that holds only the end-of-sequence and padding ids. From
+transformers 5 on, ``generate`` fills every option a passed config leaves unset from ``model.generation_config`` (the
+folder's ``generation_config.json``: ``repetition_penalty`` 1.1 in Qwen2.5-Instruct's, sampling settings, suppressed
+tokens, ...), which would make these baselines other than greedy and their tokens other than our ``ar``'s."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,6 +41,44 @@ def _cache_kwarg() -> str:
     return "cache" if major_minor >= (5, 24) else "past_key_values"
 
 
+def special_ids(gen: Any) -> tuple[int | list[int] | None, int | None]:
+    """``(eos, pad)`` of a model's generation config: eos as it is there (an id or a list of ids), pad its own, else
+    the first eos id (``generate`` pads with it; a list is no pad id)."""
+    eos = gen.eos_token_id
+    pad = gen.pad_token_id
+    if pad is None:
+        first = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+        pad = first if isinstance(first, int) else None
+    return (list(eos) if isinstance(eos, tuple) else eos), pad
+
+
+def greedy_config(model: Any, max_new_tokens: int, **method_options: Any) -> Any:
+    """The ``GenerationConfig`` of one greedy call: the new-token limit, no sampling, the model's eos and pad ids and
+    ``method_options`` (a baseline's own: ``prompt_lookup_num_tokens``, ``disable_compile``, ...), nothing else."""
+    from transformers import GenerationConfig
+
+    eos, pad = special_ids(model.generation_config)
+    return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, eos_token_id=eos,
+                            pad_token_id=pad, **method_options)  # fmt: skip
+
+
+@contextlib.contextmanager
+def only_special_ids(model: Any) -> Iterator[None]:
+    """For one ``generate`` call, ``model.generation_config`` holds only its eos, pad and bos ids (what ``generate``
+    merges into a passed config's unset fields: nothing else of the folder's file); put back as it was after."""
+    from transformers import GenerationConfig
+
+    saved = model.generation_config
+    eos, pad = special_ids(saved)
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos, pad_token_id=pad, bos_token_id=saved.bos_token_id
+    )
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
 class HFRunner:
     """One of ``HF_METHODS`` on a loaded model (``loaded``: an ``env.model.LoadedModel``)."""
 
@@ -50,23 +96,21 @@ class HFRunner:
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
         model = self.loaded.model
         ids = torch.tensor([prompt_ids], device=self.loaded.device)
-        kwargs: dict[str, Any] = dict(
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=model.generation_config.eos_token_id,
-        )
+        options: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(ids)}
         if self.pld:
-            kwargs["prompt_lookup_num_tokens"] = self.pld
+            options["prompt_lookup_num_tokens"] = self.pld
         if self.cache != "dynamic":
             from transformers import StaticCache
 
             size = -(-(ids.shape[1] + max_new_tokens) // HF_CACHE_BUCKET) * HF_CACHE_BUCKET
             kwargs[_cache_kwarg()] = StaticCache(config=model.config, max_cache_len=size)
-            kwargs["disable_compile"] = self.cache == "static"
-        t0 = time.perf_counter()
-        out = model.generate(ids, **kwargs)
-        wall = time.perf_counter() - t0
+            options["disable_compile"] = self.cache == "static"
+        config = greedy_config(model, max_new_tokens, **options)
+        with only_special_ids(model):
+            t0 = time.perf_counter()
+            out = model.generate(ids, generation_config=config, **kwargs)
+            wall = time.perf_counter() - t0
         return [int(t) for t in out[0, ids.shape[1] :].tolist()], wall
 
 

@@ -1,6 +1,7 @@
 """PNG plots of runs, sweeps and comparisons (matplotlib, Agg backend, chosen when a plot is drawn).
 
-Each function takes plain data (records, summary rows, trial lists), writes one PNG and returns its path.
+Each function takes plain data (records, summary rows, trial lists), writes one PNG and returns its path. A run's
+plots name the machine its timings were measured on in a footer (``note``: ``experiments.runner.machine_label``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,14 @@ def _plt() -> Any:
     return plt
 
 
-def _save(fig: Any, path: Path) -> Path:
+def _save(fig: Any, path: Path, note: str = "") -> Path:
+    """Write ``fig`` to ``path`` (atomically), with ``note`` as a footer line (the machine) when given."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    if note:
+        fig.text(0.5, 0.01, note, ha="center", va="bottom", fontsize=7, color="0.3", wrap=True)
+        fig.tight_layout(rect=(0, 0.06, 1, 1))
+    else:
+        fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")  # the suffix tells matplotlib the format
     fig.savefig(tmp, dpi=110)
     tmp.replace(path)
@@ -35,7 +41,9 @@ def baseline_of(methods: Sequence[str]) -> str | None:
     return "ar" if "ar" in methods else "hf_greedy" if "hf_greedy" in methods else None
 
 
-def speedup_per_category(rows: list[dict[str, Any]], methods: Sequence[str], path: Path) -> Path:
+def speedup_per_category(
+    rows: list[dict[str, Any]], methods: Sequence[str], path: Path, note: str = ""
+) -> Path:
     """Grouped bars: x = category (and overall), one bar per method; speedup over the baseline, else tokens/s."""
     plt = _plt()
     base = baseline_of(methods)
@@ -57,10 +65,10 @@ def speedup_per_category(rows: list[dict[str, Any]], methods: Sequence[str], pat
     ax.set_xticks(range(len(cats)), cats, rotation=20, ha="right")
     ax.set_title("Speedup per category")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _save(fig, path, note)
 
 
-def tau_distribution(records: Sequence[Any], methods: Sequence[str], path: Path) -> Path:
+def tau_distribution(records: Sequence[Any], methods: Sequence[str], path: Path, note: str = "") -> Path:
     """Per-prompt tau (committed tokens per verification step) of each method: box plot and the points."""
     plt = _plt()
     by: dict[str, list[float]] = defaultdict(list)
@@ -79,10 +87,12 @@ def tau_distribution(records: Sequence[Any], methods: Sequence[str], path: Path)
     ax.set_ylabel("tau per prompt (tokens / step)")
     ax.set_title("tau distribution over prompts")
     ax.tick_params(axis="x", rotation=20)
-    return _save(fig, path)
+    return _save(fig, path, note)
 
 
-def arm_choices(records: Sequence[Any], methods: Sequence[str], path: Path, max_panels: int = 6) -> Path:
+def arm_choices(
+    records: Sequence[Any], methods: Sequence[str], path: Path, max_panels: int = 6, note: str = ""
+) -> Path:
     """Share of prompts choosing each arm at each step of the generation, one panel per method that drafts
     (policies first: static methods are flat bands)."""
     plt = _plt()
@@ -115,17 +125,23 @@ def arm_choices(records: Sequence[Any], methods: Sequence[str], path: Path, max_
         axes[0, 0].text(0.5, 0.5, "no method of ours in this run", ha="center", va="center")
     axes[-1, 0].set_xlabel("speculation step")
     fig.suptitle("Arm choices over the generation", fontsize=10)
-    return _save(fig, path)
+    return _save(fig, path, note)
 
 
 def run_plots(
-    records: Sequence[Any], rows: list[dict[str, Any]], methods: Sequence[str], out: Path
+    records: Sequence[Any],
+    rows: list[dict[str, Any]],
+    methods: Sequence[str],
+    out: Path,
+    machine: str = "",
 ) -> list[Path]:
+    """A run's three plots; ``machine``: where it was measured (each plot's footer)."""
     methods = list(methods)
+    note = f"measured on {machine}" if machine else ""
     return [
-        speedup_per_category(rows, methods, out / "speedup_per_category.png"),
-        tau_distribution(records, methods, out / "tau_distribution.png"),
-        arm_choices(records, methods, out / "arm_choices.png"),
+        speedup_per_category(rows, methods, out / "speedup_per_category.png", note),
+        tau_distribution(records, methods, out / "tau_distribution.png", note),
+        arm_choices(records, methods, out / "arm_choices.png", note=note),
     ]
 
 
@@ -155,8 +171,9 @@ def sweep_history(trials: list[dict[str, Any]], path: Path, direction: str = "ma
     return _save(fig, path)
 
 
-def compare_runs(runs: list[tuple[str, list[dict[str, Any]], list[str]]], path: Path) -> Path:
-    """Overall speedup over each run's baseline, method by method, one bar group per run."""
+def compare_runs(runs: list[tuple[str, list[dict[str, Any]], list[str]]], path: Path, note: str = "") -> Path:
+    """Overall speedup over each run's baseline, method by method, one bar group per run; ``note``: a footer (the
+    machines the runs were measured on)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(runs) + 3), 4))
     all_methods = list(dict.fromkeys(m for _, _, ms in runs for m in ms if m != baseline_of(ms)))
@@ -175,7 +192,7 @@ def compare_runs(runs: list[tuple[str, list[dict[str, Any]], list[str]]], path: 
     ax.set_ylabel("overall speedup over the run's baseline")
     ax.set_title("Runs side by side")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _save(fig, path, note)
 
 
 def goodput_vs_concurrency(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:

@@ -16,6 +16,7 @@ from typing import Any
 
 from env.files import atomic_write_text
 from experiments.args import output_file
+from experiments.runner import machine_label, settings_line
 
 
 class ReportError(ValueError):
@@ -170,10 +171,8 @@ def run_section(r: dict[str, Any], report_dir: Path) -> list[str]:
         *notes,
         f"- directory: `{r['path']}`; command: `{p.get('command', '?')}` ({p.get('starts', 0)} start(s), "
         f"first at {p.get('time', '?')})",
-        f"- model {s['model']} ({s['dtype']}), workload {s['workload']} ({s['prompts']} prompts), "
-        f"max_new_tokens {s['max_new_tokens']}, temperature {s['temperature']}",
-        f"- machine: {machine.get('cpu_label') or machine.get('processor', '?')}, {machine.get('cpu_count', '?')} CPUs, "
-        f"{'GPU ' + str(machine.get('gpu')) if machine.get('cuda') else 'no GPU'}; "
+        f"- {settings_line(s)}",
+        f"- machine: {_machine_text(s, machine)}; "
         + ", ".join(
             f"{k} {v}" for k, v in versions.items() if v and k in ("torch", "transformers", "optuna")
         ),
@@ -201,6 +200,26 @@ def run_section(r: dict[str, Any], report_dir: Path) -> list[str]:
     for png in sorted((r["path"] / "plots").glob("*.png")):
         lines += [_img(png.stem.replace("_", " "), png, report_dir), ""]
     return lines
+
+
+def _machine_text(s: dict[str, Any], machine: dict[str, Any]) -> str:
+    """Where a run was measured: its summary's machine (the GPU only when the run's device was CUDA, and the CPU
+    with its bf16 flags); for a summary from before it said, the first start's provenance, with a GPU named as
+    present only (that summary does not say which device the run used)."""
+    label = machine_label(s)
+    cpus = f", {machine['cpu_count']} CPUs" if machine.get("cpu_count") else ""
+    if label:
+        return label + cpus
+    cpu = machine.get("cpu_label") or machine.get("processor", "?")
+    if not machine.get("cuda"):
+        gpu = "no GPU"
+    elif str(s.get("device", "")).startswith("cuda"):
+        gpu = f"GPU {machine.get('gpu')}"
+    elif s.get("device") in (None, "auto"):
+        gpu = f"GPU {machine.get('gpu')} present (the run's device is not recorded)"
+    else:
+        gpu = "GPU not used"
+    return f"{cpu}{cpus}, {gpu}"
 
 
 def sweep_section(r: dict[str, Any], report_dir: Path) -> list[str]:
@@ -253,9 +272,17 @@ def _sections(
 
     lines: list[str] = []
     if len(runs) > 1:
+        labels = {r["name"]: machine_label(r["data"]["settings"]) for r in runs}
+        shared = set(labels.values())
+        note = (
+            f"measured on {shared.pop()}"
+            if len(shared) == 1 and "" not in shared
+            else "; ".join(f"{n}: {m or 'machine not recorded'}" for n, m in labels.items())
+        )
         png = plots.compare_runs(
             [(r["name"], r["data"]["summary"], r["data"]["settings"]["methods"]) for r in runs],
             out.with_name(out.stem + "_compare.png"),
+            note=note,
         )
         lines += (
             ["## Runs side by side (overall)", ""]

@@ -9,8 +9,9 @@ The run directory holds::
     provenance.jsonl   one line per start: command, library versions, machine, time
     records.jsonl      one line per (method, prompt), appended and flushed as each finishes
     policies/NAME.zip  the state of each online policy after its last finished prompt
-    summary.json       the summary rows (per category and overall) and the run's settings
-    summary.md         the summary table
+    summary.json       the summary rows (per category and overall) and the run's settings as resolved (dtype,
+                       device, weights, forward) with the machine (settings.json: what a resume must match)
+    summary.md         the summary table, its settings and machine
     plots/*.png        speedup per category, tau distribution, arm choices over the generation
 
 A run killed at any point (SIGKILL included) and started again with the same config and directory skips every
@@ -115,7 +116,8 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
         # what "auto" resolved to on this machine, and the files' contents: a resume with others is refused
         same_settings(out, run_settings(cfg, loaded), started=bool(records))
         state_dir = out / "policies"
-        longest = max((len(chat_prompt(loaded.tokenizer, p.text)) for p in prompts), default=0)
+        lengths = {len(chat_prompt(loaded.tokenizer, p.text)) for p in prompts}
+        longest = max(lengths, default=0)
         decoders = make_decoders(cfg, loaded, state_dir, context=longest + cfg.decode.max_new_tokens)
         carried = resume_drafters(decoders, state_dir, rec_path, records)  # restored after the warm-up
         done |= {(r.method, r.prompt_id) for r in records}
@@ -123,7 +125,8 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
         if cfg.decode.warmup:  # untimed: the first call of each decoder that is then timed pays for lazy init
             warm_ids = chat_prompt(loaded.tokenizer, "Say hello.")
             for m in tqdm(methods, desc="warm-up", disable=not progress, leave=False):
-                warm_up(m, loaded, decoders, warm_ids, sampling=sampling, seed=cfg.seed)
+                warm_up(m, loaded, decoders, warm_ids, sampling=sampling, seed=cfg.seed, lengths=lengths,
+                        max_new_tokens=cfg.decode.max_new_tokens)  # fmt: skip
         restore_drafters(decoders, carried, state_dir)
         bar = tqdm(
             total=len(prompts) * len(methods), initial=len(done), desc=f"run {cfg.name}", disable=not progress
@@ -227,17 +230,11 @@ def finish(cfg: Config, out: Path, records: list[Record], prompts: list[Prompt])
         records = [r for r in records if r.prompt_id in common]
     rows = summarize(records, methods)
     rec_file = out / "records.jsonl"
+    settings = summary_settings(cfg, out, len(prompts))
+    machine = machine_label(settings)
     result = {
         "name": cfg.name,
-        "settings": {
-            "model": cfg.model.name,
-            "dtype": cfg.model.dtype,
-            "workload": cfg.workload.path,
-            "prompts": len(prompts),
-            "max_new_tokens": cfg.decode.max_new_tokens,
-            "temperature": cfg.decode.temperature,
-            "methods": methods,
-        },
+        "settings": settings,
         "records": len(records),
         "records_lines": records_stamp(rec_file),  # what it was made from (a report redoes a stale summary)
         "partial": None if partial is None else {k: v for k, v in partial.items() if k != "common_prompts"},
@@ -248,12 +245,60 @@ def finish(cfg: Config, out: Path, records: list[Record], prompts: list[Prompt])
     note = f"Partial: {partial['text']}.\n\n" if partial else ""
     atomic_write_text(
         out / "summary.md",
-        f"# {cfg.name}\n\n{note}Speedups are ratios of aggregate tokens/s measured in this run on the same prompts."
-        f"\n\n```\n{table}\n```\n",
+        f"# {cfg.name}\n\n{note}{settings_line(settings)}\n\nMachine: {machine or 'not recorded'}.\n\n"
+        f"Speedups are ratios of aggregate tokens/s measured in this run on the same prompts.\n\n```\n{table}\n```\n",
     )
-    result["plots"] = [str(p) for p in plots.run_plots(records, rows, methods, out / "plots")]
+    result["plots"] = [
+        str(p) for p in plots.run_plots(records, rows, methods, out / "plots", machine=machine)
+    ]
     result["table"] = table
     return result
+
+
+def summary_settings(cfg: Config, out: Path, prompts: int) -> dict[str, Any]:
+    """The settings a summary names: the model, dtype, device, weight format and forward as the run resolved them
+    and the machine it ran on (``cpu``: ``env.machine.cpu_label``, ``gpu``: on CUDA), from the run folder's
+    ``settings.json`` (``run_settings``); the config's values where a folder has none (one from before it)."""
+    try:
+        saved = json.loads((out / "settings.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        saved = None
+    saved = saved if isinstance(saved, dict) else {}
+    machine = {k: saved[k] for k in ("cpu", "gpu") if isinstance(saved.get(k), str)}
+    return {
+        "model": saved.get("model", cfg.model.name),
+        "dtype": saved.get("dtype", cfg.model.dtype),
+        "device": saved.get("device", cfg.model.device),
+        "weights": saved.get("weights", cfg.model.weights),
+        "forward": saved.get("forward"),
+        "machine": machine or None,
+        "workload": cfg.workload.path,
+        "prompts": prompts,
+        "max_new_tokens": cfg.decode.max_new_tokens,
+        "temperature": cfg.decode.temperature,
+        "methods": list(cfg.methods),
+    }
+
+
+def settings_line(s: dict[str, Any]) -> str:
+    """A summary's settings in one line (those an older ``summary.json`` lacks left out)."""
+    how = ", ".join(f"{k} {s[k]}" for k in ("weights", "forward") if s.get(k))
+    dev = f" on {s['device']}" if s.get("device") else ""
+    return (f"model {s.get('model', '?')} ({s.get('dtype', '?')}{', ' + how if how else ''}){dev}, workload "
+            f"{s.get('workload', '?')} ({s.get('prompts', '?')} prompts), max_new_tokens {s.get('max_new_tokens', '?')}, "
+            f"temperature {s.get('temperature', '?')}")  # fmt: skip
+
+
+def machine_label(s: dict[str, Any]) -> str:
+    """The machine a summary's timings were measured on: the GPU's name when the run's device was CUDA, and the
+    CPU with its bf16 flags; "" when the summary does not say (one from before it did)."""
+    m = s.get("machine")
+    if not isinstance(m, dict):
+        return ""
+    cpu = f"CPU {m['cpu']}" if isinstance(m.get("cpu"), str) else ""
+    if str(s.get("device", "")).startswith("cuda") and isinstance(m.get("gpu"), str):
+        return f"GPU {m['gpu']} ({s['device']})" + (f", {cpu}" if cpu else "")
+    return cpu
 
 
 def partial_note(records: list[Record], prompts: list[Prompt], methods: list[str]) -> dict[str, Any] | None:
