@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from drafters.base import DrafterError, reason
+from drafters.hf_greedy import greedy_generate
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,7 @@ def generate_data(
         inp = torch.tensor([[pad_id] * (width - n) + ids for (_, ids), n in zip(batch, lens)])
         att = torch.tensor([[0] * (width - n) + [1] * n for n in lens])
         with torch.inference_mode():
-            out = model.generate(
-                inp, attention_mask=att, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id
-            )
+            out = greedy_generate(model, inp, max_new_tokens, attention_mask=att, pad_token_id=pad_id)
         cat = {k: torch.cat(v, dim=1) for k, v in captured.items()}  # [B, width + steps - 1, H]
         tensors: dict[str, torch.Tensor] = {}
         meta = []

@@ -151,9 +151,14 @@ def positive_int(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
-    if not 1 <= value < 1 << 63:
-        shown = str(value) if len(str(value)) <= 24 else f"{str(value)[:12]}... ({len(str(value))} digits)"
-        raise argparse.ArgumentTypeError(f"must be in 1..2^63-1, got {shown}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be >= 1, got {value if value > -(10**24) else 'a huge negative'}"
+        )
+    if value >= 1 << 63:
+        raise argparse.ArgumentTypeError(
+            f"must be < 2^63, got {str(value)[:12]}... ({len(str(value))} digits)"
+        )
     return value
 
 

@@ -94,10 +94,11 @@ def _main(argv: list[str] | None) -> int:
 def _hf_greedy(loaded, r) -> list[int]:
     import torch
 
+    from drafters.hf_greedy import greedy_generate
+
     ids = torch.tensor([r.prompt_ids])
     with torch.no_grad():
-        out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=r.max_new_tokens,
-                                    do_sample=False, pad_token_id=2)  # fmt: skip
+        out = greedy_generate(loaded.model, ids, r.max_new_tokens, attention_mask=torch.ones_like(ids))
     return out[0, ids.shape[1] :].tolist()
 
 

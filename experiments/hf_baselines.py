@@ -11,12 +11,12 @@ tokens, ...), which would make these baselines other than greedy and their token
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from drafters.hf_greedy import greedy_config, only_special_ids
 
 HF_METHODS = ("hf_greedy", "hf_pld", "hf_static", "hf_compile")
 HF_CACHE_BUCKET = 256  # the static cache's length is rounded up to this: one compiled shape per size
@@ -39,44 +39,6 @@ def _cache_kwarg() -> str:
 
     major_minor = tuple(int(x) for x in transformers.__version__.split(".")[:2])
     return "cache" if major_minor >= (5, 24) else "past_key_values"
-
-
-def special_ids(gen: Any) -> tuple[int | list[int] | None, int | None]:
-    """``(eos, pad)`` of a model's generation config: eos as it is there (an id or a list of ids), pad its own, else
-    the first eos id (``generate`` pads with it; a list is no pad id)."""
-    eos = gen.eos_token_id
-    pad = gen.pad_token_id
-    if pad is None:
-        first = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
-        pad = first if isinstance(first, int) else None
-    return (list(eos) if isinstance(eos, tuple) else eos), pad
-
-
-def greedy_config(model: Any, max_new_tokens: int, **method_options: Any) -> Any:
-    """The ``GenerationConfig`` of one greedy call: the new-token limit, no sampling, the model's eos and pad ids and
-    ``method_options`` (a baseline's own: ``prompt_lookup_num_tokens``, ``disable_compile``, ...), nothing else."""
-    from transformers import GenerationConfig
-
-    eos, pad = special_ids(model.generation_config)
-    return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, eos_token_id=eos,
-                            pad_token_id=pad, **method_options)  # fmt: skip
-
-
-@contextlib.contextmanager
-def only_special_ids(model: Any) -> Iterator[None]:
-    """For one ``generate`` call, ``model.generation_config`` holds only its eos, pad and bos ids (what ``generate``
-    merges into a passed config's unset fields: nothing else of the folder's file); put back as it was after."""
-    from transformers import GenerationConfig
-
-    saved = model.generation_config
-    eos, pad = special_ids(saved)
-    model.generation_config = GenerationConfig(
-        eos_token_id=eos, pad_token_id=pad, bos_token_id=saved.bos_token_id
-    )
-    try:
-        yield
-    finally:
-        model.generation_config = saved
 
 
 class HFRunner:

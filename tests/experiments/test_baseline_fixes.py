@@ -54,7 +54,7 @@ def test_hf_baselines_take_a_list_of_eos_ids(tmp_path):
     want = decode(loaded, None, PROMPT, 12)[0]
     for method in ("hf_greedy", "hf_static"):
         assert HFRunner(loaded, method).run(PROMPT, 12)[0] == want, method
-    from experiments.hf_baselines import special_ids
+    from drafters.hf_greedy import special_ids
 
     assert special_ids(SimpleNamespace(eos_token_id=[94, 95], pad_token_id=None)) == ([94, 95], 94)
     assert special_ids(SimpleNamespace(eos_token_id=[94, 95], pad_token_id=0)) == ([94, 95], 0)
