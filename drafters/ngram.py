@@ -14,6 +14,43 @@ from drafters.trees import prune, trie
 MAX_NGRAM, MAX_MATCHES, MAX_DEPTH = 64, 1024, 1024  # option bounds (far beyond any useful value)
 
 
+class SeenTokens:
+    """A copy of the tokens a drafter has indexed from the caller's list, and a check, O(1) per call, that the list
+    still starts with them (the engine appends to one list per sequence and may cut it and regrow it in place:
+    ``env.batch_calibrate`` rolls rows back).
+
+    Guarantee: another list object is compared whole (O(n), once: it becomes the list followed). The same list
+    is taken as rewritten when it is shorter than what was indexed or when any of the last ``TAIL`` indexed
+    positions changed. A list cut and regrown past its old length between two calls, differing only more than
+    ``TAIL`` tokens before that length, is not seen: in place, no O(1) check can see it (a prefix hash of the
+    caller's list costs reading the list). The engine proposes at every drafting step, committing at most a
+    tree's depth + 1 tokens in between, and ``env.batch_calibrate`` cuts back to a length the drafter has indexed
+    past, so its cuts show as a shorter list; a caller that rewrites further back calls ``reset`` or hands a new
+    list."""
+
+    TAIL = 32
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self._source: list[int] | None = None  # the caller's list they were copied from
+
+    def rewritten(self, tokens: list[int]) -> bool:
+        """Whether ``tokens`` no longer starts with the copy; if so the copy is dropped (the index is rebuilt)."""
+        n = len(self.tokens)
+        if tokens is self._source:
+            changed = len(tokens) < n or tokens[max(0, n - self.TAIL) : n] != self.tokens[-self.TAIL :]
+        else:
+            changed = len(tokens) < n or tokens[:n] != self.tokens
+        if changed:
+            self.tokens = []
+        return changed
+
+    def sync(self, tokens: list[int]) -> None:
+        """``tokens`` (which starts with the copy) is now indexed whole."""
+        self.tokens.extend(tokens[len(self.tokens) :])
+        self._source = tokens
+
+
 class NGramDrafter:
     """Stateless in the replay sense: the proposal is a function of the committed tokens only.
 
@@ -53,23 +90,22 @@ class NGramDrafter:
         self.max_shape = TreeShape(depth=max_depth, topk=max_matches * (max_ngram - min_ngram + 1))
         self._index: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0  # n-grams ending before this position are in the index
-        self._tokens: list[int] = []
+        self._seen = SeenTokens()  # the tokens indexed: the caller's list may be cut and grown in place
 
     def reset(self, ctx: DraftContext) -> None:
         self._index = {}
         self._indexed = 0
-        self._tokens = []
+        self._seen = SeenTokens()
         self._update(ctx.tokens)
 
     def _update(self, tokens: list[int]) -> None:
-        n = len(self._tokens)  # a copy of what is indexed: the caller's list may be cut and grown in place
-        if len(tokens) < n or tokens[:n] != self._tokens:
-            self._index, self._indexed, self._tokens = {}, 0, []  # the context was rewritten: rebuild
-        self._tokens.extend(tokens[len(self._tokens) :])
+        if self._seen.rewritten(tokens):
+            self._index, self._indexed = {}, 0  # the context was rewritten: rebuild
         for end in range(self._indexed, len(tokens)):
             for n in range(self.min_ngram, min(self.max_ngram, end + 1) + 1):
                 self._index.setdefault(tuple(tokens[end - n + 1 : end + 1]), []).append(end)
         self._indexed = len(tokens)
+        self._seen.sync(tokens)
 
     def continuations(self, tokens: list[int], depth: int, limit: int) -> list[list[int]]:
         """Up to ``limit`` distinct continuations of length <= ``depth``: longest n-gram first, then most recent."""

@@ -4,9 +4,12 @@ continuations as a tree, each node with a frequency-based probability.
 
 Each trie holds, for every position of its text, the next ``depth_limit`` tokens (a suffix trie cut at that depth;
 a node counts how often its path occurs), so appending a token costs ``depth_limit`` dictionary steps and a lookup
-walks at most ``max_match`` nodes per match length tried: microseconds per token, not milliseconds. The global
-trie keeps the answers of the last ``cache_requests`` requests (least recently added first out: an evicted answer's
-counts are taken back); every fork of a drafter shares it, so requests served together learn from each other.
+walks at most ``max_match`` nodes per match length tried: microseconds per token, not milliseconds. A node
+keeps its children's counts summed and, once it has more than ``TOP_K`` children, its ``TOP_K`` best ranked, so a
+proposal costs the same whatever the size of the global cache; a node with one continuation holds it without a
+dict. The global trie keeps the answers of the last ``cache_requests`` requests (least recently added first out:
+an evicted answer's counts are taken back); every fork of a drafter shares it, so requests served together learn
+from each other.
 
 A proposal grows best-first from the matched node: a node's probability is its parent's times its share of the
 parent's continuations; the ``shape.max_nodes`` most probable nodes are kept, at most ``shape.topk`` children per
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -38,15 +42,64 @@ from drafters.base import (
     int_array,
     int_option,
 )
+from drafters.ngram import SeenTokens
+
+TOP_K = 8  # children ranked once and kept ranked, per node with more than TOP_K (proposals of topk <= TOP_K)
+_rank = attrgetter("count", "last")  # a child's rank among its siblings (never equal: ``last`` differs)
 
 
 class _Node:
-    __slots__ = ("count", "kids", "last")
+    """``count``: how often its path occurs; ``last``: when it last occurred (the trie's clock: equal counts prefer
+    the most recent); ``total``: its children's counts summed. Children are stored compactly, as most nodes of a
+    suffix trie have one continuation: ``None`` (a leaf), the one child itself (``tok`` is a node's own token) or a
+    dict token -> child. ``top``: for a node with more than ``TOP_K`` children once a proposal has ranked them,
+    its ``TOP_K`` highest-ranked children, best first (kept up to date as counts grow, dropped when one of them
+    shrinks): a proposal reads it instead of ranking every child."""
 
-    def __init__(self) -> None:
+    __slots__ = ("tok", "count", "last", "total", "_kids", "top")
+
+    def __init__(self, tok: int) -> None:
+        self.tok = tok
         self.count = 0
-        self.kids: dict[int, _Node] = {}
-        self.last = 0  # when its path last occurred (the trie's clock): equal counts prefer the most recent
+        self.last = 0
+        self.total = 0
+        self._kids: _Node | dict[int, _Node] | None = None
+        self.top: list[_Node] | None = None
+
+    @property
+    def kids(self) -> dict[int, _Node]:
+        """The children by token (a new dict, for reading)."""
+        k = self._kids
+        if k is None:
+            return {}
+        return {k.tok: k} if k.__class__ is _Node else dict(k)  # type: ignore[union-attr, dict-item]
+
+    def child(self, tok: int) -> _Node | None:
+        k = self._kids
+        if k is None or k.__class__ is _Node:
+            return k if k is not None and k.tok == tok else None  # type: ignore[union-attr, return-value]
+        return k.get(tok)  # type: ignore[union-attr]
+
+    def _drop(self, child: _Node) -> None:
+        k = self._kids
+        if k is child:
+            self._kids = None
+            return
+        del k[child.tok]  # type: ignore[union-attr, index]
+        if len(k) == 1:  # type: ignore[arg-type]
+            self._kids = next(iter(k.values()))  # type: ignore[union-attr]
+
+
+def _bump(top: list[_Node], child: _Node) -> None:
+    """``child``'s count just grew: ``top`` stays its node's ``TOP_K`` highest-ranked children (only ``child``
+    changed, and only upwards, so only it can enter; a ``top`` shorter than ``TOP_K`` holds every child)."""
+    if child not in top:
+        if len(top) == TOP_K:
+            if _rank(child) < _rank(top[-1]):
+                return
+            top.pop()
+        top.append(child)
+    top.sort(key=_rank, reverse=True)
 
 
 class SuffixTrie:
@@ -54,7 +107,7 @@ class SuffixTrie:
 
     def __init__(self, depth_limit: int) -> None:
         self.depth_limit = depth_limit
-        self.root = _Node()
+        self.root = _Node(-1)
         self.clock = 0
 
     def open(self) -> list[_Node]:
@@ -65,12 +118,28 @@ class SuffixTrie:
         """Append ``token`` to a sequence whose open suffixes end at ``active`` (shortest first)."""
         nxt = [self.root]
         self.clock += 1
+        clock = self.clock
         for node in active[: self.depth_limit]:
-            child = node.kids.get(token)
-            if child is None:
-                child = node.kids[token] = _Node()
+            k = (
+                node._kids
+            )  # the child for ``token``, made if missing (inlined: this loop is the update's cost)
+            if k is None:
+                child = node._kids = _Node(token)
+            elif k.__class__ is _Node:
+                if k.tok == token:  # type: ignore[union-attr]
+                    child = k  # type: ignore[assignment]
+                else:
+                    child = _Node(token)
+                    node._kids = {k.tok: k, token: child}  # type: ignore[union-attr, dict-item]
+            else:
+                child = k.get(token)  # type: ignore[union-attr, assignment]
+                if child is None:
+                    child = k[token] = _Node(token)  # type: ignore[index]
             child.count += 1
-            child.last = self.clock
+            child.last = clock
+            node.total += 1
+            if node.top is not None:
+                _bump(node.top, child)
             nxt.append(child)
         return nxt
 
@@ -84,12 +153,15 @@ class SuffixTrie:
         for start in range(len(tokens)):
             node = self.root
             for t in tokens[start : start + self.depth_limit]:
-                child = node.kids.get(t)
+                child = node.child(t)
                 if child is None:
                     break
                 child.count -= 1
+                node.total -= 1
+                if node.top is not None and child in node.top:
+                    node.top = None  # a ranked child shrank: ranked again by the next proposal that needs it
                 if child.count <= 0:
-                    del node.kids[t]
+                    node._drop(child)
                     break
                 node = child
 
@@ -98,12 +170,12 @@ class SuffixTrie:
         by something; ``(None, 0)`` when none does."""
         longest = min(max_match, len(tokens), self.depth_limit - 1)
         for n in range(longest, min_match - 1, -1):
-            node = self.root
+            node: _Node | None = self.root
             for t in tokens[len(tokens) - n :]:
-                node = node.kids.get(t)  # type: ignore[assignment]
+                node = node.child(t)  # type: ignore[union-attr]
                 if node is None:
                     break
-            if node is not None and node.kids:
+            if node is not None and node._kids is not None:
                 return node, n
         return None, 0
 
@@ -129,13 +201,22 @@ def _grow(start: _Node, root_token: int, shape: TreeShape) -> tuple[list[int], l
 
     def push_kids(node: _Node, index: int, prob: float, depth: int) -> None:
         nonlocal tick
-        if depth >= shape.depth or not node.kids:
+        kids = node._kids
+        if depth >= shape.depth or kids is None:
             return
-        total = sum(k.count for k in node.kids.values())
-        best = heapq.nlargest(shape.topk, node.kids.items(), key=lambda kv: (kv[1].count, kv[1].last))
-        for tok, kid in best:
+        total = node.total  # its children's counts summed
+        best: Any  # the shape.topk highest-ranked children, best first
+        if kids.__class__ is _Node:
+            best = (kids,)
+        elif len(kids) <= TOP_K or shape.topk > TOP_K:  # type: ignore[arg-type]
+            best = heapq.nlargest(shape.topk, kids.values(), key=_rank)  # type: ignore[union-attr]
+        else:
+            if node.top is None:
+                node.top = heapq.nlargest(TOP_K, kids.values(), key=_rank)  # type: ignore[union-attr]
+            best = node.top[: shape.topk]
+        for kid in best:
             tick += 1
-            heapq.heappush(heap, (-prob * kid.count / total, tick, index, tok, kid))
+            heapq.heappush(heap, (-prob * kid.count / total, tick, index, kid.tok, kid))
 
     depths = [0]
     push_kids(start, 0, 1.0, 0)
@@ -176,9 +257,10 @@ class SuffixDrafter:
         self.max_shape = TreeShape(depth=depth_limit - 1, topk=4, budget=64)
         self._local = SuffixTrie(depth_limit)
         self._active: list[_Node] = []
-        self._tokens: list[int] = []
+        self._seen = (
+            SeenTokens()
+        )  # the tokens indexed into the local trie (the caller may cut its list in place)
         self._prompt_len = 0
-        self._seen = 0
         self.last_match = 0
 
     def fork(self) -> SuffixDrafter:
@@ -187,9 +269,9 @@ class SuffixDrafter:
         other.shared = self.shared
         return other
 
-    def _remember_answer(self) -> None:
+    def _remember_answer(self, tokens: list[int]) -> None:
         """The finished sequence's answer into the global trie (oldest answers out beyond ``cache_requests``)."""
-        answer = self._tokens[self._prompt_len :]
+        answer = tokens[self._prompt_len :]
         if self.cache_requests == 0 or len(answer) < 2:
             return
         trie, answers = self.shared["trie"], self.shared["answers"]
@@ -227,33 +309,40 @@ class SuffixDrafter:
             trie.add(answer)
             answers.append(answer)
         self.shared["trie"], self.shared["answers"] = trie, answers
+        self.shared["max_id"] = int(flat.max()) if flat.size else -1  # checked against a target's vocabulary
 
     # ---- Drafter protocol ----
     def reset(self, ctx: DraftContext) -> None:
-        if self._tokens:
-            self._remember_answer()
+        if self._seen.tokens:
+            self._remember_answer(self._seen.tokens)
+        self._check_vocab(ctx)
         self._local = SuffixTrie(self.depth_limit)
         self._active = self._local.open()
-        self._tokens, self._seen, self._prompt_len = [], 0, ctx.prompt_len
+        self._seen, self._prompt_len = SeenTokens(), ctx.prompt_len
         self._catch_up(ctx.tokens)
 
     def _catch_up(self, tokens: list[int]) -> None:
-        """Index what ``tokens`` (the caller's list, which it may cut in place) added since the last call;
-        ``self._tokens`` is a copy of the ``self._seen`` tokens indexed."""
-        n = self._seen
-        if len(tokens) < n or tokens[:n] != self._tokens:  # rewritten: start over
-            self._local, self._seen, self._tokens = SuffixTrie(self.depth_limit), 0, []
+        """Index what ``tokens`` (the caller's list, which it may cut in place) added since the last call."""
+        if self._seen.rewritten(tokens):  # start over
+            self._local = SuffixTrie(self.depth_limit)
             self._active = self._local.open()
-        new = tokens[self._seen :]
-        for t in new:
+        for t in tokens[len(self._seen.tokens) :]:
             self._active = self._local.extend(self._active, t)
-        self._tokens.extend(new)
-        self._seen = len(tokens)
+        self._seen.sync(tokens)
+
+    def _check_vocab(self, ctx: DraftContext) -> None:
+        """A restored cache holds only ids of the target's vocabulary (answers remembered here came from it)."""
+        top = self.shared.get("max_id", -1)
+        if ctx.target is not None and top >= int(ctx.target.vocab_size):
+            raise DrafterError(
+                f"suffix state: token id {top} is outside the target's vocabulary [0, {int(ctx.target.vocab_size)})"
+            )
 
     def propose(self, ctx: DraftContext, shape: TreeShape) -> DraftTree:
         root = ctx.tokens[-1]
         if shape.depth == 0:
             return DraftTree.root_only(root)
+        self._check_vocab(ctx)
         self._catch_up(ctx.tokens)
         best: tuple[tuple[float, ...], tuple[list[int], list[int], list[float]]] | None = None
         grown_all = []
@@ -286,7 +375,6 @@ class SuffixDrafter:
         reset again, so waiting for the next ``reset`` would lose it). The answer is the context as it ended (the
         engine may have cut a last step's overshoot): read as it is, not indexed into this request's trie, which
         is dropped."""
-        self._tokens = list(ctx.tokens)
-        self._remember_answer()
-        self._local, self._tokens, self._seen = SuffixTrie(self.depth_limit), [], 0
+        self._remember_answer(list(ctx.tokens))
+        self._local, self._seen = SuffixTrie(self.depth_limit), SeenTokens()
         self._active = self._local.open()
