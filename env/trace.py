@@ -45,7 +45,7 @@ VERSION = 1
 # What a trace may unpack to is derived from its header (``trace_bytes``): its prompts, max_new_tokens, feature
 # columns and each drafter's recorded shape bound every array but the prompts' tokens, which get PROMPT_TOKENS each;
 # TRACE_BYTES caps that (and a recording's parts). Spec-Bench's 480 prompts x 128 tokens: ~60 MB on disk.
-TRACE_BYTES = 4 << 30
+TRACE_BYTES = 8 << 30  # as before the header-derived bound: no trace that loaded then is refused now
 HEADER_BYTES = 64 << 20  # the JSON header array (4 bytes a character)
 PROMPT_TOKENS = 1 << 17  # a 128k-token context
 # the arrays of the format (the table above); a trace holding anything else is refused unread

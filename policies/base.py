@@ -35,7 +35,7 @@ import importlib
 import io
 import json
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -222,7 +222,19 @@ def write_policy(path: str | Path, header: Header, files: dict[str, bytes]) -> N
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_archive(path, "header.json", meta, files)
+    write_archive(path, "header.json", meta, files, check=_loadable)
+
+
+def _loadable(tmp: Path) -> None:
+    """A policy is written only if ``read_policy`` will read it back: within POLICY_BYTES counted as it counts."""
+    from env.safe_zip import ArchiveProblem, unpacked_bytes
+
+    try:
+        unpacked_bytes(tmp, max_bytes=POLICY_BYTES, levels=3, max_members=ARCHIVE_MEMBERS)
+    except ArchiveProblem as err:
+        raise PolicyError(
+            f"the policy is too large to be read back ({err}); use a smaller network or state"
+        ) from None
 
 
 def _regular_file(path: Path) -> None:
@@ -291,23 +303,33 @@ def write_archive(
     meta: dict[str, Any],
     files: dict[str, bytes],
     compression: int = zipfile.ZIP_DEFLATED,
+    check: Callable[[Path], None] | None = None,
 ) -> None:
-    """A zip of the JSON member ``head`` (``meta``) and data members, written atomically (temporary name, rename)."""
+    """A zip of the JSON member ``head`` (``meta``) and data members, written atomically (temporary name, rename);
+    ``check(tmp)`` may refuse it before it takes ``path``'s place (``path`` is then left as it was)."""
     tmp = path.with_name(path.name + ".tmp")
     with zipfile.ZipFile(tmp, "w", compression=compression) as zf:
         zf.writestr(head, json.dumps(meta, indent=2))
         for name, data in sorted(files.items()):
             zf.writestr(name, data)
+    if check is not None:
+        try:
+            check(tmp)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     tmp.replace(path)
 
 
 # A policy file unpacks to at most POLICY_BYTES, counting the archives inside it (a bandit's state.npz, an old
-# file's model.zip and its policy.pth): the largest shipped is 46 KB, a PPO policy of net_arch 2048,2048 on the
-# default observation ~35 MB of float32 tensors. A training checkpoint holds a DQN replay buffer (buffer_size up to
+# file's model.zip and its policy.pth) and each such archive's own bytes too: the largest shipped is 46 KB, a PPO
+# policy of net_arch 2048,2048 on the default observation ~35 MB of float32 tensors (~70 MB counted in a plain
+# stable-baselines3 zip, ~9x its weights in an old file with its optimizer's state). Saving refuses a policy past it,
+# so every policy draftgym writes loads. A training checkpoint holds a DQN replay buffer (buffer_size up to
 # 2**26 rows): up to GBs, so ARCHIVE_BYTES. Either is read into memory; a file declaring more is refused before its
 # members are unpacked. A compression-ratio guard is not added: deflate tops out near 1030:1, which a legitimate
 # array of zeros (an untrained bandit's counts) reaches too, and these bounds already cap the memory.
-POLICY_BYTES = 64 << 20
+POLICY_BYTES = 256 << 20
 ARCHIVE_BYTES = 4 << 30
 ARCHIVE_MEMBERS = 256
 # what policies.sb3_files reads of a plain stable-baselines3 zip

@@ -19,7 +19,7 @@ from env.safe_zip import ArchiveProblem, npy_array, read_npz, unpacked_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1 << 20
-BOMB = 80 * MB  # past a policy's bound (policies.base.POLICY_BYTES: 64 MB)
+BOMB = 272 * MB  # past a policy's bound (policies.base.POLICY_BYTES: 256 MB)
 
 
 def zeros_member(zf: zipfile.ZipFile, name: str, size: int, head: bytes = b"") -> None:
@@ -122,7 +122,7 @@ def test_a_named_member_past_the_policy_bound_is_refused_before_unpacking(tmp_pa
 
 
 def test_an_archive_inside_a_policy_shares_its_bound(tmp_path):
-    """linucb's state.npz holding 80 MB of deflated zeros: each level alone is within its reader's bound, the two
+    """linucb's state.npz holding 272 MB of deflated zeros: each level alone is within its reader's bound, the two
     together are not, and the inner one is not unpacked."""
     from policies.base import PolicyError, load_policy
 
@@ -183,7 +183,7 @@ def test_a_policy_bomb_on_the_command_line_is_one_line_and_exit_2(tmp_path, caps
     assert main(["evaluate", str(path), "--no-live"]) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and f"{path} is not a readable draftgym policy file" in err[0], err
-    assert "declares more than 67108864 bytes unpacked" in err[0] and "Traceback" not in err[0], err
+    assert "declares more than 268435456 bytes unpacked" in err[0] and "Traceback" not in err[0], err
 
 
 # ---- .npy headers --------------------------------------------------------------------------------------------------
@@ -322,3 +322,19 @@ def test_replay_depth_and_max_rank_match_a_walk_to_the_root():
             depth[v], maxrank[v] = depth[g] + 1, max(maxrank[g], ix["rank"][v])
     assert np.array_equal(ix["depth"], depth) and np.array_equal(ix["maxrank"], maxrank)
     assert depth.max() == 16 and maxrank.max() > 0
+
+
+def test_a_policy_past_the_bound_is_not_written(tmp_path, monkeypatch):
+    """Saving counts as loading does: a policy that load_policy would refuse is not written, and the file it would
+    have replaced is left as it was."""
+    import policies.base as base
+    from policies.base import PolicyError, load_policy
+
+    pol = load_policy(ROOT / "policies" / "data" / "linucb.zip")
+    path = tmp_path / "p.zip"
+    pol.save(path)
+    before = path.read_bytes()
+    monkeypatch.setattr(base, "POLICY_BYTES", 2048)
+    with pytest.raises(PolicyError, match="too large to be read back"):
+        pol.save(path)
+    assert path.read_bytes() == before and not list(tmp_path.glob("*.tmp"))
