@@ -89,49 +89,6 @@ def test_load_state_checks_the_dtype_the_head_will_compute_in(tmp_path):
         load_state(EagleHead(cfg), tensors, str(path), dtype=torch.float16)
 
 
-# ---- the same rule for the embedded model's cached int4 blocks (env.lean_files; at home in tests/env) ----
-def test_a_cached_int4_file_with_a_non_finite_scale_off_the_sampled_rows_is_rebuilt(tmp_path, monkeypatch):
-    """``cached_int4`` dequantizes every 8th row only (the full check costs as much as the read): a scale or zero
-    that is NaN or inf on another row (a damaged file) is found by a check of every scale and zero, and the
-    blocks are read from the GGUF again (here: a stand-in) and cached afresh."""
-    from safetensors.torch import load_file, save_file
-
-    import env.lean_files as lf
-    import env.model
-    from kernels.quant import GROUP
-
-    gen = torch.Generator().manual_seed(0)
-    n, k, name = 16, 64, "model.layers.0.mlp.down_proj.weight"
-    q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int32)
-    s = torch.rand(n, k // GROUP, generator=gen) + 0.1
-    z = torch.rand(n, k // GROUP, generator=gen)
-    dense = ((q.float() - 8).reshape(n, k // GROUP, GROUP) * s[..., None] + z[..., None]).reshape(n, k)
-    reads = []
-    monkeypatch.setattr(lf, "gguf_int4", lambda *a: reads.append(1) or {name: (q, s, z)})
-    monkeypatch.setattr(env.model, "embedded_gguf_path", lambda: tmp_path / "x.gguf")
-
-    class Loaded:
-        model_id, folder = env.model.DEFAULT_MODEL, tmp_path
-
-    def blocks():
-        got = lf.cached_int4(Loaded(), {}, {name: dense})
-        assert all(torch.equal(a, b) for a, b in zip(got[name], (q, s, z)))
-        return len(reads)
-
-    assert blocks() == 1 and blocks() == 1  # read from the GGUF, then from the cache
-    path = tmp_path / lf.INT4_FILE
-    good = load_file(path)
-    for i, (part, row, value) in enumerate([("scale", 1, float("nan")), ("scale", 3, float("inf")),
-                                            ("zero", 5, float("-inf"))]):  # fmt: skip
-        flat = dict(good)
-        bad = flat[f"{name}.{part}"].clone()
-        bad[row, 1] = value  # rows 1, 3, 5: not among the sampled rows 0, 8
-        flat[f"{name}.{part}"] = bad
-        save_file(flat, path)
-        assert blocks() == 2 + i  # refused, read from the GGUF again
-        assert torch.isfinite(load_file(path)[f"{name}.{part}"]).all()  # and the cache written afresh
-
-
 @pytest.mark.parametrize("kind", ["eagle", "early_exit"])
 def test_a_head_finite_in_its_file_but_not_in_an_fp16_targets_dtype_is_refused(tmp_path, kind):
     """The drafters check a head in the dtype they will run it in (``head_dtype``: the target's): fp32 weights of

@@ -187,6 +187,12 @@ def test_a_saved_lean_model_not_of_the_configs_shapes_and_dtype_is_rebuilt(saved
 
 
 # ---- 5. the cached GGUF int4 blocks ----
+def _at(t: torch.Tensor, row: int, value: float) -> torch.Tensor:
+    t = t.clone()
+    t[row, 1] = value
+    return t
+
+
 def test_a_cached_int4_block_file_not_of_the_models_weights_is_rebuilt(tmp_path, monkeypatch):
     """``cached_int4`` reads the embedded model's Q4_1 blocks back only when q is uint8, scale and zero fp32 of the
     model's shapes and they dequantize to its weights; else it reads the GGUF again (here: a stand-in)."""
@@ -220,6 +226,16 @@ def test_a_cached_int4_block_file_not_of_the_models_weights_is_rebuilt(tmp_path,
         "q int32 above 15": lambda t: t.update({name + ".q": t[name + ".q"].to(torch.int32) | 0x100}),
         "scale float64": lambda t: t.update({name + ".scale": t[name + ".scale"].double()}),
         "another model's": lambda t: t.update({name + ".zero": t[name + ".zero"] + 1}),
+        # non-finite off the dequantized sample (every 8th row): found by the check of every scale and zero
+        "a NaN scale on row 1": lambda t: t.update(
+            {name + ".scale": _at(t[name + ".scale"], 1, float("nan"))}
+        ),
+        "an inf scale on row 3": lambda t: t.update(
+            {name + ".scale": _at(t[name + ".scale"], 3, float("inf"))}
+        ),
+        "a -inf zero on row 5": lambda t: t.update(
+            {name + ".zero": _at(t[name + ".zero"], 5, float("-inf"))}
+        ),
     }
     for i, damage in enumerate(damages.values()):
         flat = dict(good)
