@@ -41,6 +41,14 @@ class ArchiveProblem(ValueError):
     """What is wrong with an archive, in one line (without the file's name: the caller adds it)."""
 
 
+def _members(zf: zipfile.ZipFile, max_members: int, only: Collection[str] | None) -> list[zipfile.ZipInfo]:
+    """A zip's members (``only``: those names), refused past ``max_members`` in its directory."""
+    infos = zf.infolist()
+    if len(infos) > max_members:
+        raise ArchiveProblem(f"{len(infos)} members (at most {max_members} are read)")
+    return [i for i in infos if only is None or i.filename in only]
+
+
 def read_zip(
     src: str | Path | bytes,
     *,
@@ -54,10 +62,7 @@ def read_zip(
     anything ``zipfile``/``zlib`` cannot read."""
     try:
         with zipfile.ZipFile(io.BytesIO(src) if isinstance(src, bytes) else src) as zf:
-            infos = zf.infolist()
-            if len(infos) > max_members:
-                raise ArchiveProblem(f"{len(infos)} members (at most {max_members} are read)")
-            wanted = [i for i in infos if only is None or i.filename in only]
+            wanted = _members(zf, max_members, only)
             declared = sum(i.file_size for i in wanted)
             if declared > max_bytes:
                 raise ArchiveProblem(f"declares {declared} bytes unpacked (at most {max_bytes} are read)")
@@ -112,10 +117,7 @@ def member_names(src: str | Path | bytes, *, max_members: int = 256) -> list[str
     """The names of a zip's members (read from its directory: nothing is unpacked)."""
     try:
         with zipfile.ZipFile(io.BytesIO(src) if isinstance(src, bytes) else src) as zf:
-            infos = zf.infolist()
-            if len(infos) > max_members:
-                raise ArchiveProblem(f"{len(infos)} members (at most {max_members} are read)")
-            return [i.filename for i in infos]
+            return [i.filename for i in _members(zf, max_members, None)]
     except ArchiveProblem:
         raise
     except Exception as err:
@@ -156,10 +158,7 @@ def _count(
 ) -> int:
     """``unpacked_bytes``' count, stopped as soon as it passes ``budget``."""
     with zipfile.ZipFile(io.BytesIO(src) if isinstance(src, bytes) else src) as zf:
-        infos = zf.infolist()
-        if len(infos) > max_members:
-            raise ArchiveProblem(f"{len(infos)} members (at most {max_members} are read)")
-        wanted = [i for i in infos if only is None or i.filename in only]
+        wanted = _members(zf, max_members, only)
         total = sum(i.file_size for i in wanted)
         for info in wanted if levels > 1 else ():
             if total > budget:
