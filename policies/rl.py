@@ -14,8 +14,9 @@ Reward used for training (``reward``):
 
 Training: ``policies.rl_train`` (``train_sb3``, checkpoints, the evaluation callback, the plateau).
 
-Saved policies and checkpoints hold tensors and JSON, never pickles (``policies.sb3_files``): stable-baselines3's
-own ``load`` and replay-buffer files are not used, so no file read here runs code at load.
+Saved policies and checkpoints hold tensors and JSON, never pickles (``policies.sb3_files``,
+``policies.sb3_checkpoints``): stable-baselines3's own ``load`` and replay-buffer files are not used, so no file read
+here runs code at load.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Training a stable-baselines3 policy (``policies.rl.SB3Policy``) on the vectorized replay env: the time-saved
-reward, checkpoints (tensors and JSON, ``policies.sb3_files``; a killed run resumes from the latest readable one),
+reward, checkpoints (tensors and JSON, ``policies.sb3_checkpoints``; a killed run resumes from the latest readable one),
 the replay evaluation callback, ``best.zip``, and when training reached its plateau.
 
 ``train_sb3`` writes into its run directory: ``tb/`` (TensorBoard), ``checkpoints/`` (every ``checkpoint_freq``
@@ -25,7 +25,7 @@ import numpy as np
 from env.files import atomic_write_bytes, atomic_write_text, jsonl_lines, settings_conflict
 from policies.base import PolicyError, is_sb3_zip, load_policy
 from policies.rl import SB3Policy
-from policies.sb3_files import apply_checkpoint, read_checkpoint, save_checkpoint
+from policies.sb3_checkpoints import apply_checkpoint, read_checkpoint, save_checkpoint
 
 
 def time_saved_wrapper(venv: Any) -> Any:
@@ -55,7 +55,7 @@ def checkpoint_files(folder: Path) -> list[tuple[int, Path]]:
 
 
 def _callbacks(policy: SB3Policy, out: Path, eval_fn, eval_freq: int, checkpoint_freq: int, n_envs: int):
-    """Checkpoints (atomic, replay buffer included: ``policies.sb3_files.save_checkpoint``) and the replay eval."""
+    """Checkpoints (atomic, replay buffer included: ``policies.sb3_checkpoints.save_checkpoint``) and the replay eval."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     log = out / "eval.jsonl"

@@ -347,7 +347,7 @@ def train_serve_ppo(make_vec: Any, arms: Sequence[str], obs_size: int, features:
     ``ServeSim`` (reset) whose median replayed goodput under the current policy is logged every ``eval_every``
     steps — the learning curve, ``[{"timesteps", "seconds", "goodput"}]``. Returns ``(SB3Policy, curve)``.
 
-    ``checkpoints``: a folder for the training state (``policies.sb3_files.save_checkpoint``, atomic; the last two
+    ``checkpoints``: a folder for the training state (``policies.sb3_checkpoints.save_checkpoint``, atomic; the last two
     kept) and the curve so far (``curve.json``), written every ``checkpoint_every`` steps; a run killed midway and
     started again with the same folder resumes from its latest readable checkpoint (its curve and training seconds
     carried on), not from step 0. The caller checks that the folder's settings are this run's (a checkpoint of
@@ -359,7 +359,7 @@ def train_serve_ppo(make_vec: Any, arms: Sequence[str], obs_size: int, features:
     from env.files import atomic_write_text
     from policies.rl import SB3Policy, numpy_actor
     from policies.rl_train import checkpoint_files, resume_model
-    from policies.sb3_files import save_checkpoint
+    from policies.sb3_checkpoints import save_checkpoint
 
     venv = make_vec()
     policy = SB3Policy(arms, obs_size, features, algo="ppo", net_arch="128,128", seed=seed, gamma=0.9,

@@ -21,7 +21,7 @@ import torch
 from policies import PolicyError, load_policy
 from policies.rl import SB3Policy
 from policies.rl_train import train_sb3
-from policies.sb3_files import read_checkpoint, save_checkpoint
+from policies.sb3_checkpoints import read_checkpoint, save_checkpoint
 from tests.hostile import Creates as Payload  # unpickles into open(marker, "w")
 from tests.policies.synthetic import SYNTH_ARMS
 from tests.policies.test_rl import SMALL, make_venv

@@ -22,16 +22,14 @@ from safetensors.torch import load as load_safetensors
 from policies import PolicyError, load_policy
 from policies.rl import SB3Policy
 from policies.rl_train import _best_speedup, eval_rows, resume_model
-from policies.sb3_files import (
+from policies.sb3_checkpoints import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
     apply_checkpoint,
     read_checkpoint,
-    read_sb3_zip,
-    read_torch_tensors,
     save_checkpoint,
-    torch_bytes,
 )
+from policies.sb3_files import read_sb3_zip, read_torch_tensors, torch_bytes
 from tests.policies.test_rl import SMALL, make_venv
 from tests.policies.test_safe_files import read_zip, with_member, write_zip
 
