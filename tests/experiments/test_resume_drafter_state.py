@@ -126,27 +126,19 @@ def test_a_policy_and_its_drafters_resume_from_one_prompt(tmp_path, fp32_model, 
     monkeypatch.setattr(env.decoder, "load_cost_model", lambda *a, **k: priced)
     cfg = load_config(None, text=POLICY_CARRY_TOML)
     want = _uninterrupted(cfg, POLICY_CARRY_TOML, fp32_model, tmp_path / "A")
-    if where == "before-the-policy":
-        real = methods.save_policy_states
-        calls = []
+    # the second prompt's policy state, or the commit of its drafters' state, is killed
+    module, name = (
+        (methods, "save_policy_states") if where == "before-the-policy" else (ds, "commit_drafters")
+    )
+    real, calls = getattr(module, name), []
 
-        def killed(*a, **k):
-            calls.append(1)
-            if len(calls) == 2:
-                raise KeyboardInterrupt
-            real(*a, **k)
+    def killed(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(*a, **k)
 
-        monkeypatch.setattr(methods, "save_policy_states", killed)
-    else:
-        real_commit, commits = ds.commit_drafters, []
-
-        def killed(*a, **k):
-            commits.append(1)
-            if len(commits) == 2:
-                raise KeyboardInterrupt
-            real_commit(*a, **k)
-
-        monkeypatch.setattr(ds, "commit_drafters", killed)
+    monkeypatch.setattr(module, name, killed)
     with pytest.raises(KeyboardInterrupt):
         run(cfg, tmp_path / "B", progress=False, loaded=fp32_model)
     assert len((tmp_path / "B" / "records.jsonl").read_text().splitlines()) == 1
