@@ -23,6 +23,7 @@ from kernels.common import (
     TreeError,
     Verdict,
     VerifyBuffers,
+    check_parents,
     check_sampling_inputs,
     check_trees,
     draw_coins,
@@ -37,6 +38,7 @@ __all__ = [
     "Verdict",
     "VerifyBuffers",
     "argmax_lastdim",
+    "check_parents",
     "check_trees",
     "compact_kv_",
     "compact_kv_reference",
@@ -109,7 +111,9 @@ def verify(
 
 def tree_buffers(parents: Tensor, num_nodes: Tensor | None = None) -> TreeBuffers:
     """Index tables of padded trees: depth, ancestor mask, first child, next sibling, root-to-leaf paths.
-    parents: int64 [B, N]; num_nodes: int64 [B] or None."""
+    parents: int64 [B, N]; num_nodes: int64 [B] or None. ``TreeError`` for links that are not trees
+    (``kernels.common.check_parents``; their values checked where they lie on the CPU)."""
+    check_parents(parents, num_nodes)
     if triton_enabled(parents):
         from kernels.triton_tree import tree_buffers_triton
 

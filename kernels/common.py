@@ -167,6 +167,29 @@ def check_trees(
     if not values or any(t.device.type != "cpu" for t in held):
         return
     V = logits.shape[-1]
+    valid = check_parents(parents, num_nodes)
+    bad = (valid & ((tokens < 0) | (tokens >= V))).nonzero()
+    if len(bad):
+        b, i = (int(x) for x in bad[0])
+        raise TreeError(
+            f"row {b}: node {i}'s token {int(tokens[b, i])} is not within the vocabulary (0..{V - 1})"
+        )
+
+
+def check_parents(parents: Tensor, num_nodes: Tensor | None) -> Tensor:
+    """Raise ``TreeError`` for padded trees whose links are not trees: parents not [B, N], num_nodes not [B], and,
+    when they lie on the CPU, num_nodes outside 1..N, a root whose parent is not -1, a real node whose parent is not
+    an earlier node. Returns the mask of real nodes [B, N] (``valid_mask``)."""
+    if parents.dim() != 2 or parents.shape[1] < 1:
+        raise TreeError(
+            f"parents {tuple(parents.shape)} must be [B, N] with N >= 1 (every tree holds its root)"
+        )
+    B, N = parents.shape
+    if num_nodes is not None and tuple(num_nodes.shape) != (B,):
+        raise TreeError(f"num_nodes {tuple(num_nodes.shape)} must be [B] with B = {B}")
+    valid = valid_mask(num_nodes, B, N, parents.device)
+    if parents.device.type != "cpu" or (num_nodes is not None and num_nodes.device.type != "cpu"):
+        return valid  # reading them from a GPU would synchronize the step
     if num_nodes is not None:
         bad = ((num_nodes < 1) | (num_nodes > N)).nonzero()
         if len(bad):
@@ -174,7 +197,6 @@ def check_trees(
             raise TreeError(
                 f"row {b}: num_nodes {int(num_nodes[b])} is not within 1..{N} (the root is node 0)"
             )
-    valid = valid_mask(num_nodes, B, N, tokens.device)
     bad = (parents[:, 0] != -1).nonzero()
     if len(bad):
         b = int(bad[0, 0])
@@ -186,12 +208,7 @@ def check_trees(
         raise TreeError(
             f"row {b}: node {i}'s parent {int(parents[b, i])} is not an earlier node (0..{i - 1})"
         )
-    bad = (valid & ((tokens < 0) | (tokens >= V))).nonzero()
-    if len(bad):
-        b, i = (int(x) for x in bad[0])
-        raise TreeError(
-            f"row {b}: node {i}'s token {int(tokens[b, i])} is not within the vocabulary (0..{V - 1})"
-        )
+    return valid
 
 
 def valid_mask(num_nodes: Tensor | None, B: int, N: int, device: torch.device) -> Tensor:

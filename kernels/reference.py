@@ -166,6 +166,9 @@ def greedy_walk_lists(tokens: Tensor, par: Tensor, am: Tensor, valid: Tensor) ->
     Scans nodes in index order: node i is tried iff its parent is the current node. Returns (path [B, S],
     accept_len [B], next_token [B], accepted [B, N]); same result as `first_ok_chain`."""
     B, N = tokens.shape
+    if B == 0:  # no sequences: empty results of the usual shapes (a path of the root's width)
+        return (torch.full((0, 1), -1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64),
+                torch.zeros(0, dtype=torch.int64), torch.zeros(0, N, dtype=torch.bool))  # fmt: skip
     tok_l, par_l, am_l, n_l = tokens.tolist(), par.tolist(), am.tolist(), valid.sum(-1).tolist()
     paths: list[list[int]] = []
     nxt: list[int] = []

@@ -159,6 +159,7 @@ def _walk_kernel(
         fresh = tl.full((), 1, tl.int1)  # draft_probs: residual is still p_cur (not in scratch)
         S = tl.full((), 1.0, tl.float32)  # draft_probs: normaliser of the residual held in scratch
         buf = tl.zeros((), tl.int64)
+        rejected = tl.full((), -1, tl.int64)  # the last child rejected at cur (-1: none yet)
         scr = scratch_ptr + b.to(tl.int64) * 2 * V  # scratch: [B, 2, V]
         for i in range(1, n):
             tried = _pick(par, offs_n, i) == cur
@@ -169,7 +170,10 @@ def _walk_kernel(
                 dup = (
                     tl.sum(((offs_n < i) & (offs_n > 0) & (par == cur) & (tok == x)).to(tl.int32), axis=0) > 0
                 )
-                rx = tl.where(dup, 0.0, px / (1.0 - removed))
+                # the last child left at cur holds all the mass that remains: accepted for sure (the reference
+                # renormalises to exactly 1; the running sum of the removed mass can leave it a few roundings under)
+                rest = 1.0 - removed
+                rx = tl.where(dup, 0.0, tl.where(px >= rest * (1.0 - 4e-6), 1.0, px / rest))
                 acc = tried & (coin <= rx) & (rx > 0)
                 removed = tl.where(tried & ~acc & ~dup, removed + px, removed)
             else:  # accept iff coin <= r[x] / q[x]; on reject r = normalize(max(r - q, 0))
@@ -196,6 +200,7 @@ def _walk_kernel(
                         S = total
                         fresh = tl.zeros((), tl.int1)
             accv = tl.where((offs_n == i) & acc, 1, accv)
+            rejected = tl.where(acc, -1, tl.where(tried & ~acc, x.to(tl.int64), rejected))
             cur = tl.where(acc, i, cur)
             removed = tl.where(acc, 0.0, removed)
             fresh = fresh | acc
@@ -224,7 +229,10 @@ def _walk_kernel(
             cs = tl.cumsum(r, axis=0) + carry
             count += tl.sum(((cs <= target) & vm).to(tl.int64), axis=0)
             carry = tl.max(tl.where(vm, cs, carry), axis=0)
-        tl.store(next_ptr + b, tl.where(count >= V, last_pos, count))
+        drawn = tl.where(count >= V, last_pos, count)
+        # a residual that rounding left empty (the rejected children held all of p): the last one rejected, the
+        # token that exact arithmetic would have accepted — never -1
+        tl.store(next_ptr + b, tl.where((total > 0) | (rejected < 0), drawn, rejected))
     tl.store(acc_ptr + base + offs_n, accv, mask=offs_n < N)
     if WRITE_PATH:  # path[k] = the k-th accepted node (they lie on one chain, in increasing index); -1 after
         acc32 = accv.to(tl.int32)

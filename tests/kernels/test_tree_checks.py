@@ -5,7 +5,7 @@ them: a node whose parent is -1, an empty tree). Padding nodes past ``num_nodes`
 import pytest
 import torch
 
-from kernels import TreeError, VerifyBuffers, verify
+from kernels import TreeError, VerifyBuffers, tree_buffers, verify
 
 
 def chain(B: int = 2, N: int = 5, V: int = 50):
@@ -34,6 +34,34 @@ def test_a_tree_outside_the_contract_is_refused(edit, message) -> None:
     for temperature in (0.0, 1.0):
         with pytest.raises(TreeError, match=message.replace("(", r"\(")):
             verify(tokens, parents, logits, num_nodes=num_nodes, temperature=temperature)
+
+
+@pytest.mark.parametrize(
+    "parents,num_nodes,message",
+    [
+        ([[-1, 2, 1]], None, "row 0: node 1's parent 2 is not an earlier node"),
+        ([[-1, 0, 7]], None, "row 0: node 2's parent 7 is not an earlier node"),
+        ([[3, 0, 1]], None, "row 0: the root's parent is 3, not -1"),
+        ([[-1, 0, 1]], [4], "row 0: num_nodes 4 is not within 1..3"),
+    ],
+)
+def test_tree_buffers_refuse_links_that_are_not_trees(parents, num_nodes, message) -> None:
+    """The tables of a tree's attention (depths, ancestors) are built before ``verify`` checks it: garbage links
+    are refused there too, not turned into garbage depths or an indexing error."""
+    n = None if num_nodes is None else torch.tensor(num_nodes)
+    with pytest.raises(TreeError, match=message):
+        tree_buffers(torch.tensor(parents), n)
+    tree_buffers(
+        torch.tensor([[-1, 0, 0, 2, 9]]), torch.tensor([4])
+    )  # padding past num_nodes may hold anything
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_batch_of_no_sequences_gives_empty_results(temperature) -> None:
+    v = verify(torch.zeros(0, 3, dtype=torch.long), torch.zeros(0, 3, dtype=torch.long), torch.zeros(0, 3, 5),
+               temperature=temperature)  # fmt: skip
+    assert v.path.shape == (0, 1) and v.accept_len.shape == v.next_token.shape == (0,)
+    assert v.accepted.shape == (0, 3)
 
 
 def test_padding_nodes_may_hold_anything() -> None:
