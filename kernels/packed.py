@@ -96,11 +96,26 @@ def packed_fp32() -> bool:
     return _packed[0]
 
 
+class _Same:
+    """A tensor's identity, held weakly: equal to another only while both name the same live tensor (a new
+    weight allocated where a freed one was has the same address and version 0 again, but is not the same)."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.ref = weakref.ref(t)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and (t := self.ref()) is not None and t is other.ref()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def _signature(w: torch.Tensor) -> tuple:
-    """What a reordered copy must match: the weight's storage, shape, dtype and its version — except for an
-    inference tensor (made under ``torch.inference_mode``), which counts no versions: a change in place of one is
-    not noticed (the heads' weights are never changed after loading)."""
-    return (w.data_ptr(), tuple(w.shape), w.dtype, None if w.is_inference() else w._version)
+    """What a reordered copy must match: the weight itself (``_Same``), its storage, shape, dtype and its version —
+    except for an inference tensor (made under ``torch.inference_mode``), which counts no versions: a change in
+    place of one is not noticed (the heads' weights are never changed after loading)."""
+    return (_Same(w), w.data_ptr(), tuple(w.shape), w.dtype, None if w.is_inference() else w._version)
 
 
 def _release(size: int) -> None:

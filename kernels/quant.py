@@ -93,6 +93,11 @@ def int4_fits(out_features: int, in_features: int) -> bool:
     return out_features % 16 == 0 and in_features % GROUP == 0
 
 
+def _in(dtype: torch.dtype, t: torch.Tensor) -> torch.Tensor:
+    """``t`` (fp32) rounded to ``dtype`` and back: the value a kernel computing in ``dtype`` applies."""
+    return t.to(dtype).float()
+
+
 class QLinear:
     """One linear layer in one weight format; ``__call__(x)`` for x [..., K]. ``nbytes``: the weight bytes a forward
     reads (the cost models' bytes term)."""
@@ -119,7 +124,8 @@ class QLinear:
     def int8(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> QLinear:
         """Symmetric per-output-channel int8 of a dense weight."""
         w = weight.float()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+        # the codes are chosen against the scale the kernel applies: rounded to the activation dtype first
+        scale = _in(dtype, (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12))
         q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         n, k = w.shape
         b = None if bias is None else bias.to(dtype)
@@ -132,9 +138,18 @@ class QLinear:
         n, k = w.shape
         g = w.reshape(n, k // GROUP, GROUP)
         lo, hi = g.amin(-1), g.amax(-1)
-        scale = ((hi - lo) / 15.0).clamp(min=1e-12)
-        q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).reshape(n, k)
-        return QLinear.from_int4(q, scale, lo + 8 * scale, bias, dtype)
+        # scale and zero as the kernel applies them (in the activation dtype), the codes chosen against those:
+        # codes chosen against the fp32 ones were off by the zero's bf16 rounding, over a step for a group whose
+        # values sit far from 0 relative to their spread; the scale is widened so that the codes 0..15 around the
+        # rounded zero still span [lo, hi]
+        zero = _in(dtype, lo + 8 * ((hi - lo) / 15.0))
+        scale = torch.maximum((zero - lo) / 8.0, (hi - zero) / 7.0).clamp(min=1e-12)
+        near = scale.to(dtype)  # the nearest in dtype, or the next one up where that is below
+        scale = torch.where(
+            near.float() < scale, torch.nextafter(near, torch.full_like(near, float("inf"))), near
+        ).float()
+        q = torch.round((g - zero[..., None]) / scale[..., None]) + 8
+        return QLinear.from_int4(q.clamp(0, 15).to(torch.int32).reshape(n, k), scale, zero, bias, dtype)
 
     @staticmethod
     def from_int4(

@@ -309,3 +309,23 @@ def test_stacked_layers_give_each_layers_product_and_follow_their_weights(settin
     with torch.no_grad(), stacking(False):  # a benchmark's baseline: each layer on its own, exactly
         a, b = Stacked()(x, q, k)
         assert torch.equal(a, q(x)) and torch.equal(b, k(x))
+
+
+@needs_onednn
+def test_a_new_weight_at_a_freed_weights_address_is_not_taken_for_it(setting):
+    """A layer's weight replaced twice between products: the allocator often puts the newest where the first was
+    freed, at version 0 again — the copy follows the tensor itself, not only its address and version."""
+    setting("packed")
+    gen = torch.Generator().manual_seed(3)
+    lin, x = ReorderedLinear(64, 64, bias=False), torch.randn(2, 64, generator=gen)
+    reused = 0
+    with torch.no_grad():
+        lin(x)
+        for _ in range(8):
+            before = lin.weight.data_ptr()
+            lin.weight = torch.nn.Parameter(torch.randn(64, 64, generator=gen))
+            lin.weight = torch.nn.Parameter(torch.randn(64, 64, generator=gen))
+            reused += lin.weight.data_ptr() == before
+            torch.testing.assert_close(lin(x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
+    if not reused:
+        pytest.skip("the allocator put no new weight at a freed one's address")
