@@ -58,11 +58,14 @@ def propose_lockstep(
             feats = head_pass(group)
             d0 = group[0].d
             lp = torch.log_softmax(d0.draft_pk.product(torch.cat(feats), d0.w_draft).float(), dim=-1)
-            top_lp, top_i = lp.topk(max(max(g.shape.topk, 1) for g in group), dim=-1)
+            # a shape may ask for more children than the draft vocabulary holds (Vd = lp.shape[-1]): a node then
+            # gets all Vd of them, fewer than topk (the tree builders take what they get)
+            width = min(max(max(g.shape.topk, 1) for g in group), lp.shape[-1])
+            top_lp, top_i = lp.topk(width, dim=-1)
             lps, tis = top_lp.tolist(), d0.d2t[top_i].tolist()  # one conversion for the group
             at = 0
             for i, gr, f in zip(idx, group, feats):
-                n, k = f.shape[0], max(gr.shape.topk, 1)
+                n, k = f.shape[0], min(max(gr.shape.topk, 1), width)
                 for u, feat in zip(gr.request[0], f.unbind()):  # type: ignore[index]
                     gr.feats[u] = feat
                 answer = ([r[:k] for r in lps[at : at + n]], [r[:k] for r in tis[at : at + n]])

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from drafters.base import DrafterError, reason
 from drafters.heads import HeadConfig, aux_layers, check_fingerprint, save_head, target_fingerprint
+from drafters.train_checkpoint import check_adamw, load_train_state
 from drafters.train_data import Sequence, draft_vocab, load_data, split
 
 # ---------------------------------------------------------------- training
@@ -128,11 +129,17 @@ def _batches(seqs: list[Sequence], size: int, gen: torch.Generator):
 
 
 def _collate(
-    batch: list[Sequence], kind: str, exit_layer: int, window: int, gen: torch.Generator | None = None
+    batch: list[Sequence],
+    kind: str,
+    exit_layer: int,
+    window: int,
+    gen: torch.Generator | None = None,
+    fuse: tuple[int, ...] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Padded tensors of ``window`` positions per sequence -- the last ones (the answer), or for a sequence without
     answer a random window when ``gen`` is given: tokens [B, T], inputs [B, T, H] (early exit: the states after
-    ``exit_layer`` layers), feats [B, T, H], lens [B], answer_start [B]."""
+    ``exit_layer`` layers), feats [B, T, H], lens [B], answer_start [B]; eagle3: aux [B, T, k * H], the streams
+    after the layers ``fuse`` (the head's ``fuse_layers``; None: every layer the data captured)."""
     t = min(window, max(s.tokens.shape[0] for s in batch))
     h = batch[0].feats.shape[1]
     out = {
@@ -143,7 +150,10 @@ def _collate(
     }
     if kind == "early_exit":
         out["inputs"] = torch.zeros(len(batch), t, h)
-    fuse = tuple(sorted(batch[0].exits)) if kind == "eagle3" else ()
+    if kind != "eagle3":
+        fuse = ()
+    elif fuse is None:
+        fuse = tuple(sorted(batch[0].exits))
     if fuse:
         out["aux"] = torch.zeros(len(batch), t, len(fuse) * h)
     for b, s in enumerate(batch):
@@ -156,6 +166,11 @@ def _collate(
         out["lens"][b] = n
         out["answer_start"][b] = max(0, s.answer_start - cut)
         if fuse:
+            if not set(fuse) <= set(s.exits):
+                raise DrafterError(
+                    f"the eagle3 head fuses the streams after layers {list(fuse)}; the data captured "
+                    f"{sorted(s.exits)}"
+                )
             for k, n_layer in enumerate(fuse):
                 out["aux"][b, :n, k * h : (k + 1) * h] = s.exits[n_layer][cut : cut + n].float()
         if kind == "early_exit":
@@ -260,7 +275,13 @@ def _agree(stats: dict, level: int, hit: torch.Tensor, mask: torch.Tensor) -> No
 
 @torch.no_grad()
 def evaluate(
-    head, seqs: list[Sequence], w_draft, embed, st: TrainSettings, exact: tuple | None = None
+    head,
+    seqs: list[Sequence],
+    w_draft,
+    embed,
+    st: TrainSettings,
+    exact: tuple | None = None,
+    fuse: tuple[int, ...] | None = None,
 ) -> dict[str, float]:
     """Held-out top-1 agreement with the target (on answer tokens) per draft depth, and for eagle the mean accepted
     length (bonus included) of a greedy chain of ``levels`` drafts rooted at every answer position (a chain rooted
@@ -269,7 +290,8 @@ def evaluate(
     ``exact = (the target's LM head weight [V, H], d2t)``: a hit is the drafted token equal to the target's argmax
     over its whole vocabulary -- what verification accepts, and comparable between heads of different draft
     vocabularies (a token outside the head's vocabulary is a miss). Without it, the argmax of the target's
-    distribution restricted to the draft vocabulary (the larger the vocabulary, the harder that is to agree with)."""
+    distribution restricted to the draft vocabulary (the larger the vocabulary, the harder that is to agree with).
+    ``fuse``: an eagle3 head's ``fuse_layers`` (None: every layer the data captured, as training checks them)."""
     head.eval()
     exact = (
         exact if st.kind in ("eagle", "eagle3") else None
@@ -277,7 +299,7 @@ def evaluate(
     stats: dict[str, Any] = {} if exact is None else {"_exact": (exact[0].float(), exact[1])}
     tau_sum, tau_n = 0.0, 0
     for i in range(0, len(seqs), st.batch_size):
-        batch = _collate(seqs[i : i + st.batch_size], st.kind, st.exit_layer, st.window)
+        batch = _collate(seqs[i : i + st.batch_size], st.kind, st.exit_layer, st.window, fuse=fuse)
         if st.kind in ("eagle", "eagle3"):
             loss_eagle(head, batch, w_draft, embed, st, None, stats)
             hits = stats.pop("_hits")
@@ -310,37 +332,6 @@ def _trajectory(st: TrainSettings) -> dict[str, Any]:
     return {
         k: v for k, v in asdict(st).items() if k not in ("cpu_minutes", "steps", "max_steps", "save_every_s")
     }
-
-
-def load_train_state(path: Path) -> dict[str, Any]:
-    """A training checkpoint: tensors and plain data only (``weights_only``), so a file that pickles anything
-    else is refused, never run. Every problem is a one-line ``DrafterError``."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unreadable file is reported the same way
-        raise DrafterError(
-            f"training checkpoint {path} is corrupted ({reason(err)}); delete it to start over"
-        ) from err
-    if not isinstance(state, dict) or not {"head", "opt", "step", "cpu_s", "epoch"} <= set(state):
-        raise DrafterError(
-            f"training checkpoint {path} is not a draftgym head checkpoint; delete it to start over"
-        )
-    counters = [state[k] for k in ("step", "epoch", "cpu_s")]
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e12 for v in counters):
-        raise DrafterError(
-            f"training checkpoint {path} is corrupted (its counters: {counters}); delete it to start over"
-        )
-    gen, settings = state.get("gen"), state.get("settings")
-    size = torch.Generator().get_state().numel()  # the batch generator's state, as a resume sets it
-    if gen is not None and not (
-        isinstance(gen, torch.Tensor) and gen.dtype == torch.uint8 and tuple(gen.shape) == (size,)
-    ):
-        raise DrafterError(
-            f"training checkpoint {path} is corrupted (its generator state); delete it to start over"
-        )
-    if settings is not None and not isinstance(settings, dict):
-        raise DrafterError(f"training checkpoint {path} is corrupted (its settings); delete it to start over")
-    return state
 
 
 def check_data_fits(seqs: list[Sequence], model: Any, data_dirs: Any) -> None:
@@ -434,17 +425,11 @@ def train_head(
                 f"{', '.join(str(saved.get(k)) for k in changed)}); give the same ones to resume, or "
                 "delete it or use another --work folder to start over"
             )
+        fresh = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
         try:  # the same shapes and data, but mangled tensors: one line, not torch's paragraph
             head.load_state_dict(state["head"])
             opt.load_state_dict(state["opt"])
-            for p in (
-                q for g in opt.param_groups for q in g["params"]
-            ):  # AdamW's moments: its parameters' shapes
-                for k, t in opt.state.get(p, {}).items():
-                    if isinstance(t, torch.Tensor) and t.dim() and t.shape != p.shape:
-                        raise ValueError(
-                            f"optimizer state {k} of shape {tuple(t.shape)} for {tuple(p.shape)}"
-                        )
+            check_adamw(opt, fresh)
         except (RuntimeError, ValueError, TypeError, KeyError) as err:
             raise DrafterError(
                 f"training checkpoint {state_path} is corrupted ({reason(err)}); delete it to start over"
@@ -456,6 +441,11 @@ def train_head(
     cpu0, last_save = time.process_time(), time.monotonic()
     budget_s = st.cpu_minutes * 60
     steps_per_epoch = math.ceil(len(train) / st.batch_size)
+    if not 0 <= step - epoch * steps_per_epoch <= steps_per_epoch:  # the batches of an epoch it is in
+        raise DrafterError(
+            f"training checkpoint {state_path} is corrupted (step {step} is not in epoch {epoch} of "
+            f"{steps_per_epoch} steps); delete it to start over"
+        )
     total_steps = min(st.max_steps, max(1, int(steps_per_epoch * 50)))
     # the bar's total: the step count when it is the budget; else percent of the CPU-minute budget (ETA from it)
     by_steps = bool(st.steps)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections import Counter
@@ -123,6 +124,7 @@ def _write_parts(
     settings = {**settings, "batch_size": batch_size, "capture_layers": list(capture_layers), "dtype": dtype,
                 "prompts": prompts, "target": target_fingerprint(model, name)}  # fmt: skip
     _same_parts(out_dir, settings)
+    _read_info(out_dir)  # a damaged info.json is refused before the work, not after it
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     info = {**info, "capture_layers": list(capture_layers)}
     cpu = time.process_time()
@@ -239,11 +241,29 @@ def prefill_data(
                         settings, info)  # fmt: skip
 
 
+def _read_info(out_dir: Path) -> dict[str, Any]:
+    """``out_dir/info.json`` (a fresh one when there is none); a damaged one (not JSON, not an object, no finite
+    ``cpu_s`` number) is a one-line ``DrafterError`` telling to delete it."""
+    info_path = out_dir / "info.json"
+    if not info_path.is_file():
+        return {"cpu_s": 0.0}
+    try:
+        info: Any = json.loads(info_path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        info = None
+    cpu = info.get("cpu_s", 0.0) if isinstance(info, dict) else None
+    if isinstance(cpu, bool) or not isinstance(cpu, int | float) or not math.isfinite(cpu):
+        raise DrafterError(
+            f"{info_path} is not this data's info (readable JSON with a cpu_s number); delete it"
+        )
+    return info
+
+
 def _log_info(out_dir: Path, cpu: float, fields: dict[str, Any]) -> dict[str, Any]:
     """Add ``cpu`` seconds to ``out_dir/info.json`` (summed over parts and resumed calls), set ``fields``, and
     return it."""
     info_path = out_dir / "info.json"
-    info = json.loads(info_path.read_text()) if info_path.is_file() else {"cpu_s": 0.0}
+    info = _read_info(out_dir)
     info.update(fields, cpu_s=float(info.get("cpu_s", 0.0)) + cpu)
     tmp = info_path.with_name(info_path.name + ".tmp")  # atomic: a torn file would stop every later resume
     tmp.write_text(json.dumps(info, indent=2))

@@ -83,6 +83,13 @@ def _main(argv: list[str] | None) -> int:
     out = []
     for kind, path in zip(kinds, paths):
         cfg, tensors, meta = load_head(path, kind, model, loaded.model_id)
+        fuse = tuple(cfg.fuse_layers)
+        captured = sorted(set.intersection(*(set(s.exits) for s in held))) if held else []
+        if fuse and not set(fuse) <= set(captured):  # other streams: wrong numbers, or a shape error
+            raise DrafterError(
+                f"the {kind} head {path} fuses the target's streams after layers {list(fuse)}; the data in "
+                f"{', '.join(args.data)} captured layers {captured}"
+            )
         head = EagleHead(cfg)
         load_state(head, tensors, str(path))
         head = head.float().eval()
@@ -93,7 +100,7 @@ def _main(argv: list[str] | None) -> int:
         )
         with torch.no_grad():
             exact = (model.lm_head.weight.detach(), d2t) if args.agreement == "full" else None
-            metric = evaluate(head, held, w_draft, model.get_input_embeddings(), st, exact=exact)
+            metric = evaluate(head, held, w_draft, model.get_input_embeddings(), st, exact=exact, fuse=fuse)
         tokens = [t for s in held for t in s.tokens[s.answer_start :].tolist()]
         vocab = set(d2t.tolist())
         cover = sum(t in vocab for t in tokens) / max(1, len(tokens))
