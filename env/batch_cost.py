@@ -365,6 +365,15 @@ def roofline(accelerator: str, model: str) -> RooflineCost:
     return RooflineCost(accelerator, model, dict(ACCELERATORS[accelerator]), dict(MODELS[model]))
 
 
+def cost_digest(cost: BatchCost) -> str:
+    """sha256 of a batch cost model's JSON (canonical: sorted keys): which model, where two calibrations of one
+    machine share their ``label``."""
+    import hashlib
+
+    text = json.dumps(cost.to_json(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def default_batch_cost_path() -> Path:
     from importlib import resources
 
@@ -398,5 +407,5 @@ def load_batch_cost(source: str | Path | BatchCost | None = None) -> BatchCost:
     raise CostModelError(f"{path} is not a draftgym batch cost model (format {data.get('format')!r})")
 
 
-__all__ = ["ACCELERATORS", "MODELS", "BatchCost", "FittedBatchCost", "RooflineCost", "load_batch_cost", "roofline",
-           "step_context", "step_s"]  # fmt: skip
+__all__ = ["ACCELERATORS", "MODELS", "BatchCost", "FittedBatchCost", "RooflineCost", "cost_digest", "load_batch_cost",
+           "roofline", "step_context", "step_s"]  # fmt: skip

@@ -279,6 +279,16 @@ def fidelity(rows: list[dict[str, Any]], probes: dict[str, dict[str, Any]]) -> d
     return out
 
 
+def same_cost(meta: dict[str, Any], cost: Any) -> bool:
+    """Whether a serving policy's file says it was built under ``cost``: the same label (the machine or the
+    roofline model) and, where the file records one (since this check), the same model (``cost_digest``). A file
+    that names no cost model is taken as built under it."""
+    from env.batch_cost import cost_digest
+
+    label, digest = meta.get("batch_cost"), meta.get("batch_cost_sha256")
+    return (label is None or label == cost.label) and (digest is None or digest == cost_digest(cost))
+
+
 def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     from env.batch_cost import load_batch_cost
     from env.serve_env import DEFAULT_ARMS, default_serve_trace
@@ -318,6 +328,10 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     # a policy trained on prompts of this evaluation (another --test-per-category or --seed than its training's)
     overlap = {name: n for name, pol in policies if pol.meta.get("fitted_on_prompts") is not False
                and (n := len(set((pol.meta.get("split") or {}).get("train") or []) & set(split.test)))}  # fmt: skip
+    # a policy fitted, trained or (SmartSpec) deciding under another cost curve than the one it is evaluated under
+    other_cost = {
+        name: str(pol.meta["batch_cost"]) for name, pol in policies if not same_cost(pol.meta, cost)
+    }
     from env.serve_loads import parse_load
 
     max_new = args.max_new_tokens or int(meta.get("max_new_tokens", 64))
@@ -372,6 +386,7 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
                        "machine": machine_info(),
                        "command": " ".join(["draftgym", *sys.argv[1:]])}  # fmt: skip
     res["trained_on_evaluated"] = overlap
+    res["built_under_other_cost"] = other_cost
     res["provenance"] = provenance()
     text = json.dumps(res, indent=1)
     atomic_write_text(out / "evaluate.json", text)
@@ -408,6 +423,10 @@ def format_table(res: dict[str, Any]) -> str:
     for name, n in (res.get("trained_on_evaluated") or {}).items():
         lines.append(
             f"note: {name} was trained on {n} of the {n_test} prompts evaluated here (not held out)!"
+        )
+    for name, label in (res.get("built_under_other_cost") or {}).items():
+        lines.append(
+            f"note: {name} was built under the cost model {label}, evaluated under {s.get('batch_cost')}"
         )
     fid = res.get("fidelity") or {}
     if fid:

@@ -47,7 +47,8 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     PPO starts), with ``train.json`` (the report so far); a rerun into the same folder (its settings checked by the
     caller) keeps the policies already saved and trains only the missing ones — after a kill during PPO, PPO, from
     its latest checkpoint."""
-    from env.serve_env import feature_names, make_sb3_serve_env, obs_size
+    from env.batch_cost import cost_digest
+    from env.serve_env import feature_names, levels_upto, make_sb3_serve_env, obs_size
     from policies.linucb import LinUCB
     from policies.serving import (
         BucketUCB,
@@ -62,7 +63,8 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     feats, size = feature_names(max_batch), obs_size(max_batch)
     loads = train_loads(max_batch)
     make = _sim_factory(trace, cost, arms, list(split.train), max_new, requests, max_batch)
-    meta = {"split": split.as_dict(), "batch_cost": cost.label, "max_new_tokens": max_new, "requests": requests,
+    meta = {"split": split.as_dict(), "batch_cost": cost.label, "batch_cost_sha256": cost_digest(cost),
+            "max_new_tokens": max_new, "requests": requests,
             "max_batch": max_batch, "trace_prompts": trace.num_prompts}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "train.json"
@@ -88,7 +90,7 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
         policies["trt-auto"] = trt_auto(arms, size, feats)
     policies["smartspec"] = SmartSpecPolicy(arms, size, feats, cost=cost.to_json())
     # online bandits: trained in replay on the training prompts, over the mixed training loads
-    bucket = BucketUCB(arms, size, feats)
+    bucket = BucketUCB(arms, size, feats, buckets=levels_upto(max_batch))  # one bandit per load level
     lin = LinUCB(arms, size, feats, alpha=0.3)
     for pol in (bucket, lin):
         sim = make(8, loads=loads, seed=seed + 1)

@@ -6,7 +6,9 @@ Baselines as the engines ship them:
 - ``BatchTablePolicy`` (kind ``schedule``): a table rows -> arm, as vLLM's ``num_speculative_tokens_per_batch_size``
   and TensorRT-LLM's ``draft_len_schedule`` are written. ``fit_batch_table`` fits one the way their users do: the
   best static arm at each concurrency, measured (here: replayed) on this machine. ``trt_auto`` is TensorRT-LLM's
-  AUTO rule for n-gram drafts (depth 5 up to 4 rows, 3 up to 32, off above);
+  AUTO rule for n-gram drafts as a per-step schedule of the rows in the batch (depth 5 up to 4 rows, 3 up to 32,
+  off above); TensorRT-LLM itself fixes the depth once from the engine's max batch size (5 if it is at most 4,
+  else 3) and only switches drafting off above 32 requests: at a max batch of 16, the static ``ngram-d3`` arm;
 - ``SmartSpecPolicy`` (kind ``heuristic``): SmartSpec/TurboSpec's rule: each request's per-token acceptance
   estimated online (``env.serve_env.alpha_estimate``, the per-row feature), the depth that maximizes the
   estimated goodput ``sum_i E[tokens_i(d)] / c(rows, d + 1, context)`` under a batch cost model (rows whose
@@ -99,7 +101,9 @@ class BatchTablePolicy(BasePolicy):
 
 
 def trt_auto(arms: Sequence[str], obs_size: int, features: Sequence[str] | None = None) -> BatchTablePolicy:
-    """TensorRT-LLM's AUTO rule for n-gram speculation: depth 5 up to 4 rows, depth 3 up to 32, off above."""
+    """TensorRT-LLM's AUTO rule for n-gram speculation read per step on the rows in the batch: depth 5 up to 4 rows,
+    depth 3 up to 32, off above. (TensorRT-LLM's ``suggest_spec_config`` keys the depth on the engine's max batch
+    size instead, once: at a max batch above 4 that is the static ``ngram-d3`` arm, off above 32 requests.)"""
     need = ("ngram-d5", "ngram-d3", "none")
     if any(a not in arms for a in need):
         raise PolicyError(f"the TensorRT-LLM AUTO rule needs arms {list(need)} in the menu")

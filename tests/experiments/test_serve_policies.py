@@ -117,6 +117,7 @@ def test_evaluate_serve_writes_the_documented_rows(trained, trace_path, tmp_path
         "mixed",
     }
     assert data["trained_on_evaluated"] == {} and "not held out" not in printed
+    assert data["built_under_other_cost"] == {} and "built under" not in printed
 
 
 def test_evaluate_serve_says_when_a_policy_was_trained_on_the_evaluated_prompts(
@@ -170,8 +171,32 @@ def test_a_missing_trace_or_bad_cost_model_is_one_line(trained, trace_path, tmp_
 
 
 def test_serve_train_with_a_smaller_batch(trace_path, tmp_path):
+    """The bandit per batch size keeps one bucket per load level of the max batch (it had 1..16 whatever the max
+    batch: at 64 rows, rows 9 to 64 shared one bandit)."""
+    from policies.base import load_policy
+
     with threadpool_limits(1):
         assert main(_train_argv(trace_path, tmp_path / "small", "--max-batch", "4")) == 0
+    assert load_policy(tmp_path / "small" / "bucket-ucb.zip").buckets.tolist() == [1, 2, 4]
+
+
+def test_evaluate_serve_says_when_a_policy_was_built_under_another_cost_model(
+    trained, trace_path, tmp_path, capsys
+):
+    """Policies trained, fitted or deciding (SmartSpec: its own cost curve) under the H200 roofline, evaluated under
+    the H100's: each is flagged in the table and the JSON (the same cost model flags none: the rows test)."""
+    with threadpool_limits(1):
+        argv = _eval_argv(trained, trace_path, tmp_path, "1")
+        argv[argv.index(COST)] = "roofline:h100-sxm/llama-3.1-8b"
+        assert main(argv) == 0
+    printed = capsys.readouterr().out
+    data = json.loads((tmp_path / "eval" / "evaluate.json").read_text())
+    other = data["built_under_other_cost"]
+    assert set(other) == SAVED and set(other.values()) == {"roofline:h200/llama-3.1-8b (simulated)"}
+    assert (
+        "note: smartspec was built under the cost model roofline:h200/llama-3.1-8b (simulated), evaluated under "
+        "roofline:h100-sxm/llama-3.1-8b (simulated)" in printed
+    )
 
 
 def test_serve_train_killed_in_ppo_resumes_with_ppo_only(trace_path, tmp_path, monkeypatch, capsys):
