@@ -99,8 +99,8 @@ def check_meta(policy: Any, path: Any) -> Any:
     if split is not None:
         if not isinstance(split, dict):
             raise bad("split", "an object")
-        for key in ("train", "test"):
-            v = split.get(key, [])
+        for key in ("train", "test"):  # both present: a split names what it held out and what it trained on
+            v = split.get(key)
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                 raise bad(f"split.{key}", "a list of prompt ids")
         for key in ("seed", "test_per_category"):
@@ -190,7 +190,7 @@ def evaluate(
         rows.append({
             "policy": policy_label(policy, path), "kind": policy.kind, "replay_speedup": score.speedup,
             "live_speedup": None, "path": str(path), "tau": score.tau,
-            "note": f"trained on {len(seen)} test prompts!" if seen else "",
+            "note": f"trained on {len(seen)} test prompts!" if seen else "", "leaked": len(seen),
         })  # fmt: skip
     for o in oracle_scores(env, test):
         rows.append({"policy": o.name, "kind": "oracle", "replay_speedup": o.speedup, "live_speedup": None})
@@ -263,9 +263,12 @@ def _live(policy_paths, policies, best_name, trace, test, *, loaded, workload, m
 
 
 def acceptance_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The best learned policy against the best static arm and the oracles (replay and live)."""
+    """The best learned policy against the best static arm and the oracles (replay and live); a policy trained on
+    some of the evaluated prompts (``leaked``) is left out: its row is in the table, flagged, not in the summary."""
     static = next(r for r in rows if r["kind"] == "static")
-    learned = [r for r in rows if r["kind"] in ("bandit", "rl", "predictor", "heuristic")]
+    learned = [
+        r for r in rows if r["kind"] in ("bandit", "rl", "predictor", "heuristic") and not r.get("leaked")
+    ]
     out: dict[str, Any] = {}
     if not learned:
         return out

@@ -102,3 +102,46 @@ def test_user_errors_are_one_line(files, tmp_path, capsys):
                    f'train = {{ trace = "{files / "trace.npz"}", cost_model = "{files / "cost.json"}" }}\n')  # fmt: skip
     assert main(["train", str(cfg), "--out", str(tmp_path / "r")]) == 2
     assert "'none' first" in capsys.readouterr().err
+
+
+def test_a_policy_trained_on_evaluated_prompts_is_flagged_and_left_out_of_the_summary(
+    files, tmp_path, capsys
+):
+    """The held-out prompts are the first policy's; a later one whose training split holds some of them is flagged
+    in its row (as before) and no longer ranked as the best learned policy of the summary."""
+    from policies import load_policy
+
+    out = tmp_path / "run"
+    assert (
+        main(["train", str(files / "cfg.toml"), "--out", str(out), "--policy", "ucb", "--policy", "pred"])
+        == 0
+    )
+    ucb, pred = (out / "policies" / f"{n}.zip" for n in ("ucb", "pred"))
+    leaky = load_policy(pred)
+    split = leaky.meta["split"]
+    leaky.meta = {**leaky.meta, "split": {**split, "train": split["train"] + split["test"][:3]}}
+    leaky.save(tmp_path / "leaky.zip")
+    capsys.readouterr()
+    res = tmp_path / "eval.json"
+    assert main(["evaluate", str(ucb), str(tmp_path / "leaky.zip"), "--no-live", "--json", str(res)]) == 0
+    assert "trained on 3 test prompts!" in capsys.readouterr().out
+    data = json.loads(res.read_text())
+    row = next(r for r in data["rows"] if r["policy"] == "leaky")
+    assert row["leaked"] == 3 and row["replay_speedup"] > next(r for r in data["rows"] if r["policy"] == "ucb")[
+        "replay_speedup"]  # fmt: skip
+    assert data["summary"]["replay"]["best"] == "ucb"
+
+
+@pytest.mark.parametrize("split", [{"train": ["a"]}, {"test": ["a"]}, {"train": ["a"], "test": None}])
+def test_a_policy_file_whose_split_lacks_a_side_is_one_line(files, tmp_path, capsys, split):
+    from policies import load_policy
+
+    out = tmp_path / "run"
+    assert main(["train", str(files / "cfg.toml"), "--out", str(out), "--policy", "static"]) == 0
+    pol = load_policy(out / "policies" / "static.zip")
+    pol.meta = {**pol.meta, "split": split}
+    pol.save(tmp_path / "odd.zip")
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "odd.zip"), "--no-live"]) == 2
+    err = capsys.readouterr().err
+    assert "split." in err and err.count("\n") == 1 and "Traceback" not in err

@@ -91,6 +91,12 @@ def test_evaluations_are_logged_once_and_a_folder_of_other_settings_is_refused(
     train(128, {"prompts": ["a", "b"]})  # the same settings: resumed and extended
     steps = [json.loads(x)["timesteps"] for x in (run / "eval.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps)) and steps[-1] == 128
+    # a smaller budget would return the longer run's best model, labelled with the smaller one: refused
+    log = (run / "eval.jsonl").read_text()
+    with pytest.raises(PolicyError, match="holds a run toward 128 timesteps") as err:
+        train(64, {"prompts": ["a", "b"]})
+    assert "\n" not in str(err.value) and (run / "eval.jsonl").read_text() == log
+    train(128, {"prompts": ["a", "b"]})  # the same budget again: nothing left to train, the same folder
 
 
 def test_untrained_policy_refuses_to_act_or_save(synth_env, tmp_path):
