@@ -152,12 +152,31 @@ class LiveObserver:
         return serve_observation(active, ctx, s, n, last, match, prog, np.array([queue]), m)[0]
 
     def choices(self, action: Any, rows: int) -> list[int]:
-        a = np.asarray(action).reshape(-1)
+        """The arm index of each of the ``rows`` live rows from a policy's action: one arm for the batch or one
+        per row slot (the first ``rows`` used), by the rule replay applies (``ServeSim._actions``): integers, or
+        whole finite floats, not bools, in ``0..K-1``; anything else a ``ServeEnvError``."""
         k = len(self.arms)
-        picked = [int(a[0])] * rows if a.size == 1 else [int(x) for x in a[:rows]]
-        if len(picked) != rows or any(not 0 <= c < k for c in picked):
+        try:
+            a = np.asarray(action)
+        except (ValueError, TypeError):  # ragged nesting
+            a = np.asarray(None)
+        if (
+            a.dtype.kind not in "iuf"
+            or a.size == 0
+            or (a.dtype.kind == "f" and not (np.isfinite(a).all() and np.all(np.mod(a, 1) == 0)))
+        ):
+            raise ServeEnvError(
+                f"the policy's action must be integer arm indices (0..{k - 1}), got {action!r} ({a.dtype})"
+            )
+        a = a.reshape(-1)
+        if a.size != 1 and a.size not in (rows, self.max_batch):
+            raise ServeEnvError(
+                f"the policy chose {a.size} arms for {rows} rows; one, or one per row slot ({self.max_batch})"
+            )
+        picked = np.repeat(a, rows) if a.size == 1 else a[:rows]  # (range checked before any cast)
+        if picked.size != rows or ((picked < 0) | (picked >= k)).any():
             raise ServeEnvError(f"the policy chose {a.tolist()} for {rows} rows; valid arms: 0..{k - 1}")
-        return picked
+        return [int(c) for c in picked]
 
     def record(self, outcomes: Sequence[Any]) -> None:
         for o in outcomes:

@@ -9,10 +9,12 @@ generated token ids.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Any
 
 import numpy as np
@@ -44,7 +46,9 @@ class Request:
 
 @dataclass
 class Served:
-    """What a request got: its tokens and its times (seconds from the start of the run)."""
+    """What a request got: its tokens and its times (seconds from the start of the run). ``arm``: the request's
+    own arm, or ``POLICY_ARM`` when a serving policy chose every step's; ``arm_steps``: arm name -> the batch
+    steps the request ran with it (the prefill's first token not counted)."""
 
     rid: str
     arm: str
@@ -55,6 +59,10 @@ class Served:
     steps: int = 0  # verification steps (the prefill's first token counts as one)
     accepted: int = 0
     drafted: int = 0
+    arm_steps: dict[str, int] = field(default_factory=dict)
+
+
+POLICY_ARM = "policy"  # Served.arm of a request whose arms a serving policy chose, step by step
 
 
 @dataclass
@@ -111,6 +119,9 @@ def check_load(
             raise ServeError(
                 f"request {r.rid}: max_new_tokens must be an integer >= 1, got {r.max_new_tokens!r}"
             )
+        t = r.arrival_s  # a NaN or infinite arrival is never reached: the open loop would wait on it forever
+        if isinstance(t, bool) or not isinstance(t, Real) or not 0 <= t < math.inf:
+            raise ServeError(f"request {r.rid}: arrival_s must be a finite time >= 0 s, got {t!r}")
     big = max((r.reservation for r in requests), default=0)
     if big > kv_budget:
         raise ServeError(f"the KV budget of {kv_budget} positions is too small for one request (needs {big})")
@@ -242,9 +253,9 @@ def serve(
             d = req.arm.drafter
             drafters = {} if d is None else {d: drafter_for(d)}
         seq = stepper.start(req.prompt_ids, req.max_new_tokens, drafters, prefill=pf)
-        f = flights[id(seq)] = _Flight(
-            req, seq, Served(req.rid, req.arm.name, arrival_s=arrival, first_token_s=now())
-        )
+        # under a policy the request's own arm is ignored
+        arm = req.arm.name if observer is None else POLICY_ARM
+        f = flights[id(seq)] = _Flight(req, seq, Served(req.rid, arm, arrival_s=arrival, first_token_s=now()))
         if seq.done:
             finish(f)
 
@@ -294,8 +305,10 @@ def serve(
         log.steps += 1
         log.row_steps += len(live)
         log.step_tokens += sum(len(o.tokens) for o in outcomes)
-        for c in choices:
-            log.arm_rows[menu[c].name] += 1
+        for f, c in zip(live, choices):
+            name = menu[c].name
+            log.arm_rows[name] += 1
+            f.out.arm_steps[name] = f.out.arm_steps.get(name, 0) + 1
         if observer is not None:
             b = clock()
             observer.record(outcomes)

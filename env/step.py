@@ -19,6 +19,7 @@ import numpy as np
 
 from drafters import Drafter, DraftTree, TreeShape
 from drafters.trees import prune
+from env.arms import arm_index
 from env.batch import BatchEngine, Prefill, Row
 from env.cost import CostModel
 from env.engine import Arm, StepResult
@@ -208,7 +209,11 @@ class Stepper:
             raise ValueError(f"{len(self.seqs)} sequences but {len(choices)} choices")
         if any(s.done for s in self.seqs):
             raise ValueError("a finished sequence is still in the batch: retire it before the next step")
-        arms = [self.arms[int(c)] for c in choices]
+        names = [a.name for a in self.arms]
+        try:  # an arm index each (not a bool, a float or a negative one counted from the end)
+            arms = [self.arms[arm_index(c, names)] for c in choices]
+        except ValueError as err:
+            raise ValueError(f"step choices {list(choices)!r}: {err}") from None
         trees, draft_s = self.engine.propose(arms, [self._cached(s, a) for s, a in zip(self.seqs, arms)])
         contexts = [s.context for s in self.seqs]
         results = self.engine.verify(arms, trees, draft_s)

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from env.model import LoadedModel
 
 
@@ -14,13 +16,17 @@ class PromptError(ValueError):
 def check_prompt(
     prompt_ids: list[int], max_context: int, what: str = "the prompt", vocab_size: int | None = None
 ) -> None:
-    """A ``PromptError`` for a prompt that cannot be decoded: empty, no room after it in the context, or (given
+    """A ``PromptError`` for a prompt that cannot be decoded: empty, no room after it in the context, a token id
+    that is not an integer (Python's or numpy's; a float or a bool is refused, not truncated), or (given
     ``vocab_size``) a token id outside the vocabulary (an embedding lookup out of range; on CUDA a device assert
     that ends every request in flight)."""
     if not prompt_ids:
         raise PromptError(f"{what} is empty")
     if len(prompt_ids) >= max_context:
         raise PromptError(f"{what} has {len(prompt_ids)} tokens; the model's context is {max_context} tokens")
+    bad = next((t for t in prompt_ids if isinstance(t, bool) or not isinstance(t, (int, np.integer))), None)
+    if bad is not None:  # a float id would be truncated by the embedding lookup, a bool read as 0 or 1
+        raise PromptError(f"{what} holds token id {bad!r} ({type(bad).__name__}); token ids are integers")
     if vocab_size is not None:
         bad = next((t for t in prompt_ids if not 0 <= t < vocab_size), None)
         if bad is not None:

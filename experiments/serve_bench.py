@@ -11,7 +11,8 @@ requests/s, at most ``concurrency`` in the batch; ``--arrivals FILE``: open loop
 Per method and load: goodput (committed tokens/s over all requests, ``env.metrics.goodput``), time per output token
 (mean, p50, p99), time to first token (p50), τ, and speedup over ``ar`` at the same load. ``OUT/cells.jsonl`` gets
 one line per finished (method, load) as it finishes (a rerun skips those: resume after a kill);
-``OUT/serve.json`` (``rows``, ``requests``, settings, provenance) and ``OUT/goodput.png`` at the end.
+``OUT/serve.json`` (``rows``, ``requests`` with each one's arm — ``policy`` under ``--policy`` — and its steps
+per arm, settings, provenance) and ``OUT/goodput.png`` at the end.
 """
 
 from __future__ import annotations
@@ -156,6 +157,8 @@ def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[d
         policy = copy.deepcopy(
             policy
         )  # in one cell must not carry into the next (order-, resume-independent)
+    # a policy's requests hold a placeholder arm: serve ignores it, records arm "policy" and each request's
+    # steps per arm the policy chose (arm_steps)
     arms = method_arms(method) if policy is None else [NO_DRAFT]
     if args.arrivals:
         arrivals = args.arrival_times
@@ -335,10 +338,7 @@ def cmd_serve_bench(args: Any) -> int:
     for r in rows:
         base = ar.get(r["concurrency"])
         r["speedup_vs_ar"] = r["goodput_tok_s"] / base if base else None
-    requests = [{"prompt_id": s["rid"], "method": m, "concurrency": c, "token_ids": s["token_ids"], "arm": s["arm"],
-                 "ttft_ms": None if s.get("first_token_s") is None else 1e3 * (s["first_token_s"] - s["arrival_s"]),
-                 "steps": s["steps"]}
-                for c in levels for m in methods for s in cells[(m, c)]["served"]]  # fmt: skip
+    requests = request_rows(cells, levels, methods)
     result = {"settings": settings, "provenance": provenance(), "rows": rows, "requests": requests}
     atomic_write_text(out / "serve.json", json.dumps(result))
     png = plots.goodput_vs_concurrency(
@@ -350,6 +350,18 @@ def cmd_serve_bench(args: Any) -> int:
         print(format_rows(rows))
         print(f"\ngoodput: committed tokens/s over all requests; results in {out}/serve.json, plot {png}")
     return 0
+
+
+def request_rows(
+    cells: dict[tuple[str, int], dict[str, Any]], levels: list[int], methods: list[str]
+) -> list[dict[str, Any]]:
+    """serve.json's ``requests``: one per request of every (method, load); ``arm``: the request's arm (``policy``
+    when a serving policy chose every step's), ``arm_steps``: arm name -> its batch steps with that arm (none for
+    ``hf_batch`` and for cells of an older run)."""
+    return [{"prompt_id": s["rid"], "method": m, "concurrency": c, "token_ids": s["token_ids"], "arm": s["arm"],
+             "ttft_ms": None if s.get("first_token_s") is None else 1e3 * (s["first_token_s"] - s["arrival_s"]),
+             "steps": s["steps"], "arm_steps": s.get("arm_steps")}
+            for c in levels for m in methods for s in cells[(m, c)]["served"]]  # fmt: skip
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
