@@ -176,8 +176,9 @@ class SweepConfig:
     """analytic backend: mean i.i.d. acceptance of a draft token (prompts spread +-0.1 around it)."""
     analytic_node_cost: float = _f(0.05, min=0.0)
     """analytic backend: cost of one draft node in units of one autoregressive step."""
-    analytic_prompt_s: float = _f(0.0, min=0.0)
-    """analytic backend: simulated seconds per prompt (exercises workers, pruning and kill/resume cheaply)."""
+    analytic_prompt_s: float = _f(0.0, min=0.0, max=3600.0)
+    """analytic backend: simulated seconds per prompt (exercises workers, pruning and kill/resume cheaply); at most
+    an hour."""
 
 
 @dataclass(frozen=True)

@@ -249,7 +249,7 @@ def write_report(paths: list[Path], out: Path) -> Path:
     runs = [r for r in items if r["kind"] == "run"]
     report_dir = out.parent
     report_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["# draftgym report", ""]
+    lines = [REPORT_HEAD, ""]
     lines += [f"- {r['kind']} `{r['name']}`: `{r['path']}`" for r in items] + [""]
     try:
         lines += _sections(items, runs, out, report_dir)
@@ -294,12 +294,47 @@ def _sections(
     return lines
 
 
+REPORT_HEAD = "# draftgym report"
+
+
+# what the report reads of a run or sweep directory: a report there of one of these names would be taken for it
+READ_FILES = ("summary.json", "sweep.json", "config.toml", "records.jsonl", "sweep.md", "provenance.jsonl")
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def _holds_other_than_a_report(path: Path) -> bool:
+    """``path`` is an existing file that is not empty and not an earlier report (which starts with
+    ``REPORT_HEAD``): a result file of a run or a sweep (``records.jsonl``, ``summary.json``, ``study.db``, ...)
+    or anything else that writing the report would destroy."""
+    if not path.is_file():
+        return False
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(REPORT_HEAD.encode()))
+    except OSError:
+        return True  # not readable: cannot tell, so not overwritten
+    return bool(head) and head != REPORT_HEAD.encode()
+
+
 def cmd_report(args: Any) -> int:
     paths = [Path(p) for p in args.run_dirs]
     for p in paths:  # read before anything is written
         load_run(p)
     out = Path(args.out) if args.out else (paths[0] / "report.md" if len(paths) == 1 else Path("report.md"))
     output_file(out)
+    # a run's records, summary, study or config named by a misplaced --out
+    if _holds_other_than_a_report(out):
+        raise ReportError(
+            f"{out} exists and is not a draftgym report; not overwritten (name a new file or an earlier report)"
+        )
+    if out.name in READ_FILES and any(_same(out.parent, p) for p in paths):  # one not written yet
+        raise ReportError(f"{out} is a result file of the run directory {out.parent}; name another file")
     path = write_report(paths, out)
     if args.json:
         print(json.dumps({"report": str(path)}))

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from drafters import TreeShape
-from drafters.base import MAX_BUDGET
+from drafters.base import MAX_BUDGET, DrafterError
 from env.engine import Arm, parse_arm
-from experiments.config import EXTERNAL_METHODS, Config, ConfigError, policy_class
+from experiments.config import EXTERNAL_METHODS, Config, ConfigError, is_device_method, policy_class
 
 
 @dataclass(frozen=True)
@@ -51,13 +51,42 @@ BUDGET_FRAC = (0.25, 1.0)  # a tree's node budget as a fraction of depth * topk
 
 
 def tuned_method(cfg: Config) -> str:
-    """``sweep.method``, else the last method that is an arm or a policy."""
+    """``sweep.method``, else the last method that is an arm or a policy. Only a policy or a plain arm
+    (``DRAFTER-dD[-kK][-bB]``) is tuned: other methods ``run`` takes (``device:lookup-d4``, ``ngram-d4@int8``,
+    the baselines) are passed over."""
     if cfg.sweep.method:
+        if not _tunable(cfg.sweep.method):
+            raise ConfigError(
+                f"sweep.method {cfg.sweep.method!r} is not a method a sweep tunes: it tunes a policy "
+                "(policy:NAME) or an arm DRAFTER-dDEPTH[-kTOPK][-bBUDGET] (no device: prefix, no @weights)"
+            )
         return cfg.sweep.method
     for m in reversed(cfg.methods):
-        if m.startswith("policy:") or (m not in EXTERNAL_METHODS and parse_arm(m).drafter is not None):
+        if _tunable(m):
             return m
     raise ConfigError("nothing to sweep: methods has no arm or policy; set methods and sweep.method")
+
+
+def _tunable(method: str) -> bool:
+    """A policy, or an arm with a drafter that ``parse_arm`` reads as it is."""
+    if method.startswith("policy:"):
+        return True
+    if method in EXTERNAL_METHODS or is_device_method(method):
+        return False
+    try:
+        return parse_arm(method).drafter is not None
+    except DrafterError:
+        return False
+
+
+def swept_keys(cfg: Config) -> tuple[str, ...]:
+    """The dotted config keys each trial sets (``to_overrides``'s keys): a ``--set`` of one of them (or of a table
+    above one) would override every trial."""
+    method = tuned_method(cfg)
+    if method.startswith("policy:"):
+        name = method.removeprefix("policy:")
+        return tuple(f"policies.{name}.params.{d.key}" for d in _policy_dims(cfg, method))
+    return ("methods", "sweep.method") if cfg.sweep.method else ("methods",)
 
 
 # ---------------------------------------------------------------------------------------------- sampling

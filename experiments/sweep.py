@@ -35,7 +35,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from env.files import atomic_write_text
+from env.files import atomic_write_text, jsonl_lines
 from experiments.args import output_dir
 from experiments.config import Config, ConfigError, load_config, to_toml
 from experiments.space import default_params, sample, to_overrides, tuned_method
@@ -59,14 +59,26 @@ class SurplusTrial(Exception):
     """This trial would exceed ``n_trials``; it is recorded as FAIL and not evaluated."""
 
 
+SECRET_PARAMS = ("password", "passwd", "pwd")  # query parameters that carry a password (``?password=...``)
+
+
 def mask(url: str) -> str:
-    """The URL with its password hidden."""
-    head, at, tail = url.rpartition("@")
-    if not at or "://" not in head:
+    """The URL with its password hidden: that of its credentials and that of a ``password`` query parameter. A
+    string SQLAlchemy does not read as a URL is shown only when nothing in it could be a password."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        u = make_url(url)
+        secret = {k: "***" for k in u.query if k.lower() in SECRET_PARAMS}
+        if u.password is None and not secret:
+            return url  # nothing to hide: as given (rendering would quote an '@' of an SQLite path)
+        shown = (u.update_query_dict(secret) if secret else u).render_as_string(hide_password=True)
+        return shown.replace("=%2A%2A%2A", "=***")  # (the query is quoted)
+    except (ArgumentError, ValueError, TypeError):
+        if "@" in url or any(k in url.lower() for k in SECRET_PARAMS):
+            return url.partition("://")[0] + "://***" if "://" in url else "***"
         return url
-    scheme, _, cred = head.partition("://")
-    user = cred.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{tail}" if ":" in cred else url
 
 
 def open_storage(url: str, cfg: Config) -> Any:
@@ -95,6 +107,12 @@ def open_storage(url: str, cfg: Config) -> Any:
     except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StorageError(f"cannot open storage {mask(url)}: {first}") from err
+    except RuntimeError as err:  # Optuna's check of the tables' schema version
+        raise StorageError(
+            f"cannot open storage {mask(url)}: its tables have a schema that Optuna {optuna.__version__} does not "
+            "read; if an older Optuna made them, upgrade them with `optuna storage upgrade --storage URL` (else "
+            "use the Optuna that made them, or another storage)"
+        ) from err
 
 
 def _driver(url: str) -> str:
@@ -243,11 +261,13 @@ def work(
                 "method": t.user_attrs.get("method"),
                 "worker": me,
             }
-            with log.open("a") as fh:
+            with recovery_lock(lock), log.open("a") as fh:  # one writer at a time: no line torn by another
                 fh.write(json.dumps(line) + "\n")
 
     out.mkdir(parents=True, exist_ok=True)
     lock = lock_file(url, out)
+    with recovery_lock(lock):  # a torn last line (a worker killed mid-write) is cut before this one appends
+        jsonl_lines(log, repair=True)
     bar = tqdm(total=n, desc=f"sweep {study.study_name}", disable=not progress)
     try:
         while True:
@@ -390,9 +410,8 @@ def cmd_sweep(args: Any) -> int:
             raise ConfigError(f"--workers must be >= 1, got {args.workers}")
         if args.storage:
             open_storage(args.storage, base)  # a storage that cannot be opened fails first
-        check_inputs(
-            base
-        )  # a missing trace, cost model or workload: refused before the run folder is written
+        # a missing trace, cost model or workload, a --set of a swept key: refused before the run folder is written
+        check_inputs(base, sets)
     out = output_dir(args.out or f"runs/sweep-{base.name}")
     url = args.storage or f"sqlite:///{(out / 'study.db').resolve()}"
     progress = not args.json

@@ -9,14 +9,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.config import Config, ConfigError, diff_configs, load_config
-from experiments.space import default_params
+from experiments.config import Config, ConfigError, diff_configs, load_config, parse_set
+from experiments.space import default_params, swept_keys, tuned_method
 
 
-def check_inputs(cfg: Config) -> None:
-    """The config as written lies in the sweep space (it runs as trial 0), and what the backend's trials will read
-    (the replay trace and cost model; the live workload) reads: a bad file is one line, not a failed trial."""
+def check_inputs(cfg: Config, sets: list[str] | tuple[str, ...] = ()) -> None:
+    """The config as written lies in the sweep space (it runs as trial 0), the backend can score the tuned method,
+    no ``--set`` overrides what each trial sets (``check_sets``), and what the backend's trials will read (the
+    replay trace and cost model; the live workload) reads: a bad file is one line, not a failed trial."""
+    if cfg.sweep.backend == "analytic" and tuned_method(cfg).startswith("policy:"):
+        raise ConfigError(
+            f"sweep.backend = 'analytic' evaluates tree shapes only, and the sweep tunes {tuned_method(cfg)!r}; "
+            "use sweep.backend = 'live' or 'replay' for a policy"
+        )
     default_params(cfg)
+    check_sets(cfg, sets)
     if cfg.sweep.backend == "replay":
         from env.cost import load_cost_model
         from env.trace import load_trace
@@ -27,6 +34,21 @@ def check_inputs(cfg: Config) -> None:
         from experiments.runner import select_prompts
 
         select_prompts(cfg)
+
+
+def check_sets(cfg: Config, sets: list[str] | tuple[str, ...]) -> None:
+    """Refuse a ``--set`` of a key each trial sets (or of a table above one): it is applied after the trial's
+    values (file < trial < --set), so every trial would run the same method while their parameters differ."""
+    swept = [tuple(k.split(".")) for k in swept_keys(cfg)]
+    for item in sets:
+        keys, _ = parse_set(item)
+        hit = next((s for s in swept if s[: len(keys)] == keys or keys[: len(s)] == s), None)
+        if hit is not None:
+            shown = item if item.isprintable() else repr(item)
+            raise ConfigError(
+                f"--set {shown}: each trial of this sweep sets {'.'.join(hit)} (it tunes {tuned_method(cfg)!r}), "
+                "and a --set would override every trial; change it in the config file instead"
+            )
 
 
 def check_resumed(study: Any, cfg: Config, where: str) -> None:
@@ -43,8 +65,9 @@ def check_resumed(study: Any, cfg: Config, where: str) -> None:
         )
     inputs = input_digests(cfg)
     had = study.user_attrs.get("inputs")  # (a study from before it was recorded: none)
-    if isinstance(had, dict) and had != inputs:
-        changed = sorted(k for k in {*had, *inputs} if had.get(k) != inputs.get(k))
+    # only the digests the study recorded (one created before the cost model was recorded resumes)
+    changed = sorted(k for k in had if had[k] != inputs.get(k)) if isinstance(had, dict) else []
+    if changed:
         raise ConfigError(
             f"{where} was run on other input files ({', '.join(changed)} changed since); "
             "its trials would not compare: restore the files or use another sweep.study_name"
@@ -86,13 +109,22 @@ def timing_machine(cfg: Config) -> str | None:
 
 
 def input_digests(cfg: Config) -> dict[str, str | None]:
-    """The files a sweep's trials are scored on, by sha256: the workload (live) and the trace (replay); an
-    edited or re-recorded file under the same path would put trials of two data sets in one study."""
+    """The files a sweep's trials are scored on, by sha256: the workload (live), the trace and the cost model
+    (replay: the given file or the shipped one); an edited or re-recorded file under the same path would put
+    trials of two data sets (or two cost models) in one study."""
     from env.files import file_digest
     from experiments.records import workload_digest
 
-    trace = cfg.sweep.trace
+    def digest(path: str | Path) -> str | None:
+        return file_digest(path) if Path(path).is_file() else None
+
+    trace, cost = cfg.sweep.trace, None
+    if cfg.sweep.backend == "replay":
+        from env.cost import default_cost_model_path
+
+        cost = digest(cfg.sweep.cost_model or default_cost_model_path())
     return {
         "workload_sha256": workload_digest(cfg.workload.path),
-        "trace_sha256": file_digest(trace) if trace and Path(trace).is_file() else None,
+        "trace_sha256": digest(trace) if trace else None,
+        "cost_model_sha256": cost,
     }

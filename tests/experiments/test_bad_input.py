@@ -696,7 +696,8 @@ def test_every_command_is_covered():
     ("field", "value", "needle"),
     [("split", "x", "meta.split is not an object"), ("trace", 7, "meta.trace is not a string"),
      ("cost_model", ["a"], "meta.cost_model is not a string"), ("max_batch", 0, "meta.max_batch"),
-     ("split", {"test": "p1"}, "meta.split.test is not a list"), ("split", {"seed": "1"}, "meta.split.seed")],
+     ("split", {"train": [], "test": "p1"}, "meta.split.test is not a list"),
+     ("split", {"train": [], "test": [], "seed": "1"}, "meta.split.seed")],
 )  # fmt: skip
 def test_a_policy_whose_training_record_is_malformed_is_refused(tmp_path, capsys, field, value, needle):
     """``evaluate`` reads the trace, cost model and prompt split a policy was trained with from its meta: a wrong
