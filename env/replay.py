@@ -8,6 +8,11 @@ whose token is the next trajectory token, as ``kernels.verify`` does with the ta
 drafters whose proposal *is* that pruning (``exact`` in the trace header: the n-gram drafter) and approximate for
 stateful ones.
 
+Near the end of the context replay applies the live engine's rule (``env.batch.BatchEngine.propose``): a tree of
+more nodes than the row's room (``max_context`` in the trace header minus the past length) is replaced by the root
+alone, so that step accepts nothing, commits one token and is priced as a one-node chain. A trace recorded before
+the header held ``max_context`` is replayed with an unlimited context.
+
 ``build_tables`` evaluates every (arm, position) once, vectorized over the whole trace, into ``ReplayTables``
 (walk length, tokens, reward, episode end, history inputs); a replay step is then a handful of table lookups
 (``replay_step``), and the observation comes from ``env.features.assemble`` like the live one.
@@ -41,6 +46,7 @@ from env.trace import Trace, TraceError
 class ReplayTables:
     """Everything a replay step reads. ``T`` positions (all prompts), ``K`` arms, ``P`` prompts."""
 
+    # accept, drafted: 0 at a position where arm k's tree does not fit the context (live: the root alone)
     accept: Any  # int64 [K, T] greedy walk length of arm k's tree at position g (bonus excluded, uncut)
     drafted: Any  # int64 [K, T] draft nodes in that tree
     rejected: Any  # bool [K, T] that walk ends at a node with children (a draft rejected), not at a leaf
@@ -255,7 +261,8 @@ def build_tables(
 ) -> ReplayTables:
     """Evaluate every arm at every position of ``trace`` (cached on the trace per arm). ``draft_features``: append
     the menu's drafters' ``draft/<d>/width, depth`` (``env.features``) to the position features, from the
-    recorded trees."""
+    recorded trees. Where an arm's tree does not fit the context the trace recorded (``Trace.max_context``), the
+    step is the root alone, as live (``env.batch.BatchEngine.propose``)."""
     max_new = trace.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
     if not 2 <= max_new <= trace.max_new_tokens:
         raise TraceError(
@@ -271,11 +278,19 @@ def build_tables(
     context = trace.prompt_len[prompt_of_pos] + (
         np.arange(npos) - trace.traj_off[prompt_of_pos]
     )  # past length
+    # live (env.batch.BatchEngine.propose): a tree of more nodes than room = max_context - past length is replaced
+    # by the root alone (nothing drafted or accepted, a chain, no draft rejected); None: an unlimited context
+    room = None if trace.max_context is None else trace.max_context - context
     for i, arm in enumerate(arms):
         key = ("arm", arm)
         if key not in trace.cache:
             trace.cache[key] = arm_columns(trace, arm)
-        acc, dr, chain, rej = trace.cache[key]
+        acc, dr, chain, rej = trace.cache[key]  # as recorded (uncut): the cache does not depend on the room
+        if room is not None:
+            cut = dr + 1 > room
+            if cut.any():
+                acc, dr = np.where(cut, 0, acc), np.where(cut, 0, dr)
+                chain, rej = chain | cut, rej & ~cut
         accept[i], drafted[i], rejected[i] = acc, dr, rej
         cost[i] = cost_model.step_cost(arm, dr + 1, context, chain)
     lengths = np.minimum(np.diff(trace.traj_off), max_new)

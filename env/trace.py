@@ -6,8 +6,8 @@ One ``.npz`` file (compressed numpy arrays, no pickles):
 | array                   | shape / dtype      | what                                                            |
 |-------------------------|--------------------|-----------------------------------------------------------------|
 | ``header``              | 0-d str (JSON)     | format, model fingerprint (id, tokenizer sha256, vocab size,     |
-|                         |                    | dtype), max_new_tokens, feature spec, drafters (exact?, shape,   |
-|                         |                    | options), prompt ids and categories, provenance                  |
+|                         |                    | dtype), max_new_tokens, max_context, feature spec, drafters      |
+|                         |                    | (exact?, shape, options), prompt ids and categories, provenance  |
 | ``prompt_tokens``       | int32 [sum Lp]     | the prompts' token ids, concatenated                             |
 | ``prompt_off``          | int64 [P + 1]      | offsets into ``prompt_tokens``                                   |
 | ``traj``                | int32 [T]          | the generated tokens (greedy), concatenated; position t of a    |
@@ -17,6 +17,11 @@ One ``.npz`` file (compressed numpy arrays, no pickles):
 | ``tree/NAME/off``       | int64 [T + 1]      | node offsets of drafter NAME's tree at each position             |
 | ``tree/NAME/tokens``    | int32 [M]          | its nodes' tokens (node 0 = the root)                            |
 | ``tree/NAME/parents``   | int16 [M]          | their parents (local indices, -1 for the root)                   |
+
+``max_context`` is the target's context (positions) the trace was recorded in: replay applies the live engine's
+rule near its end (``env.replay.build_tables``). Traces recorded before the header held it replay with an unlimited
+context (``Trace.max_context`` is None), which is exact wherever no tree outgrew the room left (the bundled traces:
+a few hundred to ~1,300 positions of the embedded model's 8,192).
 
 Recording (``draftgym record``, resumable part by part) is ``env.trace_record``.
 """
@@ -37,7 +42,15 @@ import numpy as np
 
 from drafters import TreeShape, tree_problem
 from env.features import FeatureSpec, FeatureSpecError
-from env.file_checks import Bad, check_trace_arrays, check_trace_header, check_trace_values, one_line
+from env.file_checks import (
+    MAX_COUNT,
+    Bad,
+    check_trace_arrays,
+    check_trace_header,
+    check_trace_values,
+    count,
+    one_line,
+)
 from env.safe_zip import ArchiveProblem, member_names, parse_json, read_npz
 
 FORMAT = "draftgym-trace"
@@ -94,6 +107,13 @@ class Trace:
     @property
     def max_new_tokens(self) -> int:
         return int(self.header["max_new_tokens"])
+
+    @property
+    def max_context(self) -> int | None:
+        """The target's context (positions) the trace was recorded in; None for a trace recorded before the header
+        held it (replayed as unlimited)."""
+        v = self.header.get("max_context")
+        return None if v is None else int(v)
 
     @property
     def spec(self) -> FeatureSpec:
@@ -178,6 +198,7 @@ def load_trace(path: str | Path | None = None) -> Trace:
         )
     try:
         check_trace_header(header)
+        count(header, "max_context", 1, MAX_COUNT, optional=True)  # absent: recorded before it was kept
     except Bad as bad:
         raise TraceError(
             one_line(f"{file} is not a valid trace: header {bad.args[0]} {bad.args[1]}")
@@ -255,6 +276,14 @@ def _check_offsets(file: Path, t: Trace) -> None:
             raise TraceError(f"{file} is not a consistent trace ({name} does not index its array)")
     if t.prompt_off.size != t.traj_off.size or t.feat.shape[0] != npos:
         raise TraceError(f"{file} is not a consistent trace (prompt, trajectory and feature counts differ)")
+    if t.max_context is not None and npos:  # the last root of a prompt sits at most at the context's end
+        past = t.prompt_len + np.maximum(np.diff(t.traj_off) - 1, 0)
+        if past.max() > t.max_context:
+            p = int(np.argmax(past))
+            raise TraceError(
+                f"{file} is not a consistent trace (prompt {p} reaches past length {int(past[p])}, past the "
+                f"max_context {t.max_context} its header records)"
+            )
     for n, a in t.trees.items():
         if a.off.size != npos + 1 or a.parents.shape != a.tokens.shape:
             raise TraceError(f"{file} is not a consistent trace (tree/{n} does not cover every position)")

@@ -147,6 +147,8 @@ def record(
         "model": model_fingerprint(loaded),
         "sampling": "greedy",
         "max_new_tokens": int(max_new_tokens),
+        # the context the trajectories were decoded in: replay cuts trees that outgrow it as the live engine does
+        "max_context": int(loaded.max_context),
         "features": {"spec": spec.as_dict(), "names": position_feature_names(spec)},
         "drafters": {n: _drafter_header(n, d, options.get(n, {})) for n, d in probes.items()},
         "workload": str(workload),
@@ -236,7 +238,7 @@ def record(
 
 
 # header keys a recording from before they existed does not have: not compared then (it is taken as it is)
-LATER_KEYS = ("engine", "workload_sha256", "device")
+LATER_KEYS = ("engine", "workload_sha256", "device", "max_context")
 
 
 def _provenance() -> dict[str, Any]:
