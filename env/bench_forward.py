@@ -72,8 +72,11 @@ def engine_prefill(loaded, n: int):
     eng = BatchEngine(loaded, 1)
     ids = torch.randint(100, 1000, (n,), generator=torch.Generator().manual_seed(1)).tolist()
 
-    def step():
-        eng.prefill_chunk(eng.begin_prefill(ids))
+    @torch.no_grad()
+    def step():  # the prompt's forward and the LM head at its last position (what admitting a row runs)
+        pf = eng.begin_prefill(ids)
+        eng.prefill_chunk(pf)
+        eng.target.head(pf.hidden[-1][-1])
 
     return step
 
@@ -82,8 +85,8 @@ def hf_prefill(loaded, n: int):
     ids = torch.randint(100, 1000, (1, n), generator=torch.Generator().manual_seed(1)).to(loaded.device)
 
     @torch.no_grad()
-    def step():
-        loaded.model(input_ids=ids, use_cache=True)
+    def step():  # the LM head at the last position only, as ``generate``'s prefill runs it
+        loaded.model(input_ids=ids, use_cache=True, logits_to_keep=1)
 
     return step
 

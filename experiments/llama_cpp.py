@@ -7,7 +7,7 @@ stopping at the target's end-of-sequence ids (kept, as our decoders keep them) o
 ``wall_s`` is measured in the worker from submitting the prompt to the last token, prompt evaluation included,
 as our ``wall_s`` is; the KV cache is reset before each prompt, so no prompt reuses the previous one's prefix.
 
-Why a process: llama.cpp's thread pool (``n_threads = os.cpu_count()``, like torch's) would fight torch's in
+Why a process: llama.cpp's thread pool (as many threads as torch's, ``torch.get_num_threads()``) would fight torch's in
 one process, and a crash of the C library (a segfault on a bad file) would end the whole run. Here it ends the
 worker only; ``LlamaCppRunner`` raises ``LlamaCppError`` and ``draftgym bench`` records the method as failed
 in one line. While the worker decodes, the torch process waits for its answer (bench interleaves methods per
@@ -78,7 +78,12 @@ class LlamaCppRunner:
     ) -> None:
         self.gguf = Path(gguf)
         self.eos_ids = sorted(int(t) for t in eos_ids)
-        n_threads = n_threads or os.cpu_count() or 1
+        if (
+            not n_threads
+        ):  # the threads every torch method of the run gets (physical cores within the affinity)
+            import torch
+
+            n_threads = torch.get_num_threads()
         package_root = str(Path(__file__).resolve().parents[1])  # the worker imports experiments from here
         env = {
             **os.environ,

@@ -292,3 +292,35 @@ def test_bench_device_step_times_each_stage_and_writes_json(tmp_path, capsys, mo
         r[f"{k}_ms"] > 0 for r in doc["rows"] for k in ("step", "draft", "forward", "verify", "commit")
     )
     assert "| 3 |" in capsys.readouterr().out
+
+
+def test_the_prefill_rows_run_the_lm_head_as_decoding_does():
+    """Both prefill paths end the way decoding's prefill does, with the LM head at the prompt's last position only:
+    the HF one had computed logits at every position (about 20% more work at 250 tokens than ``generate``'s
+    prefill), the engine's none."""
+    from env.batch import BatchTarget
+    from env.bench_forward import engine_prefill, hf_prefill
+    from env.model import load_model
+
+    loaded, calls = load_model("random:llama-tiny", dtype="fp32", device="cpu"), []
+    hook = loaded.model.lm_head.register_forward_hook(
+        lambda m, i, o: calls.append(("hf", tuple(o.shape[:-1])))
+    )
+    try:
+        hf_prefill(loaded, 20)()
+    finally:
+        hook.remove()
+    assert calls == [("hf", (1, 1))]
+    calls.clear()
+    orig = BatchTarget.head
+
+    def head(self, h):
+        calls.append(("engine", tuple(h.shape[:-1])))
+        return orig(self, h)
+
+    BatchTarget.head = head
+    try:
+        engine_prefill(loaded, 20)()
+    finally:
+        BatchTarget.head = orig
+    assert calls == [("engine", ())]
