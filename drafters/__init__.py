@@ -18,6 +18,7 @@ from drafters.base import (
     TargetModel,
     TreeShape,
     check_tree,
+    keyword_options,
     tree_problem,
 )
 from drafters.eagle import Eagle3Drafter, EagleDrafter
@@ -39,10 +40,15 @@ DRAFTERS: dict[str, Callable[..., Drafter]] = {
 
 
 def make_drafter(name: str, **kwargs: Any) -> Drafter:
-    """Build a registered drafter by name; an unknown name lists the known ones."""
+    """Build a registered drafter by name; an unknown name lists the known ones, an option it does not take lists
+    the ones it does (``DrafterError``, one line)."""
     if name not in DRAFTERS:
-        known = ", ".join(sorted([*DRAFTERS, "none"]))
-        raise DrafterError(f"unknown drafter {name!r}; known drafters: {known}")
+        why = " (no drafter: the arm that drafts nothing has none to build)" if name in ("none", None) else ""
+        raise DrafterError(f"unknown drafter {name!r}{why}; known drafters: {', '.join(sorted(DRAFTERS))}")
+    takes = keyword_options(DRAFTERS[name])
+    odd = [k for k in kwargs if k not in takes]
+    if odd:
+        raise DrafterError(f"{name} has no option {odd[0]!r}; its options: {', '.join(takes) or 'none'}")
     return DRAFTERS[name](**kwargs)
 
 

@@ -61,7 +61,10 @@ def float_option(
 ) -> float:
     """``value`` as a finite number in the interval given (``low_open``/``high_open``: the bound excluded), else a
     ``DrafterError`` naming ``owner``'s option ``name``."""
-    ok = not isinstance(value, bool) and isinstance(value, Real) and math.isfinite(value)
+    try:  # (an integer too large for a float is no finite number here)
+        ok = not isinstance(value, bool) and isinstance(value, Real) and math.isfinite(value)
+    except OverflowError:
+        ok = False
     if ok:
         ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
     if not ok:

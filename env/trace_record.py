@@ -28,6 +28,7 @@ from env.step import Stepper, largest_shape
 from env.trace import (
     FORMAT,
     TRACE_BYTES,
+    TREE_NODES,
     VERSION,
     Trace,
     TraceError,
@@ -135,6 +136,13 @@ def record(
         raise TraceError("record needs at least one drafter (e.g. --drafters ngram)")
     options = drafter_options or {}
     probes = {n: make_drafter(n, **options.get(n, {})) for n in names}
+    for n, d in probes.items():  # a tree a trace cannot hold (int16 parents) refused before any decoding
+        s = largest_shape(d)
+        if s.max_nodes + 1 > TREE_NODES:
+            raise TraceError(
+                f"{n}'s largest proposal (depth {s.depth}, topk {s.topk}, budget {s.budget or 'none'}: "
+                f"{s.max_nodes} draft nodes) is more than a trace's {TREE_NODES - 1}; lower its options"
+            )
     ids = [str(p.prompt_id) for p in prompts]
     if len(set(ids)) != len(ids):
         raise TraceError("the workload repeats a prompt id; a trace needs unique prompt ids")

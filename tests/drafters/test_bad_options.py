@@ -68,6 +68,12 @@ BAD_OPTIONS = [
         {"options": {"eagle3": {"vocb": 8}}},
         "options.eagle3.vocb: 'vocb' is not an option of eagle3; valid: ",
     ),
+    # an option the drafter does not take (the Python API: make_drafter, drafter_options): named, not a TypeError
+    ("ngram", {"max_ngarm": 3}, "ngram has no option 'max_ngarm'; its options: .*max_ngram"),
+    ("suffix", {"bogus": 1}, "suffix has no option 'bogus'"),
+    # an integer too large for a float is no finite number (was an OverflowError naming no option)
+    ("hybrid", {"skip_at": 10**400}, "skip_at must be a number"),
+    ("recycling", {"prompt_prior": -(10**400)}, "prompt_prior must be a number"),
 ]
 
 
@@ -76,6 +82,12 @@ def test_a_bad_option_is_one_drafter_error_line(name, opts, needle):
     with pytest.raises(DrafterError, match=needle) as info:
         make_drafter(name, **opts)
     assert "\n" not in str(info.value)
+
+
+def test_the_no_draft_name_is_no_drafter_and_not_listed_as_one():
+    with pytest.raises(DrafterError, match="unknown drafter 'none' \\(no drafter") as info:
+        make_drafter("none")
+    assert ", none" not in str(info.value) and "known drafters: eagle" in str(info.value)
 
 
 def test_every_drafter_is_covered_and_its_defaults_build():
