@@ -53,6 +53,7 @@ class Row:
     last_logits: torch.Tensor | None = None
     slot: int = -1
     last_aux: torch.Tensor | None = None  # the target's residual streams at ``aux_layers`` at the last node
+    path_hidden: torch.Tensor | None = None  # [S, H] final hidden states of the last step's accepted path
     prompt_aux: torch.Tensor | None = None  # the prompt's, between prefill and the drafters' reset
     generator: torch.Generator | None = (
         None  # the row's own coins (sampling): its text does not depend on the batch
@@ -466,12 +467,13 @@ class BatchEngine:
             committed = self.target.commit(row, tree, path, int(verdict.next_token[i]))
             last = int(path[-1])
             row.last_hidden = hidden[i, last]
+            row.path_hidden = hidden[i, path]  # node j produced committed[j] (env.step: a sequence cut short)
             row.last_logits = logits[i, last].clone()  # a copy: frees the step's [B, N, V] logits
             row.ctx.last_hidden = row.last_hidden
             row.last_aux = row.ctx.last_aux = aux[i, last]
             if row.drafters:
                 fb = Feedback(committed=committed, tree=tree, path_logits=logits[i, path], path=path,
-                              tree_logits=logits[i, : tree.num_nodes], path_hidden=hidden[i, path],
+                              tree_logits=logits[i, : tree.num_nodes], path_hidden=row.path_hidden,
                               path_aux=aux[i, path])  # fmt: skip
                 for d in row.drafters.values():
                     d.observe(row.ctx, fb)

@@ -5,17 +5,19 @@ owns the bookkeeping they share:
 - when a sequence ends: at its first end-of-sequence token (kept; tokens accepted after it are not counted), at
   ``max_new_tokens``, or when its context is full;
 - the observation (``env.features``): each drafter proposes once per root — the proposal the draft features read
-  is the one the step verifies, cut down to the chosen arm's shape (``drafters.trees.prune``);
+  is the one the step verifies, cut down to the chosen arm's shape (``drafters.trees.prune``); a finished sequence's
+  is at its last counted token, as replay's, even when its last step committed tokens past it;
 - the reward and ``info`` of a step (``StepCosts``: from a cost model, or measured), the history features.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import torch
 
 from drafters import Drafter, DraftTree, TreeShape
 from drafters.trees import prune
@@ -89,11 +91,18 @@ class Seq:
     drafted: int = 0
     hist: np.ndarray = field(default_factory=lambda: np.zeros((1, 0), np.float32))
     _proposals: dict[str, DraftTree] = field(default_factory=dict)
-    _root_at: int = -1  # len(row.tokens) when _proposals were made
+    _root_at: int = -1  # the root's position (``end``) when _proposals were made
+    _end_hidden: torch.Tensor | None = None  # [H] of the last counted token, when the last step ran past it
 
     @property
     def done(self) -> bool:
         return self.terminated or self.truncated
+
+    @property
+    def end(self) -> int:
+        """The committed tokens counted (prompt included): ``len(row.tokens)`` unless the last step committed
+        tokens past the end of sequence or ``max_new_tokens``, which the sequence does not count."""
+        return self.row.prompt_len + len(self.tokens)
 
     @property
     def context(self) -> int:
@@ -174,29 +183,40 @@ class Stepper:
         """Each drafter's largest proposal at the sequence's root (``names``: default, those the draft features
         read), made once per root: the step verifies them, pruned to its arm."""
         names = list(self.builder.drafters if names is None and self.builder else names or [])
-        if seq._root_at != len(seq.row.tokens):
-            seq._proposals, seq._root_at = {}, len(seq.row.tokens)
+        row, end = seq.row, seq.end
+        if seq._root_at != end:
+            seq._proposals, seq._root_at = {}, end
+        # a finished sequence cut short proposes at its last counted token; a drafter that is not ``exact_replay``
+        # keeps what it learnt of the tokens past it (replay records it as an approximation anyway)
+        ctx = row.ctx if end == len(row.tokens) else replace(row.ctx, tokens=row.tokens[:end])
         for n in names:
             if n not in seq._proposals:
-                d = seq.row.drafters[n]
-                seq._proposals[n] = d.propose(seq.row.ctx, largest_shape(d))
+                d = row.drafters[n]
+                cut = ctx if getattr(d, "exact_replay", False) else row.ctx
+                seq._proposals[n] = d.propose(cut, largest_shape(d))
         return {n: seq._proposals[n] for n in names}
 
     def observe(self, seq: Seq) -> np.ndarray:
-        """The observation at the sequence's root (``env.features``; replay computes the same)."""
+        """The observation at the sequence's root (``env.features``; replay computes the same): for a finished
+        sequence whose last step committed past its end, at its last counted token (the terminal observation)."""
         if self.builder is None:
             raise ValueError("this stepper was built without features: it has no observations")
         row = seq.row
+        logits, hidden, tokens = row.last_logits, row.last_hidden, row.tokens
+        if seq._end_hidden is not None:  # the last step's path node that produced the last counted token
+            hidden, tokens = seq._end_hidden, row.tokens[: seq.end]
+            with torch.no_grad():
+                logits = self.engine.target.head(hidden)
         props = self.proposals(seq) if self.builder.drafters else None
-        obs = self.builder.observe(row.last_logits, row.last_hidden, row.tokens, len(seq.tokens),
-                                   seq.max_new_tokens, props, hist=seq.hist)  # fmt: skip
+        obs = self.builder.observe(logits, hidden, tokens, len(seq.tokens), seq.max_new_tokens, props,
+                                   hist=seq.hist)  # fmt: skip
         return obs.clip(self.builder.low, self.builder.high)
 
     def _cached(self, seq: Seq, arm: Arm) -> DraftTree | None:
         """The tree for ``arm`` cut from this root's proposal, when the drafter already proposed here and cutting
         its largest tree gives what it proposes for the arm (``exact_replay``: n-gram; a best-first tree of a
         node budget, suffix's or a dynamic one, may spend its budget elsewhere than the arm's own would)."""
-        if arm.drafter is None or seq._root_at != len(seq.row.tokens) or arm.drafter not in seq._proposals:
+        if arm.drafter is None or seq._root_at != seq.end or arm.drafter not in seq._proposals:
             return None
         drafter = seq.row.drafters[arm.drafter]
         if not getattr(drafter, "exact_replay", False) or not _fits(arm.shape, largest_shape(drafter)):
@@ -221,6 +241,8 @@ class Stepper:
         for seq, c, res, context in zip(self.seqs, choices, results, contexts):
             counted = truncate(res.committed, self.eos, seq.max_new_tokens - len(seq.tokens))
             seq.tokens.extend(counted)
+            if len(counted) < len(res.committed):  # cut: path node j produced committed[j]
+                seq._end_hidden = seq.row.path_hidden[len(counted) - 1]
             seq.steps += 1
             accepted = min(res.accepted, len(counted))
             seq.accepted += accepted

@@ -73,9 +73,60 @@ def test_replay_matches_live_exactly(fp32_model, prompts, small_trace):
         ]
         assert sum(s[1]["accepted"] for s in a[1:]) > 0  # drafts were accepted somewhere
         for (oa, ia), (ob, _) in zip(a, b):
-            assert np.allclose(oa, ob, atol=2e-3)  # the same features, up to tree-vs-single-token rounding
+            # the same, the terminal observation included, up to tree-vs-single-token rounding (~1e-6)
+            assert np.allclose(oa, ob, rtol=0, atol=1e-4)
             if ia is not None:
                 assert ia["cost_s"] > 0 and ia["ar_cost_s"] > 0
+
+
+def test_terminal_observation_after_an_end_of_sequence_accepted_mid_path(fp32_model, prompts):
+    """A drafted step accepts the end-of-sequence token inside its path and commits tokens past it: the observation
+    after it is the one an autoregressive run (one token a step, nothing past the end) shows at the same position
+    (test_terminal_obs.py: the cut at max_new_tokens, against replay)."""
+    from drafters import make_drafter
+    from env.batch import BatchEngine
+    from env.decoder import chat_prompt
+    from env.engine import NO_DRAFT, parse_arm
+    from env.features import FeatureSpec
+    from env.step import Stepper
+
+    spec = FeatureSpec(draft_features=True)
+    engine = BatchEngine(fp32_model, max_rows=1)
+    menu = [NO_DRAFT, parse_arm("ngram-d16")]
+    ids = chat_prompt(fp32_model.tokenizer, prompts[1].text)
+
+    def run(arm: int, eos: frozenset[int]):
+        st = Stepper(engine, menu, features=spec)
+        engine.target.eos_ids = eos
+        seq = st.start(ids, NEW, {"ngram": make_drafter("ngram")})
+        commits = []
+        while not seq.done:
+            (out,) = st.step([arm])
+            commits.append(len(out.result.committed))
+        return st, seq, commits
+
+    default = engine.target.eos_ids
+    try:
+        st, seq, commits = run(1, default)
+        text, starts = seq.tokens, np.cumsum([1, *commits])[:-1]  # where each step's tokens begin
+        st.retire(seq)
+        # the end of sequence: a token first seen inside an accepted path, before its last token
+        inside = [i for s, n in zip(starts, commits) for i in range(s, s + n - 1)]  # not a path's last token
+        at = next(i for i in inside if text[i] not in text[:i])
+        eos = frozenset({text[at]})
+        st, seq, _ = run(1, eos)
+        assert seq.terminated and seq.tokens == text[: at + 1]
+        assert len(seq.row.tokens) > seq.row.prompt_len + len(seq.tokens)  # the step committed past the end
+        got = st.observe(seq)
+        st.retire(seq)
+        st_ar, seq_ar, _ = run(0, eos)
+        assert seq_ar.tokens == seq.tokens
+        want = st_ar.observe(seq_ar)
+        st_ar.retire(seq_ar)
+    finally:
+        engine.target.eos_ids = default
+    n = 1 + 4 + spec.proj_dim + 2  # position, position features, draft/ngram/width and depth: not the history
+    assert np.allclose(got[:n], want[:n], rtol=0, atol=1e-4), np.abs(got[:n] - want[:n]).max()
 
 
 class _Replay:

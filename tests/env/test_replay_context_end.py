@@ -108,10 +108,8 @@ def test_replay_equals_live_to_the_context_end(tiny, near_trace, arm):
         assert got == want
         assert np.allclose(got_r, want_r, rtol=1e-5)  # (a cut step: priced as one node, as live)
         assert len(got_obs) == len(want_obs)
-        # (p1's last observation is not compared: cut at max_new_tokens, the live row committed past the counted
-        # tokens, so its root's features are not those of the trace's last position)
-        seen = len(got_obs) if pid == "p0" else len(got_obs) - 1
-        assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(got_obs[:seen], want_obs[:seen]))
+        # (p1's last one included: cut at max_new_tokens, the live observation reads the last counted position)
+        assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(got_obs, want_obs))
 
 
 def live_rows(tiny, prompt: list[int], arm: str) -> list[tuple[int, int, int]]:
@@ -201,3 +199,16 @@ def test_load_trace_refuses_a_trajectory_past_its_max_context(tmp_path):
         load_trace(trace.save(tmp_path / "short.npz"))
     del trace.header["max_context"]  # recorded before the field: loads, unlimited
     assert load_trace(trace.save(tmp_path / "old.npz")).max_context is None
+
+
+def test_record_refuses_a_drafter_whose_largest_tree_a_trace_cannot_hold(tiny, tmp_path):
+    """A trace stores parents as int16: an n-gram drafter whose options allow 65,536 nodes was recorded to the end
+    (parents wrapped) and refused only when loaded. Refused before any decoding now, naming the drafter."""
+    from env.trace_record import record
+
+    prompts = [Prompt("p0", "toy", " ".join(map(str, SHORT)))]
+    opts = {"ngram": {"max_ngram": 1, "max_matches": 1024, "max_depth": 64}}
+    with pytest.raises(TraceError, match="ngram's largest proposal .* is more than a trace's 32768") as err:
+        record(tiny, prompts, ["ngram"], tmp_path / "big.npz", max_new_tokens=NEW, progress=False,
+               drafter_options=opts)  # fmt: skip
+    assert "\n" not in str(err.value) and not any(tmp_path.iterdir())
