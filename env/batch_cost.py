@@ -233,10 +233,13 @@ ACCELERATORS: dict[str, dict[str, float | str]] = {
     "a100-80gb": {"name": "NVIDIA A100 80GB", "bytes_s": 2.039e12, "flops": 312e12, "overhead_s": 8e-4},
     "l4": {"name": "NVIDIA L4", "bytes_s": 3.0e11, "flops": 121e12, "overhead_s": 8e-4},
 }
-# Llama-family shapes: parameters, layers, hidden size, query heads, KV heads, head size (bf16 weights and KV).
+# Llama-family shapes: parameters, layers, hidden size, query heads, KV heads, head size (bf16 weights and KV), and
+# ``embed_params``: an input embedding table of its own (untied from the LM head: vocabulary x hidden), of which a
+# step reads only the rows of its tokens — not counted as weights read or multiplied (tied: the LM head reads it).
 MODELS: dict[str, dict[str, float]] = {
     "llama-3.1-8b": {
         "params": 8.03e9,
+        "embed_params": 128256 * 4096,
         "layers": 32,
         "hidden": 4096,
         "heads": 32,
@@ -253,6 +256,7 @@ MODELS: dict[str, dict[str, float]] = {
     },
     "qwen2.5-7b": {
         "params": 7.62e9,
+        "embed_params": 152064 * 3584,
         "layers": 28,
         "hidden": 3584,
         "heads": 28,
@@ -296,9 +300,9 @@ class RooflineCost:
 
     def _time(self, tokens: Any, kv_tokens: Any, attn_pairs: Any) -> Any:
         s, a = self.shape, self.acc
-        weights = 2 * s["params"]
-        read = weights + np.asarray(kv_tokens, np.float64) * self.kv_bytes_per_token
-        flops = 2 * s["params"] * np.asarray(tokens, np.float64) + 4 * s["layers"] * s["heads"] * s[
+        dense = s["params"] - s.get("embed_params", 0.0)  # the weights every step reads and multiplies by
+        read = 2 * dense + np.asarray(kv_tokens, np.float64) * self.kv_bytes_per_token
+        flops = 2 * dense * np.asarray(tokens, np.float64) + 4 * s["layers"] * s["heads"] * s[
             "head_dim"
         ] * np.asarray(attn_pairs, np.float64)
         return a["overhead_s"] + np.maximum(
@@ -350,6 +354,10 @@ class RooflineCost:
             or acc["bytes_s"] <= 0
             or acc["flops"] <= 0
             or any(shape[k] <= 0 for k in need_shape)  # a model of no weights or layers costs nothing to run
+            or not (
+                math.isfinite(shape.get("embed_params", 0.0))
+                and 0 <= shape.get("embed_params", 0.0) < shape["params"]
+            )
         ):
             raise CostModelError(f"{source}: figures must be finite and positive")
         if not (0 < out.bw_efficiency <= 1 and 0 < out.flop_efficiency <= 1):
