@@ -80,10 +80,24 @@ def make_trace(seed: int = 0, prompts: int = 5, max_new: int = 40) -> Trace:
     )
 
 
-def toy_cost_model() -> FittedCostModel:
+class WordTokenizer:
+    """Token ids written as numbers, no chat template (what ``record`` and the fingerprint need) for the tiny model
+    (``tests.drafters.tiny``: a vocabulary of 96)."""
+
+    chat_template = None
+    eos_token_id = 95
+
+    def get_vocab(self):
+        return {f"t{i}": i for i in range(96)}
+
+    def __call__(self, text):
+        return {"input_ids": [int(x) for x in text.split()]}
+
+
+def toy_cost_model(model_id: str = "toy", dtype: str = "float32") -> FittedCostModel:
     return FittedCostModel(
-        model_id="toy",
-        dtype="float32",
+        model_id=model_id,
+        dtype=dtype,
         device="cpu",
         chain=Curve((1, 9, 17), (0.10, 0.11, 0.13)),
         tree=Curve((1, 17, 129), (0.10, 0.14, 0.40)),

@@ -10,7 +10,7 @@ import pytest
 
 from drafters import make_drafter
 from env.batch import BatchEngine
-from env.cost import Curve, FittedCostModel
+from env.cost import FittedCostModel
 from env.engine import NO_DRAFT, parse_arm
 from env.replay import build_tables, replay_accept
 from env.serve_sim import ServeSim
@@ -19,7 +19,7 @@ from env.step import Stepper
 from env.trace import TraceError, load_trace
 from env.workloads import Prompt
 from tests.drafters.tiny import tiny_loaded
-from tests.env.conftest import SERVE_COST, make_trace, toy_cost_model
+from tests.env.conftest import SERVE_COST, WordTokenizer, make_trace, toy_cost_model
 
 LOOP = [7, 21, 4, 60, 33, 12, 9, 51]
 NEAR = (LOOP * 70)[:490]  # 22 positions left: the loop makes the n-gram drafter propose deep trees there
@@ -28,31 +28,8 @@ NEW = 60
 ARMS = ["none", "ngram-d8", "ngram-d4-k4-b16"]
 
 
-class WordTokenizer:
-    """Token ids written as numbers, no chat template (what ``record`` and the fingerprint need)."""
-
-    chat_template = None
-    eos_token_id = 95
-
-    def get_vocab(self):
-        return {f"t{i}": i for i in range(96)}
-
-    def __call__(self, text):
-        return {"input_ids": [int(x) for x in text.split()]}
-
-
 def cost_model() -> FittedCostModel:
-    return FittedCostModel(
-        model_id="tiny-llama",
-        dtype="float32",
-        device="cpu",
-        chain=Curve((1, 9, 17), (0.10, 0.11, 0.13)),
-        tree=Curve((1, 17, 129), (0.10, 0.14, 0.40)),
-        context_ref=16,
-        per_context=1e-5,
-        per_node_context=1e-7,
-        drafters={"ngram": {"shapes": {}, "base_s": 2e-4, "per_node_s": 1e-6}},
-    )
+    return toy_cost_model("tiny-llama", "float32")
 
 
 @pytest.fixture(scope="module")

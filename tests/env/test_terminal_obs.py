@@ -10,44 +10,22 @@ import numpy as np
 import pytest
 import torch
 
-from env.cost import Curve, FittedCostModel
+from env.cost import FittedCostModel
 from env.features import FeatureSpec
 from env.spec_env import SpecDecodeEnv
 from env.trace import load_trace
 from env.trace_record import record
 from env.workloads import Prompt
 from tests.drafters.tiny import tiny_loaded
+from tests.env.conftest import WordTokenizer, toy_cost_model
 
 NEW = 40
 ARMS = ["ngram-d8", "ngram-d4-k2"]
 ATOL = 1e-5  # fp64 target: live and replay agree to ~2e-7 (the observation is float32); the defect was ~5e-3
 
 
-class WordTokenizer:
-    """Token ids written as numbers, no chat template (what ``record`` and the fingerprint need)."""
-
-    chat_template = None
-    eos_token_id = 95
-
-    def get_vocab(self):
-        return {f"t{i}": i for i in range(96)}
-
-    def __call__(self, text):
-        return {"input_ids": [int(x) for x in text.split()]}
-
-
 def cost_model() -> FittedCostModel:
-    return FittedCostModel(
-        model_id="tiny-llama",
-        dtype="float64",
-        device="cpu",
-        chain=Curve((1, 9, 17), (0.10, 0.11, 0.13)),
-        tree=Curve((1, 17, 129), (0.10, 0.14, 0.40)),
-        context_ref=16,
-        per_context=1e-5,
-        per_node_context=1e-7,
-        drafters={"ngram": {"shapes": {}, "base_s": 2e-4, "per_node_s": 1e-6}},
-    )
+    return toy_cost_model("tiny-llama", "float64")
 
 
 def motif_prompts(n: int = 4) -> list[list[int]]:
