@@ -173,7 +173,7 @@ def _main(argv: list[str] | None) -> int:
     batches = int_list(args.rows, "--rows")
     arms = check_draft_arms([a.strip() for a in args.draft.split(",") if a.strip()])
     out_path = output_file(args.json)
-    from env.machine import machine_info
+    from env.machine import cpu_label, machine_info
     from env.model import load_model
 
     loaded = load_model(dtype=args.dtype, device="cpu")
@@ -195,6 +195,9 @@ def _main(argv: list[str] | None) -> int:
         bar.update(1)
 
     try:
+        print(
+            f"machine: CPU {cpu_label()}; {str(loaded.dtype).removeprefix('torch.')}, context {args.context}"
+        )
         print(f"{'rows':>5}{'raw ms':>9}{'engine ms':>11}{'raw / engine':>14}", flush=True)
         for b in batches:
             raw, eng = _interleaved_ms([raw_forward(loaded, b, args.context), engine_step(loaded, b, args.context)],

@@ -114,9 +114,11 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     json_out = output_file(args.json)
-    from env.machine import machine_info
+    from env.machine import cpu_label, machine_info
 
     doc: dict[str, Any] = {"rows": [], "machine": machine_info(), "complete": False}
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    print(f"machine: CPU {cpu_label()}{gpu}")
     rows: list[dict[str, Any]] = doc["rows"]
 
     def add(env: str, batch: int, steps_per_s: float) -> None:  # printed and written as measured
@@ -135,7 +137,7 @@ def _main(argv: list[str] | None) -> int:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     ref = cpu_reference()
     threads = torch.get_num_threads()
-    print(f"machine: {os.cpu_count()} CPUs, torch threads {threads}, load average {load[0]:.1f}")
+    print(f"load: {os.cpu_count()} CPUs, torch threads {threads}, load average {load[0]:.1f}")
     print(f"cpu reference: 5M Python additions in {ref:.2f} s (about 0.3 s on an unloaded core)")
     doc.update(load_average=list(load), cpu_reference_s=ref, complete=True)
     write_json(json_out, doc)

@@ -62,7 +62,7 @@ def _main(argv: list[str] | None) -> int:
     )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    from env.machine import machine_info
+    from env.machine import cpu_label, machine_info
     from env.serve_sim import parse_load
 
     envs = int_list(args.envs, "--envs")
@@ -73,6 +73,7 @@ def _main(argv: list[str] | None) -> int:
     json_out = output_file(args.json)
 
     out = []
+    print(f"machine: CPU {cpu_label()}")
     print(f"{'envs':>6}{'request-steps/s':>18}{'env steps/s':>14}")
     for e in envs:
         r = bench(e, args.steps, args.reps, args.cost, args.action, loads)

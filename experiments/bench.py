@@ -7,17 +7,16 @@ any arm name of ours (``ngram-d8``, ``ngram-d12-k3-b24``, ...). For each prompt 
 order rotated from prompt to prompt so that slow drifts of the machine spread evenly. Records are appended to
 ``records.jsonl`` as they finish; a re-run with the same ``--out`` skips what is done. A llama_cpp worker that
 dies (or cannot start) fails that method only: its remaining prompts are not run (and not recorded, so a
-re-run retries them), the table says why in one line, and every other method finishes.
+re-run retries them), the table says why in one line, and every other method finishes. Each record names the
+session (this call) that timed it; the summary (``experiments.bench_summary``) marks ratios across sessions and
+counts, per greedy method, the prompts whose tokens equal the AR loop's.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import math
-import statistics
 import time
-from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import asdict
 from pathlib import Path
@@ -29,10 +28,10 @@ from tqdm import tqdm
 from env.decoder import SpeculativeDecoder, chat_prompt
 from env.engine import Sampling, parse_arm, split_weights
 from env.files import atomic_write_text, file_digest
-from env.metrics import speedup, throughput
 from env.model import LoadedModel, with_weights
 from env.target import check_prompt
 from env.workloads import Prompt
+from experiments.bench_summary import best_by_category, drafts, format_table, summarize, summary_notes
 from experiments.config import EXTERNAL_METHODS, device_depth, is_device_method
 from experiments.drafter_state import commit_drafters, restore_drafters, resume_drafters, save_drafters
 from experiments.hf_baselines import (
@@ -50,12 +49,16 @@ from experiments.records import (
     Record,
     load_done,
     machine_identity,
+    machine_label,
+    new_session,
     resume_learners,
     run_identity,
     save_learner,
     workload_digest,
     workload_identity,
 )
+
+__all__ = ["best_by_category", "drafts", "format_table", "run_bench", "run_method", "summarize", "warm_up"]
 
 DEFAULT_METHODS = ("hf_greedy", "hf_pld", "ar", "ngram-d8", "ngram-d12-k4-b24")
 
@@ -193,6 +196,7 @@ def run_bench(
     from experiments.args import same_settings
 
     decoders = dict(decoders or {})
+    session = new_session()  # stamped on each record timed here (a later resume: another session)
     for m in methods:
         if m not in decoders:
             check_method(m)  # fail before any work on a bad method name
@@ -205,9 +209,10 @@ def run_bench(
     out_dir.mkdir(parents=True, exist_ok=True)
     rec_path = out_dir / "records.jsonl"
     records = load_done(rec_path)
-    same_settings(out_dir, {**run_identity(loaded, max_new_tokens, drafter_options),
-                           **machine_identity(loaded.device), **(identity or {})},
+    machine = machine_identity(loaded.device)
+    same_settings(out_dir, {**run_identity(loaded, max_new_tokens, drafter_options), **machine, **(identity or {})},
                   started=bool(records))  # fmt: skip
+    settings = {**settings, "machine": machine}
     if start_note:
         import sys
 
@@ -266,9 +271,8 @@ def run_bench(
                         failures[m] = f"{err} on prompt {p.prompt_id}"
                         bar.update(1)
                         continue
-                    rec = Record(
-                        m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids, arms
-                    )
+                    rec = Record(m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids,
+                                 arms, session)  # fmt: skip
                     # the drafters' state aside, then the policy's, then the drafters' in place, then the record
                     learned = [r.prompt_id for r in records if r.method == m] + [p.prompt_id]
                     save_drafters(decoders.get(m), state_dir, m, rec, learned)
@@ -292,125 +296,12 @@ def run_bench(
         failures[m] = (
             f"{why}; {missing} of {len(prompts)} prompts not run (a re-run with the same --out retries them)"
         )
-    summary = summarize(records, methods)
-    result = {"settings": settings, "provenance": provenance(), "summary": summary, "failures": failures}
+    summary = summarize(records, methods)  # greedy: bench decodes at temperature 0
+    notes = summary_notes(records, summary, str(loaded.dtype))
+    result = {"settings": settings, "provenance": provenance(), "summary": summary, "failures": failures,
+              "notes": notes}  # fmt: skip
     atomic_write_text(out_dir / "bench.json", json.dumps(result, indent=2))
     return result
-
-
-def summarize(records: list[Record], methods: list[str]) -> list[dict[str, Any]]:
-    """Per category (and overall) and method: tokens/s, tau, speedup over HF greedy and over our AR loop. A
-    speedup compares the two methods on the prompts both finished (a method that stopped early, e.g. llama.cpp's
-    worker dying, is not compared with a baseline's whole workload)."""
-    by: dict[tuple[str, str], list[Record]] = defaultdict(list)
-    for r in records:
-        by[(r.category, r.method)].append(r)
-        by[("overall", r.method)].append(r)
-    cats = sorted({c for c, _ in by if c != "overall"}) + ["overall"]
-    rows = []
-    for cat in cats:
-        tps = {
-            m: throughput([r.new_tokens for r in by[(cat, m)]], [r.wall_s for r in by[(cat, m)]])
-            for m in methods
-        }
-        for m in methods:
-            rs = by[(cat, m)]
-            if not rs:
-                continue
-            steps = sum(r.steps for r in rs)
-            row = {
-                "category": cat,
-                "method": m,
-                "prompts": len(rs),
-                "tokens": sum(r.new_tokens for r in rs),
-                "tokens_per_s": tps[m],
-                "tau": (sum(r.new_tokens for r in rs) / steps) if steps and m != "hf_pld" else None,
-                "speedup_vs_hf": _paired(rs, by[(cat, "hf_greedy")]) if "hf_greedy" in tps else None,
-                "speedup_vs_ar": _paired(rs, by[(cat, "ar")]) if "ar" in tps else None,
-                "median_speedup_vs_ar": _median_paired(rs, by[(cat, "ar")]) if "ar" in tps else None,
-            }
-            rows.append(row)
-    return rows
-
-
-def _paired(rs: list[Record], base: list[Record]) -> float | None:
-    """tokens/s of ``rs`` over that of ``base``, both on the prompts both have; None when there is no such ratio."""
-    both = {r.prompt_id for r in rs} & {r.prompt_id for r in base}
-    a = [r for r in rs if r.prompt_id in both]
-    b = [r for r in base if r.prompt_id in both]
-    x = speedup(throughput([r.new_tokens for r in a], [r.wall_s for r in a]),
-                throughput([r.new_tokens for r in b], [r.wall_s for r in b]))  # fmt: skip
-    return x if math.isfinite(x) else None  # no prompt in common (or none timed): no ratio, JSON null
-
-
-def _median_paired(rs: list[Record], base: list[Record]) -> float | None:
-    """The median over the prompts both have of ``rs``'s tokens/s over ``base``'s on the same prompt (a long
-    prompt weighs as much as a short one; the aggregate ratio, ``_paired``, weighs them by time). A prompt timed
-    at 0 s on either side compares nothing and is left out."""
-    mine = {r.prompt_id: throughput([r.new_tokens], [r.wall_s]) for r in rs if r.wall_s > 0}
-    ratios = [speedup(mine[r.prompt_id], throughput([r.new_tokens], [r.wall_s]))
-              for r in base if r.prompt_id in mine and r.wall_s > 0]  # fmt: skip
-    ratios = [x for x in ratios if math.isfinite(x)]
-    return statistics.median(ratios) if ratios else None
-
-
-def format_table(rows: list[dict[str, Any]], failures: dict[str, str] | None = None) -> str:
-    """The summary rows as a table; each failed method (``failures``: method -> why) adds one line below."""
-
-    def f(x: Any, spec: str) -> str:
-        return "-" if x is None else format(x, spec)
-
-    head = (f"{'category':<15}{'method':<20}{'prompts':>8}{'tokens':>8}{'tok/s':>8}{'tau':>7}{'x HF':>7}{'x AR':>7}"
-            f"{'med x AR':>10}")  # fmt: skip
-    lines = [head, "-" * len(head)]
-    last = None
-    for r in rows:
-        if last is not None and r["category"] != last:
-            lines.append("")
-        last = r["category"]
-        lines.append(
-            f"{r['category']:<15}{r['method']:<20}{r['prompts']:>8}{r['tokens']:>8}{r['tokens_per_s']:>8.2f}"
-            f"{f(r['tau'], '.2f'):>7}{f(r['speedup_vs_hf'], '.2f'):>7}{f(r['speedup_vs_ar'], '.2f'):>7}"
-            f"{f(r.get('median_speedup_vs_ar'), '.2f'):>10}"
-        )
-    if failures:
-        lines += [""] + [f"{m} failed: {why}" for m, why in failures.items()]
-    best = best_by_category(rows)
-    if best and sum(map(drafts, {r["method"] for r in rows})) > 1:
-        overall = best.get("overall", ("-", 0.0))[0]
-        lines += ["", "best speculative method per category (x HF greedy; * = not the overall best):"]
-        for cat, (m, x) in best.items():
-            lines.append(f"  {cat:<15}{m:<22}{x:>6.2f}{'  *' if cat != 'overall' and m != overall else ''}")
-    return "\n".join(lines)
-
-
-def drafts(method: str) -> bool:
-    """Whether ``method`` decodes speculatively with drafters of ours: an arm with a drafter (in any target variant:
-    ``ngram-d8@int4``), a ``device:lookup-dD`` loop or a policy -- not a baseline (``hf_*``, ``llama_cpp``) nor
-    an autoregressive loop (``ar``, ``none``, ``ar@int4``, ``device:none``). A name that is none of these: False."""
-    if method in EXTERNAL_METHODS:
-        return False
-    if method.startswith("policy:"):
-        return True
-    try:
-        if is_device_method(method):
-            return device_depth(method) > 0
-        return parse_arm(split_weights(method)[0]).drafter is not None
-    except ValueError:  # DrafterError, a bad variant: e.g. a table of an older version's methods
-        return False
-
-
-def best_by_category(rows: list[dict[str, Any]]) -> dict[str, tuple[str, float]]:
-    """Per category, the speculative method (``drafts``: baselines and autoregressive loops excluded) with the
-    highest speedup over HF greedy."""
-    best: dict[str, tuple[str, float]] = {}
-    for r in rows:
-        x = r.get("speedup_vs_hf")
-        if not drafts(r["method"]) or x is None or x != x:
-            continue
-        if r["category"] not in best or x > best[r["category"]][1]:
-            best[r["category"]] = (r["method"], float(x))
-    return best
 
 
 # ------------------------------------------------------------------------------------------------ command line
@@ -506,11 +397,19 @@ def cmd_bench(args: Any) -> int:
         },
         start_note=resume_note("bench", out),
     )
+    warnings = [n for n in result["notes"] if n.startswith("WARNING")]
     if args.json:
         print(json.dumps(result))
+        for line in warnings:  # loud in JSON mode too
+            print(line, file=sys.stderr)
     else:
+        s = result["settings"]
+        print(f"{s['model']} ({s['dtype']}) on {machine_label(s) or s['device']}")
         print(format_table(result["summary"], result["failures"]))
-        print(f"\nspeedups are ratios of aggregate tokens/s in this run; results in {out}/")
+        print("".join(f"\n{n}" for n in result["notes"]))
+        print(
+            f"speedups are ratios of aggregate tokens/s on the prompts both methods finished; results in {out}/"
+        )
     return 0
 
 

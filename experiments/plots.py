@@ -1,7 +1,7 @@
 """PNG plots of runs, sweeps and comparisons (matplotlib, Agg backend, chosen when a plot is drawn).
 
 Each function takes plain data (records, summary rows, trial lists), writes one PNG and returns its path. A run's
-plots name the machine its timings were measured on in a footer (``note``: ``experiments.runner.machine_label``).
+plots name the machine its timings were measured on in a footer (``note``: ``experiments.records.machine_label``).
 """
 
 from __future__ import annotations
@@ -195,8 +195,9 @@ def compare_runs(runs: list[tuple[str, list[dict[str, Any]], list[str]]], path: 
     return _save(fig, path, note)
 
 
-def goodput_vs_concurrency(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
-    """One line per method: goodput (committed tokens/s over all requests) against the load level."""
+def goodput_vs_concurrency(rows: list[dict[str, Any]], path: Path, title: str = "", note: str = "") -> Path:
+    """One line per method: goodput (committed tokens/s over all requests) against the load level; ``note``: a
+    footer (the machine it was measured on)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for m in dict.fromkeys(r["method"] for r in rows):
@@ -210,4 +211,4 @@ def goodput_vs_concurrency(rows: list[dict[str, Any]], path: Path, title: str = 
     ax.set_title(title or "Goodput against load")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _save(fig, path, note)

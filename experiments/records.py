@@ -1,6 +1,8 @@
 """The records a benchmark or run writes, one JSON line per (method, prompt), and what a resumed run reads back:
 the records (checked: a wrong-typed one runs again), an online policy's state saved with its last record, and the
-settings a run folder's results depend on (``experiments.args.same_settings``).
+settings a run folder's results depend on (``experiments.args.same_settings``). Each record names the session
+(one ``bench`` or ``run`` call, ``new_session``) that timed it: a folder resumed or extended later holds records
+of several sessions, and a ratio between two of them compares runs made at different times.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class Record:
     tau: float | None
     token_ids: list[int]
     arms: list[str] = field(default_factory=list)  # the arm of each step after prefill (our decoders only)
+    session: str | None = None  # the call that timed it (``new_session``); None: an older record
 
     def __post_init__(self) -> None:
         """A record read back from a results file must be one we could have written (``TypeError`` otherwise: the
@@ -48,9 +51,20 @@ class Record:
             and all(count(t) for t in self.token_ids)
             and isinstance(self.arms, list)
             and all(isinstance(a, str) for a in self.arms)
+            and (self.session is None or isinstance(self.session, str))
         )
         if not ok:
             raise TypeError(f"not a result record: {self.method!r} on prompt {self.prompt_id!r}")
+
+
+def new_session() -> str:
+    """A name for one timing session (a ``bench`` or ``run`` call): its start time, process id and 4 random hex
+    digits, e.g. ``2025-01-31T14:02:11-pid4242-9f3a``."""
+    import datetime as dt
+    import os
+    import secrets
+
+    return f"{dt.datetime.now():%Y-%m-%dT%H:%M:%S}-pid{os.getpid()}-{secrets.token_hex(2)}"
 
 
 RUN_RECORD = "run_record"  # policy state meta: the record of the last prompt that state learned from
@@ -158,6 +172,19 @@ def machine_identity(device: Any) -> dict[str, str]:
 
         out["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return out
+
+
+def machine_label(s: dict[str, Any]) -> str:
+    """The machine a result's timings were measured on, from its settings (``device``, and ``machine``: what
+    ``machine_identity`` gave): the GPU's name when the device was CUDA, and the CPU with its bf16 flags; "" when
+    the settings do not say (a result from before they did)."""
+    m = s.get("machine")
+    if not isinstance(m, dict):
+        return ""
+    cpu = f"CPU {m['cpu']}" if isinstance(m.get("cpu"), str) else ""
+    if str(s.get("device", "")).startswith("cuda") and isinstance(m.get("gpu"), str):
+        return f"GPU {m['gpu']} ({s['device']})" + (f", {cpu}" if cpu else "")
+    return cpu
 
 
 def workload_identity(workload: str | None) -> str:

@@ -165,6 +165,8 @@ def run_section(r: dict[str, Any], report_dir: Path) -> list[str]:
         notes = []
     if r.get("stale"):
         notes.append(f"- stale: {r['stale']}")
+    # the summary's own notes: the timing sessions its records come from, greedy output unequal to AR's
+    notes += [f"- {n}" for n in d.get("notes") or [] if isinstance(n, str)]
     lines = [
         f"## Run `{r['name']}`{partial}",
         "",
@@ -194,7 +196,8 @@ def run_section(r: dict[str, Any], report_dir: Path) -> list[str]:
     lines += _md_table(["category", "method", "prompts", "tokens", "tok/s", "tau", "× AR", "× HF"], rows)
     lines += [
         "",
-        "Speedups are ratios of aggregate tokens/s measured in the same run on the same prompts.",
+        "Speedups are ratios of aggregate tokens/s on the same prompts (the notes above say when the records "
+        "come from several timing sessions).",
         "",
     ]
     for png in sorted((r["path"] / "plots").glob("*.png")):

@@ -30,13 +30,8 @@ from tqdm import tqdm
 
 from env.files import atomic_write_text
 from env.workloads import Prompt, load_workload
-from experiments.bench import (
-    format_table,
-    interleaved,
-    run_method,
-    summarize,
-    warm_up,
-)
+from experiments.bench import interleaved, run_method, warm_up
+from experiments.bench_summary import format_table, summarize, summary_notes
 from experiments.config import Config, diff_configs, load_config, to_toml
 from experiments.provenance import provenance
 from experiments.records import (
@@ -46,6 +41,8 @@ from experiments.records import (
     check_learned,
     load_done,
     machine_identity,
+    machine_label,
+    new_session,
     run_identity,
     workload_digest,
     workload_identity,
@@ -96,6 +93,7 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
 
     prompts = select_prompts(cfg)  # a missing or bad workload: refused before the run folder is written
     prepare_run_dir(cfg, out)
+    session = new_session()  # stamped on each record timed here: a resume is another session
     methods = list(cfg.methods)
     rec_path = out / "records.jsonl"
     records = load_done(rec_path)
@@ -144,9 +142,8 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
                         sampling=sampling,
                         seed=cfg.seed + i,
                     )
-                    rec = Record(
-                        m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids, arms
-                    )
+                    rec = Record(m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids,
+                                 arms, session)  # fmt: skip
                     learned = [r.prompt_id for r in records if r.method == m] + [p.prompt_id]
                     policy = getattr(decoders.get(m), "policy", None)
                     if policy is not None:  # the state after this prompt and its record, saved together
@@ -228,10 +225,12 @@ def finish(cfg: Config, out: Path, records: list[Record], prompts: list[Prompt])
     if partial:  # methods are compared on the same prompts: those every method has finished
         common = set(partial["common_prompts"])
         records = [r for r in records if r.prompt_id in common]
-    rows = summarize(records, methods)
+    greedy = cfg.decode.temperature == 0
+    rows = summarize(records, methods, greedy=greedy)
     rec_file = out / "records.jsonl"
     settings = summary_settings(cfg, out, len(prompts))
     machine = machine_label(settings)
+    notes = summary_notes(records, rows, str(settings["dtype"]), greedy)
     result = {
         "name": cfg.name,
         "settings": settings,
@@ -239,6 +238,7 @@ def finish(cfg: Config, out: Path, records: list[Record], prompts: list[Prompt])
         "records_lines": records_stamp(rec_file),  # what it was made from (a report redoes a stale summary)
         "partial": None if partial is None else {k: v for k, v in partial.items() if k != "common_prompts"},
         "summary": rows,
+        "notes": notes,  # the records' sessions when several; greedy output that differs from AR's
     }
     atomic_write_text(out / "summary.json", json.dumps(result, indent=2))
     table = format_table(rows)
@@ -246,8 +246,10 @@ def finish(cfg: Config, out: Path, records: list[Record], prompts: list[Prompt])
     atomic_write_text(
         out / "summary.md",
         f"# {cfg.name}\n\n{note}{settings_line(settings)}\n\nMachine: {machine or 'not recorded'}.\n\n"
-        f"Speedups are ratios of aggregate tokens/s measured in this run on the same prompts.\n\n```\n{table}\n```\n",
+        f"Speedups are ratios of aggregate tokens/s on the same prompts.\n\n```\n{table}\n```\n"
+        + "".join(f"\n{n}\n" for n in notes),
     )
+    table += "".join(f"\n\n{n}" for n in notes)
     result["plots"] = [
         str(p) for p in plots.run_plots(records, rows, methods, out / "plots", machine=machine)
     ]
@@ -287,18 +289,6 @@ def settings_line(s: dict[str, Any]) -> str:
     return (f"model {s.get('model', '?')} ({s.get('dtype', '?')}{', ' + how if how else ''}){dev}, workload "
             f"{s.get('workload', '?')} ({s.get('prompts', '?')} prompts), max_new_tokens {s.get('max_new_tokens', '?')}, "
             f"temperature {s.get('temperature', '?')}")  # fmt: skip
-
-
-def machine_label(s: dict[str, Any]) -> str:
-    """The machine a summary's timings were measured on: the GPU's name when the run's device was CUDA, and the
-    CPU with its bf16 flags; "" when the summary does not say (one from before it did)."""
-    m = s.get("machine")
-    if not isinstance(m, dict):
-        return ""
-    cpu = f"CPU {m['cpu']}" if isinstance(m.get("cpu"), str) else ""
-    if str(s.get("device", "")).startswith("cuda") and isinstance(m.get("gpu"), str):
-        return f"GPU {m['gpu']} ({s['device']})" + (f", {cpu}" if cpu else "")
-    return cpu
 
 
 def partial_note(records: list[Record], prompts: list[Prompt], methods: list[str]) -> dict[str, Any] | None:
@@ -343,6 +333,8 @@ def check_results(records: list[Record], prompts: list[Prompt], methods: list[st
 
 
 def cmd_run(args: Any) -> int:
+    import sys
+
     from experiments.args import output_dir
     from experiments.errors import UserError
 
@@ -355,7 +347,13 @@ def cmd_run(args: Any) -> int:
         raise UserError(f"run {out} is inconsistent: {'; '.join(problems[:5])}")
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "table"}))
+        for line in result["notes"]:
+            if line.startswith("WARNING"):  # loud in JSON mode too
+                print(line, file=sys.stderr)
     else:
+        print(
+            f"{settings_line(result['settings'])}\nmachine: {machine_label(result['settings']) or 'not recorded'}"
+        )
         print(result["table"])
         print(f"\nresults, plots and provenance in {out}/ (draftgym report {out})")
     return 0

@@ -341,9 +341,11 @@ def cmd_serve_bench(args: Any) -> int:
     requests = request_rows(cells, levels, methods)
     result = {"settings": settings, "provenance": provenance(), "rows": rows, "requests": requests}
     atomic_write_text(out / "serve.json", json.dumps(result))
-    png = plots.goodput_vs_concurrency(
-        rows, out / "goodput.png", title=f"{loaded.model_id} ({settings['dtype']})"
-    )
+    from experiments.records import machine_label
+
+    machine = machine_label({"device": settings["device"], "machine": machine_identity(loaded.device)})
+    png = plots.goodput_vs_concurrency(rows, out / "goodput.png", title=f"{loaded.model_id} ({settings['dtype']})",
+                                       note=f"measured on {machine}")  # fmt: skip
     if args.json:
         print(json.dumps({"rows": rows, "out": str(out)}))
     else:

@@ -205,17 +205,32 @@ def _run_results(out: Path) -> dict[str, Any]:
     from policies.base import read_policy
 
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
-    records = sorted((_without(r, "wall_s") for r in records), key=lambda r: (r["method"], r["prompt_id"]))
+    # timings differ, and so do the timing sessions (a killed and rerun folder's records come from two)
+    records = sorted(
+        (_without(r, "wall_s", "session") for r in records), key=lambda r: (r["method"], r["prompt_id"])
+    )
     summary = json.loads((out / "summary.json").read_text())
-    timed = ("tokens_per_s", "speedup_vs_hf", "speedup_vs_ar", "median_speedup_vs_ar")
+    timed = (
+        "tokens_per_s",
+        "speedup_vs_hf",
+        "speedup_vs_ar",
+        "median_speedup_vs_ar",
+        "sessions",
+        "cross_session",
+    )
+    notes = [n for n in summary.get("notes", []) if "session" not in n]
     states = {}
     for path in sorted((out / "policies").glob("*.zip")):
         header, files = read_policy(path)
-        last = _without(header.meta.get("run_record", {}), "wall_s")
+        last = _without(header.meta.get("run_record", {}), "wall_s", "session")
         states[path.name] = {"payload": files, "params": header.params, "last_record": last}
     return {
         "records": records,
-        "summary": {**summary, "summary": [_without(row, *timed) for row in summary["summary"]]},
+        "summary": {
+            **summary,
+            "summary": [_without(row, *timed) for row in summary["summary"]],
+            "notes": notes,
+        },
         "policy_states": states,
         "plots": sorted(p.name for p in (out / "plots").glob("*.png")),
     }
