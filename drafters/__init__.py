@@ -74,5 +74,6 @@ __all__ = [
     "RecyclingDrafter",
     "SuffixDrafter",
     "TreeShape",
+    "keyword_options",
     "make_drafter",
 ]

@@ -92,7 +92,7 @@ PROG = "python -m env.bench_draft"
 def check_drafters(names: list[str], vocabs: list[int | None]) -> None:
     """Each drafter registered, drafting rows together (``propose_batch``) over shared weights (``fork``), and
     built with each ``--vocab``: a ``DrafterError`` naming the first that is not, before the model loads."""
-    from drafters import DRAFTERS, DrafterError, make_drafter
+    from drafters import DRAFTERS, DrafterError, keyword_options, make_drafter
 
     for name in names:
         if name not in DRAFTERS:
@@ -109,10 +109,9 @@ def check_drafters(names: list[str], vocabs: list[int | None]) -> None:
                 + ", ".join(able)
             )
         for vocab in vocabs:
-            try:
-                make_drafter(name) if vocab is None else make_drafter(name, vocab=vocab)
-            except TypeError:
-                raise DrafterError(f"--vocab: {name} takes no vocab option (eagle and eagle3 do)") from None
+            if vocab is not None and "vocab" not in keyword_options(cls):
+                raise DrafterError(f"--vocab: {name} takes no vocab option (eagle and eagle3 do)")
+            make_drafter(name) if vocab is None else make_drafter(name, vocab=vocab)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -252,10 +252,11 @@ def resume_model(policy: SB3Policy, model: Any, folder: Path) -> None:
         return
 
 
-def _check_budget(out: Path, total_timesteps: int, started: bool) -> None:
-    """A folder remembers the largest ``total_timesteps`` it trained toward (``budget.json``): a rerun may extend
-    the run, not shorten it — its best model and checkpoints may lie past a smaller budget, and would come back
-    labelled with it (``PolicyError``)."""
+def _check_budget(out: Path, total_timesteps: int, done: int) -> None:
+    """A folder remembers the largest ``total_timesteps`` it trained toward (``budget.json``). A rerun may extend
+    the run, or finish a longer run killed before the new budget; one that asks for fewer steps than the run
+    already resumed from (``done``) of a longer budget would return a best model trained past its budget, labelled
+    with it (``PolicyError``). (A run finished at its own budget stops a rollout past it: not refused.)"""
     path = out / "budget.json"
     try:
         before = json.loads(path.read_text(encoding="utf-8"))["total_timesteps"] if path.is_file() else None
@@ -263,10 +264,10 @@ def _check_budget(out: Path, total_timesteps: int, started: bool) -> None:
         before = None  # torn or odd: written again below
     if not isinstance(before, int) or isinstance(before, bool):
         before = None
-    if started and before is not None and total_timesteps < before:
+    if before is not None and total_timesteps < min(before, done):
         raise PolicyError(
-            f"{out} holds a run toward {before} timesteps, whose best model may lie past {total_timesteps}: "
-            f"use another output folder, or total_timesteps >= {before} to resume or extend it"
+            f"{out} holds a run toward {before} timesteps already {done} steps in, past {total_timesteps}: "
+            f"use another output folder, or total_timesteps >= {done} to resume or extend it"
         )
     if before is None or total_timesteps > before:
         atomic_write_text(path, json.dumps({"total_timesteps": total_timesteps}))
@@ -307,11 +308,11 @@ def train_sb3(
         why = settings_conflict(out, ident, started)
         if why:
             raise PolicyError(f"{why}: use another output folder, or the same settings to resume")
-        _check_budget(out, int(total_timesteps), started)
         if policy.reward == "time_saved":
             venv = time_saved_wrapper(venv)
         model = policy.build(venv, tensorboard_log=str(out / "tb"))
         _resume(policy, model, out / "checkpoints")
+        _check_budget(out, int(total_timesteps), int(model.num_timesteps))
         policy._layers = None  # the numpy copy would go stale while training
         remaining = int(total_timesteps) - int(model.num_timesteps)
         if remaining > 0:

@@ -93,7 +93,7 @@ def test_evaluations_are_logged_once_and_a_folder_of_other_settings_is_refused(
     assert steps == sorted(set(steps)) and steps[-1] == 128
     # a smaller budget would return the longer run's best model, labelled with the smaller one: refused
     log = (run / "eval.jsonl").read_text()
-    with pytest.raises(PolicyError, match="holds a run toward 128 timesteps") as err:
+    with pytest.raises(PolicyError, match="holds a run toward 128 timesteps already 128 steps in") as err:
         train(64, {"prompts": ["a", "b"]})
     assert "\n" not in str(err.value) and (run / "eval.jsonl").read_text() == log
     train(128, {"prompts": ["a", "b"]})  # the same budget again: nothing left to train, the same folder
