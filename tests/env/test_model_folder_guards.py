@@ -20,6 +20,7 @@ from env.engine import NO_DRAFT
 from env.model import ModelError, load_model
 from env.target import PromptError
 from experiments.cli import main
+from tests.env.test_bad_inputs import _one_line
 
 CONFIG = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               vocab_size=64, max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
@@ -67,13 +68,6 @@ def _copy(folder: Path, tmp_path: Path, config: dict | None = None, drop: tuple[
         values.update(config)
         (out / "config.json").write_text(json.dumps(values))
     return out
-
-
-def _one_line(err: pytest.ExceptionInfo, *needles: str) -> None:
-    text = str(err.value)
-    assert "\n" not in text and "Traceback" not in text, text
-    for needle in needles:
-        assert needle in text, (needle, text)
 
 
 def _cli_refuses(args: list[str], capsys, *needles: str) -> None:

@@ -8,26 +8,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from types import SimpleNamespace
 
 import pytest
 
 import experiments.bench as bench
 from env.workloads import Prompt
 from experiments.records import Record, load_done
-
-
-class _Tokenizer:
-    chat_template = None
-
-    def __call__(self, text: str) -> dict[str, list[int]]:
-        return {"input_ids": [ord(c) % 97 for c in text[:12]]}
-
-
-def _loaded() -> SimpleNamespace:
-    return SimpleNamespace(model_id="tiny", dtype="torch.float32", device="cpu", weights="dense", forward="lean",
-                           tokenizer=_Tokenizer(), max_context=512)  # fmt: skip
-
+from tests.experiments.test_bench_folder import _loaded
 
 PROMPTS = [Prompt(f"p{i}", "qa", f"Say thing {i}.") for i in range(4)]
 
