@@ -111,7 +111,7 @@ def _write_parts(
     kill). The folder remembers what its parts were made from (``parts.json``: the kind of data, its settings,
     the model's dtype, the target's fingerprint, a digest of the prompts in order): parts of other settings are
     refused (``DrafterError``), not mixed in. ``info`` and the CPU seconds spent go to ``info.json`` as each part
-    is written (``_log_info``: a kill loses only the CPU time of the part it interrupted); returns it."""
+    is written (``add_info``: a kill loses only the CPU time of the part it interrupted); returns it."""
     from safetensors.torch import save_file
     from tqdm import tqdm
 
@@ -124,7 +124,7 @@ def _write_parts(
     settings = {**settings, "batch_size": batch_size, "capture_layers": list(capture_layers), "dtype": dtype,
                 "prompts": prompts, "target": target_fingerprint(model, name)}  # fmt: skip
     _same_parts(out_dir, settings)
-    _read_info(out_dir)  # a damaged info.json is refused before the work, not after it
+    read_info(out_dir)  # a damaged info.json is refused before the work, not after it
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     info = {**info, "capture_layers": list(capture_layers)}
     cpu = time.process_time()
@@ -132,7 +132,7 @@ def _write_parts(
     def log() -> dict[str, Any]:  # this call's CPU seconds since the last entry, added to info.json
         nonlocal cpu
         now = time.process_time()
-        out = _log_info(out_dir, now - cpu, info)
+        out = add_info(out_dir, now - cpu, info)
         cpu = now
         return out
 
@@ -241,7 +241,7 @@ def prefill_data(
                         settings, info)  # fmt: skip
 
 
-def _read_info(out_dir: Path) -> dict[str, Any]:
+def read_info(out_dir: Path) -> dict[str, Any]:
     """``out_dir/info.json`` (a fresh one when there is none); a damaged one (not JSON, not an object, no finite
     ``cpu_s`` number) is a one-line ``DrafterError`` telling to delete it."""
     info_path = out_dir / "info.json"
@@ -259,11 +259,11 @@ def _read_info(out_dir: Path) -> dict[str, Any]:
     return info
 
 
-def _log_info(out_dir: Path, cpu: float, fields: dict[str, Any]) -> dict[str, Any]:
+def add_info(out_dir: Path, cpu: float, fields: dict[str, Any]) -> dict[str, Any]:
     """Add ``cpu`` seconds to ``out_dir/info.json`` (summed over parts and resumed calls), set ``fields``, and
-    return it."""
+    return it (a data folder's, and ``experiments.corpus``'s)."""
     info_path = out_dir / "info.json"
-    info = _read_info(out_dir)
+    info = read_info(out_dir)
     info.update(fields, cpu_s=float(info.get("cpu_s", 0.0)) + cpu)
     tmp = info_path.with_name(info_path.name + ".tmp")  # atomic: a torn file would stop every later resume
     tmp.write_text(json.dumps(info, indent=2))

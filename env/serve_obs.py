@@ -32,6 +32,25 @@ class ServeEnvError(ValueError):
     """A bad serving env argument or action; the message is meant for the user."""
 
 
+def integer_actions(action: Any, k: int) -> np.ndarray:
+    """``action`` as an array of arm indices, by the rule replay and the live server share: integers, or whole
+    finite floats, not bools (their range is the caller's to check, before any cast: which entries count
+    differs); anything else a ``ServeEnvError``."""
+    try:
+        a = np.asarray(action)
+    except (ValueError, TypeError):  # ragged nesting
+        a = np.asarray(None)
+    if (
+        a.dtype.kind not in "iuf"
+        or a.size == 0
+        or (a.dtype.kind == "f" and not (np.isfinite(a).all() and np.all(np.mod(a, 1) == 0)))
+    ):
+        raise ServeEnvError(
+            f"actions must be integer arm indices (0..{k - 1}), got {str(action)[:80]} ({a.dtype})"
+        )
+    return a
+
+
 def feature_names(max_batch: int) -> list[str]:
     return [*LOAD_FEATURES, *POOLED_FEATURES] + [
         f"row{i}/{f}" for i in range(max_batch) for f in ROW_FEATURES
@@ -156,19 +175,7 @@ class LiveObserver:
         per row slot (the first ``rows`` used), by the rule replay applies (``ServeSim._actions``): integers, or
         whole finite floats, not bools, in ``0..K-1``; anything else a ``ServeEnvError``."""
         k = len(self.arms)
-        try:
-            a = np.asarray(action)
-        except (ValueError, TypeError):  # ragged nesting
-            a = np.asarray(None)
-        if (
-            a.dtype.kind not in "iuf"
-            or a.size == 0
-            or (a.dtype.kind == "f" and not (np.isfinite(a).all() and np.all(np.mod(a, 1) == 0)))
-        ):
-            raise ServeEnvError(
-                f"the policy's action must be integer arm indices (0..{k - 1}), got {action!r} ({a.dtype})"
-            )
-        a = a.reshape(-1)
+        a = integer_actions(action, k).reshape(-1)
         if a.size != 1 and a.size not in (rows, self.max_batch):
             raise ServeEnvError(
                 f"the policy chose {a.size} arms for {rows} rows; one, or one per row slot ({self.max_batch})"

@@ -23,6 +23,7 @@ from env.serve_loads import parse_load, ramp_caps, request_stream
 from env.serve_obs import *  # noqa: F403  (the observation's names, re-exported)
 from env.serve_obs import (
     ServeEnvError,
+    integer_actions,
     is_packed,
     obs_size,
     packed_positions,
@@ -326,17 +327,13 @@ class ServeSim:
         return self._obs
 
     def _actions(self, actions: Any) -> np.ndarray:
-        a = np.asarray(actions)
         k = len(self.arms)
-        if a.dtype.kind not in "iuf" or (a.dtype.kind == "f" and not np.isfinite(a).all()):
-            raise ServeEnvError(f"actions must be integer arm indices (0..{k - 1}), got {a.dtype} values")
+        a = integer_actions(actions, k)
         batch = a.ndim == 1 and a.shape[0] == self.num_envs
         if not batch and a.shape != (self.num_envs, self.max_batch):
             raise ServeEnvError(
                 f"actions must have shape ({self.num_envs},) or ({self.num_envs}, {self.max_batch}), got {a.shape}"
             )
-        if not np.issubdtype(a.dtype, np.integer) and not np.all(np.mod(a, 1) == 0):
-            raise ServeEnvError("actions must be integer arm indices")
         a = a.astype(np.int64, copy=False)
         act = self.active
         if batch:

@@ -245,27 +245,38 @@ def output_dir(path: str | Path, flag: str = "--out") -> Path:
     return out
 
 
-def output_file(path: str | Path, flag: str = "--out", inputs: tuple[object, ...] = ()) -> Path:
-    """Check, before any work, that ``path`` can be written (its folder made and writable, not a directory), that it
-    is none of the command's ``inputs`` (paths, None for an input not given), and, for a ``--json`` output, that an
-    existing file there is JSON (an earlier result), not something else a misplaced flag would destroy."""
+def same_file(a: object, b: object) -> bool:
+    """Whether the paths ``a`` and ``b`` (None: no path) name one existing file."""
     import os
 
+    try:
+        return a is not None and b is not None and os.path.samefile(a, b)  # type: ignore[arg-type]
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def output_file(
+    path: str | Path,
+    flag: str = "--out",
+    inputs: tuple[object, ...] = (),
+    earlier: tuple[Callable[[Path], bool], str] | None = None,
+) -> Path:
+    """Check, before any work, that ``path`` can be written (its folder made and writable, not a directory), that it
+    is none of the command's ``inputs`` (paths, None for an input not given), and that an existing file there is
+    an earlier output of the command, not something else a misplaced flag would destroy: ``earlier`` (a test of
+    the file, what it names), JSON for a ``--json`` output by default."""
     from env.cli import holds_other_than_json
     from experiments.errors import UserError
 
     out = Path(path)
     if out.is_dir():
         raise UserError(f"{flag} {out} is a directory, not a file")
+    if earlier is None and flag == "--json":
+        earlier = (lambda p: not holds_other_than_json(p), "a JSON file")
     if out.exists():
-        for src in inputs:
-            try:
-                same = src is not None and os.path.samefile(out, src)
-            except (OSError, ValueError):
-                same = False
-            if same:
-                raise UserError(f"{flag} {out} is also an input of this command; it would be overwritten")
-        if flag == "--json" and holds_other_than_json(out):
-            raise UserError(f"{flag} {out} exists and is not a JSON file; not overwritten")
+        if any(same_file(out, src) for src in inputs):
+            raise UserError(f"{flag} {out} is also an input of this command; it would be overwritten")
+        if earlier is not None and out.is_file() and not earlier[0](out):
+            raise UserError(f"{flag} {out} exists and is not {earlier[1]}; not overwritten")
     output_dir(out.parent if str(out.parent) else ".", flag=f"{flag} {out}: folder")
     return out

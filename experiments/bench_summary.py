@@ -21,6 +21,15 @@ from experiments.records import Record
 
 BASES = {"hf_greedy": "speedup_vs_hf", "ar": "speedup_vs_ar"}  # the ratio columns' baselines
 UNKNOWN_SESSION = "unknown"  # the session of records from before records named theirs: one, unknown
+# the fields of a summary row that depend on when the methods were timed (two runs of the same work differ there)
+TIMED_FIELDS = (
+    "tokens_per_s",
+    "speedup_vs_hf",
+    "speedup_vs_ar",
+    "median_speedup_vs_ar",
+    "sessions",
+    "cross_session",
+)
 
 
 def summarize(records: list[Record], methods: list[str], *, greedy: bool = True) -> list[dict[str, Any]]:

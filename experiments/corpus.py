@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from drafters.base import reason
+from drafters.train_data import add_info
 from env.workloads import _source_files, _stdlib_root, code_prompts
 
 TEXT_LICENCE = "Python standard library sources, PSF License 2.0"
@@ -133,33 +134,9 @@ class _CpuLog:
 
     def __call__(self, **fields: Any) -> dict[str, Any]:
         now = time.process_time()
-        out = _add_info(self.out_dir, cpu_s=now - self.at, **fields)
+        out = add_info(self.out_dir, now - self.at, fields)
         self.at = now
         return out
-
-
-def _add_info(out_dir: Path, **info: Any) -> dict[str, Any]:
-    from experiments.errors import UserError
-
-    path = out_dir / "info.json"
-    old: Any = {"cpu_s": 0.0}
-    if path.is_file():
-        try:
-            old = json.loads(path.read_bytes())
-        except (OSError, ValueError, RecursionError):
-            old = None
-        if isinstance(old, dict) and not isinstance(old.get("cpu_s", 0.0), (int, float)):
-            old = None
-        if not isinstance(old, dict):
-            raise UserError(
-                f"{path} is not this corpus's info (readable JSON with a cpu_s number); delete it"
-            )
-    old.update({k: v for k, v in info.items() if k != "cpu_s"})
-    old["cpu_s"] = float(old.get("cpu_s", 0.0)) + float(info.get("cpu_s", 0.0))
-    tmp = path.with_name("info.json.tmp")
-    tmp.write_text(json.dumps(old, indent=2))
-    os.replace(tmp, path)
-    return old
 
 
 def _features(final: torch.Tensor, aux: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

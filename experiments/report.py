@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from env.files import atomic_write_text
-from experiments.args import output_file
+from experiments.args import output_file, same_file
 from experiments.runner import machine_label, settings_line
 
 
@@ -304,25 +304,15 @@ REPORT_HEAD = "# draftgym report"
 READ_FILES = ("summary.json", "sweep.json", "config.toml", "records.jsonl", "sweep.md", "provenance.jsonl")
 
 
-def _same(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except (OSError, ValueError):
-        return False
-
-
-def _holds_other_than_a_report(path: Path) -> bool:
-    """``path`` is an existing file that is not empty and not an earlier report (which starts with
-    ``REPORT_HEAD``): a result file of a run or a sweep (``records.jsonl``, ``summary.json``, ``study.db``, ...)
-    or anything else that writing the report would destroy."""
-    if not path.is_file():
-        return False
+def _is_report(path: Path) -> bool:
+    """``path`` is empty or an earlier report (it starts with ``REPORT_HEAD``), not a result file of a run or a
+    sweep (``records.jsonl``, ``summary.json``, ``study.db``, ...) that writing the report would destroy."""
     try:
         with path.open("rb") as fh:
             head = fh.read(len(REPORT_HEAD.encode()))
     except OSError:
-        return True  # not readable: cannot tell, so not overwritten
-    return bool(head) and head != REPORT_HEAD.encode()
+        return False  # not readable: cannot tell, so not overwritten
+    return not head or head == REPORT_HEAD.encode()
 
 
 def cmd_report(args: Any) -> int:
@@ -330,13 +320,9 @@ def cmd_report(args: Any) -> int:
     for p in paths:  # read before anything is written
         load_run(p)
     out = Path(args.out) if args.out else (paths[0] / "report.md" if len(paths) == 1 else Path("report.md"))
-    output_file(out)
     # a run's records, summary, study or config named by a misplaced --out
-    if _holds_other_than_a_report(out):
-        raise ReportError(
-            f"{out} exists and is not a draftgym report; not overwritten (name a new file or an earlier report)"
-        )
-    if out.name in READ_FILES and any(_same(out.parent, p) for p in paths):  # one not written yet
+    output_file(out, earlier=(_is_report, "a draftgym report"))
+    if out.name in READ_FILES and any(same_file(out.parent, p) for p in paths):  # one not written yet
         raise ReportError(f"{out} is a result file of the run directory {out.parent}; name another file")
     path = write_report(paths, out)
     if args.json:

@@ -173,7 +173,7 @@ def test_distilled_features_are_what_a_prefill_computes(tmp_path):
             distill_answers(loaded, prompts, tmp_path / "other", max_new_tokens=bad, progress=False)
     assert not (tmp_path / "other").exists()
     (tmp_path / "ans" / "info.json").write_text("garbage")
-    with pytest.raises(UserError, match="info.json is not this corpus's info"):
+    with pytest.raises(DrafterError, match="info.json is not this data's info"):
         distill_answers(loaded, prompts, tmp_path / "ans", max_new_tokens=9, batch=2, progress=False)
     assert sorted(p.name for p in (tmp_path / "ans").glob("part-*")) == before
 

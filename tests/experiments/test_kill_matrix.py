@@ -210,14 +210,8 @@ def _run_results(out: Path) -> dict[str, Any]:
         (_without(r, "wall_s", "session") for r in records), key=lambda r: (r["method"], r["prompt_id"])
     )
     summary = json.loads((out / "summary.json").read_text())
-    timed = (
-        "tokens_per_s",
-        "speedup_vs_hf",
-        "speedup_vs_ar",
-        "median_speedup_vs_ar",
-        "sessions",
-        "cross_session",
-    )
+    from experiments.bench_summary import TIMED_FIELDS as timed
+
     notes = [n for n in summary.get("notes", []) if "session" not in n]
     states = {}
     for path in sorted((out / "policies").glob("*.zip")):

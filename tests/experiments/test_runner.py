@@ -64,14 +64,8 @@ def test_killed_run_restarts_to_the_uninterrupted_results(tmp_path, fp32_model):
         (x.method, x.prompt_id): x.token_ids for x in ref_records
     }
     # timings differ, and so do the timing sessions (the resumed run's records come from two)
-    strip = (
-        "tokens_per_s",
-        "speedup_vs_hf",
-        "speedup_vs_ar",
-        "median_speedup_vs_ar",
-        "sessions",
-        "cross_session",
-    )
+    from experiments.bench_summary import TIMED_FIELDS as strip
+
     got = json.loads((out / "summary.json").read_text())["summary"]
     assert [{k: v for k, v in row.items() if k not in strip} for row in got] == [
         {k: v for k, v in row.items() if k not in strip} for row in ref["summary"]
