@@ -50,8 +50,15 @@ def agreement(run_dir: Path, eps: float) -> dict:
     ref = {r.prompt_id: r for r in records if r.method == "hf_greedy"}
     if not ref:
         raise UserError(f"{run_dir} has no hf_greedy records to compare with")
+    # the prompts the bench ran: a code: workload's depend on --per-category (every k-th function of the source)
+    per_category = s.get("per_category")
+    if isinstance(per_category, bool) or not isinstance(per_category, int):
+        per_category = None
     texts = {  # the workload before the model: a record of a prompt it does not hold fails in one line, early
-        p.prompt_id: p.text for p in load_workload(None if s["workload"] == "builtin" else s["workload"])
+        p.prompt_id: p.text
+        for p in load_workload(
+            None if s["workload"] == "builtin" else s["workload"], per_category=per_category
+        )
     }
     strangers = sorted({r.prompt_id for r in records} - set(texts))
     if strangers:

@@ -4,7 +4,9 @@
     python -m experiments.offline_tau RUN_DIR Spec-Bench/data/spec_bench/question.jsonl [PER_CATEGORY]
 
 ``RUN_DIR/records.jsonl`` is read as it is, without changing it (a bench may still be appending to it): a torn last
-line of a killed or running bench, or a line that is not a record, is skipped.
+line of a killed or running bench, or a line that is not a record, is skipped. The workload must be the one the
+bench ran (its ``settings.json``, else ``bench.json``, names it), and its prompts are cut as the bench cut them
+(``--per-category``, ``--limit``).
 """
 
 from __future__ import annotations
@@ -40,17 +42,36 @@ def ar_answers(path: Path) -> dict[str, list[int]]:
 PROG = "python -m experiments.offline_tau"
 
 
-def _bench_settings(path: Path) -> dict:
-    """The ``settings`` of a bench run's ``bench.json`` ({} when there is none or it is not readable)."""
+def _bench_settings(path: Path, key: str | None = "settings") -> dict:
+    """The ``settings`` of a bench run's ``bench.json`` (``key`` None: the whole object, as of its
+    ``settings.json``; {} when there is none or it is not readable)."""
     from env.safe_zip import ArchiveProblem, parse_json
 
     try:
         if path.is_file() and path.stat().st_size < 1 << 26:
-            settings = parse_json(path.read_bytes()).get("settings")
+            doc = parse_json(path.read_bytes())
+            settings = doc if key is None else doc.get(key)
             return settings if isinstance(settings, dict) else {}
     except (ArchiveProblem, OSError, AttributeError):
         pass
     return {}
+
+
+def _int_setting(ran: dict, key: str) -> int | None:
+    value = ran.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _run_workload(run_dir: Path, ran: dict) -> str | None:
+    """The workload a bench run ran, as ``experiments.records.workload_identity`` gives it: its ``settings.json``'s
+    (resolved when the bench ran), else its ``bench.json``'s; None when neither says."""
+    from experiments.records import workload_identity
+
+    recorded = _bench_settings(run_dir / "settings.json", key=None).get("workload")
+    if isinstance(recorded, str):
+        return recorded
+    recorded = ran.get("workload")
+    return workload_identity(recorded) if isinstance(recorded, str) else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,13 +98,21 @@ def _main(argv: list[str] | None) -> int:
     from env.engine import parse_arm
     from env.model import load_model
     from env.workloads import load_workload
+    from experiments.records import workload_identity
 
-    ar = ar_answers(Path(args.run_dir) / "records.jsonl")
-    ran = _bench_settings(Path(args.run_dir) / "bench.json")  # the prompts and the model the bench ran
-    per_category = args.per_category if args.per_category is not None else ran.get("per_category")
-    prompts = load_workload(
-        args.workload, per_category=per_category if isinstance(per_category, int) else None
-    )
+    run_dir = Path(args.run_dir)
+    ar = ar_answers(run_dir / "records.jsonl")
+    ran = _bench_settings(run_dir / "bench.json")  # the prompts and the model the bench ran
+    recorded, given = _run_workload(run_dir, ran), workload_identity(args.workload)
+    if recorded is not None and recorded != given:  # ids 1, 2, 3... of another workload name other prompts
+        raise UserError(
+            f"{args.run_dir} is a bench run on workload {recorded}, not {given}: name the one it ran"
+        )
+    ran_per_category, limit = _int_setting(ran, "per_category"), _int_setting(ran, "prompts")
+    per_category = args.per_category if args.per_category is not None else ran_per_category
+    prompts = load_workload(args.workload, per_category=per_category)
+    if limit is not None and limit >= 1 and per_category == ran_per_category:
+        prompts = prompts[:limit]  # a bench run with --limit N ran the first N of them
     missing = [p.prompt_id for p in prompts if p.prompt_id not in ar]
     if missing:
         raise UserError(

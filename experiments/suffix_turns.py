@@ -26,7 +26,8 @@ from typing import Any
 
 def _turns(path: str) -> list[tuple[str, str, str]]:
     """(question id, turn 1, turn 2) of the MT-bench questions of a Spec-Bench file (checked as
-    ``env.workloads.load_workload`` checks a question line: turns a list of non-empty strings, ids unique)."""
+    ``env.workloads.load_workload`` checks a question line: a category name, turns a list of non-empty strings, ids
+    unique)."""
     from drafters.base import reason
     from env.workloads import MT_BENCH, WorkloadError
 
@@ -43,6 +44,8 @@ def _turns(path: str) -> list[tuple[str, str, str]]:
             if not isinstance(row, dict):
                 raise TypeError(f"a JSON {type(row).__name__}, not an object")
             cat, turns, qid = row["category"], row["turns"], row.get("question_id", n)
+            if not isinstance(cat, str) or not cat.strip():
+                raise TypeError("its category is not a name")
             if (
                 not isinstance(turns, list)
                 or not turns
@@ -72,9 +75,10 @@ def prompt_digest(ids: list[int]) -> str:
 
 class AnswerCache:
     """``OUT/answers.json``: ``{"settings": ..., "answers": {key: {"prompt": digest, "ids": [...]}}}``, written
-    atomically each time an answer finishes (a kill keeps every finished answer)."""
+    atomically each time an answer finishes (a kill keeps every finished answer). An answer holding an id outside
+    the target's vocabulary of ``vocab`` tokens (a hand-edited file) is no answer: it is generated again."""
 
-    def __init__(self, path: Path, settings: dict[str, Any]) -> None:
+    def __init__(self, path: Path, settings: dict[str, Any], vocab: int) -> None:
         from drafters.base import shown
         from experiments.errors import UserError
 
@@ -99,7 +103,9 @@ class AnswerCache:
                             "settings to resume")  # fmt: skip
         for key, a in (answers if isinstance(answers, dict) and not keys else {}).items():
             ok = isinstance(a, dict) and isinstance(a.get("prompt"), str) and isinstance(a.get("ids"), list)
-            if ok and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in a["ids"]):
+            if ok and all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in a["ids"]
+            ):
                 self.answers[key] = a  # anything else is answered again
 
     def get(self, key: str, prompt: list[int]) -> list[int] | None:
@@ -185,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(None, dtype=args.dtype, device="cpu", weights=args.weights)
     tok = loaded.tokenizer
     ident = run_identity(loaded, args.max_new_tokens)  # model, dtype, device, weights, forward, new tokens
-    cache = AnswerCache(out / "answers.json", {k: v for k, v in ident.items() if k != "drafter_options"})
+    settings = {k: v for k, v in ident.items() if k != "drafter_options"}
+    cache = AnswerCache(out / "answers.json", settings, int(loaded.config.vocab_size))
     t0 = time.time()
     first = {f"{q}/1": chat_prompt(tok, t1) for q, t1, _ in turns}
     _answer(loaded, first, args.max_new_tokens, args.batch, cache, "turn 1")

@@ -5,6 +5,7 @@ another prompt is made again). Serving is stubbed: the cache's handling is under
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from experiments.errors import UserError
 from experiments.suffix_turns import AnswerCache, _answer
 
 SETTINGS = {"model": "m", "dtype": "bfloat16", "weights": "dense", "max_new_tokens": 8}
+VOCAB = 96
 
 
 @pytest.fixture
@@ -39,32 +41,32 @@ def test_answers_are_saved_as_they_finish_and_a_rerun_makes_only_the_rest(fake_s
     prompts = {"q1/1": [1, 2], "q2/1": [3, 4], "q3/1": [5, 6]}
     fake_serve["kill_after"] = 2
     with pytest.raises(KeyboardInterrupt):
-        _answer(None, prompts, 8, 2, AnswerCache(path, SETTINGS), "turn 1")
+        _answer(None, prompts, 8, 2, AnswerCache(path, SETTINGS, VOCAB), "turn 1")
     doc = json.loads(path.read_text())
     assert doc["settings"] == SETTINGS and sorted(doc["answers"]) == ["q1/1", "q2/1"]
     fake_serve["kill_after"], fake_serve["served"] = None, []
-    cache = AnswerCache(path, SETTINGS)
+    cache = AnswerCache(path, SETTINGS, VOCAB)
     _answer(None, prompts, 8, 2, cache, "turn 1")
     assert fake_serve["served"] == ["q3/1"]
     assert [cache.get(k, v) for k, v in prompts.items()] == [[2, 1], [4, 3], [6, 5]]
     # an answer to another prompt under the same key is made again
     fake_serve["served"] = []
-    _answer(None, {**prompts, "q2/1": [3, 4, 7]}, 8, 2, AnswerCache(path, SETTINGS), "turn 1")
+    _answer(None, {**prompts, "q2/1": [3, 4, 7]}, 8, 2, AnswerCache(path, SETTINGS, VOCAB), "turn 1")
     assert fake_serve["served"] == ["q2/1"]
 
 
 def test_answers_of_other_settings_are_refused_in_one_line(tmp_path):
     path = tmp_path / "answers.json"
-    AnswerCache(path, SETTINGS).put("q1/1", [1], [2])
+    AnswerCache(path, SETTINGS, VOCAB).put("q1/1", [1], [2])
     for change in ({"dtype": "float32"}, {"max_new_tokens": 16}, {"model": "other"}, {"weights": "int4"}):
         key = next(iter(change))
         with pytest.raises(UserError, match=f"other settings \\({key}: .* there, .* now\\)") as err:
-            AnswerCache(path, {**SETTINGS, **change})
+            AnswerCache(path, {**SETTINGS, **change}, VOCAB)
         assert "\n" not in str(err.value)
-    assert AnswerCache(path, SETTINGS).get("q1/1", [1]) == [2]
+    assert AnswerCache(path, SETTINGS, VOCAB).get("q1/1", [1]) == [2]
     path.write_text(json.dumps({"q1/1": [2]}))  # a cache of an earlier version: no settings to compare
     with pytest.raises(UserError, match="without the settings"):
-        AnswerCache(path, SETTINGS)
+        AnswerCache(path, SETTINGS, VOCAB)
 
 
 def test_question_lines_are_checked_as_the_workload_loader_checks_them(tmp_path):
@@ -96,3 +98,43 @@ def test_question_lines_are_checked_as_the_workload_loader_checks_them(tmp_path)
     f.write_text('{"category": "writing", "turns": ["\\ud800", "x"], "question_id": 1}\n')
     with pytest.raises(WorkloadError, match=":1: not a Spec-Bench question line"):
         _turns(str(f))
+
+
+def test_an_answer_holding_an_id_outside_the_vocabulary_is_made_again(fake_serve, tmp_path):
+    """A hand-edited ``answers.json`` with an id >= the target's vocabulary (which ``tok.decode`` cannot take: an
+    OverflowError for 10**20) is no answer: it is generated again, as an answer with a negative id is."""
+    path = tmp_path / "answers.json"
+    cache = AnswerCache(path, SETTINGS, VOCAB)
+    prompts = {"q1/1": [1, 2], "q2/1": [3, 4], "q3/1": [5, 6], "q4/1": [7, 8]}
+    for key, ids in zip(prompts, ([VOCAB - 1, 0], [5, VOCAB], [10**20], [-1])):
+        cache.put(key, prompts[key], ids)
+    cache = AnswerCache(path, SETTINGS, VOCAB)
+    assert [cache.get(k, v) for k, v in prompts.items()] == [[VOCAB - 1, 0], None, None, None]
+    _answer(None, prompts, 8, 2, cache, "turn 1")
+    assert fake_serve["served"] == ["q2/1", "q3/1", "q4/1"]
+    assert [cache.get(k, v) for k, v in prompts.items()] == [[VOCAB - 1, 0], [4, 3], [6, 5], [8, 7]]
+
+
+def test_a_category_that_is_not_a_name_is_refused_in_one_line(tmp_path):
+    """A category that is a list (unhashable: ``cat in MT_BENCH`` raised a TypeError), a number or blank is refused
+    as ``env.workloads.load_workload`` refuses it: one line naming the line, and exit code 2 from the program."""
+    import subprocess
+    import sys
+
+    from env.workloads import WorkloadError, load_workload
+    from experiments.suffix_turns import _turns
+
+    f = tmp_path / "w.jsonl"
+    for cat in (["writing"], {"writing": 1}, 7, " ", None):
+        f.write_text(json.dumps({"question_id": 1, "category": cat, "turns": ["a", "b"]}) + "\n")
+        for read in (_turns, load_workload):
+            with pytest.raises(
+                WorkloadError, match=":1: not a Spec-Bench question line .*category is not a name"
+            ):
+                read(str(f))
+    f.write_text(json.dumps({"question_id": 1, "category": ["writing"], "turns": ["a", "b"]}) + "\n")
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "experiments.suffix_turns", "--workload", str(f),
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=root, timeout=300)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "category is not a name" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,40 @@
+"""``draftgym agreement`` reloads the prompts a bench ran from its ``bench.json`` settings: the workload and its
+``--per-category`` (a ``code:`` workload's prompts are every k-th function of the source, k set by it). The model is
+a stand-in (``tests.drafters.tiny``) and the records agree, so nothing is decoded."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from env.workloads import code_prompts
+from experiments.errors import UserError
+from experiments.records import Record
+
+
+def _bench(run_dir, per_category, ids):
+    run_dir.mkdir()
+    settings = {"model": "tiny", "dtype": "float32", "workload": "code:stdlib", "per_category": per_category}
+    (run_dir / "bench.json").write_text(json.dumps({"settings": settings}))
+    recs = [Record(m, pid, "code", 4, 3, 0.1, 3, 1.0, [5, 6, 7]) for pid in ids for m in ("hf_greedy", "ar")]
+    (run_dir / "records.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in recs))
+
+
+def test_a_code_workload_bench_with_per_category_is_read_with_it(tmp_path, monkeypatch):
+    import env.model
+    from experiments.agreement import agreement
+    from tests.drafters.tiny import tiny_loaded
+
+    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: tiny_loaded())
+    ids = [pid for pid, _ in code_prompts("stdlib", limit=5)]
+    default = {pid for pid, _ in code_prompts("stdlib", limit=200)}  # load_workload's without --per-category
+    assert set(ids) - default
+    _bench(tmp_path / "run", 5, ids)
+    out = agreement(tmp_path / "run", 0.25)
+    assert out["rows"] == [{"method": "ar", "prompts": 5, "identical": 5, "divergences": []}]
+    # a per_category that is not a count is not one: the default prompts, which do not hold these
+    _bench(tmp_path / "other", True, ids)
+    with pytest.raises(UserError, match="its records name prompts its workload code:stdlib does not hold"):
+        agreement(tmp_path / "other", 0.25)
