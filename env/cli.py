@@ -97,27 +97,61 @@ def run_program(
         return EXIT_USAGE
 
 
+# The largest file ``--json`` may take for an earlier result (read whole to check that it is one): a larger one is
+# not overwritten.
+EARLIER_JSON_MAX_BYTES = 64 << 20
+
+
 def holds_other_than_json(path: Path) -> bool:
-    """``path`` is an existing file whose first bytes are not JSON's: not an earlier result of a ``--json`` output
-    (a policy, a trace, a model file named there by a misplaced flag), which writing it would destroy."""
+    """``path`` is an existing file that is not one JSON object or array: not an earlier result of a ``--json``
+    output (a policy, a trace, a model file, a JSONL of questions or records named there by a misplaced flag),
+    which writing it would destroy. An empty file holds nothing to lose; one over ``EARLIER_JSON_MAX_BYTES`` is not
+    read and counts as something else."""
     if not path.is_file():
         return False
     try:
         with path.open("rb") as fh:
-            head = fh.read(64).lstrip()
+            data = fh.read(EARLIER_JSON_MAX_BYTES + 1)
     except OSError:
         return False
-    return bool(head) and head[:1] not in (b"{", b"[")
+    if len(data) > EARLIER_JSON_MAX_BYTES:
+        return True
+    if not data.strip():
+        return False
+    try:  # the whole file: a JSONL's first line alone is a JSON value too
+        value = json.loads(data)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return True
+    return not isinstance(value, (dict, list))
 
 
-def output_file(path: str | Path | None, flag: str = "--json") -> Path | None:
-    """Check, before any work, that ``path`` can be written: not a directory, its folder made and writable
+def same_file(a: object, b: object) -> bool:
+    """Whether the paths ``a`` and ``b`` (None: no path) name one existing file."""
+    try:
+        return a is not None and b is not None and os.path.samefile(a, b)  # type: ignore[arg-type]
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def check_not_input(path: str | Path, flag: str, inputs: tuple[object, ...]) -> None:
+    """``ProgramError`` when the output ``path`` is one of the command's ``inputs`` (paths, None for an input not
+    given, a name such as ``roofline:...`` that is no file): writing it would destroy what the command reads."""
+    if any(same_file(path, src) for src in inputs):
+        raise ProgramError(f"{flag} {path} is also an input of this command; it would be overwritten")
+
+
+def output_file(
+    path: str | Path | None, flag: str = "--json", inputs: tuple[object, ...] = ()
+) -> Path | None:
+    """Check, before any work, that ``path`` can be written: not a directory, none of the command's ``inputs``
+    (as ``check_not_input``), for ``--json`` no file but an earlier JSON result, its folder made and writable
     (``ProgramError`` naming ``flag`` otherwise). None stays None (nothing to write)."""
     if path is None:
         return None
     out = Path(path)
     if out.is_dir() or str(path).endswith(("/", os.sep)):
         raise ProgramError(f"{flag} {path} is a directory, not a file")
+    check_not_input(out, flag, inputs)
     if flag == "--json" and holds_other_than_json(out):
         raise ProgramError(f"{flag} {path} exists and is not a JSON file; not overwritten")
     folder = out.parent

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from env.cli import Parser, output_file, positive_int, seed_int, write_json
+    from env.cli import Parser, ProgramError, output_file, positive_int, seed_int, write_json
 
     p = Parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--prompts", type=positive_int, default=10)
@@ -132,11 +132,16 @@ def _main(argv: list[str] | None) -> int:
         p.error("argument --save-cost-model: only with --calibrate (it saves the cost model calibrated here)")
     if args.calibrate and args.cost_model:
         p.error("argument --cost-model: not with --calibrate (that calibrates the cost model used)")
-    out = output_file(args.json)
-    save_to = output_file(args.save_cost_model, "--save-cost-model")
-    from env.cost import load_cost_model
-    from env.trace import load_trace
+    from env.cost import default_cost_model_path, load_cost_model
+    from env.trace import default_trace_path, load_trace
 
+    trace_file = args.trace or default_trace_path()
+    out = output_file(args.json, inputs=(trace_file, args.cost_model or default_cost_model_path()))
+    save_to = output_file(args.save_cost_model, "--save-cost-model", inputs=(trace_file,))
+    if out is not None and save_to is not None and out.resolve() == save_to.resolve():
+        raise ProgramError(
+            f"--json and --save-cost-model both name {out}; the rows would overwrite the cost model"
+        )
     trace = load_trace(args.trace)  # a bad file fails here, in one line, before the model loads
     cost_model: Any = None if args.calibrate else load_cost_model(args.cost_model)
     if args.calibrate:

@@ -11,7 +11,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from env.cli import seed_int
+from env.cli import check_not_input, seed_int
+from env.cli import same_file as same_file  # experiments.report reads it here
 
 INT64_MAX = (1 << 63) - 1  # the most an integer option takes: a larger one overflows a float or a tensor
 
@@ -245,16 +246,6 @@ def output_dir(path: str | Path, flag: str = "--out") -> Path:
     return out
 
 
-def same_file(a: object, b: object) -> bool:
-    """Whether the paths ``a`` and ``b`` (None: no path) name one existing file."""
-    import os
-
-    try:
-        return a is not None and b is not None and os.path.samefile(a, b)  # type: ignore[arg-type]
-    except (OSError, ValueError, TypeError):
-        return False
-
-
 def output_file(
     path: str | Path,
     flag: str = "--out",
@@ -274,8 +265,7 @@ def output_file(
     if earlier is None and flag == "--json":
         earlier = (lambda p: not holds_other_than_json(p), "a JSON file")
     if out.exists():
-        if any(same_file(out, src) for src in inputs):
-            raise UserError(f"{flag} {out} is also an input of this command; it would be overwritten")
+        check_not_input(out, flag, inputs)
         if earlier is not None and out.is_file() and not earlier[0](out):
             raise UserError(f"{flag} {out} exists and is not {earlier[1]}; not overwritten")
     output_dir(out.parent if str(out.parent) else ".", flag=f"{flag} {out}: folder")

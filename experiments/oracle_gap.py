@@ -197,7 +197,7 @@ def format_result(res: dict[str, Any]) -> str:
 
 def cmd_oracle_gap(args: argparse.Namespace) -> int:
     from env.arms import make_arms
-    from env.cost import CostModelError, load_cost_model
+    from env.cost import CostModelError, default_cost_model_path, load_cost_model
     from env.trace import TraceError, load_trace
     from experiments.args import output_file
     from experiments.errors import UserError
@@ -208,7 +208,9 @@ def cmd_oracle_gap(args: argparse.Namespace) -> int:
             f"--test-per-category must be >= 1 and --seed >= 0, got {args.test_per_category} and {args.seed}"
         )
     if args.json:
-        output_file(args.json, flag="--json", inputs=(args.trace, args.cost_model))
+        output_file(
+            args.json, flag="--json", inputs=(args.trace, args.cost_model or default_cost_model_path())
+        )
     try:
         trace = load_trace(args.trace)
         arms = [a.name for a in make_arms(args.arms)]

@@ -7,7 +7,7 @@ modelled prefill seconds, steps and step seconds, and the live ``ServeLog``'s (p
 including the observation and the policy, the rest of the serving loop), so a gap between replay and live shows
 which part of the cost model misses it.
 
-    draftgym calibrate --batch --out runs/batch_cost.json
+    draftgym calibrate --batch --dtype bf16 --out runs/batch_cost.json   # the target served live: bf16, dense
     python -m experiments.serve_fidelity --batch-cost runs/batch_cost.json --arm none --loads 1,4,16
 """
 
@@ -58,6 +58,20 @@ def diagnose(
     return {"load": load, "arm": arm, "requests": len(prompts), "replay": replay, "live": live}
 
 
+def check_live_cost(cost: Any, model_id: str, dtype: str, weights: str) -> None:
+    """``UserError`` unless ``cost`` was measured for the target served live (``model_id``, ``dtype``, ``weights``):
+    under a simulated (roofline) model, or one calibrated for another model, dtype or weight format, the replay
+    prices other forwards than the live ones, and the gap printed would measure that, not what the cost model misses."""
+    make = f"make one with: draftgym calibrate --batch --dtype bf16 --weights {weights} --out FILE"
+    if cost.simulated:
+        raise UserError(f"--batch-cost {cost.label} prices another machine than the live side, which serves "
+                        f"{model_id} ({dtype}/{weights}) here: {make}")  # fmt: skip
+    built = (cost.model_id, cost.dtype, cost.weights)
+    if built != (model_id, dtype, weights):
+        raise UserError(f"--batch-cost was calibrated for {built[0]} ({built[1]}/{built[2]}), the live side serves "
+                        f"{model_id} ({dtype}/{weights}): {make}")  # fmt: skip
+
+
 PROG = "python -m experiments.serve_fidelity"
 
 
@@ -80,7 +94,7 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--requests", type=positive_int, default=16)
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)
-    from env.batch_cost import load_batch_cost
+    from env.batch_cost import default_batch_cost_path, load_batch_cost
     from env.serve_sim import DEFAULT_ARMS, parse_load
 
     if args.arm not in DEFAULT_ARMS:
@@ -91,10 +105,11 @@ def _main(argv: list[str] | None) -> int:
     for x in loads:
         parse_load(x, 16)
     cost = load_batch_cost(args.batch_cost)
-    json_out = output_file(args.json, flag="--json")
-    from env.model import load_model
+    from env.model import DEFAULT_MODEL, load_model
 
-    loaded = load_model(None, dtype="bf16")
+    check_live_cost(cost, DEFAULT_MODEL, "bfloat16", "dense")  # the target loaded below
+    json_out = output_file(args.json, flag="--json", inputs=(args.batch_cost or default_batch_cost_path(),))
+    loaded = load_model(None, dtype="bfloat16", weights="dense")
     rows = []
     print(f"replay / live seconds, arm {args.arm}; cost model: {cost.label}")
     print(f"{'load':>5} {'prefill':>15} {'steps':>11} {'step s':>15} {'total':>15} {'live other':>10}")

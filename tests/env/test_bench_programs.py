@@ -324,3 +324,94 @@ def test_the_prefill_rows_run_the_lm_head_as_decoding_does():
     finally:
         BatchTarget.head = orig
     assert calls == [("engine", ())]
+
+
+JSONL = '{"question_id": 1, "turns": ["a"]}\n{"question_id": 2, "turns": ["b"]}\n'
+
+
+@pytest.mark.parametrize(
+    "text, kept",
+    [
+        (JSONL, True),  # a Spec-Bench question.jsonl or a records.jsonl: its first byte is "{" too
+        ("[1, 2]\n[3]\n", True),
+        ('{"rows": [', True),  # not one whole JSON value
+        ("42\n", True),  # one value, but no result of ours
+        ('{"rows": [1, 2], "complete": true}\n', False),  # an earlier result
+        ("[1, 2]", False),
+        ("", False),  # nothing to lose
+        (" \n", False),
+    ],
+)
+def test_json_output_overwrites_only_one_json_value(text, kept, tmp_path):
+    """An existing file counted as an earlier ``--json`` result when its first byte was ``{`` or ``[``: a JSONL
+    named by ``--json`` was destroyed. Now the whole file must parse as one JSON object or array."""
+    from env.cli import ProgramError, holds_other_than_json, output_file
+
+    path = tmp_path / "out.json"
+    path.write_text(text)
+    assert holds_other_than_json(path) is kept
+    if kept:
+        with pytest.raises(ProgramError, match="exists and is not a JSON file; not overwritten"):
+            output_file(path)
+    else:
+        assert output_file(path) == path
+    assert output_file(tmp_path / "missing.json") == tmp_path / "missing.json"
+
+
+def test_json_output_refuses_a_file_too_large_to_check(monkeypatch, tmp_path):
+    import env.cli
+
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({"rows": list(range(100))}))
+    assert not env.cli.holds_other_than_json(path)
+    monkeypatch.setattr(env.cli, "EARLIER_JSON_MAX_BYTES", 64)
+    assert env.cli.holds_other_than_json(path)
+
+
+def test_output_file_refuses_an_input_of_the_command(tmp_path):
+    from env.cli import ProgramError, output_file
+
+    src = tmp_path / "cost.json"
+    src.write_text("{}")
+    with pytest.raises(ProgramError, match="is also an input of this command"):
+        output_file(src, inputs=(None, "roofline:h100-sxm/llama-3.1-8b", tmp_path / "." / "cost.json"))
+    assert output_file(tmp_path / "other.json", inputs=(src,)) == tmp_path / "other.json"
+
+
+def _fake_run(prompts, trace, cost_model, seed, on_prompt=None):
+    on_prompt({"prompts": 1, "rows": [{"prompt": "p0"}], "complete": False})
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--cost-model", "{cm}", "--json", "{cm}"], "--json {cm} is also an input"),
+        (["--trace", "{trace}", "--json", "{trace}"], "--json {trace} is also an input"),
+        (["--json", "{jsonl}"], "is not a JSON file"),
+        (["--calibrate", "--trace", "{trace}", "--save-cost-model", "{trace}"], "is also an input"),
+        (["--calibrate", "--json", "{tmp}/a.json", "--save-cost-model", "{tmp}/a.json"], "both name"),
+    ],
+)
+def test_fidelity_does_not_overwrite_its_inputs(args, expected, monkeypatch, no_model, tmp_path, capsys):
+    """``--json`` (and ``--save-cost-model``) naming the cost model or the trace read was overwritten by the rows."""
+    import env.fidelity as fid
+    from env.cost import default_cost_model_path
+    from env.trace import default_trace_path
+
+    monkeypatch.setattr(fid, "run", _fake_run)
+    files = {"cm": tmp_path / "cm.json", "trace": tmp_path / "t.npz", "jsonl": tmp_path / "question.jsonl"}
+    files["cm"].write_bytes(default_cost_model_path().read_bytes())
+    files["trace"].write_bytes(default_trace_path().read_bytes())
+    files["jsonl"].write_text(JSONL)
+    before = {k: p.read_bytes() for k, p in files.items()}
+    subst = {"{tmp}": str(tmp_path), **{f"{{{k}}}": str(p) for k, p in files.items()}}
+
+    def fill(text):
+        for k, v in subst.items():
+            text = text.replace(k, v)
+        return text
+
+    code = fid.main([fill(a) for a in args])
+    _one_line_error(capsys, code, fill(expected))
+    assert {k: p.read_bytes() for k, p in files.items()} == before

@@ -79,3 +79,68 @@ def test_head_eval_reads_the_held_out_prompts_a_head_records(tmp_path):
     assert _heldout_ids(head) is None
     head.with_suffix(".json").write_text("{{{")
     assert _heldout_ids(head) is None
+
+
+@pytest.fixture
+def stub_fidelity(monkeypatch):
+    """serve_fidelity without the model and the serving: only its checks and its ``--json`` run."""
+    import env.model
+    import experiments.serve_fidelity as sf
+
+    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: None)
+    zero = dict(prefill_s=0, steps=0, step_s=0, wall_s=0, tokens=0)
+    monkeypatch.setattr(sf, "diagnose", lambda cost, arm, load, loaded, req: {
+        "load": load, "arm": arm, "requests": req, "replay": zero, "live": {**zero, "other_s": 0}})  # fmt: skip
+    return sf
+
+
+def _batch_cost(tmp_path, **changes):
+    import json
+
+    from env.batch_cost import default_batch_cost_path
+
+    doc = {**json.loads(default_batch_cost_path().read_text()), **changes}
+    path = tmp_path / "bc.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("flag", ["--batch-cost", "jsonl"])
+def test_serve_fidelity_does_not_overwrite_its_input(flag, stub_fidelity, tmp_path, capsys):
+    """``--json`` naming the ``--batch-cost`` file (or a JSONL) was overwritten by the first row."""
+    bc = _batch_cost(tmp_path)
+    out = bc if flag == "--batch-cost" else tmp_path / "question.jsonl"
+    out.write_text(out.read_text() if flag == "--batch-cost" else '{"a": 1}\n{"a": 2}\n')
+    before = out.read_bytes()
+    code = stub_fidelity.main(["--batch-cost", str(bc), "--json", str(out), "--loads", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert ("is also an input" if flag == "--batch-cost" else "is not a JSON file") in err, err
+    assert out.read_bytes() == before
+    other = tmp_path / "o.json"
+    assert stub_fidelity.main(["--batch-cost", str(bc), "--json", str(other), "--loads", "1"]) == 0
+
+
+@pytest.mark.parametrize(
+    "cost, expected",
+    [
+        ("roofline:h100-sxm/llama-3.1-8b", "(simulated) prices another machine"),
+        ({"dtype": "float32"}, "calibrated for smollm2-135m-instruct (float32/dense)"),
+        ({"model_id": "some-other-model"}, "calibrated for some-other-model (bfloat16/dense)"),
+        ({"weights": "int4"}, "calibrated for smollm2-135m-instruct (bfloat16/int4)"),
+    ],
+)
+def test_serve_fidelity_refuses_a_cost_model_of_another_target(cost, expected, no_model, tmp_path, capsys):
+    """The live side serves the embedded model in bf16, dense; a roofline model or one calibrated for another
+    model, dtype or weight format made the printed replay-vs-live gap meaningless."""
+    from experiments.serve_fidelity import main
+
+    spec = cost if isinstance(cost, str) else str(_batch_cost(tmp_path, **cost))
+    code = main(["--batch-cost", spec, "--loads", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and expected in err, err
+
+
+def test_serve_fidelity_takes_the_shipped_cost_model(stub_fidelity, capsys):
+    assert stub_fidelity.main(["--loads", "1"]) == 0
+    assert "cost model: measured" in capsys.readouterr().out

@@ -108,3 +108,21 @@ def test_cli_names_a_damaged_trace_in_one_line(damage, tmp_path, capsys):
     assert main(["oracle-gap", "--trace", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("draftgym oracle-gap: error:") and str(bad) in err and "\n" not in err
+
+
+@pytest.mark.parametrize("target", ["jsonl", "cost_model"])
+def test_cli_json_keeps_a_jsonl_and_its_cost_model(target, tmp_path, capsys):
+    """A JSONL (its first byte ``{``) counted as an earlier JSON result, and ``--json`` destroyed it."""
+    from env.cost import default_cost_model_path
+
+    cm = tmp_path / "cm.json"
+    cm.write_bytes(default_cost_model_path().read_bytes())
+    out = cm if target == "cost_model" else tmp_path / "question.jsonl"
+    if target == "jsonl":
+        out.write_text('{"question_id": 1}\n{"question_id": 2}\n')
+    before = out.read_bytes()
+    code = main(["oracle-gap", "--cost-model", str(cm), "--test-per-category", "1", "--json", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert ("is not a JSON file" if target == "jsonl" else "is also an input") in err, err
+    assert out.read_bytes() == before
