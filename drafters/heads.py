@@ -32,7 +32,9 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 
 def aux_layers(num_layers: int) -> tuple[int, ...]:
     """The layer counts whose residual streams the engine keeps beside the final hidden state of every forward:
-    low, middle and high, as EAGLE-3 fuses them (after 2, L/2 and L-3 layers; arXiv 2503.01840, section 3)."""
+    low, middle and high, as EAGLE-3 fuses them (after 2, L/2 and L-3 layers; arXiv 2503.01840, section 3). A
+    target of 1 or 2 layers keeps the stream after its last layer, which both forwards give as transformers'
+    ``hidden_states[L]`` does: after the final norm."""
     return tuple(sorted({min(2, num_layers), max(1, num_layers // 2), max(1, num_layers - 3)}))
 
 

@@ -145,9 +145,9 @@ def _main(argv: list[str] | None) -> int:
         merge = triton_attention.MERGE
     try:
         loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+        net = lean_of(loaded)  # a ModelError too where the lean forward would not reproduce the model
     except ModelError as err:
         raise ProgramError(str(err)) from err
-    net = lean_of(loaded)
     if net is None:
         raise ProgramError(f"{loaded.model_id} has no lean forward (a Llama-family target is needed)")
     cuda = loaded.device.type == "cuda"

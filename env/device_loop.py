@@ -35,7 +35,7 @@ from drafters.base import DrafterError
 from env.lean import LeanLlama
 from env.ragged_cache import CHUNK, RaggedCache, Write
 from env.step import truncate
-from env.target import PromptError
+from env.target import PromptError, check_prompt
 
 SPAN_STEP = CHUNK  # the span buckets: multiples of this many positions
 
@@ -135,21 +135,22 @@ class DeviceLoop:
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         net, dev = self.net, self.device
+        limit = self.max_context
+        rows = [list(prompt) for prompt in prompts]
+        for r, ids in enumerate(rows):  # every prompt is checked before any row's state changes
+            if len(ids) + max_new_tokens > limit:
+                raise PromptError(
+                    f"prompt {r}: {len(ids)} tokens + {max_new_tokens} new exceed this loop's context ({limit})"
+                )
+            # empty, not integers, outside the embedding (on CUDA a device assert, not an error)
+            check_prompt(ids, limit, f"prompt {r}", vocab_size=int(net.embed.shape[0]))
         self.done.fill_(True)
         self.lens.zero_()
         self.cur_len.fill_(1)
         self.n_out.zero_()
         self.row_steps.zero_()
         self.max_new.fill_(max_new_tokens)
-        limit = self.max_context
-        for r, prompt in enumerate(prompts):
-            ids = list(prompt)
-            if not ids:
-                raise PromptError(f"prompt {r} is empty")
-            if len(ids) + max_new_tokens > limit:
-                raise PromptError(
-                    f"prompt {r}: {len(ids)} tokens + {max_new_tokens} new exceed this loop's context ({limit})"
-                )
+        for r, ids in enumerate(rows):
             p = len(ids)
             t = torch.tensor([ids], dtype=torch.int64, device=dev)
             pos = torch.arange(p, device=dev)[None]

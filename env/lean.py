@@ -192,7 +192,7 @@ class LeanLlama:
         are read); ``mask``: bool [B, 1, q, span] (True: may attend), or None for one row's causal forward.
         Returns the final hidden states [B, q, H] (after the last norm) and, for ``aux`` (layer counts n), the
         residual streams after n layers side by side [B, q, len(aux) * H] (EAGLE-3's fused features; None when
-        ``aux`` is empty)."""
+        ``aux`` is empty; n = L: the final hidden states, as transformers' ``hidden_states[L]``)."""
         b, q = ids.shape
         x = F.embedding(ids, self.embed)
         cos, sin = self._rotary(pos)
@@ -220,7 +220,10 @@ class LeanLlama:
                     torch._dynamo.maybe_mark_dynamic(t, 2)
         x, taps = run(x, cos, sin, mask, causal, cache.k, cache.v, write.rows, write.slots, write.lo, write.hi,
                       write.span, at, tap, wide)  # fmt: skip
-        return self._rms(x, self.norm), (torch.cat(taps, dim=-1) if taps else None)
+        out = self._rms(x, self.norm)
+        if tap and tap[-1]:  # after the last layer: the final norm's, as transformers' hidden_states[L]
+            taps = [*taps[:-1], out]
+        return out, (torch.cat(taps, dim=-1) if taps else None)
 
     def _rotary(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B, q, 1, D] of positions [B, q] (broadcast over the heads of [B, q, heads, D])."""
@@ -376,14 +379,19 @@ def _sizes_vary(features: tuple[torch.Tensor, ...], indices: tuple[torch.Tensor 
 # ---- one lean model per load ----
 def lean_of(loaded: Any) -> LeanLlama | None:
     """The lean forward of ``loaded`` in its weight format (built once per load and shared by every engine over
-    it), or None where the engine runs the transformers forward (``forward="hf"``, or not a Llama-family model).
-    On the CPU a built one is saved in the model folder (``lean/``) and read from there by later processes."""
+    it), or None where the engine runs the transformers forward (``forward="hf"``, or not a Llama-family model);
+    a ``ModelError`` where the lean forward would not reproduce the model (``env.batch.check_architecture``: a
+    sliding window shorter than the context). On the CPU a built one is saved in the model folder (``lean/``) and
+    read from there by later processes."""
     if getattr(loaded, "forward", "lean") not in ("lean", "compiled"):
         return None
     cfg = loaded.config
     if getattr(cfg, "model_type", None) not in LEAN_TYPES:
         return None
+    from env.batch import check_architecture  # (env.batch imports this module)
     from env.lean_files import cached_int4, read_saved, save, saved_path
+
+    check_architecture(loaded)  # a sliding window shorter than the context: refused, as by the batch engine
 
     key = f"lean-{loaded.weights}-{loaded.dtype}"  # the eager and the compiled forward share one model's weights
     if key not in loaded.derived:

@@ -7,6 +7,7 @@ atomically; a damaged or foreign one is rebuilt.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping
@@ -152,15 +153,19 @@ def cached_int4(loaded: Any, cfg: Mapping[str, Any], state: Mapping[str, torch.T
 def _save_tensors(flat: dict[str, torch.Tensor], path: Path, meta: dict[str, str] | None = None) -> None:
     """Write a safetensors cache file atomically (a killed write leaves no half file; processes building at once
     each write their own temporary); a folder that cannot be written is no error: it is built again next time."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         save_file({k: v.contiguous() for k, v in flat.items()}, str(tmp), metadata=meta)
         tmp.replace(path)
-    except (OSError, RuntimeError):
-        pass  # read-only, or tensors safetensors will not write
+    except (OSError, RuntimeError, SafetensorError):
+        # read-only (safetensors reports its own I/O failures as SafetensorError), or tensors it will not write:
+        # no temporary is left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 # ---- the built lean model, saved beside the weights (a fresh process reads it instead of converting) ----

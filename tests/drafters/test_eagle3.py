@@ -22,10 +22,34 @@ def tiny(tmp_path_factory):
 
 
 def test_aux_layers_are_low_middle_high():
-    assert aux_layers(30) == (2, 15, 27)
+    assert aux_layers(30) == (2, 15, 27)  # the shipped SmolLM2 head's
     assert aux_layers(32) == (2, 16, 29)
     assert aux_layers(3) == (1, 2)
+    assert aux_layers(2) == (1, 2)
     assert aux_layers(1) == (1,)
+
+
+def test_both_forwards_keep_the_same_streams_of_a_two_layer_target():
+    """A 2-layer target keeps the stream after layer 2: before, the lean forward gave its residual stream, the
+    transformers forward its final norm (3.6 apart), so an EAGLE-3 head drafted from different features on each."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from env.batch import BatchTarget
+    from env.model import LoadedModel
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=96, attn_implementation="sdpa")  # fmt: skip
+    model = LlamaForCausalLM(cfg).eval().requires_grad_(False)
+    prompt = list(range(3, 20))
+    aux = {}
+    for forward in ("lean", "hf"):
+        target = BatchTarget(LoadedModel(model=model, model_id="llama-2-layers", forward=forward), 1)
+        assert target.aux_layers == (1, 2)
+        pf = target.begin_prefill(prompt)
+        target.prefill_chunk(pf)
+        aux[forward] = pf.aux[0]
+    torch.testing.assert_close(aux["lean"], aux["hf"], atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("forward", ["lean", "hf"])

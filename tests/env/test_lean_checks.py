@@ -243,3 +243,24 @@ def test_a_cached_int4_block_file_not_of_the_models_weights_is_rebuilt(tmp_path,
         save_file(flat, path)
         assert blocks() == 2 + i  # ignored: read from the GGUF again (and cached afresh)
         assert load_file(path)[name + ".q"].dtype == torch.uint8
+
+
+# ---- 6. a model folder that cannot be written ----
+def test_a_model_folder_safetensors_cannot_write_to_is_no_error(tmp_path, monkeypatch):
+    """safetensors reports a failed write (a read-only folder) as its own ``SafetensorError``, not an ``OSError``:
+    before, that ended ``lean_of`` with a traceback. Now the lean model is built, and no file is left behind."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    def failing_save(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"partial")  # a write that started, then failed
+        raise SafetensorError(
+            f"Error while serializing: I/O error: Read-only file system (os error 30): {filename}"
+        )
+
+    folder = _folder(tmp_path)
+    monkeypatch.setattr(safetensors.torch, "save_file", failing_save)
+    loaded = load_model(str(folder), dtype="bf16", device="cpu", weights="int8")
+    net = lean_of(loaded)
+    assert net is not None and net.weights == "int8"
+    assert not any((folder / "lean").iterdir())  # neither the saved model nor its temporary
