@@ -56,8 +56,8 @@ class _FixedTree:
 
 
 def tree_parents(nodes: int, chain: bool) -> list[int]:
-    """A chain of ``nodes`` nodes, or a branching tree: two children under the root, then each level's nodes
-    get two children (breadth first), the root's first branch extended until ``nodes``."""
+    """A chain of ``nodes`` nodes, or a branching tree: a binary tree filled breadth first (two children under
+    the root, two under each of them, ...) until it has ``nodes`` nodes; below 3 nodes, a chain."""
     if chain or nodes < 3:
         return list(range(-1, nodes - 1))
     parents = [-1]

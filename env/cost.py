@@ -61,7 +61,8 @@ class CostModel(Protocol):
 
 @dataclass(frozen=True)
 class Curve:
-    """Piecewise-linear seconds over node counts, extended linearly past both ends."""
+    """Piecewise-linear seconds over node counts: held at the first value below the first node, extended along
+    the last segment past the last node."""
 
     nodes: tuple[int, ...]
     seconds: tuple[float, ...]

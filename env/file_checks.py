@@ -201,8 +201,9 @@ def finite_seconds(v: Any, path: str, positive: bool = False) -> float:
 
 
 def curve_points(d: dict[str, Any], path: str) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """Node counts (increasing integers >= 1) and their seconds (> 0, as many); the last segment, which the curve
-    extends past its last node, must not fall (else a large tree would cost less than nothing)."""
+    """Node counts (increasing integers from 1: the one-node step is what an AR token costs, which the curve holds
+    flat below its first node) and their seconds (> 0, as many); the last segment, which the curve extends past its
+    last node, must not fall (else a large tree would cost less than nothing)."""
     nodes, seconds = get(d, f"{path}.nodes"), get(d, f"{path}.seconds")
     for key, v in (("nodes", nodes), ("seconds", seconds)):
         if not isinstance(v, list) or not v:
@@ -213,6 +214,8 @@ def curve_points(d: dict[str, Any], path: str) -> tuple[tuple[int, ...], tuple[f
     ss = tuple(finite_seconds(s, f"{path}.seconds[{i}]", positive=True) for i, s in enumerate(seconds))
     if any(b <= a for a, b in zip(ns, ns[1:])):
         raise Bad(f"{path}.nodes", f"must increase, got {shown(list(ns))}")
+    if ns[0] != 1:
+        raise Bad(f"{path}.nodes", f"must start at 1 (one node: an AR step), got {shown(list(ns))}")
     if len(ss) > 1 and ss[-1] < ss[-2]:
         raise Bad(f"{path}.seconds", "must not fall over the last two nodes (the curve extends that slope)")
     return ns, ss

@@ -310,7 +310,7 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
         if not p.arms:
             fail(("policies", name, "arms"), "is empty")
         for j, a in enumerate(p.arms):
-            _check_arm(a, ("policies", name, f"arms[{j}]"), fail, DRAFTERS)
+            _check_arm(a, ("policies", name, f"arms[{j}]"), fail, DRAFTERS, policy_arm=True)
         _check_policy(name, p, fail, cfg.seed)
     for name, opts in cfg.drafters.items():
         if name not in DRAFTERS:
@@ -440,17 +440,23 @@ def diff_configs(a: Config, b: Config, ignore: tuple[str, ...] = ()) -> list[str
     return diff(a, b, ignore)
 
 
-def _check_arm(name: str, key: tuple[str, ...], fail: Any, registry: dict[str, Any]) -> None:
+def _check_arm(name: str, key: tuple[str, ...], fail: Any, registry: dict[str, Any],
+               policy_arm: bool = False) -> None:  # fmt: skip
+    """A method (``ARM[@VARIANT]``), or with ``policy_arm`` an arm of a policy's menu: no ``@VARIANT`` (the
+    target's weights are the run's, not an arm's) and written as the engine names it (``Arm.name``), since a
+    policy's arms are matched to the decoder's by name."""
     from drafters import DrafterError
     from env.engine import parse_arm, split_weights
 
     try:
-        arm = parse_arm(split_weights(name)[0])
+        arm = parse_arm(name if policy_arm else split_weights(name)[0])
     except DrafterError as err:
-        fail(key, f"is not a method: {err}")
+        fail(key, f"is not {'an arm' if policy_arm else 'a method'}: {err}")
         return
     if arm.drafter is not None and arm.drafter not in registry:
         fail(key, f"is {name!r}: unknown drafter {arm.drafter!r}; known: {', '.join(sorted(registry))}")
+    elif policy_arm and arm.name != name:
+        fail(key, f"is {name!r}: write it as {arm.name!r}, the name the decoder gives this arm")
 
 
 __all__ = [

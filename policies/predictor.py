@@ -29,6 +29,7 @@ from policies.oracle import rollout_actions
 
 MODELS = ("mlp", "ridge")
 OBJECTIVES = ("margin", "ratio")
+SCALE_FLOOR = 1e-6  # the smallest standard deviation a standardization divides by
 
 
 class PredictorPolicy(BasePolicy):
@@ -63,7 +64,7 @@ class PredictorPolicy(BasePolicy):
         real("predictor alpha", alpha, lo=0.0, hi=1e6)
         real("predictor max_iter", max_iter, lo=1, hi=1 << 24, integer=True)
         real("predictor rate", rate, lo=0.0, hi=1e6)
-        real("seed", seed, lo=0, integer=True)
+        real("seed", seed, lo=0, hi=2**32 - 1, integer=True)  # scikit-learn's random_state range
         self.model, self.hidden, self.layers = model, int(hidden), int(layers)
         self.alpha, self.max_iter, self.seed = float(alpha), int(max_iter), int(seed)
         self.weights: list[tuple[np.ndarray, np.ndarray]] = []
@@ -97,8 +98,8 @@ class PredictorPolicy(BasePolicy):
         from threadpoolctl import threadpool_limits
 
         y = np.concatenate([accept, rel_cost], axis=1).astype(np.float64)
-        self.x_mean, self.x_scale = x.mean(0), np.maximum(x.std(0), 1e-6)
-        self.y_mean, self.y_scale = y.mean(0), np.maximum(y.std(0), 1e-6)
+        self.x_mean, self.x_scale = x.mean(0), np.maximum(x.std(0), SCALE_FLOOR)
+        self.y_mean, self.y_scale = y.mean(0), np.maximum(y.std(0), SCALE_FLOOR)
         xs, ys = (x - self.x_mean) / self.x_scale, (y - self.y_mean) / self.y_scale
         # one BLAS thread (small matrices, a shared machine); max_iter is a budget, so no convergence warning
         with threadpool_limits(1), warnings.catch_warnings():
@@ -138,10 +139,17 @@ class PredictorPolicy(BasePolicy):
         return tokens / cost if self.objective == "ratio" else tokens - self.rate * cost
 
     def act(self, obs: np.ndarray | None) -> int:
-        return int(np.argmax(self.scores(self._check_obs(obs))))
+        return int(np.argmax(self._finite(self.scores(self._check_obs(obs)))))
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        return np.argmax(self.scores(obs), axis=-1)
+        return np.argmax(self._finite(self.scores(obs)), axis=-1)
+
+    @staticmethod
+    def _finite(scores: np.ndarray) -> np.ndarray:
+        """``scores``, refused when one overflowed (argmax would pick arm 0 whatever they said)."""
+        if not np.isfinite(scores).all():
+            raise PolicyError("the predictor's scores overflow at this observation (corrupted weights?)")
+        return scores
 
     # ---- saving ----
     def state(self) -> dict[str, bytes]:
@@ -196,9 +204,18 @@ class PredictorPolicy(BasePolicy):
                         *((f"w{i}", w) for i, (w, _) in enumerate(self.weights))]:  # fmt: skip
             if x.dtype.kind not in "fiu" or not np.isfinite(x).all():
                 raise PolicyError(f"predictor {name} holds non-numeric or non-finite values")
-        for name in ("x_scale", "y_scale"):  # divisors and multipliers of a standardization: positive
-            if (named[name][0] <= 0).any():
-                raise PolicyError(f"predictor {name} holds values <= 0")
+        for name in ("x_scale", "y_scale"):  # divisors and multipliers of a standardization, floored by fit
+            if (named[name][0] < SCALE_FLOOR).any():
+                raise PolicyError(
+                    f"predictor {name} holds values below {SCALE_FLOOR} (fit floors them there)"
+                )
+        # finite arrays can still overflow in the forward (scores NaN: the arm chosen would be arm 0, silently)
+        with np.errstate(all="ignore"):  # (act refuses any other observation where they overflow)
+            probe = self.scores(
+                np.stack([self.x_mean, self.x_mean + self.x_scale, self.x_mean - self.x_scale])
+            )
+        if not np.isfinite(probe).all():
+            raise PolicyError("predictor weights overflow: its scores at the mean observation are not finite")
 
 
 # ---- training data from replay -------------------------------------------------------------------------------------
@@ -233,7 +250,8 @@ def train_predictor(
     """Fit a predictor on the replay env ``env`` (a ``SpecDecodeEnv``; its trace holds the training prompts only).
 
     Round 0 visits states with a uniformly random arm each step; each later round adds ``passes`` replays of every
-    prompt under the current predictor (with ``epsilon`` random steps) and refits on everything."""
+    prompt under the current predictor (with ``epsilon`` random steps) and refits on everything. The ``margin``
+    objective's ``rate`` is fitted after every round (``fit_rate``) unless ``params`` gives one."""
     tb: ReplayTables = env.tables
     prompts = np.asarray(tb.startable, dtype=np.int64)
     rng = np.random.default_rng(seed)
@@ -257,7 +275,7 @@ def train_predictor(
             gs.append(g)
         x_all, g_all = np.concatenate(xs), np.concatenate(gs)
         policy.fit(x_all.astype(np.float64), *labels(tb, g_all))
-        if policy.objective == "margin":
+        if policy.objective == "margin" and "rate" not in params:  # a rate given is kept as given
             fit_rate(policy, tb, prompts)
     return policy
 

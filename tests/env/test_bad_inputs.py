@@ -132,6 +132,7 @@ COSTS = [
     ("length-mismatch", _set("verify.chain.seconds", [0.1, 0.2]), "verify.chain has 3 nodes but 2 seconds"),
     ("nodes-not-increasing", _set("verify.chain.nodes", [1, 17, 9]), "verify.chain.nodes must increase"),
     ("nodes-repeated", _set("verify.chain.nodes", [1, 9, 9]), "verify.chain.nodes must increase"),
+    ("nodes-not-from-1", _set("verify.tree.nodes", [3, 9, 17]), "verify.tree.nodes must start at 1"),
     ("seconds-negative", _set("verify.chain.seconds", [-0.1, 0.11, 0.13]), "verify.chain.seconds[0] must be"),
     ("seconds-zero", _set("verify.chain.seconds", [0.0, 0.11, 0.13]), "verify.chain.seconds[0] must be"),
     ("seconds-nan", _set("verify.tree.seconds", [0.1, math.nan, 0.4]), "verify.tree.seconds[1] must be"),

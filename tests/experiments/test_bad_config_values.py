@@ -286,3 +286,19 @@ def test_a_huge_drafter_option_is_one_line(option, tmp_path, capsys, monkeypatch
         "the value is an integer outside TOML's 64-bit range (-2**63 .. 2**63-1): 100000... (401 digits)"
     )
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "arm, needle",
+    [
+        ("ngram-d4@int4", "policies.u.arms[1] is not an arm: cannot read arm 'ngram-d4@int4'"),
+        ("ar", "policies.u.arms[1] is 'ar': write it as 'none'"),
+        ("ngram-d4-k1", "policies.u.arms[1] is 'ngram-d4-k1': write it as 'ngram-d4'"),
+        ("ngram-d2-k2-b4", "policies.u.arms[1] is 'ngram-d2-k2-b4': write it as 'ngram-d2-k2'"),
+    ],
+)
+def test_a_policy_arm_is_written_as_the_decoder_names_it(arm, needle):
+    """A policy's arms are matched to the decoder's by name: one written otherwise (or with a method's @VARIANT)
+    was accepted here and refused only after the model had loaded."""
+    assert needle in _err(POLICY.replace('"ngram-d2"', f'"{arm}"'))
+    assert list(load_config("cfg.toml", text=POLICY).policies["u"].arms) == ["none", "ngram-d2", "ngram-d4"]

@@ -71,5 +71,34 @@ def test_a_predictor_file_of_inconsistent_layers_is_refused(synth_train_env, tmp
         load_policy(tmp_path / "nan.zip")
     policy.x_scale = np.zeros(policy.obs_size)  # a standardization dividing by 0: NaN scores mid-run
     policy.save(tmp_path / "zero.zip")
-    with pytest.raises(PolicyError, match="x_scale holds values <= 0"):
+    with pytest.raises(PolicyError, match="x_scale holds values below 1e-06"):
         load_policy(tmp_path / "zero.zip")
+    policy.x_scale = np.full(policy.obs_size, 1e-310)  # finite and positive, yet every score overflows
+    policy.save(tmp_path / "tiny.zip")
+    with pytest.raises(PolicyError, match="x_scale holds values below 1e-06"):
+        load_policy(tmp_path / "tiny.zip")
+    policy.x_scale = np.ones(policy.obs_size)
+    layers = list(policy.weights)
+    wl, bl = layers[-1]
+    policy.weights[-1] = (np.zeros_like(wl), np.full_like(bl, 10.0))
+    policy.y_scale = np.full(2 * policy.num_arms, 1e308)  # inf - inf: NaN scores, and argmax would pick arm 0
+    policy.save(tmp_path / "huge.zip")
+    with pytest.raises(PolicyError, match="scores at the mean observation are not finite"):
+        load_policy(tmp_path / "huge.zip")
+    w0 = w.copy()
+    w0[0] = 1e306  # finite at the mean observation, overflowing far from it
+    policy.weights = [(w0, b), *layers[1:]]
+    policy.y_scale = np.ones(2 * policy.num_arms)
+    policy.save(tmp_path / "far.zip")
+    far = load_policy(tmp_path / "far.zip")
+    obs = np.asarray(far.x_mean, dtype=np.float32) + 1e4
+    with np.errstate(all="ignore"), pytest.raises(PolicyError, match="scores overflow at this observation"):
+        far.act_batch(obs[None])
+
+
+def test_a_rate_given_is_kept_and_a_seed_past_numpys_range_refused(synth_train_env):
+    from policies import PolicyError
+
+    assert train_predictor(synth_train_env, model="ridge", rounds=1, passes=1, rate=2.5).rate == 2.5
+    with pytest.raises(PolicyError, match="seed must be an integer"):
+        train_predictor(synth_train_env, model="ridge", rounds=1, passes=1, seed=2**32)

@@ -106,6 +106,14 @@ PLAIN = {
 }
 
 
+def quiet(model):
+    """``model`` logging nowhere: else each ``learn`` leaves an empty SB3-<date> folder in the temp dir."""
+    from stable_baselines3.common.logger import Logger
+
+    model.set_logger(Logger(folder=None, output_formats=[]))
+    return model
+
+
 @pytest.fixture(scope="module")
 def plain(default_env, tmp_path_factory):
     """name -> (path of the model.save zip, the model)."""
@@ -114,7 +122,7 @@ def plain(default_env, tmp_path_factory):
     d = tmp_path_factory.mktemp("plain")
     out = {}
     for name, (cls, kwargs) in PLAIN.items():
-        model = getattr(sb3, cls)("MlpPolicy", default_env, seed=0, device="cpu", **kwargs).learn(96)
+        model = quiet(getattr(sb3, cls)("MlpPolicy", default_env, seed=0, device="cpu", **kwargs)).learn(96)
         model.save(d / f"{name}.zip")
         out[name] = (d / f"{name}.zip", model)
     return out
@@ -164,7 +172,7 @@ def test_a_plain_sb3_zip_of_another_env_is_refused_against_the_default_menu(synt
     from stable_baselines3 import PPO
 
     venv = make_venv(synth_trace, n_envs=1)
-    PPO("MlpPolicy", venv, n_steps=16, batch_size=16, n_epochs=1, device="cpu").learn(16).save(
+    quiet(PPO("MlpPolicy", venv, n_steps=16, batch_size=16, n_epochs=1, device="cpu")).learn(16).save(
         tmp_path / "s.zip"
     )
     with pytest.raises(
