@@ -3,12 +3,18 @@ rewards"), calibrated by measurement on this machine (``draftgym calibrate``) an
 
 A step costs ``draft(arm) + verify(N, context, chain)``:
 
-- ``verify``: the engine's verification phase (tree forward over N nodes, verification, KV commit, drafter
-  feedback) measured through ``env.batch.BatchEngine.step`` (a batch of one) on a grid of N, for chains (causal attention) and branching trees
+- ``verify``: the engine's verification phase (tree forward over N nodes, verification, KV commit) measured
+  through ``env.batch.BatchEngine.step`` (a batch of one) on a grid of N, for chains (causal attention) and branching trees
   (explicit tree mask), at two context lengths. Model: a piecewise-linear curve in N at ``context_ref`` (linear
   extrapolation past the grid) plus ``(per_context + per_node_context * N) * (context - context_ref)``;
 - ``draft``: each drafter's ``propose`` time per arm shape (median over real contexts), with a linear fit in the
   shape's node count for shapes not measured.
+
+Not priced: the drafters' feedback after a step (``observe``; the calibration's stand-in drafter has none), which
+live steps pay for every drafter of the menu. Measured on the embedded model in bf16 (2-core Intel Xeon, family 6
+model 167, ``amx_bf16``): at most 0.03 ms a step for n-gram, suffix, eagle, eagle3, early_exit and hybrid (0.1% of
+a step), 0.5 ms for ``recycling-d4-k4-b8`` (1.6%; its update reads every verified node's logits, so it grows with
+the tree).
 
 One autoregressive token costs ``verify(1, context, chain=True)``; the reward of a step is
 ``tokens * ar_cost / step_cost`` (``env.metrics.step_reward``). The measurement itself is ``env.calibrate``.
