@@ -130,11 +130,19 @@ class FittedCostModel:
     def ar_cost(self, context: Any) -> Any:
         return self.verify_cost(1, context, True)
 
-    def check_model(self, model_id: str, dtype: str) -> None:
+    def check_model(self, model_id: str, dtype: str, weights: str | None = None) -> None:
+        """``CostModelError`` unless calibrated for ``model_id`` in ``dtype`` and, when given, the target's weight
+        format ``weights`` (``meta["weights"]``, dense when the file does not say): each format has its own curve."""
         if (self.model_id, self.dtype) != (model_id, dtype):
             raise CostModelError(
                 f"the cost model was calibrated for {self.model_id} ({self.dtype}), not {model_id} ({dtype}); "
                 f"run: draftgym calibrate --model ... --dtype {dtype} --out FILE and pass it as cost_model"
+            )
+        built = self.meta.get("weights", "dense") if isinstance(self.meta, dict) else "dense"
+        if weights is not None and built != weights:
+            raise CostModelError(
+                f"the cost model was calibrated for {built} weights, not {weights}; run: draftgym calibrate "
+                f"--weights {weights} --out FILE and pass it as cost_model"
             )
 
     def to_json(self) -> dict[str, Any]:

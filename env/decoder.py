@@ -229,13 +229,14 @@ class SpeculativeDecoder:
 
 def _step_costs(dec: SpeculativeDecoder, cost_model: CostModel | None) -> StepCosts:
     """Rewards for an online policy as ``SpecDecodeEnv`` defines them: from the decoder's cost model (given, else
-    the shipped one when it was calibrated for this model and dtype), in both cases only when it calibrated every
+    the shipped one when it was calibrated for this model, dtype and weight format), in both cases only when it calibrated every
     drafter of the arm menu; without one, measured wall times (``StepCosts``)."""
     cm = cost_model
     if cm is None:
         try:
             cm = load_cost_model()
-            cm.check_model(dec.loaded.model_id, str(dec.loaded.dtype).removeprefix("torch."))
+            cm.check_model(dec.loaded.model_id, str(dec.loaded.dtype).removeprefix("torch."),
+                           str(getattr(dec.loaded, "weights", "dense")))  # fmt: skip
         except CostModelError:
             cm = None
     if cm is not None and not cm.covers(dec.arms):

@@ -225,7 +225,8 @@ class SpecDecodeEnv(gym.Env):
         self.loaded = (
             model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype, device=device)
         )
-        self.cost_model.check_model(self.loaded.model_id, str(self.loaded.dtype).removeprefix("torch."))
+        self.cost_model.check_model(self.loaded.model_id, str(self.loaded.dtype).removeprefix("torch."),
+                                    str(getattr(self.loaded, "weights", "dense")))  # fmt: skip
         self.sampling = sampling_of(sampling) or Sampling()
         self._token_cache: dict[int, list[int]] = {}
         if isinstance(workload, Trace):  # decode exactly the prompts (token ids) a trace recorded

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -55,6 +56,13 @@ def test_errors_name_the_problem(tmp_path):
         cm.draft_cost(Arm("eagle", TreeShape(4)))
     with pytest.raises(CostModelError, match="calibrated for m"):
         cm.check_model("other-model", "float32")
+    cm.check_model(cm.model_id, cm.dtype, "dense")  # a file that does not name its weights: dense
+    with pytest.raises(CostModelError, match="calibrated for dense weights, not int4.*--weights int4"):
+        cm.check_model(cm.model_id, cm.dtype, "int4")
+    int4 = replace(cm, meta={"weights": "int4"})
+    int4.check_model(cm.model_id, cm.dtype, "int4")
+    with pytest.raises(CostModelError, match="calibrated for int4 weights, not dense"):
+        int4.check_model(cm.model_id, cm.dtype, "dense")
     with pytest.raises(CostModelError, match="does not exist"):
         load_cost_model(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
