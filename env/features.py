@@ -178,7 +178,8 @@ def target_features(logits: torch.Tensor, hidden: torch.Tensor, proj: np.ndarray
     logits: [S, V]; hidden: [S, H]; proj: [H, P] -> float32 [S, 3 + P]."""
     logp = torch.log_softmax(logits.float(), dim=-1)  # [S, V]
     p = logp.exp()
-    ent = -(p * logp).sum(-1) / math.log(logits.shape[-1])
+    # 0 * log 0 = 0: a masked (-inf) logit adds nothing, where p * logp would be NaN; elsewhere the same sum
+    ent = -torch.where(p > 0, p * logp, 0.0).sum(-1) / math.log(logits.shape[-1])
     top2 = p.topk(2, dim=-1).values  # [S, 2]
     h = hidden.float().cpu().numpy()
     h = h / np.maximum(np.linalg.norm(h, axis=-1, keepdims=True), 1e-12)

@@ -49,6 +49,15 @@ def test_target_features_uniform_and_peaked():
     assert np.all(np.abs(out[:, 3:]) <= 1.0)
 
 
+def test_a_masked_logit_adds_no_entropy():
+    """A -inf logit (a masked token) has p = 0 and log p = -inf: 0 * -inf was NaN, and so the entropy feature."""
+    proj = projection(12, FeatureSpec(proj_dim=4))
+    logits = torch.zeros(1, 64)
+    logits[0, 32:] = -math.inf  # half the vocabulary masked: uniform over 32 tokens
+    out = target_features(logits, torch.randn(1, 12), proj)
+    assert np.isfinite(out).all() and math.isclose(out[0, 0], math.log(32) / math.log(64), rel_tol=1e-5)
+
+
 def test_projection_is_fixed_by_its_seed():
     a, b = projection(10, FeatureSpec()), projection(10, FeatureSpec())
     assert np.array_equal(a, b) and not np.array_equal(a, projection(10, FeatureSpec(proj_seed=1)))
