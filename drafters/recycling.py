@@ -120,7 +120,9 @@ class RecyclingDrafter:
         self.logp[rows, :k] = top_lp[src]
 
     def seed_from_prompt(self, tokens: list[int]) -> None:
-        """Rows never verified get the prompt's own bigram (what first followed v in the prompt) as one candidate."""
+        """Rows never verified get the prompt's own bigram (what first followed v in the prompt) as one candidate,
+        replacing an earlier prompt's seed (the table outlives a sequence): a row is a seed when its only entry
+        carries ``prompt_prior`` (a verified row holds the top ``width`` of the target's logits)."""
         if self.ids is None or len(tokens) < 2:
             return
         first: dict[int, int] = {}
@@ -128,7 +130,9 @@ class RecyclingDrafter:
             first.setdefault(int(a), int(b))
         prev = torch.tensor(list(first.keys()), dtype=torch.long)
         nxt = torch.tensor(list(first.values()), dtype=torch.long)
-        empty = self.ids[prev, 0] < 0
+        only = self.ids[prev, 1] < 0 if self.ids.shape[1] > 1 else torch.ones(len(prev), dtype=torch.bool)
+        seeded = only & (self.logp[prev, 0] == self.prompt_prior)
+        empty = (self.ids[prev, 0] < 0) | seeded
         self.ids[prev[empty], 0] = nxt[empty]
         self.logp[prev[empty], 0] = self.prompt_prior
 

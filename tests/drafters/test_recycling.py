@@ -62,6 +62,19 @@ def test_unknown_rows_give_no_children_and_prompt_seeds_empty_rows():
     assert t.tokens.tolist() == [4, 6, 4, 6]
 
 
+def test_a_later_prompt_seeds_its_own_bigram_over_an_earlier_prompts():
+    """The table outlives a sequence: request A's seed of row 7 blocked request B's own bigram (7 -> 42)."""
+    d = RecyclingDrafter(width=2)
+    d._ensure(64)
+    d.seed_from_prompt([7, 11, 3])  # request A
+    d.update(torch.tensor([3]), torch.log_softmax(torch.arange(64.0)[None], -1))  # row 3 verified
+    d.seed_from_prompt([7, 42, 3, 9])  # request B
+    assert d.ids[7].tolist() == [42, -1]  # B's seed replaces A's
+    assert d.ids[3].tolist() == [63, 62]  # a verified row keeps what the target said
+    t = d.propose(DraftContext(tokens=[5, 7], prompt_len=2), TreeShape(depth=1))
+    assert t.tokens.tolist() == [7, 42]
+
+
 def test_greedy_exact_on_tiny_target():
     loaded = tiny_loaded()
     prompt = [5, 17, 33, 17, 5, 60, 2, 8]
