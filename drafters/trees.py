@@ -124,8 +124,9 @@ def chain_tree(root: int, expand: Expand, depth: int, min_prob: float = 0.0) -> 
 
 def kary_tree(root: int, expand: Expand, depth: int, topk: int, budget: int) -> DraftTree:
     """Fixed k-ary tree, filled breadth first: every node of a level gets its ``topk`` best children (best first),
-    level by level, until ``budget`` draft nodes or ``depth`` levels. Token Recycling's static template is this
-    shape (arXiv 2408.08696); with a model drafter it costs one ``expand`` call per level."""
+    level by level, until ``budget`` draft nodes or ``depth`` levels. Token Recycling expands a fixed template
+    breadth first (arXiv 2408.08696); this is a balanced one of the arm's shape, not the paper's own template. With
+    a model drafter it costs one ``expand`` call per level."""
     return drive(kary_steps(root, depth, topk, budget), expand)
 
 
