@@ -88,7 +88,8 @@ def _main(argv: list[str] | None) -> int:
           f"{args.concurrency}, arms {args.arms}; served in {served_s:.0f} s)")  # fmt: skip
     for d in diffs:
         print("  differs:", d)
-    return 0 if same == len(reqs) or args.dtype != "fp32" else 1
+    fp32 = str(loaded.dtype) == "torch.float32"  # the contract's dtype, which --dtype auto may have loaded
+    return 0 if same == len(reqs) or not fp32 else 1
 
 
 def _hf_greedy(loaded, r) -> list[int]:

@@ -24,23 +24,21 @@ def cache_dir() -> Path:
     return Path(base) / "draftgym"
 
 
-def cpu_has_bf16() -> bool:
-    """True when this CPU has native bf16 arithmetic (AVX-512 BF16 or AMX on x86; bf16 on Arm)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(f in flags for f in (" avx512_bf16", " amx_bf16", " bf16"))
+BF16_FLAGS = (
+    "avx512_bf16",
+    "amx_bf16",
+    "amx_tile",
+    "bf16",
+)  # x86's (AMX tiles carry its bf16 products), Arm's
 
 
-def cpu_label() -> str:
-    """The CPU as a figure should name it: model name, family/model, and its bf16 flags."""
+def _cpu_fields() -> dict[str, str] | None:
+    """The first processor's fields of /proc/cpuinfo (None where there is none to read). Arm names its flags
+    ``Features`` and gives no ``model name``."""
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
-        import platform
-
-        return platform.processor() or platform.machine()
+        return None
     fields: dict[str, str] = {}
     for line in info.splitlines():
         if ":" in line:
@@ -48,12 +46,35 @@ def cpu_label() -> str:
             fields.setdefault(k, v)
         elif fields:
             break  # the first processor only
-    flags = set(fields.get("flags", "").split())
-    bf16 = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile", "bf16") if f in flags] or ["no native bf16"]
-    name = fields.get("model name", "?")
-    return (
-        f"{name} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}; {', '.join(bf16)})"
-    )
+    return fields
+
+
+def _flags(fields: dict[str, str]) -> set[str]:
+    return set((fields.get("flags") or fields.get("Features") or "").split())
+
+
+def cpu_has_bf16() -> bool:
+    """True when this CPU has native bf16 arithmetic (AVX-512 BF16 or AMX on x86; bf16 on Arm), read from the
+    same fields as ``cpu_label`` names."""
+    fields = _cpu_fields()
+    return fields is not None and any(f in _flags(fields) for f in ("avx512_bf16", "amx_bf16", "bf16"))
+
+
+def cpu_label() -> str:
+    """The CPU as a figure should name it: model name, family/model (x86) or implementer/part (Arm), and its bf16
+    flags. A VM that hides the model name is named as ``platform`` knows it."""
+    fields = _cpu_fields()
+    fallback = platform.processor() or platform.machine() or "?"
+    if fields is None:
+        return fallback
+    flags = _flags(fields)
+    bf16 = [f for f in BF16_FLAGS if f in flags] or ["no native bf16"]
+    name = fields.get("model name") or fields.get("Hardware") or fallback
+    if "cpu family" not in fields and "CPU part" in fields:
+        where = f"implementer {fields.get('CPU implementer', '?')} part {fields['CPU part']}"
+    else:
+        where = f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
+    return f"{name} ({where}; {', '.join(bf16)})"
 
 
 WIDE_FILE = "wide_products.json"  # in cache_dir(): the matmul probes' decisions per machine

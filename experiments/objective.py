@@ -4,13 +4,14 @@ Backends (``sweep.backend``):
 
 - ``live``: decode the workload with the trial's method on the real model. ``speedup`` = the method's tokens/s
   over our autoregressive loop's on the same prompt, both measured by the same worker (the AR time of a prompt
-  is measured once per worker and reused);
+  is measured again in each trial, or with ``sweep.ar_every_trial = false`` once per worker and reused);
 - ``replay``: the replay env (``env.spec_env.SpecDecodeEnv(backend="replay")``) on a recorded trace, costs from
   the cost model: per prompt, tokens / (sum of step costs in units of one AR token). Runs at memory speed; the
   prompts are the trace's;
 - ``analytic``: a closed-form toy (no model): a tree of ``n`` nodes over ``d`` levels accepts each level with
   probability ``1 - (1 - alpha)^(n/d)``, so it commits ``(1 - a^(d+1)) / (1 - a)`` tokens per step
-  (``env.metrics.chain_expected_tokens``) at a cost of ``1 + node_cost * n`` AR steps. Prompt i has
+  (``env.metrics.chain_expected_tokens``: the ``tau`` objective) at a cost of ``1 + node_cost * n`` AR steps
+  (``speedup``: tokens over cost; ``tokens_per_s`` is refused: there are no seconds). Prompt i has
   ``alpha_i`` spread +-0.1 around ``sweep.analytic_alpha``. It exercises the sweep machinery (workers, pruning,
   kill/resume) in milliseconds, and its optimum is known.
 
@@ -34,6 +35,10 @@ from experiments.space import tuned_method
 Report = Callable[[int, float, int], None]  # (step, value, n_steps)
 
 
+ANALYTIC_OBJECTIVES = ("speedup", "tau")  # the closed form has no seconds
+ANALYTIC_OBJECTIVE_ERROR = "sweep.objective = 'tokens_per_s' needs seconds, which the analytic backend does not model: use speedup or tau"
+
+
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
@@ -48,6 +53,8 @@ class AnalyticEvaluator:
             raise ConfigError(
                 "sweep.backend = 'analytic' evaluates tree shapes only; use live or replay for policies"
             )
+        if sw.objective not in ANALYTIC_OBJECTIVES:
+            raise ConfigError(ANALYTIC_OBJECTIVE_ERROR)
         arm = parse_arm(method)
         n_prompts = max(1, cfg.workload.limit or 4)
         nodes, depth = arm.shape.max_nodes, arm.shape.depth
@@ -56,7 +63,8 @@ class AnalyticEvaluator:
             alpha = sw.analytic_alpha + (0.2 * i / (n_prompts - 1) - 0.1 if n_prompts > 1 else 0.0)
             alpha = min(max(alpha, 0.0), 0.999)
             a = 1 - (1 - alpha) ** (nodes / depth)
-            value = chain_expected_tokens(a, depth) / (1 + sw.analytic_node_cost * nodes)
+            tau = chain_expected_tokens(a, depth)
+            value = tau if sw.objective == "tau" else tau / (1 + sw.analytic_node_cost * nodes)
             if sw.analytic_prompt_s:
                 time.sleep(sw.analytic_prompt_s)
             values.append(value)

@@ -145,8 +145,11 @@ def run_plots(
     ]
 
 
-def sweep_history(trials: list[dict[str, Any]], path: Path, direction: str = "maximize") -> Path:
-    """Objective value per finished trial (pruned ones hollow) and the best so far."""
+def sweep_history(
+    trials: list[dict[str, Any]], path: Path, direction: str = "maximize", note: str = ""
+) -> Path:
+    """Objective value per finished trial (pruned ones hollow) and the best so far; ``note``: a footer (the machine
+    a live study's timings were measured on)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4))
     done = sorted((t for t in trials if t.get("value") is not None), key=lambda t: t["number"])
@@ -168,7 +171,7 @@ def sweep_history(trials: list[dict[str, Any]], path: Path, direction: str = "ma
     ax.set_ylabel("objective")
     ax.set_title("Sweep history")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _save(fig, path, note)
 
 
 def compare_runs(runs: list[tuple[str, list[dict[str, Any]], list[str]]], path: Path, note: str = "") -> Path:
@@ -195,9 +198,11 @@ def compare_runs(runs: list[tuple[str, list[dict[str, Any]], list[str]]], path: 
     return _save(fig, path, note)
 
 
-def goodput_vs_concurrency(rows: list[dict[str, Any]], path: Path, title: str = "", note: str = "") -> Path:
-    """One line per method: goodput (committed tokens/s over all requests) against the load level; ``note``: a
-    footer (the machine it was measured on)."""
+def goodput_vs_concurrency(rows: list[dict[str, Any]], path: Path, title: str = "", note: str = "",
+                           xlabel: str = "concurrency (requests in flight)") -> Path:  # fmt: skip
+    """One line per method: goodput (committed tokens/s over all requests) against the load level (``xlabel``
+    says what it is: an open-loop run's level is the batch cap); ``note``: a footer (the machine it was measured
+    on)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for m in dict.fromkeys(r["method"] for r in rows):
@@ -206,7 +211,7 @@ def goodput_vs_concurrency(rows: list[dict[str, Any]], path: Path, title: str = 
     ax.set_xscale("log", base=2)
     levels = sorted({r["concurrency"] for r in rows})
     ax.set_xticks(levels, [str(c) for c in levels])
-    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("goodput (tokens/s, all requests)")
     ax.set_title(title or "Goodput against load")
     ax.grid(alpha=0.3)

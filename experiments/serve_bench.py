@@ -344,8 +344,11 @@ def cmd_serve_bench(args: Any) -> int:
     from experiments.records import machine_label
 
     machine = machine_label({"device": settings["device"], "machine": machine_identity(loaded.device)})
+    arrivals = f"Poisson arrivals at {args.rate} req/s" if args.rate else "arrivals from a file"
+    xlabel = f"max batch (open loop: {arrivals})" if args.rate or args.arrivals else None
     png = plots.goodput_vs_concurrency(rows, out / "goodput.png", title=f"{loaded.model_id} ({settings['dtype']})",
-                                       note=f"measured on {machine}")  # fmt: skip
+                                       note=f"measured on {machine}",
+                                       **({"xlabel": xlabel} if xlabel else {}))  # fmt: skip
     if args.json:
         print(json.dumps({"rows": rows, "out": str(out)}))
     else:

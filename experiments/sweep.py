@@ -389,7 +389,12 @@ def export(config: str, sets: list[str], url: str, out: Path) -> dict[str, Any]:
     }
     atomic_write_text(out / "sweep.json", json.dumps(result, indent=2))
     atomic_write_text(out / "sweep.md", f"# Sweep {study.study_name}\n\n```\n{table}\n```\n")
-    result["plots"] = [str(plots.sweep_history(trials, out / "plots" / "history.png"))]
+    machine = study.user_attrs.get("machine")  # live tokens/s: the creator's CPU, which every worker matched
+    note = f"measured on {machine}" if isinstance(machine, str) else (
+        "live: each trial timed on its worker's machine, against its own AR loop" if base.sweep.backend == "live"
+        else ""
+    )  # fmt: skip
+    result["plots"] = [str(plots.sweep_history(trials, out / "plots" / "history.png", note=note))]
     result["table"] = table
     return result
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config import Config, ConfigError, diff_configs, load_config, parse_set
+from experiments.objective import ANALYTIC_OBJECTIVE_ERROR, ANALYTIC_OBJECTIVES
 from experiments.space import default_params, swept_keys, tuned_method
 
 
@@ -22,6 +23,8 @@ def check_inputs(cfg: Config, sets: list[str] | tuple[str, ...] = ()) -> None:
             f"sweep.backend = 'analytic' evaluates tree shapes only, and the sweep tunes {tuned_method(cfg)!r}; "
             "use sweep.backend = 'live' or 'replay' for a policy"
         )
+    if cfg.sweep.backend == "analytic" and cfg.sweep.objective not in ANALYTIC_OBJECTIVES:
+        raise ConfigError(ANALYTIC_OBJECTIVE_ERROR)
     default_params(cfg)
     check_sets(cfg, sets)
     if cfg.sweep.backend == "replay":

@@ -415,3 +415,28 @@ def test_fidelity_does_not_overwrite_its_inputs(args, expected, monkeypatch, no_
     code = fid.main([fill(a) for a in args])
     _one_line_error(capsys, code, fill(expected))
     assert {k: p.read_bytes() for k, p in files.items()} == before
+
+
+@pytest.mark.parametrize("dtype", ["auto", "fp32"])
+def test_exactness_fails_a_wrong_token_whenever_it_loaded_fp32(dtype, monkeypatch, tmp_path):
+    """``--dtype auto`` loads fp32 on a CPU without native bf16, where the contract is identical ids: it passed a
+    wrong token there (the exit code read the flag, not the dtype loaded)."""
+    import env.model
+    import env.serving
+    from env.exactness import main as exactness
+
+    monkeypatch.setattr(env.model, "cpu_has_bf16", lambda: False)
+    load = env.model.load_model
+    monkeypatch.setattr(env.model, "load_model", lambda model=None, **k: load("random:llama-tiny", **k))
+    serve = env.serving.serve
+
+    def one_wrong_token(*a, **k):  # stands in for an engine bug
+        out = serve(*a, **k)
+        out[0].token_ids[-1] += 1
+        return out
+
+    monkeypatch.setattr(env.serving, "serve", one_wrong_token)
+    work = tmp_path / "w.jsonl"
+    work.write_text('{"question_id": 1, "category": "writing", "turns": ["Say hi."]}\n')
+    args = ["--workload", str(work), "--max-new-tokens", "3", "--arms", "none", "--dtype", dtype]
+    assert exactness(args) == 1

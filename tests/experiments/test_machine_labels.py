@@ -71,3 +71,28 @@ def test_goodput_plot_names_the_machine(tmp_path, monkeypatch):
         rows, tmp_path / "goodput.png", title="tiny (float32)", note=f"measured on {LABEL}"
     )
     assert texts == [f"measured on {LABEL}"]
+
+
+def test_the_sweep_history_names_the_machine_and_an_open_loop_plot_its_axis(tmp_path, monkeypatch):
+    """The sweep history plot had no footer (a live tokens/s study plots absolute timings); an open-loop serve-bench
+    labelled its batch cap "concurrency (requests in flight)"."""
+    import experiments.plots as plots
+
+    texts, labels = [], []
+    save = plots._save
+
+    def spy(fig, path, note=""):
+        out = save(fig, path, note)
+        texts.extend(t.get_text() for t in fig.texts)
+        labels.extend(ax.get_xlabel() for ax in fig.axes)
+        return out
+
+    monkeypatch.setattr(plots, "_save", spy)
+    trials = [{"number": i, "value": v, "state": "COMPLETE"} for i, v in enumerate([1.0, 2.0])]
+    plots.sweep_history(trials, tmp_path / "h.png", note=f"measured on {LABEL}")
+    rows = [{"method": "ar", "concurrency": c, "goodput_tok_s": g} for c, g in [(1, 10.0), (4, 30.0)]]
+    plots.goodput_vs_concurrency(
+        rows, tmp_path / "g.png", xlabel="max batch (open loop: Poisson at 2.0 req/s)"
+    )
+    assert texts == [f"measured on {LABEL}"]
+    assert labels == ["trial", "max batch (open loop: Poisson at 2.0 req/s)"]

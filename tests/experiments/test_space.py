@@ -58,6 +58,19 @@ def test_analytic_objective_is_the_closed_form():
     out = AnalyticEvaluator()(cfg, {}, lambda step, v, n: seen.append((step, v, n)))
     expected = chain_expected_tokens(0.7, 6) / (1 + 0.05 * 6)
     assert out["value"] == pytest.approx(expected) and seen == [(0, pytest.approx(expected), 1)]
+    tau = load_config(None, text=cfg_text(0.7, "tau"))  # it returned the speedup whatever the objective
+    assert AnalyticEvaluator()(tau, {}, lambda *a: None)["value"] == pytest.approx(
+        chain_expected_tokens(0.7, 6)
+    )
+    with pytest.raises(ConfigError, match="tokens_per_s' needs seconds"):
+        AnalyticEvaluator()(load_config(None, text=cfg_text(0.7, "tokens_per_s")), {}, lambda *a: None)
+
+
+def cfg_text(alpha: float, objective: str) -> str:
+    return (
+        f'methods = ["ar", "ngram-d6"]\n[workload]\nlimit = 1\n[sweep]\nanalytic_alpha = {alpha}\n'
+        f'objective = "{objective}"\n'
+    )
 
 
 def test_the_widest_corner_of_the_space_is_an_arm_of_at_most_4096_nodes():

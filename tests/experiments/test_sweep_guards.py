@@ -106,6 +106,15 @@ def test_an_analytic_sweep_of_a_policy_is_refused_before_any_trial(tmp_path, cap
     _one_line_error(capsys, rc, "sweep.backend = 'analytic'", "policy:ucb")
 
 
+def test_an_analytic_sweep_of_tokens_per_s_is_refused_before_any_trial(tmp_path, capsys):
+    """The closed form has no seconds: it scored the speedup and labelled it tokens/s."""
+    out = tmp_path / "run"
+    text = TREE.replace("[sweep]\n", '[sweep]\nobjective = "tokens_per_s"\n')
+    rc = main(["sweep", str(_write(tmp_path, text)), "--out", str(out), "--json"])
+    assert not out.exists()
+    _one_line_error(capsys, rc, "sweep.objective = 'tokens_per_s' needs seconds")
+
+
 # ------------------------------------------------------------------------------------------------ analytic_prompt_s
 
 
