@@ -414,14 +414,21 @@ class BatchEngine:
         return drafter
 
     def propose(
-        self, arms: list[Arm], given: list[DraftTree | None] | None = None
+        self,
+        arms: list[Arm],
+        given: list[DraftTree | None] | None = None,
+        given_s: list[float] | None = None,
     ) -> tuple[list[DraftTree], list[float]]:
-        """Every row's tree for its arm (``given[i]``: a tree already made for row i), and each row's drafting
-        seconds. Rows whose drafter batches (``drafters.BatchProposer``) are drafted in one call per drafter kind;
-        a row gets the root alone for no draft, or when its context is nearly full."""
+        """Every row's tree for its arm (``given[i]``: a tree already made for row i, in ``given_s[i]`` seconds,
+        which become its drafting time; default 0), and each row's drafting seconds. Rows whose drafter batches
+        (``drafters.BatchProposer``) are drafted in one call per drafter kind; a row gets the root alone for no
+        draft, or when its context is nearly full."""
         rows = self.target.rows
         trees: list[DraftTree | None] = list(given) if given is not None else [None] * len(rows)
-        draft_s = [0.0] * len(rows)
+        draft_s = [
+            float(given_s[i]) if given_s is not None and trees[i] is not None else 0.0
+            for i in range(len(rows))
+        ]
         groups: dict[type, list[int]] = {}
         for i, (row, arm) in enumerate(zip(rows, arms)):
             if trees[i] is not None:

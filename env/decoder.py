@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any, Protocol, runtime_checkable
 
 from drafters import Drafter, TreeShape, make_drafter
@@ -122,8 +123,11 @@ class SpeculativeDecoder:
 
     With one arm the decoder is static; with a policy it asks ``policy.act(obs)`` for an arm index every step,
     where ``obs`` is the observation ``SpecDecodeEnv`` gives for the same arm menu (``env.features``), so a policy
-    trained in the env (with ``arms=list(env.unwrapped.arms)``) plugs in unchanged.
-    ``arms=[NO_DRAFT]`` is the plain autoregressive loop.
+    trained in the env (with ``arms=list(env.unwrapped.arms)``) plugs in unchanged. ``position_horizon``: the
+    ``max_new_tokens`` the observation's ``position`` is a fraction of (``env.features.ObservationBuilder``), the
+    env's that the policy was trained in, so that a run of another length shows it the positions it learned
+    (``experiments.policy_commands.policy_decoder`` passes the policy's ``meta.max_new_tokens``); None: each
+    run's ``max_new_tokens``. ``arms=[NO_DRAFT]`` is the plain autoregressive loop.
     """
 
     def __init__(
@@ -135,7 +139,12 @@ class SpeculativeDecoder:
         drafter_options: dict[str, dict[str, Any]] | None = None,
         features: FeatureSpec | None = None,
         cost_model: CostModel | None = None,
+        position_horizon: int | None = None,
     ) -> None:
+        h = position_horizon
+        if h is not None and (isinstance(h, bool) or not isinstance(h, Integral) or h < 1):
+            raise ValueError(f"position_horizon must be an integer >= 1 or None, got {h!r}")
+        self.position_horizon = None if h is None else int(h)
         self.loaded = loaded
         self.feature_spec = features or FeatureSpec()
         self.arms = list(arms or [default_arm()])
@@ -163,8 +172,9 @@ class SpeculativeDecoder:
         chat: bool = True,
     ) -> Generation:
         """Generate up to ``max_new_tokens`` after ``prompt`` (text through the chat template, or token ids)."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        max_new_tokens = int(max_new_tokens)
         tok = self.loaded.tokenizer
         if isinstance(prompt, str):
             prompt_ids = chat_prompt(tok, prompt) if chat else raw_prompt(tok, prompt)
@@ -180,7 +190,9 @@ class SpeculativeDecoder:
         self.engine.configure(sampling, seed)
         online = self.policy if isinstance(self.policy, OnlineChooser) else None
         features = self.feature_spec if self.policy is not None else None
-        stepper = Stepper(self.engine, self.arms, features=features, costs=self.costs)
+        stepper = Stepper(
+            self.engine, self.arms, features=features, costs=self.costs, horizon=self.position_horizon
+        )
         if isinstance(self.policy, EpisodicChooser):
             self.policy.reset()
         arms: list[str] = []

@@ -259,11 +259,27 @@ def assemble(position_frac, pos_feat, hist_rows, cols, out) -> Any:
 
 class ObservationBuilder:
     """Observations of one live sequence (the live env and the decoder): position features from the target's
-    output, history from the episode's steps, assembled by the same functions replay uses."""
+    output, history from the episode's steps, assembled by the same functions replay uses.
+
+    ``horizon``: the ``max_new_tokens`` that ``position`` is a fraction of, ``min(generated / horizon, 1)``; a
+    policy learned it at its training env's ``max_new_tokens`` (its file's ``meta.max_new_tokens``), which a run
+    of another length must keep to show it the positions it learned. None: each sequence's own ``max_new_tokens``.
+    """
 
     def __init__(
-        self, spec: FeatureSpec, arm_names: Sequence[str], arm_depths: Sequence[int], hidden_size: int
+        self,
+        spec: FeatureSpec,
+        arm_names: Sequence[str],
+        arm_depths: Sequence[int],
+        hidden_size: int,
+        *,
+        horizon: int | None = None,
     ):
+        if horizon is not None and (
+            isinstance(horizon, bool) or not isinstance(horizon, Integral) or horizon < 1
+        ):
+            raise ValueError(f"the position horizon must be an integer >= 1 or None, got {shown(horizon)}")
+        self.horizon = None if horizon is None else int(horizon)
         self.spec = spec
         self.names = feature_names(spec, arm_names, arm_depths)
         self.drafters = menu_drafters(spec, arm_names, arm_depths)  # whose proposal shape observe() needs
@@ -292,7 +308,8 @@ class ObservationBuilder:
         hist: np.ndarray | None = None,
     ) -> np.ndarray:
         """``proposals``: with ``spec.draft_features``, each of ``self.drafters``' largest proposal tree; ``hist``:
-        the sequence's history features ([1, K + 2], from ``history_init``; default: the builder's own)."""
+        the sequence's history features ([1, K + 2], from ``history_init``; default: the builder's own);
+        ``max_new_tokens``: the sequence's, the position's denominator unless the builder has a ``horizon``."""
         pos_feat = position_features(logits, hidden, tokens, self.spec, self.proj)
         if self.drafters:
             missing = [d for d in self.drafters if d not in (proposals or {})]
@@ -300,7 +317,7 @@ class ObservationBuilder:
                 raise ValueError(f"draft features need the proposals of {missing}")
             extra = [draft_features(proposals[d].parents) for d in self.drafters]
             pos_feat = np.concatenate([pos_feat, *extra])
-        frac = min(generated / max_new_tokens, 1.0)
+        frac = min(generated / (self.horizon or max_new_tokens), 1.0)
         hist = self.hist if hist is None else hist
         return assemble(frac, pos_feat, hist[0], self.cols, np.empty(self.size, dtype=np.float32))
 

@@ -86,7 +86,8 @@ class SpecDecodeEnv(gym.Env):
     ``cost_s`` the step's seconds (cost model, or measured wall time with ``cost="measured"``) and ``ar_cost_s``
     the cost-model seconds of one autoregressive token at the same context. Plain decoding earns 1.0 per step.
     ``info``: ``tokens``, ``accepted``, ``cost_s``, ``ar_cost_s``, ``arm`` (name), ``drafted``; live, the step's
-    measured wall time is ``env.unwrapped.last_wall_s`` (not in ``info``, which is deterministic).
+    measured wall time is ``env.unwrapped.last_wall_s``. ``info`` is deterministic (a seeded episode repeats it)
+    except with ``cost="measured"``, where ``cost_s`` (and so the reward) is that wall time.
 
     ## Starting State
 
@@ -352,7 +353,7 @@ class SpecDecodeEnv(gym.Env):
     def _step_live(self, a: int):
         (out,) = self.stepper.step([a])
         self._done = out.terminated or out.truncated
-        self.last_wall_s = out.result.wall_s  # measured; kept out of info, which must be deterministic
+        self.last_wall_s = out.result.wall_s  # measured; in info only as cost_s with cost="measured"
         obs = self.stepper.observe(self._seq)
         return obs, float(out.reward), out.terminated, out.truncated, dict(out.info)
 

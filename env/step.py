@@ -4,14 +4,18 @@ owns the bookkeeping they share:
 
 - when a sequence ends: at its first end-of-sequence token (kept; tokens accepted after it are not counted), at
   ``max_new_tokens``, or when its context is full;
-- the observation (``env.features``): each drafter proposes once per root — the proposal the draft features read
-  is the one the step verifies, cut down to the chosen arm's shape (``drafters.trees.prune``); a finished sequence's
-  is at its last counted token, as replay's, even when its last step committed tokens past it;
+- the observation (``env.features``): the draft features read each menu drafter's largest proposal at the root;
+  a drafter that replays exactly (``exact_replay``: n-gram) proposes once per root, and the step verifies that
+  proposal cut down to the chosen arm's shape (``drafters.trees.prune``), charged the seconds it took; any other
+  drafter (a best-first tree of a node budget, one that learns as it goes) proposes again for the arm, so the
+  tree verified may differ from the one observed; a finished sequence's observation is at its last counted
+  token, as replay's, even when its last step committed tokens past it;
 - the reward and ``info`` of a step (``StepCosts``: from a cost model, or measured), the history features.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -91,6 +95,7 @@ class Seq:
     drafted: int = 0
     hist: np.ndarray = field(default_factory=lambda: np.zeros((1, 0), np.float32))
     _proposals: dict[str, DraftTree] = field(default_factory=dict)
+    _propose_s: dict[str, float] = field(default_factory=dict)  # the seconds each of _proposals took
     _root_at: int = -1  # the root's position (``end``) when _proposals were made
     _end_hidden: torch.Tensor | None = None  # [H] of the last counted token, when the last step ran past it
 
@@ -117,7 +122,9 @@ class Outcome:
     result: StepResult
     tokens: list[int]  # counted (cut at end of sequence / max_new_tokens)
     reward: float
-    info: dict[str, Any]  # tokens, accepted, drafted, cost_s, ar_cost_s, arm (deterministic: no wall time)
+    # tokens, accepted, drafted, cost_s, ar_cost_s, arm: deterministic (no wall time), except cost_s with measured
+    # costs (``StepCosts``), the step's wall time
+    info: dict[str, Any]
 
     @property
     def terminated(self) -> bool:
@@ -131,7 +138,9 @@ class Outcome:
 class Stepper:
     """Sequences over one ``BatchEngine`` with an arm menu. ``start`` admits one, ``observe`` gives its
     observation, ``step`` runs one batch step with an arm index per live sequence (in slot order), ``retire``
-    frees a finished one. ``features``: the observation the env and the policies see (None: no observations)."""
+    frees a finished one. ``features``: the observation the env and the policies see (None: no observations);
+    ``horizon``: the ``max_new_tokens`` its ``position`` is a fraction of (``ObservationBuilder``; None: each
+    sequence's own)."""
 
     def __init__(
         self,
@@ -140,6 +149,7 @@ class Stepper:
         *,
         features: FeatureSpec | None = None,
         costs: StepCosts | None = None,
+        horizon: int | None = None,
     ) -> None:
         self.engine = engine
         self.arms = list(arms)
@@ -148,7 +158,9 @@ class Stepper:
         if features is not None:
             depths = [0 if a.drafter is None else a.shape.depth for a in self.arms]
             hidden = int(engine.target.config.hidden_size)
-            self.builder = ObservationBuilder(features, [a.name for a in self.arms], depths, hidden)
+            self.builder = ObservationBuilder(
+                features, [a.name for a in self.arms], depths, hidden, horizon=horizon
+            )
         self.seqs: list[Seq] = []  # in slot order: seqs[i].row is engine.target.rows[i]
 
     @property
@@ -181,11 +193,12 @@ class Stepper:
 
     def proposals(self, seq: Seq, names: Sequence[str] | None = None) -> dict[str, DraftTree]:
         """Each drafter's largest proposal at the sequence's root (``names``: default, those the draft features
-        read), made once per root: the step verifies them, pruned to its arm."""
+        read), made once per root and timed (``seq._propose_s``): the step verifies those of exact drafters, pruned
+        to its arm, and charges their seconds as its drafting time."""
         names = list(self.builder.drafters if names is None and self.builder else names or [])
         row, end = seq.row, seq.end
         if seq._root_at != end:
-            seq._proposals, seq._root_at = {}, end
+            seq._proposals, seq._propose_s, seq._root_at = {}, {}, end
         # a finished sequence cut short proposes at its last counted token; a drafter that is not ``exact_replay``
         # keeps what it learnt of the tokens past it (replay records it as an approximation anyway)
         ctx = row.ctx if end == len(row.tokens) else replace(row.ctx, tokens=row.tokens[:end])
@@ -193,7 +206,9 @@ class Stepper:
             if n not in seq._proposals:
                 d = row.drafters[n]
                 cut = ctx if getattr(d, "exact_replay", False) else row.ctx
+                t0 = time.perf_counter()
                 seq._proposals[n] = d.propose(cut, largest_shape(d))
+                seq._propose_s[n] = time.perf_counter() - t0
         return {n: seq._proposals[n] for n in names}
 
     def observe(self, seq: Seq) -> np.ndarray:
@@ -212,16 +227,19 @@ class Stepper:
                                    hist=seq.hist)  # fmt: skip
         return obs.clip(self.builder.low, self.builder.high)
 
-    def _cached(self, seq: Seq, arm: Arm) -> DraftTree | None:
-        """The tree for ``arm`` cut from this root's proposal, when the drafter already proposed here and cutting
-        its largest tree gives what it proposes for the arm (``exact_replay``: n-gram; a best-first tree of a
-        node budget, suffix's or a dynamic one, may spend its budget elsewhere than the arm's own would)."""
+    def _cached(self, seq: Seq, arm: Arm) -> tuple[DraftTree | None, float]:
+        """The tree for ``arm`` cut from this root's proposal and its drafting seconds (the proposal's and the
+        cut's), when the drafter already proposed here and cutting its largest tree gives what it proposes for
+        the arm (``exact_replay``: n-gram; a best-first tree of a node budget, suffix's or a dynamic one, may
+        spend its budget elsewhere than the arm's own would); else ``(None, 0.0)``: the engine drafts it."""
         if arm.drafter is None or seq._root_at != seq.end or arm.drafter not in seq._proposals:
-            return None
+            return None, 0.0
         drafter = seq.row.drafters[arm.drafter]
         if not getattr(drafter, "exact_replay", False) or not _fits(arm.shape, largest_shape(drafter)):
-            return None
-        return prune(seq._proposals[arm.drafter], arm.shape)
+            return None, 0.0
+        t0 = time.perf_counter()
+        tree = prune(seq._proposals[arm.drafter], arm.shape)
+        return tree, seq._propose_s.get(arm.drafter, 0.0) + time.perf_counter() - t0
 
     def step(self, choices: Sequence[int]) -> list[Outcome]:
         """One step of every live sequence (``choices[i]``: the arm index of ``seqs[i]``)."""
@@ -234,7 +252,8 @@ class Stepper:
             arms = [self.arms[arm_index(c, names)] for c in choices]
         except ValueError as err:
             raise ValueError(f"step choices {list(choices)!r}: {err}") from None
-        trees, draft_s = self.engine.propose(arms, [self._cached(s, a) for s, a in zip(self.seqs, arms)])
+        cached = [self._cached(s, a) for s, a in zip(self.seqs, arms)]
+        trees, draft_s = self.engine.propose(arms, [t for t, _ in cached], [ds for _, ds in cached])
         contexts = [s.context for s in self.seqs]
         results = self.engine.verify(arms, trees, draft_s)
         out = []

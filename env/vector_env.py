@@ -22,7 +22,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from env.replay import replay_observe, replay_step
-from env.spec_env import EnvError, SpecDecodeEnv
+from env.spec_env import EnvError, SpecDecodeEnv, count_of
 
 
 class SpecDecodeVectorEnv(VectorEnv):
@@ -55,6 +55,7 @@ class SpecDecodeVectorEnv(VectorEnv):
                 "the vector env replays traces only; for live envs use "
                 "gymnasium.make_vec(..., vectorization_mode='sync', backend='live')"
             )
+        num_envs = count_of("num_envs", num_envs, 1024)  # a bool or a float is refused, not rounded
         if num_envs < 1:
             raise EnvError(f"num_envs must be >= 1, got {num_envs}")
         mode = (
@@ -68,7 +69,7 @@ class SpecDecodeVectorEnv(VectorEnv):
         self.single = single
         self.arms, self.arm_names, self.feature_names = single.arms, single.arm_names, single.feature_names
         self.prompt_ids = single.prompt_ids
-        self.num_envs = int(num_envs)
+        self.num_envs = num_envs
         self.single_observation_space = single.observation_space
         self.single_action_space = single.action_space
         self.observation_space = batch_space(single.observation_space, self.num_envs)
@@ -92,6 +93,7 @@ class SpecDecodeVectorEnv(VectorEnv):
             self._hist = torch.zeros(b, 2 + k, dtype=torch.float32, **kw)
             self._pending = torch.zeros(b, dtype=torch.bool, **kw)
         self._startable = tb.startable
+        self._started = False  # no episode to step before the first reset()
 
     # ---- helpers ----
     def _array(self, x: Any, dtype: Any) -> Any:
@@ -162,9 +164,12 @@ class SpecDecodeVectorEnv(VectorEnv):
             raise EnvError(f"reset_mask must have shape ({self.num_envs},), got {mask.shape}")
         self._reset_rows(mask, prompt)
         self._pending = self._pending & ~self._array(mask, bool)
+        self._started = True
         return self._observe(), {}
 
     def step(self, actions: Any):
+        if not self._started:
+            raise EnvError("no episode has started: call reset() before step()")
         kind = (
             (
                 "i"

@@ -33,15 +33,24 @@ def _user_error(msg: str) -> Exception:
 
 def policy_decoder(loaded: Any, policy: Any, drafter_options: dict[str, dict[str, Any]] | None = None) -> Any:
     """A ``SpeculativeDecoder`` driven by ``policy`` (a loaded policy or a path), checked against the decoder's
-    arm menu and observation (feature spec from the policy's training trace)."""
+    arm menu and observation (feature spec from the policy's training trace). Its ``position`` feature is a
+    fraction of the ``max_new_tokens`` the policy was trained at (``meta.max_new_tokens``, which ``draftgym train``
+    records), whatever a run's own; a policy file without it (older files, the shipped policies, all trained at
+    the bundled trace's 128) sees each run's ``max_new_tokens`` instead, as before."""
     from env.decoder import SpeculativeDecoder
     from env.engine import parse_arm
     from env.features import FeatureSpec
     from policies import check_compatible, load_policy
+    from policies.base import PolicyError
 
     if not hasattr(policy, "act"):
         policy = load_policy(policy)
     spec = FeatureSpec.from_dict(policy.meta.get("feature_spec"))
+    horizon = policy.meta.get("max_new_tokens")
+    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
+        raise PolicyError(
+            f"policy {policy.source or policy.name}: meta.max_new_tokens is not a positive integer, got {horizon!r}"
+        )
     arms = [parse_arm(a) for a in policy.arm_names]
     cost = (
         None  # an online policy learns live from the rewards of the cost model it was trained with, when here
@@ -52,7 +61,13 @@ def policy_decoder(loaded: Any, policy: Any, drafter_options: dict[str, dict[str
 
         cost = load_cost_model(trained)
     dec = SpeculativeDecoder(
-        loaded, arms, policy=policy, drafter_options=drafter_options, features=spec, cost_model=cost
+        loaded,
+        arms,
+        policy=policy,
+        drafter_options=drafter_options,
+        features=spec,
+        cost_model=cost,
+        position_horizon=horizon,
     )
     names = dec.feature_names
     check_compatible(policy, arms=[a.name for a in arms], obs_size=len(names), features=names,

@@ -1,8 +1,10 @@
 """``draftgym train CONFIG``: train the ``[policies.NAME]`` of a config on the replay env.
 
 Reads top to bottom: config -> trace and train/test split by prompt -> one trainer per policy kind -> saved file
-whose header ``meta`` records the trace, the split, the feature spec and the cost model, so that ``draftgym
-evaluate`` (``experiments.policy_commands``) scores it on exactly the prompts it never saw.
+whose header ``meta`` records the trace, the split, the feature spec, the cost model and the env's
+``max_new_tokens`` (the horizon of the ``position`` feature, which the policy's decoder keeps whatever a run's
+length: ``experiments.policy_commands.policy_decoder``), so that ``draftgym evaluate``
+(``experiments.policy_commands``) scores it on exactly the prompts it never saw.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ def train_policy(
         "trace_model": trace.header["model"]["model_id"],
         "cost_model": str(Path(t.cost_model).resolve()) if t.cost_model else None,
         "feature_spec": env.feature_spec.as_dict(),
+        "max_new_tokens": int(env.max_new_tokens),  # position = generated / this, in training and in decoding
         "split": split.as_dict(),
         "total_timesteps": t.total_timesteps,
         "train_replay_speedup": score.speedup,

@@ -163,3 +163,20 @@ def test_seeds_of_every_integer_kind(toy_trace, toy_cost):
     for bad in (1.5, "3", [], -1, True):
         with pytest.raises(EnvError, match="seed must be"):
             v.reset(seed=bad)
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_a_step_before_any_reset_is_refused_as_the_single_env_does(toy_trace, toy_cost, device):
+    """It stepped every env on prompt 0 without an episode; the single env refuses in one line."""
+    v = SpecDecodeVectorEnv(2, trace=toy_trace, cost_model=toy_cost, device=device)
+    with pytest.raises(EnvError, match=r"call reset\(\) before step\(\)"):
+        v.step(np.array([1, 1]))
+    v.reset(seed=0)
+    assert v.step(np.array([1, 1]))[1].shape == (2,)
+
+
+@pytest.mark.parametrize("bad", [2.7, 2.0, "2", True])
+def test_num_envs_that_is_no_integer_is_refused_not_rounded(toy_trace, toy_cost, bad):
+    with pytest.raises(EnvError, match="num_envs must be an integer"):
+        SpecDecodeVectorEnv(bad, trace=toy_trace, cost_model=toy_cost)
+    assert SpecDecodeVectorEnv(np.int64(3), trace=toy_trace, cost_model=toy_cost).num_envs == 3
