@@ -126,6 +126,7 @@ def record(
     from env.decoder import chat_prompt
     from env.engine import NO_DRAFT
     from env.target import check_prompt
+    from env.workloads import prompts_digest
 
     out = Path(out)
     spec = spec or FeatureSpec()
@@ -168,6 +169,9 @@ def record(
             "forward": str(getattr(loaded, "forward", "lean")),
         },
         "workload_sha256": file_digest(workload) if Path(str(workload)).is_file() else None,
+        # the built-in set's or a ``code:`` source's prompts (no file of the user's: a package upgrade may change
+        # their text under the same ids)
+        "workload_prompts_sha256": prompts_digest(str(workload), prompts),
         # the device the target ran on: greedy outputs may differ between a GPU's kernels and the CPU's, so a
         # recording is not resumed on another
         "device": str(loaded.device),
@@ -246,7 +250,7 @@ def record(
 
 
 # header keys a recording from before they existed does not have: not compared then (it is taken as it is)
-LATER_KEYS = ("engine", "workload_sha256", "device", "max_context")
+LATER_KEYS = ("engine", "workload_sha256", "device", "max_context", "workload_prompts_sha256")
 
 
 def _provenance() -> dict[str, Any]:

@@ -9,6 +9,7 @@ import functools
 import json
 import sysconfig
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -83,7 +84,11 @@ def load_workload(
 
             why = reason(err)
             raise WorkloadError(f"{file}:{lineno}: not a Spec-Bench question line ({why})") from None
-        if not isinstance(text, str) or not text.strip():
+        if not isinstance(text, str):
+            raise WorkloadError(
+                f"{file}:{lineno}: the first turn is not text but a JSON {type(text).__name__}"
+            )
+        if not text.strip():
             raise WorkloadError(f"{file}:{lineno}: the first turn is empty")
         # the category and id are written with the results, as UTF-8: a lone surrogate would fail the run at its end
         for what, value in (("the first turn", text), ("its category", raw_cat), ("its question_id", qid)):
@@ -215,3 +220,15 @@ def _round_robin(rows: list[tuple[str, Prompt]]) -> list[Prompt]:
                 out.append(lst[i])
         i += 1
     return out
+
+
+def prompts_digest(workload: str | None, prompts: Sequence[Prompt]) -> str | None:
+    """sha256 of the (id, text) pairs of ``prompts`` drawn from a workload that is no
+    file the user names (the built-in set, a ``code:`` source): a package upgrade may change their text under the
+    same ids. None for a workload file (``workload_digest`` hashes its bytes)."""
+    import hashlib
+
+    if workload and workload != "builtin" and not workload.startswith("code:"):
+        return None
+    pairs = [[str(p.prompt_id), str(p.text)] for p in prompts]
+    return hashlib.sha256(json.dumps(pairs, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()

@@ -257,6 +257,9 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
     def fail(path: tuple[str, ...], msg: str) -> None:
         raise ConfigError(f"{where(path)}: {dotted(path)} {msg}")
 
+    if cfg.name in ("", ".", "..") or any(c in cfg.name for c in "/\\\x00"):  # runs/<name> stays in runs/
+        fail(("name",), f"is {cfg.name!r}; it names a folder under runs/: one non-empty name, no / or \\ or NUL, "
+                        "not . or ..")  # fmt: skip
     if 0 < cfg.decode.temperature < MIN_TEMPERATURE:
         fail(
             ("decode", "temperature"),

@@ -56,6 +56,10 @@ class HFRunner:
 
     @torch.no_grad()
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
+        from env.target import check_prompt
+
+        # transformers only warns past the context: refused here, as our decoders refuse it
+        check_prompt(prompt_ids, self.loaded.max_context)
         model = self.loaded.model
         ids = torch.tensor([prompt_ids], device=self.loaded.device)
         options: dict[str, Any] = {}

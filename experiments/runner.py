@@ -6,7 +6,7 @@ prompts (methods interleaved, order rotated per prompt, as ``draftgym bench`` do
 The run directory holds::
 
     config.toml        the resolved config (file < --set), every field written out
-    provenance.jsonl   one line per start: command, library versions, machine, time
+    provenance.jsonl   one line per start that decodes (written once the model loaded): command, versions, machine
     records.jsonl      one line per (method, prompt), appended and flushed as each finishes
     policies/NAME.zip  the state of each online policy after its last finished prompt
     summary.json       the summary rows (per category and overall) and the run's settings as resolved (dtype,
@@ -29,7 +29,7 @@ from typing import Any
 from tqdm import tqdm
 
 from env.files import atomic_write_text
-from env.workloads import Prompt, load_workload
+from env.workloads import Prompt, load_workload, prompts_digest
 from experiments.bench import interleaved, run_method, warm_up
 from experiments.bench_summary import format_table, summarize, summary_notes
 from experiments.config import Config, diff_configs, load_config, to_toml
@@ -61,24 +61,40 @@ def select_prompts(cfg: Config) -> list[Prompt]:
     return prompts[: w.limit] if w.limit else prompts
 
 
-def prepare_run_dir(cfg: Config, out: Path, ignore: tuple[str, ...] = ("sweep.",)) -> None:
+def prepare_run_dir(
+    cfg: Config, out: Path, ignore: tuple[str, ...] = ("sweep.",), provenance_line: bool = True
+) -> None:
     """Write the resolved config (or check that it equals the one already there, except keys starting with an
-    ``ignore`` prefix: the sweep table does not change a run's results) and a provenance line."""
+    ``ignore`` prefix: the sweep table does not change a run's results) and, with ``provenance_line``, a
+    provenance line (``run`` writes its own once the model is loaded: ``append_provenance``)."""
+    check_run_dir(cfg, out, ignore)
     out.mkdir(parents=True, exist_ok=True)
-    text = to_toml(cfg, header="Resolved config of this run (file < --set). Rerun: draftgym run config.toml")
+    path = out / "config.toml"
+    if not path.is_file():
+        text = to_toml(
+            cfg, header="Resolved config of this run (file < --set). Rerun: draftgym run config.toml"
+        )
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    if provenance_line:
+        append_provenance(out)
+
+
+def check_run_dir(cfg: Config, out: Path, ignore: tuple[str, ...] = ("sweep.",)) -> None:
+    """A ``RunDirError`` when ``out`` holds a run of another config (``prepare_run_dir``); writes nothing."""
     path = out / "config.toml"
     if path.is_file():
-        old = load_config(path)
-        diff = diff_configs(old, cfg, ignore=ignore)
+        diff = diff_configs(load_config(path), cfg, ignore=ignore)
         if diff:
             raise RunDirError(
                 f"{out} holds a run of another config (differs in {', '.join(diff[:5])}); "
                 "rerun with the same config to resume it, or pass another --out"
             )
-    else:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+
+
+def append_provenance(out: Path) -> None:
+    """One line of ``provenance.jsonl``: written once the model is loaded (the products it settled are named)."""
     with (out / "provenance.jsonl").open("a") as fh:
         fh.write(json.dumps(provenance()) + "\n")
 
@@ -92,7 +108,7 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
     from experiments.methods import make_decoders, sampling_of, save_policy_states
 
     prompts = select_prompts(cfg)  # a missing or bad workload: refused before the run folder is written
-    prepare_run_dir(cfg, out)
+    check_run_dir(cfg, out)  # written (config.toml, provenance) once the checks below have passed
     session = new_session()  # stamped on each record timed here: a resume is another session
     methods = list(cfg.methods)
     rec_path = out / "records.jsonl"
@@ -101,6 +117,9 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
     done = {(r.method, r.prompt_id) for r in records}
     todo = [(i, p) for i, p in enumerate(prompts) if any((m, p.prompt_id) not in done for m in methods)]
 
+    if not todo:  # a finished run: its summary is rebuilt, from records of these files' contents only
+        check_finished(cfg, out, prompts, model_id_of(cfg.model.name) if loaded is None else loaded.model_id)
+        prepare_run_dir(cfg, out, provenance_line=False)
     if todo:
         bar = tqdm(total=1, desc="load model", disable=not progress, leave=False)
         if loaded is None:
@@ -109,12 +128,18 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
             )
         bar.update(1)
         bar.close()
+        from env.target import check_prompt
         from experiments.args import same_settings
 
+        prompt_ids = {p.prompt_id: chat_prompt(loaded.tokenizer, p.text) for p in prompts}
+        for p in prompts:  # every prompt fits the context, before anything is decoded or written
+            check_prompt(prompt_ids[p.prompt_id], loaded.max_context, f"prompt {p.prompt_id}")
         # what "auto" resolved to on this machine, and the files' contents: a resume with others is refused
-        same_settings(out, run_settings(cfg, loaded), started=bool(records))
+        out.mkdir(parents=True, exist_ok=True)
+        same_settings(out, run_settings(cfg, loaded, prompts), started=bool(records))
+        prepare_run_dir(cfg, out)  # the provenance line names what the loaded model settled
         state_dir = out / "policies"
-        lengths = {len(chat_prompt(loaded.tokenizer, p.text)) for p in prompts}
+        lengths = {len(ids) for ids in prompt_ids.values()}
         longest = max(lengths, default=0)
         decoders = make_decoders(cfg, loaded, state_dir, context=longest + cfg.decode.max_new_tokens)
         carried = resume_drafters(decoders, state_dir, rec_path, records)  # restored after the warm-up
@@ -131,19 +156,19 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
         )
         with rec_path.open("a") as fh:
             for i, p, order in interleaved(todo, methods, done):
-                prompt_ids = chat_prompt(loaded.tokenizer, p.text)
+                given = prompt_ids[p.prompt_id]
                 for m in order:
                     ids, wall, steps, tau, arms = run_method(
                         m,
                         loaded,
                         decoders,
-                        prompt_ids,
+                        given,
                         cfg.decode.max_new_tokens,
                         sampling=sampling,
                         seed=cfg.seed + i,
                     )
-                    rec = Record(m, p.prompt_id, p.category, len(prompt_ids), len(ids), wall, steps, tau, ids,
-                                 arms, session)  # fmt: skip
+                    rec = Record(m, p.prompt_id, p.category, len(given), len(ids), wall, steps, tau, ids, arms,
+                                 session)  # fmt: skip
                     learned = [r.prompt_id for r in records if r.method == m] + [p.prompt_id]
                     policy = getattr(decoders.get(m), "policy", None)
                     if policy is not None:  # the state after this prompt and its record, saved together
@@ -162,26 +187,104 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
     return finish(cfg, out, records, prompts)
 
 
-def run_settings(cfg: Config, loaded: Any) -> dict[str, Any]:
+def run_settings(cfg: Config, loaded: Any, prompts: list[Prompt] | None = None) -> dict[str, Any]:
     """What a run's records depend on beyond its config file's values (``config.toml``): the model, dtype, device,
-    weights and forward as loaded here (``auto`` resolves per machine), the workload and the contents of its file,
-    and the contents of each policy method's file (``policies.NAME.path``): kept in ``settings.json``
-    (``experiments.args.same_settings``), as ``draftgym bench`` keeps them."""
+    weights and forward as loaded here (``auto`` resolves per machine) and the machine, with ``file_settings``:
+    kept in ``settings.json`` (``experiments.args.same_settings``), as ``draftgym bench`` keeps them."""
+    options = {name: dict(opts) for name, opts in cfg.drafters.items()}
+    prompts = select_prompts(cfg) if prompts is None else prompts
+    return {
+        **run_identity(loaded, cfg.decode.max_new_tokens, options),
+        **machine_identity(loaded.device),
+        **file_settings(cfg, prompts, loaded.model_id),
+    }
+
+
+def file_settings(cfg: Config, prompts: list[Prompt], model_id: str) -> dict[str, Any]:
+    """The settings of ``run_settings`` that need no model, checked also when a finished run is rerun: the workload
+    and the contents of its file (or, for the built-in set and a ``code:`` source, of the prompts drawn), of each
+    policy method's file (``policies.NAME.path``) and of each head file the methods' drafters load
+    (``drafter_head.DRAFTER``)."""
     from env.files import file_digest
 
-    options = {name: dict(opts) for name, opts in cfg.drafters.items()}
     policies = {}
     for m in cfg.methods:
         p = cfg.policies.get(m.removeprefix("policy:")) if m.startswith("policy:") else None
         if p is not None and p.path and Path(p.path).is_file():
             policies[m] = file_digest(p.path)
     return {
-        **run_identity(loaded, cfg.decode.max_new_tokens, options),
-        **machine_identity(loaded.device),
         "workload": workload_identity(cfg.workload.path),
         "workload_sha256": workload_digest(cfg.workload.path),
+        "workload_prompts_sha256": prompts_digest(cfg.workload.path, prompts),
         "policies": policies,
+        # one key a head: a refusal names the drafter; a folder from before these keys is taken as it is
+        **{f"drafter_head.{k}": v for k, v in head_digests(cfg, model_id).items()},
     }
+
+
+def head_digests(cfg: Config, model_id: str) -> dict[str, str]:
+    """sha256 of the head file each head drafter (eagle, eagle3, early_exit; a hybrid's parts as
+    ``hybrid.PART``) of the methods and policy arms loads for ``model_id`` (``drafters.heads.find_head``: the
+    ``weights`` option, else the user's trained head, else the shipped one): a head retrained between a kill and
+    a resume would mix two heads' records. A head not found is left out (its drafter says so when it loads)."""
+    from drafters import DrafterError, EagleDrafter, EarlyExitDrafter, make_drafter
+    from drafters.heads import find_head
+    from env.engine import parse_arm, split_weights
+    from env.files import file_digest
+    from experiments.config import EXTERNAL_METHODS, is_device_method
+
+    arms = []
+    for m in cfg.methods:
+        if m.startswith("policy:") and m.removeprefix("policy:") in cfg.policies:
+            arms += list(cfg.policies[m.removeprefix("policy:")].arms)
+        elif m not in EXTERNAL_METHODS and not is_device_method(m):
+            arms.append(split_weights(m)[0])
+    names = sorted({d for d in (parse_arm(a).drafter for a in arms) if d is not None})
+    heads: list[tuple[str, Any]] = []
+    for n in names:
+        d = make_drafter(n, **dict(cfg.drafters.get(n, {})))
+        heads += [
+            (f"{n}.{k}", part) for k, part in zip(getattr(d, "part_names", []), getattr(d, "parts", []))
+        ]
+        heads.append((n, d))
+    out = {}
+    for key, d in heads:
+        if not isinstance(d, (EagleDrafter, EarlyExitDrafter)):
+            continue
+        try:
+            path = find_head(getattr(d, "kind", d.name), model_id, d.weights)
+        except DrafterError:
+            continue
+        if path.is_file():
+            out[key] = file_digest(path)
+    return out
+
+
+def check_finished(cfg: Config, out: Path, prompts: list[Prompt], model_id: str) -> None:
+    """A rerun of a finished run loads no model, but its records must still be of these files' contents
+    (``file_settings``), else the summary it rebuilds describes prompts, policies or heads the run no longer has.
+    A folder without ``settings.json`` (from before it) is taken as it is; a head no longer found is not
+    compared (a head cache cleared after the run does not stop its summary)."""
+    from experiments.args import same_settings
+
+    path = out / "settings.json"
+    if not path.is_file():
+        return
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        saved = None  # same_settings says so
+    saved = saved if isinstance(saved, dict) else {}
+    same_settings(out, {**saved, **file_settings(cfg, prompts, model_id)}, started=True)
+
+
+def model_id_of(name: str | None) -> str:
+    """The id ``env.model.load_model(name)`` gives its model, without loading it (the id heads are found by)."""
+    from env.model import DEFAULT_MODEL, RANDOM_PREFIX
+
+    if name is not None and name.startswith(RANDOM_PREFIX):
+        return f"random-{name.removeprefix(RANDOM_PREFIX)}"
+    return str(name) if name else DEFAULT_MODEL
 
 
 def recover_policy_records(

@@ -39,6 +39,12 @@ def test_bad_workload_names_the_line(tmp_path):
         ({"question_id": 1, "category": None, "turns": ["Say hi."]}, "category is not a name"),
         ({"question_id": [1], "category": "qa", "turns": ["Say hi."]}, "question_id"),
         ({"question_id": 1, "category": "qa", "turns": []}, "turns are not a list"),
+        (
+            {"question_id": 1, "category": "qa", "turns": [{"text": "Say hi."}]},
+            "first turn is not text but a JSON dict",
+        ),
+        ({"question_id": 1, "category": "qa", "turns": [3]}, "first turn is not text but a JSON int"),
+        ({"question_id": 1, "category": "qa", "turns": [" "]}, "first turn is empty"),
     ],
 )
 def test_malformed_question_fields_are_refused(tmp_path, row, why):
