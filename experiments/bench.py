@@ -312,7 +312,7 @@ def cmd_bench(args: Any) -> int:
     import sys
 
     from env.model import load_model
-    from env.workloads import load_workload
+    from env.workloads import load_workload, prompts_digest
     from experiments.args import drafter_options, output_dir, same_drafter_options
     from experiments.errors import UserError
 
@@ -392,6 +392,7 @@ def cmd_bench(args: Any) -> int:
         identity={
             "workload": workload_identity(args.workload),
             "workload_sha256": workload_digest(args.workload),
+            "workload_prompts_sha256": prompts_digest(args.workload, prompts),  # built-in, code: (no file)
             "policies": {m: file_digest(p) for m, p in zip(decoders, args.policy or [])},
             "llama_cpp_gguf": None if gguf is None else str(Path(gguf).resolve()),
         },

@@ -136,6 +136,37 @@ def test_a_resume_on_an_edited_workload_file_is_refused(tmp_path, monkeypatch, c
     assert err.count("\n") == 1 and "workload_sha256" in err, err
 
 
+def test_a_resume_on_changed_built_in_prompts_is_refused(tmp_path, monkeypatch, capsys):
+    """A workload without a file of the user's (the built-in set, a ``code:`` source read from a package's
+    docstrings) has no file to hash: its prompts are, so a text changed under the same id is not resumed."""
+    import env.model
+    import env.workloads
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: _loaded())
+    monkeypatch.setattr(bench, "SpeculativeDecoder", lambda *a, **k: object())
+
+    def killed(*a, **k):
+        raise _Killed
+
+    monkeypatch.setattr(bench, "run_method", killed)
+    text = ["Say hello."]
+    prompts = lambda *a, **k: [Prompt("1", "qa", text[0]), Prompt("2", "qa", "Say hi.")]  # noqa: E731
+    monkeypatch.setattr(env.workloads, "load_workload", prompts)
+    argv = ["bench", "--methods", "ar", "--max-new-tokens", "2", "--out", "runs/b"]
+    with pytest.raises(_Killed):
+        main(argv)
+    with (tmp_path / "runs" / "b" / "records.jsonl").open("w") as fh:
+        fh.write(json.dumps(asdict(Record("ar", "1", "qa", 4, 2, 0.1, 2, 1.0, [1, 2]))) + "\n")
+    with pytest.raises(_Killed):  # the same prompts: resumed
+        main(argv)
+    text[0] = "Say goodbye."  # a package upgrade changed the text under the same id
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "workload_prompts_sha256" in err, err
+
+
 def test_a_method_that_stopped_early_is_compared_on_the_prompts_it_finished():
     """llama.cpp's worker dying at prompt 2 of 4 left its "x HF" a ratio of 2 prompts' tokens/s over 4 others':
     a speedup now compares the two methods on the prompts both finished."""
