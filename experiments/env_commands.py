@@ -33,7 +33,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.reps < 1:
         raise UserError(f"--reps must be >= 1, got {args.reps}")
     names = _drafter_list(args.drafters)
-    out = output_file(args.out or ("runs/batch_cost.json" if args.batch else "runs/cost_model.json"))
+    from env.cli import holds_other_than_json
+
+    # an existing file there must be an earlier cost model (one JSON object), not a policy or a trace named by a
+    # misplaced flag
+    out = output_file(args.out or ("runs/batch_cost.json" if args.batch else "runs/cost_model.json"),
+                      earlier=(lambda p: not holds_other_than_json(p), "a JSON file"))  # fmt: skip
     loaded = load_model(
         args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
     )

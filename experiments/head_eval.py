@@ -126,7 +126,8 @@ def _heldout_ids(head: Path) -> set[str] | None:
         meta = parse_json(head.with_suffix(".json").read_bytes())
     except (ArchiveProblem, OSError):
         return None
-    ids = meta.get("training", {}).get("heldout_ids") if isinstance(meta, dict) else None
+    training = meta.get("training") if isinstance(meta, dict) else None
+    ids = training.get("heldout_ids") if isinstance(training, dict) else None
     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
         return None
     return set(ids)

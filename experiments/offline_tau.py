@@ -121,8 +121,12 @@ def _main(argv: list[str] | None) -> int:
         )
     model = ran.get("model")  # its tokenizer writes the prompts as the bench did
     loaded = load_model(model if isinstance(model, str) else None, dtype="bf16", device="cpu")
+    vocab = int(loaded.config.vocab_size)
     order, cats = [], []
     for p in prompts:
+        if any(t >= vocab for t in ar[p.prompt_id]):  # a hand-edited record: no token of the model
+            raise UserError(f"{args.run_dir}: the ar answer to prompt {p.prompt_id!r} holds a token id outside "
+                            f"the model's vocabulary of {vocab}")  # fmt: skip
         ids = chat_prompt(loaded.tokenizer, p.text)
         order.append((ids + ar[p.prompt_id], len(ids)))
         cats.append(p.category)

@@ -72,3 +72,15 @@ def test_data_with_more_layers_is_scored_on_the_fused_ones(setup, monkeypatch, c
         rows.append(json.loads(out.read_text())[0])
     assert rows[0]["positions"] > 0
     assert rows[0] == rows[1]
+
+
+@pytest.mark.parametrize("training", [["heldout_ids"], "x", 3])
+def test_a_head_description_whose_training_is_not_an_object_records_no_held_out_prompts(tmp_path, training):
+    """``"training": [...]`` in a head's JSON was read with ``.get``: an AttributeError traceback."""
+    from experiments.head_eval import _heldout_ids
+
+    head = tmp_path / "h.safetensors"
+    head.with_suffix(".json").write_text(json.dumps({"training": training}))
+    assert _heldout_ids(head) is None
+    head.with_suffix(".json").write_text(json.dumps({"training": {"heldout_ids": ["a", "b"]}}))
+    assert _heldout_ids(head) == {"a", "b"}

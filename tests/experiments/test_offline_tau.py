@@ -60,7 +60,8 @@ def no_model(monkeypatch):
     import env.decoder
     import env.model
 
-    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: SimpleNamespace(tokenizer=None))
+    loaded = SimpleNamespace(tokenizer=None, config=SimpleNamespace(vocab_size=64))
+    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: loaded)
     monkeypatch.setattr(env.decoder, "chat_prompt", lambda tok, text: [1, 2, 3])
 
 
@@ -101,3 +102,18 @@ def test_a_bench_run_with_limit_is_scored_on_the_prompts_it_ran(tmp_path, capsys
     _run(tmp_path, {"model": "m", "workload": "builtin", "per_category": None, "prompts": 3}, first)
     assert main([str(tmp_path), "builtin"]) == 2
     assert "has no ar answer to 1 of 3 prompts" in capsys.readouterr().err
+
+
+def test_an_answer_holding_an_id_outside_the_vocabulary_is_one_line(tmp_path, capsys, no_model):
+    """A hand-edited record's ids past the model's vocabulary (2**63 overflowed deep in a drafter) are refused."""
+    from env.workloads import load_workload
+    from experiments.offline_tau import main
+
+    ids = [p.prompt_id for p in load_workload(None)]
+    _run(tmp_path, {"model": "m", "workload": "builtin", "per_category": None}, ids)
+    recs = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
+    recs[1]["token_ids"] = [5, 2**63]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert main([str(tmp_path), "builtin"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "outside the model's vocabulary of 64" in err, err

@@ -246,3 +246,16 @@ def test_a_bad_name_ends_in_one_line_and_writes_nothing(tmp_path, monkeypatch, c
 )
 def test_the_shipped_configs_names_are_accepted(path):
     assert load_config(path).name == path.stem
+
+
+@pytest.mark.parametrize("batch", [[], ["--batch"]])
+def test_calibrate_out_never_overwrites_a_file_that_is_not_a_cost_model(tmp_path, capsys, batch):
+    """``calibrate --out`` replaced whatever it named (a policy zip, a trace) with a cost model's JSON."""
+    from experiments.cli import main
+
+    policy = tmp_path / "p.zip"
+    policy.write_bytes(b"PK\x03\x04 a policy")
+    assert main(["calibrate", *batch, "--model", "random:llama-tiny", "--out", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exists and is not a JSON file; not overwritten" in err, err
+    assert policy.read_bytes() == b"PK\x03\x04 a policy"
