@@ -104,8 +104,10 @@ def test_evaluate_names_its_live_folder_before_any_work(tmp_path, monkeypatch, f
     )
 
 
-def test_a_resume_on_an_edited_workload_file_is_refused(tmp_path, monkeypatch, capsys):
-    """The same path with other prompts under the same ids would mix answers to two prompt sets in one table."""
+@pytest.fixture
+def killed_bench(tmp_path, monkeypatch, capsys):
+    """``resumed(argv, change, key)``: a bench killed at its first timed method, one prompt measured before the
+    kill, resumed once unchanged (and killed again), then after ``change()``: refused in one line naming ``key``."""
     import env.model
 
     monkeypatch.chdir(tmp_path)
@@ -116,55 +118,50 @@ def test_a_resume_on_an_edited_workload_file_is_refused(tmp_path, monkeypatch, c
         raise _Killed
 
     monkeypatch.setattr(bench, "run_method", killed)
+
+    def resumed(argv: list[str], change, key: str) -> None:
+        argv = ["bench", "--methods", "ar", "--max-new-tokens", "2", "--out", "runs/b", *argv]
+        with pytest.raises(_Killed):
+            main(argv)
+        with (tmp_path / "runs" / "b" / "records.jsonl").open("w") as fh:  # a prompt measured before the kill
+            fh.write(json.dumps(asdict(Record("ar", "1", "qa", 4, 2, 0.1, 2, 1.0, [1, 2]))) + "\n")
+        with pytest.raises(_Killed):  # unchanged: resumed
+            main(argv)
+        change()
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and key in err, err
+
+    return resumed
+
+
+def test_a_resume_on_an_edited_workload_file_is_refused(tmp_path, killed_bench):
+    """The same path with other prompts under the same ids would mix answers to two prompt sets in one table."""
     wl = tmp_path / "prompts.jsonl"
     rows = [
         {"question_id": i, "category": "qa", "turns": [t]} for i, t in ((1, "Say hello."), (2, "Say hi."))
     ]
     wl.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    argv = ["bench", "--methods", "ar", "--workload", str(wl), "--max-new-tokens", "2", "--out", "runs/b"]
-    with pytest.raises(_Killed):
-        main(argv)
-    with (tmp_path / "runs" / "b" / "records.jsonl").open("w") as fh:  # a prompt measured before the kill
-        fh.write(json.dumps(asdict(Record("ar", "1", "qa", 4, 2, 0.1, 2, 1.0, [1, 2]))) + "\n")
-    with pytest.raises(_Killed):  # the same file: resumed
-        main(argv)
-    rows[0]["turns"] = ["Say goodbye."]  # prompt 1, measured, now means another prompt
-    wl.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "workload_sha256" in err, err
+
+    def edit() -> None:  # prompt 1, measured, now means another prompt
+        rows[0]["turns"] = ["Say goodbye."]
+        wl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    killed_bench(["--workload", str(wl)], edit, "workload_sha256")
 
 
-def test_a_resume_on_changed_built_in_prompts_is_refused(tmp_path, monkeypatch, capsys):
+def test_a_resume_on_changed_built_in_prompts_is_refused(monkeypatch, killed_bench):
     """A workload without a file of the user's (the built-in set, a ``code:`` source read from a package's
     docstrings) has no file to hash: its prompts are, so a text changed under the same id is not resumed."""
-    import env.model
     import env.workloads
 
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: _loaded())
-    monkeypatch.setattr(bench, "SpeculativeDecoder", lambda *a, **k: object())
-
-    def killed(*a, **k):
-        raise _Killed
-
-    monkeypatch.setattr(bench, "run_method", killed)
     text = ["Say hello."]
     prompts = lambda *a, **k: [Prompt("1", "qa", text[0]), Prompt("2", "qa", "Say hi.")]  # noqa: E731
     monkeypatch.setattr(env.workloads, "load_workload", prompts)
-    argv = ["bench", "--methods", "ar", "--max-new-tokens", "2", "--out", "runs/b"]
-    with pytest.raises(_Killed):
-        main(argv)
-    with (tmp_path / "runs" / "b" / "records.jsonl").open("w") as fh:
-        fh.write(json.dumps(asdict(Record("ar", "1", "qa", 4, 2, 0.1, 2, 1.0, [1, 2]))) + "\n")
-    with pytest.raises(_Killed):  # the same prompts: resumed
-        main(argv)
-    text[0] = "Say goodbye."  # a package upgrade changed the text under the same id
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "workload_prompts_sha256" in err, err
+    killed_bench(
+        [], lambda: text.__setitem__(0, "Say goodbye."), "workload_prompts_sha256"
+    )  # a package upgrade
 
 
 def test_a_method_that_stopped_early_is_compared_on_the_prompts_it_finished():
