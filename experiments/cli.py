@@ -59,7 +59,7 @@ COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
         ),
         "train-drafter": (
             "experiments.train_drafter",
-            "train an eagle or early_exit draft head by self-distillation",
+            "train an eagle, eagle3 or early_exit draft head by self-distillation",
         ),
         "train": (
             "experiments.policy_train",
