@@ -20,7 +20,6 @@ Both are plain numbers: a file is read as JSON and checked, never run.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,6 +271,23 @@ MODELS: dict[str, dict[str, float]] = {
         "head_dim": 64,
     },
 }
+# The range of each figure a roofline file may hold: generous around real accelerators and models (the presets above
+# sit well inside), so that every step, prefill and unit rate it prices is finite and positive; each refused in one
+# line naming it. ``draft_per_row_s``: each drafter's host-side proposal seconds per row.
+ROOFLINE_RANGES: dict[str, tuple[float, float]] = {
+    "acc.bytes_s": (1e6, 1e15),  # memory bandwidth, bytes/s (an H200: 4.8e12)
+    "acc.flops": (1e6, 1e18),  # peak FLOP/s (an H100: 9.9e14)
+    "acc.overhead_s": (0.0, 1.0),  # a step's fixed seconds
+    "shape.params": (1e6, 1e13),  # parameters (Llama-3.1-405B: 4e11)
+    "shape.layers": (1, 1024),
+    "shape.heads": (1, 1024),
+    "shape.kv_heads": (1, 1024),
+    "shape.head_dim": (1, 4096),
+    "bw_efficiency": (0.01, 1.0),  # achievable fractions of the peaks
+    "flop_efficiency": (0.01, 1.0),
+    "draft_per_row_s": (0.0, 1.0),
+}
+WHOLE_FIGURES = ("shape.layers", "shape.heads", "shape.kv_heads", "shape.head_dim")
 BW_EFFICIENCY = 0.8  # achievable fraction of peak HBM bandwidth in decode kernels
 FLOP_EFFICIENCY = 0.6  # achievable fraction of peak tensor FLOP/s
 HOST_DRAFT_S = {"ngram": 3e-5, "suffix": 5e-5, "recycling": 4e-5}  # host-side proposal per row (assumed)
@@ -343,25 +359,21 @@ class RooflineCost:
         missing = [k for k in need_acc if k not in acc] + [k for k in need_shape if k not in shape]
         if missing:
             raise CostModelError(f"{source} lacks {', '.join(missing)}")
-        nums = (
-            [acc[k] for k in need_acc]
-            + [shape[k] for k in need_shape]
-            + [out.bw_efficiency, out.flop_efficiency]
-            + list(out.draft_per_row_s.values())
-        )
-        if (
-            not all(math.isfinite(x) and x >= 0 for x in nums)
-            or acc["bytes_s"] <= 0
-            or acc["flops"] <= 0
-            or any(shape[k] <= 0 for k in need_shape)  # a model of no weights or layers costs nothing to run
-            or not (
-                math.isfinite(shape.get("embed_params", 0.0))
-                and 0 <= shape.get("embed_params", 0.0) < shape["params"]
+        figures = [(f"acc.{k}", acc[k]) for k in need_acc] + [(f"shape.{k}", shape[k]) for k in need_shape]
+        figures += [("bw_efficiency", out.bw_efficiency), ("flop_efficiency", out.flop_efficiency)]
+        figures += [(f"draft_per_row_s.{k}", v) for k, v in out.draft_per_row_s.items()]
+        for name, v in figures:
+            lo, hi = ROOFLINE_RANGES[name if name in ROOFLINE_RANGES else "draft_per_row_s"]
+            whole = name in WHOLE_FIGURES
+            if not lo <= v <= hi or (whole and v != int(v)):  # (a NaN is in no range)
+                kind = "a whole number" if whole else "a number"
+                raise CostModelError(f"{source}: {name} must be {kind} in [{lo:g}, {hi:g}], got {v!r}")
+        # the dense weights a step reads and multiplies by: the parameters less an untied embedding table
+        embed = shape.get("embed_params", 0.0)
+        if not 0 <= embed < shape["params"]:
+            raise CostModelError(
+                f"{source}: shape.embed_params must be in [0, shape.params {shape['params']:g}), got {embed!r}"
             )
-        ):
-            raise CostModelError(f"{source}: figures must be finite and positive")
-        if not (0 < out.bw_efficiency <= 1 and 0 < out.flop_efficiency <= 1):
-            raise CostModelError(f"{source}: efficiencies must be in (0, 1]")
         return out
 
 
@@ -415,5 +427,5 @@ def load_batch_cost(source: str | Path | BatchCost | None = None) -> BatchCost:
     raise CostModelError(f"{path} is not a draftgym batch cost model (format {data.get('format')!r})")
 
 
-__all__ = ["ACCELERATORS", "MODELS", "BatchCost", "FittedBatchCost", "RooflineCost", "cost_digest", "load_batch_cost",
-           "roofline", "step_context", "step_s"]  # fmt: skip
+__all__ = ["ACCELERATORS", "MODELS", "ROOFLINE_RANGES", "BatchCost", "FittedBatchCost", "RooflineCost", "cost_digest",
+           "load_batch_cost", "roofline", "step_context", "step_s"]  # fmt: skip

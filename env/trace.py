@@ -235,13 +235,19 @@ def load_trace(path: str | Path | None = None) -> Trace:
         )
     except KeyError as err:
         raise TraceError(f"{file} is not a complete trace (no {err} in it)") from err
+    check_trace(file, trace)
+    return trace
+
+
+def check_trace(file: str | Path, trace: Trace) -> None:
+    """The checks ``load_trace`` runs on a trace's arrays (ranks and kinds, offsets, trees, token ids, features),
+    against its (checked) header; a failure is a one-line ``TraceError`` naming ``file``."""
     try:
         check_trace_arrays(trace)
-        _check_offsets(file, trace)
+        _check_offsets(Path(file), trace)
         check_trace_values(trace)
     except Bad as bad:
         raise TraceError(one_line(f"{file} is not a valid trace: {bad.args[0]} {bad.args[1]}")) from None
-    return trace
 
 
 def tree_nodes(shape: Sequence[int]) -> int:
@@ -320,4 +326,4 @@ def model_fingerprint(loaded: Any) -> dict[str, Any]:
     }
 
 
-__all__ = ["Trace", "TraceError", "default_trace_path", "load_trace", "model_fingerprint"]
+__all__ = ["Trace", "TraceError", "check_trace", "default_trace_path", "load_trace", "model_fingerprint"]

@@ -33,6 +33,7 @@ from env.trace import (
     Trace,
     TraceError,
     TreeArrays,
+    check_trace,
     load_trace,
     model_fingerprint,
 )
@@ -210,13 +211,18 @@ def record(
     carriers = {n: d for n, d in probes.items() if isinstance(d, Carries)}
     if carriers:
         _resume_carriers(parts_dir, len(prompts), carriers)
+    parts = {}  # an earlier run's parts, each checked before anything is recorded
+    for i in range(len(prompts)):
+        if (parts_dir / f"{i:05d}.npz").is_file():
+            parts[i] = _read_part(parts_dir / f"{i:05d}.npz", header, i)
+    if parts and progress:
+        print(f"resuming: {len(parts)} of {len(prompts)} prompts already recorded", file=sys.stderr)
     stepper = Stepper(engine, [NO_DRAFT])
     proj = projection(int(loaded.config.hidden_size), spec)
-    parts = []
     bar = tqdm(prompts, desc="record", unit="prompt", disable=not progress)
     for i, p in enumerate(bar):
         part_file = parts_dir / f"{i:05d}.npz"
-        if not part_file.is_file():
+        if i not in parts:
             arrays = record_prompt(
                 stepper, probes, chat_prompt(loaded.tokenizer, p.text), max_new_tokens, spec, proj
             )
@@ -229,17 +235,12 @@ def record(
                 state = carried_state(carriers)
                 np.savez(parts_dir / "probes.tmp.npz", part=np.int64(i + 1), **state)
                 (parts_dir / "probes.tmp.npz").replace(parts_dir / PROBES_FILE)
-        try:
-            parts.append(read_npz(part_file, max_bytes=TRACE_BYTES))
-        except ArchiveProblem as err:
-            raise TraceError(
-                f"{part_file} is a corrupted part of this recording ({err}); delete it to record again"
-            ) from None
+            parts[i] = _read_part(part_file, header, i)
     header = dict(header)
     header["created"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     header["provenance"] = _provenance()  # where it was recorded (not compared on a resume)
     try:
-        trace = _assemble(header, parts)
+        trace = _assemble(header, [parts[i] for i in range(len(prompts))])
     except (KeyError, ValueError) as err:
         raise TraceError(
             f"{parts_dir} holds a part of another recording ({one_line(str(err))}); delete it"
@@ -247,6 +248,43 @@ def record(
     trace.save(out)
     _remove_parts(parts_dir)
     return trace
+
+
+def _read_part(part_file: Path, header: dict[str, Any], i: int) -> dict[str, np.ndarray]:
+    """Part ``i`` read back and given the checks ``load_trace`` gives a trace's arrays (``env.trace.check_trace``,
+    as a trace of this one prompt): a damaged part is refused here, while the parts are kept, not assembled into a
+    trace that no command could load."""
+    again = f"delete {part_file.parent} to record afresh"
+    try:
+        part = read_npz(part_file, max_bytes=TRACE_BYTES)
+    except ArchiveProblem as err:
+        raise TraceError(
+            one_line(f"{part_file} is a corrupted part of this recording ({err}); delete it to record again")
+        ) from None
+    names = [
+        "prompt",
+        "traj",
+        "feat",
+        *(f"{n}/{a}" for n in header["drafters"] for a in ("off", "tokens", "parents")),
+    ]
+    missing = [n for n in names if n not in part]
+    if missing:
+        raise TraceError(f"recorded part {part_file} holds no {missing[0]} array; {again}")
+    ids, cats = header["prompts"]["ids"], header["prompts"]["categories"]
+    one = {**header, "prompts": {"ids": [ids[i]], "categories": [cats[i]]}}
+    prompt, traj = part["prompt"], part["traj"]
+    trees = {
+        n: TreeArrays(part[f"{n}/off"], part[f"{n}/tokens"], part[f"{n}/parents"]) for n in header["drafters"]
+    }
+    # .size: a 0-d or 2-D array gets offsets here and is refused by its rank in check_trace
+    prompt_off, traj_off = (np.array([0, a.size], dtype=np.int64) for a in (prompt, traj))
+    try:
+        check_trace(
+            f"recorded part {part_file}", Trace(one, prompt, prompt_off, traj, traj_off, part["feat"], trees)
+        )
+    except TraceError as err:
+        raise TraceError(one_line(f"{err}; {again}")) from None
+    return part
 
 
 # header keys a recording from before they existed does not have: not compared then (it is taken as it is)

@@ -83,7 +83,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_record(args: argparse.Namespace) -> int:
     from env.model import load_model
-    from env.trace_record import part_progress, record
+    from env.trace_record import record
     from env.workloads import load_workload
     from experiments.errors import UserError
 
@@ -97,12 +97,10 @@ def cmd_record(args: argparse.Namespace) -> int:
     prompts = load_workload(args.workload, per_category=args.per_category)
     if args.limit:
         prompts = prompts[: args.limit]
-    done = part_progress(out)
     loaded = load_model(
         args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
     )
-    if done and not args.json:
-        print(f"resuming: {done} of {len(prompts)} prompts already recorded", file=sys.stderr)
+    # record() says how many prompts a resume finds recorded, once it has checked their parts
     t0 = time.perf_counter()
     trace = record(
         loaded,

@@ -346,7 +346,9 @@ def test_a_zero_efficiency_roofline_is_refused(tmp_path):
     d["bw_efficiency"] = 0.0
     path = tmp_path / "rl.json"
     path.write_text(json.dumps(d))
-    with pytest.raises(CostModelError, match=r"efficiencies must be in \(0, 1\]"):
+    with pytest.raises(
+        CostModelError, match=r"rl.json: bw_efficiency must be a number in \[0.01, 1\], got 0.0"
+    ):
         load_batch_cost(path)
 
 

@@ -1,0 +1,115 @@
+"""``draftgym record`` resuming from a damaged ``OUT.parts/`` folder: each part read back gets the checks a trace's
+arrays get on loading (``env.trace.check_trace``), so a damaged part ends in one line naming it, with the parts kept
+and no trace written, never in a traceback or in a trace that ``load_trace`` then refuses."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+import env.trace_record as trace_mod
+from env.trace import TraceError, load_trace
+from env.trace_record import record
+from env.workloads import Prompt
+
+PROMPTS = [
+    Prompt("code-d-a", "code", "Write a function that adds two numbers."),
+    Prompt("code-d-b", "code", "Hi."),
+]
+GO = dict(max_new_tokens=4, workload="code:damaged")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from env.model import load_model
+
+    return load_model("random:llama-tiny", dtype="fp32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def killed(tiny, tmp_path_factory):
+    """A recording of PROMPTS killed while decoding the second: its parts folder holds the first prompt's part."""
+    out = tmp_path_factory.mktemp("killed") / "t.npz"
+    real, calls = trace_mod.record_prompt, []
+
+    def dies_on_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    trace_mod.record_prompt = dies_on_second
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            record(tiny, PROMPTS, ["ngram"], out, progress=False, **GO)
+    finally:
+        trace_mod.record_prompt = real
+    parts = out.with_name(out.name + ".parts")
+    assert (parts / "00000.npz").is_file() and not (parts / "00001.npz").exists()
+    return parts
+
+
+def _copy(killed, tmp_path):
+    out = tmp_path / "t.npz"
+    shutil.copytree(killed, out.with_name(out.name + ".parts"))
+    return out, out.with_name(out.name + ".parts") / "00000.npz"
+
+
+DAMAGE = {
+    "feat-as-strings": lambda a: a.update(feat=np.full(a["feat"].shape, "x")),
+    "0-d-prompt": lambda a: a.update(prompt=np.int32(5)),
+    "2-D-traj": lambda a: a.update(traj=a["traj"][None, :]),
+    "invalid-tree": lambda a: a.update({"ngram/parents": np.full_like(a["ngram/parents"], 5)}),
+    "huge-tokens": lambda a: a.update({"ngram/tokens": np.full_like(a["ngram/tokens"], 2**31 - 1)}),
+    "bad-offsets": lambda a: a.update({"ngram/off": np.r_[0, 100, a["ngram/off"][2:]]}),
+    "nan-feat": lambda a: a.update(feat=np.full_like(a["feat"], np.nan)),
+    "no-feat": lambda a: a.pop("feat"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_a_damaged_part_is_refused_naming_it_and_the_parts_are_kept(case, tiny, killed, tmp_path):
+    out, part = _copy(killed, tmp_path)
+    arrays = dict(np.load(part))
+    DAMAGE[case](arrays)
+    np.savez(part, **arrays)
+    before = part.read_bytes()
+    with pytest.raises(TraceError) as err:
+        record(tiny, PROMPTS, ["ngram"], out, progress=False, **GO)
+    msg = str(err.value)
+    assert str(part) in msg and f"delete {part.parent} to record afresh" in msg and "\n" not in msg
+    assert part.read_bytes() == before and not out.exists()  # nothing assembled, nothing deleted
+
+
+def test_an_intact_part_is_resumed_saying_so(tiny, killed, tmp_path, capsys):
+    out, _ = _copy(killed, tmp_path)
+    trace = record(tiny, PROMPTS, ["ngram"], out, progress=True, **GO)
+    assert "resuming: 1 of 2 prompts already recorded" in capsys.readouterr().err
+    assert trace.num_prompts == 2 and load_trace(out).num_prompts == 2
+    assert not out.with_name(out.name + ".parts").exists()
+
+
+def test_the_cli_reports_a_damaged_part_in_one_line_without_a_resume_line(tmp_path, capsys, monkeypatch):
+    from experiments.cli import main
+
+    out = tmp_path / "t.npz"
+    argv = ["record", "--model", "random:llama-tiny", "--limit", "1", "--max-new-tokens", "3", "--out", str(out)]  # fmt: skip
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trace_mod, "_assemble", killed)  # killed after its one part
+    assert main(argv) == 130
+    monkeypatch.undo()
+    part = out.with_name(out.name + ".parts") / "00000.npz"
+    arrays = dict(np.load(part))
+    arrays.pop("feat")
+    np.savez(part, **arrays)
+    capsys.readouterr()
+    assert main(argv) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert lines == [
+        f"draftgym record: error: recorded part {part} holds no feat array; delete {part.parent} to record afresh"
+    ]
