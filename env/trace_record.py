@@ -172,7 +172,7 @@ def record(
         "workload_sha256": file_digest(workload) if Path(str(workload)).is_file() else None,
         # the built-in set's or a ``code:`` source's prompts (no file of the user's: a package upgrade may change
         # their text under the same ids)
-        "workload_prompts_sha256": prompts_digest(str(workload), prompts),
+        "workload_prompts_sha256": prompts_digest(str(workload)),
         # the device the target ran on: greedy outputs may differ between a GPU's kernels and the CPU's, so a
         # recording is not resumed on another
         "device": str(loaded.device),

@@ -9,7 +9,6 @@ import functools
 import json
 import sysconfig
 from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -222,13 +221,15 @@ def _round_robin(rows: list[tuple[str, Prompt]]) -> list[Prompt]:
     return out
 
 
-def prompts_digest(workload: str | None, prompts: Sequence[Prompt]) -> str | None:
-    """sha256 of the (id, text) pairs of ``prompts`` drawn from a workload that is no
-    file the user names (the built-in set, a ``code:`` source): a package upgrade may change their text under the
-    same ids. None for a workload file (``workload_digest`` hashes its bytes)."""
+def prompts_digest(workload: str | None) -> str | None:
+    """sha256 of the (id, text) pairs of every prompt of a workload without a file the user names (the built-in set;
+    a ``code:`` source: every documented function, whatever a run selects, so that a resume may extend its
+    selection): a package upgrade may change their text under the same ids. None for a workload file
+    (``experiments.records.workload_digest`` hashes its bytes)."""
     import hashlib
 
-    if workload and workload != "builtin" and not workload.startswith("code:"):
+    if workload and workload != BUILTIN and not workload.startswith(CODE_PREFIX):
         return None
+    prompts = load_workload(None if workload in (None, BUILTIN) else workload, per_category=1 << 30)
     pairs = [[str(p.prompt_id), str(p.text)] for p in prompts]
     return hashlib.sha256(json.dumps(pairs, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()

@@ -392,7 +392,7 @@ def cmd_bench(args: Any) -> int:
         identity={
             "workload": workload_identity(args.workload),
             "workload_sha256": workload_digest(args.workload),
-            "workload_prompts_sha256": prompts_digest(args.workload, prompts),  # built-in, code: (no file)
+            "workload_prompts_sha256": prompts_digest(args.workload),  # built-in, code: (no file)
             "policies": {m: file_digest(p) for m, p in zip(decoders, args.policy or [])},
             "llama_cpp_gguf": None if gguf is None else str(Path(gguf).resolve()),
         },

@@ -118,7 +118,7 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
     todo = [(i, p) for i, p in enumerate(prompts) if any((m, p.prompt_id) not in done for m in methods)]
 
     if not todo:  # a finished run: its summary is rebuilt, from records of these files' contents only
-        check_finished(cfg, out, prompts, model_id_of(cfg.model.name) if loaded is None else loaded.model_id)
+        check_finished(cfg, out, model_id_of(cfg.model.name) if loaded is None else loaded.model_id)
         prepare_run_dir(cfg, out, provenance_line=False)
     if todo:
         bar = tqdm(total=1, desc="load model", disable=not progress, leave=False)
@@ -136,7 +136,7 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
             check_prompt(prompt_ids[p.prompt_id], loaded.max_context, f"prompt {p.prompt_id}")
         # what "auto" resolved to on this machine, and the files' contents: a resume with others is refused
         out.mkdir(parents=True, exist_ok=True)
-        same_settings(out, run_settings(cfg, loaded, prompts), started=bool(records))
+        same_settings(out, run_settings(cfg, loaded), started=bool(records))
         prepare_run_dir(cfg, out)  # the provenance line names what the loaded model settled
         state_dir = out / "policies"
         lengths = {len(ids) for ids in prompt_ids.values()}
@@ -187,22 +187,21 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
     return finish(cfg, out, records, prompts)
 
 
-def run_settings(cfg: Config, loaded: Any, prompts: list[Prompt] | None = None) -> dict[str, Any]:
+def run_settings(cfg: Config, loaded: Any) -> dict[str, Any]:
     """What a run's records depend on beyond its config file's values (``config.toml``): the model, dtype, device,
     weights and forward as loaded here (``auto`` resolves per machine) and the machine, with ``file_settings``:
     kept in ``settings.json`` (``experiments.args.same_settings``), as ``draftgym bench`` keeps them."""
     options = {name: dict(opts) for name, opts in cfg.drafters.items()}
-    prompts = select_prompts(cfg) if prompts is None else prompts
     return {
         **run_identity(loaded, cfg.decode.max_new_tokens, options),
         **machine_identity(loaded.device),
-        **file_settings(cfg, prompts, loaded.model_id),
+        **file_settings(cfg, loaded.model_id),
     }
 
 
-def file_settings(cfg: Config, prompts: list[Prompt], model_id: str) -> dict[str, Any]:
+def file_settings(cfg: Config, model_id: str) -> dict[str, Any]:
     """The settings of ``run_settings`` that need no model, checked also when a finished run is rerun: the workload
-    and the contents of its file (or, for the built-in set and a ``code:`` source, of the prompts drawn), of each
+    and the contents of its file (or, for the built-in set and a ``code:`` source, of all its prompts), of each
     policy method's file (``policies.NAME.path``) and of each head file the methods' drafters load
     (``drafter_head.DRAFTER``)."""
     from env.files import file_digest
@@ -215,7 +214,7 @@ def file_settings(cfg: Config, prompts: list[Prompt], model_id: str) -> dict[str
     return {
         "workload": workload_identity(cfg.workload.path),
         "workload_sha256": workload_digest(cfg.workload.path),
-        "workload_prompts_sha256": prompts_digest(cfg.workload.path, prompts),
+        "workload_prompts_sha256": prompts_digest(cfg.workload.path),
         "policies": policies,
         # one key a head: a refusal names the drafter; a folder from before these keys is taken as it is
         **{f"drafter_head.{k}": v for k, v in head_digests(cfg, model_id).items()},
@@ -260,7 +259,7 @@ def head_digests(cfg: Config, model_id: str) -> dict[str, str]:
     return out
 
 
-def check_finished(cfg: Config, out: Path, prompts: list[Prompt], model_id: str) -> None:
+def check_finished(cfg: Config, out: Path, model_id: str) -> None:
     """A rerun of a finished run loads no model, but its records must still be of these files' contents
     (``file_settings``), else the summary it rebuilds describes prompts, policies or heads the run no longer has.
     A folder without ``settings.json`` (from before it) is taken as it is; a head no longer found is not
@@ -275,7 +274,7 @@ def check_finished(cfg: Config, out: Path, prompts: list[Prompt], model_id: str)
     except (OSError, ValueError, RecursionError):
         saved = None  # same_settings says so
     saved = saved if isinstance(saved, dict) else {}
-    same_settings(out, {**saved, **file_settings(cfg, prompts, model_id)}, started=True)
+    same_settings(out, {**saved, **file_settings(cfg, model_id)}, started=True)
 
 
 def model_id_of(name: str | None) -> str:

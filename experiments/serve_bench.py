@@ -293,7 +293,7 @@ def cmd_serve_bench(args: Any) -> int:
         **run_identity(loaded, args.max_new_tokens, args.drafter_options),
         **machine_identity(loaded.device),
         "workload": workload_identity(args.workload), "workload_sha256": workload_digest(args.workload),
-        "workload_prompts_sha256": prompts_digest(args.workload, prompts),  # built-in, code: (no file)
+        "workload_prompts_sha256": prompts_digest(args.workload),  # built-in, code: (no file)
         "prompt_ids": rids, "rate": args.rate,
         "arrivals": None if args.arrivals is None else file_digest(args.arrivals), "max_batch": args.max_batch,
         "kv_budget": args.kv_budget, "prefill_chunk": args.prefill_chunk, "seed": args.seed if args.rate else None,

@@ -44,7 +44,9 @@ KIND_FLAGS = {
 def register(sub: argparse._SubParsersAction) -> None:
     from experiments.args import float_in, new_tokens, nonnegative_int, positive_int
 
-    p = sub.add_parser("train-drafter", help="train an eagle or early_exit draft head by self-distillation")
+    p = sub.add_parser(
+        "train-drafter", help="train an eagle, eagle3 or early_exit draft head by self-distillation"
+    )
     p.add_argument("kind", choices=KINDS, help="which head")
     p.add_argument("--workload", default=None, help="Spec-Bench JSONL prompts (default: the built-in set)")
     p.add_argument("--per-category", type=positive_int, default=18, help="training prompts per category")

@@ -27,6 +27,10 @@ def tiny():
 
 def test_a_code_workloads_text_is_compared_on_resume_and_rerun(tiny, tmp_path, monkeypatch):
     import env.trace_record as trace_mod
+    import env.workloads
+
+    package = [BEFORE]  # the installed package's prompts: upgraded below
+    monkeypatch.setattr(env.workloads, "load_workload", lambda *a, **k: package[0])
 
     real, calls = trace_mod.record_prompt, []
 
@@ -42,10 +46,12 @@ def test_a_code_workloads_text_is_compared_on_resume_and_rerun(tiny, tmp_path, m
     with pytest.raises(KeyboardInterrupt):
         record(tiny, BEFORE, ["ngram"], out, **go)
     monkeypatch.setattr(trace_mod, "record_prompt", real)
+    package[0] = AFTER
     with pytest.raises(
         TraceError, match=r"partial recording with other settings \(workload_prompts_sha256 differ"
     ):
         record(tiny, AFTER, ["ngram"], out, **go)
+    package[0] = BEFORE
 
     head = out.with_name(out.name + ".parts") / "header.json"
     older = json.loads(head.read_text())
@@ -53,8 +59,10 @@ def test_a_code_workloads_text_is_compared_on_resume_and_rerun(tiny, tmp_path, m
     head.write_text(json.dumps(older))
     trace = record(tiny, BEFORE, ["ngram"], out, **go)
     assert trace.header["workload_prompts_sha256"] and trace.num_prompts == 2
+    package[0] = AFTER
     with pytest.raises(
         TraceError, match=r"already holds a trace of other settings \(workload_prompts_sha256"
     ):
         record(tiny, AFTER, ["ngram"], out, **go)
+    package[0] = BEFORE
     assert record(tiny, BEFORE, ["ngram"], out, **go).num_prompts == 2  # the same text: returned as it is

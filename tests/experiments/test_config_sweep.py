@@ -69,12 +69,13 @@ def test_every_control_character_survives_the_trip_through_toml(char):
     assert tomllib.loads(f"{_toml_value(s)} = 1") == {s: 1}  # as a key too
     if char == "\x00":
         return  # no config string may hold NUL (load_config refuses it)
+    name = s.replace("\\", "")  # a run's name is a folder under runs/: no path separator
     text = (
-        f'name = {_toml_value(s)}\nmethods = ["ar", "ngram-d8"]\n[sweep]\nstudy_name = {_toml_value(s)}\n'
+        f'name = {_toml_value(name)}\nmethods = ["ar", "ngram-d8"]\n[sweep]\nstudy_name = {_toml_value(s)}\n'
         f"[workload]\ncategories = [{_toml_value(s)}]\n"
     )
     cfg = load_config(None, text=text)
-    assert cfg.name == s and cfg.workload.categories == (s,)
+    assert cfg.name == name and cfg.sweep.study_name == s and cfg.workload.categories == (s,)
     written = to_toml(cfg, header=f"Exported by: draftgym sweep conf{char}ig.toml\nsecond line")
     assert load_config(None, text=written) == cfg
 

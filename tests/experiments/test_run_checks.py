@@ -111,9 +111,7 @@ kind = "static"
 arms = ["none", "early_exit-d2", "eagle-d2"]
 """
     cfg = load_config(None, text=_config("builtin", ["ar", "hybrid-d3", "policy:p"], extra))
-    got = {
-        k: v for k, v in file_settings(cfg, [], "random-llama-tiny").items() if k.startswith("drafter_head")
-    }
+    got = {k: v for k, v in file_settings(cfg, "random-llama-tiny").items() if k.startswith("drafter_head")}
     import hashlib
 
     # eagle has no head for this model: left out (its drafter says so when it loads)
@@ -156,16 +154,28 @@ def beta(y):
     _documented_functions.cache_clear()
 
 
-def test_prompts_digest_covers_ids_and_text_of_workloads_without_a_file():
+def test_prompts_digest_covers_ids_and_text_of_workloads_without_a_file(monkeypatch):
+    import env.workloads
     from env.workloads import Prompt, prompts_digest
 
     a = [Prompt("1", "qa", "Say hello."), Prompt("2", "qa", "Say goodbye.")]
     b = [Prompt("1", "qa", "Say hello!"), Prompt("2", "qa", "Say goodbye.")]
     c = [Prompt("1", "qa", "Say goodbye."), Prompt("2", "qa", "Say hello.")]
-    digests = {prompts_digest(w, p) for w in ("code:x", "builtin", None) for p in (a,)}
+    seen = []
+
+    def digest(w, prompts):
+        def whole(path=None, *, per_category=None, categories=None):
+            seen.append((path, per_category))
+            return prompts
+
+        monkeypatch.setattr(env.workloads, "load_workload", whole)
+        return prompts_digest(w)
+
+    digests = {digest(w, a) for w in ("code:x", "builtin", None)}
     assert len(digests) == 1 and None not in digests
-    assert len({prompts_digest("code:x", p) for p in (a, b, c)}) == 3
-    assert prompts_digest("some/file.jsonl", a) is None  # a file's bytes are hashed instead (workload_sha256)
+    assert all(pc >= 1 << 30 for _, pc in seen)  # the whole workload, whatever a run selects
+    assert len({digest("code:x", p) for p in (a, b, c)}) == 3
+    assert digest("some/file.jsonl", a) is None  # a file's bytes are hashed instead (workload_sha256)
 
 
 def test_a_finished_run_is_rechecked_and_an_older_folder_still_reruns(tmp_path, tiny):
