@@ -225,11 +225,14 @@ def prompts_digest(workload: str | None) -> str | None:
     """sha256 of the (id, text) pairs of every prompt of a workload without a file the user names (the built-in set;
     a ``code:`` source: every documented function, whatever a run selects, so that a resume may extend its
     selection): a package upgrade may change their text under the same ids. None for a workload file
-    (``experiments.records.workload_digest`` hashes its bytes)."""
+    (``experiments.records.workload_digest`` hashes its bytes) and for a ``code:`` package not installed."""
     import hashlib
 
     if workload and workload != BUILTIN and not workload.startswith(CODE_PREFIX):
         return None
-    prompts = load_workload(None if workload in (None, BUILTIN) else workload, per_category=1 << 30)
+    try:
+        prompts = load_workload(None if workload in (None, BUILTIN) else workload, per_category=1 << 30)
+    except WorkloadError:  # a label naming no installed package (``record``'s caller passes the prompts)
+        return None
     pairs = [[str(p.prompt_id), str(p.text)] for p in prompts]
     return hashlib.sha256(json.dumps(pairs, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
