@@ -13,6 +13,7 @@ import env.trace_record as trace_mod
 from env.trace import TraceError, load_trace
 from env.trace_record import record
 from env.workloads import Prompt
+from tests.env.kills import dies_on_call
 
 PROMPTS = [
     Prompt("code-d-a", "code", "Write a function that adds two numbers."),
@@ -32,15 +33,8 @@ def tiny():
 def killed(tiny, tmp_path_factory):
     """A recording of PROMPTS killed while decoding the second: its parts folder holds the first prompt's part."""
     out = tmp_path_factory.mktemp("killed") / "t.npz"
-    real, calls = trace_mod.record_prompt, []
-
-    def dies_on_second(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    trace_mod.record_prompt = dies_on_second
+    real = trace_mod.record_prompt
+    trace_mod.record_prompt = dies_on_call(2, real)
     try:
         with pytest.raises(KeyboardInterrupt):
             record(tiny, PROMPTS, ["ngram"], out, progress=False, **GO)

@@ -10,6 +10,7 @@ import pytest
 from env.trace import TraceError
 from env.trace_record import record
 from env.workloads import Prompt
+from tests.env.kills import dies_on_call
 
 BEFORE = [
     Prompt("code-x-a", "code", "Write a function that adds two numbers."),
@@ -32,17 +33,10 @@ def test_a_code_workloads_text_is_compared_on_resume_and_rerun(tiny, tmp_path, m
     package = [BEFORE]  # the installed package's prompts: upgraded below
     monkeypatch.setattr(env.workloads, "load_workload", lambda *a, **k: package[0])
 
-    real, calls = trace_mod.record_prompt, []
-
-    def dies_on_second(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
+    real = trace_mod.record_prompt
     out = tmp_path / "t.npz"
     go = dict(max_new_tokens=3, progress=False, workload="code:x")
-    monkeypatch.setattr(trace_mod, "record_prompt", dies_on_second)
+    monkeypatch.setattr(trace_mod, "record_prompt", dies_on_call(2, real))
     with pytest.raises(KeyboardInterrupt):
         record(tiny, BEFORE, ["ngram"], out, **go)
     monkeypatch.setattr(trace_mod, "record_prompt", real)
