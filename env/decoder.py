@@ -15,6 +15,7 @@ from env.batch import BatchEngine
 from env.cost import CostModel, CostModelError, load_cost_model
 from env.engine import NO_DRAFT, Arm, Sampling
 from env.features import FeatureSpec
+from env.features import position_horizon as position_horizon_of
 from env.model import LoadedModel, ModelError
 from env.step import StepCosts, Stepper, truncate
 from env.target import PromptError, check_prompt, eos_ids
@@ -141,10 +142,7 @@ class SpeculativeDecoder:
         cost_model: CostModel | None = None,
         position_horizon: int | None = None,
     ) -> None:
-        h = position_horizon
-        if h is not None and (isinstance(h, bool) or not isinstance(h, Integral) or h < 1):
-            raise ValueError(f"position_horizon must be an integer >= 1 or None, got {h!r}")
-        self.position_horizon = None if h is None else int(h)
+        self.position_horizon = position_horizon_of(position_horizon)  # checked before any work
         self.loaded = loaded
         self.feature_spec = features or FeatureSpec()
         self.arms = list(arms or [default_arm()])

@@ -257,6 +257,15 @@ def assemble(position_frac, pos_feat, hist_rows, cols, out) -> Any:
     return out
 
 
+def position_horizon(horizon: Any) -> int | None:
+    """``horizon`` checked: None, or an integer >= 1 (the ``max_new_tokens`` a ``position`` is a fraction of)."""
+    if horizon is not None and (
+        isinstance(horizon, bool) or not isinstance(horizon, Integral) or horizon < 1
+    ):
+        raise ValueError(f"the position horizon must be an integer >= 1 or None, got {shown(horizon)}")
+    return None if horizon is None else int(horizon)
+
+
 class ObservationBuilder:
     """Observations of one live sequence (the live env and the decoder): position features from the target's
     output, history from the episode's steps, assembled by the same functions replay uses.
@@ -275,11 +284,7 @@ class ObservationBuilder:
         *,
         horizon: int | None = None,
     ):
-        if horizon is not None and (
-            isinstance(horizon, bool) or not isinstance(horizon, Integral) or horizon < 1
-        ):
-            raise ValueError(f"the position horizon must be an integer >= 1 or None, got {shown(horizon)}")
-        self.horizon = None if horizon is None else int(horizon)
+        self.horizon = position_horizon(horizon)
         self.spec = spec
         self.names = feature_names(spec, arm_names, arm_depths)
         self.drafters = menu_drafters(spec, arm_names, arm_depths)  # whose proposal shape observe() needs

@@ -41,16 +41,13 @@ def policy_decoder(loaded: Any, policy: Any, drafter_options: dict[str, dict[str
     from env.engine import parse_arm
     from env.features import FeatureSpec
     from policies import check_compatible, load_policy
-    from policies.base import PolicyError
 
     if not hasattr(policy, "act"):
         policy = load_policy(policy)
     spec = FeatureSpec.from_dict(policy.meta.get("feature_spec"))
-    horizon = policy.meta.get("max_new_tokens")
-    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
-        raise PolicyError(
-            f"policy {policy.source or policy.name}: meta.max_new_tokens is not a positive integer, got {horizon!r}"
-        )
+    horizon = check_meta(policy, policy.source or policy.name).meta.get(
+        "max_new_tokens"
+    )  # None or an int >= 1
     arms = [parse_arm(a) for a in policy.arm_names]
     cost = (
         None  # an online policy learns live from the rewards of the cost model it was trained with, when here

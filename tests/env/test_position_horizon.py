@@ -57,7 +57,7 @@ def test_the_position_is_a_fraction_of_the_horizon_when_one_is_given():
 def test_a_horizon_that_is_no_positive_integer_is_refused(tiny, bad):
     with pytest.raises(ValueError, match="horizon must be an integer >= 1"):
         builder(bad)
-    with pytest.raises(ValueError, match="position_horizon must be an integer >= 1"):
+    with pytest.raises(ValueError, match="position horizon must be an integer >= 1"):
         SpeculativeDecoder(tiny, list(make_arms(["ngram-d4"])), policy=Recorder(), position_horizon=bad)
 
 
