@@ -18,6 +18,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from env.reset_checks import check_options, reset_mask, seed_value
 from env.serve_sim import *  # noqa: F403  (the simulator's names, re-exported)
 from env.serve_sim import ACTIONS, ServeEnvError, ServeSim, feature_names, obs_bounds
 from env.serve_sim import __all__ as _sim_names
@@ -101,10 +102,12 @@ class SpecServeEnv(gym.Env):
         )
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        options = check_options(options, ("load",), ServeEnvError)
+        seed = None if seed is None else seed_value(seed, ServeEnvError)
         super().reset(seed=seed)
         if seed is not None:
             self.sim.seed(seed)
-        self.sim.reset(load=(options or {}).get("load"))
+        self.sim.reset(load=options.get("load"))
         return self.sim.observe()[0].copy(), self._info(None)
 
     def _info(
@@ -172,23 +175,31 @@ class SpecServeVectorEnv(VectorEnv):
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         self._pending = np.zeros(num_envs, bool)
+        self._started = False  # no episode to step before the first reset()
 
     def reset(self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None):
-        opts = options or {}
-        mask = opts.get("reset_mask")
-        only = None if mask is None else np.flatnonzero(np.asarray(mask, bool))
+        opts = check_options(options, ("load", "reset_mask"), ServeEnvError)
+        given_mask = opts.get("reset_mask")
+        mask = reset_mask(given_mask, self.num_envs, self._started, ServeEnvError)
+        only = None if given_mask is None else np.flatnonzero(mask)
         if seed is not None and np.isscalar(seed):
-            self.sim.seed(int(seed), only)  # server i: [seed, i]
+            self.sim.seed(seed_value(seed, ServeEnvError), only)  # server i: [seed, i]
         elif seed is not None:  # one seed per server (None: it keeps its stream), as Gymnasium's vector envs
+            if isinstance(seed, (str, bytes)) or not isinstance(seed, (Sequence, np.ndarray)):
+                raise ServeEnvError(f"seed must be an integer, one per server or None, got {seed!r}")
             if len(seed) != self.num_envs:
                 raise ServeEnvError(f"reset: {len(seed)} seeds for {self.num_envs} servers")
-            given = [i for i in (range(self.num_envs) if only is None else only) if seed[i] is not None]
-            self.sim.seed_each([0 if s is None else int(s) for s in seed], given)
-        self.sim.reset(None if mask is None else np.asarray(mask, bool), load=opts.get("load"))
-        self._pending[:] = False if mask is None else self._pending & ~np.asarray(mask, bool)
+            seeds = [None if s is None else seed_value(s, ServeEnvError) for s in seed]
+            given = [i for i in (range(self.num_envs) if only is None else only) if seeds[i] is not None]
+            self.sim.seed_each([0 if s is None else s for s in seeds], given)
+        self.sim.reset(None if given_mask is None else mask, load=opts.get("load"))
+        self._pending[:] = False if given_mask is None else self._pending & ~mask
+        self._started = True
         return self.sim.observe().copy(), {}
 
     def step(self, actions: Any):
+        if not self._started:
+            raise ServeEnvError("no episode has started: call reset() before step()")
         a = np.asarray(actions)
         pending = self._pending
         reward, o = self.sim.step(a)

@@ -20,6 +20,7 @@ from env.cost import CostModelError, load_cost_model
 from env.engine import Arm, Sampling
 from env.features import FeatureSpec, feature_names, observation_bounds
 from env.replay import build_tables, replay_observe, replay_step
+from env.reset_checks import check_options, seed_value
 from env.trace import Trace, TraceError, load_trace, model_fingerprint
 
 BACKENDS = ("replay", "live")
@@ -252,11 +253,8 @@ class SpecDecodeEnv(gym.Env):
 
     # ---- Gymnasium API ----
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        super().reset(seed=seed)
-        options = options or {}
-        unknown = set(options) - {"prompt_id"}
-        if unknown:
-            raise EnvError(f"unknown reset options {sorted(unknown)}; valid: prompt_id")
+        options = check_options(options, ("prompt_id",), EnvError)
+        super().reset(seed=None if seed is None else seed_value(seed, EnvError))
         if "prompt_id" in options:
             pid = str(options["prompt_id"])
             if pid not in self.prompt_ids:

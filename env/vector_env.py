@@ -22,6 +22,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from env.replay import replay_observe, replay_step
+from env.reset_checks import check_options, reset_mask, seed_value
 from env.spec_env import EnvError, SpecDecodeEnv, count_of
 
 
@@ -137,15 +138,10 @@ class SpecDecodeVectorEnv(VectorEnv):
                 raise EnvError(f"seed must be an integer, a sequence of them or None, got {seed!r}")
             s = seed[0]
         if s is not None:
-            if isinstance(s, bool) or not isinstance(s, Integral) or s < 0:
-                raise EnvError(f"seed must be a non-negative integer or None, got {s!r}")
-            self._np_random, self._np_random_seed = seeding.np_random(int(s))
+            self._np_random, self._np_random_seed = seeding.np_random(seed_value(s, EnvError))
         elif self._np_random is None:
             self._np_random, self._np_random_seed = seeding.np_random()
-        options = dict(options or {})
-        unknown = set(options) - {"prompt_id", "reset_mask"}
-        if unknown:
-            raise EnvError(f"unknown reset options {sorted(unknown)}; valid: prompt_id, reset_mask")
+        options = check_options(options, ("prompt_id", "reset_mask"), EnvError)
         prompt = None
         if "prompt_id" in options:
             pid = str(options["prompt_id"])
@@ -154,14 +150,7 @@ class SpecDecodeVectorEnv(VectorEnv):
             prompt = self.prompt_ids.index(pid)
             if int(self.single.tables.length[prompt]) < 2:
                 raise EnvError(f"prompt {pid!r} ends after its first token: nothing to decode")
-        mask = options.get("reset_mask")
-        mask = (
-            np.ones(self.num_envs, dtype=bool)
-            if mask is None
-            else np.asarray(mask.cpu() if isinstance(mask, torch.Tensor) else mask, dtype=bool)
-        )
-        if mask.shape != (self.num_envs,):
-            raise EnvError(f"reset_mask must have shape ({self.num_envs},), got {mask.shape}")
+        mask = reset_mask(options.get("reset_mask"), self.num_envs, self._started, EnvError)
         self._reset_rows(mask, prompt)
         self._pending = self._pending & ~self._array(mask, bool)
         self._started = True

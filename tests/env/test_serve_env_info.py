@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
-from env.serve_env import DEFAULT_ARMS, ServeSim, SpecServeEnv, SpecServeVectorEnv, parse_load, request_stream
+from env.serve_env import (
+    DEFAULT_ARMS,
+    ServeEnvError,
+    ServeSim,
+    SpecServeEnv,
+    SpecServeVectorEnv,
+    parse_load,
+    request_stream,
+)
 from tests.env.conftest import SERVE_ROWS as M
 from tests.env.conftest import serve_kw as kw
 
@@ -116,3 +124,28 @@ def test_the_unit_rate_counts_the_steps_after_the_prefill(trace):
     step = float(sim.cost.forward_s(1, 1, ctx))
     prefill = float(np.mean(sim.cost.prefill_s(sim.prompt_len[sim.pool])))
     assert sim.unit_rate == pytest.approx(1 / ((lengths.mean() - 1) * step + prefill))
+
+
+def test_reset_arguments_are_checked_and_the_first_reset_starts_every_server(trace):
+    """One line for a bad seed, a misspelt option or a mask of the wrong shape; a step before any reset and a
+    first reset leaving servers out are refused (they would step servers no episode set up)."""
+    v = SpecServeVectorEnv(3, **kw(trace))
+    with pytest.raises(ServeEnvError, match="call reset"):
+        v.step(np.zeros(3, dtype=np.int64))
+    with pytest.raises(ServeEnvError, match="first reset"):
+        v.reset(seed=0, options={"reset_mask": [True, False, False]})
+    for seed in (-1, "a", 1.5, True, [0, -2, 1]):
+        with pytest.raises(ServeEnvError, match="seed must be"):
+            v.reset(seed=seed)
+    with pytest.raises(ServeEnvError, match=r"unknown reset options \['lod'\]"):
+        v.reset(options={"lod": "2"})
+    v.reset(seed=0)
+    with pytest.raises(ServeEnvError, match="reset_mask must be an array of 3 booleans"):
+        v.reset(options={"reset_mask": [True, False]})
+    v.reset(options={"reset_mask": [True, False, False]})  # once started, a partial reset is what it is for
+    v.step(np.zeros(3, dtype=np.int64))
+    e = SpecServeEnv(**kw(trace))
+    with pytest.raises(ServeEnvError, match=r"unknown reset options \['reset_mask'\]; valid: load"):
+        e.reset(options={"reset_mask": [True]})
+    with pytest.raises(ServeEnvError, match="seed must be"):
+        e.reset(seed=-1)

@@ -132,6 +132,17 @@ def test_partial_reset_with_a_mask(toy_trace, toy_cost):
     assert not np.allclose(obs[1:, hist:], 0.0)
 
 
+def test_the_first_reset_starts_every_env(toy_trace, toy_cost):
+    """Before any episode, a partial mask would leave envs on prompt 0 at position 0, never drawn or started."""
+    v = SpecDecodeVectorEnv(4, trace=toy_trace, cost_model=toy_cost)
+    with pytest.raises(EnvError, match="first reset"):
+        v.reset(seed=0, options={"reset_mask": np.array([True, False, False, False])})
+    with pytest.raises(EnvError, match="call reset"):
+        v.step(np.zeros(4, dtype=np.int64))
+    obs, _ = v.reset(seed=0, options={"reset_mask": np.ones(4, dtype=bool)})
+    assert obs.shape[0] == 4
+
+
 def test_stable_baselines3_trains_on_it(toy_trace, toy_cost, tmp_path, monkeypatch):
     import tempfile
 
@@ -180,3 +191,21 @@ def test_num_envs_that_is_no_integer_is_refused_not_rounded(toy_trace, toy_cost,
     with pytest.raises(EnvError, match="num_envs must be an integer"):
         SpecDecodeVectorEnv(bad, trace=toy_trace, cost_model=toy_cost)
     assert SpecDecodeVectorEnv(np.int64(3), trace=toy_trace, cost_model=toy_cost).num_envs == 3
+
+
+def test_reset_arguments_are_checked(toy_trace, toy_cost):
+    v = SpecDecodeVectorEnv(4, trace=toy_trace, cost_model=toy_cost)
+    for seed in (-1, 1.5, True, "a"):
+        with pytest.raises(EnvError, match="seed"):
+            v.reset(seed=seed)
+    with pytest.raises(EnvError, match="reset options must be a dict"):
+        v.reset(options=["prompt_id"])
+    with pytest.raises(EnvError, match="reset_mask must be an array of 4 booleans"):
+        v.reset(options={"reset_mask": np.ones(3, dtype=bool)})
+    with pytest.raises(EnvError, match="reset_mask must be an array of 4 booleans"):
+        v.reset(options={"reset_mask": np.full(4, 0.5)})
+    single = SpecDecodeEnv(trace=toy_trace, cost_model=toy_cost)
+    with pytest.raises(EnvError, match="seed must be a non-negative integer"):
+        single.reset(seed=-3)
+    with pytest.raises(EnvError, match="unknown reset options"):
+        single.reset(options={"reset_mask": [True]})
