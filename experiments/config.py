@@ -35,6 +35,7 @@ from experiments.strict_toml import (
 from experiments.strict_toml import opt as _f
 
 Scalar = int | float | str | bool
+DrafterOption = int | float | str | bool | dict[str, dict[str, Scalar]]  # a table: a hybrid's parts' options
 # The baselines that are not arms of ours, run by ``experiments.bench.run_method``, greedy only: Hugging Face
 # ``generate`` (greedy, prompt lookup) and llama-cpp-python on the embedded GGUF (``experiments.llama_cpp``).
 EXTERNAL_METHODS = ("hf_greedy", "hf_pld", "hf_static", "hf_compile", "llama_cpp")
@@ -192,8 +193,9 @@ class Config:
     model: ModelConfig = ModelConfig()
     workload: WorkloadConfig = WorkloadConfig()
     decode: DecodeConfig = DecodeConfig()
-    drafters: dict[str, dict[str, Scalar]] = _f({})
-    """Constructor options per drafter, e.g. ``[drafters.ngram] max_ngram = 3``."""
+    drafters: dict[str, dict[str, DrafterOption]] = _f({})
+    """Constructor options per drafter, e.g. ``[drafters.ngram] max_ngram = 3``; a hybrid's parts take theirs as
+    tables of its ``options``: ``[drafters.hybrid.options.eagle3] vocab = 8192``."""
     policies: dict[str, PolicyConfig] = _f({})
     """Policies that ``policy:NAME`` methods refer to."""
     sweep: SweepConfig = SweepConfig()
@@ -374,7 +376,7 @@ def _named_option(err: BaseException, options: Any) -> str | None:
     return None
 
 
-def _check_drafter(name: str, opts: dict[str, Scalar], fail: Any) -> None:
+def _check_drafter(name: str, opts: dict[str, DrafterOption], fail: Any) -> None:
     """Build drafter ``name`` once with its ``[drafters.NAME]`` options (as ``--drafter-option`` does): a value it
     refuses fails here, in one line, not after the model loaded. Constructors only check and store (heads load
     at the first sequence), so this is cheap."""

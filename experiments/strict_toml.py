@@ -146,7 +146,11 @@ def _coerce(tp: Any, value: Any, path: tuple[str, ...], where: Origin, finite: b
     if origin in (typing.Union, types.UnionType):
         if finite and isinstance(value, float) and not math.isfinite(value):
             raise _nonfinite(value, path, where)
-        for member in typing.get_args(tp):
+        members = typing.get_args(tp)
+        tables = [m for m in members if is_dataclass(m) or typing.get_origin(m) is dict]
+        if isinstance(value, dict) and len(tables) == 1:  # a table can be one member only: its own error
+            return _coerce(tables[0], value, path, where, finite)
+        for member in members:
             try:
                 return _coerce(member, value, path, where, finite)
             except ConfigError:
@@ -275,6 +279,8 @@ def _toml_value(v: Any) -> str:
         return _basic_string(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # an inline table (a hybrid's parts' options within a drafter's table)
+        return "{" + ", ".join(f"{_key(str(k))} = {_toml_value(x)}" for k, x in v.items()) + "}"
     raise TypeError(f"cannot write {v!r} as TOML")
 
 

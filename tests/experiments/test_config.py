@@ -99,6 +99,26 @@ def test_written_config_reads_back_equal(tmp_path):
     assert load_config(path) == cfg
 
 
+def test_a_hybrids_parts_take_their_options_as_tables(tmp_path):
+    """``[drafters.hybrid.options.PART]``: the parts' options, checked by building the hybrid, written back as an
+    inline table that reads back equal; ``--set`` reaches into them too."""
+    text = (
+        'methods = ["hybrid-d5-k2-b8"]\n[drafters.hybrid]\nparts = "ngram,eagle3"\n'
+        "[drafters.hybrid.options.eagle3]\nvocab = 1024\n"
+    )
+    cfg = load_config(None, text=text)
+    assert cfg.drafters["hybrid"]["options"] == {"eagle3": {"vocab": 1024}}
+    assert load_config(None, text=to_toml(cfg)) == cfg
+    assert "options = {eagle3 = {vocab = 1024}}" in to_toml(cfg)
+    over = load_config(None, text=text, sets=["drafters.hybrid.options.eagle3.vocab=512"])
+    assert over.drafters["hybrid"]["options"]["eagle3"]["vocab"] == 512
+    assert "'vocabb' is not an option of eagle3" in _err(text.replace("vocab =", "vocabb ="))
+    assert "eagle3 option vocab must be an integer" in _err(text.replace("1024", "-1"))
+    assert "drafters.hybrid.options.eagle3.vocab must be" in _err(text.replace("1024", "{x = {y = 1}}"))
+    assert "drafters.ngram.x.y must be a table" in _err("[drafters.ngram.x]\ny = 1\n")
+    assert "max_ngram must be an integer" in _err("[drafters.ngram]\nmax_ngram = {a = {b = 1}}\n")
+
+
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
 def test_example_configs_load_strictly(path):
     load_config(path)
