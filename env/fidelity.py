@@ -35,12 +35,12 @@ def run(
     """``on_prompt(summary)``: called after each prompt with the summary of the prompts done so far (``complete``:
     whether all are), so that a caller can keep it on disk as it grows."""
     from env.cli import progress_bar
-    from env.model import load_model
+    from env.model import load_model, model_spec
     from env.spec_env import SpecDecodeEnv
     from env.trace import Trace, load_trace
 
     trace = trace_path if isinstance(trace_path, Trace) else load_trace(trace_path)
-    loaded = load_model(trace.header["model"]["model_id"], dtype="fp32", device="cpu")
+    loaded = load_model(model_spec(trace.header["model"]["model_id"]), dtype="fp32", device="cpu")
     ids = trace.prompt_ids[:prompts]
     new = max_new_tokens or trace.max_new_tokens
     replay = SpecDecodeEnv(trace=trace, model=loaded, cost_model=cost_model, max_new_tokens=new)

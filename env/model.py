@@ -426,6 +426,25 @@ RANDOM_SHAPES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+def model_id_of(name: str | None) -> str:
+    """The id ``load_model(name)`` gives its model (``LoadedModel.model_id``), without loading it."""
+    if name is not None and name.startswith(RANDOM_PREFIX):
+        return f"random-{name.removeprefix(RANDOM_PREFIX)}"
+    return str(name) if name else DEFAULT_MODEL
+
+
+def model_spec(model_id: str | None) -> str | None:
+    """What ``load_model`` takes to load again the model a result names by its ``model_id``: ``None`` for the
+    embedded model, ``random:SHAPE`` for ``random-SHAPE`` (seeded weights: the same model; a folder of that name,
+    where one exists, wins), else the folder."""
+    if model_id in (None, "", DEFAULT_MODEL):
+        return None
+    shape = model_id.removeprefix("random-")
+    if shape != model_id and shape in RANDOM_SHAPES and not Path(model_id).is_dir():
+        return RANDOM_PREFIX + shape
+    return model_id
+
+
 def random_model(
     shape: str, dtype: torch.dtype, device: torch.device, weights: str, forward: str
 ) -> LoadedModel:

@@ -36,7 +36,7 @@ def top2_gap(model, prompt_ids: list[int], prefix: list[int]) -> tuple[float, li
 
 def agreement(run_dir: Path, eps: float) -> dict:
     from env.decoder import chat_prompt
-    from env.model import load_model
+    from env.model import load_model, model_spec
     from env.workloads import load_workload
 
     try:
@@ -66,7 +66,7 @@ def agreement(run_dir: Path, eps: float) -> dict:
             f"{run_dir}: its records name prompts its workload {s['workload']} does not hold ({strangers[:3]})"
         )
     loaded = load_model(
-        None if s["model"] == "smollm2-135m-instruct" else s["model"],
+        model_spec(s["model"]),
         dtype=s["dtype"].replace("bfloat16", "bf16").replace("float32", "fp32"),
     )
     vocab = int(loaded.model.config.vocab_size)

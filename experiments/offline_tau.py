@@ -96,7 +96,7 @@ def _main(argv: list[str] | None) -> int:
     from drafters.offline import greedy_tau
     from env.decoder import chat_prompt
     from env.engine import parse_arm
-    from env.model import load_model
+    from env.model import load_model, model_spec
     from env.workloads import load_workload
     from experiments.records import workload_identity
 
@@ -120,7 +120,7 @@ def _main(argv: list[str] | None) -> int:
             "run the bench with the ar method on this workload and --per-category"
         )
     model = ran.get("model")  # its tokenizer writes the prompts as the bench did
-    loaded = load_model(model if isinstance(model, str) else None, dtype="bf16", device="cpu")
+    loaded = load_model(model_spec(model) if isinstance(model, str) else None, dtype="bf16", device="cpu")
     vocab = int(loaded.config.vocab_size)
     order, cats = [], []
     for p in prompts:

@@ -103,7 +103,7 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
     """Run (or resume) ``cfg`` into ``out``; returns the summary object also written to summary.json.
     ``loaded``: an already loaded model to use instead of loading ``cfg.model`` (tests, notebooks)."""
     from env.decoder import chat_prompt
-    from env.model import load_model
+    from env.model import load_model, model_id_of
     from experiments.drafter_state import commit_drafters, restore_drafters, resume_drafters, save_drafters
     from experiments.methods import make_decoders, sampling_of, save_policy_states
 
@@ -275,15 +275,6 @@ def check_finished(cfg: Config, out: Path, model_id: str) -> None:
         saved = None  # same_settings says so
     saved = saved if isinstance(saved, dict) else {}
     same_settings(out, {**saved, **file_settings(cfg, model_id)}, started=True)
-
-
-def model_id_of(name: str | None) -> str:
-    """The id ``env.model.load_model(name)`` gives its model, without loading it (the id heads are found by)."""
-    from env.model import DEFAULT_MODEL, RANDOM_PREFIX
-
-    if name is not None and name.startswith(RANDOM_PREFIX):
-        return f"random-{name.removeprefix(RANDOM_PREFIX)}"
-    return str(name) if name else DEFAULT_MODEL
 
 
 def recover_policy_records(

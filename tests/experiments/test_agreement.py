@@ -38,3 +38,29 @@ def test_a_code_workload_bench_with_per_category_is_read_with_it(tmp_path, monke
     _bench(tmp_path / "other", True, ids)
     with pytest.raises(UserError, match="its records name prompts its workload code:stdlib does not hold"):
         agreement(tmp_path / "other", 0.25)
+
+
+def test_the_programs_reading_a_run_load_its_random_weight_model_again(tmp_path):
+    """A run of ``--model random:SHAPE`` records the id ``random-SHAPE``; ``agreement`` (and ``offline_tau``,
+    ``env.fidelity``) load it again through ``model_spec`` (seeded weights: the same model), not as a folder."""
+    from env.model import DEFAULT_MODEL, model_id_of, model_spec
+    from experiments.agreement import agreement
+
+    for spec in (None, "random:llama-tiny", "random:llama-8b", "some/folder"):
+        assert model_spec(model_id_of(spec)) == spec
+    assert model_spec(DEFAULT_MODEL) is None and model_spec("random-unknown") == "random-unknown"
+    (tmp_path / "random-llama-tiny").mkdir()
+    assert model_spec(str(tmp_path / "random-llama-tiny")) == str(tmp_path / "random-llama-tiny")
+    run = tmp_path / "run"
+    run.mkdir()
+    settings = {
+        "model": "random-llama-tiny",
+        "dtype": "float32",
+        "workload": "code:stdlib",
+        "per_category": 1,
+    }
+    (run / "bench.json").write_text(json.dumps({"settings": settings}))
+    pid = code_prompts("stdlib", limit=1)[0][0]
+    recs = [Record(m, pid, "code", 4, 3, 0.1, 3, 1.0, [5, 6, 7]) for m in ("hf_greedy", "ar")]
+    (run / "records.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in recs))
+    assert agreement(run, 0.25)["rows"][0]["identical"] == 1
