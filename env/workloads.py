@@ -39,6 +39,9 @@ def builtin_path() -> Path:
     return Path(str(resources.files("env") / "data" / "builtin.jsonl"))
 
 
+OVERALL = "overall"  # the category of the summary rows over every category (experiments.bench_summary)
+
+
 def load_workload(
     path: str | Path | None = None, *, per_category: int | None = None, categories: list[str] | None = None
 ) -> list[Prompt]:
@@ -97,6 +100,12 @@ def load_workload(
             raise WorkloadError(f"{file}:{lineno}: question_id {qid} already used on line {seen[qid]}")
         seen[qid] = lineno
         group = "mt_bench" if raw_cat in MT_BENCH else raw_cat
+        if (
+            group == OVERALL
+        ):  # the summaries' row over all categories: a category of that name would count twice
+            raise WorkloadError(
+                f"{file}:{lineno}: the category {OVERALL!r} is the name of the summaries' total row"
+            )
         groups[group].append((raw_cat, Prompt(prompt_id=qid, category=group, text=text)))
     if categories:
         unknown = sorted(set(categories) - set(groups))

@@ -16,6 +16,7 @@ from typing import Any
 
 from env.engine import parse_arm, split_weights
 from env.metrics import speedup, throughput
+from env.workloads import OVERALL
 from experiments.config import EXTERNAL_METHODS, device_depth, is_device_method
 from experiments.records import Record
 
@@ -41,9 +42,12 @@ def summarize(records: list[Record], methods: list[str], *, greedy: bool = True)
     of ``ar_reference`` (``ar_reference_of``; None for it and when there is none, or when sampling)."""
     by: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for r in records:
-        by[(r.category, r.method)].append(r)
-        by[("overall", r.method)].append(r)
-    cats = sorted({c for c, _ in by if c != "overall"}) + ["overall"]
+        if (
+            r.category != OVERALL
+        ):  # (a workload refuses a category of that name; records written by hand may not)
+            by[(r.category, r.method)].append(r)
+        by[(OVERALL, r.method)].append(r)
+    cats = sorted({c for c, _ in by if c != OVERALL}) + [OVERALL]
     rows = []
     for cat in cats:
         for m in methods:
@@ -210,24 +214,34 @@ def identity_notes(rows: list[dict[str, Any]], dtype: str, greedy: bool = True) 
             "float32, agreement only in bf16)"]  # fmt: skip
 
 
+def ratio_cell(row: dict[str, Any], key: str, base: str, empty: str = "-") -> str:
+    """A summary row's ratio ``key`` (to ``base``) as text, ``~`` after it when the two methods' records were timed
+    in different sessions on some compared prompt; ``empty`` for none."""
+    x = row.get(key)
+    if x is None:
+        return empty
+    return format(x, ".2f") + ("~" if (row.get("cross_session") or {}).get(base) else "")
+
+
 def format_table(rows: list[dict[str, Any]], failures: dict[str, str] | None = None) -> str:
     """The summary rows as a table; each failed method (``failures``: method -> why) adds one line below. ``= AR``:
-    prompts whose tokens equal the AR loop's, of those compared (``= HF`` when hf_greedy is the reference); a ratio
+    prompts whose tokens equal the AR loop's, of those compared (``= HF`` when hf_greedy is the reference, ``= ref``
+    when both are, each row's named below the table); a ratio
     marked ``~`` compares records timed in different sessions (``session_notes``)."""
 
     def f(x: Any, spec: str) -> str:
         return "-" if x is None else format(x, spec)
 
     def ratio(r: dict[str, Any], key: str, base: str) -> str:
-        mark = "~" if r.get(key) is not None and r.get("cross_session", {}).get(base) else ""
-        return f(r.get(key), ".2f") + mark
+        return ratio_cell(r, key, base)
 
     def same(r: dict[str, Any]) -> str:
         n = r.get("compared_to_ar")
         return "-" if not n else f"{r['identical_to_ar']}/{n}"
 
     refs = {r.get("ar_reference") for r in rows} - {None}
-    same_head = "= HF" if refs == {"hf_greedy"} else "= AR"
+    # the AR loop (in any target variant), HF greedy, or both in one table: then each row's own, said below
+    same_head = "= HF" if refs == {"hf_greedy"} else "= ref" if "hf_greedy" in refs else "= AR"
     head = (f"{'category':<15}{'method':<20}{'prompts':>8}{'tokens':>8}{'tok/s':>8}{'tau':>7}{'x HF':>7}{'x AR':>7}"
             f"{'med x AR':>10}{same_head:>8}")  # fmt: skip
     lines = [head, "-" * len(head)]
@@ -241,6 +255,13 @@ def format_table(rows: list[dict[str, Any]], failures: dict[str, str] | None = N
             f"{f(r['tau'], '.2f'):>7}{ratio(r, 'speedup_vs_hf', 'hf_greedy'):>7}{ratio(r, 'speedup_vs_ar', 'ar'):>7}"
             f"{ratio(r, 'median_speedup_vs_ar', 'ar'):>10}{same(r):>8}"
         )
+    if same_head == "= ref":
+        each = {}
+        for r in rows:
+            if r.get("ar_reference"):
+                each.setdefault(r["ar_reference"], []).append(r["method"])
+        lines += ["", "= ref: prompts whose tokens equal " + "; ".join(
+            f"{ref}'s for {', '.join(dict.fromkeys(ms))}" for ref, ms in each.items())]  # fmt: skip
     if failures:
         lines += [""] + [f"{m} failed: {why}" for m, why in failures.items()]
     best = best_by_category(rows)

@@ -55,8 +55,9 @@ def speedup_per_category(
     width = 0.8 / len(shown)
     for j, m in enumerate(shown):
         xs = [i + (j - (len(shown) - 1) / 2) * width for i in range(len(cats))]
-        ys = [value.get((c, m)) or 0.0 for c in cats]
-        ax.bar(xs, ys, width=width, label=m)
+        ys = [value.get((c, m)) for c in cats]
+        xs, ys = [x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None]
+        ax.bar(xs, ys, width=width, label=m)  # a ratio that is undefined (no common prompt) has no bar, not 0
     if key != "tokens_per_s":
         ax.axhline(1.0, color="k", ls="--", lw=0.8)
         ax.set_ylabel(f"speedup over {base}")
@@ -175,24 +176,29 @@ def sweep_history(
 
 
 def compare_runs(runs: list[tuple[str, list[dict[str, Any]], list[str]]], path: Path, note: str = "") -> Path:
-    """Overall speedup over each run's baseline, method by method, one bar group per run; ``note``: a footer (the
-    machines the runs were measured on)."""
+    """Overall speedup, method by method, one bar group per run: over a baseline every run has (our AR loop, else
+    HF greedy), else over each run's own, named under it; ``note``: a footer (the machines the runs were measured
+    on)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(runs) + 3), 4))
-    all_methods = list(dict.fromkeys(m for _, _, ms in runs for m in ms if m != baseline_of(ms)))
+    keys = {"ar": "speedup_vs_ar", "hf_greedy": "speedup_vs_hf"}
+    common = next((b for b in keys if all(b in ms for _, _, ms in runs)), None)
+    bases = [common or baseline_of(ms) for _, _, ms in runs]
+    all_methods = list(dict.fromkeys(m for (_, _, ms), b in zip(runs, bases) for m in ms if m != b))
     width = 0.8 / max(1, len(all_methods))
     for j, m in enumerate(all_methods):
         xs, ys = [], []
-        for i, (_, rows, ms) in enumerate(runs):
-            key = {"ar": "speedup_vs_ar", "hf_greedy": "speedup_vs_hf"}.get(baseline_of(ms) or "")
+        for i, ((_, rows, _), b) in enumerate(zip(runs, bases)):
+            key = keys.get(b or "")
             val = next((r.get(key) for r in rows if r["category"] == "overall" and r["method"] == m), None)
             if key and val is not None:
                 xs.append(i + (j - (len(all_methods) - 1) / 2) * width)
                 ys.append(val)
         ax.bar(xs, ys, width=width, label=m)
     ax.axhline(1.0, color="k", ls="--", lw=0.8)
-    ax.set_xticks(range(len(runs)), [name for name, _, _ in runs], rotation=15, ha="right")
-    ax.set_ylabel("overall speedup over the run's baseline")
+    names = [name if common else f"{name}\n(x {b or 'none'})" for (name, _, _), b in zip(runs, bases)]
+    ax.set_xticks(range(len(runs)), names, rotation=15, ha="right")
+    ax.set_ylabel(f"overall speedup over {common}" if common else "overall speedup over the run's baseline")
     ax.set_title("Runs side by side")
     ax.legend(fontsize=8)
     return _save(fig, path, note)

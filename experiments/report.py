@@ -126,10 +126,31 @@ def _img(title: str, png: Path, report_dir: Path) -> str:
     return f"![{title}]({os.path.relpath(png, report_dir)})"
 
 
+def _ratio(row: dict[str, Any], key: str, base: str) -> str:
+    from experiments.bench_summary import ratio_cell
+
+    return ratio_cell(row, key, base, empty="–")
+
+
+def label_items(items: list[dict[str, Any]]) -> None:
+    """Give each item a ``label`` no other has: its name, with its folder where names repeat (two runs of one
+    config on two machines), and its position where that repeats too."""
+    names = [r["name"] for r in items]
+    for i, r in enumerate(items):
+        label = r["name"] if names.count(r["name"]) == 1 else f"{r['name']} ({Path(r['path']).name})"
+        if (
+            sum(1 for x in items if x["name"] == r["name"] and Path(x["path"]).name == Path(r["path"]).name)
+            > 1
+        ):
+            label = f"{r['name']} #{i + 1}"
+        r["label"] = label
+
+
 def side_by_side(runs: list[dict[str, Any]]) -> list[str]:
-    """Overall rows of every run, one column group per run."""
+    """Overall rows of every run, one column group per run (headed by its ``label``)."""
     methods = list(dict.fromkeys(m for r in runs for m in r["data"]["settings"]["methods"]))
-    header = ["method"] + [f"{r['name']} {c}" for r in runs for c in ("tok/s", "tau", "× AR")]
+    cols = ("tok/s", "tau", "× AR", "× HF")
+    header = ["method"] + [f"{r.get('label', r['name'])} {c}" for r in runs for c in cols]
     rows = []
     for m in methods:
         row = [m]
@@ -138,9 +159,14 @@ def side_by_side(runs: list[dict[str, Any]]) -> list[str]:
                 (x for x in r["data"]["summary"] if x["category"] == "overall" and x["method"] == m), None
             )
             row += (
-                ["–"] * 3
+                ["–"] * len(cols)
                 if o is None
-                else [_cell(o["tokens_per_s"]), _cell(o["tau"]), _cell(o["speedup_vs_ar"])]
+                else [
+                    _cell(o["tokens_per_s"]),
+                    _cell(o["tau"]),
+                    _ratio(o, "speedup_vs_ar", "ar"),
+                    _ratio(o, "speedup_vs_hf", "hf_greedy"),
+                ]  # fmt: skip
             )
         rows.append(row)
     return _md_table(header, rows)
@@ -168,7 +194,7 @@ def run_section(r: dict[str, Any], report_dir: Path) -> list[str]:
     # the summary's own notes: the timing sessions its records come from, greedy output unequal to AR's
     notes += [f"- {n}" for n in d.get("notes") or [] if isinstance(n, str)]
     lines = [
-        f"## Run `{r['name']}`{partial}",
+        f"## Run `{r.get('label', r['name'])}`{partial}",
         "",
         *notes,
         f"- directory: `{r['path']}`; command: `{p.get('command', '?')}` ({p.get('starts', 0)} start(s), "
@@ -188,8 +214,8 @@ def run_section(r: dict[str, Any], report_dir: Path) -> list[str]:
             str(x["tokens"]),
             _cell(x["tokens_per_s"]),
             _cell(x["tau"]),
-            _cell(x["speedup_vs_ar"]),
-            _cell(x["speedup_vs_hf"]),
+            _ratio(x, "speedup_vs_ar", "ar"),
+            _ratio(x, "speedup_vs_hf", "hf_greedy"),
         ]  # fmt: skip
         for x in d["summary"]
     ]
@@ -229,7 +255,7 @@ def sweep_section(r: dict[str, Any], report_dir: Path) -> list[str]:
     d = r["data"]
     best = d["best"]
     lines = [
-        f"## Sweep `{r['name']}`",
+        f"## Sweep `{r.get('label', r['name'])}`",
         "",
         f"- directory: `{r['path']}`; storage `{d['storage']}`; objective {d['objective']} ({d['backend']} backend); "
         f"trials by state: {', '.join(f'{k} {v}' for k, v in sorted(d['states'].items()))}",
@@ -249,11 +275,12 @@ def sweep_section(r: dict[str, Any], report_dir: Path) -> list[str]:
 
 def write_report(paths: list[Path], out: Path) -> Path:
     items = [load_run(Path(p)) for p in paths]
+    label_items(items)
     runs = [r for r in items if r["kind"] == "run"]
     report_dir = out.parent
     report_dir.mkdir(parents=True, exist_ok=True)
     lines = [REPORT_HEAD, ""]
-    lines += [f"- {r['kind']} `{r['name']}`: `{r['path']}`" for r in items] + [""]
+    lines += [f"- {r['kind']} `{r['label']}`: `{r['path']}`" for r in items] + [""]
     try:
         lines += _sections(items, runs, out, report_dir)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:  # a file of another shape
@@ -275,20 +302,20 @@ def _sections(
 
     lines: list[str] = []
     if len(runs) > 1:
-        labels = {r["name"]: machine_label(r["data"]["settings"]) for r in runs}
-        shared = set(labels.values())
+        machines = [(r["label"], machine_label(r["data"]["settings"])) for r in runs]
+        shared = {m for _, m in machines}
         note = (
             f"measured on {shared.pop()}"
             if len(shared) == 1 and "" not in shared
-            else "; ".join(f"{n}: {m or 'machine not recorded'}" for n, m in labels.items())
+            else "; ".join(f"{n}: {m or 'machine not recorded'}" for n, m in machines)
         )
         png = plots.compare_runs(
-            [(r["name"], r["data"]["summary"], r["data"]["settings"]["methods"]) for r in runs],
+            [(r["label"], r["data"]["summary"], r["data"]["settings"]["methods"]) for r in runs],
             out.with_name(out.stem + "_compare.png"),
             note=note,
         )
         lines += (
-            ["## Runs side by side (overall)", ""]
+            ["## Runs side by side (overall)", "", f"- {note}", ""]
             + side_by_side(runs)
             + ["", _img("comparison", png, report_dir), ""]
         )
