@@ -10,16 +10,17 @@ requests/s, at most ``concurrency`` in the batch; ``--arrivals FILE``: open loop
 
 Per method and load: goodput (committed tokens/s over all requests, ``env.metrics.goodput``), time per output token
 (mean, p50, p99), time to first token (p50), τ, and speedup over ``ar`` at the same load. ``OUT/cells.jsonl`` gets
-one line per finished (method, load) as it finishes (a rerun skips those: resume after a kill);
-``OUT/serve.json`` (``rows``, ``requests`` with each one's arm — ``policy`` under ``--policy`` — and its steps
-per arm, settings, provenance) and ``OUT/goodput.png`` at the end.
+one line per finished (method, load) as it finishes, with the session (this call) that served it (a rerun
+skips those: resume after a kill); ``OUT/serve.json`` (``rows``, ``requests`` with each one's arm — ``policy``
+under ``--policy`` — and its steps per arm, settings with the machine, provenance, ``notes``) and
+``OUT/goodput.png`` at the end. A speedup whose cell and ``ar`` cell come from different sessions is marked
+(``experiments.serve_summary``).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,13 @@ import numpy as np
 
 from env.cli import seed_int
 from env.files import atomic_write_text, jsonl_lines
+from experiments.serve_summary import (
+    format_rows,
+    request_rows,
+    session_notes,
+    summarize_cell,
+    summary_rows,
+)
 
 HF_BATCH = "hf_batch"
 DEFAULT_METHODS = ("ar", HF_BATCH, "ngram-d2", "ngram-d4", "ngram-d8")
@@ -65,46 +73,6 @@ def method_arms(method: str) -> list[Any]:
     if "(" in method or ")" in method:
         raise DrafterError(f"cannot read method {method!r}; a mix is written mix(ARM,ARM,...)")
     return [parse_arm(method)]
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
-
-
-def summarize_cell(
-    method: str, level: int, served: list[dict[str, Any]], log: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    from env.metrics import goodput, tau, tpot
-
-    tokens = [len(s["token_ids"]) for s in served]
-    tpots = [  # (a request of no first-token time, hf_batch's: none)
-        t
-        for s in served
-        if s.get("first_token_s") is not None
-        and (t := tpot(len(s["token_ids"]), s["first_token_s"], s["finish_s"])) is not None
-    ]
-    ttfts = [s["first_token_s"] - s["arrival_s"] for s in served if s.get("first_token_s") is not None]
-    steps = sum(s["steps"] for s in served)
-    return {
-        "method": method,
-        "concurrency": level,
-        "requests": len(served),
-        "tokens": sum(tokens),
-        "goodput_tok_s": goodput(
-            tokens, min(s["arrival_s"] for s in served), max(s["finish_s"] for s in served)
-        ),
-        "tpot_ms_mean": 1e3 * statistics.fmean(tpots) if tpots else None,
-        "tpot_ms_p50": None if not tpots else 1e3 * _pct(tpots, 50),
-        "tpot_ms_p99": None if not tpots else 1e3 * _pct(tpots, 99),
-        "ttft_ms_p50": None if not ttfts else 1e3 * _pct(ttfts, 50),
-        "tau": tau(sum(tokens), steps) if steps else None,
-        "mean_batch": None if log is None else log["mean_batch"],  # rows per batch step (hf_batch: none)
-        "prefill_s": None if log is None else log["prefill_s"],  # time spent prefilling on admission
-        # ms per batch step: the step (a policy's observation and act included), and a policy's own part of it
-        # and of the bookkeeping after it (observation, act, record, update): what switching costs per step
-        "step_ms": None if not log or not log["steps"] else 1e3 * log["step_s"] / log["steps"],
-        "policy_ms": None if not log or not log["steps"] else 1e3 * log.get("policy_s", 0.0) / log["steps"],
-    }
 
 
 def run_hf_batch(
@@ -212,7 +180,9 @@ def cmd_serve_bench(args: Any) -> int:
     from experiments.args import drafter_options, output_dir, same_drafter_options, same_settings
     from experiments.errors import UserError
     from experiments.provenance import provenance
+    from experiments.records import machine_identity, machine_label, new_session
 
+    session = new_session()  # stamped on each cell served here (a resume: another session)
     levels = parse_levels(args.concurrency)
     methods = split_methods(args.methods)
     args.drafter_options = drafter_options(args.drafter_option)
@@ -277,21 +247,16 @@ def cmd_serve_bench(args: Any) -> int:
         "max_batch": args.max_batch, "kv_budget": args.kv_budget, "arrivals": args.arrivals,
         "prefill_chunk": args.prefill_chunk, "loop": "open" if args.rate or args.arrivals else "closed",
         "command": " ".join(["draftgym", *sys.argv[1:]]),
+        "machine": machine_identity(loaded.device),  # as bench names it; settings.json keeps its keys flat (below)
     }  # fmt: skip
     cells_path = out / "cells.jsonl"
     cells = load_cells(cells_path)
     from env.files import file_digest
-    from experiments.records import (
-        cost_identity,
-        machine_identity,
-        run_identity,
-        workload_digest,
-        workload_identity,
-    )
+    from experiments.records import cost_identity, run_identity, workload_digest, workload_identity
 
     same_settings(out, {
         **run_identity(loaded, args.max_new_tokens, args.drafter_options),
-        **machine_identity(loaded.device),
+        **settings["machine"],
         "workload": workload_identity(args.workload), "workload_sha256": workload_digest(args.workload),
         "workload_prompts_sha256": prompts_digest(args.workload),  # built-in, code: (no file)
         "prompt_ids": rids, "rate": args.rate,
@@ -325,6 +290,7 @@ def cmd_serve_bench(args: Any) -> int:
             cell = {
                 "method": m,
                 "concurrency": c,
+                "session": session,
                 "served": served,
                 "summary": summarize_cell(m, c, served, log),
             }
@@ -334,56 +300,34 @@ def cmd_serve_bench(args: Any) -> int:
             bar.update(1)
             bar.set_postfix_str(f"{m} @ {c}: {cell['summary']['goodput_tok_s']:.1f} tok/s")
     bar.close()
-    rows = [cells[(m, c)]["summary"] for c in levels for m in methods]
-    ar = {r["concurrency"]: r["goodput_tok_s"] for r in rows if r["method"] == "ar"}
-    for r in rows:
-        base = ar.get(r["concurrency"])
-        r["speedup_vs_ar"] = r["goodput_tok_s"] / base if base else None
+    rows = summary_rows(cells, levels, methods)
+    notes = session_notes(rows)
     requests = request_rows(cells, levels, methods)
-    result = {"settings": settings, "provenance": provenance(), "rows": rows, "requests": requests}
+    result = {
+        "settings": settings,
+        "provenance": provenance(),
+        "rows": rows,
+        "requests": requests,
+        "notes": notes,
+    }
     atomic_write_text(out / "serve.json", json.dumps(result))
-    from experiments.records import machine_label
-
-    machine = machine_label({"device": settings["device"], "machine": machine_identity(loaded.device)})
+    machine = machine_label(settings)
+    sessions = len({r["session"] for r in rows})  # the plot's goodputs too: of the runs these cells came from
+    footer = f"measured on {machine}" + (
+        f"; cells from {sessions} sessions (a resumed run)" if sessions > 1 else ""
+    )
     arrivals = f"Poisson arrivals at {args.rate} req/s" if args.rate else "arrivals from a file"
     xlabel = f"max batch (open loop: {arrivals})" if args.rate or args.arrivals else None
     png = plots.goodput_vs_concurrency(rows, out / "goodput.png", title=f"{loaded.model_id} ({settings['dtype']})",
-                                       note=f"measured on {machine}",
-                                       **({"xlabel": xlabel} if xlabel else {}))  # fmt: skip
+                                       note=footer, **({"xlabel": xlabel} if xlabel else {}))  # fmt: skip
     if args.json:
-        print(json.dumps({"rows": rows, "out": str(out)}))
+        print(json.dumps({"rows": rows, "notes": notes, "out": str(out)}))
     else:
+        print(f"{loaded.model_id} ({settings['dtype']}) on {machine or settings['device']}")
         print(format_rows(rows))
+        print("".join(f"\n{n}" for n in notes))
         print(f"\ngoodput: committed tokens/s over all requests; results in {out}/serve.json, plot {png}")
     return 0
-
-
-def request_rows(
-    cells: dict[tuple[str, int], dict[str, Any]], levels: list[int], methods: list[str]
-) -> list[dict[str, Any]]:
-    """serve.json's ``requests``: one per request of every (method, load); ``arm``: the request's arm (``policy``
-    when a serving policy chose every step's), ``arm_steps``: arm name -> its batch steps with that arm (none for
-    ``hf_batch`` and for cells of an older run)."""
-    return [{"prompt_id": s["rid"], "method": m, "concurrency": c, "token_ids": s["token_ids"], "arm": s["arm"],
-             "ttft_ms": None if s.get("first_token_s") is None else 1e3 * (s["first_token_s"] - s["arrival_s"]),
-             "steps": s["steps"], "arm_steps": s.get("arm_steps")}
-            for c in levels for m in methods for s in cells[(m, c)]["served"]]  # fmt: skip
-
-
-def format_rows(rows: list[dict[str, Any]]) -> str:
-    head = f"{'method':<28}{'conc':>5}{'goodput':>9}{'x ar':>7}{'tpot p50':>10}{'tpot p99':>10}{'ttft p50':>10}{'tau':>6}"
-    lines = [head, "-" * len(head)]
-
-    def f(x, spec):
-        return "-" if x is None else format(x, spec)
-
-    for r in rows:
-        lines.append(
-            f"{r['method']:<28}{r['concurrency']:>5}{f(r['goodput_tok_s'], '.1f'):>9}{f(r.get('speedup_vs_ar'), '.2f'):>7}"
-            f"{f(r['tpot_ms_p50'], '.1f'):>10}{f(r['tpot_ms_p99'], '.1f'):>10}{f(r['ttft_ms_p50'], '.0f'):>10}"
-            f"{f(r['tau'], '.2f'):>6}"
-        )
-    return "\n".join(lines)
 
 
 MAX_ARRIVAL_S = (
