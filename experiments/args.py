@@ -262,6 +262,8 @@ def output_file(
     out = Path(path)
     if out.is_dir():
         raise UserError(f"{flag} {out} is a directory, not a file")
+    if str(path).endswith(("/", "\\")):  # Path drops the slash: x/ would write a file named x
+        raise UserError(f"{flag} {path} names a folder, not a file")
     if earlier is None and flag == "--json":
         earlier = (lambda p: not holds_other_than_json(p), "a JSON file")
     if out.exists():

@@ -113,8 +113,14 @@ def measure(
             f"a split of {test_per_category} per category leaves no test or no training prompt "
             f"({len(trace.prompt_ids)} prompts in the trace)"
         )
-    best_arm = best_static(static_table(env, list(split.train)))
     test_idx = prompt_indices(env, list(split.test))
+    train_idx = prompt_indices(env, list(split.train))
+    if not test_idx.size or not train_idx.size:  # (a prompt that ends after its first token has no step)
+        raise OracleGapError(
+            f"a split of {test_per_category} per category leaves no test or no training prompt with a step to "
+            f"take ({test_idx.size} and {train_idx.size} of {len(trace.prompt_ids)} prompts in the trace)"
+        )
+    best_arm = best_static(static_table(env, list(split.train)))
     base = static_table(env, list(split.test))[best_arm].speedup
     oracle = score_greedy_oracle(env, list(split.test)).speedup
     optimal = score_optimal_oracle(env, list(split.test)).speedup
@@ -143,7 +149,6 @@ def measure(
             rate = got
         return top[1]
 
-    train_idx = prompt_indices(env, list(split.train))
     fits = {
         "train": (_positions(tb, train_idx), train_idx),
         "in-sample": (_positions(tb, test_idx), test_idx),
@@ -173,8 +178,8 @@ def measure(
         "best_static": {"arm": env.arm_names[best_arm], "replay_speedup": base},
         "oracle": {"name": "per-step-greedy", "replay_speedup": oracle},
         "optimal": {"name": "optimal", "replay_speedup": optimal},
-        "test_prompts": list(split.test),
-        "train_prompts": len(split.train),
+        "test_prompts": [env.prompt_ids[i] for i in test_idx],  # those scored: each with a step to take
+        "train_prompts": int(train_idx.size),
         "menu": list(env.arm_names),
     }
 

@@ -188,9 +188,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise _user_error(f"policies {other} and {name} would both be saved to "
                               f"{policy_path(name, cfg.policies[name], planned)}; give each its own train.out")  # fmt: skip
     run_dir = output_dir(args.out or f"runs/{cfg.name}")
+    from policies.base import is_policy_zip
+
+    inputs = (args.config, *(p.train.trace or None for p in cfg.policies.values()),
+              *(p.train.cost_model or None for p in cfg.policies.values()))  # fmt: skip
     for name in names:  # a train.out that cannot be written fails now, not after the training
-        if cfg.policies[name].train.out:
-            output_file(cfg.policies[name].train.out, flag=f"policies.{name}.train.out")
+        if cfg.policies[name].train.out:  # (nor one that is an input, or a file other than an earlier policy)
+            output_file(cfg.policies[name].train.out, flag=f"policies.{name}.train.out", inputs=inputs,
+                        earlier=(is_policy_zip, "a draftgym policy"))  # fmt: skip
     rows = []
     for name in names:
         summary = kept_summary(name, cfg.policies[name], cfg.seed, run_dir)

@@ -435,6 +435,15 @@ def check_compatible(
         raise PolicyError(f"{source} was trained on other observation features (differ: {diff[:6]})")
 
 
+def is_policy_zip(path: str | Path) -> bool:
+    """A zip holding a draftgym policy's ``header.json`` (what ``save`` writes): a file a policy may replace."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return "header.json" in zf.namelist()
+    except (OSError, zipfile.BadZipFile, EOFError):
+        return False
+
+
 def is_sb3_zip(path: str | Path) -> bool:
     """A zip with stable-baselines3's ``policy.pth`` and no draftgym ``header.json`` (a ``model.save`` file)."""
     try:

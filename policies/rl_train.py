@@ -302,6 +302,9 @@ def train_sb3(
             "params": policy.params(),
             "network": policy.network(),
             "n_envs": venv.num_envs,
+            # what an action and an observation mean: another menu of the same size reuses the network's shapes
+            "arms": list(policy.arm_names),
+            "features": None if policy.features is None else list(policy.features),
             **(settings or {}),
         }
         started = bool(checkpoint_files(out / "checkpoints")) or bool(eval_rows(out / "eval.jsonl"))

@@ -126,3 +126,30 @@ def test_cli_json_keeps_a_jsonl_and_its_cost_model(target, tmp_path, capsys):
     assert code == 2 and "\n" not in err, err
     assert ("is not a JSON file" if target == "jsonl" else "is also an input") in err, err
     assert out.read_bytes() == before
+
+
+def _cut(trace, lengths, categories):
+    """``trace`` with prompt p's trajectory cut to ``lengths[p]`` tokens, and these categories."""
+    from env.trace import Trace, TreeArrays
+
+    keep = np.concatenate(
+        [np.arange(trace.traj_off[p], trace.traj_off[p] + n) for p, n in enumerate(lengths)]
+    )
+    tree = trace.trees["ngram"]
+    parts = [tree.at(int(g)) for g in keep]
+    off = np.concatenate([[0], np.cumsum([len(t) for t, _ in parts])]).astype(np.int64)
+    header = {**trace.header, "prompts": {**trace.header["prompts"], "categories": categories}}
+    return Trace(header=header, prompt_tokens=trace.prompt_tokens, prompt_off=trace.prompt_off,
+                 traj=trace.traj[keep], traj_off=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                 feat=trace.feat[keep], trees={"ngram": TreeArrays(off, np.concatenate([t for t, _ in parts]),
+                                                                    np.concatenate([q for _, q in parts]))})  # fmt: skip
+
+
+def test_prompts_without_a_step_to_take_leave_nothing_to_fit_in_one_line():
+    """Training prompts that end after their first token are not scored: with none left, one line, no traceback."""
+    from experiments.oracle_gap import OracleGapError
+    from tests.env.conftest import make_trace, toy_cost_model
+
+    trace = _cut(make_trace(seed=0, prompts=4, max_new=40), [1, 20, 1, 20], ["a", "a", "b", "b"])
+    with pytest.raises(OracleGapError, match="no test or no training prompt with a step to take"):
+        measure(trace, ["none", "ngram-d2", "ngram-d4"], toy_cost_model(), test_per_category=1, seed=0)

@@ -145,3 +145,41 @@ def test_a_policy_file_whose_split_lacks_a_side_is_one_line(files, tmp_path, cap
     assert main(["evaluate", str(tmp_path / "odd.zip"), "--no-live"]) == 2
     err = capsys.readouterr().err
     assert "split." in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_train_out_never_replaces_an_input_or_another_file(files, tmp_path, capsys):
+    """``train.out`` naming the trace, the cost model, the config or a file that is no policy is refused before any
+    training, the file intact; an earlier policy there is replaced as before."""
+    text = (files / "cfg.toml").read_text()
+    cfg = tmp_path / "c.toml"
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    for target in (files / "trace.npz", files / "cost.json", cfg, notes, str(tmp_path / "folder") + "/"):
+        cfg.write_text(text.replace("total_timesteps = 500 }", f'total_timesteps = 500, out = "{target}" }}'))
+        before = {p: p.read_bytes() for p in (files / "trace.npz", files / "cost.json", cfg, notes)}
+        assert main(["train", str(cfg), "--out", str(tmp_path / "run"), "--policy", "ucb"]) == 2
+        err = capsys.readouterr().err
+        assert "policies.ucb.train.out" in err and err.count("\n") == 1, err
+        assert all(p.read_bytes() == b for p, b in before.items())
+    mine = tmp_path / "ucb.zip"
+    cfg.write_text(text.replace("total_timesteps = 500 }", f'total_timesteps = 500, out = "{mine}" }}'))
+    for _ in range(2):  # the second run finds its own earlier policy there
+        assert main(["train", str(cfg), "--out", str(tmp_path / "run"), "--policy", "ucb", "--json"]) == 0
+        capsys.readouterr()
+    from policies.base import is_policy_zip
+
+    assert is_policy_zip(mine)
+
+
+def test_an_rl_run_does_not_resume_from_checkpoints_of_another_menu(files, tmp_path, capsys):
+    """Another menu of the same size keeps the network's shapes, but its actions mean other arms: refused."""
+    cfg = str(files / "cfg.toml")
+    out = tmp_path / "rl"
+    small = ["--set", "policies.ppo.train.total_timesteps=512"]
+    assert main(["train", cfg, "--out", str(out), "--policy", "ppo", *small, "--json"]) == 0
+    capsys.readouterr()
+    other = '["none", "ngram-d2", "ngram-d4", "ngram-d8", "ngram-d12"]'
+    assert main(["train", cfg, "--out", str(out), "--policy", "ppo", *small, "--set",
+                 f"policies.ppo.arms={other}", "--set", "policies.ppo.train.total_timesteps=1024"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "other settings" in err and "arms" in err and err.count("\n") == 1, err
