@@ -3,12 +3,15 @@ any point leaves either the old file or the new one, never half of one."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     path = Path(path)
+    if path.is_dir():  # named as the error's file (not the temporary the replace would fail on)
+        raise IsADirectoryError(errno.EISDIR, "a directory, not a file", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
