@@ -176,7 +176,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, sets=args.set or [])
     if not cfg.policies:
         raise _user_error(f"{args.config} defines no [policies.NAME] table to train")
-    names = args.policy or list(cfg.policies)
+    # a policy named twice is trained and reported once
+    names = list(dict.fromkeys(args.policy or cfg.policies))
     unknown = [n for n in names if n not in cfg.policies]
     if unknown:
         raise _user_error(f"no [policies.{unknown[0]}] in {args.config}; defined: {', '.join(cfg.policies)}")

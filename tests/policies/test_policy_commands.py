@@ -82,6 +82,8 @@ def test_a_rerun_keeps_the_policies_already_trained_with_its_settings(files, cap
     assert main(["train", cfg, "--out", str(out), "--policy", "ucb", "--policy", "pred", "--json"]) == 0
     again = {p["policy"]: p for p in json.loads(capsys.readouterr().out)["policies"]}
     assert again["ucb"]["kept"] and again["pred"]["kept"] and not first["ucb"].get("kept")
+    assert main(["train", cfg, "--out", str(out), "--policy", "ucb", "--policy", "ucb", "--json"]) == 0
+    assert [p["policy"] for p in json.loads(capsys.readouterr().out)["policies"]] == ["ucb"]  # once
     assert again["ucb"]["train_replay_speedup"] == first["ucb"]["train_replay_speedup"]
     assert all((out / "policies" / f"{n}.zip").read_bytes() == before[n] for n in before)
     assert main(["train", cfg, "--out", str(out), "--policy", "ucb", "--set", "policies.ucb.params.scale=2.0",
