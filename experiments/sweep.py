@@ -10,7 +10,8 @@ best trial exported as a config (``best.toml``, runnable with ``draftgym run``) 
   at the last prompt: that would save nothing); a pruned trial shows the mean of the prompts it ran.
 - **Storage**: an embedded SQLite file in the run directory by default; ``--storage postgresql://...`` (any Optuna
   RDB URL) for workers on several machines. Every worker writes a heartbeat; a RUNNING trial whose worker was
-  killed is failed once silent for ``sweep.grace_s`` and its slot is run again.
+  killed is failed once silent for ``sweep.grace_s`` and its slot is run again. The run directory records its
+  storage and study (``settings.json``) and refuses a rerun on other ones; in-memory SQLite is refused.
 - **Workers**: each loops "fail stale trials; stop when ``sweep.n_trials`` trials are finished (complete or pruned);
   wait while the rest are running; else take a trial", under a file lock (``sweep_recovery.recovery_lock``: SQLite
   has no row locks, so two workers could take one queued trial), then runs it (``sweep_trial``). A trial that finds
@@ -43,9 +44,11 @@ from experiments.sweep_checks import check_inputs, check_resumed, input_digests,
 from experiments.sweep_recovery import (
     ORPHANED,
     fail_orphaned_trials,
+    in_memory,
     lock_file,
     recovery_lock,
     retry_callback,
+    sqlite_file,
 )
 from experiments.sweep_table import FINISHED, format_trials, trial_row, trial_value
 from experiments.sweep_trial import run_trial, take_trial
@@ -86,6 +89,12 @@ def open_storage(url: str, cfg: Config) -> Any:
     import optuna
     import sqlalchemy.exc
 
+    if in_memory(url):  # each connection (each worker, the export) would see its own empty database
+        raise StorageError(
+            f"storage {mask(url)} is an in-memory SQLite database, which no other connection sees and which is lost "
+            "when the command ends (the study could not be exported or resumed); give a file "
+            "(sqlite:///path/study.db) or leave --storage out"
+        )
     url = _driver(url)
     engine: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
@@ -113,6 +122,15 @@ def open_storage(url: str, cfg: Config) -> Any:
             "read; if an older Optuna made them, upgrade them with `optuna storage upgrade --storage URL` (else "
             "use the Optuna that made them, or another storage)"
         ) from err
+
+
+def storage_identity(url: str, out: Path) -> str:
+    """How a sweep folder names its study's storage (``settings.json``): its own ``study.db`` by that name (the
+    folder may move), another SQLite file by its absolute path, any other URL with its password hidden."""
+    db = sqlite_file(url)
+    if db is None:
+        return mask(url)
+    return "study.db" if db == (out / "study.db").resolve() else str(db)
 
 
 def _driver(url: str) -> str:
@@ -405,7 +423,8 @@ def export(config: str, sets: list[str], url: str, out: Path) -> dict[str, Any]:
 def cmd_sweep(args: Any) -> int:
     import optuna
 
-    from experiments.runner import prepare_run_dir
+    from experiments.args import same_settings
+    from experiments.runner import check_run_dir, prepare_run_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sets = args.set or []
@@ -425,7 +444,12 @@ def cmd_sweep(args: Any) -> int:
         return 0
     if not args.storage:
         open_storage(url, base)  # the run directory's own SQLite file, before the run directory is written
-    prepare_run_dir(base, out, ignore=("sweep.n_trials", "sweep.seed"))
+    ignore = ("sweep.n_trials", "sweep.seed")
+    check_run_dir(base, out, ignore=ignore)  # another config is refused first, before the storage is recorded
+    # the folder's trials.jsonl and results belong to one study: a rerun on other storage would mix two
+    study = {"storage": storage_identity(url, out), "study": base.sweep.study_name or base.name}
+    same_settings(out, study, started=(out / "config.toml").is_file())
+    prepare_run_dir(base, out, ignore=ignore)
     if args.workers == 1:
         work(args.config, sets, url, out, progress=progress)
     else:

@@ -17,7 +17,8 @@ from experiments.space import default_params, swept_keys, tuned_method
 def check_inputs(cfg: Config, sets: list[str] | tuple[str, ...] = ()) -> None:
     """The config as written lies in the sweep space (it runs as trial 0), the backend can score the tuned method,
     no ``--set`` overrides what each trial sets (``check_sets``), and what the backend's trials will read (the
-    replay trace and cost model; the live workload) reads: a bad file is one line, not a failed trial."""
+    replay trace and a cost model calibrated for its model; the live workload) reads: a bad file is one line, not a
+    failed trial."""
     if cfg.sweep.backend == "analytic" and tuned_method(cfg).startswith("policy:"):
         raise ConfigError(
             f"sweep.backend = 'analytic' evaluates tree shapes only, and the sweep tunes {tuned_method(cfg)!r}; "
@@ -31,8 +32,9 @@ def check_inputs(cfg: Config, sets: list[str] | tuple[str, ...] = ()) -> None:
         from env.cost import load_cost_model
         from env.trace import load_trace
 
-        load_trace(cfg.sweep.trace or None)
-        load_cost_model(cfg.sweep.cost_model or None)
+        model = load_trace(cfg.sweep.trace or None).header["model"]
+        # as the replay env checks it (``SpecDecodeEnv``): a cost model of another model fails here, not in trial 0
+        load_cost_model(cfg.sweep.cost_model or None).check_model(model["model_id"], model["dtype"])
     elif cfg.sweep.backend == "live":
         from experiments.runner import select_prompts
 

@@ -38,18 +38,39 @@ def retry_callback() -> Any:
 def lock_file(url: str, run_dir: Path) -> Path:
     """The file the workers of one storage lock: beside an SQLite file (every run folder that shares it takes
     turns), else in the run folder."""
+    path = sqlite_file(url)
+    return run_dir / ".recovery.lock" if path is None else path.with_name(f".{path.name}.lock")
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file (resolved) of an SQLite URL; None for another backend, an in-memory database, a ``file:`` URI
+    or a string that is no URL."""
+    u = _sqlite_url(url)
+    db = (u.database or "") if u is not None else ""
+    if db in ("", ":memory:") or db.startswith("file:"):
+        return None
+    return Path(db).resolve()
+
+
+def in_memory(url: str) -> bool:
+    """Whether ``url`` is an in-memory SQLite database (``sqlite://``, ``:memory:``, a ``mode=memory`` URI)."""
+    u = _sqlite_url(url)
+    if u is None:
+        return False
+    db = u.database or ""
+    return db in ("", ":memory:") or db.startswith("file::memory:") or u.query.get("mode") == "memory"
+
+
+def _sqlite_url(url: str) -> Any:
+    """The parsed URL when it names SQLite, else None."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
     try:
         u = make_url(url)
-    except ArgumentError:
-        return run_dir / ".recovery.lock"
-    db = u.database or ""
-    if u.get_backend_name() != "sqlite" or db in ("", ":memory:") or db.startswith("file:"):
-        return run_dir / ".recovery.lock"
-    path = Path(db).resolve()
-    return path.with_name(f".{path.name}.lock")
+    except (ArgumentError, ValueError):
+        return None
+    return u if u.get_backend_name() == "sqlite" else None
 
 
 @contextlib.contextmanager
