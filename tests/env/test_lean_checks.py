@@ -167,7 +167,7 @@ def test_a_saved_lean_model_not_of_the_configs_shapes_and_dtype_is_rebuilt(saved
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from env.lean_files import read_saved
+    from env.lean_files import read_saved, tensors_digest
 
     folder, path, want = saved
     loaded = load_model(str(folder), dtype="bf16", device="cpu", weights="int8")
@@ -178,7 +178,8 @@ def test_a_saved_lean_model_not_of_the_configs_shapes_and_dtype_is_rebuilt(saved
         meta = f.metadata()
     flat = load_file(str(path))
     TAMPER[damage](flat, meta)
-    save_file(flat, str(path), metadata=meta)
+    # with the digest of what it now holds: a file consistent in itself, yet not of this config (an older build)
+    save_file(flat, str(path), metadata={**meta, "digest": tensors_digest(flat)})
     try:
         assert read_saved(path, conf, loaded) is None
         assert torch.equal(_logits(lean_of(loaded), SIZES), want)  # rebuilt from the weights
@@ -240,9 +241,36 @@ def test_a_cached_int4_block_file_not_of_the_models_weights_is_rebuilt(tmp_path,
     for i, damage in enumerate(damages.values()):
         flat = dict(good)
         damage(flat)
-        save_file(flat, path)
+        save_file(flat, path, metadata={"digest": lf.tensors_digest(flat)})  # consistent in itself, yet wrong
         assert blocks() == 2 + i  # ignored: read from the GGUF again (and cached afresh)
         assert load_file(path)[name + ".q"].dtype == torch.uint8
+    # one code changed on a row the dequantization check does not sample: the file's digest finds it
+    assert blocks() == 1 + len(damages)  # the last rebuilt cache, read back
+    data = bytearray(path.read_bytes())
+    q_row1 = bytes(load_file(path)[name + ".q"][1].numpy())
+    at = bytes(data).index(q_row1)
+    data[at] ^= 0x11
+    path.write_bytes(bytes(data))
+    assert blocks() == 2 + len(damages)
+
+
+def test_a_saved_lean_model_damaged_anywhere_is_rebuilt(saved):
+    """One flipped byte inside a weight (shapes and dtypes intact, which the checks of a saved model read) no
+    longer matches the digest the file was written with: rebuilt from the weights, the same logits."""
+    from env.lean_files import read_saved
+
+    folder, path, want = saved
+    loaded = load_model(str(folder), dtype="bf16", device="cpu", weights="int8")
+    conf = loaded.config.to_dict()
+    clean = path.read_bytes()
+    data = bytearray(clean)
+    data[len(data) - 1000] ^= 0x01  # in the last tensor's bytes
+    path.write_bytes(bytes(data))
+    try:
+        assert read_saved(path, conf, loaded) is None
+        assert torch.equal(_logits(lean_of(loaded), SIZES), want)
+    finally:
+        path.write_bytes(clean)
 
 
 # ---- 6. a model folder that cannot be written ----
