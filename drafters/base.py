@@ -127,6 +127,10 @@ class TreeShape:
         full = self.depth * self.topk if self.topk > 1 else self.depth
         return min(self.budget, full) if self.budget else full
 
+    def fits(self, within: TreeShape) -> bool:
+        """Whether a tree of this shape can be cut from one of ``within`` (depth, width and nodes no larger)."""
+        return self.depth <= within.depth and self.topk <= within.topk and self.max_nodes <= within.max_nodes
+
 
 @dataclass(frozen=True)
 class DraftTree:

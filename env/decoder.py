@@ -204,7 +204,7 @@ class SpeculativeDecoder:
                 (res,) = stepper.step([idx])
                 arms.append(self.arms[idx].name)
                 if online is not None:  # reward and info as the env gives them, plus the measured wall time
-                    online.update(obs, idx, res.reward, {**res.info, "wall_s": res.result.wall_s})
+                    online.update(obs, idx, res.reward, {**res.info, "wall_s": res.wall_s})
         finally:
             stepper.retire(seq)
         wall = time.perf_counter() - t0

@@ -251,6 +251,25 @@ def _position_features(trace: Trace, arms: Sequence[Arm], draft: bool) -> np.nda
     return np.concatenate([feat, *extra], axis=1).astype(np.float32) if extra else feat
 
 
+def observed_proposals(
+    trace: Trace, arms: Sequence[Arm], draft_features: bool
+) -> tuple[list[Arm], dict[str, TreeShape]]:
+    """With draft features, the proposals each observation makes (the menu's drafters', as arms of their recorded
+    largest shapes), and of those the exact drafters' largest shapes, which an arm's tree is cut from; else none."""
+    spec = replace(trace.spec, draft_features=draft_features)
+    names = menu_drafters(
+        spec, [a.name for a in arms], [0 if a.drafter is None else a.shape.depth for a in arms]
+    )
+    missing = [n for n in names if n not in trace.header["drafters"]]
+    if missing:
+        raise TraceError(
+            f"draft features need drafter {missing[0]!r}'s trees, which the trace did not record"
+        )
+    shapes = {n: TreeShape(*(int(x) for x in trace.header["drafters"][n]["shape"])) for n in names}
+    exact = {n: s for n, s in shapes.items() if trace.header["drafters"][n].get("exact")}
+    return [Arm(n, s) for n, s in shapes.items()], exact
+
+
 def build_tables(
     trace: Trace,
     arms: Sequence[Arm],
@@ -281,6 +300,8 @@ def build_tables(
     # live (env.batch.BatchEngine.propose): a tree of more nodes than room = max_context - past length is replaced
     # by the root alone (nothing drafted or accepted, a chain, no draft rejected); None: an unlimited context
     room = None if trace.max_context is None else trace.max_context - context
+    observed, exact = observed_proposals(trace, arms, draft_features)
+    observe_cost = sum(cost_model.draft_cost(a) for a in observed)
     for i, arm in enumerate(arms):
         key = ("arm", arm)
         if key not in trace.cache:
@@ -292,7 +313,15 @@ def build_tables(
                 acc, dr = np.where(cut, 0, acc), np.where(cut, 0, dr)
                 chain, rej = chain | cut, rej & ~cut
         accept[i], drafted[i], rejected[i] = acc, dr, rej
-        cost[i] = cost_model.step_cost(arm, dr + 1, context, chain)
+        # as live (env.step.StepCosts): the observation's proposals are paid whichever arm runs, and an arm cut from
+        # one of them (an exact drafter's, within its largest shape) drafts nothing more
+        cut = arm.drafter in exact and arm.shape.fits(exact[arm.drafter])
+        step = (
+            cost_model.verify_cost(dr + 1, context, chain)
+            if cut
+            else cost_model.step_cost(arm, dr + 1, context, chain)
+        )
+        cost[i] = step + observe_cost
     lengths = np.minimum(np.diff(trace.traj_off), max_new)
     eos_ids = np.asarray(trace.header["model"]["eos_ids"])
     last = trace.traj[np.maximum(trace.traj_off[:-1] + lengths - 1, 0)]

@@ -84,7 +84,8 @@ class SpecDecodeEnv(gym.Env):
 
     The step's instantaneous speedup: ``tokens * ar_cost_s / cost_s`` (``env.metrics.step_reward``), where
     ``tokens`` are the committed tokens (accepted drafts + bonus, cut at end of sequence / ``max_new_tokens``),
-    ``cost_s`` the step's seconds (cost model, or measured wall time with ``cost="measured"``) and ``ar_cost_s``
+    ``cost_s`` the step's seconds (cost model, or measured wall time with ``cost="measured"``; with draft features,
+    the proposals the observation at its root made, whichever arm runs, ``env.step``) and ``ar_cost_s``
     the cost-model seconds of one autoregressive token at the same context. Plain decoding earns 1.0 per step.
     ``info``: ``tokens``, ``accepted``, ``cost_s``, ``ar_cost_s``, ``arm`` (name), ``drafted``; live, the step's
     measured wall time is ``env.unwrapped.last_wall_s``. ``info`` is deterministic (a seeded episode repeats it)
@@ -351,7 +352,9 @@ class SpecDecodeEnv(gym.Env):
     def _step_live(self, a: int):
         (out,) = self.stepper.step([a])
         self._done = out.terminated or out.truncated
-        self.last_wall_s = out.result.wall_s  # measured; in info only as cost_s with cost="measured"
+        self.last_wall_s = (
+            out.wall_s
+        )  # measured (with draft features' proposals); info's cost_s if cost="measured"
         obs = self.stepper.observe(self._seq)
         return obs, float(out.reward), out.terminated, out.truncated, dict(out.info)
 

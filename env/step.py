@@ -6,9 +6,10 @@ owns the bookkeeping they share:
   ``max_new_tokens``, or when its context is full;
 - the observation (``env.features``): the draft features read each menu drafter's largest proposal at the root;
   a drafter that replays exactly (``exact_replay``: n-gram) proposes once per root, and the step verifies that
-  proposal cut down to the chosen arm's shape (``drafters.trees.prune``), charged the seconds it took; any other
-  drafter (a best-first tree of a node budget, one that learns as it goes) proposes again for the arm, so the
-  tree verified may differ from the one observed; a finished sequence's observation is at its last counted
+  proposal cut down to the chosen arm's shape (``drafters.trees.prune``); any other drafter (a best-first tree of
+  a node budget, one that learns as it goes) proposes again for the arm, so the tree verified may differ from the
+  one observed. The step from that root pays every proposal its observation made, whichever arm it takes (a
+  policy reading draft features makes them every step; replay prices them alike); a finished sequence's observation is at its last counted
   token, as replay's, even when its last step committed tokens past it;
 - the reward and ``info`` of a step (``StepCosts``: from a cost model, or measured), the history features.
 """
@@ -49,10 +50,6 @@ def largest_shape(d: Drafter) -> TreeShape:
 RECORD_SHAPE = TreeShape(depth=16, topk=8)  # for drafters that do not name their largest shape
 
 
-def _fits(shape: TreeShape, within: TreeShape) -> bool:
-    return shape.depth <= within.depth and shape.topk <= within.topk and shape.max_nodes <= within.max_nodes
-
-
 class StepCosts:
     """``(cost_s, ar_cost_s)`` of a step, the two terms of its reward ``tokens * ar_cost_s / cost_s``:
 
@@ -69,16 +66,27 @@ class StepCosts:
         self.cost_model, self.measured = cost_model, measured
         self.ar_wall: float | None = None
 
-    def __call__(self, res: StepResult, context: int) -> tuple[float, float]:
+    def __call__(
+        self,
+        res: StepResult,
+        context: int,
+        observed: Sequence[Arm] = (),
+        observe_s: float = 0.0,
+        cut: bool = False,
+    ) -> tuple[float, float]:
+        """``observed``: the proposals (drafter, largest shape) the observation made at this root, which the step
+        pays for whichever arm it takes (a policy reading draft features makes them every step), ``observe_s``
+        their seconds; ``cut``: the arm's tree was cut from one of them (its drafting is theirs)."""
         cm = self.cost_model
         if cm is None:
             if res.drafted == 0 and res.draft_s == 0:
                 self.ar_wall = res.wall_s
-            return res.wall_s, self.ar_wall if self.ar_wall is not None else res.verify_s
+            return res.wall_s + observe_s, self.ar_wall if self.ar_wall is not None else res.verify_s
         ar = float(cm.ar_cost(context))
         if self.measured:
-            return res.wall_s, ar
-        return float(cm.step_cost(res.arm, res.drafted + 1, context, res.chain)), ar
+            return res.wall_s + observe_s, ar
+        draft = (0.0 if cut else cm.draft_cost(res.arm)) + sum(cm.draft_cost(a) for a in observed)
+        return float(draft + cm.verify_cost(res.drafted + 1, context, res.chain)), ar
 
 
 @dataclass(eq=False)  # compared by identity: its fields hold tensors
@@ -97,6 +105,7 @@ class Seq:
     _proposals: dict[str, DraftTree] = field(default_factory=dict)
     _propose_s: dict[str, float] = field(default_factory=dict)  # the seconds each of _proposals took
     _root_at: int = -1  # the root's position (``end``) when _proposals were made
+    _observed: tuple[str, ...] = ()  # the drafters whose proposals the observation at this root read
     _end_hidden: torch.Tensor | None = None  # [H] of the last counted token, when the last step ran past it
 
     @property
@@ -125,6 +134,12 @@ class Outcome:
     # tokens, accepted, drafted, cost_s, ar_cost_s, arm: deterministic (no wall time), except cost_s with measured
     # costs (``StepCosts``), the step's wall time
     info: dict[str, Any]
+    observe_s: float = 0.0  # the seconds of the proposals the observation at its root made (draft features)
+
+    @property
+    def wall_s(self) -> float:
+        """The step's wall time from its root: the observation's proposals, drafting, verification."""
+        return self.observe_s + self.result.wall_s
 
     @property
     def terminated(self) -> bool:
@@ -198,7 +213,7 @@ class Stepper:
         names = list(self.builder.drafters if names is None and self.builder else names or [])
         row, end = seq.row, seq.end
         if seq._root_at != end:
-            seq._proposals, seq._propose_s, seq._root_at = {}, {}, end
+            seq._proposals, seq._propose_s, seq._root_at, seq._observed = {}, {}, end, ()
         # a finished sequence cut short proposes at its last counted token; a drafter that is not ``exact_replay``
         # keeps what it learnt of the tokens past it (replay records it as an approximation anyway)
         ctx = row.ctx if end == len(row.tokens) else replace(row.ctx, tokens=row.tokens[:end])
@@ -223,6 +238,8 @@ class Stepper:
             with torch.no_grad():
                 logits = self.engine.target.head(hidden)
         props = self.proposals(seq) if self.builder.drafters else None
+        if props:  # the step from this root pays for them, whichever arm it takes (``StepCosts``)
+            seq._observed = tuple(props)
         obs = self.builder.observe(logits, hidden, tokens, len(seq.tokens), seq.max_new_tokens, props,
                                    hist=seq.hist)  # fmt: skip
         return obs.clip(self.builder.low, self.builder.high)
@@ -235,11 +252,23 @@ class Stepper:
         if arm.drafter is None or seq._root_at != seq.end or arm.drafter not in seq._proposals:
             return None, 0.0
         drafter = seq.row.drafters[arm.drafter]
-        if not getattr(drafter, "exact_replay", False) or not _fits(arm.shape, largest_shape(drafter)):
+        if not getattr(drafter, "exact_replay", False) or not arm.shape.fits(largest_shape(drafter)):
             return None, 0.0
         t0 = time.perf_counter()
         tree = prune(seq._proposals[arm.drafter], arm.shape)
-        return tree, seq._propose_s.get(arm.drafter, 0.0) + time.perf_counter() - t0
+        made = (
+            0.0 if arm.drafter in seq._observed else seq._propose_s.get(arm.drafter, 0.0)
+        )  # (else the step's)
+        return tree, made + time.perf_counter() - t0
+
+    def _observation(self, seq: Seq) -> tuple[list[Arm], float]:
+        """The proposals the observation at the sequence's root made (as arms of their largest shapes) and their
+        seconds: none unless it read draft features there."""
+        if seq._root_at != seq.end or not seq._observed:
+            return [], 0.0
+        drafters = seq.row.drafters
+        arms = [Arm(n, largest_shape(drafters[n])) for n in seq._observed]
+        return arms, sum(seq._propose_s[n] for n in seq._observed)
 
     def step(self, choices: Sequence[int]) -> list[Outcome]:
         """One step of every live sequence (``choices[i]``: the arm index of ``seqs[i]``)."""
@@ -253,11 +282,15 @@ class Stepper:
         except ValueError as err:
             raise ValueError(f"step choices {list(choices)!r}: {err}") from None
         cached = [self._cached(s, a) for s, a in zip(self.seqs, arms)]
+        observations = [self._observation(s) for s in self.seqs]
+        cut = [t is not None and a.drafter in s._observed for (t, _), a, s in zip(cached, arms, self.seqs)]
         trees, draft_s = self.engine.propose(arms, [t for t, _ in cached], [ds for _, ds in cached])
         contexts = [s.context for s in self.seqs]
         results = self.engine.verify(arms, trees, draft_s)
         out = []
-        for seq, c, res, context in zip(self.seqs, choices, results, contexts):
+        for seq, c, res, context, (observed, observe_s), was_cut in zip(
+            self.seqs, choices, results, contexts, observations, cut
+        ):
             counted = truncate(res.committed, self.eos, seq.max_new_tokens - len(seq.tokens))
             seq.tokens.extend(counted)
             if len(counted) < len(res.committed):  # cut: path node j produced committed[j]
@@ -269,10 +302,10 @@ class Stepper:
             self._check_end(seq)
             if self.builder is not None:
                 self.builder.record(int(c), accepted, res.drafted, len(counted), hist=seq.hist)
-            cost_s, ar_s = self.costs(res, context)
+            cost_s, ar_s = self.costs(res, context, observed, observe_s, was_cut)
             info = {"tokens": len(counted), "accepted": accepted, "drafted": res.drafted, "cost_s": cost_s,
                     "ar_cost_s": ar_s, "arm": res.arm.name}  # fmt: skip
-            out.append(Outcome(seq, res, counted, step_reward(len(counted), cost_s, ar_s), info))
+            out.append(Outcome(seq, res, counted, step_reward(len(counted), cost_s, ar_s), info, observe_s))
         return out
 
     def _check_end(self, seq: Seq) -> None:
