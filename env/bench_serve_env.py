@@ -70,7 +70,7 @@ def _main(argv: list[str] | None) -> int:
     for x in loads or ():
         parse_load(x, 16)
     load_batch_cost(args.cost)  # a missing or bad file: one line before anything runs
-    json_out = output_file(args.json)
+    json_out = output_file(args.json, inputs=(args.cost,))  # (the cost model it reads is no output)
 
     out = []
     print(f"machine: CPU {cpu_label()}")

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kernels.timing import holds_other_than_json  # (kernels.bench checks --json with it too)
+
 EXIT_USAGE = 2
 
 # The errors of the layers env/ may import whose message is meant for the user, by ``module:Class`` (nothing is
@@ -95,34 +97,6 @@ def run_program(
             raise
         sys.stderr.write(f"{prog}: error: {message}\n")
         return EXIT_USAGE
-
-
-# The largest file ``--json`` may take for an earlier result (read whole to check that it is one): a larger one is
-# not overwritten.
-EARLIER_JSON_MAX_BYTES = 64 << 20
-
-
-def holds_other_than_json(path: Path) -> bool:
-    """``path`` is an existing file that is not one JSON object or array: not an earlier result of a ``--json``
-    output (a policy, a trace, a model file, a JSONL of questions or records named there by a misplaced flag),
-    which writing it would destroy. An empty file holds nothing to lose; one over ``EARLIER_JSON_MAX_BYTES`` is not
-    read and counts as something else."""
-    if not path.is_file():
-        return False
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(EARLIER_JSON_MAX_BYTES + 1)
-    except OSError:
-        return False
-    if len(data) > EARLIER_JSON_MAX_BYTES:
-        return True
-    if not data.strip():
-        return False
-    try:  # the whole file: a JSONL's first line alone is a JSON value too
-        value = json.loads(data)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        return True
-    return not isinstance(value, (dict, list))
 
 
 def same_file(a: object, b: object) -> bool:

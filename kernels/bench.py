@@ -32,6 +32,7 @@ import torch
 
 from kernels.common import VerifyBuffers
 from kernels.reference import verify_reference
+from kernels.timing import holds_other_than_json
 
 MODES = ("greedy", "sampling", "draft_probs")
 
@@ -245,9 +246,12 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+MAX_THREADS = 4096  # far above any machine's cores; torch crashes on a count it cannot start
+
+
 def _threads(text: str) -> int:
-    if not text.isascii() or not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be an integer in [1, {MAX_THREADS}], got {text!r}")
     return int(text)
 
 
@@ -304,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--json {args.json} is a directory, not a file")
         if not out.parent.is_dir() and out.parent.exists():
             ap.error(f"--json {args.json}: {out.parent} is a file, not a folder")
+        if holds_other_than_json(out):  # a misplaced flag naming a workload, a trace, a model file
+            ap.error(f"--json {args.json} exists and is not a JSON file; not overwritten")
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:

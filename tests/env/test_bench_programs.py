@@ -234,6 +234,20 @@ def test_the_other_env_programs_refuse_bad_input_in_one_line(
     _one_line_error(capsys, code, expected)
 
 
+def test_bench_serve_env_never_writes_its_json_over_its_cost_model(no_model, tmp_path, capsys):
+    import shutil
+
+    from env.batch_cost import default_batch_cost_path
+    from env.bench_serve_env import main
+
+    cost = tmp_path / "bc.json"
+    shutil.copy(default_batch_cost_path(), cost)
+    before = cost.read_bytes()
+    code = main(["--envs", "1", "--steps", "1", "--reps", "1", "--cost", str(cost), "--json", str(cost)])
+    _one_line_error(capsys, code, "is also an input of this command")
+    assert cost.read_bytes() == before
+
+
 @pytest.mark.model
 def test_fidelity_runs_and_the_live_text_equals_the_trace():
     """``python -m env.fidelity`` ended in an AttributeError at its first prompt (it read a field the step object
@@ -251,7 +265,9 @@ def test_fidelity_runs_and_the_live_text_equals_the_trace():
         (["--qui"], "unrecognized arguments: --qui"),  # no abbreviations
         (["--json", "{tmp}"], "is a directory, not a file"),
         (["--json", "/proc/draftgym-bench.json"], "cannot write in /proc"),  # found before, not after the run
-        (["--threads", "0"], "must be an integer >= 1"),
+        (["--threads", "0"], "must be an integer in [1, 4096]"),
+        (["--threads", "100000"], "must be an integer in [1, 4096]"),  # torch crashed on it
+        (["--json", "{tmp}/questions.jsonl"], "exists and is not a JSON file; not overwritten"),
         (["--walk-warps", "4,3"], "must be a comma list of 1, 2, 4, 8, 16 or 32"),
         (["--greedy-settings", "4096:1024:4"], "must be a comma list of CHUNK:BLOCK:WARPS:WALK_WARPS"),
         (["--greedy-settings", "4096:8192:4:8"], "got '4096:8192:4:8'"),  # a block larger than its chunk
@@ -265,6 +281,7 @@ def test_kernels_bench_refuses_bad_input_before_it_runs(args, expected, tmp_path
     monkeypatch.setattr(
         kb, "run", lambda *a, **k: pytest.fail("the benchmark ran before its arguments were checked")
     )
+    (tmp_path / "questions.jsonl").write_text('{"question_id": 1}\n{"question_id": 2}\n')
     with pytest.raises(SystemExit) as exit_:
         kb.main([a.replace("{tmp}", str(tmp_path)) for a in args])
     assert exit_.value.code == 2
@@ -360,11 +377,12 @@ def test_json_output_overwrites_only_one_json_value(text, kept, tmp_path):
 
 def test_json_output_refuses_a_file_too_large_to_check(monkeypatch, tmp_path):
     import env.cli
+    import kernels.timing
 
     path = tmp_path / "big.json"
     path.write_text(json.dumps({"rows": list(range(100))}))
     assert not env.cli.holds_other_than_json(path)
-    monkeypatch.setattr(env.cli, "EARLIER_JSON_MAX_BYTES", 64)
+    monkeypatch.setattr(kernels.timing, "EARLIER_JSON_MAX_BYTES", 64)
     assert env.cli.holds_other_than_json(path)
 
 
