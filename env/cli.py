@@ -70,6 +70,11 @@ def user_message(err: BaseException, user_types: frozenset[str] = USER_ERROR_TYP
     if isinstance(err, OSError):  # a path that cannot be read or written
         what = err.strerror or type(err).__name__
         return one_line(f"{err.filename}: {what}" if err.filename is not None else f"{what}: {err}")
+    # sizes this machine cannot hold (numpy's and Python's MemoryError, torch's allocator): ask for less
+    if isinstance(err, MemoryError) or (isinstance(err, RuntimeError) and "not enough memory" in str(err)):
+        return one_line(
+            f"not enough memory for the sizes asked for ({err or type(err).__name__}); ask for less"
+        )
     return None
 
 

@@ -208,6 +208,7 @@ def test_output_file_checks(tmp_path):
         ("bench_env", ["--seconds", "-1"], "--seconds must be in (0, 3600]"),
         ("bench_env", ["--batch", "0"], "--batch: must be >= 1"),
         ("bench_env", ["--json", "{tmp}"], "is a directory, not a file"),
+        ("bench_env", ["--batch", "99999999999999"], "not enough memory for the sizes asked for"),
         ("bench_serve_env", ["--envs", "4,x"], "--envs must be a comma list"),
         ("bench_serve_env", ["--cost", "{tmp}/none.json"], "does not exist"),
         ("bench_serve_env", ["--loads", "1,sideways"], "sideways"),
