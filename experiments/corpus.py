@@ -17,12 +17,15 @@ numpy's own docstrings).
 
 Every part is a safetensors file in ``drafters.train_data``'s format (tokens, the final-norm feature ``final``, the
 residual streams ``exitN`` at the target's aux layers), written atomically; a rerun skips the prompts and windows
-already written (resume after a kill). CPU seconds are added to ``info.json`` as each part is written, summed over
-resumed calls (a kill loses only the time since the last part).
+already written (resume after a kill). An answer records its prompt's digest, and a prompt id the folder answered
+for another text is refused (a file edited under the same ids would train on the old answers). CPU seconds are
+added to ``info.json`` as each part is written, summed over resumed calls (a kill loses only the time since the
+last part).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -75,16 +78,25 @@ def same_parts(out_dir: Path, settings: dict[str, Any]) -> None:
         raise UserError(f"{why}: use another --work folder, or the same settings to resume")
 
 
-def _done_ids(out_dir: Path) -> set[str]:
+def prompt_digest(ids: list[int]) -> str:
+    """What an answer's part records of its prompt (the chat token ids): answers are kept by prompt id, and a file
+    whose text changed under the same id must not find its old answers as done."""
+    return hashlib.sha256(json.dumps([int(i) for i in ids]).encode()).hexdigest()[:16]
+
+
+def _part_digests(out_dir: Path) -> dict[str, str | None]:
+    """Every id the parts hold, with its prompt's digest (None in a part from before digests were recorded); an
+    id held twice counts from its first part, as ``load_data`` reads it."""
     from safetensors import safe_open
 
     from experiments.errors import UserError
 
-    done: set[str] = set()
-    for part in out_dir.glob("part-*.safetensors"):
+    done: dict[str, str | None] = {}
+    for part in sorted(out_dir.glob("part-*.safetensors")):
         try:
             with safe_open(str(part), framework="pt") as fh:
-                done.update(str(m["prompt_id"]) for m in json.loads(fh.metadata()["meta"]))
+                for m in json.loads(fh.metadata()["meta"]):
+                    done.setdefault(str(m["prompt_id"]), m.get("prompt_sha"))
         except (
             Exception
         ) as err:  # a torn or foreign part (safetensors' own error types, JSON's, a missing key)
@@ -93,6 +105,23 @@ def _done_ids(out_dir: Path) -> set[str]:
                 f"{part} is not a readable data part ({why}); delete it to make it again"
             ) from None
     return done
+
+
+def _done_ids(out_dir: Path) -> set[str]:
+    return set(_part_digests(out_dir))
+
+
+def same_prompts(out_dir: Path, done: dict[str, str | None], prompts: list[tuple[str, list[int]]]) -> None:
+    """Refuse a prompt whose id the folder answered for another text (a part without digests is taken as it is)."""
+    from experiments.errors import UserError
+
+    for pid, ids in prompts:
+        was = done.get(str(pid))
+        if was is not None and was != prompt_digest(ids):
+            raise UserError(
+                f"{out_dir} holds the answer to another text under prompt id {pid} (answers are kept by id): "
+                "use another --work folder"
+            )
 
 
 def _write_part(out_dir: Path, seqs: list[dict[str, Any]], layers: tuple[int, ...]) -> None:
@@ -107,6 +136,8 @@ def _write_part(out_dir: Path, seqs: list[dict[str, Any]], layers: tuple[int, ..
         for j, n in enumerate(layers):
             tensors[f"{b}/exit{n}"] = s["aux"].chunk(len(layers), dim=-1)[j].to(torch.float16).contiguous()
         meta.append({"prompt_id": s["id"], "answer_start": s["answer_start"], "answer_len": s["answer_len"]})
+        if "sha" in s:  # the prompt's digest (``prompt_digest``): answers only
+            meta[-1]["prompt_sha"] = s["sha"]
     tmp = out_dir / f".part.{os.getpid()}.tmp"
     save_file(tensors, str(tmp), metadata={"meta": json.dumps(meta)})
     try:  # the next free number after the highest there (a part deleted to be made again leaves a gap)
@@ -169,7 +200,8 @@ def distill_answers(
     out_dir.mkdir(parents=True, exist_ok=True)
     same_parts(out_dir, {"kind": "answers", "model": loaded.model_id, "weights": loaded.weights,
                          "dtype": str(loaded.dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens})  # fmt: skip
-    done = _done_ids(out_dir)
+    done = _part_digests(out_dir)
+    same_prompts(out_dir, done, prompts)
     todo = [p for p in prompts if p[0] not in done]
     eng = BatchEngine(loaded, max_rows=batch)
     target = eng.target
@@ -190,6 +222,7 @@ def distill_answers(
     while queue or target.rows:
         while queue and len(target.rows) < batch:
             pid, ids = queue.pop(0)
+            sha = prompt_digest(ids)  # of the prompt given, before any cut
             if len(ids) + max_new_tokens + 2 > target.max_context:
                 ids = ids[-(target.max_context - max_new_tokens - 2) :]
             row, first = eng.admit(ids, {})
@@ -197,6 +230,7 @@ def distill_answers(
             row.ctx.prompt_hidden = row.ctx.prompt_aux = None
             live[id(row)] = {
                 "id": pid,
+                "sha": sha,
                 "p": len(ids),
                 "final": [f],
                 "aux": [a],
@@ -376,4 +410,5 @@ def instruction_prompts(
         for p in load_workload(workload)
         if p.category != "mt_bench" and p.prompt_id not in bench
     ]
-    return spec + code_prompts("stdlib", limit=code_limit) + general_prompts(general_limit)
+    code = code_prompts("stdlib", limit=code_limit) if code_limit else []  # 0: the stdlib is not parsed
+    return spec + code + general_prompts(general_limit)

@@ -7,10 +7,10 @@
 non-MT-bench instruction prompts and standard-library code instructions, plus teacher-forced standard-library
 source; every MT-bench prompt and the benchmark prompts stay out) with the low/middle/high fused features and a
 deeper training-time test (``--levels``, default 4 for it). Its corpus is cached under ``--work`` (default: the
-draftgym cache, keyed by model, weights, dtype and answer length only), answered by prompt id: a rerun with more
-prompts answers only the new ones and keeps the text features, and each run trains on its own prompts (its
-held-out ones stay out, whoever answered them), from a training state of its own. The others keep their smaller
-data set:
+draftgym cache, keyed by model, weights, dtype and answer length only), answered by prompt id (an id it answered
+for another text is refused): a rerun with more prompts answers only the new ones and keeps the text features, and
+each run trains on its own prompts (its held-out ones stay out, whoever answered them), from a training state of
+its own. The others keep their smaller data set:
 
 The prompts are the workload minus its benchmark prompts (the first ``--exclude-per-category`` of each category,
 the ones ``draftgym bench --per-category`` uses), then the first ``--per-category`` of each category. Data are
@@ -31,6 +31,7 @@ from typing import Any
 from env.cli import seed_int
 
 KINDS = ("eagle", "eagle3", "early_exit")
+MAX_THREADS = 1024  # far above any CPU's cores; --threads 100000 crashed torch (exit 139)
 # flags only some heads read: given for another head they were ignored silently, now they are refused
 KIND_FLAGS = {
     **dict.fromkeys(("code_prompts", "general_prompts", "text_tokens", "batch"), ("eagle3",)),
@@ -42,7 +43,7 @@ KIND_FLAGS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from experiments.args import float_in, new_tokens, nonnegative_int, positive_int
+    from experiments.args import float_in, int_at_least, new_tokens, nonnegative_int, positive_int
 
     p = sub.add_parser(
         "train-drafter", help="train an eagle, eagle3 or early_exit draft head by self-distillation"
@@ -143,11 +144,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=60.0,
         help="seconds between checkpoints of the training state (a rerun after a kill resumes from the last)",
     )
-    p.add_argument("--threads", type=nonnegative_int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--work", default=None, help="folder for the data and the resumable training state")
-    p.add_argument("--out", default=None, help="head file to write (default: where the drafter looks for it)")
     p.add_argument(
-        "--model", default=None, help="local Hugging Face model folder (default: embedded SmolLM2-135M)"
+        "--threads",
+        type=int_at_least(0, MAX_THREADS),
+        default=0,
+        help=f"torch threads, at most {MAX_THREADS} (0: torch's default)",
+    )
+    p.add_argument(
+        "--work", type=_given, default=None, help="folder for the data and the resumable training state"
+    )
+    p.add_argument(
+        "--out",
+        type=_given,
+        default=None,
+        help="head file to write (default: where the drafter looks for it)",
+    )
+    p.add_argument(
+        "--model",
+        type=_given,
+        default=None,
+        help="local Hugging Face model folder (default: embedded SmolLM2-135M)",
     )
     p.add_argument(
         "--dtype",
@@ -157,6 +173,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the head's metadata as JSON")
     p.set_defaults(func=cmd_train_drafter, kind_flag_defaults={d: p.get_default(d) for d in KIND_FLAGS})
+
+
+def _given(text: str) -> str:
+    """An argparse type for --work, --out and --model: an empty value is far more often a shell variable that was
+    not set than a wish for the default (which leaving the flag out gives), so it is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "is empty (a shell variable not set?); leave the flag out for the default"
+        )
+    return text
 
 
 def cmd_train_drafter(args: argparse.Namespace) -> int:
@@ -230,6 +256,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     ).hexdigest()[:12]
     work = Path(args.work) if args.work else cache_dir() / "distill" / f"{Path(loaded.model_id).name}-{key}"
     out = Path(args.out) if args.out else cache_heads_dir() / head_name(args.kind, loaded.model_id)
+    _out_outside_work(out, work)
     progress = not args.json
     if progress:
         print(f"{len(prompts)} training prompts ({len(by_cat)} categories); data in {work}", file=sys.stderr)
@@ -345,6 +372,7 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         else corpus_folder(cache_dir(), loaded, args.max_new_tokens, args.workload)
     )
     out = Path(args.out) if args.out else cache_heads_dir() / head_name("eagle3", loaded.model_id)
+    _out_outside_work(out, work)
     progress = not args.json
     if progress:
         print(
@@ -385,9 +413,12 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         window=args.train_window,
     )
     # the folder holds the answers of every run before this one: this run trains on its own prompts and windows only
-    # (its held-out prompts stay out even when an earlier run answered them), from a training state of its own
-    keep = {str(pid) for pid, _ in ids} | ({str(w[0]) for w in windows} if args.text_tokens else set())
-    selection = hashlib.sha256(json.dumps(sorted(keep)).encode()).hexdigest()[:12]
+    # (its held-out prompts stay out even when an earlier run answered them), from a training state of its own,
+    # named by its ids and their texts (another text under the same ids never resumes this run's state)
+    chosen = [*ids, *(windows if args.text_tokens else [])]
+    keep = {str(pid) for pid, _ in chosen}
+    named = sorted({(str(pid), corpus.prompt_digest(toks)) for pid, toks in chosen})
+    selection = hashlib.sha256(json.dumps(named).encode()).hexdigest()[:12]
     train_dir = work / f"train-{selection}"
     train_dir.mkdir(parents=True, exist_ok=True)
     meta = train_head(
@@ -405,7 +436,23 @@ def _outputs_and_threads(args: argparse.Namespace) -> None:
 
     if args.out:
         output_file(Path(args.out).with_suffix(".safetensors"))
+    if args.out and args.work:  # again once the default folders are known; now before the model loads
+        _out_outside_work(Path(args.out), Path(args.work))
     if args.work:
         output_dir(args.work, flag="--work")
     if args.threads:
         torch.set_num_threads(args.threads)
+
+
+def _out_outside_work(out: Path, work: Path) -> None:
+    """The head (its .safetensors and .json) is written outside the work folder: inside, it could replace a data
+    part or a training state (``--out W/answers/part-00000`` did, and every later run then failed)."""
+    from experiments.errors import UserError
+
+    inside = work.resolve()
+    for f in (out.with_suffix(".safetensors"), out.with_suffix(".json")):
+        if f.resolve().is_relative_to(inside):
+            raise UserError(
+                f"the head {f} would be written inside the work folder {work}, whose data and training state it "
+                "could replace: give an --out outside it"
+            )
