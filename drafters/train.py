@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,10 +29,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from drafters.base import DrafterError, reason
+from drafters.base import DrafterError
 from drafters.heads import HeadConfig, aux_layers, check_fingerprint, save_head, target_fingerprint
-from drafters.train_checkpoint import check_adamw, load_train_state
-from drafters.train_data import Sequence, draft_vocab, load_data, split
+from drafters.train_checkpoint import check_state_path, load_train_state, resume, save_train_state
+from drafters.train_data import Sequence, draft_vocab, load_data, repeat_answers, split, windows
 
 # ---------------------------------------------------------------- training
 
@@ -89,37 +88,6 @@ def build_head(kind: str, cfg: HeadConfig, model: Any) -> torch.nn.Module:
             for a, b in pairs:
                 a.weight.copy_(b.weight.float())
     return head.float()
-
-
-def windows(seqs: list[Sequence], size: int, min_len: int = 16) -> list[Sequence]:
-    """Sequences longer than ``size`` cut into consecutive pieces of ``size`` positions (the last one at least
-    ``min_len``), so that training sees every position and not only each sequence's last window."""
-    out = []
-    for s in seqs:
-        n = int(s.tokens.shape[0])
-        for a in range(0, n, size):
-            b = min(n, a + size)
-            if b - a < min_len and a > 0:
-                break
-            out.append(
-                Sequence(
-                    tokens=s.tokens[a:b],
-                    feats=s.feats[a:b],
-                    exits={k: v[a:b] for k, v in s.exits.items()},
-                    answer_start=min(max(0, s.answer_start - a), b - a),
-                    prompt_id=s.prompt_id,
-                )
-            )
-    return out
-
-
-def repeat_answers(seqs: list[Sequence], times: int) -> list[Sequence]:
-    """``seqs`` with every sequence that holds answer positions (what the target emits, and what drafting is
-    scored on) ``times`` times in all; the teacher-forced text once. Weighs the answers up without new data."""
-    if times < 1:
-        raise DrafterError(f"answer_repeat must be at least 1, got {times}")
-    answered = [s for s in seqs if s.answer_start < s.tokens.shape[0]]
-    return seqs + answered * (times - 1)
 
 
 def _batches(seqs: list[Sequence], size: int, gen: torch.Generator):
@@ -328,7 +296,8 @@ def evaluate(
 
 
 def _trajectory(st: TrainSettings) -> dict[str, Any]:
-    """The settings a resumed run must share with the checkpoint (all but the budget and the save interval)."""
+    """The settings a resumed run must share with the checkpoint (all but the budget and the save interval; the
+    step budget is compared apart, ``train_checkpoint.resume``: a CPU budget resumes any checkpoint)."""
     return {
         k: v for k, v in asdict(st).items() if k not in ("cpu_minutes", "steps", "max_steps", "save_every_s")
     }
@@ -368,6 +337,7 @@ def train_head(
     seqs = load_data(*data_dirs, keep=keep_ids)
     check_data_fits(seqs, model, data_dirs)
     train, held = split(seqs)
+    whole = train  # (the counts below: windows overlap)
     if st.kind == "eagle3":  # every position trains: long sequences are cut into windows
         train, held = windows(train, st.window), windows(held, st.window)
     distinct, train = train, repeat_answers(train, st.answer_repeat)
@@ -395,57 +365,24 @@ def train_head(
     head = build_head(st.kind, cfg, model)
     opt = torch.optim.AdamW(head.parameters(), lr=st.lr, weight_decay=st.weight_decay, betas=(0.9, 0.95))
     fingerprint = target_fingerprint(model, model_id)
+    steps_per_epoch = math.ceil(len(train) / st.batch_size)
     state_path = work_dir / f"train-state-{st.kind}.pt"
+    check_state_path(state_path)
     step, cpu_before, epoch = 0, 0.0, 0
     resume_gen: torch.Tensor | None = None  # the batch generator's state when the checkpoint was written
     if state_path.is_file():  # resume after a kill
         state = load_train_state(state_path)
         check_fingerprint(state.get("target", {}), model, model_id, f"training checkpoint {state_path}")
-        saved_d2t = state.get("d2t")
-        same_d2t = (
-            isinstance(saved_d2t, torch.Tensor)
-            and saved_d2t.shape == d2t.shape
-            and torch.equal(saved_d2t, d2t)
-        )
-        if state.get("data") is not None and state.get("data") != data_id:
-            raise DrafterError(
-                f"training checkpoint {state_path} was trained on other data (other prompts, prefills or text); "
-                "give the same data to resume, or delete it or use another --work folder to start over"
-            )
-        if state.get("config") != asdict(cfg) or not same_d2t:
-            raise DrafterError(
-                f"training checkpoint {state_path} has other head shapes or data ({state.get('config')}); "
-                "delete it or use another --work folder"
-            )
-        saved = {**_trajectory(TrainSettings(kind=st.kind)), **state.get("settings", {})}  # (older: defaults)
-        if "settings" in state and saved != _trajectory(st):  # (a checkpoint from before: none)
-            changed = sorted(k for k, v in _trajectory(st).items() if saved.get(k) != v)
-            raise DrafterError(
-                f"training checkpoint {state_path} was trained with other settings ({', '.join(changed)}: "
-                f"{', '.join(str(saved.get(k)) for k in changed)}); give the same ones to resume, or "
-                "delete it or use another --work folder to start over"
-            )
-        fresh = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
-        try:  # the same shapes and data, but mangled tensors: one line, not torch's paragraph
-            head.load_state_dict(state["head"])
-            opt.load_state_dict(state["opt"])
-            check_adamw(opt, fresh)
-        except (RuntimeError, ValueError, TypeError, KeyError) as err:
-            raise DrafterError(
-                f"training checkpoint {state_path} is corrupted ({reason(err)}); delete it to start over"
-            ) from None
+        run = {"data": data_id, "config": asdict(cfg), "d2t": d2t, "settings": _trajectory(st),
+               "steps_per_epoch": steps_per_epoch}  # fmt: skip
+        resume(state_path, state, head, opt, run=run, defaults=_trajectory(TrainSettings(kind=st.kind)),
+               steps=st.steps)  # fmt: skip
         step, epoch, cpu_before = int(state["step"]), int(state["epoch"]), float(state["cpu_s"])
         resume_gen = state.get("gen")
     if hidden != cfg.hidden:
         raise DrafterError(f"the data's features have size {hidden}, the head {cfg.hidden}")
     cpu0, last_save = time.process_time(), time.monotonic()
     budget_s = st.cpu_minutes * 60
-    steps_per_epoch = math.ceil(len(train) / st.batch_size)
-    if not 0 <= step - epoch * steps_per_epoch <= steps_per_epoch:  # the batches of an epoch it is in
-        raise DrafterError(
-            f"training checkpoint {state_path} is corrupted (step {step} is not in epoch {epoch} of "
-            f"{steps_per_epoch} steps); delete it to start over"
-        )
     total_steps = min(st.max_steps, max(1, int(steps_per_epoch * 50)))
     # the bar's total: the step count when it is the budget; else percent of the CPU-minute budget (ETA from it)
     by_steps = bool(st.steps)
@@ -465,26 +402,14 @@ def train_head(
         return cpu_used() >= budget_s or step >= min(st.max_steps, total_steps)
 
     gen: torch.Generator | None = None
+    loss: torch.Tensor | None = None
 
     def save_state() -> None:
-        tmp = state_path.with_suffix(".tmp")
-        torch.save(
-            {
-                "head": head.state_dict(),
-                "opt": opt.state_dict(),
-                "step": step,
-                "cpu_s": cpu_used(),
-                "epoch": epoch,
-                "gen": gen.get_state() if gen is not None else resume_gen,
-                "config": asdict(cfg),
-                "settings": _trajectory(st),
-                "d2t": d2t,
-                "data": data_id,
-                "target": fingerprint,
-            },
-            tmp,
-        )
-        os.replace(tmp, state_path)
+        save_train_state(state_path, {
+            "head": head.state_dict(), "opt": opt.state_dict(), "step": step, "cpu_s": cpu_used(), "epoch": epoch,
+            "gen": gen.get_state() if gen is not None else resume_gen, "config": asdict(cfg),
+            "settings": {**_trajectory(st), "steps": st.steps}, "d2t": d2t, "data": data_id, "target": fingerprint,
+        }, loss)  # fmt: skip
 
     head.train()
     done = finished()
@@ -528,8 +453,8 @@ def train_head(
     save_state()
     train_cpu_s = cpu_used()  # (the held-out evaluation below is not training)
     metric = evaluate(head, held, w_draft, embed, st, exact=(model.lm_head.weight.detach(), d2t))
-    n_tokens = sum(int(s.tokens.shape[0]) for s in distinct)  # distinct positions (answer_repeat not counted)
-    n_answer = sum(int(s.tokens.shape[0]) - s.answer_start for s in distinct)
+    n_tokens = sum(int(s.tokens.shape[0]) for s in whole)  # distinct positions (answer_repeat not counted)
+    n_answer = sum(int(s.tokens.shape[0]) - s.answer_start for s in whole)
     meta = {
         "target": fingerprint,
         "trained_dtype": "float32",

@@ -2,8 +2,9 @@
 prompts greedily (``generate_data``) or reads prompts teacher-forced (``prefill_data``), and forward hooks capture,
 for every position, the final-norm hidden state f_t (EAGLE's feature and the teacher) and the residual stream after
 the first ``l`` layers for each capture layer (early exit). The last ``window`` positions of each sequence are kept,
-as fp16, one file per batch, so a killed run resumes at the next batch. ``load_data``, ``split`` and
-``draft_vocab`` read them back for ``drafters.train``.
+as fp16, one file per batch, so a killed run resumes at the next batch. ``load_data`` (checked: a NaN feature or a
+wrong dtype is refused, not trained on), ``split``, ``windows``, ``repeat_answers`` and ``draft_vocab`` read them
+back for ``drafters.train``.
 
 Costs are counted in CPU seconds of this process (``time.process_time``), added to ``info.json`` as each part is
 written, so that they sum over resumed sessions, killed ones included.
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from drafters.base import DrafterError, reason
+from drafters.base import DrafterError, reason, shown
 from drafters.hf_greedy import greedy_generate
 
 
@@ -307,27 +308,74 @@ def _read_part(part: Path, safe_open: Any, keep: set[str] | None) -> list[Sequen
                 continue
             names = [k for k in fh.keys() if k.startswith(f"{b}/exit")]  # noqa: SIM118
             exits = {int(k.split("/exit")[1]): fh.get_tensor(k) for k in names}
-            seq = Sequence(
-                tokens=fh.get_tensor(f"{b}/tokens").long(),
-                feats=fh.get_tensor(f"{b}/final"),
-                exits=exits,
-                answer_start=int(m["answer_start"]),
-                prompt_id=str(m["prompt_id"]),
-            )
-            n = seq.tokens.shape[0]
-            if (
-                seq.tokens.dim() != 1
-                or seq.feats.dim() != 2
-                or seq.feats.shape[0] != n
-                or any(x.shape != seq.feats.shape for x in exits.values())
-            ):
-                raise DrafterError(
-                    f"{part}: sequence {b} has tokens and features of different lengths or widths"
-                )
-            if n and int(seq.tokens.min()) < 0:
-                raise DrafterError(f"{part}: sequence {b} holds a negative token id")
-            seqs.append(seq)
+            tokens, feats = fh.get_tensor(f"{b}/tokens"), fh.get_tensor(f"{b}/final")
+            problem = _bad_sequence(tokens, feats, exits, m["answer_start"])
+            if problem:
+                raise DrafterError(f"{part}: sequence {b} {problem}; delete it to make it again")
+            seqs.append(Sequence(tokens=tokens.long(), feats=feats, exits=exits,
+                                 answer_start=m["answer_start"], prompt_id=str(m["prompt_id"])))  # fmt: skip
     return seqs
+
+
+def _bad_sequence(
+    tokens: torch.Tensor, feats: torch.Tensor, exits: dict[int, torch.Tensor], answer_start: Any
+) -> str | None:
+    """What is wrong with a sequence of a data part, or None. Checked here because training casts what it reads
+    (int16 features, float token ids) and a NaN feature trains a NaN head that is saved all the same."""
+    from drafters.heads import _finite
+
+    n = tokens.shape[0] if tokens.dim() else -1
+    same = feats.dim() == 2 and feats.shape[0] == n and all(x.shape == feats.shape for x in exits.values())
+    if tokens.dim() != 1 or not same:
+        return "has tokens and features of different lengths or widths"
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        return f"holds token ids of type {tokens.dtype}, not integers"
+    if n and int(tokens.min()) < 0:
+        return "holds a negative token id"
+    for name, x in [
+        ("features", feats),
+        *((f"residual stream after layer {k}", v) for k, v in exits.items()),
+    ]:
+        if not x.is_floating_point():
+            return f"holds its {name} as {x.dtype}, not a floating-point type"
+        if not _finite(x):
+            return f"holds NaN or infinite values in its {name}"
+    if isinstance(answer_start, bool) or not isinstance(answer_start, int) or not 0 <= answer_start <= n:
+        return f"has answer_start {shown(answer_start)}, not a position in its {n} tokens"
+    return None
+
+
+def windows(seqs: list[Sequence], size: int, min_len: int = 16) -> list[Sequence]:
+    """Sequences longer than ``size`` cut into consecutive pieces of ``size`` positions, so that training sees every
+    position and not only each sequence's last window. A last piece shorter than ``min_len`` is instead the last
+    ``size`` positions, overlapping the piece before: it holds the answer's end, which must not be dropped."""
+    out = []
+    for s in seqs:
+        n = int(s.tokens.shape[0])
+        starts = list(range(0, n, size))
+        if len(starts) > 1 and n - starts[-1] < min_len:
+            starts[-1] = n - size  # (n > size here)
+        for a in starts:
+            b = min(n, a + size)
+            out.append(
+                Sequence(
+                    tokens=s.tokens[a:b],
+                    feats=s.feats[a:b],
+                    exits={k: v[a:b] for k, v in s.exits.items()},
+                    answer_start=min(max(0, s.answer_start - a), b - a),
+                    prompt_id=s.prompt_id,
+                )
+            )
+    return out
+
+
+def repeat_answers(seqs: list[Sequence], times: int) -> list[Sequence]:
+    """``seqs`` with every sequence that holds answer positions (what the target emits, and what drafting is
+    scored on) ``times`` times in all; the teacher-forced text once. Weighs the answers up without new data."""
+    if times < 1:
+        raise DrafterError(f"answer_repeat must be at least 1, got {times}")
+    answered = [s for s in seqs if s.answer_start < s.tokens.shape[0]]
+    return seqs + answered * (times - 1)
 
 
 def split(seqs: list[Sequence], heldout_every: int = 10) -> tuple[list[Sequence], list[Sequence]]:

@@ -136,14 +136,18 @@ def test_a_mangled_training_checkpoint_is_one_line(trained, name, tmp_path):
 
 def test_a_checkpoint_at_every_step_resumes(trained, tmp_path):
     """The counters check accepts what training writes, at an epoch's end (step = (epoch + 1) x steps an epoch,
-    before the epoch counter moves on) as in its middle, and an older checkpoint's step count as a number."""
+    before the epoch counter moves on) as in its middle, and an older checkpoint's step count as a number. (A
+    resume must give the checkpoint's --steps; an older checkpoint, which did not keep it, resumes with any.)"""
     run, good = trained
     for steps in range(1, 8):
-        meta = _train(run, tmp_path, replace(run["st"], steps=steps))
-        assert meta["training"]["steps"] == steps
+        work = tmp_path / f"s{steps}"
+        work.mkdir()
+        for _ in range(2):  # trained, then resumed from its checkpoint at step `steps`
+            assert _train(run, work, replace(run["st"], steps=steps))["training"]["steps"] == steps
     work = tmp_path / "older"
     work.mkdir()
     state = copy.deepcopy(good)
+    del state["settings"]["steps"]  # (kept since the step budget is checked)
     for entries in state["opt"]["state"].values():
         entries["step"] = int(entries["step"])  # torch's AdamW once kept it as a number
     torch.save(state, work / "train-state-eagle.pt")
