@@ -11,6 +11,7 @@ import optuna
 import pytest
 
 from experiments.cli import main
+from tests.experiments.test_sweep_guards import _one_line_error
 
 CONFIG = """name = "s1"
 methods = ["ar", "ngram-d8"]
@@ -21,14 +22,6 @@ backend = "analytic"
 objective = "speedup"
 pruner = "none"
 """
-
-
-def _one_line_error(capsys, rc: int, *needles: str) -> str:
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert rc == 2 and len(lines) == 1, err
-    assert "Traceback" not in err and all(n in lines[0] for n in needles), err
-    return lines[0]
 
 
 def _trials(out: Path) -> list[int]:
