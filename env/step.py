@@ -9,8 +9,8 @@ owns the bookkeeping they share:
   proposal cut down to the chosen arm's shape (``drafters.trees.prune``); any other drafter (a best-first tree of
   a node budget, one that learns as it goes) proposes again for the arm, so the tree verified may differ from the
   one observed. The step from that root pays every proposal its observation made, whichever arm it takes (a
-  policy reading draft features makes them every step; replay prices them alike); a finished sequence's observation is at its last counted
-  token, as replay's, even when its last step committed tokens past it;
+  policy reading draft features makes them every step; replay prices them alike); a finished sequence's
+  observation is at its last counted token, as replay's, even when its last step committed tokens past it;
 - the reward and ``info`` of a step (``StepCosts``: from a cost model, or measured), the history features.
 """
 
@@ -256,9 +256,8 @@ class Stepper:
             return None, 0.0
         t0 = time.perf_counter()
         tree = prune(seq._proposals[arm.drafter], arm.shape)
-        made = (
-            0.0 if arm.drafter in seq._observed else seq._propose_s.get(arm.drafter, 0.0)
-        )  # (else the step's)
+        # a proposal the observation made is the step's already (``_observation``); another one is charged here
+        made = 0.0 if arm.drafter in seq._observed else seq._propose_s.get(arm.drafter, 0.0)
         return tree, made + time.perf_counter() - t0
 
     def _observation(self, seq: Seq) -> tuple[list[Arm], float]:
