@@ -93,6 +93,18 @@ class WordTokenizer:
     def __call__(self, text):
         return {"input_ids": [int(x) for x in text.split()]}
 
+    def decode(self, ids, **_):
+        return " ".join(map(str, ids))
+
+
+def tiny_words():
+    """The tiny model (``tests.drafters.tiny``) with ``WordTokenizer``: prompts given as token numbers."""
+    from tests.drafters.tiny import tiny_loaded
+
+    loaded = tiny_loaded()
+    loaded._tokenizer = WordTokenizer()
+    return loaded
+
 
 def toy_cost_model(model_id: str = "toy", dtype: str = "float32") -> FittedCostModel:
     return FittedCostModel(

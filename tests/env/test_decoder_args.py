@@ -8,20 +8,13 @@ import pytest
 
 from env.decoder import SpeculativeDecoder
 from env.engine import NO_DRAFT
-from tests.drafters.tiny import tiny_loaded
-from tests.env.conftest import WordTokenizer
+from tests.env.conftest import tiny_words
 from tests.env.test_terminal_obs import motif_prompts
-
-
-class Tokenizer(WordTokenizer):
-    def decode(self, ids, **_):
-        return " ".join(map(str, ids))
 
 
 @pytest.fixture(scope="module")
 def decoder():
-    loaded = tiny_loaded()
-    loaded._tokenizer = Tokenizer()
+    loaded = tiny_words()
     return SpeculativeDecoder(loaded)
 
 

@@ -17,8 +17,7 @@ from env.batch import BatchEngine
 from env.features import FeatureSpec
 from env.spec_env import SpecDecodeEnv
 from env.workloads import Prompt
-from tests.drafters.tiny import tiny_loaded
-from tests.env.conftest import WordTokenizer, toy_cost_model
+from tests.env.conftest import tiny_words, toy_cost_model
 from tests.env.test_terminal_obs import motif_prompts
 
 
@@ -40,9 +39,7 @@ def clock(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny():
-    loaded = tiny_loaded()
-    loaded._tokenizer = WordTokenizer()
-    return loaded
+    return tiny_words()
 
 
 @pytest.mark.parametrize("draft_features", [False, True])

@@ -12,14 +12,8 @@ import torch
 from env.arms import make_arms
 from env.decoder import SpeculativeDecoder
 from env.features import FeatureSpec, ObservationBuilder
-from tests.drafters.tiny import tiny_loaded
-from tests.env.conftest import WordTokenizer
+from tests.env.conftest import tiny_words
 from tests.env.test_terminal_obs import motif_prompts
-
-
-class Tokenizer(WordTokenizer):
-    def decode(self, ids, **_):
-        return " ".join(map(str, ids))
 
 
 class Recorder:
@@ -35,9 +29,7 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def tiny():
-    loaded = tiny_loaded()
-    loaded._tokenizer = Tokenizer()
-    return loaded
+    return tiny_words()
 
 
 def builder(horizon=None) -> ObservationBuilder:

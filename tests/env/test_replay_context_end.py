@@ -18,8 +18,7 @@ from env.spec_env import SpecDecodeEnv
 from env.step import Stepper
 from env.trace import TraceError, load_trace
 from env.workloads import Prompt
-from tests.drafters.tiny import tiny_loaded
-from tests.env.conftest import SERVE_COST, WordTokenizer, make_trace, toy_cost_model
+from tests.env.conftest import SERVE_COST, make_trace, tiny_words, toy_cost_model
 
 LOOP = [7, 21, 4, 60, 33, 12, 9, 51]
 NEAR = (LOOP * 70)[:490]  # 22 positions left: the loop makes the n-gram drafter propose deep trees there
@@ -34,9 +33,7 @@ def cost_model() -> FittedCostModel:
 
 @pytest.fixture(scope="module")
 def tiny():
-    loaded = tiny_loaded()
-    loaded._tokenizer = WordTokenizer()
-    return loaded
+    return tiny_words()
 
 
 @pytest.fixture(scope="module")

@@ -18,21 +18,13 @@ from env.decoder import SpeculativeDecoder
 from env.features import FeatureSpec
 from env.spec_env import SpecDecodeEnv
 from env.workloads import Prompt
-from tests.drafters.tiny import tiny_loaded
-from tests.env.conftest import WordTokenizer, toy_cost_model
+from tests.env.conftest import tiny_words, toy_cost_model
 from tests.env.test_terminal_obs import motif_prompts
-
-
-class Tokenizer(WordTokenizer):
-    def decode(self, ids, **_):
-        return " ".join(map(str, ids))
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    loaded = tiny_loaded()
-    loaded._tokenizer = Tokenizer()
-    return loaded
+    return tiny_words()
 
 
 def test_only_exact_drafters_reuse_the_observed_proposal(tiny, monkeypatch):

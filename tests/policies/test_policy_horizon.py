@@ -14,16 +14,10 @@ from experiments.policy_commands import policy_decoder
 from policies import load_policy
 from policies.base import PolicyError
 from policies.static import StaticPolicy
-from tests.drafters.tiny import tiny_loaded
-from tests.env.conftest import WordTokenizer
+from tests.env.conftest import tiny_words
 from tests.env.test_terminal_obs import motif_prompts
 
 ARMS = ["none", "ngram-d2", "ngram-d4"]
-
-
-class Tokenizer(WordTokenizer):
-    def decode(self, ids, **_):
-        return " ".join(map(str, ids))
 
 
 class Seen(StaticPolicy):
@@ -40,9 +34,7 @@ class Seen(StaticPolicy):
 
 @pytest.fixture(scope="module")
 def tiny():
-    loaded = tiny_loaded()
-    loaded._tokenizer = Tokenizer()
-    return loaded
+    return tiny_words()
 
 
 def test_training_records_the_envs_max_new_tokens(tmp_path, capsys):
