@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from env.batch_cost import FittedBatchCost
+from env.batch_cost import BatchedDraft, FittedBatchCost
 from env.cost import Curve
 
 ROWS = (1, 2, 4, 8, 16)
@@ -145,9 +145,11 @@ def calibrate_batch(
     contexts: Sequence[int] = CONTEXTS,
     reps: int = 5,
     progress: bool = False,
+    drafter_options: dict[str, dict[str, Any]] | None = None,
 ) -> FittedBatchCost:
     """Measure the batch step on the (rows, nodes, context) grid, the prefill, and each drafter's propose time
-    per row; fit. About two minutes for the embedded model on a 2-core CPU."""
+    per row, or per batch over rows x depths for a drafter that drafts a batch's rows together; fit. About two
+    minutes for the embedded model on a 2-core CPU."""
     from env.calibrate import _time_drafters
     from env.decoder import chat_prompt
     from env.machine import machine_info
@@ -175,8 +177,12 @@ def calibrate_batch(
 
     shapes = [TreeShape(d) for d in (1, 2, 3, 5, 8)]
     names = [n for n in drafter_names if n != "none"]
-    timed = _time_drafters(loaded, names, {}, prompts, shapes, positions=4)
+    options = drafter_options or {}
+    timed = _time_drafters(loaded, names, options, prompts, shapes, positions=4)
     drafters = {n: float(statistics.median(v["shapes"].values())) for n, v in timed.items()}
+    batched = {
+        n: _time_batched(loaded, n, rows, prompts[0], reps, options.get(n, {})) for n in names if _batches(n)
+    }
     meta = {
         "machine": machine_info(),
         "forward": getattr(loaded, "forward", "hf"),
@@ -201,6 +207,61 @@ def calibrate_batch(
         prefill=prefill,
         drafters=drafters,
         meta=meta,
+        batched=batched,
+    )
+
+
+DEPTHS = (1, 2, 3, 5)  # chain depths a batched drafter is timed at
+
+
+def _batches(name: str) -> bool:
+    """Whether drafter ``name`` drafts a batch's rows together (``drafters.BatchProposer``)."""
+    from drafters import BatchProposer, make_drafter
+
+    return isinstance(make_drafter(name), BatchProposer)
+
+
+def _time_batched(loaded: Any, name: str, rows: Sequence[int], prompt: list[int], reps: int,
+                  options: dict[str, Any]) -> BatchedDraft:  # fmt: skip
+    """A batched drafter's proposal over ``rows`` rows, every row drafting a chain of each of ``DEPTHS``: each
+    sample follows an autoregressive step of the batch, so it includes the head's catch-up on the committed token
+    (as decoding's proposals do). Per row count, seconds fitted linear in depth: fixed + depth x level; both then
+    made non-decreasing in rows."""
+    import torch
+
+    from drafters import Forkable, TreeShape, make_drafter
+    from env.batch import BatchEngine
+    from env.engine import NO_DRAFT, Arm
+
+    fixed, level = [], []
+    rng = random.Random(1)
+    with torch.inference_mode():
+        for r in rows:
+            first = make_drafter(name, **options)
+            eng = BatchEngine(loaded, max_rows=r)
+            eng.admit(prompt, {name: first})  # (loads the head the forks then share)
+            for _ in range(r - 1):
+                other = first.fork() if isinstance(first, Forkable) else make_drafter(name, **options)
+                eng.admit(prompt, {name: other})
+            samples: dict[int, list[float]] = {d: [] for d in DEPTHS}
+            for _ in range(max(reps, 2)):
+                order = list(DEPTHS)
+                rng.shuffle(order)
+                for depth in order:
+                    eng.step([NO_DRAFT] * r)
+                    arms = [Arm(name, TreeShape(depth))] * r
+                    t0 = time.perf_counter()
+                    eng.propose(arms)
+                    samples[depth].append(time.perf_counter() - t0)
+            xs = np.array(DEPTHS, np.float64)
+            ys = np.array([statistics.median(samples[d]) for d in DEPTHS])
+            slope, icpt = np.polyfit(xs, ys, 1)
+            level.append(max(float(slope), 0.0))
+            fixed.append(max(float(icpt), 0.0))
+    return BatchedDraft(
+        tuple(int(r) for r in rows),
+        tuple(np.maximum.accumulate(fixed).tolist()),
+        tuple(np.maximum.accumulate(level).tolist()),
     )
 
 

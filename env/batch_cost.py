@@ -9,7 +9,8 @@ Two kinds, one interface (``BatchCost``):
 - ``FittedBatchCost``: measured on this machine through ``env.batch.BatchEngine.step`` (propose, one target
   forward, verification, commit) on a grid of rows x nodes at two contexts; bilinear in (rows, nodes), extended
   linearly past the grid, linear in context (a slope per grid cell); prefill a curve over prompt length; each
-  drafter's propose time per row. Saved as JSON with provenance (machine, model, weight format, times).
+  drafter's propose time per row, or for a drafter that drafts a batch's rows together (a model head) its time
+  per batch, fixed plus per tree level, over rows (``BatchedDraft``). Saved as JSON with provenance (machine, model, weight format, times).
 - ``RooflineCost``: an analytic model of a named accelerator running a named model size (``roofline:h200/
   llama-3.1-8b``): a forward costs a fixed overhead plus the larger of (bytes of weights and KV read) / bandwidth
   and FLOPs / peak, each at an achievable fraction. Simulated: every figure made with one says so (``label``).
@@ -43,17 +44,68 @@ class BatchCost(Protocol):
 
     def forward_s(self, rows: Any, nodes: Any, context: Any) -> Any: ...
 
-    def draft_s(self, drafter: str | None, rows: Any) -> Any: ...
+    def draft_s(self, drafter: str | None, rows: Any, depth: Any = 1) -> Any: ...
 
     def prefill_s(self, tokens: Any) -> Any: ...
 
 
-def step_s(cost: BatchCost, rows: Any, nodes: Any, context: Any, draft_rows: Mapping[str, Any]) -> Any:
+def step_s(cost: BatchCost, rows: Any, nodes: Any, context: Any, draft_rows: Mapping[str, Any],
+           depths: Mapping[str, Any] | None = None) -> Any:  # fmt: skip
     """A batch step: the forward of ``rows`` x ``nodes`` plus each drafter's proposals (``draft_rows``: drafter ->
-    rows that drafted with it)."""
+    rows that drafted with it; ``depths``: drafter -> the deepest of their drafts, default 1)."""
     out = np.asarray(cost.forward_s(rows, nodes, context), dtype=np.float64)
     for name, n in draft_rows.items():
-        out = out + cost.draft_s(name, n)
+        out = out + cost.draft_s(name, n, (depths or {}).get(name, 1))
+    return out
+
+
+@dataclass(frozen=True)
+class BatchedDraft:
+    """A drafter that drafts every row of a batch in one pass per tree level (a model head, ``drafters.
+    BatchProposer``): ``rows`` rows drafting trees up to ``depth`` levels deep cost ``fixed(rows) + depth *
+    level(rows)`` -- measured at the grid ``rows``, linear between its points and extended linearly past the last
+    two (the fixed part: the head catching up on the tokens the last step committed)."""
+
+    rows: tuple[int, ...]
+    fixed_s: tuple[float, ...]
+    level_s: tuple[float, ...]
+
+    def __call__(self, rows: Any, depth: Any) -> Any:
+        r = np.asarray(rows, np.float64)
+        gx = np.asarray(self.rows, np.float64)
+        cost = _line(gx, np.asarray(self.fixed_s), r) + np.asarray(depth, np.float64) * _line(
+            gx, np.asarray(self.level_s), r
+        )
+        return np.where(r > 0, cost, 0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rows": list(self.rows), "fixed_s": list(self.fixed_s), "level_s": list(self.level_s)}
+
+    @classmethod
+    def from_json(cls, d: Any, source: str) -> BatchedDraft:
+        try:
+            out = cls(tuple(int(r) for r in d["rows"]), tuple(float(x) for x in d["fixed_s"]),
+                      tuple(float(x) for x in d["level_s"]))  # fmt: skip
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
+            raise CostModelError(f"{source} is malformed ({err!r})") from err
+        n = len(out.rows)
+        if n < 1 or len(out.fixed_s) != n or len(out.level_s) != n or sorted(set(out.rows)) != list(out.rows):
+            raise CostModelError(f"{source}: rows must be increasing, with one fixed_s and one level_s each")
+        if out.rows[0] < 1:
+            raise CostModelError(f"{source}: rows must be positive integers")
+        values = np.asarray(out.fixed_s + out.level_s)
+        if not np.isfinite(values).all() or (values < 0).any() or (values > 10.0).any():
+            raise CostModelError(f"{source}: fixed_s and level_s must be finite seconds in [0, 10]")
+        if (np.diff(out.fixed_s) < 0).any() or (np.diff(out.level_s) < 0).any():
+            raise CostModelError(f"{source}: fixed_s and level_s must not fall with more rows")
+        return out
+
+
+def _line(gx: np.ndarray, gy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Linear interpolation, extended linearly past the last point (flat below the first)."""
+    out = np.interp(x, gx, gy)
+    if len(gx) > 1:
+        out = out + max((gy[-1] - gy[-2]) / (gx[-1] - gx[-2]), 0.0) * np.maximum(x - gx[-1], 0.0)
     return out
 
 
@@ -110,6 +162,8 @@ class FittedBatchCost:
     prefill: Curve  # seconds of a prefill over prompt tokens
     drafters: dict[str, float] = field(default_factory=dict)  # name -> propose seconds per row
     meta: dict[str, Any] = field(default_factory=dict)
+    # name -> its batched proposal (a model head drafts a batch's rows together)
+    batched: dict[str, BatchedDraft] = field(default_factory=dict)
     simulated: bool = False
     padded_context: bool = True  # measured on our engine: ragged rows attend over the longest row's span
 
@@ -128,9 +182,13 @@ class FittedBatchCost:
         out = base + slope * (context - self.context_ref)
         return np.maximum(out, 0.25 * np.maximum(base, 1e-6))
 
-    def draft_s(self, drafter: str | None, rows: Any) -> Any:
+    def draft_s(self, drafter: str | None, rows: Any, depth: Any = 1) -> Any:
+        """Seconds of ``drafter``'s proposals for ``rows`` rows whose deepest tree has ``depth`` levels: per row
+        for a drafter that proposes one row at a time, per level of the batch for a batched one."""
         if drafter is None:
             return np.zeros_like(np.asarray(rows, np.float64))
+        if drafter in self.batched:
+            return self.batched[drafter](rows, depth)
         if drafter not in self.drafters:
             known = ", ".join(sorted(self.drafters)) or "none"
             raise CostModelError(
@@ -158,7 +216,9 @@ class FittedBatchCost:
             "drafters_s_per_row": self.drafters,
             "padded_context": self.padded_context,
             "meta": self.meta,
-        }
+        } | (  # (absent where no drafter batches: a model without keeps its digest)
+            {"drafters_batched": {k: v.to_json() for k, v in self.batched.items()}} if self.batched else {}
+        )
 
     @classmethod
     def from_json(cls, d: dict[str, Any], source: str = "batch cost model") -> FittedBatchCost:
@@ -170,12 +230,16 @@ class FittedBatchCost:
             pf = d["prefill"]
             prefill = Curve(tuple(int(t) for t in pf["tokens"]), tuple(float(s) for s in pf["seconds"]))
             drafters = {str(k): float(v) for k, v in dict(d.get("drafters_s_per_row", {})).items()}
+            batched = {  # files before it: every drafter priced per row
+                str(k): BatchedDraft.from_json(v, f"{source}: drafters_batched.{k}")
+                for k, v in dict(d.get("drafters_batched", {})).items()
+            }
             padded = d.get("padded_context", True)  # files before it: measured on our engine, which pads
             if not isinstance(padded, bool):
                 raise TypeError("padded_context must be true or false")
             out = cls(str(d["model_id"]), str(d["dtype"]), str(d.get("weights", "dense")), rows, nodes,
                       int(d["context_ref"]), base, slope, prefill, drafters, dict(d.get("meta", {})),
-                      padded_context=padded)  # fmt: skip
+                      batched=batched, padded_context=padded)  # fmt: skip
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
             raise CostModelError(f"{source} is malformed ({err!r})") from err
         shape = (len(rows), len(nodes))
@@ -329,7 +393,7 @@ class RooflineCost:
         rows, nodes, context = (np.asarray(x, np.float64) for x in (rows, nodes, context))
         return self._time(rows * nodes, rows * (context + nodes), rows * nodes * (context + nodes / 2))
 
-    def draft_s(self, drafter: str | None, rows: Any) -> Any:
+    def draft_s(self, drafter: str | None, rows: Any, depth: Any = 1) -> Any:
         per = 0.0 if drafter is None else self.draft_per_row_s.get(drafter, 5e-5)
         return per * np.asarray(rows, np.float64)
 

@@ -145,6 +145,17 @@ def tree_depth(parents: Any) -> int:
     return max(depth, default=0)
 
 
+TABLE_DRAFTERS = ("ngram", "suffix", "recycling")  # propose from tables of the text: microseconds per row
+
+
+def match_drafter(names: Sequence[str]) -> str | None:
+    """The drafter whose longest proposal is the observation's match depth: the first of ``names`` (the menu's
+    drafters) in ``TABLE_DRAFTERS``' order, else the first by name. A table drafter's match depth says how far the
+    text repeats; a model head always proposes its full depth, and observing it costs a head pass per row."""
+    names = sorted(set(names))
+    return next((n for n in TABLE_DRAFTERS if n in names), names[0] if names else None)
+
+
 class LiveObserver:
     """The serving observation of a live batch (``env.serving.serve`` with a policy): the same per-row arrays as
     ``ServeSim`` keeps, from the live sequences; the drafter's match depth is the depth of its largest proposal
@@ -153,6 +164,7 @@ class LiveObserver:
     def __init__(self, arms: Sequence[Arm], max_batch: int) -> None:
         self.arms, self.max_batch = list(arms), int(max_batch)
         self.drafters = sorted({a.drafter for a in self.arms if a.drafter is not None})
+        self.match_drafter = match_drafter(self.drafters)
         self.stats: dict[int, list[float]] = {}  # id(seq) -> [s, n, last accepted]
 
     def observe(self, stepper: Any, queue: int) -> np.ndarray:
@@ -165,8 +177,8 @@ class LiveObserver:
             active[0, i] = True
             ctx[0, i], s[0, i], n[0, i], last[0, i] = seq.context, st[0], st[1], st[2]
             prog[0, i] = len(seq.tokens) / seq.max_new_tokens
-            if self.drafters:
-                name = self.drafters[0]
+            if self.match_drafter is not None:
+                name = self.match_drafter
                 match[0, i] = tree_depth(stepper.proposals(seq, [name])[name].parents)
         return serve_observation(active, ctx, s, n, last, match, prog, np.array([queue]), m)[0]
 
@@ -218,6 +230,7 @@ __all__ = [
     "ROW_FEATURES",
     "ServeEnvError",
     "feature_names",
+    "match_drafter",
     "obs_size",
     "obs_bounds",
     "alpha_estimate",

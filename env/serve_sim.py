@@ -25,6 +25,7 @@ from env.serve_obs import (
     ServeEnvError,
     integer_actions,
     is_packed,
+    match_drafter,
     obs_size,
     packed_positions,
     serve_observation,
@@ -62,9 +63,9 @@ def _tables(trace: Trace, arms: Sequence[Arm], max_new: int):
     tb = build_tables(trace, arms, _UnpricedSteps(), max_new_tokens=max_new)  # type: ignore[arg-type]
     npos = trace.traj.shape[0]
     match = np.zeros(npos, np.int64)
-    names = sorted({a.drafter for a in arms if a.drafter is not None}) or sorted(trace.trees)[:1]
-    if names:  # the longest proposal the menu's first drafter has at each position
-        ix = tree_index(trace, names[0])
+    name = match_drafter([a.drafter for a in arms if a.drafter is not None] or sorted(trace.trees)[:1])
+    if name is not None:  # the longest proposal the match drafter has at each position
+        ix = tree_index(trace, name)
         np.maximum.at(match, ix["pos"], ix["depth"])
     return tb, match
 
@@ -151,6 +152,7 @@ class ServeSim:
         names = sorted({a.drafter for a in self.arms if a.drafter is not None})
         self.drafter_names = names
         self.arm_drafter = np.array([-1 if a.drafter is None else names.index(a.drafter) for a in self.arms])
+        self.arm_depth = np.array([0 if a.drafter is None else a.shape.depth for a in self.arms])
         # the unit rate: one row decoding autoregressively, requests of the mean length at the mean context (the
         # prefill commits a request's first token, so L tokens take L - 1 steps)
         lengths = self.tb.length[self.pool].astype(np.float64)
@@ -368,9 +370,10 @@ class ServeSim:
                                               np.tile(ctx, 2)), np.float64)  # fmt: skip
         cost, ar = both[:e], both[e:]  # the step, and an autoregressive step of the same rows
         if self.drafter_names:
-            ad = self.arm_drafter[a]
+            ad, depth = self.arm_drafter[a], self.arm_depth[a]
             for j, name in enumerate(self.drafter_names):
-                cost = cost + self.cost.draft_s(name, ((ad == j) & act).sum(1))
+                mine = (ad == j) & act  # the rows drafting with it, and the deepest tree they draft
+                cost = cost + self.cost.draft_s(name, mine.sum(1), np.where(mine, depth, 0).max(1))
         total = tok.sum(1)
         if self.reward_kind == "time_saved":  # autoregressive batch steps saved: tokens / rows - cost / ar
             reward = np.where(rows > 0, total / r1 - cost / ar, 0.0)

@@ -146,7 +146,10 @@ def _calibrate_batch(args: argparse.Namespace, loaded: Any, names: list[str], ou
     }
     summary = {"out": str(out), "seconds": round(time.perf_counter() - t0, 1), "model": bc.model_id, "dtype": bc.dtype,
                "weights": bc.weights, "context_ref": bc.context_ref, "step_ms": ms,
-               "draft_us_per_row": {k: round(1e6 * v, 1) for k, v in bc.drafters.items()}}  # fmt: skip
+               "draft_us_per_row": {k: round(1e6 * v, 1) for k, v in bc.drafters.items() if k not in bc.batched},
+               "draft_ms_batched": {k: {"rows": list(b.rows), "fixed_ms": [round(1e3 * x, 3) for x in b.fixed_s],
+                                        "level_ms": [round(1e3 * x, 3) for x in b.level_s]}
+                                    for k, b in bc.batched.items()}}  # fmt: skip
     if args.json:
         print(json.dumps(summary))
         return 0
@@ -156,6 +159,11 @@ def _calibrate_batch(args: argparse.Namespace, loaded: Any, names: list[str], ou
     for i, r in enumerate(bc.rows):
         print(f"{r:>6}" + "".join(f"{1e3 * bc.base[i, j]:9.1f}" for j in range(len(bc.nodes))))
     print(f"drafters, us per row: {summary['draft_us_per_row']}")
+    for k, b in bc.batched.items():  # a model head drafts a batch's rows together: ms per batch
+        cells = ", ".join(
+            f"{r} rows {1e3 * f:.2f} + {1e3 * lv:.2f}/level" for r, f, lv in zip(b.rows, b.fixed_s, b.level_s)
+        )
+        print(f"{k}, ms per batch: {cells}")
     return 0
 
 

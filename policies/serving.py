@@ -138,6 +138,11 @@ class SmartSpecPolicy(BasePolicy):
             if a.drafter is not None and a.shape.topk != 1:
                 raise PolicyError(f"SmartSpec prices chains only; {a.name} is a tree")
         self.depths = np.array([0 if a.drafter is None else a.shape.depth for a in self.arms], np.float64)
+        from env.serve_obs import match_drafter
+
+        # the observation's match depth bounds the chains of its drafter (a table drafter); a model head's are not
+        matched = match_drafter([a.drafter for a in self.arms if a.drafter is not None])
+        self.capped = [a.drafter == matched for a in self.arms]
 
     def params(self) -> dict[str, Any]:
         return {"cost": self.cost}
@@ -156,12 +161,12 @@ class SmartSpecPolicy(BasePolicy):
         ctx = float(step_context(self.cost_model, block[None, :, 1] * CTX_NORM, live[None])[0])
         out = np.zeros(len(self.arms))
         for k, (a, d) in enumerate(zip(self.arms, self.depths)):
-            dd = np.minimum(d, match)  # a chain cannot be longer than the proposal
+            dd = np.minimum(d, match) if self.capped[k] else np.full(match.shape, d)  # chains <= the proposal
             tokens = np.where(dd > 0, (1 - alpha ** (dd + 1)) / (1 - alpha), 1.0).sum()
             nodes = 1 + (dd.max() if dd.size else 0)
             t = float(self.cost_model.forward_s(rows, nodes, ctx))
             if a.drafter is not None:
-                t += float(self.cost_model.draft_s(a.drafter, rows))
+                t += float(self.cost_model.draft_s(a.drafter, rows, d))
             out[k] = tokens / t
         return out
 
