@@ -30,7 +30,7 @@ from drafters.base import (
     float_option,
     path_option,
 )
-from drafters.eagle import KVBuffer, TreeSlots
+from drafters.head_cache import KVBuffer, TreeSlots
 from drafters.heads import (
     DraftLayer,
     HeadConfig,
