@@ -195,6 +195,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     want_live = {n for n, _ in policies} if live_policies is None else set(live_policies)
 
     live_statics = {f"static:{best_at[x]}" for x in loads} | {f"static:{overall}"}
+    live_statics |= {n for n in want_live if n.startswith("static:")}  # named by --live-policies
     live_set = [
         (n, p)
         for n, p in [*statics, *policies]
@@ -347,10 +348,12 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     live_names = (
         None if not args.live_policies else {x.strip() for x in args.live_policies.split(",") if x.strip()}
     )
-    unknown = sorted((live_names or set()) - {name for name, _ in policies})
+    # a static arm of the menu may be named too: served live beside the best static arms (which always are)
+    statics = [f"static:{a}" for a in arms]
+    unknown = sorted((live_names or set()) - {name for name, _ in policies} - set(statics))
     if unknown:
         raise UserError(f"--live-policies names {', '.join(unknown)}, not among the policies evaluated: "
-                        f"{', '.join(name for name, _ in policies)}")  # fmt: skip
+                        f"{', '.join([*(name for name, _ in policies), *statics])}")  # fmt: skip
     if args.json:
         output_file(args.json, flag="--json", inputs=(*args.policies, args.trace, args.batch_cost))
     out = output_dir(args.out or "runs/evaluate-serve")
@@ -458,6 +461,11 @@ def add_serve_args(e: Any) -> None:
     e.add_argument("--requests", type=int_at_least(1, MAX_REQUESTS), default=32,
                    help="--serve: requests per episode (mixed: 46)")  # fmt: skip
     e.add_argument("--repeats", type=positive_int, default=3, help="--serve: live runs per cell (median)")
-    e.add_argument("--live-policies", default=None, help="--serve: live only these policies (comma list)")
+    e.add_argument(
+        "--live-policies",
+        default=None,
+        help="--serve: live only these policies (comma list; static:ARM names a static arm of the "
+        "menu, live beside the best static arms, which always are)",
+    )
     e.add_argument("--no-probe", action="store_true",
                    help="--serve: no speed probe around each load's live runs (the machine's drift since calibration)")  # fmt: skip

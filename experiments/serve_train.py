@@ -50,6 +50,7 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     from env.batch_cost import cost_digest
     from env.serve_env import feature_names, levels_upto, make_sb3_serve_env, obs_size
     from policies.linucb import LinUCB
+    from policies.serve_rows import fit_table_first, has_table_and_other
     from policies.serving import (
         BucketUCB,
         SmartSpecPolicy,
@@ -89,6 +90,9 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     if all(a in arms for a in ("ngram-d5", "ngram-d3", "none")):
         policies["trt-auto"] = trt_auto(arms, size, feats)
     policies["smartspec"] = SmartSpecPolicy(arms, size, feats, cost=cost.to_json())
+    if has_table_and_other(arms):  # per row: the table drafter where the text repeats, another arm elsewhere
+        levels = [int(x) for x in loads if x.isdigit()]
+        policies["table-first"] = fit_table_first(make, arms, size, feats, levels, goodputs, seed=seed)
     # online bandits: trained in replay on the training prompts, over the mixed training loads
     bucket = BucketUCB(arms, size, feats, buckets=levels_upto(max_batch))  # one bandit per load level
     lin = LinUCB(arms, size, feats, alpha=0.3)

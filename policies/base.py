@@ -60,6 +60,7 @@ POLICY_TYPES: dict[str, str] = {
     "serve_table": "policies.serving:BatchTablePolicy",
     "smartspec": "policies.serving:SmartSpecPolicy",
     "bucket_ucb": "policies.serving:BucketUCB",
+    "table_first": "policies.serve_rows:TableFirstPolicy",
 }
 
 

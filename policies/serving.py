@@ -275,13 +275,18 @@ def run_policy(
     if online and not oracle and hasattr(policy, "update"):
         return _run_copies(sim, policy)
     act_batch = getattr(policy, "act_batch", None)
+    per_row = getattr(policy, "per_row", False)  # one arm per row slot (policies.serve_rows)
     while not sim.done().all():
         live = ~sim.done()
         if oracle:
             a = sim.myopic_best()
         else:
             obs = sim.observe()
-            if act_batch is not None:
+            if per_row:
+                a = np.zeros((sim.num_envs, sim.max_batch), np.int64)
+                for i in np.flatnonzero(live):
+                    a[i] = policy.act(obs[i])
+            elif act_batch is not None:
                 a = np.asarray(act_batch(obs), np.int64).reshape(-1)
             else:
                 a = np.array([policy.act(obs[i]) if live[i] else 0 for i in range(sim.num_envs)], np.int64)

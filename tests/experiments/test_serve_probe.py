@@ -106,12 +106,13 @@ def test_live_evaluation_brackets_each_load_with_a_probe_and_resumes(fp32_model,
     pol = load_policy(path)
     arms = list(pol.arm_names)
     kw = dict(loads=["1", "2"], episodes=2, max_new=6, requests=2, max_batch=16, seed=0, loaded=fp32_model,
-              repeats=1, live_policies={"trt-auto"}, out=tmp_path)  # fmt: skip
+              repeats=1, live_policies={"trt-auto", "static:ngram-d1", "static:none"}, out=tmp_path)  # fmt: skip
     split = sp._split(trace, 1, 0)
     res = sp.evaluate_serve([("trt-auto", pol)], trace, cost, arms, split, **kw)
     live = [r for r in res["rows"] if r["live_goodput"] is not None]
     assert {r["load"] for r in live} == {"1", "2"} and all(r["live_goodput"] > 0 for r in live)
-    assert {r["policy"] for r in live} >= {"trt-auto"}
+    # the static arms named are served live too, beside the best static arms
+    assert {r["policy"] for r in live} >= {"trt-auto", "static:ngram-d1", "static:none"}
     fid = res["fidelity"]
     assert set(fid) == {"1", "2"}
     for load, rows in (("1", [1]), ("2", [2])):
