@@ -10,7 +10,8 @@ Two kinds, one interface (``BatchCost``):
   forward, verification, commit) on a grid of rows x nodes at two contexts; bilinear in (rows, nodes), extended
   linearly past the grid, linear in context (a slope per grid cell); prefill a curve over prompt length; each
   drafter's propose time per row, or for a drafter that drafts a batch's rows together (a model head) its time
-  per batch, fixed plus per tree level, over rows (``BatchedDraft``). Saved as JSON with provenance (machine, model, weight format, times).
+  per batch, fixed plus per tree level, over rows (``BatchedDraft``). Saved as JSON with provenance (machine,
+  model, weight format, times).
 - ``RooflineCost``: an analytic model of a named accelerator running a named model size (``roofline:h200/
   llama-3.1-8b``): a forward costs a fixed overhead plus the larger of (bytes of weights and KV read) / bandwidth
   and FLOPs / peak, each at an achievable fraction. Simulated: every figure made with one says so (``label``).
@@ -231,7 +232,7 @@ class FittedBatchCost:
             prefill = Curve(tuple(int(t) for t in pf["tokens"]), tuple(float(s) for s in pf["seconds"]))
             drafters = {str(k): float(v) for k, v in dict(d.get("drafters_s_per_row", {})).items()}
             batched = {  # files before it: every drafter priced per row
-                str(k): BatchedDraft.from_json(v, f"{source}: drafters_batched.{k}")
+                str(k): BatchedDraft.from_json(v, f"{source}: drafters_batched.{str(k)[:60]}")
                 for k, v in dict(d.get("drafters_batched", {})).items()
             }
             padded = d.get("padded_context", True)  # files before it: measured on our engine, which pads

@@ -44,7 +44,7 @@ class TableFirstPolicy(BasePolicy):
         for entry in table:
             if not isinstance(entry, (list, tuple)) or len(entry) != 5:
                 raise PolicyError(
-                    f"table-first: entry {entry!r} is not [max_rows, repeat, short, other, repeat_at]"
+                    f"table-first: entry {str(entry)[:60]} is not [max_rows, repeat, short, other, repeat_at]"
                 )
             r = int(real("table-first max_rows", entry[0], lo=1, hi=1 << 30, integer=True))
             at = int(real("table-first repeat_at", entry[4], lo=1, hi=1 << 10, integer=True))
@@ -54,7 +54,7 @@ class TableFirstPolicy(BasePolicy):
             for role, name in zip(("repeat", "short", "other"), entry[1:4]):
                 if not isinstance(name, str) or name not in self.arm_names:
                     raise PolicyError(
-                        f"table-first: the {role} arm {name!r} is not in the menu {self.arm_names}"
+                        f"table-first: the {role} arm {str(name)[:60]!r} is not in the menu {self.arm_names}"
                     )
                 idx.append(self.arm_names.index(name))
             self.table.append((r, *idx, at))
