@@ -188,6 +188,7 @@ def test_live_runs_are_kept_as_they_finish_and_a_killed_load_resumes_from_them(t
         return float(calls["n"])
 
     monkeypatch.setattr(sp, "_live", fake_live)
+    monkeypatch.setattr(sp, "warm_up", lambda *a, **k: None)  # (no model here)
     kw = dict(loads=["1", "2"], episodes=2, max_new=6, requests=2, max_batch=16, seed=0, loaded=object(),
               repeats=3, live_policies={"bucket-ucb"}, out=tmp_path, probe=False)  # fmt: skip
     with pytest.raises(KeyboardInterrupt):
@@ -211,3 +212,31 @@ def test_an_online_policy_serves_each_live_stream_from_its_state_as_loaded():
     pol = load_policy(next(p for p in sp.shipped_serve_policies() if p.stem == "bucket-ucb"))
     a, b = sp.fresh(pol), sp.fresh(pol)
     assert a is not pol and b is not a and type(a) is type(pol)
+
+
+@pytest.mark.model
+def test_the_warm_up_serves_every_arm_of_the_menu_before_the_first_timed_run(fp32_model, monkeypatch):
+    """A live evaluation first serves two short requests, every arm in turn (a model head's one-time costs are
+    paid there, not in the first timed run), once: not again for a second load."""
+    import experiments.serve_policies as sp
+    from env.engine import parse_arm
+    from env.serve_sim import ServeSim, default_serve_trace
+    from env.serving import ServeLog
+
+    trace = default_serve_trace()
+    arms = ["none", "ngram-d1", "ngram-d3"]
+    sim = ServeSim(1, trace=trace, arms=arms, max_batch=4, loads=["2"], requests=3, seed=0)
+    sim.reset()
+    log = ServeLog()
+    sp.warm_up(fp32_model, sim, [parse_arm(a) for a in arms], 4, sim.cost, log=log)
+    assert set(log.arm_rows) == set(arms) and log.prefills == 2
+    calls = []
+    monkeypatch.setattr(sp, "warm_up", lambda *a, **k: calls.append(a))
+    path = next(p for p in sp.shipped_serve_policies() if p.stem == "trt-auto")
+    from policies.base import load_policy
+
+    pol = load_policy(path)
+    sp.evaluate_serve([("trt-auto", pol)], trace, sim.cost, list(pol.arm_names), sp._split(trace, 1, 0),
+                      loads=["1", "2"], episodes=1, max_new=4, requests=1, max_batch=16, seed=0, loaded=fp32_model,
+                      repeats=1, live_policies={"trt-auto"}, probe=False)  # fmt: skip
+    assert len(calls) == 1
