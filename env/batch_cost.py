@@ -85,15 +85,17 @@ class BatchedDraft:
     @classmethod
     def from_json(cls, d: Any, source: str) -> BatchedDraft:
         try:
-            out = cls(tuple(int(r) for r in d["rows"]), tuple(float(x) for x in d["fixed_s"]),
-                      tuple(float(x) for x in d["level_s"]))  # fmt: skip
+            rows, fixed, level = d["rows"], d["fixed_s"], d["level_s"]
+            if not all(isinstance(x, list) for x in (rows, fixed, level)):
+                raise TypeError("rows, fixed_s and level_s must be lists")
+            if not all(isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= 1 << 20 for r in rows):
+                raise ValueError("rows must be whole numbers in [1, 1048576]")
+            out = cls(tuple(rows), tuple(float(x) for x in fixed), tuple(float(x) for x in level))
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
-            raise CostModelError(f"{source} is malformed ({err!r})") from err
+            raise CostModelError(f"{source} is malformed ({repr(err)[:120]})") from None
         n = len(out.rows)
         if n < 1 or len(out.fixed_s) != n or len(out.level_s) != n or sorted(set(out.rows)) != list(out.rows):
             raise CostModelError(f"{source}: rows must be increasing, with one fixed_s and one level_s each")
-        if out.rows[0] < 1:
-            raise CostModelError(f"{source}: rows must be positive integers")
         values = np.asarray(out.fixed_s + out.level_s)
         if not np.isfinite(values).all() or (values < 0).any() or (values > 10.0).any():
             raise CostModelError(f"{source}: fixed_s and level_s must be finite seconds in [0, 10]")
@@ -241,6 +243,8 @@ class FittedBatchCost:
             out = cls(str(d["model_id"]), str(d["dtype"]), str(d.get("weights", "dense")), rows, nodes,
                       int(d["context_ref"]), base, slope, prefill, drafters, dict(d.get("meta", {})),
                       batched=batched, padded_context=padded)  # fmt: skip
+        except CostModelError:
+            raise  # (a batched drafter's entry, named there)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
             raise CostModelError(f"{source} is malformed ({err!r})") from err
         shape = (len(rows), len(nodes))

@@ -148,7 +148,7 @@ def warm_up(loaded: Any, sim: Any, arms: list[Any], max_batch: int, cost: Any, l
     from env.serving import Request, serve
 
     prompts = [sim.trace.prompt(int(p)) for p in sim.req_prompt[0, :2]]
-    reqs = [Request(f"warm{i}", p, NO_DRAFT, 2 + 2 * len(arms)) for i, p in enumerate(prompts)]
+    reqs = [Request(f"warm{i}", p, NO_DRAFT, 8 * len(arms)) for i, p in enumerate(prompts)]  # (long accepts)
     serve(BatchEngine(loaded, max_rows=max_batch), reqs, concurrency=2, max_batch=max_batch,
           policy=_EveryArm(len(arms)), arms=arms, cost=cost, log=log)  # fmt: skip
 

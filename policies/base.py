@@ -75,7 +75,10 @@ def real(name: str, value: object, *, lo: float | None = None, hi: float | None 
     import math
 
     kinds = (int,) if integer else (int, float)
-    ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
+    try:  # (an integer past float's range: OverflowError)
+        ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:
+        ok = False
     if ok and lo is not None:
         ok = value > lo if lo_open else value >= lo
     if ok and hi is not None:
@@ -83,7 +86,7 @@ def real(name: str, value: object, *, lo: float | None = None, hi: float | None 
     if not ok:
         span = f"{'(' if lo_open else '['}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
         raise PolicyError(
-            f"{name} must be {'an integer' if integer else 'a finite number'} in {span}, got {value!r}"
+            f"{name} must be {'an integer' if integer else 'a finite number'} in {span}, got {repr(value)[:60]}"
         )
     return value  # type: ignore[return-value]
 

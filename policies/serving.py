@@ -138,11 +138,11 @@ class SmartSpecPolicy(BasePolicy):
             if a.drafter is not None and a.shape.topk != 1:
                 raise PolicyError(f"SmartSpec prices chains only; {a.name} is a tree")
         self.depths = np.array([0 if a.drafter is None else a.shape.depth for a in self.arms], np.float64)
-        from env.serve_obs import match_drafter
+        from env.serve_obs import TABLE_DRAFTERS
 
-        # the observation's match depth bounds the chains of its drafter (a table drafter); a model head's are not
-        matched = match_drafter([a.drafter for a in self.arms if a.drafter is not None])
-        self.capped = [a.drafter == matched for a in self.arms]
+        # the observation's match depth (a table drafter's) bounds the chains of the table drafters; a model
+        # head's are not
+        self.capped = [a.drafter in TABLE_DRAFTERS for a in self.arms]
 
     def params(self) -> dict[str, Any]:
         return {"cost": self.cost}

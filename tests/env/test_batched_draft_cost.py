@@ -58,12 +58,16 @@ def test_the_json_round_trips_and_a_model_without_batched_drafters_keeps_its_dig
     [
         ({"rows": [1, 4], "fixed_s": [1e-3], "level_s": [1e-3, 2e-3]}, "one fixed_s and one level_s each"),
         ({"rows": [4, 1], "fixed_s": [1e-3, 1e-3], "level_s": [1e-3, 2e-3]}, "rows must be increasing"),
-        ({"rows": [0, 1], "fixed_s": [1e-3, 1e-3], "level_s": [1e-3, 2e-3]}, "positive integers"),
+        ({"rows": [0, 1], "fixed_s": [1e-3, 1e-3], "level_s": [1e-3, 2e-3]}, "whole numbers in \\[1,"),
         ({"rows": [1, 4], "fixed_s": [1e-3, float("nan")], "level_s": [1e-3, 2e-3]}, "finite seconds"),
         ({"rows": [1, 4], "fixed_s": [1e-3, -1.0], "level_s": [1e-3, 2e-3]}, "finite seconds"),
         ({"rows": [1, 4], "fixed_s": [2e-3, 1e-3], "level_s": [1e-3, 2e-3]}, "must not fall"),
         ({"rows": [1, 4], "fixed_s": [1e-3, 1e-3]}, "malformed"),
         ([1, 2, 3], "malformed"),
+        ({"rows": "14", "fixed_s": [1e-3, 1e-3], "level_s": [1e-3, 2e-3]}, "must be lists"),
+        ({"rows": [True, 4], "fixed_s": [1e-3, 1e-3], "level_s": [1e-3, 2e-3]}, "whole numbers"),
+        ({"rows": [1, 10**400], "fixed_s": [1e-3, 1e-3], "level_s": [1e-3, 2e-3]}, "whole numbers"),
+        ({"rows": [1, 4], "fixed_s": [1e-3, "x" * 100_000], "level_s": [1e-3, 2e-3]}, "malformed"),
     ],
 )
 def test_a_malformed_batched_entry_is_refused_naming_it(entry, why, tmp_path):
@@ -73,7 +77,9 @@ def test_a_malformed_batched_entry_is_refused_naming_it(entry, why, tmp_path):
     path.write_text(json.dumps(d))
     with pytest.raises(CostModelError, match=why) as err:
         load_batch_cost(path)
-    assert "drafters_batched.eagle3" in str(err.value) and "\n" not in str(err.value)
+    msg = str(err.value)
+    assert "drafters_batched.eagle3" in msg and "\n" not in msg and len(msg) < 400
+    assert "CostModelError(" not in msg  # named once, not wrapped again by the file's own check
 
 
 def _trace_with(name: str):
@@ -121,9 +127,9 @@ def test_the_match_depth_stays_a_table_drafters_and_smartspec_does_not_cap_a_mod
     _, ngram_only = _tables(trace, [parse_arm(a) for a in ("none", "ngram-d2")], 32)
     assert np.array_equal(with_head_menu, ngram_only)  # the n-gram match depth, though eagle3 sorts first
 
-    arms = ["none", "ngram-d3", "eagle3-d3"]
+    arms = ["none", "ngram-d3", "suffix-d2", "eagle3-d3"]
     pol = SmartSpecPolicy(arms, obs_size(4), cost=with_head().to_json())
-    assert pol.capped == [False, True, False]
+    assert pol.capped == [False, True, True, False]  # every table drafter's chains, not a model head's
 
 
 def test_calibration_times_a_model_head_per_batch_over_rows_and_depths(tmp_path):
