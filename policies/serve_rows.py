@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from policies.base import BasePolicy, PolicyError, real
-from policies.serving import ROW_BLOCK_AT, ROW_WIDTH, _check_serving, rows_of
+from policies.serving import ROW_BLOCK_AT, ROW_WIDTH, _check_serving, merge_levels, rows_of
 
 MATCH_IN_ROW = 4  # the row block's match depth (env.serve_obs.ROW_FEATURES), in units of DEPTH_NORM
 
@@ -128,14 +128,7 @@ def fit_table_first(make: Callable[..., Any], arms: Sequence[str], obs_size: int
                     if score(level, trial) > score(level, entry):
                         entry = trial
         rows.append([int(level), *entry])
-    merged: list[list[Any]] = []
-    for r in rows:  # adjacent levels with the same rule merge
-        if merged and merged[-1][1:] == r[1:]:
-            merged[-1][0] = r[0]
-        else:
-            merged.append(r)
-    merged[-1][0] = 1 << 30
-    return TableFirstPolicy(arms, obs_size, features, table=merged)
+    return TableFirstPolicy(arms, obs_size, features, table=merge_levels(rows))
 
 
 __all__ = ["TableFirstPolicy", "fit_table_first", "has_table_and_other"]

@@ -342,14 +342,20 @@ def fit_batch_table(goodputs: dict[str, dict[str, float]], arms: Sequence[str], 
     if not levels:
         raise PolicyError("fitting a batch table needs goodputs at integer concurrencies")
     table = [[c, max(goodputs[str(c)], key=goodputs[str(c)].get)] for c in levels]
+    return BatchTablePolicy(arms, obs_size, features, table=merge_levels(table), label="fitted-table")
+
+
+def merge_levels(table: list[list[Any]]) -> list[list[Any]]:
+    """A fitted table ``[[max_rows, *rule], ...]`` by increasing ``max_rows``: adjacent levels with the same rule
+    merged, the last one covering every batch."""
     merged: list[list[Any]] = []
-    for r, a in table:  # adjacent levels with the same arm merge
-        if merged and merged[-1][1] == a:
-            merged[-1][0] = r
+    for row in table:
+        if merged and merged[-1][1:] == row[1:]:
+            merged[-1][0] = row[0]
         else:
-            merged.append([r, a])
+            merged.append(list(row))
     merged[-1][0] = 1 << 30
-    return BatchTablePolicy(arms, obs_size, features, table=merged, label="fitted-table")
+    return merged
 
 
 def train_serve_ppo(make_vec: Any, arms: Sequence[str], obs_size: int, features: Sequence[str], *,
