@@ -369,6 +369,7 @@ class ServeSim:
         both = np.asarray(self.cost.forward_s(np.tile(r1, 2), np.concatenate([nodes, np.ones(e, nodes.dtype)]),
                                               np.tile(ctx, 2)), np.float64)  # fmt: skip
         cost, ar = both[:e], both[e:]  # the step, and an autoregressive step of the same rows
+        forward = cost
         if self.drafter_names:
             ad, depth = self.arm_drafter[a], self.arm_depth[a]
             for j, name in enumerate(self.drafter_names):
@@ -380,7 +381,7 @@ class ServeSim:
         else:  # goodput relative to autoregressive decoding at the same batch
             reward = np.where(rows > 0, total * ar / (r1 * cost), 0.0)
         return {"tok": tok, "acc": acc, "dr": dr, "end": end, "rejected": rejected, "rows": rows, "nodes": nodes, "cost": cost,
-                "ar": ar, "tokens": total, "reward": reward}  # fmt: skip
+                "forward": forward, "ar": ar, "tokens": total, "reward": reward}  # fmt: skip
 
     def step(self, actions: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """One batch step of every server not done; returns (reward [E], info arrays)."""

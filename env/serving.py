@@ -78,6 +78,8 @@ class ServeLog:
     step_tokens: int = 0
     arm_rows: Counter = field(default_factory=Counter)  # arm name -> rows that stepped with it
     policy_s: float = 0.0  # of step_s and after it: a serving policy's observation, act, record and update
+    draft_s: float = 0.0  # of step_s: the rows' drafting (a batched drafter's call counted once)
+    forward_s: float = 0.0  # of step_s: the batch forward, verification and commit
 
     @property
     def mean_batch(self) -> float:
@@ -305,6 +307,8 @@ def serve(
         log.steps += 1
         log.row_steps += len(live)
         log.step_tokens += sum(len(o.tokens) for o in outcomes)
+        log.draft_s += sum(o.result.draft_s for o in outcomes)
+        log.forward_s += outcomes[0].result.verify_s if outcomes else 0.0
         for f, c in zip(live, choices):
             name = menu[c].name
             log.arm_rows[name] += 1

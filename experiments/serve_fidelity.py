@@ -1,14 +1,19 @@
 """Where replayed and live serving time part: ``python -m experiments.serve_fidelity``.
 
-For each load, one held-out request stream of the bundled serving trace (the split ``draftgym serve-train``
-makes: 4 prompts per category) is replayed under a batch cost model and served live on the batch engine with a
-static arm, through the same policy path ``draftgym evaluate --serve`` takes. Printed per load: the replay's
-modelled prefill seconds, steps and step seconds, and the live ``ServeLog``'s (prefill on admission, batch steps
-including the observation and the policy, the rest of the serving loop), so a gap between replay and live shows
-which part of the cost model misses it.
+For each load and each static arm, one held-out request stream of a serving trace (the split ``draftgym
+serve-train`` makes: 4 prompts per category) is replayed under a batch cost model and served live on the batch
+engine, through the same policy path ``draftgym evaluate --serve`` takes. Printed per (load, arm), replay / live:
+prefill seconds, batch steps, the steps' forward seconds (forward, verification, commit) and drafting seconds,
+the total, and what the live loop spent besides (admission, retiring, packing). Steps that differ mean the trace's
+acceptance is not what the live drafter reaches (a model head's replay is approximate); forward or drafting
+seconds that differ mean the cost model prices that part off. The target is served in the dtype and weight format
+the cost model was measured for.
 
-    draftgym calibrate --batch --dtype bf16 --out runs/batch_cost.json   # the target served live: bf16, dense
-    python -m experiments.serve_fidelity --batch-cost runs/batch_cost.json --arm none --loads 1,4,16
+    draftgym calibrate --batch --dtype bf16 --out runs/batch_cost.json
+    python -m experiments.serve_fidelity --batch-cost runs/batch_cost.json --arms none,ngram-d3 --loads 1,4,16
+    # a menu with a model head: a trace that recorded it, a cost model that prices it
+    python -m experiments.serve_fidelity --trace serve_trace_e3.npz --batch-cost bc_e3.json \
+        --arms ngram-d3,eagle3-d1 --loads 1,4,16
 """
 
 from __future__ import annotations
@@ -22,9 +27,17 @@ from experiments.errors import UserError
 
 
 def diagnose(
-    cost: Any, arm: str, load: str, loaded: Any, requests: int = 16, seed: int = 0
+    cost: Any,
+    arm: str,
+    load: str,
+    loaded: Any,
+    requests: int = 16,
+    seed: int = 0,
+    trace: Any = None,
+    arms: list[str] | None = None,
 ) -> dict[str, Any]:
-    """One held-out stream at ``load`` under the static ``arm``: the replay's modelled parts and the live ones."""
+    """One held-out stream at ``load`` under the static ``arm`` (of the menu ``arms``; default: the serving env's
+    default menu) from ``trace`` (default: the bundled serving trace): the replay's modelled parts and the live ones."""
     import torch
 
     from env.engine import parse_arm
@@ -33,8 +46,8 @@ def diagnose(
     from experiments.serve_policies import _Static, serve_stream
     from policies.split import trace_split
 
-    trace = default_serve_trace()
-    arms = list(DEFAULT_ARMS)
+    trace = default_serve_trace() if trace is None else trace
+    arms = list(DEFAULT_ARMS) if arms is None else list(arms)
     k = arms.index(arm)
     test = list(trace_split(trace, 4, seed).test)
     sim = ServeSim(
@@ -42,19 +55,23 @@ def diagnose(
     )
     sim.reset()
     prompts = sim.req_prompt[0, : int(sim.n_req[0])]
-    replay = {"prefill_s": float(np.sum(cost.prefill_s(sim.prompt_len[prompts]))), "steps": 0, "step_s": 0.0}
+    replay = {"prefill_s": float(np.sum(cost.prefill_s(sim.prompt_len[prompts]))), "steps": 0, "step_s": 0.0,
+              "forward_s": 0.0, "draft_s": 0.0}  # fmt: skip
     while not sim.done().all():
         _, o = sim.step(np.array([k]))
         replay["steps"] += 1
         replay["step_s"] += float(o["cost"][0])
+        replay["forward_s"] += float(o["forward"][0])
+    replay["draft_s"] = replay["step_s"] - replay["forward_s"]
     replay.update(wall_s=float(sim.clock[0]), tokens=int(sim.tokens_total[0]))
     # the same stream served live (the episode's request arrays stay as drawn)
     log = ServeLog()
     with torch.inference_mode():
         served, wall = serve_stream(loaded, sim, _Static(k, arm), [parse_arm(a) for a in arms], sim.max_batch,
                                     trace.max_new_tokens, cost, log=log)  # fmt: skip
-    live = {"prefill_s": log.prefill_s, "steps": log.steps, "step_s": log.step_s, "wall_s": wall,
-            "tokens": sum(len(s.token_ids) for s in served), "other_s": wall - log.prefill_s - log.step_s}  # fmt: skip
+    live = {"prefill_s": log.prefill_s, "steps": log.steps, "step_s": log.step_s, "forward_s": log.forward_s,
+            "draft_s": log.draft_s, "wall_s": wall, "tokens": sum(len(s.token_ids) for s in served),
+            "other_s": wall - log.prefill_s - log.step_s}  # fmt: skip
     return {"load": load, "arm": arm, "requests": len(prompts), "replay": replay, "live": live}
 
 
@@ -62,7 +79,8 @@ def check_live_cost(cost: Any, model_id: str, dtype: str, weights: str) -> None:
     """``UserError`` unless ``cost`` was measured for the target served live (``model_id``, ``dtype``, ``weights``):
     under a simulated (roofline) model, or one calibrated for another model, dtype or weight format, the replay
     prices other forwards than the live ones, and the gap printed would measure that, not what the cost model misses."""
-    make = f"make one with: draftgym calibrate --batch --dtype bf16 --weights {weights} --out FILE"
+    short = {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
+    make = f"make one with: draftgym calibrate --batch --dtype {short} --weights {weights} --out FILE"
     if cost.simulated:
         raise UserError(f"--batch-cost {cost.label} prices another machine than the live side, which serves "
                         f"{model_id} ({dtype}/{weights}) here: {make}")  # fmt: skip
@@ -87,43 +105,54 @@ def _main(argv: list[str] | None) -> int:
 
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-cost", default=None, help="batch cost model JSON (default: the shipped one)")
-    p.add_argument(
-        "--arm", default="none", help="the static arm served (one of the serving env's default menu)"
-    )
+    p.add_argument("--trace", default=None, help="serving trace (.npz; default: the bundled one)")
+    p.add_argument("--arms", "--arm", dest="arms", default="none",
+                   help="comma list of static arms served, each in turn (drafters the trace recorded)")  # fmt: skip
     p.add_argument("--loads", default="1,4,16", help="comma list of closed-loop concurrencies (or ramp)")
     p.add_argument("--requests", type=positive_int, default=16)
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)
     from env.batch_cost import default_batch_cost_path, load_batch_cost
-    from env.serve_sim import DEFAULT_ARMS, parse_load
+    from env.serve_sim import ServeSim, default_serve_trace, parse_load
+    from env.trace import load_trace
 
-    if args.arm not in DEFAULT_ARMS:
-        raise UserError(f"unknown arm {args.arm!r}; valid: {', '.join(DEFAULT_ARMS)}")
+    arms = list(dict.fromkeys(a.strip() for a in args.arms.split(",") if a.strip()))
+    if not arms:
+        raise UserError(f"--arms names no arm (got {args.arms!r}); e.g. --arms none,ngram-d3")
+    trace = default_serve_trace() if args.trace is None else load_trace(args.trace)
+    recorded = sorted(trace.drafters)
     loads = [x.strip() for x in args.loads.split(",") if x.strip()]
     if not loads:
         raise UserError("--loads names no load")
     for x in loads:
         parse_load(x, 16)
     cost = load_batch_cost(args.batch_cost)
+    ServeSim(
+        1, trace=trace, arms=arms, cost=cost, loads=loads
+    )  # an arm the trace or the cost model lacks: refused
     from env.model import DEFAULT_MODEL, load_model
 
-    check_live_cost(cost, DEFAULT_MODEL, "bfloat16", "dense")  # the target loaded below
-    json_out = output_file(args.json, flag="--json", inputs=(args.batch_cost or default_batch_cost_path(),))
-    loaded = load_model(None, dtype="bfloat16", weights="dense")
+    dtype = getattr(cost, "dtype", "bfloat16")  # a roofline model has none (and is refused)
+    check_live_cost(cost, DEFAULT_MODEL, dtype, "dense")  # the target loaded below, in the dtype measured
+    json_out = output_file(args.json, flag="--json",
+                           inputs=(args.batch_cost or default_batch_cost_path(), args.trace))  # fmt: skip
+    loaded = load_model(None, dtype=dtype, weights="dense")
     rows = []
-    print(f"replay / live seconds, arm {args.arm}; cost model: {cost.label}")
-    print(f"{'load':>5} {'prefill':>15} {'steps':>11} {'step s':>15} {'total':>15} {'live other':>10}")
+    print(f"replay / live seconds; cost model: {cost.label}; drafters recorded: {', '.join(recorded)}")
+    print(f"{'load':>5} {'arm':>10} {'prefill':>15} {'steps':>11} {'forward s':>15} {'draft s':>15} "
+          f"{'total':>15} {'live other':>10}")  # fmt: skip
     for load in loads:
-        r = diagnose(cost, args.arm, load, loaded, args.requests)
-        rows.append(r)
-        a, b = r["replay"], r["live"]
-        print(f"{load:>5} {a['prefill_s']:6.2f} / {b['prefill_s']:6.2f} {a['steps']:>5}/{b['steps']:<5} "
-              f"{a['step_s']:6.2f} / {b['step_s']:6.2f} {a['wall_s']:6.2f} / {b['wall_s']:6.2f} {b['other_s']:10.2f}",
-              flush=True)  # fmt: skip
-        if json_out is not None:  # as measured: a kill keeps the loads done
-            from env.files import atomic_write_text
+        for arm in arms:
+            r = diagnose(cost, arm, load, loaded, args.requests, trace=trace, arms=arms)
+            rows.append(r)
+            a, b = r["replay"], r["live"]
+            print(f"{load:>5} {arm:>10} {a['prefill_s']:6.2f} / {b['prefill_s']:6.2f} {a['steps']:>5}/{b['steps']:<5} "
+                  f"{a['forward_s']:6.2f} / {b['forward_s']:6.2f} {a['draft_s']:6.2f} / {b['draft_s']:6.2f} "
+                  f"{a['wall_s']:6.2f} / {b['wall_s']:6.2f} {b['other_s']:10.2f}", flush=True)  # fmt: skip
+            if json_out is not None:  # as measured: a kill keeps the cells done
+                from env.files import atomic_write_text
 
-            atomic_write_text(json_out, json.dumps({"rows": rows, "cost": cost.label}, indent=1) + "\n")
+                atomic_write_text(json_out, json.dumps({"rows": rows, "cost": cost.label}, indent=1) + "\n")
     return 0
 
 

@@ -169,6 +169,8 @@ def test_chunked_prefill_gives_each_request_its_greedy_tokens(chunk):
         assert o.token_ids == decode(loaded, None, r.prompt_ids, 14)[0], (r.arm.name, r.rid)
     chunks = sum(-(-len(p) // chunk) for p in prompts)
     assert log.prefills == len(reqs) and log.steps > 0
+    # the steps' time split: drafting (arms that draft ran) and the forward, both within the steps' wall time
+    assert log.draft_s > 0 and log.forward_s > 0 and log.draft_s + log.forward_s <= log.step_s
     assert chunks > len(reqs)  # the prompts do take several chunks each
     done = [e for e in events if e[0] == "chunk"]
     assert len(done) == chunks and all(0 < e[2] <= chunk for e in done)  # chunk by chunk, none larger

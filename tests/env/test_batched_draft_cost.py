@@ -111,6 +111,7 @@ def test_the_serving_replay_prices_a_batched_drafter_at_its_rows_and_deepest_tre
         fwd = c.forward_s(rows[e], out["nodes"][e], ctx[e])
         # the ngram rows per row; the two eagle3 rows as one batch of two drafting five levels
         assert out["cost"][e] == pytest.approx(fwd + (rows[e] - 2) * 2e-4 + c.draft_s("eagle3", 2, 5))
+        assert out["forward"][e] == pytest.approx(fwd)  # the split a fidelity check compares with live
 
 
 def test_the_match_depth_stays_a_table_drafters_and_smartspec_does_not_cap_a_model_heads_chains():

@@ -36,7 +36,13 @@ def no_model(monkeypatch):
         ),
         ("head_eval", ["--data", "{tmp}", "--heads", "early_exit"], "not a head this evaluation scores"),
         ("serve_fidelity", ["--batch-cost", "{tmp}/none.json"], "does not exist"),
-        ("serve_fidelity", ["--arm", "ngram-d99"], "unknown arm 'ngram-d99'"),
+        (
+            "serve_fidelity",
+            ["--arm", "ngram-d99"],
+            "arm ngram-d99 is larger than the trees the trace recorded",
+        ),
+        ("serve_fidelity", ["--arms", "none,eagle3-d1"], "has no calibration for drafter 'eagle3'"),
+        ("serve_fidelity", ["--arms", ","], "--arms names no arm"),
         ("serve_fidelity", ["--loads", ","], "--loads names no load"),
         ("serve_fidelity", ["--json", "{tmp}"], "is a directory, not a file"),
         ("vocab_order", ["{tmp}/head.safetensors", "--rows", "0"], "must be >= 1"),
@@ -88,8 +94,8 @@ def stub_fidelity(monkeypatch):
     import experiments.serve_fidelity as sf
 
     monkeypatch.setattr(env.model, "load_model", lambda *a, **k: None)
-    zero = dict(prefill_s=0, steps=0, step_s=0, wall_s=0, tokens=0)
-    monkeypatch.setattr(sf, "diagnose", lambda cost, arm, load, loaded, req: {
+    zero = dict(prefill_s=0, steps=0, step_s=0, forward_s=0, draft_s=0, wall_s=0, tokens=0)
+    monkeypatch.setattr(sf, "diagnose", lambda cost, arm, load, loaded, req, **kw: {
         "load": load, "arm": arm, "requests": req, "replay": zero, "live": {**zero, "other_s": 0}})  # fmt: skip
     return sf
 
@@ -125,20 +131,34 @@ def test_serve_fidelity_does_not_overwrite_its_input(flag, stub_fidelity, tmp_pa
     "cost, expected",
     [
         ("roofline:h100-sxm/llama-3.1-8b", "(simulated) prices another machine"),
-        ({"dtype": "float32"}, "calibrated for smollm2-135m-instruct (float32/dense)"),
         ({"model_id": "some-other-model"}, "calibrated for some-other-model (bfloat16/dense)"),
         ({"weights": "int4"}, "calibrated for smollm2-135m-instruct (bfloat16/int4)"),
     ],
 )
 def test_serve_fidelity_refuses_a_cost_model_of_another_target(cost, expected, no_model, tmp_path, capsys):
-    """The live side serves the embedded model in bf16, dense; a roofline model or one calibrated for another
-    model, dtype or weight format made the printed replay-vs-live gap meaningless."""
+    """The live side serves the embedded model, dense, in the cost model's dtype; a roofline model or one calibrated
+    for another model or weight format made the printed replay-vs-live gap meaningless."""
     from experiments.serve_fidelity import main
 
     spec = cost if isinstance(cost, str) else str(_batch_cost(tmp_path, **cost))
     code = main(["--batch-cost", spec, "--loads", "1"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and expected in err, err
+
+
+def test_serve_fidelity_serves_the_target_in_the_cost_models_dtype(
+    stub_fidelity, monkeypatch, tmp_path, capsys
+):
+    """A cost model measured in fp32 (a CPU without native bf16) is compared with an fp32 target, not refused."""
+    import env.model
+
+    seen = []
+    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: seen.append(k["dtype"]))
+    for dtype in ("float32", "bfloat16"):
+        assert (
+            stub_fidelity.main(["--batch-cost", str(_batch_cost(tmp_path, dtype=dtype)), "--loads", "1"]) == 0
+        )
+    assert seen == ["float32", "bfloat16"]
 
 
 def test_serve_fidelity_takes_the_shipped_cost_model(stub_fidelity, capsys):
