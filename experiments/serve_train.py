@@ -50,7 +50,7 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     from env.batch_cost import cost_digest
     from env.serve_env import feature_names, levels_upto, make_sb3_serve_env, obs_size
     from policies.linucb import LinUCB
-    from policies.serve_rows import fit_table_first, has_table_and_other
+    from policies.serve_rows import fit_table_first, has_table_and_other, table_first_moves
     from policies.serving import (
         BucketUCB,
         SmartSpecPolicy,
@@ -83,16 +83,24 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
         report["saved"] = sorted({*report.get("saved", []), name})
         atomic_write_text(report_path, json.dumps(report, indent=1))
 
+    from tqdm import tqdm
+
+    levels = [int(x) for x in loads if x.isdigit()]
+    fit_table = has_table_and_other(
+        arms
+    )  # per row: the table drafter where the text repeats, another arm elsewhere
+    total = len(levels) * len(arms) + (table_first_moves(arms, levels) if fit_table else 0) + 2
+    bar = tqdm(total=total, desc="serve-train: fitting", unit="eval", disable=not progress, leave=False)
     t0 = time.perf_counter()
-    goodputs = static_goodputs(make, arms, [x for x in loads if x.isdigit()], episodes=16, seed=seed)
+    goodputs = static_goodputs(make, arms, [str(x) for x in levels], episodes=16, seed=seed, tick=bar.update)
     report["static_train_goodput"] = goodputs
     policies: dict[str, Any] = {"fitted-table": fit_batch_table(goodputs, arms, size, feats)}
     if all(a in arms for a in ("ngram-d5", "ngram-d3", "none")):
         policies["trt-auto"] = trt_auto(arms, size, feats)
     policies["smartspec"] = SmartSpecPolicy(arms, size, feats, cost=cost.to_json())
-    if has_table_and_other(arms):  # per row: the table drafter where the text repeats, another arm elsewhere
-        levels = [int(x) for x in loads if x.isdigit()]
-        policies["table-first"] = fit_table_first(make, arms, size, feats, levels, goodputs, seed=seed)
+    if fit_table:
+        policies["table-first"] = fit_table_first(make, arms, size, feats, levels, goodputs, seed=seed,
+                                                  tick=bar.update)  # fmt: skip
     # online bandits: trained in replay on the training prompts, over the mixed training loads
     bucket = BucketUCB(arms, size, feats, buckets=levels_upto(max_batch))  # one bandit per load level
     lin = LinUCB(arms, size, feats, alpha=0.3)
@@ -101,6 +109,8 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
         for _ in range(3):
             sim.reset()
             run_policy(sim, pol, learn=True)
+        bar.update()
+    bar.close()
     policies["bucket-ucb"], policies["linucb"] = bucket, lin
     report["fit_s"] = round(time.perf_counter() - t0, 1)
     report["saved"] = []

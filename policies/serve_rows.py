@@ -90,13 +90,29 @@ def has_table_and_other(arms: Sequence[str]) -> bool:
     return matched in TABLE_DRAFTERS and len(drafters) > 1
 
 
+REPEAT_AT = (1, 2, 3, 4, 6)  # the match depths fit_table_first tries as the threshold of the repeat arm
+
+
+def table_first_moves(arms: Sequence[str], levels: Sequence[int], sweeps: int = 2) -> int:
+    """How many moves ``fit_table_first`` tries (its progress bar's total)."""
+    from env.engine import parse_arm
+    from env.serve_obs import match_drafter
+
+    parsed = [parse_arm(a) for a in arms]
+    matched = match_drafter([a.drafter for a in parsed if a.drafter is not None])
+    table = sum(1 for a in parsed if a.drafter in (None, matched))
+    return len(levels) * sweeps * (table + 2 * len(arms) + len(REPEAT_AT))
+
+
 def fit_table_first(make: Callable[..., Any], arms: Sequence[str], obs_size: int, features: Sequence[str] | None,
                     levels: Sequence[int], goodputs: dict[str, dict[str, float]], *, episodes: int = 8,
-                    seed: int = 0, sweeps: int = 2) -> TableFirstPolicy:  # fmt: skip
+                    seed: int = 0, sweeps: int = 2, tick: Callable[[], object] | None = None
+                    ) -> TableFirstPolicy:  # fmt: skip
     """Fit the rule of each concurrency in ``levels`` on ``make(n, loads=[level], seed=...)`` streams (replay of the
     training prompts): coordinate search, ``sweeps`` passes over (repeat, short, other, repeat_at), each move kept
     when it raises the median goodput; it starts from the best static arm of the table drafter at that level
-    (``goodputs``: ``static_goodputs``), that arm for all three roles (the rule then serves as that arm)."""
+    (``goodputs``: ``static_goodputs``), that arm for all three roles (the rule then serves as that arm).
+    ``tick``: called after each move tried (``table_first_moves`` of them), for a progress bar."""
     from env.engine import parse_arm
     from env.serve_obs import TABLE_DRAFTERS, match_drafter
     from policies.serving import run_policy
@@ -117,7 +133,7 @@ def fit_table_first(make: Callable[..., Any], arms: Sequence[str], obs_size: int
         return scores[(level, *entry)]
 
     rows: list[list[Any]] = []
-    choices = (table_arms, list(arms), list(arms), [1, 2, 3, 4, 6])
+    choices = (table_arms, list(arms), list(arms), REPEAT_AT)
     for level in levels:
         best_static = max(table_arms, key=lambda a: goodputs[str(level)].get(a, -np.inf))  # noqa: B023
         entry: tuple = (best_static, best_static, best_static, 3)
@@ -127,8 +143,10 @@ def fit_table_first(make: Callable[..., Any], arms: Sequence[str], obs_size: int
                     trial = entry[:k] + (v,) + entry[k + 1 :]
                     if score(level, trial) > score(level, entry):
                         entry = trial
+                    if tick is not None:
+                        tick()
         rows.append([int(level), *entry])
     return TableFirstPolicy(arms, obs_size, features, table=merge_levels(rows))
 
 
-__all__ = ["TableFirstPolicy", "fit_table_first", "has_table_and_other"]
+__all__ = ["TableFirstPolicy", "fit_table_first", "has_table_and_other", "table_first_moves"]

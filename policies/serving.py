@@ -23,7 +23,7 @@ serving observation: load, pooled and per-row features). Every file is JSON and 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -313,10 +313,10 @@ def _run_copies(sim: Any, policy: Any) -> np.ndarray:
     return sim.goodput()
 
 
-def static_goodputs(make_sim: Any, arms: Sequence[str], loads: Sequence[str], episodes: int, seed: int = 0
-                    ) -> dict[str, dict[str, float]]:  # fmt: skip
+def static_goodputs(make_sim: Any, arms: Sequence[str], loads: Sequence[str], episodes: int, seed: int = 0,
+                    tick: Callable[[], object] | None = None) -> dict[str, dict[str, float]]:  # fmt: skip
     """Replayed goodput of every static arm at every load: ``{load: {arm: tokens/s}}`` (``episodes`` servers each,
-    the same request streams for every arm)."""
+    the same request streams for every arm). ``tick``: called after each (load, arm), for a progress bar."""
     out: dict[str, dict[str, float]] = {}
     for load in loads:
         out[load] = {}
@@ -324,6 +324,8 @@ def static_goodputs(make_sim: Any, arms: Sequence[str], loads: Sequence[str], ep
             sim = make_sim(episodes, loads=[load], seed=seed)
             sim.reset()
             out[load][arm] = float(np.median(run_policy(sim, _Const(k))))
+            if tick is not None:
+                tick()
     return out
 
 

@@ -94,6 +94,7 @@ def stub_fidelity(monkeypatch):
     import experiments.serve_fidelity as sf
 
     monkeypatch.setattr(env.model, "load_model", lambda *a, **k: None)
+    monkeypatch.setattr("experiments.serve_policies.warm_up", lambda *a, **k: None)
     zero = dict(prefill_s=0, steps=0, step_s=0, forward_s=0, draft_s=0, wall_s=0, tokens=0)
     monkeypatch.setattr(sf, "diagnose", lambda cost, arm, load, loaded, req, **kw: {
         "load": load, "arm": arm, "requests": req, "replay": zero, "live": {**zero, "other_s": 0}})  # fmt: skip

@@ -12,7 +12,7 @@ import pytest
 
 from env.serve_env import DEPTH_NORM, ServeSim, feature_names, obs_size
 from policies.base import PolicyError, load_policy
-from policies.serve_rows import TableFirstPolicy, fit_table_first, has_table_and_other
+from policies.serve_rows import TableFirstPolicy, fit_table_first, has_table_and_other, table_first_moves
 from policies.serving import ROW_BLOCK_AT, ROW_WIDTH, run_policy, static_goodputs
 from tests.env.conftest import make_trace
 
@@ -128,8 +128,11 @@ def test_the_fit_never_ends_below_the_best_static_table_arm_it_starts_from():
     assert has_table_and_other(ARMS) and not has_table_and_other(["none", "ngram-d1", "ngram-d3"])
     make = _make(_trace())
     feats, size = feature_names(M), obs_size(M)
-    good = static_goodputs(make, ARMS, ["1", "2"], episodes=3, seed=0)
-    pol = fit_table_first(make, ARMS, size, feats, [1, 2], good, episodes=3, seed=0, sweeps=1)
+    ticks = []  # the progress bar's ticks: one per (load, arm), one per move tried
+    good = static_goodputs(make, ARMS, ["1", "2"], episodes=3, seed=0, tick=lambda: ticks.append("s"))
+    pol = fit_table_first(make, ARMS, size, feats, [1, 2], good, episodes=3, seed=0, sweeps=1,
+                          tick=lambda: ticks.append("m"))  # fmt: skip
+    assert ticks.count("s") == 2 * len(ARMS) and ticks.count("m") == table_first_moves(ARMS, [1, 2], sweeps=1)
     for level in (1, 2):
         sim = make(3, loads=[str(level)], seed=0)
         sim.reset()
