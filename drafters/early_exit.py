@@ -17,6 +17,8 @@ root (not yet in it) go through the l layers in one batched pass, which gives th
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -134,21 +136,22 @@ class EarlyExitDrafter:
         own cache rows). The same trees as one at a time."""
         grows: list[Growing | DraftTree] = []
         with torch.inference_mode():
+            drafting = [(d, ctx) for d, ctx, shape in items if shape.depth > 0 and d.adapter is not None]
+            for _, ctx in drafting:
+                if ctx.target_kv is None:
+                    raise DrafterError(
+                        "the early_exit drafter needs the target's KV cache (DraftContext.target_kv)"
+                    )
+            # per drafter, per layer: [K, V] of the root (temporary), every row caught up in one pass
+            extras = dict(zip(map(id, (d for d, _ in drafting)), _catch_up_many(drafting)))
             for d, ctx, shape in items:
                 if shape.depth == 0 or d.adapter is None:
                     grows.append(DraftTree.root_only(ctx.tokens[-1]))
                     continue
-                cache = ctx.target_kv
-                if cache is None:
-                    raise DrafterError(
-                        "the early_exit drafter needs the target's KV cache (DraftContext.target_kv)"
-                    )
                 past = len(ctx.tokens) - 1  # tokens in the target's cache
-                extra = d._catch_up(ctx.tokens, cache, past)  # per layer: [K, V] of the root (temporary)
                 steps = tree_steps(d.tree, ctx.tokens[-1], shape, d.min_prob)
-                grows.append(
-                    Growing(d, shape, steps, cache=cache, past=past, extra=extra, slots=TreeSlots(d.kv.n))
-                )
+                grows.append(Growing(d, shape, steps, cache=ctx.target_kv, past=past, extra=extras[id(d)],
+                                     slots=TreeSlots(d.kv.n)))  # fmt: skip
             return propose_lockstep(grows, _exit_pass)
 
     # ---- internals ----
@@ -204,6 +207,58 @@ class EarlyExitDrafter:
         self.kv.n -= 1  # the root's adapter entry is recomputed with the tokens of the next step
         self._root_slot = (k[:, :, -1:], v[:, :, -1:])
         return extra
+
+
+def _catch_up_many(
+    pairs: list[tuple[EarlyExitDrafter, Any]],
+) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """``_catch_up`` of several sequences (``(drafter, DraftContext)``) in one pass of the target's first layers
+    and the adapter per loaded head: their products read the weights once for every row's pending tokens, not once
+    per row; attention stays per row, over its own cache. The same adapter caches, root outputs and root keys
+    as one at a time. Returns each drafter's ``extra`` (per layer, the root's keys and values)."""
+    out: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    groups: dict[int, list[tuple[EarlyExitDrafter, Any]]] = {}
+    for d, ctx in pairs:
+        groups.setdefault(id(d.adapter), []).append((d, ctx))
+    for grp in groups.values():
+        if len(grp) == 1:
+            d, ctx = grp[0]
+            out[id(d)] = d._catch_up(ctx.tokens, ctx.target_kv, len(ctx.tokens) - 1)
+            continue
+        d0 = grp[0][0]
+        dev = d0.device
+        ids, pos, seqs = [], [], []
+        for d, ctx in grp:
+            start, past = d.kv.n, len(ctx.tokens) - 1
+            q_len = len(ctx.tokens) - start
+            p = torch.arange(start, start + q_len, device=dev)
+            allowed = torch.ones(q_len, past + q_len, dtype=torch.bool, device=dev)
+            allowed[:, past:] = False
+            allowed[:, :past] &= torch.arange(past, device=dev)[None, :] <= p[:, None]
+            allowed[-1, -1] = True  # the root sees itself (its keys are the last column)
+            ids += ctx.tokens[start:]
+            pos.append(p)
+            seqs.append((q_len, ctx.target_kv, past, None, allowed[None, None]))
+        pos_t = torch.cat(pos)
+        x = d0.embed(torch.tensor(ids, device=dev))[None].to(d0.dtype)
+        h, own = d0._layers(x, pos_t, seqs)
+        h = h.to(d0.adapter_dtype)
+        q, k, v = d0.adapter.layer.project(h, pos_t)
+        ends = [int(e) for e in torch.tensor([n for n, *_ in seqs]).cumsum(0)]
+        parts = []
+        for (d, _), end, (n, *_), layers in zip(grp, ends, seqs, own):
+            at = end - n
+            out[id(d)] = [(lk[:, :, -1:], lv[:, :, -1:]) for lk, lv in layers]
+            d.kv.write(d.kv.n, k[:, :, at:end], v[:, :, at:end])
+            d.kv.n += n
+            parts.append(attend(q[:, :, end - 1 : end], d.kv.k[:, :, : d.kv.n], d.kv.v[:, :, : d.kv.n], None))
+            d.kv.n -= 1  # the root's adapter entry is recomputed with the tokens of the next step
+            d._root_slot = (k[:, :, end - 1 : end], v[:, :, end - 1 : end])
+        last = [e - 1 for e in ends]
+        roots = d0.adapter.norm(d0.adapter.layer.finish(h[:, last], torch.cat(parts, dim=2)))[0]  # [R, H]
+        for (d, _), r in zip(grp, roots):
+            d.root_out = r
+    return [out[id(d)] for d, _ in pairs]
 
 
 def _exit_pass(grows: list[Growing]) -> list[torch.Tensor]:
