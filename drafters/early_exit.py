@@ -12,7 +12,8 @@ the draft vocabulary gives the next-token distribution. Tree nodes keep temporar
 the adapter; nothing is written into the target's cache.
 
 Each step starts by catching up: the tokens committed since the last proposal (in the target's cache now) and the
-root (not yet in it) go through the l layers in one batched pass, which gives the adapter their states.
+root (not yet in it) go through the l layers in one batched pass, which gives the adapter their states; the rows
+of a batch catch up together, in one pass of the l layers' and the adapter's products (``_catch_up_many``).
 """
 
 from __future__ import annotations
