@@ -11,7 +11,8 @@ the host's launch of it), and that graph timed as ``triton.testing.do_bench`` ti
 enqueued back to back, each between CUDA events after an L2 flush: the device's time, as inside a captured step).
 Trees are random chain-biased trees whose tokens are the parent row's argmax 70% of the time, so paths are
 realistic. Fewer repetitions for the big shapes keep the CPU run
-to a couple of minutes. A program, not a test: it prints a table and writes JSON with its provenance.
+to a couple of minutes. A program, not a test: it prints a table and writes JSON with its provenance, after every
+row (``complete``: false until the last one; a kill keeps the rows measured).
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def cuda_graph(fn: Callable[[], object]) -> Callable[[], object]:
     return g.replay
 
 
-def run(dtype: torch.dtype, quick: bool) -> list[dict]:
+def run(dtype: torch.dtype, quick: bool, on_row: Callable[[list[dict]], object] | None = None) -> list[dict]:
+    """Every (mode, B, N, implementation) timed; ``on_row(rows)`` after each row (the rows so far)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # +buf: preallocated outputs (kernels.VerifyBuffers: no allocation, no read-back); +graph: that call captured
     # in a CUDA graph and replayed (one launch of the whole verification)
@@ -163,6 +165,8 @@ def run(dtype: torch.dtype, quick: bool) -> list[dict]:
                     else:
                         us, reps = time_call(fn, device, 0.3 if big else 0.5, 3 if big else 50, warmup=warm)
                     rows.append(dict(mode=mode, B=B, N=N, V=V, impl=name, median_us=round(us, 1), reps=reps))
+                    if on_row is not None:
+                        on_row(rows)
                     print(
                         f"{mode:>12} B={B:<3} N={N:<3} {name:>6}: {us:>12.1f} us  ({reps} reps)", flush=True
                     )
@@ -170,12 +174,14 @@ def run(dtype: torch.dtype, quick: bool) -> list[dict]:
     return rows
 
 
-def greedy_settings(dtype: torch.dtype, settings: list[tuple[int, int, int, int]]) -> list[dict]:
+def greedy_settings(dtype: torch.dtype, settings: list[tuple[int, int, int, int]],
+                    on_row: Callable[[list[dict]], object] | None = None) -> list[dict]:  # fmt: skip
     """Greedy verify at B = 1 (N in {8, 32, 64}) and B = 8 (N = 64), captured in a CUDA graph, for each setting
     (chunk, block, warps, walk warps): tokens per program of the statistics (``kernels.common.GREEDY_CHUNK``), per
     load (``kernels.triton_verify.GREEDY_BLOCK``), that program's warps (``GREEDY_WARPS``) and the parallel walk's
     (``WALK_WARPS``); timed both ways (``+graph``, ``+graph+pipe``) and the statistics' launch alone in a graph
-    (``stats+graph``: the rest of ``+graph`` is the walk and the gap between the two launches)."""
+    (``stats+graph``: the rest of ``+graph`` is the walk and the gap between the two launches). ``on_row(rows)``
+    after each row."""
     from kernels import common, triton_stats, triton_verify
 
     V, rows = 49152, []
@@ -212,6 +218,8 @@ def greedy_settings(dtype: torch.dtype, settings: list[tuple[int, int, int, int]
                     rows.append(
                         dict(mode="greedy", B=B, N=N, V=V, impl=name, median_us=round(us, 1), reps=reps)
                     )
+                    if on_row is not None:
+                        on_row(rows)
                     print(f"      greedy B={B:<3} N={N:<3} {name}: {us:>8.1f} us", flush=True)
     finally:
         common.GREEDY_CHUNK = saved[0]
@@ -324,6 +332,33 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.walk_warps is not None and args.greedy_settings is not None:
         ap.error("--walk-warps and --greedy-settings: give one (a setting names its walk's warps too)")
+    prov = dict(
+        command=" ".join(["python -m kernels.bench", *(argv if argv is not None else sys.argv[1:])]),
+        torch=torch.__version__,
+        device=torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+        threads=torch.get_num_threads(),
+        dtype=args.dtype,
+    )
+    try:
+        import triton
+
+        prov["triton"] = triton.__version__
+    except ImportError:
+        prov["triton"] = None
+    failed: list[str] = []
+
+    def save(rows: list[dict], complete: bool = False) -> None:
+        """The rows so far, after every row: written whole, then renamed (a kill keeps the rows measured)."""
+        if not args.json or failed:
+            return
+        tmp = f"{args.json}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(dict(provenance=prov, complete=complete, rows=rows), f, indent=1)
+            os.replace(tmp, args.json)
+        except OSError as err:  # the table is the result; say why the file is not there, once, at the end
+            failed.append(str(err.strerror or err))
+
     if args.walk_warps is not None or args.greedy_settings is not None:
         if not torch.cuda.is_available():
             ap.error("--walk-warps and --greedy-settings need CUDA (the Triton kernels)")
@@ -331,35 +366,15 @@ def main(argv: list[str] | None = None) -> int:
 
         here = (common.GREEDY_CHUNK, triton_verify.GREEDY_BLOCK, triton_verify.GREEDY_WARPS)
         settings = args.greedy_settings or [(*here, w) for w in args.walk_warps]
-        rows = greedy_settings(getattr(torch, args.dtype), settings)
+        rows = greedy_settings(getattr(torch, args.dtype), settings, on_row=save)
     else:
-        rows = run(getattr(torch, args.dtype), args.quick)
+        rows = run(getattr(torch, args.dtype), args.quick, on_row=save)
     print()
     print(table(rows))
-    if args.json:
-        prov = dict(
-            command=" ".join(["python -m kernels.bench", *(argv if argv is not None else sys.argv[1:])]),
-            torch=torch.__version__,
-            device=torch.cuda.get_device_name()
-            if torch.cuda.is_available()
-            else platform.processor() or "cpu",
-            threads=torch.get_num_threads(),
-            dtype=args.dtype,
-        )
-        try:
-            import triton
-
-            prov["triton"] = triton.__version__
-        except ImportError:
-            prov["triton"] = None
-        tmp = f"{args.json}.tmp"  # written whole, then renamed: a kill leaves no half a file
-        try:
-            with open(tmp, "w") as f:
-                json.dump(dict(provenance=prov, rows=rows), f, indent=1)
-            os.replace(tmp, args.json)
-        except OSError as err:  # the table above is the result; say why the file is not there
-            print(f"kernels.bench: error: --json {args.json}: {err.strerror or err}", file=sys.stderr)
-            return 2
+    save(rows, complete=True)
+    if failed:
+        print(f"kernels.bench: error: --json {args.json}: {failed[0]}", file=sys.stderr)
+        return 2
     return 0
 
 

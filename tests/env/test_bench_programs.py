@@ -459,3 +459,36 @@ def test_exactness_fails_a_wrong_token_whenever_it_loaded_fp32(dtype, monkeypatc
     work.write_text('{"question_id": 1, "category": "writing", "turns": ["Say hi."]}\n')
     args = ["--workload", str(work), "--max-new-tokens", "3", "--arms", "none", "--dtype", dtype]
     assert exactness(args) == 1
+
+
+def test_kernels_bench_writes_each_row_as_it_is_measured(tmp_path, monkeypatch):
+    """A kill midway keeps the rows measured (``complete`` false); a finished run says it is complete."""
+    import json
+
+    import kernels.bench as kb
+
+    calls = []
+
+    def fake_time(fn, *a, **k):  # a killed run: the fourth timing never returns
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return 10.0 + len(calls), 5
+
+    monkeypatch.setattr(kb, "time_call", fake_time)
+    out = tmp_path / "bench.json"
+    with pytest.raises(KeyboardInterrupt):
+        kb.main(["--quick", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and [r["median_us"] for r in doc["rows"]] == [11.0, 12.0, 13.0]
+    assert doc["provenance"]["command"].startswith("python -m kernels.bench --quick")
+    row = dict(mode="greedy", B=1, N=8, V=49152, impl="torch", median_us=9.0, reps=3)
+
+    def finished(dtype, quick, on_row=None):
+        on_row([row])
+        return [row]
+
+    monkeypatch.setattr(kb, "run", finished)
+    assert kb.main(["--quick", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is True and doc["rows"] == [row]
