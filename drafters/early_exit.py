@@ -138,6 +138,10 @@ class EarlyExitDrafter:
         grows: list[Growing | DraftTree] = []
         with torch.inference_mode():
             drafting = [(d, ctx) for d, ctx, shape in items if shape.depth > 0 and d.adapter is not None]
+            if len({id(d) for d, _ in drafting}) != len(drafting):
+                raise DrafterError(
+                    "one early_exit drafter drafts one sequence: fork() it for each row of a batch"
+                )
             for _, ctx in drafting:
                 if ctx.target_kv is None:
                     raise DrafterError(

@@ -390,6 +390,7 @@ class ServeSim:
         o = self.outcome(a)
         act = self.active
         o["cost"] = np.where(running, o["cost"], 0.0)
+        o["forward"] = np.where(running, o["forward"], 0.0)
         self.clock += o["cost"]
         self.s, self.n = update_alpha(self.s, self.n, o["acc"], o["dr"], o["rejected"])
         self.last = np.where(act & (o["dr"] > 0), o["acc"], self.last)

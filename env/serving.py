@@ -78,8 +78,10 @@ class ServeLog:
     step_tokens: int = 0
     arm_rows: Counter = field(default_factory=Counter)  # arm name -> rows that stepped with it
     policy_s: float = 0.0  # of step_s and after it: a serving policy's observation, act, record and update
-    draft_s: float = 0.0  # of step_s: the rows' drafting (a batched drafter's call counted once)
-    forward_s: float = 0.0  # of step_s: the batch forward, verification and commit
+    # of step_s, timed by the engine (time.perf_counter, whatever ``clock`` the server runs on): the rows' drafting
+    # (a batched drafter's call counted once), and the batch forward, verification and commit
+    draft_s: float = 0.0
+    forward_s: float = 0.0
 
     @property
     def mean_batch(self) -> float:

@@ -5,7 +5,9 @@ serve-train`` makes: 4 prompts per category) is replayed under a batch cost mode
 engine, through the same policy path ``draftgym evaluate --serve`` takes. Printed per (load, arm), replay / live:
 prefill seconds, batch steps, the steps' forward seconds (forward, verification, commit) and drafting seconds,
 the total (first arrival to last finish, as ``evaluate --serve``'s goodput counts it), and what the live loop spent
-besides (retiring, packing, the serving loop); every arm has served a few tokens untimed first. Steps that differ
+besides: within the steps, the observation and the policy's act ("live obs"; the observation runs the menu's
+match drafter at every row's root), and outside them the rest of the serving loop (retiring, packing: "live
+other"); every arm has served a few tokens untimed first. Steps that differ
 mean the trace's acceptance is not what the live drafter reaches (a model head's replay is approximate); forward or drafting
 seconds that differ mean the cost model prices that part off. The target is served in the dtype and weight format
 the cost model was measured for.
@@ -75,7 +77,10 @@ def diagnose(
     span = max(s.finish_s for s in served) - min(s.arrival_s for s in served)
     live = {"prefill_s": log.prefill_s, "steps": log.steps, "step_s": log.step_s, "forward_s": log.forward_s,
             "draft_s": log.draft_s, "wall_s": span, "tokens": sum(len(s.token_ids) for s in served),
-            "other_s": span - log.prefill_s - log.step_s, "setup_s": wall - span}  # fmt: skip
+            "other_s": span - log.prefill_s - log.step_s, "setup_s": wall - span,
+            # of the steps, neither forward nor drafting: the policy path's observation (the match drafter's
+            # proposal at every row's root) and act, which replay does not price
+            "observe_s": log.step_s - log.forward_s - log.draft_s}  # fmt: skip
     return {"load": load, "arm": arm, "requests": len(prompts), "replay": replay, "live": live}
 
 
@@ -133,7 +138,12 @@ def _main(argv: list[str] | None) -> int:
     cost = load_batch_cost(args.batch_cost)
     ServeSim(
         1, trace=trace, arms=arms, cost=cost, loads=loads
-    )  # an arm the trace or the cost model lacks: refused
+    )  # an arm the trace or cost model lacks: refused
+    from policies.split import trace_split
+
+    if not trace_split(trace, 4, 0).test:
+        raise UserError(f"the trace holds no held-out prompt to serve ({trace.num_prompts} prompts; the split keeps "
+                        "up to 4 per category out of training and needs 2 or more in a category)")  # fmt: skip
     from env.model import DEFAULT_MODEL, load_model
 
     dtype = getattr(cost, "dtype", "bfloat16")  # a roofline model has none (and is refused)
@@ -141,6 +151,15 @@ def _main(argv: list[str] | None) -> int:
     json_out = output_file(args.json, flag="--json",
                            inputs=(args.batch_cost or default_batch_cost_path(), args.trace))  # fmt: skip
     loaded = load_model(None, dtype=dtype, weights="dense")
+    from env.trace import model_fingerprint
+
+    trace.check_model(model_fingerprint(loaded))  # a trace of another model: refused, not compared
+    recorded_in = trace.header["model"].get("dtype")
+    if recorded_in not in (
+        None,
+        dtype,
+    ):  # greedy tokens may part between dtypes: steps may differ for that alone
+        print(f"note: the trace was recorded in {recorded_in}, the target is served in {dtype}", flush=True)
     from env.engine import parse_arm
     from experiments.serve_policies import warm_up
 
@@ -152,7 +171,7 @@ def _main(argv: list[str] | None) -> int:
     rows = []
     print(f"replay / live seconds; cost model: {cost.label}; drafters recorded: {', '.join(recorded)}")
     print(f"{'load':>5} {'arm':>10} {'prefill':>15} {'steps':>11} {'forward s':>15} {'draft s':>15} "
-          f"{'total':>15} {'live other':>10}")  # fmt: skip
+          f"{'total':>15} {'live obs':>8} {'live other':>10}")  # fmt: skip
     for load in loads:
         for arm in arms:
             r = diagnose(cost, arm, load, loaded, args.requests, trace=trace, arms=arms)
@@ -160,7 +179,8 @@ def _main(argv: list[str] | None) -> int:
             a, b = r["replay"], r["live"]
             print(f"{load:>5} {arm:>10} {a['prefill_s']:6.2f} / {b['prefill_s']:6.2f} {a['steps']:>5}/{b['steps']:<5} "
                   f"{a['forward_s']:6.2f} / {b['forward_s']:6.2f} {a['draft_s']:6.2f} / {b['draft_s']:6.2f} "
-                  f"{a['wall_s']:6.2f} / {b['wall_s']:6.2f} {b['other_s']:10.2f}", flush=True)  # fmt: skip
+                  f"{a['wall_s']:6.2f} / {b['wall_s']:6.2f} {b['observe_s']:8.2f} {b['other_s']:10.2f}",
+                  flush=True)  # fmt: skip
             if json_out is not None:  # as measured: a kill keeps the cells done
                 from env.files import atomic_write_text
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from drafters import TreeShape, make_drafter
+from drafters import DrafterError, TreeShape, make_drafter
 from drafters.early_exit import _catch_up_many
 from drafters.head_cache import KVBuffer
 from env.batch import BatchEngine
@@ -53,9 +53,9 @@ def test_catching_up_a_batch_in_one_pass_equals_one_row_at_a_time(exit_layer, tm
     drafters = [first, first.fork(), first.fork()]
     rows += [engine.admit(p, {"early_exit": d})[0] for p, d in zip(prompts[1:], drafters[1:])]
     shapes = [TreeShape(depth=4), TreeShape(depth=2), TreeShape(depth=3)]
-    pending = set()
+    pending = []
     for _ in range(4):  # the prompts first, then what each step committed (1 to depth + 1 tokens a row)
-        pending.add(tuple(len(r.ctx.tokens) - d.kv.n for d, r in zip(drafters, rows)))
+        pending.append(tuple(len(r.ctx.tokens) - d.kv.n for d, r in zip(drafters, rows)))
         twins = [_twin(d) for d in drafters]
         with torch.inference_mode():
             extras = _catch_up_many([(d, r.ctx) for d, r in zip(drafters, rows)])
@@ -65,4 +65,10 @@ def test_catching_up_a_batch_in_one_pass_equals_one_row_at_a_time(exit_layer, tm
         for d, t, ea, eb in zip(drafters, twins, extras, alone):
             _same(d, t, ea, eb)
         engine.step([Arm("early_exit", s) for s in shapes])
-    assert len({n for p in pending for n in p}) >= 3  # rows of different pending lengths caught up together
+    # after the prompts, steps that committed different numbers of tokens were caught up together, some several
+    after = {n for p in pending[1:] for n in p}
+    assert any(len(set(p)) > 1 for p in pending[1:]) and max(after) > 2, pending
+    with pytest.raises(DrafterError, match="fork"):  # one drafter object for two rows: refused, not mixed up
+        drafters[0].propose_batch(
+            [(drafters[0], rows[0].ctx, shapes[0]), (drafters[0], rows[1].ctx, shapes[1])]
+        )

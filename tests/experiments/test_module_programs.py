@@ -95,9 +95,13 @@ def stub_fidelity(monkeypatch):
 
     monkeypatch.setattr(env.model, "load_model", lambda *a, **k: None)
     monkeypatch.setattr("experiments.serve_policies.warm_up", lambda *a, **k: None)
+    from env.serve_sim import default_serve_trace
+
+    model = default_serve_trace().header["model"]  # the embedded model's fingerprint, as the bundled trace's
+    monkeypatch.setattr("env.trace.model_fingerprint", lambda loaded: dict(model))
     zero = dict(prefill_s=0, steps=0, step_s=0, forward_s=0, draft_s=0, wall_s=0, tokens=0)
     monkeypatch.setattr(sf, "diagnose", lambda cost, arm, load, loaded, req, **kw: {
-        "load": load, "arm": arm, "requests": req, "replay": zero, "live": {**zero, "other_s": 0}})  # fmt: skip
+        "load": load, "arm": arm, "requests": req, "replay": zero, "live": {**zero, "other_s": 0, "observe_s": 0}})  # fmt: skip
     return sf
 
 
@@ -160,6 +164,27 @@ def test_serve_fidelity_serves_the_target_in_the_cost_models_dtype(
             stub_fidelity.main(["--batch-cost", str(_batch_cost(tmp_path, dtype=dtype)), "--loads", "1"]) == 0
         )
     assert seen == ["float32", "bfloat16"]
+
+
+def test_serve_fidelity_refuses_a_trace_it_cannot_compare(stub_fidelity, monkeypatch, tmp_path, capsys):
+    """A trace with no held-out prompt is refused before the model loads (it failed after the warm-up, with a
+    message about steps); a trace of another model once the target is loaded (it was compared, meaninglessly)."""
+    import env.model
+    from tests.env.conftest import make_trace
+
+    few = tmp_path / "few.npz"
+    make_trace(seed=1, prompts=1).save(few)
+    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    assert stub_fidelity.main(["--trace", str(few), "--arms", "none,ngram-d2", "--loads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no held-out prompt" in err, err
+    other = tmp_path / "other.npz"
+    make_trace(seed=1, prompts=10).save(other)  # recorded for a toy model, not the embedded one
+    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: None)
+    monkeypatch.setattr("env.trace.model_fingerprint", lambda loaded: {"model_id": "smollm2-135m-instruct"})
+    assert stub_fidelity.main(["--trace", str(other), "--arms", "none,ngram-d2", "--loads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the trace was recorded for model" in err, err
 
 
 def test_serve_fidelity_takes_the_shipped_cost_model(stub_fidelity, capsys):
