@@ -136,9 +136,8 @@ def _main(argv: list[str] | None) -> int:
     for x in loads:
         parse_load(x, 16)
     cost = load_batch_cost(args.batch_cost)
-    ServeSim(
-        1, trace=trace, arms=arms, cost=cost, loads=loads
-    )  # an arm the trace or cost model lacks: refused
+    # an arm the trace or the cost model lacks: refused here
+    ServeSim(1, trace=trace, arms=arms, cost=cost, loads=loads)
     from policies.split import trace_split
 
     if not trace_split(trace, 4, 0).test:
@@ -155,10 +154,8 @@ def _main(argv: list[str] | None) -> int:
 
     trace.check_model(model_fingerprint(loaded))  # a trace of another model: refused, not compared
     recorded_in = trace.header["model"].get("dtype")
-    if recorded_in not in (
-        None,
-        dtype,
-    ):  # greedy tokens may part between dtypes: steps may differ for that alone
+    # greedy tokens may part between dtypes: steps may then differ for that alone
+    if recorded_in not in (None, dtype):
         print(f"note: the trace was recorded in {recorded_in}, the target is served in {dtype}", flush=True)
     from env.engine import parse_arm
     from experiments.serve_policies import warm_up
