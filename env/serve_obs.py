@@ -137,8 +137,9 @@ def packed_positions(active: np.ndarray) -> np.ndarray:
 
 
 def tree_depth(parents: Any) -> int:
-    """The depth of a draft tree (0: the root alone)."""
-    par = [int(p) for p in parents]
+    """The depth of a draft tree (0: the root alone); ``parents`` a list, an array or a tensor (read as one list:
+    iterating a tensor costs a microsecond per element, and the n-gram drafter's largest trees hold hundreds)."""
+    par = parents.tolist() if hasattr(parents, "tolist") else [int(p) for p in parents]
     depth = [0] * len(par)
     for i in range(1, len(par)):
         depth[i] = depth[par[i]] + 1
@@ -169,24 +170,29 @@ class LiveObserver:
 
     def observe(self, stepper: Any, queue: int) -> np.ndarray:
         m = self.max_batch
-        z = [np.zeros((1, m)) for _ in range(6)]
+        cols = np.zeros((6, 1, m))  # context, s, n, last accepted, match depth, progress: per row slot
         active = np.zeros((1, m), bool)
-        ctx, s, n, last, match, prog = z
+        name = self.match_drafter
         for i, seq in enumerate(stepper.seqs[:m]):
             st = self.stats.setdefault(id(seq), [0.0, 0.0, 0.0])
-            active[0, i] = True
-            ctx[0, i], s[0, i], n[0, i], last[0, i] = seq.context, st[0], st[1], st[2]
-            prog[0, i] = len(seq.tokens) / seq.max_new_tokens
-            if self.match_drafter is not None:
-                name = self.match_drafter
-                match[0, i] = tree_depth(stepper.proposals(seq, [name])[name].parents)
-        return serve_observation(active, ctx, s, n, last, match, prog, np.array([queue]), m)[0]
+            match = 0 if name is None else tree_depth(stepper.proposals(seq, [name])[name].parents)
+            cols[:, 0, i] = (seq.context, st[0], st[1], st[2], match, len(seq.tokens) / seq.max_new_tokens)
+        active[0, : min(len(stepper.seqs), m)] = True
+        return serve_observation(active, *cols, np.array([queue]), m)[0]
 
     def choices(self, action: Any, rows: int) -> list[int]:
         """The arm index of each of the ``rows`` live rows from a policy's action: one arm for the batch or one
         per row slot (the first ``rows`` used), by the rule replay applies (``ServeSim._actions``): integers, or
         whole finite floats, not bools, in ``0..K-1``; anything else a ``ServeEnvError``."""
         k = len(self.arms)
+        if (
+            isinstance(action, (int, np.integer))
+            and not isinstance(action, (bool, np.bool_))
+            and 0 <= action < k
+        ):
+            return [
+                int(action)
+            ] * rows  # the common case, without the array checks (tens of microseconds a step)
         a = integer_actions(action, k).reshape(-1)
         if a.size != 1 and a.size not in (rows, self.max_batch):
             raise ServeEnvError(
@@ -201,9 +207,8 @@ class LiveObserver:
         for o in outcomes:
             st = self.stats.setdefault(id(o.seq), [0.0, 0.0, 0.0])
             acc, dr = o.info["accepted"], o.info["drafted"]
-            s2, n2 = update_alpha(np.float64(st[0]), np.float64(st[1]), acc, dr, o.result.rejected)
-            st[0], st[1] = float(s2), float(n2)
-            if dr > 0:
+            if dr > 0:  # ``update_alpha`` on one row, in Python floats (float64, as it computes them)
+                st[0], st[1] = DECAY * st[0] + acc, DECAY * st[1] + acc + bool(o.result.rejected)
                 st[2] = float(acc)
 
     def forget(self, seq: Any) -> None:

@@ -2,12 +2,12 @@
 
 For each load and each static arm, one held-out request stream of a serving trace (the split ``draftgym
 serve-train`` makes: 4 prompts per category) is replayed under a batch cost model and served live on the batch
-engine, through the same policy path ``draftgym evaluate --serve`` takes. Printed per (load, arm), replay / live:
+engine, through the same path ``draftgym evaluate --serve`` takes. Printed per (load, arm), replay / live:
 prefill seconds, batch steps, the steps' forward seconds (forward, verification, commit) and drafting seconds,
 the total (first arrival to last finish, as ``evaluate --serve``'s goodput counts it), and what the live loop spent
-besides: within the steps, the observation and the policy's act ("live obs"; the observation runs the menu's
-match drafter at every row's root), and outside them the rest of the serving loop (retiring, packing: "live
-other"); every arm has served a few tokens untimed first. Steps that differ
+besides: within the steps, neither forward nor drafting ("live book": the step's bookkeeping — a static arm is
+served as an engine configured with it, with no serving policy, so no observation or act), and outside them the
+rest of the serving loop (retiring, packing: "live other"); every arm has served a few tokens untimed first. Steps that differ
 mean the trace's acceptance is not what the live drafter reaches (a model head's replay is approximate); forward or drafting
 seconds that differ mean the cost model prices that part off. The target is served in the dtype and weight format
 the cost model was measured for.
@@ -78,9 +78,9 @@ def diagnose(
     live = {"prefill_s": log.prefill_s, "steps": log.steps, "step_s": log.step_s, "forward_s": log.forward_s,
             "draft_s": log.draft_s, "wall_s": span, "tokens": sum(len(s.token_ids) for s in served),
             "other_s": span - log.prefill_s - log.step_s, "setup_s": wall - span,
-            # of the steps, neither forward nor drafting: the policy path's observation (the match drafter's
-            # proposal at every row's root) and act, which replay does not price
-            "observe_s": log.step_s - log.forward_s - log.draft_s}  # fmt: skip
+            # of the steps, neither forward nor drafting: the step's own bookkeeping (a static arm is served
+            # with no serving policy, so no observation or act: ``serve_stream``), which replay does not price
+            "bookkeeping_s": log.step_s - log.forward_s - log.draft_s}  # fmt: skip
     return {"load": load, "arm": arm, "requests": len(prompts), "replay": replay, "live": live}
 
 
@@ -168,7 +168,7 @@ def _main(argv: list[str] | None) -> int:
     rows = []
     print(f"replay / live seconds; cost model: {cost.label}; drafters recorded: {', '.join(recorded)}")
     print(f"{'load':>5} {'arm':>10} {'prefill':>15} {'steps':>11} {'forward s':>15} {'draft s':>15} "
-          f"{'total':>15} {'live obs':>8} {'live other':>10}")  # fmt: skip
+          f"{'total':>15} {'live book':>9} {'live other':>10}")  # fmt: skip
     for load in loads:
         for arm in arms:
             r = diagnose(cost, arm, load, loaded, args.requests, trace=trace, arms=arms)
@@ -176,7 +176,7 @@ def _main(argv: list[str] | None) -> int:
             a, b = r["replay"], r["live"]
             print(f"{load:>5} {arm:>10} {a['prefill_s']:6.2f} / {b['prefill_s']:6.2f} {a['steps']:>5}/{b['steps']:<5} "
                   f"{a['forward_s']:6.2f} / {b['forward_s']:6.2f} {a['draft_s']:6.2f} / {b['draft_s']:6.2f} "
-                  f"{a['wall_s']:6.2f} / {b['wall_s']:6.2f} {b['observe_s']:8.2f} {b['other_s']:10.2f}",
+                  f"{a['wall_s']:6.2f} / {b['wall_s']:6.2f} {b['bookkeeping_s']:9.2f} {b['other_s']:10.2f}",
                   flush=True)  # fmt: skip
             if json_out is not None:  # as measured: a kill keeps the cells done
                 from env.files import atomic_write_text

@@ -150,3 +150,32 @@ def test_without_a_policy_each_request_records_its_own_arm_and_steps(loaded):
     out = serve(BatchEngine(loaded, max_rows=2), reqs, concurrency=2, max_batch=2)
     for s, r in zip(out, reqs):
         assert s.arm == r.arm.name and s.arm_steps == {r.arm.name: s.steps - 1}
+
+
+def test_the_live_record_updates_the_estimate_as_replay_does():
+    """``LiveObserver.record`` keeps each row's counts in Python floats; they are ``update_alpha``'s, bit for bit."""
+    from types import SimpleNamespace
+
+    from env.serve_obs import tree_depth, update_alpha
+
+    rng = np.random.default_rng(0)
+    obs, seq = observer(), object()
+    s, n, last = np.float64(0), np.float64(0), 0.0
+    for _ in range(200):
+        dr = int(rng.integers(0, 5))
+        acc, rej = int(rng.integers(0, dr + 1)), bool(rng.integers(0, 2))
+        obs.record(
+            [
+                SimpleNamespace(
+                    seq=seq, info={"accepted": acc, "drafted": dr}, result=SimpleNamespace(rejected=rej)
+                )
+            ]
+        )
+        s, n = update_alpha(s, n, acc, dr, rej)
+        last = float(acc) if dr > 0 else last
+        assert obs.stats[id(seq)] == [float(s), float(n), last]
+    import torch
+
+    par = [-1, 0, 1, 0, 3, 4, 2]
+    assert tree_depth(torch.tensor(par)) == tree_depth(np.array(par)) == tree_depth(par) == 3
+    assert tree_depth([-1]) == 0

@@ -101,7 +101,7 @@ def stub_fidelity(monkeypatch):
     monkeypatch.setattr("env.trace.model_fingerprint", lambda loaded: dict(model))
     zero = dict(prefill_s=0, steps=0, step_s=0, forward_s=0, draft_s=0, wall_s=0, tokens=0)
     monkeypatch.setattr(sf, "diagnose", lambda cost, arm, load, loaded, req, **kw: {
-        "load": load, "arm": arm, "requests": req, "replay": zero, "live": {**zero, "other_s": 0, "observe_s": 0}})  # fmt: skip
+        "load": load, "arm": arm, "requests": req, "replay": zero, "live": {**zero, "other_s": 0, "bookkeeping_s": 0}})  # fmt: skip
     return sf
 
 

@@ -240,3 +240,34 @@ def test_the_warm_up_serves_every_arm_of_the_menu_before_the_first_timed_run(fp3
                       loads=["1", "2"], episodes=1, max_new=4, requests=1, max_batch=16, seed=0, loaded=fp32_model,
                       repeats=1, live_policies={"trt-auto"}, probe=False)  # fmt: skip
     assert len(calls) == 1
+
+
+@pytest.mark.model
+def test_a_static_arm_is_served_live_without_a_serving_policy(fp32_model):
+    """A static arm runs live as an engine configured with it runs: no observation, no act (``policy_s`` 0), only
+    its drafter — and commits what the same arm chosen by a policy every step commits."""
+    import experiments.serve_policies as sp
+    from env.engine import parse_arm
+    from env.serve_sim import ServeSim, default_serve_trace
+    from env.serving import POLICY_ARM, ServeLog
+
+    trace = default_serve_trace()
+    names = ["none", "ngram-d1", "ngram-d3"]
+    arms = [parse_arm(a) for a in names]
+
+    class Always:  # the same choice through the policy path
+        def act(self, obs):
+            return 2
+
+    out = {}
+    for label, pol in (("static", sp._Static(2, "ngram-d3")), ("policy", Always())):
+        sim = ServeSim(1, trace=trace, arms=names, max_batch=4, loads=["2"], requests=3, seed=0)
+        sim.reset()
+        log = ServeLog()
+        served, _ = sp.serve_stream(fp32_model, sim, pol, arms, 4, 8, sim.cost, log=log)
+        out[label] = (served, log)
+    (st, st_log), (po, po_log) = out["static"], out["policy"]
+    assert [s.token_ids for s in st] == [s.token_ids for s in po] and st_log.steps == po_log.steps > 0
+    assert st_log.policy_s == 0 < po_log.policy_s
+    assert {s.arm for s in st} == {"ngram-d3"} and {s.arm for s in po} == {POLICY_ARM}
+    assert dict(st_log.arm_rows) == dict(po_log.arm_rows) == {"ngram-d3": st_log.row_steps}
