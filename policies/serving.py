@@ -122,9 +122,10 @@ class SmartSpecPolicy(BasePolicy):
                  cost: dict[str, Any]) -> None:  # fmt: skip
         super().__init__(arms, obs_size, features)
         self.max_batch = _check_serving(self)
-        from env.batch_cost import FORMAT, ROOFLINE_FORMAT, FittedBatchCost, RooflineCost
+        from env.batch_cost import FORMAT, ROOFLINE_FORMAT, FittedBatchCost
         from env.cost import CostModelError
         from env.engine import parse_arm
+        from env.roofline import RooflineCost
 
         if not isinstance(cost, dict) or cost.get("format") not in (FORMAT, ROOFLINE_FORMAT):
             raise PolicyError("SmartSpec needs the JSON of a batch cost model (env.batch_cost)")

@@ -14,19 +14,16 @@ import numpy as np
 import pytest
 
 from env.batch_cost import (
-    ACCELERATORS,
     FORMAT,
-    MODELS,
     ROOFLINE_FORMAT,
     FittedBatchCost,
-    RooflineCost,
     bilinear,
     load_batch_cost,
-    roofline,
     step_context,
     step_s,
 )
 from env.cost import CostModelError, Curve
+from env.roofline import ACCELERATORS, MODELS, RooflineCost, roofline
 from tests.hostile import Creates
 
 ROWS, NODES, REF = (1, 2, 4), (1, 3, 9), 128

@@ -1,4 +1,4 @@
-"""A roofline batch cost file (``env.batch_cost.RooflineCost.from_json``) holds each figure within its physical range
+"""A roofline batch cost file (``env.roofline.RooflineCost.from_json``) holds each figure within its physical range
 (``ROOFLINE_RANGES``): a finite, positive but extreme one (a bandwidth of 5e-324 bytes/s, a model of 1e308 layers)
 priced steps of 0 or infinite seconds, and the serving env then divided by a unit rate that underflowed to 0. Each is
 refused in one line naming the field; every model within the ranges prices finite, positive steps."""
@@ -11,15 +11,9 @@ import json
 import numpy as np
 import pytest
 
-from env.batch_cost import (
-    ACCELERATORS,
-    MODELS,
-    RooflineCost,
-    load_batch_cost,
-    roofline,
-    step_s,
-)
+from env.batch_cost import load_batch_cost, step_s
 from env.cost import CostModelError
+from env.roofline import ACCELERATORS, MODELS, RooflineCost, roofline
 
 
 def _rl() -> dict:
@@ -41,6 +35,12 @@ EXTREME = {  # case: (changes, the field named)
     "flop-efficiency-tiny": ({("flop_efficiency",): 5e-324}, "flop_efficiency"),
     "draft-1e308": ({("draft_per_row_s",): {"ngram": 1e308}}, "draft_per_row_s.ngram"),
     "embed-nan": ({("shape", "embed_params"): float("nan")}, "shape.embed_params"),
+    "draft-vocab-fraction": ({("draft_vocab",): 2047.5}, "draft_vocab"),
+    "draft-vocab-zero": ({("draft_vocab",): 0}, "draft_vocab"),
+    "head-overhead-negative": ({("head_overhead_frac",): -0.1}, "head_overhead_frac"),
+    "head-overhead-nan": ({("head_overhead_frac",): float("nan")}, "head_overhead_frac"),
+    "vocab-1e308": ({("shape", "vocab"): 1e308}, "shape.vocab"),
+    "hidden-fraction": ({("shape", "hidden"): 4095.5}, "shape.hidden"),
 }
 
 
@@ -72,7 +72,7 @@ def test_every_preset_loads_from_its_file(acc, model, tmp_path):
 def test_every_model_within_the_ranges_prices_finite_positive_steps():
     """The ranges' corners (slowest machine with the largest model, fastest with the smallest): every step,
     prefill and the serving env's unit rate finite and positive."""
-    from env.batch_cost import ROOFLINE_RANGES
+    from env.roofline import ROOFLINE_RANGES
 
     names = ["acc.bytes_s", "acc.flops", "shape.params", "shape.layers", "shape.heads", "shape.kv_heads",
              "shape.head_dim", "bw_efficiency", "flop_efficiency"]  # fmt: skip

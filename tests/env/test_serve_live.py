@@ -82,7 +82,7 @@ def plain(fp32_model, requests):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_any_mix_of_arms_is_lossless(fp32_model, requests, plain, seed):
-    from env.batch_cost import roofline
+    from env.roofline import roofline
 
     clock = FakeClock()
     policy = RandomPolicy(seed, clock)

@@ -12,7 +12,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from env.batch_cost import roofline
+from env.roofline import roofline
 from env.serve_env import DEFAULT_ARMS, ROW_FEATURES, ServeSim, feature_names, obs_size
 from policies.base import PolicyError, load_policy, npz_bytes
 from policies.serving import (
