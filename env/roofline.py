@@ -104,7 +104,8 @@ HOST_DRAFT_S = {"ngram": 3e-5, "suffix": 5e-5, "recycling": 4e-5}  # host-side p
 HOST_DEFAULT_S = 5e-5  # a drafter's host side per row where ``draft_per_row_s`` names no figure
 # Model-head drafters: the target decoder layers one level of drafting runs, and the head's own input projections in
 # hidden x hidden matrices. EAGLE's head is one decoder layer of the target's shape fed by fc(e ++ f) (2h x h); EAGLE-3's
-# adds the fusion of three residual streams (3h x h); the hybrid drafts with the eagle3 head; the early-exit drafter runs
+# adds the fusion of three residual streams (3h x h, once a step); the hybrid drafts with the eagle3 head (and its
+# suffix part on the host); the early-exit drafter runs
 # the target's first layers on each drafted token (the shipped head: 4 of the embedded model's 30, scaled to the
 # model's depth) and then its adapter layer. Each ends in an LM head over ``draft_vocab`` tokens.
 EXIT_FRACTION = 4 / 30
@@ -112,10 +113,9 @@ EXIT_FRACTION = 4 / 30
 
 def head_layers(drafter: str, layers: float) -> tuple[float, float] | None:
     """(decoder layers, hidden x hidden projections) of one level of ``drafter``'s drafting, or None for a drafter
-    that is no model head (it drafts on the host: ``draft_per_row_s``)."""
-    if drafter in ("eagle3", "hybrid"):
-        return 1.0, 5.0
-    if drafter == "eagle":
+    that is no model head (it drafts on the host: ``draft_per_row_s``). EAGLE-3's fusion (3h x h) runs once a
+    step, on the committed tokens' streams, not at every level: ``RooflineCost.draft_s`` adds it once."""
+    if drafter in ("eagle", "eagle3", "hybrid"):
         return 1.0, 2.0
     if drafter == "early_exit":
         return max(1.0, round(EXIT_FRACTION * layers)) + 1.0, 0.0
@@ -175,7 +175,7 @@ class RooflineCost:
         if spec is None:
             return 0.0
         layers, projections = spec
-        hidden = s.get("hidden", s["heads"] * s["head_dim"])  # (Llama-family: the query heads' width)
+        hidden = self._hidden()
         dense = s["params"] - s.get("embed_params", 0.0)
         per_layer = max(dense - s.get("vocab", 0.0) * hidden, 0.0) / s["layers"]
         vocab = min(float(self.draft_vocab), s.get("vocab", float(self.draft_vocab)))
@@ -190,15 +190,23 @@ class RooflineCost:
         r = np.asarray(rows, np.float64)
         if drafter is None:
             return np.zeros_like(r)
-        out = self.draft_per_row_s.get(drafter, HOST_DEFAULT_S) * r
         p = self.head_params(drafter)
-        if p > 0:
-            a = self.acc
-            level = a["overhead_s"] * self.head_overhead_frac + np.maximum(
-                2 * p / (a["bytes_s"] * self.bw_efficiency), 2 * p * r / (a["flops"] * self.flop_efficiency)
-            )
-            out = out + np.where(r > 0, np.asarray(depth, np.float64) * level, 0.0)
-        return out
+        if p <= 0:  # a host-side drafter
+            return self.draft_per_row_s.get(drafter, HOST_DEFAULT_S) * r
+        a = self.acc
+        bw, fl = a["bytes_s"] * self.bw_efficiency, a["flops"] * self.flop_efficiency
+        level = a["overhead_s"] * self.head_overhead_frac + np.maximum(2 * p / bw, 2 * p * r / fl)
+        out = np.asarray(depth, np.float64) * level
+        if drafter in ("eagle3", "hybrid"):  # the fusion of three streams, once a step
+            f = 3 * self._hidden() ** 2
+            out = out + np.maximum(2 * f / bw, 2 * f * r / fl)
+        # the host side: none of its own for a head (the hybrid's suffix part: the suffix drafter's per row)
+        host = self.draft_per_row_s.get(drafter, HOST_DRAFT_S["suffix"] if drafter == "hybrid" else 0.0)
+        return np.where(r > 0, out + host * r, 0.0)
+
+    def _hidden(self) -> float:
+        s = self.shape
+        return s.get("hidden", s["heads"] * s["head_dim"])  # (Llama-family: the query heads' width)
 
     def prefill_s(self, tokens: Any) -> Any:
         t = np.asarray(tokens, np.float64)
@@ -245,6 +253,15 @@ class RooflineCost:
             raise CostModelError(
                 f"{source}: shape.embed_params must be in [0, shape.params {shape['params']:g}), got {embed!r}"
             )
+        hidden = out._hidden()
+        lo, hi = ROOFLINE_RANGES["shape.hidden"]
+        if not lo <= hidden <= hi:
+            raise CostModelError(f"{source}: the hidden size (shape.hidden, else heads x head_dim) must be in "
+                                 f"[{lo:g}, {hi:g}], got {hidden:g}")  # fmt: skip
+        lm_head = shape.get("vocab", 0.0) * hidden
+        if lm_head >= shape["params"] - embed:
+            raise CostModelError(f"{source}: shape.vocab x the hidden size ({lm_head:g}, the LM head) must be below "
+                                 f"the dense parameters ({shape['params'] - embed:g})")  # fmt: skip
         return replace(out, draft_vocab=int(out.draft_vocab))
 
 

@@ -32,5 +32,10 @@ class StaticPolicy(BasePolicy):
     def params(self) -> dict[str, Any]:
         return {"arm": self.arm}
 
+    @property
+    def static_arm(self) -> int:
+        """Served live as an engine configured with this arm: no observation (``experiments.serve_policies``)."""
+        return self.index
+
     def act(self, obs: np.ndarray | None) -> int:
         return self.index

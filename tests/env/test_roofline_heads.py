@@ -19,8 +19,9 @@ def test_a_head_level_reads_one_layer_its_projections_and_its_lm_head():
     s = MODELS["llama-3.1-8b"]
     layer = (s["params"] - s["embed_params"] - s["vocab"] * s["hidden"]) / s["layers"]  # ~218M
     assert 2.0e8 < layer < 2.3e8
-    assert r.head_params("eagle3") == pytest.approx(layer + 5 * 4096**2 + 32000 * 4096)
-    assert r.head_params("eagle") == pytest.approx(layer + 2 * 4096**2 + 32000 * 4096)
+    assert (
+        r.head_params("eagle3") == r.head_params("eagle") == pytest.approx(layer + 2 * 4096**2 + 32000 * 4096)
+    )
     assert r.head_params("hybrid") == r.head_params("eagle3")  # the hybrid drafts with the eagle3 head
     assert r.head_params("early_exit") == pytest.approx(
         5 * layer + 32000 * 4096
@@ -72,10 +73,29 @@ def test_the_head_figures_are_the_files_own():
     d["draft_vocab"], d["head_overhead_frac"] = 128256, 0.0
     r, base = RooflineCost.from_json(d), roofline("h200", "llama-3.1-8b")
     assert r.head_params("eagle3") - base.head_params("eagle3") == pytest.approx((128256 - 32000) * 4096)
-    p, bw = (
-        r.head_params("eagle3"),
-        4.8e12 * r.bw_efficiency,
-    )  # no overhead: one level reads the weights, at 1 row
-    assert float(r.draft_s("eagle3", 1, 1)) == pytest.approx(
-        5e-5 + 2 * p / bw
-    )  # (its host side: the default)
+    p, bw = r.head_params("eagle3"), 4.8e12 * r.bw_efficiency  # no overhead: one level reads the weights
+    fuse = 3 * 4096**2  # EAGLE-3's fusion of three streams: once a step
+    assert float(r.draft_s("eagle3", 1, 1)) == pytest.approx(2 * (p + fuse) / bw)  # a head has no host side
+    assert float(r.draft_s("eagle", 1, 1)) == pytest.approx(2 * p / bw)
+    # the hybrid: the eagle3 head's levels plus its suffix part on the host, per row
+    assert float(r.draft_s("hybrid", 4, 2)) == pytest.approx(float(r.draft_s("eagle3", 4, 2)) + 4 * 5e-5)
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [({"vocab": 1e7}, "shape.vocab x the hidden size"),
+     ({"hidden": None, "heads": 1024, "head_dim": 4096}, "the hidden size"),],
+)  # fmt: skip
+def test_head_figures_that_contradict_the_model_are_refused_in_one_line(change, says):
+    from env.cost import CostModelError
+    from env.roofline import RooflineCost
+
+    d = roofline("h200", "llama-3.1-8b").to_json()
+    for k, v in change.items():
+        if v is None:
+            d["shape"].pop(k)
+        else:
+            d["shape"][k] = v
+    with pytest.raises(CostModelError, match=says) as err:
+        RooflineCost.from_json(d, "rl.json")
+    assert "\n" not in str(err.value)

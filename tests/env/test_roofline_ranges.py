@@ -79,7 +79,7 @@ def test_every_model_within_the_ranges_prices_finite_positive_steps():
     rows, nodes, ctx = np.array([1, 256])[:, None, None], np.array([1, 64])[None, :, None], np.array([0, 1e6])
     for corner in itertools.product((0, 1), repeat=len(names)):
         d = _rl()
-        d["shape"]["embed_params"] = 0.0
+        d["shape"]["embed_params"], d["shape"]["vocab"] = 0.0, 1  # (an LM head within the smallest model)
         for name, end in zip(names, corner, strict=True):
             v = ROOFLINE_RANGES[name][end]
             if "." in name:
@@ -92,3 +92,5 @@ def test_every_model_within_the_ranges_prices_finite_positive_steps():
         unit_rate = 1.0 / (127 * float(c.forward_s(1, 1, 200)) + float(c.prefill_s(100)))
         assert np.isfinite(t).all() and (t > 0).all() and np.isfinite(pre).all() and (pre > 0).all(), corner
         assert np.isfinite(unit_rate) and unit_rate > 0, corner
+        head = c.draft_s("early_exit", rows, 8)  # the largest head, the deepest chain
+        assert np.isfinite(head).all() and (head > 0).all(), corner

@@ -271,3 +271,6 @@ def test_a_static_arm_is_served_live_without_a_serving_policy(fp32_model):
     assert st_log.policy_s == 0 < po_log.policy_s
     assert {s.arm for s in st} == {"ngram-d3"} and {s.arm for s in po} == {POLICY_ARM}
     assert dict(st_log.arm_rows) == dict(po_log.arm_rows) == {"ngram-d3": st_log.row_steps}
+    from policies.static import StaticPolicy
+
+    assert StaticPolicy(names, arm="ngram-d1").static_arm == 1  # a static policy file is served the same way
