@@ -10,7 +10,8 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,11 +50,15 @@ def _engines(
 
 def _time_grid(loaded: Any, rows: Sequence[int], nodes: Sequence[int], contexts: Sequence[int], reps: int,
                progress: bool, engines: tuple[dict[tuple[int, int], Any], Any] | None = None,
+               done: dict[tuple[int, int, int], list[float]] | None = None, passes_done: int = 0,
+               on_pass: Callable[[dict[tuple[int, int, int], list[float]], int], None] | None = None,
                ) -> dict[tuple[int, int, int], float]:  # fmt: skip
     """Median seconds of ``BatchEngine.step`` over (rows, nodes, context): every row drafts a random chain of
     ``nodes - 1`` tokens (``nodes`` 1: no draft); each visit of a cell runs ``RUN_STEPS`` steps in a row, then its
     commits are rolled back so that the context stays; cells are visited in a new random order every pass.
-    ``engines``: from ``_engines`` (built here when not given)."""
+    ``engines``: from ``_engines`` (built here when not given). Resumable: ``done`` holds the samples of the first
+    ``passes_done`` passes (their visiting orders are drawn again, so the passes after follow the same orders);
+    ``on_pass(samples, passes)`` is called after each pass."""
     import torch
 
     from drafters import TreeShape
@@ -62,8 +67,12 @@ def _time_grid(loaded: Any, rows: Sequence[int], nodes: Sequence[int], contexts:
 
     engines, fixed = engines if engines is not None else _engines(loaded, rows, contexts)
     cells = [(r, n, c) for r in rows for n in nodes for c in contexts]
-    samples: dict[tuple[int, int, int], list[float]] = {cell: [] for cell in cells}
+    samples: dict[tuple[int, int, int], list[float]] = {
+        cell: list((done or {}).get(cell, [])) for cell in cells
+    }
     rng = random.Random(0)
+    for _ in range(passes_done):
+        rng.shuffle(cells)
 
     def run(r: int, n: int, c: int, steps: int = RUN_STEPS) -> list[float]:
         """``steps`` consecutive steps of one cell, as decoding runs them (the context grows by what they
@@ -83,17 +92,19 @@ def _time_grid(loaded: Any, rows: Sequence[int], nodes: Sequence[int], contexts:
         return walls
 
     with torch.inference_mode():
-        for cell in cells:  # warm-up
+        for cell in cells if passes_done < reps else []:  # warm-up (none when a resume finds every pass done)
             run(*cell, steps=1)
-        it = range(reps)
+        it = range(passes_done, reps)
         if progress:
             from tqdm import tqdm
 
-            it = tqdm(it, desc="calibrate --batch", unit="pass")
-        for _ in it:
+            it = tqdm(it, desc="calibrate --batch", unit="pass", initial=passes_done, total=reps)
+        for k in it:
             rng.shuffle(cells)
             for cell in cells:
                 samples[cell].extend(run(*cell))
+            if on_pass is not None:
+                on_pass(samples, k + 1)
     return {cell: statistics.median(v) for cell, v in samples.items()}
 
 
@@ -146,10 +157,16 @@ def calibrate_batch(
     reps: int = 5,
     progress: bool = False,
     drafter_options: dict[str, dict[str, Any]] | None = None,
+    work: str | Path | None = None,
 ) -> FittedBatchCost:
     """Measure the batch step on the (rows, nodes, context) grid, the prefill, and each drafter's propose time
     per row, or per batch over rows x depths for a drafter that drafts a batch's rows together; fit. About two
-    minutes for the embedded model on a 2-core CPU."""
+    minutes for the embedded model on a 2-core CPU (fp32 without native bf16: about three).
+
+    ``work``: a JSON file the measurements so far are written to, atomically, after every pass over the grid and
+    every later phase; a rerun with the same settings on the same CPU resumes from it (a kill loses at most one
+    pass), one with other settings refuses it (``env.batch_calibrate_state``). The caller removes it once the cost
+    model is saved."""
     from env.calibrate import _time_drafters
     from env.decoder import chat_prompt
     from env.machine import machine_info
@@ -157,18 +174,32 @@ def calibrate_batch(
 
     if len(contexts) != 2:
         raise ValueError("calibrate_batch measures at exactly two contexts")
+    from env.batch_calibrate_state import CalibrationState
+
     t_start = time.perf_counter()
+    names = [n for n in drafter_names if n != "none"]
+    options = drafter_options or {}
+    lengths = [n for n in PREFILL_TOKENS if n < loaded.max_context] or [min(16, loaded.max_context - 1)]
+    state = CalibrationState.open(work, loaded, names, options, rows, nodes, contexts, reps,
+                                  batching=[n for n in names if _batches(n)], prefill_lengths=lengths,
+                                  run_steps=RUN_STEPS)  # fmt: skip
     engines = _engines(loaded, rows, contexts)
-    med = _time_grid(loaded, rows, nodes, contexts, reps, progress, engines)
-    reference = _probe_cells(loaded, rows, contexts, engines)  # what speed_probe times later
+    med = _time_grid(loaded, rows, nodes, contexts, reps, progress, engines, done=state.samples,
+                     passes_done=state.passes, on_pass=state.save_pass)  # fmt: skip
+    if state.probe is None:
+        state.save_phase(
+            "probe", _probe_cells(loaded, rows, contexts, engines)
+        )  # what speed_probe times later
+    reference = state.probe
     c0, c1 = int(contexts[0]), int(contexts[1])
     base = np.array([[med[(r, n, c0)] for n in nodes] for r in rows])
     slope = np.array(
         [[max((med[(r, n, c1)] - med[(r, n, c0)]) / (c1 - c0), 0.0) for n in nodes] for r in rows]
     )
     base, slope = monotone_fit(base), monotone_fit(slope)  # more rows or more nodes never cost less
-    lengths = [n for n in PREFILL_TOKENS if n < loaded.max_context] or [min(16, loaded.max_context - 1)]
-    pf = _time_prefill(loaded, lengths, max(reps // 2, 2))
+    if state.prefill is None:
+        state.save_phase("prefill", _time_prefill(loaded, lengths, max(reps // 2, 2)))
+    pf = state.prefill
     from env.calibrate import isotonic
 
     prefill = Curve(tuple(lengths), tuple(isotonic(pf)))
@@ -176,13 +207,17 @@ def calibrate_batch(
     from drafters import TreeShape
 
     shapes = [TreeShape(d) for d in (1, 2, 3, 5, 8)]
-    names = [n for n in drafter_names if n != "none"]
-    options = drafter_options or {}
-    timed = _time_drafters(loaded, names, options, prompts, shapes, positions=4)
-    drafters = {n: float(statistics.median(v["shapes"].values())) for n, v in timed.items()}
-    batched = {
-        n: _time_batched(loaded, n, rows, prompts[0], reps, options.get(n, {})) for n in names if _batches(n)
-    }
+    if state.drafters is None:
+        timed = _time_drafters(loaded, names, options, prompts, shapes, positions=4)
+        state.save_phase(
+            "drafters", {n: float(statistics.median(v["shapes"].values())) for n, v in timed.items()}
+        )
+    drafters = state.drafters
+    batched = dict(state.batched)
+    for n in names:
+        if _batches(n) and n not in batched:
+            batched[n] = _time_batched(loaded, n, rows, prompts[0], reps, options.get(n, {}))
+            state.save_batched(n, batched[n])
     meta = {
         "machine": machine_info(),
         "forward": getattr(loaded, "forward", "hf"),
@@ -190,6 +225,9 @@ def calibrate_batch(
         "calibration_s": round(time.perf_counter() - t_start, 1),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "reps": reps,
+        # measurements of an earlier, killed run were kept (then created, calibration_s and load_average are this
+        # run's, the last)
+        "resumed": state.resumed,
         "contexts": [c0, c1],
         "measurements": [[r, n, c, s] for (r, n, c), s in sorted(med.items())],
         "probe": [[r, c, s] for (r, c), s in sorted(reference.items())],

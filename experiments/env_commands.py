@@ -136,9 +136,17 @@ def _calibrate_batch(args: argparse.Namespace, loaded: Any, names: list[str], ou
     from env.batch_calibrate import calibrate_batch
 
     t0 = time.perf_counter()
-    bc = calibrate_batch(loaded, names, reps=max(args.reps, 3), progress=not args.json)
+    # the measurements so far, beside the output: a rerun after a kill resumes from them
+    work = out.with_name(out.name + ".partial")
+    resuming = work.exists()
+    bc = calibrate_batch(loaded, names, reps=max(args.reps, 3), progress=not args.json, work=work)
     bc.meta["command"] = " ".join(["draftgym", *sys.argv[1:]])
     bc.save(out)
+    work.unlink(missing_ok=True)
+    if resuming and not args.json:
+        print(
+            f"(resumed from {work}: {'the measurements of the run before were kept' if bc.meta['resumed'] else 'nothing to keep'})"
+        )
     ms = {
         f"{r}x{n}": round(1e3 * float(bc.base[i, j]), 2)
         for i, r in enumerate(bc.rows)
