@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from drafters.base import shown
 from env.batch_cost import ROOFLINE_FORMAT
 from env.cost import CostModelError
 
@@ -220,14 +221,29 @@ class RooflineCost:
 
     @classmethod
     def from_json(cls, d: dict[str, Any], source: str = "roofline cost model") -> RooflineCost:
+        def number(
+            v: Any, name: str
+        ) -> float:  # a JSON number (not a bool, a string, a list or null), by name
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise CostModelError(f"{source}: {name} must be a number, got {shown(v)}")
+            try:
+                return float(v)
+            except OverflowError:
+                raise CostModelError(f"{source}: {name} must be a number in range, got {shown(v)}") from None
+
         try:
-            acc = {k: (str(v) if k == "name" else float(v)) for k, v in dict(d["acc"]).items()}
-            shape = {k: float(v) for k, v in dict(d["shape"]).items()}
+            acc = {k: (str(v) if k == "name" else number(v, f"acc.{k}")) for k, v in dict(d["acc"]).items()}
+            shape = {k: number(v, f"shape.{k}") for k, v in dict(d["shape"]).items()}
+            host = dict(d.get("draft_per_row_s", HOST_DRAFT_S))
             out = cls(str(d["accelerator"]), str(d["model"]), acc, shape,
-                      float(d.get("bw_efficiency", BW_EFFICIENCY)), float(d.get("flop_efficiency", FLOP_EFFICIENCY)),
-                      {str(k): float(v) for k, v in dict(d.get("draft_per_row_s", HOST_DRAFT_S)).items()},
-                      float(d.get("draft_vocab", DRAFT_VOCAB)), float(d.get("head_overhead_frac", HEAD_OVERHEAD_FRAC)))  # fmt: skip
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
+                      number(d.get("bw_efficiency", BW_EFFICIENCY), "bw_efficiency"),
+                      number(d.get("flop_efficiency", FLOP_EFFICIENCY), "flop_efficiency"),
+                      {str(k): number(v, f"draft_per_row_s.{k}") for k, v in host.items()},
+                      number(d.get("draft_vocab", DRAFT_VOCAB), "draft_vocab"),
+                      number(d.get("head_overhead_frac", HEAD_OVERHEAD_FRAC), "head_overhead_frac"))  # fmt: skip
+        except CostModelError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise CostModelError(f"{source} is malformed ({err!r})") from err
         need_acc, need_shape = (
             ("bytes_s", "flops", "overhead_s"),

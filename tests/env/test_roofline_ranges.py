@@ -41,6 +41,13 @@ EXTREME = {  # case: (changes, the field named)
     "head-overhead-nan": ({("head_overhead_frac",): float("nan")}, "head_overhead_frac"),
     "vocab-1e308": ({("shape", "vocab"): 1e308}, "shape.vocab"),
     "hidden-fraction": ({("shape", "hidden"): 4095.5}, "shape.hidden"),
+    "draft-vocab-list": ({("draft_vocab",): [32000]}, "draft_vocab"),
+    "draft-vocab-true": ({("draft_vocab",): True}, "draft_vocab"),
+    "head-overhead-string": ({("head_overhead_frac",): "0.25"}, "head_overhead_frac"),
+    "head-overhead-null": ({("head_overhead_frac",): None}, "head_overhead_frac"),
+    "vocab-huge-int": ({("shape", "vocab"): 10**400}, "shape.vocab"),
+    "bytes-string": ({("acc", "bytes_s"): "fast"}, "acc.bytes_s"),
+    "draft-row-list": ({("draft_per_row_s",): {"ngram": [1]}}, "draft_per_row_s.ngram"),
 }
 
 
