@@ -13,7 +13,7 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from numbers import Real
 from typing import Any
 
@@ -161,11 +161,19 @@ def serve(
 
     ``policy``: an object with ``act(obs)`` choosing, every step, the arm of the batch (an int) or of each row (one
     int per row, in slot order) from ``arms`` (requests' own arms are then ignored), on the observation of
-    ``env.serve_env`` (``LiveObserver``: the same features as replay); online policies (``update``) learn from
+    ``env.serve_env`` (``LiveObserver``: the same features as replay; a policy with ``static_arm``, one arm every
+    step, is served as an engine configured with that arm: every request on it, no observation); online policies (``update``) learn from
     each step's goodput relative to autoregressive decoding, priced by the batch cost model ``cost`` against the
     step's wall time; ``obs_max_batch``: the row slots of the observation (the policy's ``max_batch``; default
     ``max_batch``). ``clock`` and ``sleep``: the server's time (open loop, an idle server sleeps until the next
     arrival by ``sleep``; a caller with its own ``clock`` passes the ``sleep`` that moves it)."""
+    static = None if policy is None else getattr(policy, "static_arm", None)
+    if (
+        static is not None
+    ):  # one arm every step: served as an engine configured with it (no observation, no act)
+        if not arms or not 0 <= static < len(arms):
+            raise ServeError(f"the static policy's arm {static} is not in the menu of {len(arms or [])} arms")
+        requests, policy = [replace(r, arm=list(arms)[static]) for r in requests], None
     if caps is not None:
         if len(caps) != len(requests) or min(caps, default=1) < 1:
             raise ServeError("caps: one concurrency >= 1 per request")

@@ -89,26 +89,21 @@ def _replay(
 def serve_stream(loaded: Any, sim: Any, policy: Any, arms: list[Any], max_batch: int, max_new: int, cost: Any,
                  log: Any = None) -> tuple[list[Any], float]:  # fmt: skip
     """Serve server 0's request stream of ``sim`` (after ``reset``) live under ``policy``; (the served requests,
-    wall seconds). ``log``: an ``env.serving.ServeLog`` collecting where the time went. A static arm (a policy
-    with ``static_arm``, its index in ``arms``) is served as an engine configured with that arm serves: every
-    request on it, no serving policy on the step path — no observation, no act, only its drafter attached (as
-    replay prices it; a serving policy's observation costs 0.3–1 ms a step on a 2-core CPU)."""
+    wall seconds). ``log``: an ``env.serving.ServeLog`` collecting where the time went. (A static arm, a policy
+    with ``static_arm``, is served as an engine configured with it: ``env.serving.serve``.)"""
     from env.batch import BatchEngine
     from env.engine import NO_DRAFT
     from env.serving import Request, serve
 
-    static = getattr(policy, "static_arm", None)
-    own = NO_DRAFT if static is None else arms[static]
     k = int(sim.n_req[0])
     prompts = sim.req_prompt[0, :k]
-    reqs = [Request(str(i), sim.trace.prompt(int(p)), own, max_new, float(sim.req_arr[0, i]))
+    reqs = [Request(str(i), sim.trace.prompt(int(p)), NO_DRAFT, max_new, float(sim.req_arr[0, i]))
             for i, p in enumerate(prompts)]  # fmt: skip
     closed = bool(sim.closed[0])
     caps = [int(c) for c in sim.req_cap[0, :k]] if closed else None
     engine = BatchEngine(loaded, max_rows=max_batch)
     t0 = time.perf_counter()
-    served = serve(engine, reqs, caps=caps, max_batch=max_batch, policy=None if static is not None else policy,
-                   arms=arms, cost=cost, log=log)  # fmt: skip
+    served = serve(engine, reqs, caps=caps, max_batch=max_batch, policy=policy, arms=arms, cost=cost, log=log)
     return served, time.perf_counter() - t0
 
 
@@ -166,8 +161,7 @@ class _Static:
         self.k, self.name = k, name
 
     @property
-    def static_arm(self) -> int:
-        """Served live as an engine configured with this arm (``serve_stream``)."""
+    def static_arm(self) -> int:  # served live as an engine configured with this arm (``env.serving.serve``)
         return self.k
 
     def act(self, obs: Any) -> int:

@@ -34,7 +34,7 @@ class StaticPolicy(BasePolicy):
 
     @property
     def static_arm(self) -> int:
-        """Served live as an engine configured with this arm: no observation (``experiments.serve_policies``)."""
+        """Served live as an engine configured with this arm: no observation (``env.serving.serve``)."""
         return self.index
 
     def act(self, obs: np.ndarray | None) -> int:

@@ -152,6 +152,36 @@ def test_without_a_policy_each_request_records_its_own_arm_and_steps(loaded):
         assert s.arm == r.arm.name and s.arm_steps == {r.arm.name: s.steps - 1}
 
 
+def test_a_static_policy_is_served_as_an_engine_configured_with_its_arm(loaded):
+    """A policy with ``static_arm`` runs no observation and no act: every request on that arm, as the same arm chosen
+    every step through the policy path commits; an arm outside the menu is refused."""
+
+    class Fixed:
+        def __init__(self, k, static):
+            self.k = k
+            if static:
+                self.static_arm = k
+
+        def act(self, obs):
+            return self.k
+
+    arms = [parse_arm(a) for a in MENU]
+    out = {}
+    for static in (True, False):
+        reqs = [Request(str(i), LOOP * 3 + [i + 3], NO_DRAFT, 16) for i in range(3)]
+        log = ServeLog()
+        got = serve(BatchEngine(loaded, max_rows=2), reqs, concurrency=2, max_batch=2, policy=Fixed(2, static),
+                    arms=arms, log=log)  # fmt: skip
+        out[static] = (got, log)
+    (st, st_log), (po, po_log) = out[True], out[False]
+    assert [s.token_ids for s in st] == [s.token_ids for s in po] and st_log.steps == po_log.steps > 0
+    assert st_log.policy_s == 0 < po_log.policy_s and {s.arm for s in st} == {"ngram-d4"}
+    assert dict(st_log.arm_rows) == dict(po_log.arm_rows) == {"ngram-d4": st_log.row_steps}
+    with pytest.raises(ServeError, match="static policy's arm 3 is not in the menu of 3 arms"):
+        serve(BatchEngine(loaded, max_rows=2), [Request("0", LOOP, NO_DRAFT, 4)], concurrency=1, policy=Fixed(3, True),
+              arms=arms)  # fmt: skip
+
+
 def test_the_live_record_updates_the_estimate_as_replay_does():
     """``LiveObserver.record`` keeps each row's counts in Python floats; they are ``update_alpha``'s, bit for bit."""
     from types import SimpleNamespace
