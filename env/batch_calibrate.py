@@ -218,6 +218,8 @@ def calibrate_batch(
         if _batches(n) and n not in batched:
             batched[n] = _time_batched(loaded, n, rows, prompts[0], reps, options.get(n, {}))
             state.save_batched(n, batched[n])
+    if state.policy_book is None:
+        state.save_phase("policy_book", _time_policy_book(loaded, names, rows, prompts[0], reps, options))
     meta = {
         "machine": machine_info(),
         "forward": getattr(loaded, "forward", "hf"),
@@ -246,6 +248,7 @@ def calibrate_batch(
         drafters=drafters,
         meta=meta,
         batched=batched,
+        policy_book=Curve(tuple(int(r) for r in rows), tuple(state.policy_book)),
     )
 
 
@@ -301,6 +304,60 @@ def _time_batched(loaded: Any, name: str, rows: Sequence[int], prompt: list[int]
         tuple(np.maximum.accumulate(fixed).tolist()),
         tuple(np.maximum.accumulate(level).tolist()),
     )
+
+
+def _time_policy_book(loaded: Any, names: Sequence[str], rows: Sequence[int], prompt: list[int], reps: int,
+                      options: dict[str, Any]) -> list[float]:  # fmt: skip
+    """Seconds a serving policy's bookkeeping adds to a live step, per row count of ``rows``: what
+    ``env.serving.serve`` times around the policy's act (``LiveObserver``: the observation, the action read, the
+    record), with a menu of no draft and each drafter of ``names`` at depth 1, the policy's act left out (replay
+    times each policy's own: ``policies.act_cost``) and so are the match drafter's proposals (made untimed
+    before: a row that drafts with it verifies that same proposal, so replay prices it as that drafter's own).
+    Medians over ``max(reps, 2) * RUN_STEPS`` steps of one batch, made non-decreasing in rows."""
+    import torch
+
+    from drafters import Forkable, TreeShape, make_drafter
+    from env.batch import BatchEngine
+    from env.engine import NO_DRAFT, Arm
+    from env.serve_obs import LiveObserver
+    from env.step import Stepper
+
+    menu = [NO_DRAFT, *(Arm(n, TreeShape(1)) for n in names)]
+    observer = LiveObserver(menu, max(rows))
+    match = observer.match_drafter
+    out = []
+    with torch.inference_mode():
+        for r in rows:
+            stepper = Stepper(BatchEngine(loaded, max_rows=r), menu)
+            first = None
+            for _ in range(r):  # each row the match drafter of its own, as serve gives each request
+                if match is None:
+                    drafters = {}
+                elif first is None:
+                    drafters = {match: (first := make_drafter(match, **options.get(match, {})))}
+                else:
+                    fork = isinstance(first, Forkable)
+                    drafters = {
+                        match: first.fork() if fork else make_drafter(match, **options.get(match, {}))
+                    }
+                stepper.start(prompt, 1 << 12, drafters)
+            samples: list[float] = []
+            for i in range(max(reps, 2) * RUN_STEPS + 1):  # the first step untimed (a warm-up)
+                if any(s.done for s in stepper.seqs):
+                    break
+                for s in stepper.seqs if match is not None else ():
+                    stepper.proposals(s, [match])
+                t0 = time.perf_counter()
+                observer.observe(stepper, 0)
+                choices = observer.choices(0, len(stepper.seqs))
+                t1 = time.perf_counter()
+                outcomes = stepper.step(choices)
+                t2 = time.perf_counter()
+                observer.record(outcomes)
+                if i:
+                    samples.append(t1 - t0 + time.perf_counter() - t2)
+            out.append(float(statistics.median(samples)) if samples else 0.0)
+    return np.maximum.accumulate(out).tolist()
 
 
 PROBE_REPS = 3

@@ -1,5 +1,5 @@
 """The work file of ``draftgym calibrate --batch`` (``env.batch_calibrate.calibrate_batch(work=...)``): what a
-calibration has measured so far — the grid's samples after each pass, then the probe, the prefill, the drafters —
+calibration has measured so far — the grid's samples after each pass, then the probe, the prefill, the drafters, the policy's bookkeeping —
 written atomically after each, so that a killed calibration resumes where it stopped. A rerun resumes only with the
 same settings on the same CPU (timings of another machine or grid would be mixed in); anything else in the file is
 refused in one line naming the field, and nothing in it is run.
@@ -41,6 +41,7 @@ class CalibrationState:
     prefill: list[float] | None = None
     drafters: dict[str, float] | None = None
     batched: dict[str, BatchedDraft] = field(default_factory=dict)
+    policy_book: list[float] | None = None  # per grid row count, after the drafters (the last phase)
     resumed: bool = False
     run_steps: int = 1  # samples per cell per pass
 
@@ -102,7 +103,7 @@ class CalibrationState:
             )
             raise Bad("settings", f"are another calibration's: {said}")
         extra = sorted(set(d) - {"format", "version", "settings", "passes", "samples", "probe", "prefill", "drafters",
-                                 "batched"})  # fmt: skip
+                                 "batched", "policy_book"})  # fmt: skip
         if extra:
             raise Bad(shown(extra[0]), "is no field of a calibration work file")
         reps = self.settings["reps"]
@@ -118,7 +119,7 @@ class CalibrationState:
             self.samples[cells[key]] = [finite_seconds(v, f"samples.{key}", positive=True) for v in values]
         if self.passes and set(raw) != set(cells):
             raise Bad("samples", f"must hold the grid's {len(cells)} cells")
-        later = [k for k in ("probe", "prefill", "drafters") if d.get(k) is not None] + (
+        later = [k for k in ("probe", "prefill", "drafters", "policy_book") if d.get(k) is not None] + (
             ["batched"] if d.get("batched") else []
         )
         if later and self.passes < reps:
@@ -159,6 +160,20 @@ class CalibrationState:
                 ) from None
             if list(self.batched[name].rows) != self.settings["rows"]:
                 raise Bad(f"batched.{name}.rows", f"must be the grid's rows {self.settings['rows']}")
+        book = _measured(d, "policy_book", list, "a list")
+        if book is not None:
+            n = len(self.settings["rows"])
+            if len(book) != n:
+                raise Bad("policy_book", f"must be {n} seconds, one per row count {self.settings['rows']}")
+            if self.drafters is None or set(self.batched) != set(self.settings["batched"]):
+                raise Bad(
+                    "policy_book", "is measured after the drafters, and the file has not timed them all"
+                )
+            self.policy_book = [finite_seconds(v, "policy_book") for v in book]
+            if max(self.policy_book) > 1.0 or any(
+                b < a for a, b in zip(self.policy_book, self.policy_book[1:])
+            ):
+                raise Bad("policy_book", "must be seconds in [0, 1], not falling with more rows")
         self.resumed = bool(self.passes)
 
     def _write(self) -> None:
@@ -170,7 +185,8 @@ class CalibrationState:
              "samples": {_cell_key(c): v for c, v in self.samples.items()},
              "probe": None if self.probe is None else {f"{r},{c}": s for (r, c), s in self.probe.items()},
              "prefill": self.prefill, "drafters": self.drafters,
-             "batched": {k: b.to_json() for k, b in self.batched.items()}}  # fmt: skip
+             "batched": {k: b.to_json() for k, b in self.batched.items()},
+             "policy_book": self.policy_book}  # fmt: skip
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.path, json.dumps(d) + "\n")
 
@@ -179,7 +195,7 @@ class CalibrationState:
         self._write()
 
     def save_phase(self, name: str, value: Any) -> None:
-        """``name``: ``probe``, ``prefill`` or ``drafters``, measured."""
+        """``name``: ``probe``, ``prefill``, ``drafters`` or ``policy_book``, measured."""
         setattr(self, name, value)
         self._write()
 

@@ -50,6 +50,8 @@ class BatchCost(Protocol):
 
     def prefill_s(self, tokens: Any) -> Any: ...
 
+    # (optional: ``policy_book_s(rows)``, the serving policy's own bookkeeping a step costs; absent: not priced)
+
 
 def step_s(cost: BatchCost, rows: Any, nodes: Any, context: Any, draft_rows: Mapping[str, Any],
            depths: Mapping[str, Any] | None = None) -> Any:  # fmt: skip
@@ -170,6 +172,10 @@ class FittedBatchCost:
     batched: dict[str, BatchedDraft] = field(default_factory=dict)
     simulated: bool = False
     padded_context: bool = True  # measured on our engine: ragged rows attend over the longest row's span
+    # seconds over rows of a serving policy's bookkeeping a live step pays (``env.serve_obs.LiveObserver``: the
+    # observation, but for the match drafter's proposals, priced as its own; the action read; the record); None
+    # in files from before it: not priced
+    policy_book: Curve | None = None
 
     @property
     def label(self) -> str:
@@ -204,24 +210,47 @@ class FittedBatchCost:
     def prefill_s(self, tokens: Any) -> Any:
         return np.maximum(self.prefill(tokens), 1e-6)
 
+    def policy_book_s(self, rows: Any) -> Any:
+        """Seconds a serving policy's bookkeeping adds to a live step of ``rows`` rows (0 without rows, or where the
+        file has no measurement of it): what replay charges a policy that observes (``ServeSim.price_policy``)."""
+        r = np.asarray(rows, np.float64)
+        if self.policy_book is None:
+            return np.zeros_like(r)
+        return np.where(r > 0, np.maximum(self.policy_book(r), 0.0), 0.0)
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "version": 1,
-            "model_id": self.model_id,
-            "dtype": self.dtype,
-            "weights": self.weights,
-            "rows": list(self.rows),
-            "nodes": list(self.nodes),
-            "context_ref": self.context_ref,
-            "base_s": self.base.tolist(),
-            "slope_s_per_token": self.slope.tolist(),
-            "prefill": {"tokens": list(self.prefill.nodes), "seconds": list(self.prefill.seconds)},
-            "drafters_s_per_row": self.drafters,
-            "padded_context": self.padded_context,
-            "meta": self.meta,
-        } | (  # (absent where no drafter batches: a model without keeps its digest)
-            {"drafters_batched": {k: v.to_json() for k, v in self.batched.items()}} if self.batched else {}
+        return (
+            {
+                "format": FORMAT,
+                "version": 1,
+                "model_id": self.model_id,
+                "dtype": self.dtype,
+                "weights": self.weights,
+                "rows": list(self.rows),
+                "nodes": list(self.nodes),
+                "context_ref": self.context_ref,
+                "base_s": self.base.tolist(),
+                "slope_s_per_token": self.slope.tolist(),
+                "prefill": {"tokens": list(self.prefill.nodes), "seconds": list(self.prefill.seconds)},
+                "drafters_s_per_row": self.drafters,
+                "padded_context": self.padded_context,
+                "meta": self.meta,
+            }
+            | (  # (absent where no drafter batches: a model without keeps its digest)
+                {"drafters_batched": {k: v.to_json() for k, v in self.batched.items()}}
+                if self.batched
+                else {}
+            )
+            | (  # (absent in a model made before it: it keeps its digest)
+                {}
+                if self.policy_book is None
+                else {
+                    "policy_book": {
+                        "rows": list(self.policy_book.nodes),
+                        "seconds": list(self.policy_book.seconds),
+                    }
+                }
+            )
         )
 
     @classmethod
@@ -241,9 +270,10 @@ class FittedBatchCost:
             padded = d.get("padded_context", True)  # files before it: measured on our engine, which pads
             if not isinstance(padded, bool):
                 raise TypeError("padded_context must be true or false")
+            book = _policy_book(d.get("policy_book"), f"{source}: policy_book")  # files before it: none
             out = cls(str(d["model_id"]), str(d["dtype"]), str(d.get("weights", "dense")), rows, nodes,
                       int(d["context_ref"]), base, slope, prefill, drafters, dict(d.get("meta", {})),
-                      batched=batched, padded_context=padded)  # fmt: skip
+                      batched=batched, padded_context=padded, policy_book=book)  # fmt: skip
         except CostModelError:
             raise  # (a batched drafter's entry, named there)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
@@ -290,6 +320,30 @@ class FittedBatchCost:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
         return path
+
+
+def _policy_book(d: Any, source: str) -> Curve | None:
+    """The ``policy_book`` entry of a fitted file: ``{"rows": [...], "seconds": [...]}``, rows increasing whole
+    numbers, seconds finite in [0, 1] and not falling with more rows; None where absent."""
+    if d is None:
+        return None
+    if not isinstance(d, dict) or set(d) != {"rows", "seconds"}:
+        raise CostModelError(f"{source} must be an object with rows and seconds")
+    rows, secs = d["rows"], d["seconds"]
+    if not isinstance(rows, list) or not isinstance(secs, list) or not rows or len(rows) != len(secs):
+        raise CostModelError(f"{source}: rows and seconds must be lists of one length")
+    if not all(isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= 1 << 20 for r in rows) or sorted(
+        set(rows)
+    ) != list(rows):
+        raise CostModelError(f"{source}: rows must be increasing whole numbers in [1, 1048576]")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in secs):
+        raise CostModelError(f"{source}: seconds must be numbers")
+    values = np.asarray(secs, np.float64)
+    if not np.isfinite(values).all() or (values < 0).any() or (values > 1.0).any():
+        raise CostModelError(f"{source}: seconds must be finite, in [0, 1]")
+    if (np.diff(values) < 0).any():
+        raise CostModelError(f"{source}: seconds must not fall with more rows")
+    return Curve(tuple(rows), tuple(float(x) for x in secs))
 
 
 def cost_digest(cost: BatchCost) -> str:

@@ -213,6 +213,11 @@ class RooflineCost:
         t = np.asarray(tokens, np.float64)
         return self._time(t, t, t * t / 2)
 
+    def policy_book_s(self, rows: Any) -> Any:
+        """A serving policy's bookkeeping on the host: not in the analytic model (0; replay still charges the
+        policy's act, timed on this machine, and the match drafter's host proposals: ``ServeSim.price_policy``)."""
+        return np.zeros_like(np.asarray(rows, np.float64))
+
     def to_json(self) -> dict[str, Any]:
         return {"format": ROOFLINE_FORMAT, "version": 1, "accelerator": self.accelerator, "model": self.model,
                 "acc": self.acc, "shape": self.shape, "bw_efficiency": self.bw_efficiency,

@@ -153,6 +153,13 @@ class ServeSim:
         self.drafter_names = names
         self.arm_drafter = np.array([-1 if a.drafter is None else names.index(a.drafter) for a in self.arms])
         self.arm_depth = np.array([0 if a.drafter is None else a.shape.depth for a in self.arms])
+        # what serving a policy live adds to each step (``price_policy``); None: not charged (a static arm is served
+        # as an engine configured with it, and the oracle is a bound)
+        self.policy_act_s: float | None = None
+        live_match = match_drafter(
+            names
+        )  # the drafter the live observation proposes with at every row's root
+        self._match_index = -1 if live_match is None else names.index(live_match)
         # the unit rate: one row decoding autoregressively, requests of the mean length at the mean context (the
         # prefill commits a request's first token, so L tokens take L - 1 steps)
         lengths = self.tb.length[self.pool].astype(np.float64)
@@ -184,6 +191,26 @@ class ServeSim:
         self.steps = np.zeros(e, np.int64)
         self.rngs = [np.random.default_rng(None if seed is None else [seed, i]) for i in range(e)]
         self._obs = np.empty((e, obs_size(m)), np.float32)
+
+    def price_policy(self, act_s: float | None) -> None:
+        """Charge every step what serving a policy live adds to it (``env.serving.serve`` with a policy): the
+        cost model's ``policy_book_s`` (the observation's bookkeeping and the record), the match drafter's proposal
+        for the rows that do not draft with it (the observation reads its depth at every row's root; a row drafting
+        with it verifies that same proposal, already priced), and ``act_s``, the policy's own act (and update) a
+        step, timed by the caller. None: charge nothing (the default)."""
+        if act_s is not None and not (np.isfinite(act_s) and 0 <= act_s <= 10.0):
+            raise ServeEnvError(f"a policy's act must be finite seconds in [0, 10], got {act_s!r}")
+        self.policy_act_s = None if act_s is None else float(act_s)
+
+    def _policy_s(self, rows: np.ndarray, ad: np.ndarray | None) -> np.ndarray:
+        book = getattr(self.cost, "policy_book_s", None)
+        extra = np.full(rows.shape, float(self.policy_act_s or 0.0))
+        if book is not None:
+            extra = extra + np.asarray(book(rows), np.float64)
+        if self._match_index >= 0 and ad is not None:
+            others = rows - ((ad == self._match_index) & self.active).sum(1)
+            extra = extra + self.cost.draft_s(self.drafter_names[self._match_index], others, 1)
+        return np.where(rows > 0, extra, 0.0)
 
     # ---- episodes ------------------------------------------------------------------------------------------------
 
@@ -370,11 +397,14 @@ class ServeSim:
                                               np.tile(ctx, 2)), np.float64)  # fmt: skip
         cost, ar = both[:e], both[e:]  # the step, and an autoregressive step of the same rows
         forward = cost
+        ad = None
         if self.drafter_names:
             ad, depth = self.arm_drafter[a], self.arm_depth[a]
             for j, name in enumerate(self.drafter_names):
                 mine = (ad == j) & act  # the rows drafting with it, and the deepest tree they draft
                 cost = cost + self.cost.draft_s(name, mine.sum(1), np.where(mine, depth, 0).max(1))
+        if self.policy_act_s is not None:
+            cost = cost + self._policy_s(rows, ad)
         total = tok.sum(1)
         if self.reward_kind == "time_saved":  # autoregressive batch steps saved: tokens / rows - cost / ar
             reward = np.where(rows > 0, total / r1 - cost / ar, 0.0)

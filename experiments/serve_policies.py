@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from env.files import atomic_write_text, jsonl_lines
+from experiments.serve_eval_summary import fidelity, format_table
 
 EVAL_LOADS = ("1", "2", "4", "8", "16", "mixed", "bursty")
 TRAIN_LOADS = ("1", "2", "4", "8", "16", "ramp", "bursty")  # at max_batch 16 (``train_loads``)
@@ -75,13 +76,15 @@ def _streams(make: Any, load: str, episodes: int, seed: int) -> Any:
     return sim
 
 
-def _replay(
-    make: Any, load: str, episodes: int, seed: int, policy: Any = None, oracle: bool = False
-) -> tuple[float, float]:
-    """(median replayed goodput over ``episodes`` request streams, that of stream 0: the one served live)."""
+def _replay(make: Any, load: str, episodes: int, seed: int, policy: Any = None, oracle: bool = False,
+            act_s: float | None = None) -> tuple[float, float]:  # fmt: skip
+    """(median replayed goodput over ``episodes`` request streams, that of stream 0: the one served live).
+    ``act_s``: the policy's own decision a step, timed: replay charges it and the live observation's bookkeeping
+    (``ServeSim.price_policy``); None: neither (a static arm, the oracle)."""
     from policies.serving import run_policy
 
     sim = _streams(make, load, episodes, seed)
+    sim.price_policy(act_s)
     g = run_policy(sim, policy, oracle=oracle, online=True)  # a bandit learns on each stream, as it does live
     return float(np.median(g)), float(g[0])
 
@@ -171,12 +174,41 @@ class _Static:
         return np.full(len(obs), self.k)
 
 
+def _act_times(policies: list[tuple[str, Any]], make: Any, load: str, episodes: int, seed: int,
+               out: Path | None) -> dict[str, float]:  # fmt: skip
+    """Each observing policy's act a step (``policies.act_cost``), timed on observations of ``load``'s streams;
+    kept in ``out/policy_act.json``, so that a resumed evaluation replays with the same figures (a timing is noise
+    apart from run to run)."""
+    from policies.act_cost import act_seconds, sample_observations
+
+    want = [(n, p) for n, p in policies if getattr(p, "static_arm", None) is None]
+    path = None if out is None else out / "policy_act.json"
+    kept: dict[str, float] = {}
+    if path is not None and path.is_file():
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+            kept = {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and 0 <= v <= 10}
+        except (ValueError, RecursionError, OSError, AttributeError):
+            kept = {}  # our own cache: measured again
+    if any(n not in kept for n, _ in want):
+        seen = sample_observations(_streams(make, load, episodes, seed))
+        kept |= {n: act_seconds(p, seen) for n, p in want if n not in kept}
+        if path is not None:
+            atomic_write_text(path, json.dumps(kept) + "\n")
+    return {n: kept[n] for n, _ in want}
+
+
 def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms: list[str], split: Any, *,
                    loads: list[str], episodes: int, max_new: int, requests: int, max_batch: int, seed: int,
                    loaded: Any = None, repeats: int = 3, live_policies: set[str] | None = None,
-                   out: Path | None = None, progress: bool = False, probe: bool = True) -> dict[str, Any]:  # fmt: skip
+                   out: Path | None = None, progress: bool = False, probe: bool = True,
+                   price: bool = True) -> dict[str, Any]:  # fmt: skip
     """Replay every policy (and every static arm, the oracle) at every load on held-out prompts; live (when
     ``loaded``) the policies named in ``live_policies`` (default: all), ``repeats`` runs each, the median kept.
+
+    ``price``: replay charges each policy that observes what serving it live adds to a step (its act, timed here
+    on replayed observations, ``policies.act_cost``; the cost model's bookkeeping; the match drafter's proposals),
+    as the live server pays it; a static arm pays nothing (served as an engine configured with it), nor the oracle.
 
     With ``probe`` (and a fitted cost model whose calibration timed the probe: ``meta["probe"]``), each load's
     live runs are bracketed by a speed probe (``env.batch_calibrate.speed_probe``: the same one-node steps timed
@@ -212,10 +244,12 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
         from tqdm import tqdm
 
         it = tqdm(cells, desc="evaluate --serve", unit="cell")
+    act_s = _act_times(policies, make, loads[0], episodes, seed, out) if price and policies else {}
     replay: dict[tuple[str, str], float] = {}
     stream0: dict[tuple[str, str], float] = {}
     for name, pol, load in it:
-        replay[(name, load)], stream0[(name, load)] = _replay(make, load, episodes, seed, pol)
+        replay[(name, load)], stream0[(name, load)] = _replay(make, load, episodes, seed, pol,
+                                                              act_s=act_s.get(name))  # fmt: skip
     oracle = {load: _replay(make, load, episodes, seed, oracle=True)[0] for load in loads}
     # the best static arm of each load, and the best single static arm over the per-level loads
     best_at = {load: max(arms, key=lambda a: replay[(f"static:{a}", load)]) for load in loads}
@@ -280,36 +314,12 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
         for name, _ in [*statics, *policies]:
             rows.append({"policy": name, "kind": kinds[name], "load": load, "replay_goodput": replay[(name, load)],
                          "live_goodput": live.get((name, load)),
-                         "replay_goodput_live_stream": stream0[(name, load)]})  # fmt: skip
+                         "replay_goodput_live_stream": stream0[(name, load)], "act_s": act_s.get(name)})  # fmt: skip
         rows.append({"policy": "oracle", "kind": "oracle", "load": load, "replay_goodput": oracle[load],
-                     "live_goodput": None, "replay_goodput_live_stream": None})  # fmt: skip
+                     "live_goodput": None, "replay_goodput_live_stream": None, "act_s": None})  # fmt: skip
     return {"rows": rows, "best_static_per_load": best_at, "best_static_overall": overall,
-            "fidelity": fidelity(rows, probes)}  # fmt: skip
-
-
-def fidelity(rows: list[dict[str, Any]], probes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per load with live cells: the median over its live policies of |replay of the served stream / live - 1|
-    (``median_abs_error``) and, where the live runs were bracketed by a speed probe, the same with replay divided
-    by the probe's factor (``median_abs_error_at_probe``: the cost model's error with the machine's drift since
-    calibration taken out), the factor and the probe itself."""
-    out: dict[str, dict[str, Any]] = {}
-    for load in dict.fromkeys(r["load"] for r in rows):
-        cells = [(r["replay_goodput_live_stream"], r["live_goodput"]) for r in rows
-                 if r["load"] == load and r["live_goodput"] and r["replay_goodput_live_stream"]]  # fmt: skip
-        if not cells:
-            continue
-        p = probes.get(load)
-        f = float(p["factor"]) if p else None
-        out[load] = {
-            "policies": len(cells),
-            "median_abs_error": float(np.median([abs(a / b - 1) for a, b in cells])),
-            "speed_factor": f,
-            "median_abs_error_at_probe": None
-            if f is None
-            else float(np.median([abs(a / f / b - 1) for a, b in cells])),
-            "probe": p,
-        }
-    return out
+            "fidelity": fidelity(rows, probes),
+            "policy_priced": {"on": price, "book": getattr(cost, "policy_book", None) is not None}}  # fmt: skip
 
 
 def same_cost(meta: dict[str, Any], cost: Any) -> bool:
@@ -410,7 +420,8 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     res = evaluate_serve(policies, trace, cost, arms, split, loads=loads, episodes=args.episodes, max_new=max_new,
                          requests=args.requests, max_batch=max_batch, seed=args.seed, loaded=loaded,
                          repeats=args.repeats, live_policies=live_names, out=out,
-                         progress=sys.stderr.isatty(), probe=not args.no_probe)  # fmt: skip
+                         progress=sys.stderr.isatty(), probe=not args.no_probe,
+                         price=not args.no_policy_cost)  # fmt: skip
     from env.machine import machine_info
     from experiments.provenance import provenance
 
@@ -429,52 +440,6 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
         atomic_write_text(args.json, text)
     print(format_table(res))
     return 0
-
-
-def format_table(res: dict[str, Any]) -> str:
-    rows, s = res["rows"], res.get("settings", {})
-    loads = list(dict.fromkeys(r["load"] for r in rows))
-    names = list(dict.fromkeys(r["policy"] for r in rows))
-    cell = {(r["policy"], r["load"]): r for r in rows}
-    head = f"{'policy':<22}{'kind':<10}" + "".join(f"{x:>16}" for x in loads)
-    lines = [f"goodput, tok/s: replay / live   [{s.get('batch_cost', '')}]", head, "-" * len(head)]
-    for n in names:
-        kind = next(r["kind"] for r in rows if r["policy"] == n)
-        vals = []
-        for x in loads:
-            r = cell.get((n, x))
-            if r is None:
-                vals.append(f"{'':>16}")
-                continue
-            lv = "-" if r["live_goodput"] is None else f"{r['live_goodput']:.1f}"
-            vals.append(f"{r['replay_goodput']:>9.1f}/{lv:<6}")
-        lines.append(f"{n:<22}{kind:<10}" + "".join(vals))
-    lines.append(
-        f"best static per load: {res['best_static_per_load']}; best single static (best mean over the load "
-        f"levels): {res['best_static_overall']} — both picked on these evaluation streams; oracle: the myopic "
-        "per-step one (each step's best arm for the whole batch), a reference, not a bound"
-    )
-    n_test = len(s.get("test_prompts") or [])
-    for name, n in (res.get("trained_on_evaluated") or {}).items():
-        lines.append(
-            f"note: {name} was trained on {n} of the {n_test} prompts evaluated here (not held out)!"
-        )
-    for name, label in (res.get("built_under_other_cost") or {}).items():
-        lines.append(
-            f"note: {name} was built under the cost model {label}, evaluated under {s.get('batch_cost')}"
-        )
-    fid = res.get("fidelity") or {}
-    if fid:
-        lines.append(
-            "replay fidelity, median |replay / live - 1| over the live policies (the served stream):"
-        )
-        for x, f in fid.items():
-            line = f"  load {x:<8} {100 * f['median_abs_error']:5.1f}%  ({f['policies']} policies)"
-            if f.get("speed_factor") is not None:
-                line += (f"; machine {f['speed_factor']:.2f}x the calibration's step time (probe), "
-                         f"{100 * f['median_abs_error_at_probe']:.1f}% with replay rescaled by it")  # fmt: skip
-            lines.append(line)
-    return "\n".join(lines)
 
 
 MAX_REQUESTS = 65_536  # per episode (serve-train, evaluate --serve): a stream of requests, not an allocation
@@ -499,5 +464,7 @@ def add_serve_args(e: Any) -> None:
         help="--serve: live only these policies (comma list; static:ARM names a static arm of the "
         "menu, live beside the best static arms, which always are)",
     )
+    e.add_argument("--no-policy-cost", action="store_true",
+                   help="--serve: replay does not charge a policy its live overhead (its act, the observation)")  # fmt: skip
     e.add_argument("--no-probe", action="store_true",
                    help="--serve: no speed probe around each load's live runs (the machine's drift since calibration)")  # fmt: skip

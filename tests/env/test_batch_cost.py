@@ -168,6 +168,17 @@ def test_json_round_trip(tmp_path):
     assert not list(tmp_path.glob("sub/*.tmp"))  # written atomically
 
 
+def test_the_policy_book_round_trips_and_prices_rows():
+    c = fitted(policy_book=Curve((1, 4), (2e-4, 5e-4)))
+    assert c.policy_book_s(0) == 0 and c.policy_book_s(1) == pytest.approx(2e-4)
+    assert c.policy_book_s(4) == pytest.approx(5e-4) and c.policy_book_s(7) == pytest.approx(8e-4)  # extended
+    back = FittedBatchCost.from_json(json.loads(json.dumps(c.to_json())))
+    assert back.policy_book == c.policy_book and back.to_json() == c.to_json()
+    old = fitted()  # a file from before it: no figure, nothing priced, the same JSON (and digest) as then
+    assert "policy_book" not in old.to_json() and (old.policy_book_s(np.array([0, 3, 16])) == 0).all()
+    assert (roofline("h200", "llama-3.1-8b").policy_book_s(np.array([1, 16])) == 0).all()
+
+
 def test_an_object_passes_through_and_the_default_is_named():
     c = fitted()
     assert load_batch_cost(c) is c
@@ -221,6 +232,17 @@ BAD_FITTED = {
     "empty-grid": lambda d: d.update(rows=[], nodes=[], base_s=[], slope_s_per_token=[]),
     "falling-last-row": _set(("base_s", -1), [1e-7] * 3),  # a bigger batch cheaper: extrapolates to nothing
     "falling-prefill": lambda d: d["prefill"].update(seconds=sorted(d["prefill"]["seconds"], reverse=True)),
+    "policy-book-not-an-object": _set(("policy_book",), [1e-4, 2e-4]),
+    "policy-book-extra-key": _set(("policy_book",), {"rows": [1], "seconds": [1e-4], "run": "x"}),
+    "policy-book-ragged": _set(("policy_book",), {"rows": [1, 4], "seconds": [1e-4]}),
+    "policy-book-empty": _set(("policy_book",), {"rows": [], "seconds": []}),
+    "policy-book-unsorted-rows": _set(("policy_book",), {"rows": [4, 1], "seconds": [1e-4, 2e-4]}),
+    "policy-book-bool-rows": _set(("policy_book",), {"rows": [True, 4], "seconds": [1e-4, 2e-4]}),
+    "policy-book-falling": _set(("policy_book",), {"rows": [1, 4], "seconds": [2e-4, 1e-4]}),
+    "policy-book-negative": _set(("policy_book",), {"rows": [1, 4], "seconds": [-1e-4, 1e-4]}),
+    "policy-book-nan": _set(("policy_book",), {"rows": [1, 4], "seconds": [float("nan"), 1e-4]}),
+    "policy-book-a-second-and-more": _set(("policy_book",), {"rows": [1, 4], "seconds": [1e-4, 5.0]}),
+    "policy-book-text": _set(("policy_book",), {"rows": [1, 4], "seconds": [1e-4, "slow"]}),
     **{
         f"missing-{k}": _drop(k)
         for k in (
@@ -453,6 +475,7 @@ def test_a_tiny_calibration_gives_a_usable_model(fp32_model, tmp_path):
     assert c.drafters.get("ngram", 0) > 0 and (np.asarray(c.prefill.seconds) > 0).all()
     assert c.model_id == fp32_model.model_id and c.dtype == "float32" and c.context_ref == 128
     assert len(c.meta["measurements"]) == 2 * 2 * 2
+    assert c.policy_book.nodes == (1, 2) and 0 < c.policy_book_s(1) <= c.policy_book_s(2) < 0.05
     path = c.save(tmp_path / "bc.json")
     back = load_batch_cost(Path(path))
     assert back.to_json() == json.loads(json.dumps(c.to_json()))

@@ -75,12 +75,18 @@ def test_a_killed_calibration_resumes_and_keeps_what_it_measured(fp32_model, tmp
     monkeypatch.setattr(
         "env.calibrate._time_drafters", lambda *a, **k: pytest.fail("the drafters were timed again")
     )
+    monkeypatch.setattr(
+        bc, "_time_policy_book", lambda *a, **k: pytest.fail("the policy book was timed again")
+    )
     again = bc.calibrate_batch(fp32_model, ["ngram"], work=work, **GRID)
     assert (
         (again.base == cost.base).all()
         and (again.slope == cost.slope).all()
         and again.drafters == cost.drafters
+        and again.policy_book == cost.policy_book
     )
+    assert done["policy_book"] == list(cost.policy_book.seconds) and cost.policy_book.nodes == GRID["rows"]
+    assert 0 < cost.policy_book_s(1) <= cost.policy_book_s(2) < 0.05  # a fraction of a millisecond a step
 
 
 LOADED = SimpleNamespace(model_id="m", dtype=torch.float32, weights="dense", forward="lean", device="cpu")
@@ -101,6 +107,7 @@ def _written(tmp_path) -> dict:
     from env.batch_cost import BatchedDraft
 
     st.save_batched("eagle3", BatchedDraft((1, 2), (1e-3, 2e-3), (2e-3, 3e-3)))
+    st.save_phase("policy_book", [2e-4, 3e-4])
     return json.loads((tmp_path / "w.json").read_text())
 
 
@@ -129,6 +136,13 @@ def _written(tmp_path) -> dict:
         (lambda d: d.update(batched={"ngram": d["batched"]["eagle3"]}), "batched.'ngram' is no drafter timed per batch"),
         (lambda d: d["batched"]["eagle3"].update(fixed_s=[1e9, 1e9]), "batched.eagle3 fixed_s and level_s must be finite"),
         (lambda d: d["batched"].update(eagle3={"rows": [1], "fixed_s": [0.001], "level_s": [0.002]}), "batched.eagle3.rows must be the grid's rows"),
+        (lambda d: d.update(policy_book=[2e-4]), "policy_book must be 2 seconds, one per row count [1, 2]"),
+        (lambda d: d.update(policy_book=[3e-4, 2e-4]), "policy_book must be seconds in [0, 1], not falling"),
+        (lambda d: d.update(policy_book=[0.5, 2.0]), "policy_book must be seconds in [0, 1]"),
+        (lambda d: d.update(policy_book=[2e-4, "slow"]), "policy_book must be a finite number"),
+        (lambda d: d.update(policy_book={"1": 2e-4}), "policy_book must be a list"),
+        (lambda d: d.update(batched={}), "policy_book is measured after the drafters"),
+        (lambda d: d.update(passes=2, samples={k: v[:6] for k, v in d["samples"].items()}, prefill=None, drafters=None, batched={}), "policy_book is measured after the grid's 3 passes"),
     ],
 )  # fmt: skip
 def test_a_work_file_of_other_settings_or_damaged_is_refused_naming_the_field(tmp_path, damage, says):
@@ -154,6 +168,7 @@ def test_a_written_work_file_reads_back_as_written(tmp_path):
     st = _state(tmp_path)
     assert st.passes == 3 and st.resumed and st.prefill == [0.02, 0.03] and st.probe is None
     assert st.drafters == {"ngram": 2e-5, "eagle3": 3e-3} and st.batched["eagle3"].level_s == (2e-3, 3e-3)
+    assert st.policy_book == [2e-4, 3e-4]
     assert (
         st.samples[(2, 2, 32)] == [0.01] * (3 * bc.RUN_STEPS)
         and d["settings"]["cpu"]

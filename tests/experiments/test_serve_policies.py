@@ -88,7 +88,11 @@ def test_evaluate_serve_writes_the_documented_rows(trained, trace_path, tmp_path
             "replay_goodput",
             "live_goodput",
             "replay_goodput_live_stream",
+            "act_s",
         }
+        # a policy that observes is charged its act, timed; a static arm (served as an engine) and the oracle not
+        assert (r["act_s"] is None) == (r["kind"] in ("static", "oracle"))
+        assert r["act_s"] is None or 0 < r["act_s"] < 0.1
         assert r["kind"] in KINDS and r["live_goodput"] is None  # --no-live
         assert np.isfinite(r["replay_goodput"]) and r["replay_goodput"] > 0
     assert {r["load"] for r in rows} == {"1", "4", "mixed"}
@@ -102,7 +106,16 @@ def test_evaluate_serve_writes_the_documented_rows(trained, trace_path, tmp_path
     one_row = np.zeros(obs_size(16), np.float32)
     one_row[0] = 1 / 16
     arm = table.arm_names[table.act(one_row)]
-    assert cell[("fitted-table", "1")]["replay_goodput"] == cell[(f"static:{arm}", "1")]["replay_goodput"]
+    # ... less what serving a policy live adds to each step, which replay charges it (and not a static arm)
+    assert cell[("fitted-table", "1")]["replay_goodput"] < cell[(f"static:{arm}", "1")]["replay_goodput"]
+    assert "replay charges each policy that observes its live overhead" in printed
+    assert data["policy_priced"] == {"on": True, "book": False}  # a roofline model has no bookkeeping figure
+    with threadpool_limits(1):  # unpriced: the very same goodput
+        assert main(_eval_argv(trained, trace_path, tmp_path, "1", "--no-policy-cost", "--json", str(f))) == 0
+    unpriced = {(r["policy"], r["load"]): r for r in json.loads(f.read_text())["rows"]}
+    assert unpriced[("fitted-table", "1")]["replay_goodput"] == cell[(f"static:{arm}", "1")]["replay_goodput"]
+    assert unpriced[("fitted-table", "1")]["act_s"] is None
+    assert "replay charges the policies nothing" in capsys.readouterr().out
     s = data["settings"]
     assert s["simulated"] is True and s["live"] is False and s["loads"] == ["1", "4", "mixed"]
     assert (

@@ -1,0 +1,97 @@
+"""The summary of ``draftgym evaluate --serve``: the replay fidelity per load (``fidelity``) and the table it prints
+(``format_table``): each policy's replayed and live goodput per load, the best static arms, the notes under it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def fidelity(rows: list[dict[str, Any]], probes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per load with live cells: the median over its live policies of |replay of the served stream / live - 1|
+    (``median_abs_error``) and, where the live runs were bracketed by a speed probe, the same with replay divided
+    by the probe's factor (``median_abs_error_at_probe``: the cost model's error with the machine's drift since
+    calibration taken out), the factor and the probe itself."""
+    out: dict[str, dict[str, Any]] = {}
+    for load in dict.fromkeys(r["load"] for r in rows):
+        cells = [(r["replay_goodput_live_stream"], r["live_goodput"]) for r in rows
+                 if r["load"] == load and r["live_goodput"] and r["replay_goodput_live_stream"]]  # fmt: skip
+        if not cells:
+            continue
+        p = probes.get(load)
+        f = float(p["factor"]) if p else None
+        out[load] = {
+            "policies": len(cells),
+            "median_abs_error": float(np.median([abs(a / b - 1) for a, b in cells])),
+            "speed_factor": f,
+            "median_abs_error_at_probe": None
+            if f is None
+            else float(np.median([abs(a / f / b - 1) for a, b in cells])),
+            "probe": p,
+        }
+    return out
+
+
+def format_table(res: dict[str, Any]) -> str:
+    rows, s = res["rows"], res.get("settings", {})
+    loads = list(dict.fromkeys(r["load"] for r in rows))
+    names = list(dict.fromkeys(r["policy"] for r in rows))
+    cell = {(r["policy"], r["load"]): r for r in rows}
+    head = f"{'policy':<22}{'kind':<10}" + "".join(f"{x:>16}" for x in loads)
+    lines = [f"goodput, tok/s: replay / live   [{s.get('batch_cost', '')}]", head, "-" * len(head)]
+    for n in names:
+        kind = next(r["kind"] for r in rows if r["policy"] == n)
+        vals = []
+        for x in loads:
+            r = cell.get((n, x))
+            if r is None:
+                vals.append(f"{'':>16}")
+                continue
+            lv = "-" if r["live_goodput"] is None else f"{r['live_goodput']:.1f}"
+            vals.append(f"{r['replay_goodput']:>9.1f}/{lv:<6}")
+        lines.append(f"{n:<22}{kind:<10}" + "".join(vals))
+    lines.append(
+        f"best static per load: {res['best_static_per_load']}; best single static (best mean over the load "
+        f"levels): {res['best_static_overall']} — both picked on these evaluation streams; oracle: the myopic "
+        "per-step one (each step's best arm for the whole batch), a reference, not a bound"
+    )
+    priced = res.get("policy_priced") or {}
+    acts = {r["policy"]: r["act_s"] for r in rows if r.get("act_s") is not None}
+    if priced.get("on") and acts:
+        lines.append(
+            "replay charges each policy that observes its live overhead a step: its act ("
+            + ", ".join(f"{n} {1e3 * a:.3f} ms" for n, a in acts.items())
+            + "), the match drafter's proposals and "
+            + (
+                "the observation's bookkeeping (cost model)"
+                if priced.get("book")
+                else "no bookkeeping (the cost model has no policy_book: calibrated before it, or a roofline)"
+            )
+        )
+    elif priced and not priced.get("on"):
+        lines.append("replay charges the policies nothing for their own decisions (--no-policy-cost)")
+    n_test = len(s.get("test_prompts") or [])
+    for name, n in (res.get("trained_on_evaluated") or {}).items():
+        lines.append(
+            f"note: {name} was trained on {n} of the {n_test} prompts evaluated here (not held out)!"
+        )
+    for name, label in (res.get("built_under_other_cost") or {}).items():
+        lines.append(
+            f"note: {name} was built under the cost model {label}, evaluated under {s.get('batch_cost')}"
+        )
+    fid = res.get("fidelity") or {}
+    if fid:
+        lines.append(
+            "replay fidelity, median |replay / live - 1| over the live policies (the served stream):"
+        )
+        for x, f in fid.items():
+            line = f"  load {x:<8} {100 * f['median_abs_error']:5.1f}%  ({f['policies']} policies)"
+            if f.get("speed_factor") is not None:
+                line += (f"; machine {f['speed_factor']:.2f}x the calibration's step time (probe), "
+                         f"{100 * f['median_abs_error_at_probe']:.1f}% with replay rescaled by it")  # fmt: skip
+            lines.append(line)
+    return "\n".join(lines)
+
+
+__all__ = ["fidelity", "format_table"]
