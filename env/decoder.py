@@ -197,14 +197,19 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         seq = stepper.start(prompt_ids, max_new_tokens, self.drafters)
         prefill_s = time.perf_counter() - t0
-        try:
-            while not seq.done:
-                obs = stepper.observe(seq) if self.policy is not None else None
-                idx = self._choose(obs)
-                (res,) = stepper.step([idx])
-                arms.append(self.arms[idx].name)
-                if online is not None:  # reward and info as the env gives them, plus the measured wall time
-                    online.update(obs, idx, res.reward, {**res.info, "wall_s": res.wall_s})
+        from env.machine import one_blas_thread
+
+        try:  # a policy's NumPy on one BLAS thread (env.machine.one_blas_thread)
+            with one_blas_thread():
+                while not seq.done:
+                    obs = stepper.observe(seq) if self.policy is not None else None
+                    idx = self._choose(obs)
+                    (res,) = stepper.step([idx])
+                    arms.append(self.arms[idx].name)
+                    if (
+                        online is not None
+                    ):  # reward and info as the env gives them, plus the measured wall time
+                        online.update(obs, idx, res.reward, {**res.info, "wall_s": res.wall_s})
         finally:
             stepper.retire(seq)
         wall = time.perf_counter() - t0

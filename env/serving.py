@@ -14,6 +14,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import takewhile
 from numbers import Real
 from typing import Any
 
@@ -271,67 +272,74 @@ def serve(
         if seq.done:
             finish(f)
 
-    while queue or flights or pending:
-        if prefill_chunk is None:  # whole prefill on admission, as many as may enter
-            while can_enter():
-                req = queue.popleft()
-                arrival = now() if concurrency is not None else req.arrival_s
-                reserved += need(req)
-                a = clock()
-                enter(req, arrival, None)
-                log.prefill_s += clock() - a
-                log.prefills += 1
-        else:  # one request prefills at a time, one chunk between two steps of the batch
-            if pending is None and can_enter():
-                req = queue.popleft()
-                reserved += need(req)
-                pending = (
-                    req,
-                    engine.begin_prefill(req.prompt_ids),
-                    now() if concurrency is not None else req.arrival_s,
-                )
-            if pending is not None:
-                req, pf, arrival = pending
-                a = clock()
-                if engine.prefill_chunk(pf, prefill_chunk):
-                    pending = None
-                    enter(req, arrival, pf)
+    from env.machine import one_blas_thread
+
+    # a policy's NumPy on one BLAS thread: its spinning threads would take the cores the next forward needs
+    with one_blas_thread():
+        while queue or flights or pending:
+            if prefill_chunk is None:  # whole prefill on admission, as many as may enter
+                while can_enter():
+                    req = queue.popleft()
+                    arrival = now() if concurrency is not None else req.arrival_s
+                    reserved += need(req)
+                    a = clock()
+                    enter(req, arrival, None)
+                    log.prefill_s += clock() - a
                     log.prefills += 1
-                log.prefill_s += clock() - a
-        if not flights:
-            if queue and pending is None:  # open loop, idle until the next arrival
-                sleep(max(0.0, min(queue[0].arrival_s - now(), 0.05)))
-            continue
-        live = [flights[id(s)] for s in stepper.seqs]
-        a = clock()
-        if observer is not None:
-            arrived = sum(1 for r in queue if r.arrival_s <= now()) if concurrency is None else 0
-            obs = observer.observe(stepper, arrived)
-            choices = observer.choices(policy.act(obs), len(live))
-            log.policy_s += clock() - a
-        else:
-            choices = [index[f.req.arm] for f in live]
-        outcomes = stepper.step(choices)
-        wall = clock() - a
-        log.step_s += wall
-        log.steps += 1
-        log.row_steps += len(live)
-        log.step_tokens += sum(len(o.tokens) for o in outcomes)
-        log.draft_s += sum(o.result.draft_s for o in outcomes)
-        log.forward_s += outcomes[0].result.verify_s if outcomes else 0.0
-        for f, c in zip(live, choices):
-            name = menu[c].name
-            log.arm_rows[name] += 1
-            f.out.arm_steps[name] = f.out.arm_steps.get(name, 0) + 1
-        if observer is not None:
-            b = clock()
-            observer.record(outcomes)
-            if cost is not None and hasattr(policy, "update"):
-                policy.update(obs, int(choices[0]), observer.reward(outcomes, wall, cost), {})
-            log.policy_s += clock() - b
-        for f in sorted(
-            live, key=lambda f: -f.seq.row.slot
-        ):  # the last slots first: packing moves fewer rows
-            if f.seq.done:
-                finish(f)
+            else:  # one request prefills at a time, one chunk between two steps of the batch
+                if pending is None and can_enter():
+                    req = queue.popleft()
+                    reserved += need(req)
+                    pending = (
+                        req,
+                        engine.begin_prefill(req.prompt_ids),
+                        now() if concurrency is not None else req.arrival_s,
+                    )
+                if pending is not None:
+                    req, pf, arrival = pending
+                    a = clock()
+                    if engine.prefill_chunk(pf, prefill_chunk):
+                        pending = None
+                        enter(req, arrival, pf)
+                        log.prefills += 1
+                    log.prefill_s += clock() - a
+            if not flights:
+                if queue and pending is None:  # open loop, idle until the next arrival
+                    sleep(max(0.0, min(queue[0].arrival_s - now(), 0.05)))
+                continue
+            live = [flights[id(s)] for s in stepper.seqs]
+            a = clock()
+            if observer is not None:
+                arrived = 0
+                if concurrency is None:  # open loop: the queue is in arrival order, the arrived ones first
+                    t = now()
+                    arrived = sum(1 for _ in takewhile(lambda r, t=t: r.arrival_s <= t, queue))
+                obs = observer.observe(stepper, arrived)
+                choices = observer.choices(policy.act(obs), len(live))
+                log.policy_s += clock() - a
+            else:
+                choices = [index[f.req.arm] for f in live]
+            outcomes = stepper.step(choices)
+            wall = clock() - a
+            log.step_s += wall
+            log.steps += 1
+            log.row_steps += len(live)
+            log.step_tokens += sum(len(o.tokens) for o in outcomes)
+            log.draft_s += sum(o.result.draft_s for o in outcomes)
+            log.forward_s += outcomes[0].result.verify_s if outcomes else 0.0
+            for f, c in zip(live, choices):
+                name = menu[c].name
+                log.arm_rows[name] += 1
+                f.out.arm_steps[name] = f.out.arm_steps.get(name, 0) + 1
+            if observer is not None:
+                b = clock()
+                observer.record(outcomes)
+                if cost is not None and hasattr(policy, "update"):
+                    policy.update(obs, int(choices[0]), observer.reward(outcomes, wall, cost), {})
+                log.policy_s += clock() - b
+            for f in sorted(
+                live, key=lambda f: -f.seq.row.slot
+            ):  # the last slots first: packing moves fewer rows
+                if f.seq.done:
+                    finish(f)
     return sorted(done, key=lambda s: s.rid)
