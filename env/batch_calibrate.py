@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from env.batch_cost import BatchedDraft, FittedBatchCost
-from env.cost import Curve
+from env.cost import CostModelError, Curve
 
 ROWS = (1, 2, 4, 8, 16)
 NODES = (1, 2, 3, 4, 6, 9)
@@ -159,8 +159,9 @@ def calibrate_batch(
     drafter_options: dict[str, dict[str, Any]] | None = None,
     work: str | Path | None = None,
 ) -> FittedBatchCost:
-    """Measure the batch step on the (rows, nodes, context) grid, the prefill, and each drafter's propose time
-    per row, or per batch over rows x depths for a drafter that drafts a batch's rows together; fit. About two
+    """Measure the batch step on the (rows, nodes, context) grid, the prefill, each drafter's propose time per
+    row, or per batch over rows x depths for a drafter that drafts a batch's rows together, and a serving policy's
+    bookkeeping a step per row count (``_time_policy_book``); fit. About two
     minutes for the embedded model on a 2-core CPU (fp32 without native bf16: about three).
 
     ``work``: a JSON file the measurements so far are written to, atomically, after every pass over the grid and
@@ -234,6 +235,9 @@ def calibrate_batch(
         "measurements": [[r, n, c, s] for (r, n, c), s in sorted(med.items())],
         "probe": [[r, c, s] for (r, c), s in sorted(reference.items())],
         "prefill_measured": pf,
+        # what the policy's bookkeeping was timed with: the menu's drafters (the first table drafter's proposals
+        # made untimed, as the observation's), the observation's row slots
+        "policy_book_menu": {"drafters": ["none", *names], "obs_max_batch": int(max(rows))},
     }
     return FittedBatchCost(
         model_id=loaded.model_id,
@@ -356,7 +360,10 @@ def _time_policy_book(loaded: Any, names: Sequence[str], rows: Sequence[int], pr
                 observer.record(outcomes)
                 if i:
                     samples.append(t1 - t0 + time.perf_counter() - t2)
-            out.append(float(statistics.median(samples)) if samples else 0.0)
+            if not samples:  # every row ended before a step was timed: not a time of nothing
+                raise CostModelError(f"the serving policy's bookkeeping could not be timed at {r} rows: the "
+                                     "calibration prompt's answer ended at once")  # fmt: skip
+            out.append(float(statistics.median(samples)))
     return np.maximum.accumulate(out).tolist()
 
 

@@ -35,6 +35,7 @@ from env.serve_obs import __all__ as _obs_names
 from env.trace import Trace, TraceError, load_trace
 
 SERVE_ID = "draftgym/SpecServe-v0"
+RECORD_DEPTH = 16  # env.step.RECORD_SHAPE's: the shape a drafter without its own largest one proposes at
 DEFAULT_ARMS = ("none", "ngram-d1", "ngram-d2", "ngram-d3", "ngram-d5", "ngram-d8")
 DEFAULT_LOADS = ("1", "2", "4", "8", "16", "ramp", "bursty")
 ACTIONS = ("batch", "row")
@@ -156,10 +157,19 @@ class ServeSim:
         # what serving a policy live adds to each step (``price_policy``); None: not charged (a static arm is served
         # as an engine configured with it, and the oracle is a bound)
         self.policy_act_s: float | None = None
-        live_match = match_drafter(
-            names
-        )  # the drafter the live observation proposes with at every row's root
+        # the drafter the live observation proposes with at every row's root
+        live_match = match_drafter(names)
         self._match_index = -1 if live_match is None else names.index(live_match)
+        # whether a row drafting with it verifies the observation's proposal (cut to its arm: ``exact_replay``,
+        # the n-gram drafter) or proposes again; the depth the observation proposes at (``env.step.largest_shape``:
+        # a drafter without a class-wide largest shape, the record shape's)
+        self._match_reuse, self._match_depth = True, 1
+        if live_match is not None:
+            from drafters import DRAFTERS
+
+            cls = DRAFTERS.get(live_match)
+            self._match_reuse = bool(getattr(cls, "exact_replay", False))
+            self._match_depth = 1 if self._match_reuse else RECORD_DEPTH
         # the unit rate: one row decoding autoregressively, requests of the mean length at the mean context (the
         # prefill commits a request's first token, so L tokens take L - 1 steps)
         lengths = self.tb.length[self.pool].astype(np.float64)
@@ -194,10 +204,12 @@ class ServeSim:
 
     def price_policy(self, act_s: float | None) -> None:
         """Charge every step what serving a policy live adds to it (``env.serving.serve`` with a policy): the
-        cost model's ``policy_book_s`` (the observation's bookkeeping and the record), the match drafter's proposal
-        for the rows that do not draft with it (the observation reads its depth at every row's root; a row drafting
-        with it verifies that same proposal, already priced), and ``act_s``, the policy's own act (and update) a
-        step, timed by the caller. None: charge nothing (the default)."""
+        cost model's ``policy_book_s`` (the observation's bookkeeping and the record), the match drafter's
+        proposals (the observation reads their depth at every row's root: for the n-gram drafter, whose rows
+        verify that same proposal cut to their arm, only the rows that do not draft with it; for any other, every
+        row, one at a time at the record shape's depth, and a row drafting with it proposes again), and
+        ``act_s``, the policy's own act (and update, and the reward it learns from) a step, timed by the caller.
+        None: charge nothing (the default)."""
         if act_s is not None and not (np.isfinite(act_s) and 0 <= act_s <= 10.0):
             raise ServeEnvError(f"a policy's act must be finite seconds in [0, 10], got {act_s!r}")
         self.policy_act_s = None if act_s is None else float(act_s)
@@ -208,8 +220,13 @@ class ServeSim:
         if book is not None:
             extra = extra + np.asarray(book(rows), np.float64)
         if self._match_index >= 0 and ad is not None:
-            others = rows - ((ad == self._match_index) & self.active).sum(1)
-            extra = extra + self.cost.draft_s(self.drafter_names[self._match_index], others, 1)
+            name = self.drafter_names[self._match_index]
+            if self._match_reuse:
+                others = rows - ((ad == self._match_index) & self.active).sum(1)
+                extra = extra + self.cost.draft_s(name, others, 1)
+            else:  # a proposal per row, each alone
+                one = np.ones_like(rows)
+                extra = extra + rows * np.asarray(self.cost.draft_s(name, one, self._match_depth), np.float64)
         return np.where(rows > 0, extra, 0.0)
 
     # ---- episodes ------------------------------------------------------------------------------------------------

@@ -7,9 +7,16 @@ Replay prices steps with a batch cost model (``env.batch_cost``: fitted on this 
 simulated and labelled so); live serves the same request streams (prompts, arrival times, concurrency caps) with
 the batch-native engine (``env.serving.serve`` with the policy choosing each step's arm).
 
+Replay charges each policy that observes what serving it live adds to a step (``ServeSim.price_policy``: the cost
+model's bookkeeping, the match drafter's proposals, the policy's act timed here), as the live server pays it; a
+static arm and the oracle pay nothing; ``--no-policy-cost`` replays without it. The act timings are kept in
+``OUT/policy_act.json`` (by policy file and CPU), so that a rerun replays with the same figures.
+
 ``--json FILE``: ``{"rows": [{"policy", "kind", "load", "replay_goodput", "live_goodput",
-"replay_goodput_live_stream"}, ...], "settings", ...}`` (``replay_goodput``: the median over ``--episodes`` request
-streams; ``replay_goodput_live_stream``: the replay of the one stream served live, for replay fidelity).
+"replay_goodput_live_stream", "act_s"}, ...], "policy_priced", "settings", ...}`` (``replay_goodput``: the median
+over ``--episodes`` request streams; ``replay_goodput_live_stream``: the replay of the one stream served live, for
+replay fidelity; ``act_s``: the policy's act charged a step, null where nothing is; ``policy_priced``: ``{"on",
+"book"}``, whether replay charged the policies, and whether the cost model had the bookkeeping to charge).
 Live runs are appended to ``OUT/live.jsonl`` as they finish, and each cell's median when its load is done (a rerun
 with the same ``--out`` skips finished cells and the runs of an unfinished load).
 """
@@ -28,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from env.files import atomic_write_text, jsonl_lines
+from env.files import atomic_write_text, file_digest, jsonl_lines
 from experiments.serve_eval_summary import fidelity, format_table
 
 EVAL_LOADS = ("1", "2", "4", "8", "16", "mixed", "bursty")
@@ -174,35 +181,47 @@ class _Static:
         return np.full(len(obs), self.k)
 
 
-def _act_times(policies: list[tuple[str, Any]], make: Any, load: str, episodes: int, seed: int,
-               out: Path | None) -> dict[str, float]:  # fmt: skip
-    """Each observing policy's act a step (``policies.act_cost``), timed on observations of ``load``'s streams;
-    kept in ``out/policy_act.json``, so that a resumed evaluation replays with the same figures (a timing is noise
-    apart from run to run)."""
+def _act_times(policies: list[tuple[str, Any]], make: Any, load: str, episodes: int, seed: int, out: Path | None,
+               arms: list[str], cost: Any, keys: dict[str, str] | None = None) -> dict[str, float]:  # fmt: skip
+    """Each observing policy's live decision a step (``policies.act_cost``), timed on observations of ``load``'s
+    streams; kept in ``out/policy_act.json`` with what it timed (``keys``: each policy's file digest, else its
+    type and parameters; the CPU), so that a resumed evaluation replays with the same figures (a timing is noise
+    apart from run to run) and another policy or machine is timed again."""
+    import hashlib
+
+    from env.machine import cpu_label
     from policies.act_cost import act_seconds, sample_observations
 
-    want = [(n, p) for n, p in policies if getattr(p, "static_arm", None) is None]
+    def key(name: str, pol: Any) -> str:
+        what = (keys or {}).get(name) or hashlib.sha256(json.dumps(
+            [type(pol).__name__, pol.params()], sort_keys=True, default=str).encode()).hexdigest()  # fmt: skip
+        return f"{what} @ {cpu_label()}"
+
+    want = {n: (p, key(n, p)) for n, p in policies if getattr(p, "static_arm", None) is None}
     path = None if out is None else out / "policy_act.json"
-    kept: dict[str, float] = {}
+    kept: dict[str, dict[str, Any]] = {}
     if path is not None and path.is_file():
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
-            kept = {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and 0 <= v <= 10}
+            kept = {n: e for n, e in d.items() if isinstance(e, dict) and isinstance(e.get("key"), str)
+                    and type(e.get("act_s")) in (int, float) and 0 <= e["act_s"] <= 10}  # fmt: skip
         except (ValueError, RecursionError, OSError, AttributeError):
-            kept = {}  # our own cache: measured again
-    if any(n not in kept for n, _ in want):
+            kept = {}  # our own cache: timed again
+    stale = [n for n, (_, k) in want.items() if kept.get(n, {}).get("key") != k]
+    if stale:
         seen = sample_observations(_streams(make, load, episodes, seed))
-        kept |= {n: act_seconds(p, seen) for n, p in want if n not in kept}
+        for n in stale:
+            kept[n] = {"act_s": act_seconds(want[n][0], seen, arms=arms, cost=cost), "key": want[n][1]}
         if path is not None:
             atomic_write_text(path, json.dumps(kept) + "\n")
-    return {n: kept[n] for n, _ in want}
+    return {n: float(kept[n]["act_s"]) for n in want}
 
 
 def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms: list[str], split: Any, *,
                    loads: list[str], episodes: int, max_new: int, requests: int, max_batch: int, seed: int,
                    loaded: Any = None, repeats: int = 3, live_policies: set[str] | None = None,
                    out: Path | None = None, progress: bool = False, probe: bool = True,
-                   price: bool = True) -> dict[str, Any]:  # fmt: skip
+                   price: bool = True, policy_keys: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """Replay every policy (and every static arm, the oracle) at every load on held-out prompts; live (when
     ``loaded``) the policies named in ``live_policies`` (default: all), ``repeats`` runs each, the median kept.
 
@@ -244,7 +263,11 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
         from tqdm import tqdm
 
         it = tqdm(cells, desc="evaluate --serve", unit="cell")
-    act_s = _act_times(policies, make, loads[0], episodes, seed, out) if price and policies else {}
+    act_s = (
+        _act_times(policies, make, loads[0], episodes, seed, out, arms, cost, policy_keys)
+        if price and policies
+        else {}
+    )
     replay: dict[tuple[str, str], float] = {}
     stream0: dict[tuple[str, str], float] = {}
     for name, pol, load in it:
@@ -407,7 +430,6 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
             args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
         )
     if loaded is not None:  # live cells on disk must come from the same settings (a resume), else refused
-        from env.files import file_digest
         from experiments.args import same_settings
         from experiments.records import cost_identity, machine_identity, run_identity
 
@@ -421,7 +443,8 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
                          requests=args.requests, max_batch=max_batch, seed=args.seed, loaded=loaded,
                          repeats=args.repeats, live_policies=live_names, out=out,
                          progress=sys.stderr.isatty(), probe=not args.no_probe,
-                         price=not args.no_policy_cost)  # fmt: skip
+                         price=not args.no_policy_cost,
+                         policy_keys={name: file_digest(p) for (name, _), p in zip(policies, paths)})  # fmt: skip
     from env.machine import machine_info
     from experiments.provenance import provenance
 

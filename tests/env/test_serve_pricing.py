@@ -106,3 +106,75 @@ def test_the_act_is_timed_on_observations_without_teaching_an_online_policy():
     before = bandit.counts.copy()
     t = act_seconds(bandit, seen, calls=50)
     assert 0 < t < 0.05 and (bandit.counts == before).all()
+
+
+def _copy_menu(name: str, arms: list[str], cost):
+    from tests.env.test_serve_menu import _with_copy_of_ngram
+
+    trace = _with_copy_of_ngram(name)
+    kw = dict(trace=trace, arms=arms, cost=cost, max_batch=4, loads=["2"], requests=5, seed=1)
+    a, b = ServeSim(3, **kw), ServeSim(3, **kw)
+    a.reset()
+    b.reset()
+    return a, b
+
+
+@pytest.mark.parametrize(
+    "name, per_row",
+    [("suffix", lambda c: 3e-4), ("eagle3", lambda c: c.draft_s("eagle3", 1, 16))],
+)
+def test_a_match_drafter_that_proposes_again_is_charged_at_every_row_one_at_a_time(name, per_row):
+    """Observing with a drafter whose rows do not verify the observation's proposal (no ``exact_replay``: suffix,
+    a model head) costs a proposal per row at the record shape's depth, whatever the rows then draft with."""
+    from env.batch_cost import BatchedDraft
+    from env.serve_sim import RECORD_DEPTH
+    from env.step import RECORD_SHAPE
+
+    assert RECORD_SHAPE.depth == RECORD_DEPTH
+    cost = fitted(drafters={"ngram": NGRAM_ROW, "suffix": 3e-4},
+                  batched={"eagle3": BatchedDraft((1, 4), (1e-3, 2e-3), (4e-3, 5e-3))})  # fmt: skip
+    base, priced = _copy_menu(name, ["none", f"{name}-d2"], cost)
+    priced.price_policy(ACT)
+    assert not priced._match_reuse
+    one = float(per_row(cost))
+    assert one > NGRAM_ROW
+    want, rng = np.zeros(3), np.random.default_rng(2)
+    while not base.done().all():
+        rows = base.active.sum(1)
+        want += np.where((rows > 0) & ~base.done(), ACT + rows * one, 0.0)  # no book: an older file
+        a = rng.integers(0, 2, 3)  # drafting with it or not: the same charge
+        base.step(a)
+        priced.step(a)
+    assert np.allclose(priced.clock - base.clock, want)
+
+
+def test_the_act_timing_reads_the_action_and_prices_the_online_reward(monkeypatch):
+    from env.serve_env import DEFAULT_ARMS, obs_size
+    from env.serve_obs import LiveObserver
+    from policies.act_cost import act_seconds
+    from policies.serving import BucketUCB
+
+    seen = np.zeros((4, obs_size(16)), np.float32)
+    seen[:, 0] = np.array([1, 2, 4, 16]) / 16
+    calls = {"choices": 0, "forward": 0}
+    real = LiveObserver.choices
+
+    def counted(self, action, rows):
+        calls["choices"] += 1
+        return real(self, action, rows)
+
+    monkeypatch.setattr(LiveObserver, "choices", counted)
+    cost = fitted()
+
+    class Counting:
+        def forward_s(self, *a):
+            calls["forward"] += 1
+            return cost.forward_s(*a)
+
+        def __getattr__(self, k):
+            return getattr(cost, k)
+
+    act_seconds(
+        BucketUCB(list(DEFAULT_ARMS), obs_size(16)), seen, calls=8, arms=DEFAULT_ARMS, cost=Counting()
+    )
+    assert calls == {"choices": 8, "forward": 8}

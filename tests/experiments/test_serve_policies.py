@@ -248,3 +248,26 @@ def test_serve_train_killed_in_ppo_resumes_with_ppo_only(trace_path, tmp_path, m
         assert main(other) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and "requests" in err[0], err
+
+
+def test_the_act_timings_are_kept_per_policy_file_and_cpu_and_a_damaged_entry_is_timed_again(
+    trained, trace_path, tmp_path
+):
+    f = tmp_path / "serve.json"
+    argv = _eval_argv(trained, trace_path, tmp_path, "1", "--json", str(f))
+    with threadpool_limits(1):
+        assert main(argv) == 0
+    cache = tmp_path / "eval" / "policy_act.json"
+    kept = json.loads(cache.read_text())
+    assert set(kept) == SAVED and all(" @ " in e["key"] and 0 < e["act_s"] < 0.1 for e in kept.values())
+    first = {r["policy"]: r["act_s"] for r in json.loads(f.read_text())["rows"]}
+    kept["smartspec"]["act_s"] = 5.0  # another file's timing: refused by its key
+    kept["smartspec"]["key"] = "another file @ another CPU"
+    kept["linucb"]["act_s"] = True  # not a number of seconds
+    kept["trt-auto"]["act_s"] = 1.0  # as written: a rerun replays with it
+    cache.write_text(json.dumps(kept))
+    with threadpool_limits(1):
+        assert main(argv) == 0
+    again = {r["policy"]: r["act_s"] for r in json.loads(f.read_text())["rows"]}
+    assert again["trt-auto"] == 1.0 and again["fitted-table"] == first["fitted-table"]  # kept
+    assert again["smartspec"] < 0.1 and again["linucb"] < 0.1  # timed again
