@@ -60,6 +60,15 @@ class LinUCB(BasePolicy):
         self.A = np.tile(np.eye(d) * self.lam, (k, 1, 1))  # [K, d, d]
         self.b = np.zeros((k, d))  # [K, d]
         self.pulls = np.zeros(k)
+        self._inv: np.ndarray | None = None  # A^-1, made when first needed, then kept up to date (``_ainv``)
+
+    def _ainv(self) -> np.ndarray:
+        """``A^-1`` of every arm: inverted once, then after an update only the pulled arm's again (Sherman-Morrison
+        would drift), all of them after a discount (it moves every arm) or a restore. A step's act is then two
+        matrix-vector products per arm instead of two solves (~1 ms a step, a live server's to pay)."""
+        if self._inv is None:
+            self._inv = np.linalg.inv(self.A)
+        return self._inv
 
     def _x(self, obs: np.ndarray | None) -> np.ndarray:
         return np.append(self._check_obs(obs), 1.0)
@@ -67,10 +76,10 @@ class LinUCB(BasePolicy):
     def scores(self, obs: np.ndarray | None) -> np.ndarray:
         """The upper confidence bound of every arm at this observation (in reward units / scale)."""
         x = self._x(obs)
-        theta = np.linalg.solve(self.A, self.b[..., None])[..., 0]  # [K, d]
-        ainv_x = np.linalg.solve(self.A, np.broadcast_to(x, (self.num_arms, self.dim))[..., None])[..., 0]
+        inv = self._ainv()
+        ainv_x = np.einsum("kij,j->ki", inv, x)  # [K, d]; A symmetric: theta . x = b . A^-1 x
         width = np.sqrt(np.maximum(np.einsum("kd,d->k", ainv_x, x), 0.0))
-        return theta @ x + self.alpha * width
+        return np.einsum("kd,kd->k", self.b, ainv_x) + self.alpha * width
 
     def act(self, obs: np.ndarray | None) -> int:
         return int(np.argmax(self.scores(obs)))
@@ -86,6 +95,10 @@ class LinUCB(BasePolicy):
         self.A[action] += np.outer(x, x)
         self.b[action] += (reward / self.scale) * x
         self.pulls[action] += 1
+        if self.discount < 1 or self._inv is None:
+            self._inv = None
+        else:
+            self._inv[action] = np.linalg.inv(self.A[action])
 
     def state(self) -> dict[str, bytes]:
         return {"state.npz": npz_bytes(A=self.A, b=self.b, pulls=self.pulls)}
@@ -117,6 +130,7 @@ class LinUCB(BasePolicy):
         except np.linalg.LinAlgError:
             raise PolicyError("LinUCB state A is not symmetric positive definite") from None
         self.A, self.b, self.pulls = A, got["b"], got["pulls"]
+        self._inv = None
 
     @classmethod
     def from_header(cls, header: Any, files: dict[str, bytes]) -> LinUCB:

@@ -144,6 +144,9 @@ class SmartSpecPolicy(BasePolicy):
         # the observation's match depth (a table drafter's) bounds the chains of the table drafters; a model
         # head's are not
         self.capped = [a.drafter in TABLE_DRAFTERS for a in self.arms]
+        self._capped = np.array(self.capped, bool)
+        drafters = dict.fromkeys(a.drafter for a in self.arms if a.drafter is not None)  # priced per drafter
+        self._by_drafter = {d: np.flatnonzero([a.drafter == d for a in self.arms]) for d in drafters}
 
     def params(self) -> dict[str, Any]:
         return {"cost": self.cost}
@@ -160,16 +163,15 @@ class SmartSpecPolicy(BasePolicy):
         alpha = np.clip(block[live, 2], 0.0, 0.999)
         match = block[live, 4] * DEPTH_NORM  # the drafter's longest proposal here (0: nothing to draft)
         ctx = float(step_context(self.cost_model, block[None, :, 1] * CTX_NORM, live[None])[0])
-        out = np.zeros(len(self.arms))
-        for k, (a, d) in enumerate(zip(self.arms, self.depths)):
-            dd = np.minimum(d, match) if self.capped[k] else np.full(match.shape, d)  # chains <= the proposal
-            tokens = np.where(dd > 0, (1 - alpha ** (dd + 1)) / (1 - alpha), 1.0).sum()
-            nodes = 1 + (dd.max() if dd.size else 0)
-            t = float(self.cost_model.forward_s(rows, nodes, ctx))
-            if a.drafter is not None:
-                t += float(self.cost_model.draft_s(a.drafter, rows, d))
-            out[k] = tokens / t
-        return out
+        k, r = len(self.arms), int(live.sum())
+        d = np.broadcast_to(self.depths[:, None], (k, r))  # [K, R]: every arm at every live row
+        dd = np.where(self._capped[:, None], np.minimum(d, match[None, :]), d)  # chains <= the proposal
+        tokens = np.where(dd > 0, (1 - alpha[None, :] ** (dd + 1)) / (1 - alpha[None, :]), 1.0).sum(1)
+        nodes = 1 + (dd.max(1) if r else np.zeros(k))
+        t = np.asarray(self.cost_model.forward_s(np.full(k, rows), nodes, np.full(k, ctx)), np.float64).copy()
+        for name, idx in self._by_drafter.items():
+            t[idx] += np.asarray(self.cost_model.draft_s(name, np.full(idx.size, rows), self.depths[idx]))
+        return tokens / t
 
     def act(self, obs: np.ndarray | None) -> int:
         return int(np.argmax(self.scores(self._check_obs(obs))))

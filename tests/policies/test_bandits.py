@@ -130,3 +130,29 @@ def test_a_windowed_bandit_saves_and_loads_after_an_arm_leaves_its_window(cls, t
     p.save(tmp_path / "b.zip")
     back = load_policy(tmp_path / "b.zip")
     assert back.stats.counts.tolist() == st.counts.tolist()
+
+
+@pytest.mark.parametrize("discount", [1.0, 0.9])
+def test_linucb_keeps_its_inverses_and_scores_as_the_solves_do(discount):
+    """LinUCB scores from ``A^-1`` kept up to date (the pulled arm's inverted again after each update; all after a
+    discount or a restore) instead of two solves a step: the same scores as solving, and the same arm."""
+    from policies.linucb import LinUCB
+
+    def solved(p, obs):
+        x = np.append(obs, 1.0)
+        theta = np.linalg.solve(p.A, p.b[..., None])[..., 0]
+        ax = np.linalg.solve(p.A, np.broadcast_to(x, (p.num_arms, p.dim))[..., None])[..., 0]
+        return theta @ x + p.alpha * np.sqrt(np.maximum(np.einsum("kd,d->k", ax, x), 0.0))
+
+    rng = np.random.default_rng(1)
+    p = LinUCB(["none", "ngram-d1", "ngram-d3"], 12, alpha=0.7, discount=discount)
+    for t in range(400):
+        x = rng.uniform(0, 1, 12).astype(np.float32)
+        s = p.scores(x)
+        assert np.allclose(s, solved(p, x), rtol=1e-9, atol=1e-12) and np.argmax(s) == np.argmax(solved(p, x))
+        p.update(x, int(np.argmax(s)), float(rng.normal()), {})
+        if t == 200:  # a restored state: its own inverses, not the ones kept before
+            q = LinUCB(p.arm_names, 12, alpha=0.7, discount=discount)
+            q.scores(x)
+            q.restore(p.state())
+            assert np.allclose(q.scores(x), solved(p, x), rtol=1e-9)

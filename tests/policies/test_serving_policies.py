@@ -156,6 +156,49 @@ def test_smartspec_drafts_deep_when_drafts_are_accepted_and_not_when_rejected():
     assert s[ARMS.index("ngram-d2")] == pytest.approx(2 * (1 - 0.5 ** (d + 1)) / 0.5 / t, rel=1e-4)
 
 
+def _smartspec_scores_one_arm_at_a_time(p: SmartSpecPolicy, obs: np.ndarray) -> np.ndarray:
+    """The rule written arm by arm (as it was before it was priced in one call per drafter)."""
+    from env.batch_cost import step_context
+    from env.serve_env import CTX_NORM, DEPTH_NORM
+
+    block = np.asarray(obs[9:], np.float64).reshape(p.max_batch, len(ROW_FEATURES))
+    live = block[:, 0] > 0.5
+    rows = max(int(live.sum()), 1)
+    alpha = np.clip(block[live, 2], 0.0, 0.999)
+    match = block[live, 4] * DEPTH_NORM
+    ctx = float(step_context(p.cost_model, block[None, :, 1] * CTX_NORM, live[None])[0])
+    out = np.zeros(len(p.arms))
+    for k, (a, d) in enumerate(zip(p.arms, p.depths)):
+        dd = np.minimum(d, match) if p.capped[k] else np.full(match.shape, d)
+        tokens = np.where(dd > 0, (1 - alpha ** (dd + 1)) / (1 - alpha), 1.0).sum()
+        t = float(p.cost_model.forward_s(rows, 1 + (dd.max() if dd.size else 0), ctx))
+        if a.drafter is not None:
+            t += float(p.cost_model.draft_s(a.drafter, rows, d))
+        out[k] = tokens / t
+    return out
+
+
+@pytest.mark.parametrize("which", ["roofline", "fitted-with-a-head"])
+def test_smartspec_prices_every_arm_in_one_call_per_drafter_as_it_did_one_arm_at_a_time(which):
+    from env.batch_cost import BatchedDraft
+    from tests.env.test_batch_cost import fitted
+
+    arms = ["none", "ngram-d1", "ngram-d3", "ngram-d8", "eagle3-d1", "eagle3-d2", "eagle3-d5"]
+    cost = (roofline("h200", "llama-3.1-8b") if which == "roofline" else
+            fitted(batched={"eagle3": BatchedDraft((1, 4), (1e-3, 2e-3), (4e-3, 5e-3))}))  # fmt: skip
+    p = SmartSpecPolicy(arms, obs_size(16), feature_names(16), cost=cost.to_json())
+    rng = np.random.default_rng(0)
+    for rows in [0, 1, 2, 5, 16] * 20:
+        o = obs_with(16, rows, alpha=float(rng.uniform(0, 1)), match=float(rng.integers(0, 17)),
+                     context=float(rng.uniform(16, 2000)))  # fmt: skip
+        block = o[9:].reshape(16, len(ROW_FEATURES))
+        block[:rows, 2] = rng.uniform(0, 1, rows)  # each row its own acceptance and match
+        block[:rows, 4] = rng.integers(0, 17, rows) / 16
+        want = _smartspec_scores_one_arm_at_a_time(p, o)
+        got = p.scores(o)
+        assert np.allclose(got, want, rtol=1e-12, atol=0) and int(np.argmax(got)) == int(np.argmax(want))
+
+
 def test_smartspec_refuses_trees_and_non_cost_models():
     with pytest.raises(PolicyError, match="prices chains only"):
         smartspec(arms=["none", "ngram-d4-k2-b8"])
