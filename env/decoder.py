@@ -5,6 +5,7 @@ autoregressive mode (the single arm "none") is our own baseline loop.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from numbers import Integral
@@ -194,13 +195,14 @@ class SpeculativeDecoder:
         if isinstance(self.policy, EpisodicChooser):
             self.policy.reset()
         arms: list[str] = []
-        t0 = time.perf_counter()
-        seq = stepper.start(prompt_ids, max_new_tokens, self.drafters)
-        prefill_s = time.perf_counter() - t0
         from env.machine import one_blas_thread
 
-        try:  # a policy's NumPy on one BLAS thread (env.machine.one_blas_thread)
-            with one_blas_thread():
+        # a policy's NumPy on one BLAS thread (env.machine.one_blas_thread), set before the clock starts
+        with one_blas_thread() if self.policy is not None else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            seq = stepper.start(prompt_ids, max_new_tokens, self.drafters)
+            prefill_s = time.perf_counter() - t0
+            try:
                 while not seq.done:
                     obs = stepper.observe(seq) if self.policy is not None else None
                     idx = self._choose(obs)
@@ -210,9 +212,9 @@ class SpeculativeDecoder:
                         online is not None
                     ):  # reward and info as the env gives them, plus the measured wall time
                         online.update(obs, idx, res.reward, {**res.info, "wall_s": res.wall_s})
-        finally:
-            stepper.retire(seq)
-        wall = time.perf_counter() - t0
+            finally:
+                stepper.retire(seq)
+            wall = time.perf_counter() - t0
         out = seq.tokens
         stats = GenerationStats(
             new_tokens=len(out),

@@ -184,7 +184,10 @@ def one_blas_thread() -> Any:
     """A context in which NumPy's BLAS runs on one thread: for a policy's NumPy (a LinUCB solve, a network's
     matrix products) between the target's forwards. NumPy's OpenBLAS threads spin after each call, on the cores
     torch's threads are about to use: on a 2-core CPU a 1 ms solve before a forward made it ~70 ms slower (two
-    threads each) and ~6 ms with one BLAS thread. torch's own threads are not touched."""
+    threads each) and ~6 ms with one BLAS thread. It limits every BLAS library threadpoolctl finds loaded: with
+    torch's pip wheels, NumPy's (and SciPy's) only (torch's own threads, OpenMP, are not touched); a torch linked
+    to a shared BLAS would be limited too. The limit is set when this is called (it scans the loaded libraries)
+    and lifted when its ``with`` block ends."""
     from threadpoolctl import threadpool_limits
 
     return threadpool_limits(limits=1, user_api="blas")

@@ -9,6 +9,7 @@ generated token ids.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import Counter, deque
@@ -23,6 +24,7 @@ import numpy as np
 from drafters import Drafter, Forkable, make_drafter
 from env.batch import BatchEngine, Prefill
 from env.engine import Arm
+from env.machine import one_blas_thread
 from env.step import Seq, Stepper
 
 
@@ -231,6 +233,9 @@ def serve(
     # the KV cache grown once, before the clock starts, to the largest reservation (as a server allocates its cache
     # up front): no request pays for growing and first-touching it mid-run
     engine.target.cache.grow(max((need(r) for r in requests), default=0))
+    # a policy's NumPy on one BLAS thread: its spinning threads would take the cores the next forward needs (set
+    # here, before the clock starts: setting it scans the loaded libraries; lifted when the loop ends)
+    blas = one_blas_thread() if observer is not None else contextlib.nullcontext()
     t0 = clock()
 
     def now() -> float:
@@ -272,10 +277,7 @@ def serve(
         if seq.done:
             finish(f)
 
-    from env.machine import one_blas_thread
-
-    # a policy's NumPy on one BLAS thread: its spinning threads would take the cores the next forward needs
-    with one_blas_thread():
+    with blas:
         while queue or flights or pending:
             if prefill_chunk is None:  # whole prefill on admission, as many as may enter
                 while can_enter():

@@ -185,17 +185,25 @@ def _act_times(policies: list[tuple[str, Any]], make: Any, load: str, episodes: 
                arms: list[str], cost: Any, keys: dict[str, str] | None = None) -> dict[str, float]:  # fmt: skip
     """Each observing policy's live decision a step (``policies.act_cost``), timed on observations of ``load``'s
     streams; kept in ``out/policy_act.json`` with what it timed (``keys``: each policy's file digest, else its
-    type and parameters; the CPU), so that a resumed evaluation replays with the same figures (a timing is noise
-    apart from run to run) and another policy or machine is timed again."""
+    type and parameters; the timing code's version, the menu, the cost model, the CPU), so that a resumed
+    evaluation replays with the same figures (a timing is noise apart from run to run) and another policy, code or
+    machine is timed again."""
     import hashlib
 
+    from env.batch_cost import cost_digest
     from env.machine import cpu_label
-    from policies.act_cost import act_seconds, sample_observations
+    from policies.act_cost import CALLS, VERSION, act_seconds, sample_observations
+
+    # what a timing depends on beside the policy: the code timed, the menu, the cost model (an online policy's
+    # reward), the CPU
+    setting = hashlib.sha256(
+        json.dumps([VERSION, CALLS, list(arms), cost_digest(cost)]).encode()
+    ).hexdigest()[:16]
 
     def key(name: str, pol: Any) -> str:
         what = (keys or {}).get(name) or hashlib.sha256(json.dumps(
             [type(pol).__name__, pol.params()], sort_keys=True, default=str).encode()).hexdigest()  # fmt: skip
-        return f"{what} @ {cpu_label()}"
+        return f"{what} {setting} @ {cpu_label()}"
 
     want = {n: (p, key(n, p)) for n, p in policies if getattr(p, "static_arm", None) is None}
     path = None if out is None else out / "policy_act.json"

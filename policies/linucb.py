@@ -63,9 +63,10 @@ class LinUCB(BasePolicy):
         self._inv: np.ndarray | None = None  # A^-1, made when first needed, then kept up to date (``_ainv``)
 
     def _ainv(self) -> np.ndarray:
-        """``A^-1`` of every arm: inverted once, then after an update only the pulled arm's again (Sherman-Morrison
-        would drift), all of them after a discount (it moves every arm) or a restore. A step's act is then two
-        matrix-vector products per arm instead of two solves (~1 ms a step, a live server's to pay)."""
+        """``A^-1`` of every arm (without discount): inverted once, then after an update only the pulled arm's again
+        (Sherman-Morrison would drift), all of them after a restore. A step's act is then two matrix-vector products
+        per arm instead of two solves (~1 ms a step, a live server's to pay). With a discount every update moves
+        every arm, and ``scores`` solves instead (one solve for both right-hand sides)."""
         if self._inv is None:
             self._inv = np.linalg.inv(self.A)
         return self._inv
@@ -76,6 +77,13 @@ class LinUCB(BasePolicy):
     def scores(self, obs: np.ndarray | None) -> np.ndarray:
         """The upper confidence bound of every arm at this observation (in reward units / scale)."""
         x = self._x(obs)
+        if (
+            self.discount < 1
+        ):  # every update moves every arm: one solve for both right-hand sides, nothing kept
+            both = np.linalg.solve(self.A, np.stack([self.b, np.broadcast_to(x, self.b.shape)], -1))
+            theta, ainv_x = both[..., 0], both[..., 1]
+            width = np.sqrt(np.maximum(np.einsum("kd,d->k", ainv_x, x), 0.0))
+            return theta @ x + self.alpha * width
         inv = self._ainv()
         ainv_x = np.einsum("kij,j->ki", inv, x)  # [K, d]; A symmetric: theta . x = b . A^-1 x
         width = np.sqrt(np.maximum(np.einsum("kd,d->k", ainv_x, x), 0.0))

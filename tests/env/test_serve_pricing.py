@@ -178,3 +178,15 @@ def test_the_act_timing_reads_the_action_and_prices_the_online_reward(monkeypatc
         BucketUCB(list(DEFAULT_ARMS), obs_size(16)), seen, calls=8, arms=DEFAULT_ARMS, cost=Counting()
     )
     assert calls == {"choices": 8, "forward": 8}
+
+
+def test_the_act_timing_takes_any_observation_without_a_menu_and_refuses_an_empty_one():
+    from policies.act_cost import act_seconds
+
+    class First:
+        def act(self, obs):
+            return 0
+
+    assert 0 <= act_seconds(First(), np.zeros((3, 5), np.float32), calls=5) < 0.05  # no serving observation
+    with pytest.raises(ValueError, match="non-empty"):
+        act_seconds(First(), np.zeros((0, 5), np.float32))
