@@ -2,9 +2,10 @@
 ``draftgym/SpecServe-v0``, on the training prompts of a split (``experiments.serve_policies`` evaluates them).
 
 The policies: the engines' batch-size table fitted on this cost curve, TensorRT-LLM's AUTO rule, the SmartSpec
-rule, a bandit per batch-size bucket, LinUCB and PPO (stable-baselines3 on the vectorized replay). Each is saved
-under ``--out`` as soon as it is made, with ``train.json``; a rerun checks its settings and trains only what is
-missing; PPO, killed midway, resumes from its latest checkpoint (``ppo-checkpoints/``).
+rule, a bandit per batch-size bucket, LinUCB, PPO (stable-baselines3 on the vectorized replay) with one arm for the
+batch, and PPO with one arm per row (``ppo-rows``, ``policies.rl_rows``). Each is saved under ``--out`` as soon as
+it is made, with ``train.json``; a rerun checks its settings and trains only what is missing; PPO, killed midway,
+resumes from its latest checkpoint (``ppo-checkpoints/``, ``ppo-rows-checkpoints/``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from env.files import atomic_write_text
 from experiments.serve_policies import MAX_REQUESTS, _sim_factory, _split, train_loads
 
 
-def _same_ppo(path: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
+def _same_ppo(path: Path, meta: dict[str, Any], pre: str = "ppo") -> dict[str, Any] | None:
     """The training report a PPO policy at ``path`` carries when it was trained with these settings (its file's
     meta: split, cost model, lengths, timesteps), else None; a folder made before the settings check may hold one
     trained with others. The file alone decides: a kill between writing it and ``train.json`` loses nothing."""
@@ -35,18 +36,20 @@ def _same_ppo(path: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
     except PolicyError:
         return None
     saved.pop("name", None)
-    report = saved.pop("ppo_report", None)
+    report = saved.pop(f"{pre}_report", None)
     if json.loads(json.dumps(saved)) != json.loads(json.dumps(meta)):
         return None
     return report if isinstance(report, dict) else {}
 
 
 def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, max_new: int, requests: int,
-              max_batch: int, timesteps: int, seed: int, progress: bool) -> dict[str, Any]:  # fmt: skip
+              max_batch: int, timesteps: int, seed: int, progress: bool,
+              row_timesteps: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Fit and train every serving policy into ``out``. Each is saved as soon as it is made (the fitted ones before
     PPO starts), with ``train.json`` (the report so far); a rerun into the same folder (its settings checked by the
     caller) keeps the policies already saved and trains only the missing ones — after a kill during PPO, PPO, from
-    its latest checkpoint."""
+    its latest checkpoint. ``row_timesteps``: the per-row PPO's (None: ``timesteps`` where the menu is a grid,
+    ``_row_timesteps``; 0: none)."""
     from env.batch_cost import cost_digest
     from env.serve_env import feature_names, levels_upto, make_sb3_serve_env, obs_size
     from policies.linucb import LinUCB
@@ -62,6 +65,7 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     )
 
     feats, size = feature_names(max_batch), obs_size(max_batch)
+    row_timesteps = _row_timesteps(arms, timesteps, row_timesteps)
     loads = train_loads(max_batch)
     make = _sim_factory(trace, cost, arms, list(split.train), max_new, requests, max_batch)
     meta = {"split": split.as_dict(), "batch_cost": cost.label, "batch_cost_sha256": cost_digest(cost),
@@ -117,44 +121,64 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     for name, pol in policies.items():  # seconds to make again, deterministic: saved anew (a rerun's report)
         # rules that read no training prompt: evaluating them on any prompts is held out
         save(name, pol, {"fitted_on_prompts": False} if name in ("trt-auto", "smartspec") else None)
-    t1 = time.perf_counter()
 
-    def make_vec() -> Any:
+    def make_vec(action: str) -> Any:
         return make_sb3_serve_env(64, trace=trace, arms=arms, cost=cost, max_batch=max_batch, loads=loads,
                                   requests=requests, max_new_tokens=max_new, prompt_ids=list(split.train),
-                                  reward="goodput_ratio", seed=seed)  # fmt: skip
+                                  reward="goodput_ratio", seed=seed, action=action)  # fmt: skip
 
-    ppo_keys = ("ppo_s", "ppo_timesteps", "ppo_curve", "ppo_plateau")
-    kept = _same_ppo(out / "ppo.zip", {**meta, "ppo_timesteps": timesteps}) if timesteps > 0 else None
-    if kept is not None:  # trained before a kill of a later stage, or a finished run again: kept
-        report.update({k: v for k, v in kept.items() if k in ppo_keys}, ppo_timesteps=timesteps)
-        report["saved"] = sorted({*report["saved"], "ppo"})
-    elif timesteps > 0:
+    def make_eval() -> Any:
+        sim = make(8, loads=["ramp"], seed=seed + 2)
+        sim.reset()
+        return sim
 
-        def make_eval() -> Any:
-            sim = make(8, loads=["ramp"], seed=seed + 2)
-            sim.reset()
-            return sim
-
-        ckpt = out / "ppo-checkpoints"  # a kill during PPO resumes from its latest checkpoint
-        policies["ppo"], curve = train_serve_ppo(make_vec, arms, size, feats, timesteps=timesteps, seed=seed,
-                                                 progress=progress, make_eval=make_eval,
-                                                 checkpoints=ckpt)  # fmt: skip
-        report["ppo_s"] = round(getattr(policies["ppo"], "train_wall_s", time.perf_counter() - t1), 1)
-        report["ppo_timesteps"] = timesteps
-        report["ppo_curve"] = curve  # replayed goodput on a ramp of training prompts, training seconds
+    # PPO with one arm for the batch ("ppo"), then with one per row ("ppo-rows", policies.rl_rows)
+    for name, steps, rows in (("ppo", timesteps, False), ("ppo-rows", row_timesteps, True)):
+        pre = "ppo" if name == "ppo" else "ppo_rows"  # report keys: ppo_s, ppo_rows_s, ...
+        keys = tuple(f"{pre}_{k}" for k in ("s", "timesteps", "curve", "plateau"))
+        kept = _same_ppo(out / f"{name}.zip", {**meta, f"{pre}_timesteps": steps}, pre) if steps > 0 else None
+        if kept is not None:  # trained before a kill of a later stage, or a finished run again: kept
+            report.update({k: v for k, v in kept.items() if k in keys}, **{f"{pre}_timesteps": steps})
+            report["saved"] = sorted({*report["saved"], name})
+            continue
+        if steps <= 0:
+            continue
+        t1 = time.perf_counter()
+        ckpt = out / f"{name}-checkpoints"  # a kill during PPO resumes from its latest checkpoint
+        policies[name], curve = train_serve_ppo(lambda rows=rows: make_vec("row" if rows else "batch"), arms, size,
+                                                feats, timesteps=steps, seed=seed, progress=progress,
+                                                make_eval=make_eval, checkpoints=ckpt, rows=rows)  # fmt: skip
+        report[f"{pre}_s"] = round(getattr(policies[name], "train_wall_s", time.perf_counter() - t1), 1)
+        report[f"{pre}_timesteps"] = steps
+        report[f"{pre}_curve"] = curve  # replayed goodput on a ramp of training prompts, training seconds
         if curve:
             top = max(c["goodput"] for c in curve)
             first = next(c for c in curve if c["goodput"] >= 0.99 * top)
-            report["ppo_plateau"] = {
+            report[f"{pre}_plateau"] = {
                 "goodput": top,
                 "timesteps": first["timesteps"],
                 "seconds": first["seconds"],
             }
-        save("ppo", policies["ppo"], {"ppo_timesteps": timesteps,
-                                      "ppo_report": {k: report[k] for k in ppo_keys if k in report}})  # fmt: skip
+        save(name, policies[name], {f"{pre}_timesteps": steps,
+                                    f"{pre}_report": {k: report[k] for k in keys if k in report}})  # fmt: skip
         shutil.rmtree(ckpt, ignore_errors=True)  # the policy file holds what a rerun needs
     return report
+
+
+def _row_timesteps(arms: list[str], timesteps: int, given: int | None) -> int:
+    """The per-row PPO's steps: as given, else PPO's where the menu is a grid of drafters and shapes with
+    ``none`` (``policies.rl_rows.menu_grid``; else none). Given for a menu that is no grid: a ``UserError``."""
+    from experiments.errors import UserError
+    from policies.base import PolicyError
+    from policies.rl_rows import menu_grid
+
+    try:
+        menu_grid(arms)
+    except PolicyError as err:
+        if given:
+            raise UserError(f"--row-timesteps: {err}") from None
+        return 0
+    return timesteps if given is None else given
 
 
 def cmd_serve_train(args: argparse.Namespace) -> int:
@@ -172,6 +196,7 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
         raise UserError(f"--arms names no arm (got {args.arms!r}); e.g. --arms none,ngram-d2,ngram-d5")
     for a in arms:  # before the run folder is touched
         parse_arm(a)
+    row_timesteps = _row_timesteps(arms, args.timesteps, args.row_timesteps)
     split = _split(trace, args.test_per_category, args.seed)
     out = output_dir(args.out)
     from env.files import file_digest
@@ -182,10 +207,11 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
         "trace": "bundled" if args.trace is None else file_digest(args.trace),
         "batch_cost": cost_identity(args.batch_cost), "arms": arms, "split": split.as_dict(),
         "max_new_tokens": args.max_new_tokens, "requests": args.requests, "max_batch": args.max_batch,
-        "timesteps": args.timesteps, "seed": args.seed,
+        "timesteps": args.timesteps, "row_timesteps": row_timesteps, "seed": args.seed,
     }, started=any(out.glob("*.zip")))  # fmt: skip
     rep = train_all(trace, cost, arms, split, out=out, max_new=args.max_new_tokens, requests=args.requests,
                     max_batch=args.max_batch, timesteps=args.timesteps, seed=args.seed,
+                    row_timesteps=row_timesteps,
                     progress=sys.stderr.isatty() and not args.json)  # fmt: skip
     rep.update(
         out=str(out), batch_cost=cost.label, train_prompts=len(split.train), test_prompts=len(split.test)
@@ -224,6 +250,9 @@ def register(sub: Any) -> None:
         "--max-batch", type=int_at_least(1, MAX_LEVEL), default=16, help="rows in the batch at most"
     )
     t.add_argument("--timesteps", type=int_at_least(0), default=600_000, help="PPO steps (0: no PPO)")
+    t.add_argument("--row-timesteps", type=int_at_least(0), default=None,
+                   help="steps of PPO with one arm per row, ppo-rows (default: --timesteps where the menu has "
+                        "none and every drafter at every shape, else 0)")  # fmt: skip
     t.add_argument("--out", default="runs/serve-policies", help="output folder of the policy files")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_serve_train)

@@ -56,6 +56,7 @@ POLICY_TYPES: dict[str, str] = {
     "exp3": "policies.bandits:EXP3",
     "linucb": "policies.linucb:LinUCB",
     "sb3": "policies.rl:SB3Policy",
+    "sb3_rows": "policies.rl_rows:SB3RowPolicy",
     "predictor": "policies.predictor:PredictorPolicy",
     "serve_table": "policies.serving:BatchTablePolicy",
     "smartspec": "policies.serving:SmartSpecPolicy",

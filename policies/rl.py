@@ -234,9 +234,13 @@ class SB3Policy(BasePolicy):
         if self.vf_net_arch is not None:
             arch = {"pi": list(self.net_arch), "vf": list(self.vf_net_arch)}
         model = algo_class(self.algo)(
-            "MlpPolicy",
+            self._policy_class(),
             venv,
-            policy_kwargs={"net_arch": arch, "activation_fn": activation_module(self.activation)},
+            policy_kwargs={
+                "net_arch": arch,
+                "activation_fn": activation_module(self.activation),
+                **self._policy_kwargs(),
+            },  # fmt: skip
             tensorboard_log=tensorboard_log,
             seed=seed,
             device="cpu",
@@ -254,12 +258,36 @@ class SB3Policy(BasePolicy):
         acting: minimal buffers, and the global random generators left as they were."""
         import torch
 
-        expected = state_shapes(self.algo, self.obs_size, self.num_arms, self.net_arch, self.vf_net_arch)
-        check_state(state, expected, source)
+        check_state(state, self.state_shapes(), source)
         with torch.random.fork_rng(devices=[]):  # weight initialization draws from torch's global generator
-            model = self._new_model(SpacesEnv(self.obs_size, self.num_arms), None, seed=None, acting=True)
+            model = self._new_model(self._spaces_env(), None, seed=None, acting=True)
         model.policy.load_state_dict(state, strict=True)
         return model
+
+    # ---- the network's class, spaces and weights' shapes (a per-row policy, ``policies.rl_rows``, has others) ----
+    def _policy_class(self) -> Any:
+        return "MlpPolicy"
+
+    def _policy_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    def _spaces_env(self) -> Any:
+        return SpacesEnv(self.obs_size, self.num_arms)
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        return state_shapes(self.algo, self.obs_size, self.num_arms, self.net_arch, self.vf_net_arch)
+
+    def _check_spaces(self, model: Any) -> None:
+        obs_shape = tuple(model.observation_space.shape)
+        n = int(getattr(model.action_space, "n", -1))
+        if obs_shape != (self.obs_size,) or n != self.num_arms:
+            raise PolicyError(
+                f"the {self.algo} model takes observations {obs_shape} and {model.action_space} actions, "
+                f"but the policy header says ({self.obs_size},) and {self.num_arms} arms"
+            )
+
+    def _numpy_actor(self, model: Any) -> list[tuple[str, Any, Any]] | None:
+        return numpy_actor(model)
 
     # ---- acting ----
     def predict(self, obs: np.ndarray, deterministic: bool = True) -> tuple[np.ndarray, Any]:
@@ -303,7 +331,9 @@ class SB3Policy(BasePolicy):
                     f"RL policy file: network.json ({described}) disagrees with its header ({self.network()})"
                 )
             state = read_tensors(files["policy.safetensors"], "RL policy file: policy.safetensors")
-        elif "model.zip" in files:  # written by an earlier draftgym: stable-baselines3's zip, read as data
+        elif (
+            "model.zip" in files and self._policy_class() == "MlpPolicy"
+        ):  # written by an earlier draftgym: stable-baselines3's zip, read as data
             z = read_sb3_zip(files["model.zip"], "RL policy file: model.zip")
             if z.activation != self.activation:
                 raise PolicyError(
@@ -311,20 +341,19 @@ class SB3Policy(BasePolicy):
                 )
             state = z.state
         else:
-            raise PolicyError("RL policy file has no policy.safetensors (nor an older model.zip)")
+            raise PolicyError(
+                "RL policy file has no policy.safetensors (nor an older model.zip)"
+                if self._policy_class() == "MlpPolicy" or "model.zip" not in files
+                else f"RL policy file: a {self.type_name} policy has no stable-baselines3 zip form (model.zip); "
+                "it needs policy.safetensors and network.json"
+            )
         self.attach(self.acting_model(state, "RL policy file"))
 
     def attach(self, model: Any) -> None:
         """Use ``model`` (checked against this policy's observation size and arm count)."""
-        obs_shape = tuple(model.observation_space.shape)
-        n = int(model.action_space.n)
-        if obs_shape != (self.obs_size,) or n != self.num_arms:
-            raise PolicyError(
-                f"the {self.algo} model takes observations {obs_shape} and {n} actions, "
-                f"but the policy header says ({self.obs_size},) and {self.num_arms} arms"
-            )
+        self._check_spaces(model)
         self.model = model
-        self._layers = numpy_actor(model)
+        self._layers = self._numpy_actor(model)
 
 
 def _layer_sizes(name: str, value: Any) -> list[int]:
@@ -340,8 +369,6 @@ def _layer_sizes(name: str, value: Any) -> list[int]:
 def numpy_actor(model: Any) -> list[tuple[str, Any, Any]] | None:
     """The deterministic action head of an MLP policy as numpy layers ``[("linear", W, b) | ("tanh"|"relu", ..)]``
     whose argmax is ``predict(obs, deterministic=True)``; None when the network is not a plain MLP."""
-    import torch
-
     policy = model.policy
     if hasattr(policy, "q_net"):  # DQN: argmax of the Q-network
         mods = list(policy.q_net.q_net)
@@ -354,6 +381,13 @@ def numpy_actor(model: Any) -> list[tuple[str, Any, Any]] | None:
     )
     if type(extractor).__name__ != "FlattenExtractor":
         return None
+    return numpy_layers(mods)
+
+
+def numpy_layers(mods: Sequence[Any]) -> list[tuple[str, Any, Any]] | None:
+    """Torch ``Linear`` / ``Tanh`` / ``ReLU`` modules as numpy layers (``_forward``); None for any other module."""
+    import torch
+
     layers: list[tuple[str, Any, Any]] = []
     for m in mods:
         if isinstance(m, torch.nn.Linear):

@@ -58,9 +58,10 @@ def activation_module(name: str) -> Any:
 class SpacesEnv(gymnasium.Env):
     """Only the spaces of the replay env (stable-baselines3 builds its networks from them); it cannot step."""
 
-    def __init__(self, obs_size: int, n_actions: int) -> None:
+    def __init__(self, obs_size: int, n_actions: int, slots: int = 0) -> None:
+        """``slots`` > 0: one action per slot (``MultiDiscrete([n_actions] * slots)``, a per-row policy)."""
         self.observation_space = spaces.Box(-np.inf, np.inf, (obs_size,), dtype=np.float32)
-        self.action_space = spaces.Discrete(n_actions)
+        self.action_space = spaces.MultiDiscrete([n_actions] * slots) if slots else spaces.Discrete(n_actions)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
@@ -73,6 +74,15 @@ class SpacesEnv(gymnasium.Env):
 # ---- the state dict of an MlpPolicy ------------------------------------------------------------------------------
 
 
+def mlp_shapes(shapes: dict[str, tuple[int, ...]], prefix: str, sizes: Sequence[int], d: int) -> int:
+    """Add the shapes of an MLP ``prefix`` (``nn.Sequential`` of Linear and activation: Linear at even indices)
+    from ``d`` inputs through ``sizes``; returns its output width."""
+    for i, h in enumerate(sizes):
+        shapes[f"{prefix}.{2 * i}.weight"], shapes[f"{prefix}.{2 * i}.bias"] = (h, d), (h,)
+        d = h
+    return d
+
+
 def state_shapes(
     algo: str, obs_size: int, n_actions: int, net_arch: list[int], vf_net_arch: list[int] | None = None
 ) -> dict[str, tuple[int, ...]]:
@@ -81,10 +91,7 @@ def state_shapes(
     shapes: dict[str, tuple[int, ...]] = {}
 
     def mlp(prefix: str, sizes: list[int], d: int) -> int:
-        for i, h in enumerate(sizes):
-            shapes[f"{prefix}.{2 * i}.weight"], shapes[f"{prefix}.{2 * i}.bias"] = (h, d), (h,)
-            d = h
-        return d
+        return mlp_shapes(shapes, prefix, sizes, d)
 
     if algo == "dqn":
         for net in ("q_net", "q_net_target"):

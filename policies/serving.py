@@ -285,7 +285,9 @@ def run_policy(
             a = sim.myopic_best()
         else:
             obs = sim.observe()
-            if per_row:
+            if per_row and act_batch is not None:
+                a = np.asarray(act_batch(obs), np.int64).reshape(sim.num_envs, sim.max_batch)
+            elif per_row:
                 a = np.zeros((sim.num_envs, sim.max_batch), np.int64)
                 for i in np.flatnonzero(live):
                     a[i] = policy.act(obs[i])
@@ -366,7 +368,7 @@ def merge_levels(table: list[list[Any]]) -> list[list[Any]]:
 def train_serve_ppo(make_vec: Any, arms: Sequence[str], obs_size: int, features: Sequence[str], *,
                     timesteps: int, seed: int = 0, progress: bool = False, make_eval: Any = None,
                     eval_every: int = 16384, checkpoints: Path | None = None,
-                    checkpoint_every: int = 65536) -> tuple[Any, list[dict[str, float]]]:  # fmt: skip
+                    checkpoint_every: int = 65536, rows: bool = False) -> tuple[Any, list[dict[str, float]]]:  # fmt: skip
     """PPO (stable-baselines3) on the vectorized serving env ``make_vec()`` (``draftgym serve-train`` builds it with
     the env's own reward, the step's goodput relative to AR at the same batch; ``time_saved`` learned less here). ``make_eval()``: a fresh
     ``ServeSim`` (reset) whose median replayed goodput under the current policy is logged every ``eval_every``
@@ -376,19 +378,25 @@ def train_serve_ppo(make_vec: Any, arms: Sequence[str], obs_size: int, features:
     kept) and the curve so far (``curve.json``), written every ``checkpoint_every`` steps; a run killed midway and
     started again with the same folder resumes from its latest readable checkpoint (its curve and training seconds
     carried on), not from step 0. The caller checks that the folder's settings are this run's (a checkpoint of
-    another network is refused). A resumed run is not bitwise the run that was not killed: the envs restart."""
+    another network is refused). A resumed run is not bitwise the run that was not killed: the envs restart.
+
+    ``rows``: the per-row policy (``policies.rl_rows.SB3RowPolicy``, ``ppo-rows``: a 64x64 row actor shared by the
+    slots, 128x128 shape actor and critic) on a ``make_vec()`` built with ``action="row"``; else a 128x128 MLP."""
     import time
 
     from stable_baselines3.common.callbacks import BaseCallback
 
     from env.files import atomic_write_text
-    from policies.rl import SB3Policy, numpy_actor
+    from policies.rl import SB3Policy
+    from policies.rl_rows import SB3RowPolicy
     from policies.rl_train import checkpoint_files, resume_model
     from policies.sb3_checkpoints import save_checkpoint
 
     venv = make_vec()
-    policy = SB3Policy(arms, obs_size, features, algo="ppo", net_arch="128,128", seed=seed, gamma=0.9,
-                       n_steps=64, batch_size=1024, n_epochs=4, learning_rate=3e-4, ent_coef=0.003)  # fmt: skip
+    make_policy, net = (SB3RowPolicy, {"net_arch": "64,64", "vf_net_arch": "128,128"}) if rows else (
+        SB3Policy, {"net_arch": "128,128"})  # fmt: skip
+    policy = make_policy(arms, obs_size, features, algo="ppo", seed=seed, gamma=0.9, n_steps=64, batch_size=1024,
+                         n_epochs=4, learning_rate=3e-4, ent_coef=0.003, **net)  # fmt: skip
     model = policy.build(venv)
     curve: list[dict[str, float]] = []
     carried, carried_wall = 0.0, 0.0  # training seconds (and wall seconds) of the run a resume continues
@@ -438,14 +446,8 @@ def train_serve_ppo(make_vec: Any, arms: Sequence[str], obs_size: int, features:
                 return
             self.next = self.num_timesteps + eval_every
             a = time.perf_counter()
-            layers = numpy_actor(self.model)
-            from policies.rl import _forward
-
-            class Greedy:
-                def act_batch(self, obs: np.ndarray) -> np.ndarray:
-                    return np.argmax(_forward(layers, obs.astype(np.float32)), axis=-1)
-
-            g = float(np.median(run_policy(make_eval(), Greedy())))
+            policy.attach(self.model)  # a numpy copy of the actor as it is now
+            g = float(np.median(run_policy(make_eval(), policy)))
             eval_s[0] += time.perf_counter() - a
             curve.append({"timesteps": int(self.num_timesteps), "seconds": seconds(), "goodput": g})
 

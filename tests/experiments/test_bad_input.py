@@ -472,6 +472,12 @@ SERVE = [
         "it needs --policy",
     ),
     ("serve-train-timesteps-negative", ["serve-train", "--timesteps", "-1"], "must be >= 0"),
+    ("serve-train-row-timesteps-negative", ["serve-train", "--row-timesteps", "-5"], "must be >= 0"),
+    (
+        "serve-train-rows-not-a-grid",
+        ["serve-train", "--arms", "none,ngram-d2,suffix-d3", "--row-timesteps", "100", "--out", "{tmp}/st"],
+        "suffix-d2 is missing",
+    ),
     (
         "evaluate-serve-live-unknown",
         ["evaluate", "--serve", "--live-policies", "nope"],

@@ -214,8 +214,11 @@ def test_evaluate_serve_says_when_a_policy_was_built_under_another_cost_model(
 
 def test_serve_train_killed_in_ppo_resumes_with_ppo_only(trace_path, tmp_path, monkeypatch, capsys):
     """The fitted policies are saved before PPO starts; killed during PPO, a rerun trains PPO and keeps the rest;
-    a finished run is not trained again; a rerun with other settings is refused in one line."""
+    killed during the per-row PPO, a rerun trains that one only; a finished run is not trained again; a rerun with
+    other settings is refused in one line."""
     import policies.serving as serving
+    from policies.base import load_policy
+    from policies.rl_rows import SB3RowPolicy
 
     out, calls = tmp_path / "st", []
     real = serving.train_serve_ppo
@@ -224,24 +227,40 @@ def test_serve_train_killed_in_ppo_resumes_with_ppo_only(trace_path, tmp_path, m
         raise KeyboardInterrupt
 
     def counted(*a, **k):
-        calls.append(k["timesteps"])
+        calls.append((k["timesteps"], k.get("rows", False)))
         return real(*a, **k)
+
+    def rows_killed(*a, **k):
+        if k.get("rows"):
+            raise KeyboardInterrupt
+        return counted(*a, **k)
+
+    def stems():
+        return {p.stem for p in out.glob("*.zip")}
 
     argv = [x if x != "0" else "2048" for x in _train_argv(trace_path, out)]  # --timesteps 2048
     with threadpool_limits(1):
         monkeypatch.setattr(serving, "train_serve_ppo", killed)
         assert main(argv) == 130  # interrupted
-        assert {p.stem for p in out.glob("*.zip")} == SAVED  # the fitted ones, before PPO
+        assert stems() == SAVED  # the fitted ones, before PPO
+        monkeypatch.setattr(serving, "train_serve_ppo", rows_killed)
+        assert main(argv) == 130 and calls == [(2048, False)]  # PPO trained, the per-row one interrupted
+        assert stems() == SAVED | {"ppo"}
         monkeypatch.setattr(serving, "train_serve_ppo", counted)
-        assert main(argv) == 0 and calls == [2048]
-        assert {p.stem for p in out.glob("*.zip")} == SAVED | {"ppo"}
+        assert main(argv) == 0 and calls == [(2048, False), (2048, True)]  # PPO kept, the per-row one trained
+        assert stems() == SAVED | {"ppo", "ppo-rows"}
+        assert isinstance(load_policy(out / "ppo-rows.zip"), SB3RowPolicy)
         report = json.loads((out / "train.json").read_text())
-        assert set(report["saved"]) == SAVED | {"ppo"} and report["ppo_timesteps"] == 2048
-        assert main(argv) == 0 and calls == [2048]  # finished: PPO not trained again
-        assert json.loads((out / "train.json").read_text())["ppo_timesteps"] == 2048
-        (out / "train.json").unlink()  # a kill between ppo.zip and train.json: the policy file alone decides
-        assert main(argv) == 0 and calls == [2048]
-        assert json.loads((out / "train.json").read_text())["ppo_timesteps"] == 2048
+        assert set(report["saved"]) == SAVED | {"ppo", "ppo-rows"}
+        assert report["ppo_timesteps"] == report["ppo_rows_timesteps"] == 2048
+        assert main(argv) == 0 and len(calls) == 2  # finished: neither trained again
+        assert json.loads((out / "train.json").read_text())["ppo_rows_timesteps"] == 2048
+        (
+            out / "train.json"
+        ).unlink()  # a kill between a policy file and train.json: the policy file alone decides
+        assert main(argv) == 0 and len(calls) == 2
+        again = json.loads((out / "train.json").read_text())
+        assert again["ppo_timesteps"] == again["ppo_rows_timesteps"] == 2048
         capsys.readouterr()
         other = list(argv)
         other[other.index("--requests") + 1] = "5"
