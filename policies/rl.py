@@ -240,7 +240,7 @@ class SB3Policy(BasePolicy):
                 "net_arch": arch,
                 "activation_fn": activation_module(self.activation),
                 **self._policy_kwargs(),
-            },  # fmt: skip
+            },
             tensorboard_log=tensorboard_log,
             seed=seed,
             device="cpu",

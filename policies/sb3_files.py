@@ -3,9 +3,10 @@
 stable-baselines3's own ``load`` unpickles the ``data`` entries marked ``:serialized:`` and its replay buffers are
 pickles (LIBRARY-FACTS.md), so draftgym never calls it. Instead:
 
-- a draftgym ``sb3`` policy file carries ``network.json`` (``SB3Policy.network()``: algorithm, layer sizes,
-  activation, observation and action sizes, hyper-parameters) and ``policy.safetensors`` (the policy's state
-  dict); the model is rebuilt from the description (a fresh ``MlpPolicy`` on ``SpacesEnv``) and the tensors are
+- a draftgym ``sb3`` (or per-row ``sb3_rows``) policy file carries ``network.json`` (``SB3Policy.network()``:
+  algorithm, layer sizes, activation, observation and action sizes, hyper-parameters; for a per-row policy its row
+  slots, drafters and shapes) and ``policy.safetensors`` (the policy's state dict); the model is rebuilt from the
+  description (a fresh ``MlpPolicy``, or ``policies.rl_rows``' network, on ``SpacesEnv``) and the tensors are
   loaded with ``strict=True``;
 - a plain stable-baselines3 zip (``model.save``) is read by ``read_sb3_zip``: only its ``policy.pth``
   (``torch.load(weights_only=True)``) and the plain JSON fields of ``data`` (never the ``:serialized:`` ones);
