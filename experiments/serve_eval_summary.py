@@ -33,6 +33,30 @@ def fidelity(rows: list[dict[str, Any]], probes: dict[str, dict[str, Any]]) -> d
     return out
 
 
+def paired(rows: list[dict[str, Any]], best_at: dict[str, str], overall: str) -> dict[str, dict[str, Any]]:
+    """Per load with live runs: each live policy's goodput over the load's best static arm, and over the best single
+    static arm where that is another, run by run. Run r of every policy of a load is served in one interleaved
+    pass, so a drift of the machine's speed between passes cancels in the ratio. ``paired[load][policy][static]``
+    holds the median of the run-by-run ratios, their range (the noise of the comparison) and the runs paired
+    (after a resume, run r may come from another pass)."""
+    runs = {(r["policy"], r["load"]): r["live_runs"] for r in rows if r.get("live_runs")}
+    out: dict[str, dict[str, Any]] = {}
+    for load in dict.fromkeys(r["load"] for r in rows):
+        per: dict[str, Any] = {}
+        for ref in dict.fromkeys(f"static:{a}" for a in (best_at.get(load), overall) if a):
+            base = runs.get((ref, load))
+            for (name, x), rs in runs.items():
+                if not base or x != load or name == ref:
+                    continue
+                ratios = [a / b for a, b in zip(rs, base) if b > 0]
+                if ratios:
+                    per.setdefault(name, {})[ref] = {"median": float(np.median(ratios)), "min": min(ratios),
+                                                     "max": max(ratios), "runs": len(ratios)}  # fmt: skip
+        if per:
+            out[load] = per
+    return out
+
+
 def format_table(res: dict[str, Any]) -> str:
     rows, s = res["rows"], res.get("settings", {})
     loads = list(dict.fromkeys(r["load"] for r in rows))
@@ -91,7 +115,14 @@ def format_table(res: dict[str, Any]) -> str:
                 line += (f"; machine {f['speed_factor']:.2f}x the calibration's step time (probe), "
                          f"{100 * f['median_abs_error_at_probe']:.1f}% with replay rescaled by it")  # fmt: skip
             lines.append(line)
+    for x, per in (res.get("paired") or {}).items():
+        lines.append(
+            f"live at load {x}, against a static arm run by run (median ratio of the interleaved runs [range]):"
+        )
+        for name, refs in per.items():
+            lines.append(f"  {name:<20} " + "; ".join(
+                f"{q['median']:.3f}x {ref} [{q['min']:.3f}, {q['max']:.3f}]" for ref, q in refs.items()))  # fmt: skip
     return "\n".join(lines)
 
 
-__all__ = ["fidelity", "format_table"]
+__all__ = ["fidelity", "format_table", "paired"]

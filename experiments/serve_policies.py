@@ -12,11 +12,13 @@ model's bookkeeping, the match drafter's proposals, the policy's act timed here)
 static arm and the oracle pay nothing; ``--no-policy-cost`` replays without it. The act timings are kept in
 ``OUT/policy_act.json`` (by policy file and CPU), so that a rerun replays with the same figures.
 
-``--json FILE``: ``{"rows": [{"policy", "kind", "load", "replay_goodput", "live_goodput",
-"replay_goodput_live_stream", "act_s"}, ...], "policy_priced", "settings", ...}`` (``replay_goodput``: the median
-over ``--episodes`` request streams; ``replay_goodput_live_stream``: the replay of the one stream served live, for
-replay fidelity; ``act_s``: the policy's act charged a step, null where nothing is; ``policy_priced``: ``{"on",
-"book"}``, whether replay charged the policies, and whether the cost model had the bookkeeping to charge).
+``--json FILE``: ``{"rows": [{"policy", "kind", "load", "replay_goodput", "live_goodput", "live_runs",
+"replay_goodput_live_stream", "act_s"}, ...], "policy_priced", "paired", "settings", ...}`` (``replay_goodput``: the
+median over ``--episodes`` request streams; ``live_runs``: the live runs the median was taken of;
+``replay_goodput_live_stream``: the replay of the one stream served live, for replay fidelity; ``act_s``: the
+policy's act charged a step, null where nothing is; ``policy_priced``: ``{"on", "book"}``, whether replay charged
+the policies, and whether the cost model had the bookkeeping to charge; ``paired``: live, each policy against the
+best static arms run by run, ``serve_eval_summary.paired``).
 Live runs are appended to ``OUT/live.jsonl`` as they finish, and each cell's median when its load is done (a rerun
 with the same ``--out`` skips finished cells and the runs of an unfinished load).
 """
@@ -36,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from env.files import atomic_write_text, file_digest, jsonl_lines
-from experiments.serve_eval_summary import fidelity, format_table
+from experiments.serve_eval_summary import fidelity, format_table, paired
 
 EVAL_LOADS = ("1", "2", "4", "8", "16", "mixed", "bursty")
 TRAIN_LOADS = ("1", "2", "4", "8", "16", "ramp", "bursty")  # at max_batch 16 (``train_loads``)
@@ -248,7 +250,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     make = _sim_factory(trace, cost, arms, list(split.test), max_new, requests, max_batch)
     statics = [(f"static:{a}", _Static(k, a)) for k, a in enumerate(arms)]
     rows: list[dict[str, Any]] = []
-    done = {}
+    done, done_runs = {}, {}  # finished cells on disk: the median, and the runs it was taken of
     partial: dict[tuple[str, str], list[float]] = {}  # single live runs of a load not finished when killed
     probes: dict[str, dict[str, Any]] = {}
     live_path = None if out is None else out / "live.jsonl"
@@ -260,6 +262,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                     partial.setdefault((c["policy"], c["load"]), []).append(float(c["run"]))
                     continue
                 done[(c["policy"], c["load"])] = float(c["live_goodput"])
+                done_runs[(c["policy"], c["load"])] = [float(v) for v in c.get("runs") or []]
                 if isinstance(c.get("probe"), dict) and isinstance(c["probe"].get("factor"), (int, float)):
                     probes[c["load"]] = c["probe"]
             except (ValueError, RecursionError, KeyError, TypeError):
@@ -297,6 +300,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
         if (n in live_statics if n.startswith("static:") else n in want_live)
     ]
     live: dict[tuple[str, str], float] = {}
+    live_runs: dict[tuple[str, str], list[float]] = {}  # run r of every policy: one interleaved pass
     live_loads = loads if loaded is not None else []
     bar = None
     if progress and live_loads:
@@ -332,9 +336,9 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                             "factor": float(np.sqrt(before["factor"] * after["factor"]))}  # fmt: skip
         for name, _ in live_set:
             if (name, load) in done:
-                live[(name, load)] = done[(name, load)]
+                live[(name, load)], live_runs[(name, load)] = done[(name, load)], done_runs[(name, load)]
                 continue
-            live[(name, load)] = float(statistics.median(runs[name]))
+            live[(name, load)], live_runs[(name, load)] = float(statistics.median(runs[name])), runs[name]
             if live_path is not None:
                 with live_path.open("a") as fh:
                     fh.write(json.dumps({"policy": name, "load": load, "live_goodput": live[(name, load)],
@@ -344,12 +348,13 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     for load in loads:
         for name, _ in [*statics, *policies]:
             rows.append({"policy": name, "kind": kinds[name], "load": load, "replay_goodput": replay[(name, load)],
-                         "live_goodput": live.get((name, load)),
+                         "live_goodput": live.get((name, load)), "live_runs": live_runs.get((name, load)),
                          "replay_goodput_live_stream": stream0[(name, load)], "act_s": act_s.get(name)})  # fmt: skip
         rows.append({"policy": "oracle", "kind": "oracle", "load": load, "replay_goodput": oracle[load],
-                     "live_goodput": None, "replay_goodput_live_stream": None, "act_s": None})  # fmt: skip
+                     "live_goodput": None, "live_runs": None, "replay_goodput_live_stream": None,
+                     "act_s": None})  # fmt: skip
     return {"rows": rows, "best_static_per_load": best_at, "best_static_overall": overall,
-            "fidelity": fidelity(rows, probes),
+            "fidelity": fidelity(rows, probes), "paired": paired(rows, best_at, overall),
             "policy_priced": {"on": price, "book": getattr(cost, "policy_book", None) is not None}}  # fmt: skip
 
 

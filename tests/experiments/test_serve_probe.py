@@ -15,7 +15,7 @@ import pytest
 import env.batch_calibrate as bc
 from env.batch_cost import FittedBatchCost
 from env.cost import Curve
-from experiments.serve_policies import fidelity, format_table
+from experiments.serve_policies import fidelity, format_table, paired
 
 
 def _cost(probe) -> FittedBatchCost:
@@ -85,6 +85,32 @@ def test_the_fidelity_summary_takes_out_the_probed_drift():
     assert "load 1" in text and "25.0%" in text and "1.25x" in text and "0.0% with replay rescaled" in text
 
 
+def test_live_runs_are_paired_run_by_run_against_the_static_arms():
+    def row(name, load, runs):
+        return {"policy": name, "kind": "static" if name.startswith("static:") else "rl", "load": load,
+                "replay_goodput": 1.0, "live_goodput": None if runs is None else float(np.median(runs)),
+                "live_runs": runs, "replay_goodput_live_stream": 1.0}  # fmt: skip
+
+    # the machine drifts from pass to pass: the medians say the policy loses (96 against 100), the passes that it
+    # wins two of three, by a median 1.1x
+    rows = [row("static:none", "mixed", [100.0, 80.0, 120.0]), row("p", "mixed", [90.0, 96.0, 132.0]),
+            row("static:ngram-d1", "mixed", [50.0, 40.0, 60.0]), row("q", "mixed", None),
+            row("static:none", "16", None), row("p", "16", None)]  # fmt: skip
+    got = paired(rows, {"mixed": "none", "16": "none"}, "ngram-d1")
+    assert set(got) == {"mixed"}  # no live runs at 16 rows; q was replayed only
+    p = got["mixed"]["p"]
+    assert set(p) == {"static:none", "static:ngram-d1"}
+    assert p["static:none"] == pytest.approx({"median": 1.1, "min": 0.9, "max": 1.2, "runs": 3})
+    assert p["static:ngram-d1"]["median"] == pytest.approx(2.2)
+    # each static arm is paired with the other, never with itself
+    assert got["mixed"]["static:ngram-d1"]["static:none"]["median"] == pytest.approx(0.5)
+    assert "static:none" not in got["mixed"]["static:none"]
+    text = format_table(
+        {"rows": rows, "best_static_per_load": {}, "best_static_overall": "none", "paired": got}
+    )
+    assert "1.100x static:none [0.900, 1.200]" in text
+
+
 # ---- live, on the embedded model ---------------------------------------------------------------------------------
 
 
@@ -144,7 +170,14 @@ def test_live_evaluation_brackets_each_load_with_a_probe_and_resumes(fp32_model,
     monkeypatch.setattr(sp, "_live", no_live)
     monkeypatch.setattr(bc, "_time_grid", no_live)
     again = sp.evaluate_serve([("trt-auto", pol)], trace, cost, arms, split, **kw)
-    assert again["fidelity"] == fid and again["rows"] == res["rows"]
+    assert again["fidelity"] == fid and again["rows"] == res["rows"] and again["paired"] == res["paired"]
+    for load in ("1", "2"):  # run by run against the load's best static arm, served in the same pass
+        best = f"static:{res['best_static_per_load'][load]}"
+        cell = {r["policy"]: r for r in live if r["load"] == load}
+        q = res["paired"][load]["trt-auto"][best]
+        assert q["runs"] == 1 and q["median"] == pytest.approx(
+            cell["trt-auto"]["live_goodput"] / cell[best]["live_goodput"]
+        )
 
 
 @pytest.mark.model
