@@ -261,8 +261,9 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                 if "run" in c:
                     partial.setdefault((c["policy"], c["load"]), []).append(float(c["run"]))
                     continue
+                kept = [float(v) for v in c.get("runs") or []]  # parsed first: a bad cell is skipped whole
                 done[(c["policy"], c["load"])] = float(c["live_goodput"])
-                done_runs[(c["policy"], c["load"])] = [float(v) for v in c.get("runs") or []]
+                done_runs[(c["policy"], c["load"])] = kept
                 if isinstance(c.get("probe"), dict) and isinstance(c["probe"].get("factor"), (int, float)):
                     probes[c["load"]] = c["probe"]
             except (ValueError, RecursionError, KeyError, TypeError):

@@ -236,6 +236,18 @@ def test_live_runs_are_kept_as_they_finish_and_a_killed_load_resumes_from_them(t
     cell = next(r for r in live if r["load"] == "1" and r["policy"] == first)
     assert [x["run"] for x in kept if x["policy"] == first] == [1.0, 4.0]  # its first two rounds
     assert cell["live_goodput"] == 4.0  # the median of the kept 1 and 4 and a third run served after the kill
+    assert cell["live_runs"][:2] == [1.0, 4.0] and len(cell["live_runs"]) == 3  # the runs it was taken of
+    # a finished cell whose runs are junk is skipped whole and served again; the others keep their runs
+    lines = [json.loads(x) for x in (tmp_path / "live.jsonl").read_text().splitlines()]
+    cells = [x for x in lines if "live_goodput" in x]
+    cells[0]["runs"] = "junk"
+    (tmp_path / "live.jsonl").write_text("".join(json.dumps(x) + "\n" for x in cells))
+    calls["n"] = 1000
+    again = sp.evaluate_serve([("bucket-ucb", pol)], trace, cost, arms, split, **kw)
+    assert calls["n"] - 1000 == 3  # the one bad cell, three runs
+    got = {(r["policy"], r["load"]): r["live_runs"] for r in again["rows"] if r["live_runs"]}
+    assert got[(cells[0]["policy"], cells[0]["load"])] == [1001.0, 1002.0, 1003.0]
+    assert all(got[(x["policy"], x["load"])] == x["runs"] for x in cells[1:])
 
 
 def test_an_online_policy_serves_each_live_stream_from_its_state_as_loaded():
