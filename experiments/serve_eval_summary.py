@@ -1,8 +1,11 @@
-"""The summary of ``draftgym evaluate --serve``: the replay fidelity per load (``fidelity``) and the table it prints
-(``format_table``): each policy's replayed and live goodput per load, the best static arms, the notes under it."""
+"""The summary of ``draftgym evaluate --serve``: the replay fidelity per load (``fidelity``), each live policy
+against the best static arms run by run (``paired``, over the runs ``kept_runs`` reads back on a resume) and the
+table it prints (``format_table``): each policy's replayed and live goodput per load, the best static arms, the
+notes under it."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import numpy as np
@@ -33,6 +36,18 @@ def fidelity(rows: list[dict[str, Any]], probes: dict[str, dict[str, Any]]) -> d
     return out
 
 
+def kept_runs(v: Any, goodput: float) -> list[float]:
+    """A finished live cell's runs as kept in ``live.jsonl``: finite numbers whose median is the cell's goodput
+    (none in older files)."""
+    if v is None:
+        return []
+    if not isinstance(v, list) or not v or not all(type(x) in (int, float) and np.isfinite(x) for x in v):
+        raise ValueError("live runs must be a non-empty list of finite numbers")
+    if not np.isclose(statistics.median(v), goodput, rtol=1e-9, atol=0.0):
+        raise ValueError("live runs do not give the cell's median")
+    return [float(x) for x in v]
+
+
 def paired(rows: list[dict[str, Any]], best_at: dict[str, str], overall: str) -> dict[str, dict[str, Any]]:
     """Per load with live runs: each live policy's goodput over the load's best static arm, and over the best single
     static arm where that is another, run by run. Run r of every policy of a load is served in one interleaved
@@ -48,7 +63,7 @@ def paired(rows: list[dict[str, Any]], best_at: dict[str, str], overall: str) ->
             for (name, x), rs in runs.items():
                 if not base or x != load or name == ref:
                     continue
-                ratios = [a / b for a, b in zip(rs, base) if b > 0]
+                ratios = [a / b for a, b in zip(rs, base) if np.isfinite(a) and np.isfinite(b) and b > 0]
                 if ratios:
                     per.setdefault(name, {})[ref] = {"median": float(np.median(ratios)), "min": min(ratios),
                                                      "max": max(ratios), "runs": len(ratios)}  # fmt: skip
@@ -125,4 +140,4 @@ def format_table(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["fidelity", "format_table", "paired"]
+__all__ = ["fidelity", "format_table", "kept_runs", "paired"]

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from env.files import atomic_write_text, file_digest, jsonl_lines
-from experiments.serve_eval_summary import fidelity, format_table, paired
+from experiments.serve_eval_summary import fidelity, format_table, kept_runs, paired
 
 EVAL_LOADS = ("1", "2", "4", "8", "16", "mixed", "bursty")
 TRAIN_LOADS = ("1", "2", "4", "8", "16", "ramp", "bursty")  # at max_batch 16 (``train_loads``)
@@ -258,12 +258,14 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
         for line in jsonl_lines(live_path):
             try:
                 c = json.loads(line)
+                if not isinstance(c, dict):
+                    continue
                 if "run" in c:
                     partial.setdefault((c["policy"], c["load"]), []).append(float(c["run"]))
                     continue
-                kept = [float(v) for v in c.get("runs") or []]  # parsed first: a bad cell is skipped whole
-                done[(c["policy"], c["load"])] = float(c["live_goodput"])
-                done_runs[(c["policy"], c["load"])] = kept
+                g = float(c["live_goodput"])
+                kept = kept_runs(c.get("runs"), g)  # checked first: a bad cell is skipped whole
+                done[(c["policy"], c["load"])], done_runs[(c["policy"], c["load"])] = g, kept
                 if isinstance(c.get("probe"), dict) and isinstance(c["probe"].get("factor"), (int, float)):
                     probes[c["load"]] = c["probe"]
             except (ValueError, RecursionError, KeyError, TypeError):

@@ -109,6 +109,14 @@ def test_live_runs_are_paired_run_by_run_against_the_static_arms():
         {"rows": rows, "best_static_per_load": {}, "best_static_overall": "none", "paired": got}
     )
     assert "1.100x static:none [0.900, 1.200]" in text
+    # a run that is not a finite positive number pairs with nothing
+    rows[0]["live_runs"], rows[1]["live_runs"] = (
+        [float("nan"), 80.0, 0.0, 120.0],
+        [90.0, float("inf"), 5.0, 132.0],
+    )
+    assert paired(rows, {"mixed": "none"}, "none")["mixed"]["p"]["static:none"] == pytest.approx(
+        {"median": 1.1, "min": 1.1, "max": 1.1, "runs": 1}
+    )
 
 
 # ---- live, on the embedded model ---------------------------------------------------------------------------------
@@ -240,14 +248,20 @@ def test_live_runs_are_kept_as_they_finish_and_a_killed_load_resumes_from_them(t
     # a finished cell whose runs are junk is skipped whole and served again; the others keep their runs
     lines = [json.loads(x) for x in (tmp_path / "live.jsonl").read_text().splitlines()]
     cells = [x for x in lines if "live_goodput" in x]
-    cells[0]["runs"] = "junk"
-    (tmp_path / "live.jsonl").write_text("".join(json.dumps(x) + "\n" for x in cells))
+    cells[0]["runs"] = "123"  # not a list (it once read as [1, 2, 3])
+    cells[1]["runs"] = [x + 1 for x in cells[1]["runs"]]  # not the runs of its median
+    cells[2]["runs"][0] = float("nan")
+    junk = ["[1]", '"x"', "{"]  # lines that are not a cell at all
+    (tmp_path / "live.jsonl").write_text(
+        "".join(json.dumps(x) + "\n" for x in cells) + "\n".join(junk) + "\n"
+    )
     calls["n"] = 1000
     again = sp.evaluate_serve([("bucket-ucb", pol)], trace, cost, arms, split, **kw)
-    assert calls["n"] - 1000 == 3  # the one bad cell, three runs
+    assert calls["n"] - 1000 == 9  # the three bad cells, three runs each
     got = {(r["policy"], r["load"]): r["live_runs"] for r in again["rows"] if r["live_runs"]}
-    assert got[(cells[0]["policy"], cells[0]["load"])] == [1001.0, 1002.0, 1003.0]
-    assert all(got[(x["policy"], x["load"])] == x["runs"] for x in cells[1:])
+    served = sorted(v for x in cells[:3] for v in got[(x["policy"], x["load"])])
+    assert served == [1001.0 + i for i in range(9)]  # served again, all three
+    assert all(got[(x["policy"], x["load"])] == x["runs"] for x in cells[3:])
 
 
 def test_an_online_policy_serves_each_live_stream_from_its_state_as_loaded():
