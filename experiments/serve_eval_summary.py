@@ -48,22 +48,48 @@ def kept_runs(v: Any, goodput: float) -> list[float]:
     return [float(x) for x in v]
 
 
+def kept_passes(v: Any, runs: list[float]) -> list[str | None] | None:
+    """A finished live cell's pass tags as kept in ``live.jsonl``, one per run (a string, or null for a run kept
+    from a file that tagged none); None where the cell has none (older files)."""
+    if v is None:
+        return None
+    if not isinstance(v, list) or len(v) != len(runs) or not all(x is None or type(x) is str for x in v):
+        raise ValueError("live passes must be a list of strings or nulls, one per run")
+    return list(v)
+
+
+def _pairs(
+    rs: list[float], ps: list | None, base: list[float], bps: list | None
+) -> list[tuple[float, float]]:
+    """The runs of two cells made in the same pass: by their pass tags (equal, not null) where either cell has any,
+    else (older files, no tags) by index, as they were made."""
+    if not any(ps or ()) and not any(bps or ()):
+        return list(zip(rs, base))
+    at = {t: b for t, b in zip(bps or (), base) if t is not None}
+    return [(a, at[t]) for t, a in zip(ps or (), rs) if t is not None and t in at]
+
+
 def paired(rows: list[dict[str, Any]], best_at: dict[str, str], overall: str) -> dict[str, dict[str, Any]]:
     """Per load with live runs: each live policy's goodput over the load's best static arm, and over the best single
     static arm where that is another, run by run. Run r of every policy of a load is served in one interleaved
     pass, so a drift of the machine's speed between passes cancels in the ratio. ``paired[load][policy][static]``
-    holds the median of the run-by-run ratios, their range (the noise of the comparison) and the runs paired
-    (after a resume, run r may come from another pass)."""
-    runs = {(r["policy"], r["load"]): r["live_runs"] for r in rows if r.get("live_runs")}
+    holds the median of the run-by-run ratios, their range (the noise of the comparison) and the runs paired.
+    Each run carries its pass's tag (``live_passes``: the evaluation's session and the pass), so after a resume a
+    pass the kill cut in two pairs only the runs made on the same side of it."""
+    runs = {
+        (r["policy"], r["load"]): (r["live_runs"], r.get("live_passes")) for r in rows if r.get("live_runs")
+    }
     out: dict[str, dict[str, Any]] = {}
     for load in dict.fromkeys(r["load"] for r in rows):
         per: dict[str, Any] = {}
         for ref in dict.fromkeys(f"static:{a}" for a in (best_at.get(load), overall) if a):
             base = runs.get((ref, load))
-            for (name, x), rs in runs.items():
+            for (name, x), (rs, ps) in runs.items():
                 if not base or x != load or name == ref:
                     continue
-                ratios = [a / b for a, b in zip(rs, base) if np.isfinite(a) and np.isfinite(b) and b > 0]
+                ratios = [
+                    a / b for a, b in _pairs(rs, ps, *base) if np.isfinite(a) and np.isfinite(b) and b > 0
+                ]
                 if ratios:
                     per.setdefault(name, {})[ref] = {"median": float(np.median(ratios)), "min": min(ratios),
                                                      "max": max(ratios), "runs": len(ratios)}  # fmt: skip

@@ -13,8 +13,9 @@ static arm and the oracle pay nothing; ``--no-policy-cost`` replays without it. 
 ``OUT/policy_act.json`` (by policy file and CPU), so that a rerun replays with the same figures.
 
 ``--json FILE``: ``{"rows": [{"policy", "kind", "load", "replay_goodput", "live_goodput", "live_runs",
-"replay_goodput_live_stream", "act_s"}, ...], "policy_priced", "paired", "settings", ...}`` (``replay_goodput``: the
-median over ``--episodes`` request streams; ``live_runs``: the live runs the median was taken of;
+"live_passes", "replay_goodput_live_stream", "act_s"}, ...], "policy_priced", "paired", "settings", ...}``
+(``replay_goodput``: the median over ``--episodes`` request streams; ``live_runs``: the live runs the median was
+taken of; ``live_passes``: each run's pass, ``SESSION/r``, a session being one invocation of the command;
 ``replay_goodput_live_stream``: the replay of the one stream served live, for replay fidelity; ``act_s``: the
 policy's act charged a step, null where nothing is; ``policy_priced``: ``{"on", "book"}``, whether replay charged
 the policies, and whether the cost model had the bookkeeping to charge; ``paired``: live, each policy against the
@@ -31,6 +32,7 @@ import json
 import statistics
 import sys
 import time
+import uuid
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from env.files import atomic_write_text, file_digest, jsonl_lines
-from experiments.serve_eval_summary import fidelity, format_table, kept_runs, paired
+from experiments.serve_eval_summary import fidelity, format_table, kept_passes, kept_runs, paired
 
 EVAL_LOADS = ("1", "2", "4", "8", "16", "mixed", "bursty")
 TRAIN_LOADS = ("1", "2", "4", "8", "16", "ramp", "bursty")  # at max_batch 16 (``train_loads``)
@@ -250,8 +252,10 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     make = _sim_factory(trace, cost, arms, list(split.test), max_new, requests, max_batch)
     statics = [(f"static:{a}", _Static(k, a)) for k, a in enumerate(arms)]
     rows: list[dict[str, Any]] = []
-    done, done_runs = {}, {}  # finished cells on disk: the median, and the runs it was taken of
+    done, done_runs, done_passes = {}, {}, {}  # finished cells on disk: the median, its runs, their passes
     partial: dict[tuple[str, str], list[float]] = {}  # single live runs of a load not finished when killed
+    partial_passes: dict[tuple[str, str], list[str | None]] = {}
+    session = uuid.uuid4().hex[:8]  # tags this invocation's passes: a resume's pass r is not the killed one's
     probes: dict[str, dict[str, Any]] = {}
     live_path = None if out is None else out / "live.jsonl"
     if live_path is not None:
@@ -261,11 +265,17 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                 if not isinstance(c, dict):
                     continue
                 if "run" in c:
+                    tag = c.get("pass")
                     partial.setdefault((c["policy"], c["load"]), []).append(float(c["run"]))
+                    partial_passes.setdefault((c["policy"], c["load"]), []).append(
+                        tag if type(tag) is str else None
+                    )
                     continue
                 g = float(c["live_goodput"])
                 kept = kept_runs(c.get("runs"), g)  # checked first: a bad cell is skipped whole
-                done[(c["policy"], c["load"])], done_runs[(c["policy"], c["load"])] = g, kept
+                tags = kept_passes(c.get("passes"), kept)
+                key = (c["policy"], c["load"])
+                done[key], done_runs[key], done_passes[key] = g, kept, tags
                 if isinstance(c.get("probe"), dict) and isinstance(c["probe"].get("factor"), (int, float)):
                     probes[c["load"]] = c["probe"]
             except (ValueError, RecursionError, KeyError, TypeError):
@@ -304,6 +314,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     ]
     live: dict[tuple[str, str], float] = {}
     live_runs: dict[tuple[str, str], list[float]] = {}  # run r of every policy: one interleaved pass
+    live_passes: dict[tuple[str, str], list[str | None] | None] = {}
     live_loads = loads if loaded is not None else []
     bar = None
     if progress and live_loads:
@@ -316,6 +327,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     for load in live_loads:
         todo = [(n, p) for n, p in live_set if (n, load) not in done]
         runs: dict[str, list[float]] = {n: partial.get((n, load), [])[:repeats] for n, _ in todo}
+        passes = {n: partial_passes.get((n, load), [])[:repeats] for n, _ in todo}
         if bar is not None:
             bar.update(sum(len(r) for r in runs.values()))
         pr = probe_rows(cost, load) if probe and todo else []
@@ -327,9 +339,11 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                 runs[name].append(
                     _live(loaded, _streams(make, load, 1, seed), pol, menu, max_batch, max_new, cost)
                 )
+                passes[name].append(f"{session}/{r}")
                 if live_path is not None:  # each run as it finishes: a kill loses at most the one running
                     with live_path.open("a") as fh:
-                        fh.write(json.dumps({"policy": name, "load": load, "run": runs[name][-1]}) + "\n")
+                        fh.write(json.dumps({"policy": name, "load": load, "run": runs[name][-1],
+                                             "pass": passes[name][-1]}) + "\n")  # fmt: skip
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix_str(f"{name} @ {load}: {runs[name][-1]:.1f} tok/s")
@@ -338,23 +352,26 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
             probes[load] = {"rows": pr, "before": before, "after": after,
                             "factor": float(np.sqrt(before["factor"] * after["factor"]))}  # fmt: skip
         for name, _ in live_set:
-            if (name, load) in done:
-                live[(name, load)], live_runs[(name, load)] = done[(name, load)], done_runs[(name, load)]
+            key = (name, load)
+            if key in done:
+                live[key], live_runs[key], live_passes[key] = done[key], done_runs[key], done_passes[key]
                 continue
-            live[(name, load)], live_runs[(name, load)] = float(statistics.median(runs[name])), runs[name]
+            live[key] = float(statistics.median(runs[name]))
+            live_runs[key], live_passes[key] = runs[name], passes[name]
             if live_path is not None:
                 with live_path.open("a") as fh:
-                    fh.write(json.dumps({"policy": name, "load": load, "live_goodput": live[(name, load)],
-                                         "runs": runs[name], "probe": probes.get(load)}) + "\n")  # fmt: skip
+                    fh.write(json.dumps({"policy": name, "load": load, "live_goodput": live[key], "runs": runs[name],
+                                         "passes": passes[name], "probe": probes.get(load)}) + "\n")  # fmt: skip
     if bar is not None:
         bar.close()
     for load in loads:
         for name, _ in [*statics, *policies]:
             rows.append({"policy": name, "kind": kinds[name], "load": load, "replay_goodput": replay[(name, load)],
                          "live_goodput": live.get((name, load)), "live_runs": live_runs.get((name, load)),
+                         "live_passes": live_passes.get((name, load)),
                          "replay_goodput_live_stream": stream0[(name, load)], "act_s": act_s.get(name)})  # fmt: skip
         rows.append({"policy": "oracle", "kind": "oracle", "load": load, "replay_goodput": oracle[load],
-                     "live_goodput": None, "live_runs": None, "replay_goodput_live_stream": None,
+                     "live_goodput": None, "live_runs": None, "live_passes": None, "replay_goodput_live_stream": None,
                      "act_s": None})  # fmt: skip
     return {"rows": rows, "best_static_per_load": best_at, "best_static_overall": overall,
             "fidelity": fidelity(rows, probes), "paired": paired(rows, best_at, overall),

@@ -88,13 +88,19 @@ def test_evaluate_serve_writes_the_documented_rows(trained, trace_path, tmp_path
             "replay_goodput",
             "live_goodput",
             "live_runs",
+            "live_passes",
             "replay_goodput_live_stream",
             "act_s",
         }
         # a policy that observes is charged its act, timed; a static arm (served as an engine) and the oracle not
         assert (r["act_s"] is None) == (r["kind"] in ("static", "oracle"))
         assert r["act_s"] is None or 0 < r["act_s"] < 0.1
-        assert r["kind"] in KINDS and r["live_goodput"] is None and r["live_runs"] is None  # --no-live
+        assert (
+            r["kind"] in KINDS
+            and r["live_goodput"] is None
+            and r["live_runs"] is None
+            and r["live_passes"] is None
+        )  # --no-live
         assert np.isfinite(r["replay_goodput"]) and r["replay_goodput"] > 0
     assert {r["load"] for r in rows} == {"1", "4", "mixed"}
     for load in ("1", "4", "mixed"):

@@ -117,6 +117,17 @@ def test_live_runs_are_paired_run_by_run_against_the_static_arms():
     assert paired(rows, {"mixed": "none"}, "none")["mixed"]["p"]["static:none"] == pytest.approx(
         {"median": 1.1, "min": 1.1, "max": 1.1, "runs": 1}
     )
+    # tagged with their passes, runs pair only within a pass: a kill cut pass 1 in two (the policy's run 1 made
+    # before it, the arm's after, in a resumed session "b"), so pass 1 pairs with nothing
+    rows[0]["live_runs"], rows[1]["live_runs"] = [100.0, 80.0, 120.0], [90.0, 96.0, 132.0]
+    rows[0]["live_passes"], rows[1]["live_passes"] = ["a/0", "b/1", "b/2"], ["a/0", "a/1", "b/2"]
+    assert paired(rows, {"mixed": "none"}, "none")["mixed"]["p"]["static:none"] == pytest.approx(
+        {"median": 1.0, "min": 0.9, "max": 1.1, "runs": 2}
+    )
+    rows[1]["live_passes"] = ["b/2", "a/1", "a/0"]  # by tag, not by position
+    assert paired(rows, {"mixed": "none"}, "none")["mixed"]["p"]["static:none"]["median"] == pytest.approx(
+        (132 / 100 + 90 / 120) / 2
+    )
 
 
 # ---- live, on the embedded model ---------------------------------------------------------------------------------
@@ -245,23 +256,35 @@ def test_live_runs_are_kept_as_they_finish_and_a_killed_load_resumes_from_them(t
     assert [x["run"] for x in kept if x["policy"] == first] == [1.0, 4.0]  # its first two rounds
     assert cell["live_goodput"] == 4.0  # the median of the kept 1 and 4 and a third run served after the kill
     assert cell["live_runs"][:2] == [1.0, 4.0] and len(cell["live_runs"]) == 3  # the runs it was taken of
+    # every run carries its pass: this invocation's tag and the pass; the pass the kill cut in two pairs only the
+    # runs made on the same side of it
+    s1 = kept[0]["pass"].split("/")[0]
+    assert [x["pass"] for x in kept] == [f"{s1}/0"] * 3 + [f"{s1}/1"]
+    s2 = cell["live_passes"][2].split("/")[0]
+    assert s2 != s1 and cell["live_passes"] == [f"{s1}/0", f"{s1}/1", f"{s2}/2"]
+    tags = {r["policy"]: r["live_passes"] for r in live if r["load"] == "1"}
+    assert all(t == [f"{s1}/0", f"{s2}/1", f"{s2}/2"] for n, t in tags.items() if n != first)
+    assert all(r["live_passes"] == [f"{s2}/{i}" for i in range(3)] for r in live if r["load"] == "2")
+    pairs = [(n, ref, q) for n, per in res["paired"]["1"].items() for ref, q in per.items()]
+    assert pairs and all(q["runs"] == (2 if first in (n, ref) else 3) for n, ref, q in pairs)
     # a finished cell whose runs are junk is skipped whole and served again; the others keep their runs
     lines = [json.loads(x) for x in (tmp_path / "live.jsonl").read_text().splitlines()]
     cells = [x for x in lines if "live_goodput" in x]
     cells[0]["runs"] = "123"  # not a list (it once read as [1, 2, 3])
     cells[1]["runs"] = [x + 1 for x in cells[1]["runs"]]  # not the runs of its median
     cells[2]["runs"][0] = float("nan")
+    cells[3]["passes"] = cells[3]["passes"][:2]  # not one pass per run
     junk = ["[1]", '"x"', "{"]  # lines that are not a cell at all
     (tmp_path / "live.jsonl").write_text(
         "".join(json.dumps(x) + "\n" for x in cells) + "\n".join(junk) + "\n"
     )
     calls["n"] = 1000
     again = sp.evaluate_serve([("bucket-ucb", pol)], trace, cost, arms, split, **kw)
-    assert calls["n"] - 1000 == 9  # the three bad cells, three runs each
+    assert calls["n"] - 1000 == 12  # the four bad cells, three runs each
     got = {(r["policy"], r["load"]): r["live_runs"] for r in again["rows"] if r["live_runs"]}
-    served = sorted(v for x in cells[:3] for v in got[(x["policy"], x["load"])])
-    assert served == [1001.0 + i for i in range(9)]  # served again, all three
-    assert all(got[(x["policy"], x["load"])] == x["runs"] for x in cells[3:])
+    served = sorted(v for x in cells[:4] for v in got[(x["policy"], x["load"])])
+    assert served == [1001.0 + i for i in range(12)]  # served again, all four
+    assert cells[4:] and all(got[(x["policy"], x["load"])] == x["runs"] for x in cells[4:])
 
 
 def test_an_online_policy_serves_each_live_stream_from_its_state_as_loaded():
