@@ -1,7 +1,7 @@
 """The summary of ``draftgym evaluate --serve``: the replay fidelity per load (``fidelity``), each live policy
-against the best static arms run by run (``paired``, over the runs ``kept_runs`` reads back on a resume) and the
-table it prints (``format_table``): each policy's replayed and live goodput per load, the best static arms, the
-notes under it."""
+against the best static arms run by run (``paired``, over the runs and passes ``kept_runs`` and ``kept_passes``
+read back on a resume) and the table it prints (``format_table``): each policy's replayed and live goodput per
+load, the best static arms, the notes under it."""
 
 from __future__ import annotations
 
@@ -48,25 +48,28 @@ def kept_runs(v: Any, goodput: float) -> list[float]:
     return [float(x) for x in v]
 
 
-def kept_passes(v: Any, runs: list[float]) -> list[str | None] | None:
-    """A finished live cell's pass tags as kept in ``live.jsonl``, one per run (a string, or null for a run kept
-    from a file that tagged none); None where the cell has none (older files)."""
+LEGACY = "legacy"  # the session of runs kept by a file that tagged none: run i was made in pass i
+
+
+def kept_passes(v: Any, runs: list[float]) -> list[str]:
+    """A finished live cell's pass tags as kept in ``live.jsonl``, one string per run; a cell of an older file has
+    none, and its run i gets ``legacy/i`` (the runs of a finished load were served in one session, pass by pass)."""
     if v is None:
-        return None
-    if not isinstance(v, list) or len(v) != len(runs) or not all(x is None or type(x) is str for x in v):
-        raise ValueError("live passes must be a list of strings or nulls, one per run")
+        return [f"{LEGACY}/{i}" for i in range(len(runs))]
+    if not isinstance(v, list) or len(v) != len(runs) or not all(type(x) is str for x in v):
+        raise ValueError("live passes must be a list of strings, one per run")
     return list(v)
 
 
 def _pairs(
-    rs: list[float], ps: list | None, base: list[float], bps: list | None
+    rs: list[float], ps: list[str] | None, base: list[float], bps: list[str] | None
 ) -> list[tuple[float, float]]:
-    """The runs of two cells made in the same pass: by their pass tags (equal, not null) where either cell has any,
-    else (older files, no tags) by index, as they were made."""
-    if not any(ps or ()) and not any(bps or ()):
+    """The runs of two cells made in the same pass: by their pass tags, or by index where neither cell has tags
+    (rows made without them)."""
+    if ps is None and bps is None:
         return list(zip(rs, base))
-    at = {t: b for t, b in zip(bps or (), base) if t is not None}
-    return [(a, at[t]) for t, a in zip(ps or (), rs) if t is not None and t in at]
+    at = dict(zip(bps or (), base))
+    return [(a, at[t]) for t, a in zip(ps or (), rs) if t in at]
 
 
 def paired(rows: list[dict[str, Any]], best_at: dict[str, str], overall: str) -> dict[str, dict[str, Any]]:
@@ -75,7 +78,9 @@ def paired(rows: list[dict[str, Any]], best_at: dict[str, str], overall: str) ->
     pass, so a drift of the machine's speed between passes cancels in the ratio. ``paired[load][policy][static]``
     holds the median of the run-by-run ratios, their range (the noise of the comparison) and the runs paired.
     Each run carries its pass's tag (``live_passes``: the evaluation's session and the pass), so after a resume a
-    pass the kill cut in two pairs only the runs made on the same side of it."""
+    pass the kill cut in two pairs only the runs made on the same side of it. A policy and a static arm with no
+    pass in common (served in different sessions: a policy added to a finished ``--out``) get ``runs`` 0 and no
+    ratio, said rather than left out."""
     runs = {
         (r["policy"], r["load"]): (r["live_runs"], r.get("live_passes")) for r in rows if r.get("live_runs")
     }
@@ -87,12 +92,13 @@ def paired(rows: list[dict[str, Any]], best_at: dict[str, str], overall: str) ->
             for (name, x), (rs, ps) in runs.items():
                 if not base or x != load or name == ref:
                     continue
-                ratios = [
-                    a / b for a, b in _pairs(rs, ps, *base) if np.isfinite(a) and np.isfinite(b) and b > 0
-                ]
+                common = _pairs(rs, ps, *base)
+                ratios = [a / b for a, b in common if np.isfinite(a) and np.isfinite(b) and b > 0]
                 if ratios:
                     per.setdefault(name, {})[ref] = {"median": float(np.median(ratios)), "min": min(ratios),
                                                      "max": max(ratios), "runs": len(ratios)}  # fmt: skip
+                elif not common:  # no pass in common (a run that is no finite number pairs with nothing)
+                    per.setdefault(name, {})[ref] = {"median": None, "min": None, "max": None, "runs": 0}
         if per:
             out[load] = per
     return out
@@ -162,8 +168,9 @@ def format_table(res: dict[str, Any]) -> str:
         )
         for name, refs in per.items():
             lines.append(f"  {name:<20} " + "; ".join(
-                f"{q['median']:.3f}x {ref} [{q['min']:.3f}, {q['max']:.3f}]" for ref, q in refs.items()))  # fmt: skip
+                f"{q['median']:.3f}x {ref} [{q['min']:.3f}, {q['max']:.3f}]" if q["runs"]
+                else f"{ref}: no pass in common (served in another session)" for ref, q in refs.items()))  # fmt: skip
     return "\n".join(lines)
 
 
-__all__ = ["fidelity", "format_table", "kept_runs", "paired"]
+__all__ = ["LEGACY", "fidelity", "format_table", "kept_passes", "kept_runs", "paired"]

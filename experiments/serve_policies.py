@@ -15,7 +15,8 @@ static arm and the oracle pay nothing; ``--no-policy-cost`` replays without it. 
 ``--json FILE``: ``{"rows": [{"policy", "kind", "load", "replay_goodput", "live_goodput", "live_runs",
 "live_passes", "replay_goodput_live_stream", "act_s"}, ...], "policy_priced", "paired", "settings", ...}``
 (``replay_goodput``: the median over ``--episodes`` request streams; ``live_runs``: the live runs the median was
-taken of; ``live_passes``: each run's pass, ``SESSION/r``, a session being one invocation of the command;
+taken of; ``live_passes``: each run's pass, ``SESSION/r``, a session being one invocation of the command
+(``legacy/r`` for a run kept by an older file, which tagged none);
 ``replay_goodput_live_stream``: the replay of the one stream served live, for replay fidelity; ``act_s``: the
 policy's act charged a step, null where nothing is; ``policy_priced``: ``{"on", "book"}``, whether replay charged
 the policies, and whether the cost model had the bookkeeping to charge; ``paired``: live, each policy against the
@@ -40,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from env.files import atomic_write_text, file_digest, jsonl_lines
-from experiments.serve_eval_summary import fidelity, format_table, kept_passes, kept_runs, paired
+from experiments.serve_eval_summary import LEGACY, fidelity, format_table, kept_passes, kept_runs, paired
 
 EVAL_LOADS = ("1", "2", "4", "8", "16", "mixed", "bursty")
 TRAIN_LOADS = ("1", "2", "4", "8", "16", "ramp", "bursty")  # at max_batch 16 (``train_loads``)
@@ -254,7 +255,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     rows: list[dict[str, Any]] = []
     done, done_runs, done_passes = {}, {}, {}  # finished cells on disk: the median, its runs, their passes
     partial: dict[tuple[str, str], list[float]] = {}  # single live runs of a load not finished when killed
-    partial_passes: dict[tuple[str, str], list[str | None]] = {}
+    partial_passes: dict[tuple[str, str], list[str]] = {}
     session = uuid.uuid4().hex[:8]  # tags this invocation's passes: a resume's pass r is not the killed one's
     probes: dict[str, dict[str, Any]] = {}
     live_path = None if out is None else out / "live.jsonl"
@@ -265,11 +266,13 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                 if not isinstance(c, dict):
                     continue
                 if "run" in c:
-                    tag = c.get("pass")
-                    partial.setdefault((c["policy"], c["load"]), []).append(float(c["run"]))
-                    partial_passes.setdefault((c["policy"], c["load"]), []).append(
-                        tag if type(tag) is str else None
-                    )
+                    key = (c["policy"], c["load"])
+                    # an older file's runs carry no pass: its run i of a cell was served in pass i
+                    tag = c.get("pass", f"{LEGACY}/{len(partial.get(key, []))}")
+                    if type(tag) is not str:
+                        raise ValueError("a run's pass must be a string")  # the line is skipped: served again
+                    partial.setdefault(key, []).append(float(c["run"]))
+                    partial_passes.setdefault(key, []).append(tag)
                     continue
                 g = float(c["live_goodput"])
                 kept = kept_runs(c.get("runs"), g)  # checked first: a bad cell is skipped whole
@@ -314,7 +317,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     ]
     live: dict[tuple[str, str], float] = {}
     live_runs: dict[tuple[str, str], list[float]] = {}  # run r of every policy: one interleaved pass
-    live_passes: dict[tuple[str, str], list[str | None] | None] = {}
+    live_passes: dict[tuple[str, str], list[str]] = {}
     live_loads = loads if loaded is not None else []
     bar = None
     if progress and live_loads:

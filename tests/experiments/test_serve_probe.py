@@ -128,6 +128,14 @@ def test_live_runs_are_paired_run_by_run_against_the_static_arms():
     assert paired(rows, {"mixed": "none"}, "none")["mixed"]["p"]["static:none"]["median"] == pytest.approx(
         (132 / 100 + 90 / 120) / 2
     )
+    # a policy served in another session than the static arm (added to a finished --out): said, with no ratio
+    rows[1]["live_passes"] = ["c/0", "c/1", "c/2"]
+    got = paired(rows, {"mixed": "none"}, "none")
+    assert got["mixed"]["p"]["static:none"] == {"median": None, "min": None, "max": None, "runs": 0}
+    text = format_table(
+        {"rows": rows, "best_static_per_load": {}, "best_static_overall": "none", "paired": got}
+    )
+    assert "static:none: no pass in common" in text
 
 
 # ---- live, on the embedded model ---------------------------------------------------------------------------------
@@ -274,17 +282,62 @@ def test_live_runs_are_kept_as_they_finish_and_a_killed_load_resumes_from_them(t
     cells[1]["runs"] = [x + 1 for x in cells[1]["runs"]]  # not the runs of its median
     cells[2]["runs"][0] = float("nan")
     cells[3]["passes"] = cells[3]["passes"][:2]  # not one pass per run
+    cells[4]["passes"] = [None] * len(cells[4]["runs"])  # not strings
     junk = ["[1]", '"x"', "{"]  # lines that are not a cell at all
     (tmp_path / "live.jsonl").write_text(
         "".join(json.dumps(x) + "\n" for x in cells) + "\n".join(junk) + "\n"
     )
     calls["n"] = 1000
     again = sp.evaluate_serve([("bucket-ucb", pol)], trace, cost, arms, split, **kw)
-    assert calls["n"] - 1000 == 12  # the four bad cells, three runs each
+    assert calls["n"] - 1000 == 15  # the five bad cells, three runs each
     got = {(r["policy"], r["load"]): r["live_runs"] for r in again["rows"] if r["live_runs"]}
-    served = sorted(v for x in cells[:4] for v in got[(x["policy"], x["load"])])
-    assert served == [1001.0 + i for i in range(12)]  # served again, all four
-    assert cells[4:] and all(got[(x["policy"], x["load"])] == x["runs"] for x in cells[4:])
+    served = sorted(v for x in cells[:5] for v in got[(x["policy"], x["load"])])
+    assert served == [1001.0 + i for i in range(15)]  # served again, all five
+    assert cells[5:] and all(got[(x["policy"], x["load"])] == x["runs"] for x in cells[5:])
+
+
+def test_runs_kept_by_an_older_file_pair_by_their_order_and_a_bad_pass_is_served_again(tmp_path, monkeypatch):
+    """Run lines without a pass (a file from before passes were kept) are pass i of their cell, as they were
+    served; a run line whose pass is no string is skipped and its run served again."""
+    import experiments.serve_policies as sp
+    from env.batch_cost import load_batch_cost
+    from env.serve_sim import default_serve_trace
+    from policies.base import load_policy
+
+    trace, cost = default_serve_trace(), load_batch_cost(None)
+    pol = load_policy(next(p for p in sp.shipped_serve_policies() if p.stem == "bucket-ucb"))
+    arms, split = list(pol.arm_names), sp._split(trace, 1, 0)
+    calls = {"n": 0, "kill_at": 4}
+
+    def fake_live(loaded, sim, policy, *a):
+        calls["n"] += 1
+        if calls["n"] == calls["kill_at"]:
+            raise KeyboardInterrupt
+        return float(calls["n"])
+
+    monkeypatch.setattr(sp, "_live", fake_live)
+    monkeypatch.setattr(sp, "warm_up", lambda *a, **k: None)  # (no model here)
+    kw = dict(loads=["1"], episodes=2, max_new=6, requests=2, max_batch=16, seed=0, loaded=object(),
+              repeats=3, live_policies={"bucket-ucb"}, out=tmp_path, probe=False)  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        sp.evaluate_serve([("bucket-ucb", pol)], trace, cost, arms, split, **kw)
+    kept = [json.loads(x) for x in (tmp_path / "live.jsonl").read_text().splitlines()]
+    assert len(kept) == 3 and kept[2]["policy"] == kept[0]["policy"]  # pass 0, and the first cell's pass 1
+    for x in kept:
+        del x["pass"]
+    kept[2]["pass"] = 7
+    (tmp_path / "live.jsonl").write_text("".join(json.dumps(x) + "\n" for x in kept))
+    calls["n"], calls["kill_at"] = 100, -1
+    res = sp.evaluate_serve([("bucket-ucb", pol)], trace, cost, arms, split, **kw)
+    live = [r for r in res["rows"] if r["live_goodput"] is not None]
+    assert len(live) == 2 and calls["n"] - 100 == 4  # the bad line's run was served again
+    s2 = next(t for t in live[0]["live_passes"] if not t.startswith("legacy/")).split("/")[0]
+    assert all(r["live_passes"] == ["legacy/0", f"{s2}/1", f"{s2}/2"] for r in live)
+    assert sorted(r["live_runs"][0] for r in live) == [1.0, 2.0] and all(
+        3.0 not in r["live_runs"] for r in live
+    )
+    pairs = [q for per in res["paired"]["1"].values() for q in per.values()]
+    assert pairs and all(q["runs"] == 3 for q in pairs)
 
 
 def test_an_online_policy_serves_each_live_stream_from_its_state_as_loaded():
