@@ -10,7 +10,7 @@ import time
 import zipfile
 from typing import Any
 
-from experiments.args import output_file
+from experiments.args import drafter_options, output_file
 
 
 def _drafter_list(text: str) -> list[str]:
@@ -94,6 +94,10 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 2:
         raise UserError(f"--max-new-tokens must be >= 2, got {args.max_new_tokens}")
     names = _drafter_list(args.drafters)
+    options = drafter_options(args.drafter_option)  # checked before the model loads
+    unused = sorted(set(options) - set(names))
+    if unused:
+        raise UserError(f"--drafter-option names {', '.join(unused)}, which --drafters does not record")
     prompts = load_workload(args.workload, per_category=args.per_category)
     if args.limit:
         prompts = prompts[: args.limit]
@@ -108,6 +112,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         names,
         out,
         max_new_tokens=args.max_new_tokens,
+        drafter_options=options,
         workload=args.workload or "builtin",
         progress=not args.json,
         overwrite=args.overwrite,
@@ -176,7 +181,7 @@ def _calibrate_batch(args: argparse.Namespace, loaded: Any, names: list[str], ou
 
 
 def register(sub: Any) -> None:
-    from experiments.args import model_args, new_tokens, positive_int
+    from experiments.args import drafter_option_args, model_args, new_tokens, positive_int
 
     c = sub.add_parser("calibrate", help="measure this machine's step costs into a cost-model JSON")
     model_args(c)
@@ -202,6 +207,7 @@ def register(sub: Any) -> None:
     r.add_argument("--out", required=True, help="trace file (.npz); a killed run resumes from OUT.parts/")
     r.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     r.add_argument("--max-new-tokens", type=new_tokens, default=128)
+    drafter_option_args(r)  # kept in the trace's header: a resume with other options is refused
     model_args(r)
     r.set_defaults(dtype="fp32")  # greedy exactness is defined in fp32
     r.add_argument("--json", action="store_true", help="print one JSON summary")

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments.args import trace_drafter_options
 from experiments.errors import UserError
 
 
@@ -46,7 +47,8 @@ def diagnose(
     from env.engine import parse_arm
     from env.serve_sim import DEFAULT_ARMS, ServeSim, default_serve_trace
     from env.serving import ServeLog
-    from experiments.serve_policies import _Static, serve_stream
+    from experiments.serve_live import serve_stream
+    from experiments.serve_policies import _Static
     from policies.split import trace_split
 
     trace = default_serve_trace() if trace is None else trace
@@ -71,7 +73,8 @@ def diagnose(
     log = ServeLog()
     with torch.inference_mode():
         served, wall = serve_stream(loaded, sim, _Static(k, arm), [parse_arm(a) for a in arms], sim.max_batch,
-                                    trace.max_new_tokens, cost, log=log)  # fmt: skip
+                                    trace.max_new_tokens, cost, log=log,
+                                    drafter_options=trace_drafter_options(trace, "the trace"))  # fmt: skip
     # the span evaluate --serve's goodput divides by: first arrival to last finish (the server's setup before its
     # clock starts, growing the KV cache to the largest reservation, is not a request's time; reported apart)
     span = max(s.finish_s for s in served) - min(s.arrival_s for s in served)
@@ -129,6 +132,9 @@ def _main(argv: list[str] | None) -> int:
     if not arms:
         raise UserError(f"--arms names no arm (got {args.arms!r}); e.g. --arms none,ngram-d3")
     trace = default_serve_trace() if args.trace is None else load_trace(args.trace)
+    options = trace_drafter_options(
+        trace, args.trace or "the bundled trace"
+    )  # live serves the trace's drafters
     recorded = sorted(trace.drafters)
     loads = [x.strip() for x in args.loads.split(",") if x.strip()]
     if not loads:
@@ -158,13 +164,12 @@ def _main(argv: list[str] | None) -> int:
     if recorded_in not in (None, dtype):
         print(f"note: the trace was recorded in {recorded_in}, the target is served in {dtype}", flush=True)
     from env.engine import parse_arm
-    from experiments.serve_policies import warm_up
+    from experiments.serve_live import warm_up
 
     sim = ServeSim(1, trace=trace, arms=arms, cost=cost, loads=["2"])
     sim.reset()
-    warm_up(
-        loaded, sim, [parse_arm(a) for a in arms], sim.max_batch, cost
-    )  # untimed: no cell pays first calls
+    # untimed: no cell pays first calls
+    warm_up(loaded, sim, [parse_arm(a) for a in arms], sim.max_batch, cost, drafter_options=options)
     rows = []
     print(f"replay / live seconds; cost model: {cost.label}; drafters recorded: {', '.join(recorded)}")
     print(f"{'load':>5} {'arm':>10} {'prefill':>15} {'steps':>11} {'forward s':>15} {'draft s':>15} "

@@ -28,11 +28,9 @@ with the same ``--out`` skips finished cells and the runs of an unfinished load)
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import sys
-import time
 import uuid
 from importlib import resources
 from pathlib import Path
@@ -42,6 +40,7 @@ import numpy as np
 
 from env.files import atomic_write_text, file_digest, jsonl_lines
 from experiments.serve_eval_summary import LEGACY, fidelity, format_table, kept_passes, kept_runs, paired
+from experiments.serve_live import _live, repeated_prompts, warm_up
 
 EVAL_LOADS = ("1", "2", "4", "8", "16", "mixed", "bursty")
 TRAIN_LOADS = ("1", "2", "4", "8", "16", "ramp", "bursty")  # at max_batch 16 (``train_loads``)
@@ -99,74 +98,6 @@ def _replay(make: Any, load: str, episodes: int, seed: int, policy: Any = None, 
     sim.price_policy(act_s)
     g = run_policy(sim, policy, oracle=oracle, online=True)  # a bandit learns on each stream, as it does live
     return float(np.median(g)), float(g[0])
-
-
-def serve_stream(loaded: Any, sim: Any, policy: Any, arms: list[Any], max_batch: int, max_new: int, cost: Any,
-                 log: Any = None) -> tuple[list[Any], float]:  # fmt: skip
-    """Serve server 0's request stream of ``sim`` (after ``reset``) live under ``policy``; (the served requests,
-    wall seconds). ``log``: an ``env.serving.ServeLog`` collecting where the time went. (A static arm, a policy
-    with ``static_arm``, is served as an engine configured with it: ``env.serving.serve``.)"""
-    from env.batch import BatchEngine
-    from env.engine import NO_DRAFT
-    from env.serving import Request, serve
-
-    k = int(sim.n_req[0])
-    prompts = sim.req_prompt[0, :k]
-    reqs = [Request(str(i), sim.trace.prompt(int(p)), NO_DRAFT, max_new, float(sim.req_arr[0, i]))
-            for i, p in enumerate(prompts)]  # fmt: skip
-    closed = bool(sim.closed[0])
-    caps = [int(c) for c in sim.req_cap[0, :k]] if closed else None
-    engine = BatchEngine(loaded, max_rows=max_batch)
-    t0 = time.perf_counter()
-    served = serve(engine, reqs, caps=caps, max_batch=max_batch, policy=policy, arms=arms, cost=cost, log=log)
-    return served, time.perf_counter() - t0
-
-
-def fresh(policy: Any) -> Any:
-    """The policy as loaded, for one live stream: an online policy (a bandit) learns while it serves, and that must
-    not carry into the next stream — each live run starts from the same state, whatever ran before or was cut off
-    by a kill."""
-    return copy.deepcopy(policy) if hasattr(policy, "update") else policy
-
-
-def _live(
-    loaded: Any, sim: Any, policy: Any, arms: list[Any], max_batch: int, max_new: int, cost: Any
-) -> float:
-    """Serve server 0's request stream of ``sim`` (after ``reset``) live; committed tokens per second."""
-    served, wall = serve_stream(loaded, sim, fresh(policy), arms, max_batch, max_new, cost)
-    first = min(s.arrival_s for s in served)
-    from env.metrics import goodput
-
-    return (
-        goodput([len(s.token_ids) for s in served], first, max(s.finish_s for s in served))
-        if wall > 0
-        else 0.0
-    )
-
-
-class _EveryArm:
-    """A warm-up policy: the menu's arms in turn, one per step."""
-
-    def __init__(self, k: int) -> None:
-        self.k, self.i = k, -1
-
-    def act(self, obs: Any) -> int:
-        self.i += 1
-        return self.i % self.k
-
-
-def warm_up(loaded: Any, sim: Any, arms: list[Any], max_batch: int, cost: Any, log: Any = None) -> None:
-    """Serve two requests of ``sim``'s first stream, a few tokens each, every arm of the menu in turn, untimed:
-    the first live run then pays no one-time cost (a model head's weights loaded and its kernels' first calls,
-    ~2.8 s for eagle3 on a 2-core CPU) that the runs after it do not."""
-    from env.batch import BatchEngine
-    from env.engine import NO_DRAFT
-    from env.serving import Request, serve
-
-    prompts = [sim.trace.prompt(int(p)) for p in sim.req_prompt[0, :2]]
-    reqs = [Request(f"warm{i}", p, NO_DRAFT, 8 * len(arms)) for i, p in enumerate(prompts)]  # (long accepts)
-    serve(BatchEngine(loaded, max_rows=max_batch), reqs, concurrency=2, max_batch=max_batch,
-          policy=_EveryArm(len(arms)), arms=arms, cost=cost, log=log)  # fmt: skip
 
 
 class _Static:
@@ -234,7 +165,8 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                    loads: list[str], episodes: int, max_new: int, requests: int, max_batch: int, seed: int,
                    loaded: Any = None, repeats: int = 3, live_policies: set[str] | None = None,
                    out: Path | None = None, progress: bool = False, probe: bool = True,
-                   price: bool = True, policy_keys: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+                   price: bool = True, policy_keys: dict[str, str] | None = None,
+                   drafter_options: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     """Replay every policy (and every static arm, the oracle) at every load on held-out prompts; live (when
     ``loaded``) the policies named in ``live_policies`` (default: all), ``repeats`` runs each, the median kept.
 
@@ -319,6 +251,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     live_runs: dict[tuple[str, str], list[float]] = {}  # run r of every policy: one interleaved pass
     live_passes: dict[tuple[str, str], list[str]] = {}
     live_loads = loads if loaded is not None else []
+    streams: dict[str, dict[str, Any]] = {}  # each live load's stream: its requests, distinct prompts
     bar = None
     if progress and live_loads:
         from tqdm import tqdm
@@ -326,22 +259,23 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
         left = sum(1 for x in live_loads for n, _ in live_set if (n, x) not in done)
         bar = tqdm(total=left * repeats, desc="evaluate --serve, live", unit="run")
     if any((n, x) not in done for x in live_loads for n, _ in live_set):
-        warm_up(loaded, _streams(make, live_loads[0], 1, seed), menu, max_batch, cost)
+        warm_up(loaded, _streams(make, live_loads[0], 1, seed), menu, max_batch, cost,
+                drafter_options=drafter_options)  # fmt: skip
     for load in live_loads:
         todo = [(n, p) for n, p in live_set if (n, load) not in done]
         runs: dict[str, list[float]] = {n: partial.get((n, load), [])[:repeats] for n, _ in todo}
         passes = {n: partial_passes.get((n, load), [])[:repeats] for n, _ in todo}
         if bar is not None:
             bar.update(sum(len(r) for r in runs.values()))
+        streams[load] = repeated_prompts(_streams(make, load, 1, seed), menu)
         pr = probe_rows(cost, load) if probe and todo else []
         before = speed_probe(loaded, cost, pr) if pr else None
         for r in range(repeats):  # interleaved: a drift of the machine's speed hits every policy alike
             for name, pol in todo:
                 if len(runs[name]) > r:  # measured before a kill
                     continue
-                runs[name].append(
-                    _live(loaded, _streams(make, load, 1, seed), pol, menu, max_batch, max_new, cost)
-                )
+                runs[name].append(_live(loaded, _streams(make, load, 1, seed), pol, menu, max_batch, max_new,
+                                        cost, drafter_options))  # fmt: skip
                 passes[name].append(f"{session}/{r}")
                 if live_path is not None:  # each run as it finishes: a kill loses at most the one running
                     with live_path.open("a") as fh:
@@ -377,7 +311,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                      "live_goodput": None, "live_runs": None, "live_passes": None, "replay_goodput_live_stream": None,
                      "act_s": None})  # fmt: skip
     return {"rows": rows, "best_static_per_load": best_at, "best_static_overall": overall,
-            "fidelity": fidelity(rows, probes), "paired": paired(rows, best_at, overall),
+            "fidelity": fidelity(rows, probes), "paired": paired(rows, best_at, overall), "live_streams": streams,
             "policy_priced": {"on": price, "book": getattr(cost, "policy_book", None) is not None}}  # fmt: skip
 
 
@@ -395,7 +329,7 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     from env.batch_cost import load_batch_cost
     from env.serve_env import DEFAULT_ARMS, default_serve_trace
     from env.trace import load_trace
-    from experiments.args import output_dir, output_file
+    from experiments.args import output_dir, output_file, trace_drafter_options
     from experiments.errors import UserError
     from policies.base import load_policy
 
@@ -422,6 +356,8 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
             raise UserError(f"{name}: trained for a max batch of {pol.meta.get('max_batch', 16)}, "
                             f"{policies[0][0]} for {meta.get('max_batch', 16)}; evaluate one max batch at a time")  # fmt: skip
     trace = default_serve_trace() if args.trace is None else load_trace(args.trace)
+    # live serves the drafters as the trace recorded them (checked: the header comes from a file)
+    options = trace_drafter_options(trace, args.trace or "the bundled trace")
     cost = load_batch_cost(args.batch_cost)
     tpc = args.test_per_category or meta.get("split", {}).get("test_per_category", 4)
     split = _split(
@@ -480,7 +416,8 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
                          repeats=args.repeats, live_policies=live_names, out=out,
                          progress=sys.stderr.isatty(), probe=not args.no_probe,
                          price=not args.no_policy_cost,
-                         policy_keys={name: file_digest(p) for (name, _), p in zip(policies, paths)})  # fmt: skip
+                         policy_keys={name: file_digest(p) for (name, _), p in zip(policies, paths)},
+                         drafter_options=options)  # fmt: skip
     from env.machine import machine_info
     from experiments.provenance import provenance
 

@@ -43,6 +43,26 @@ def test_record_a_tiny_trace(tmp_path):
     assert r.stderr.count("\n") == 1, r.stderr
 
 
+@pytest.mark.model
+def test_record_keeps_its_drafter_options_and_refuses_a_rerun_with_others(tmp_path):
+    from env.trace import load_trace
+
+    out = tmp_path / "opt.npz"
+    args = ["record", "--out", str(out), "--limit", "1", "--max-new-tokens", "3", "--json"]
+    r = _run(*args, "--drafter-option", "ngram.max_ngram=2")
+    assert r.returncode == 0, r.stderr
+    assert load_trace(out).drafters["ngram"]["options"] == {"max_ngram": 2}
+    r = _run(*args, "--drafter-option", "ngram.max_ngram=3")  # another configuration under the same file
+    assert r.returncode == 2 and "other settings" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_record_refuses_an_option_for_a_drafter_it_does_not_record(tmp_path):
+    r = _run("record", "--out", str(tmp_path / "x.npz"), "--drafters", "ngram", "--drafter-option",
+             "suffix.cache_requests=0")  # fmt: skip
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "suffix, which --drafters does not record" in r.stderr and not (tmp_path / "x.npz").exists()
+
+
 @pytest.mark.parametrize("text, needle", [("0", "must be >= 1, got 0"), ("-" + "9" * 40, "a huge negative"), ("1" + "0" * 30, "(31 digits)"),
                                           ("x" * 100, "expected an integer")])  # fmt: skip
 def test_an_integer_option_out_of_range_is_one_short_message(text, needle):

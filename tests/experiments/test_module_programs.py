@@ -94,7 +94,7 @@ def stub_fidelity(monkeypatch):
     import experiments.serve_fidelity as sf
 
     monkeypatch.setattr(env.model, "load_model", lambda *a, **k: None)
-    monkeypatch.setattr("experiments.serve_policies.warm_up", lambda *a, **k: None)
+    monkeypatch.setattr("experiments.serve_live.warm_up", lambda *a, **k: None)
     from env.serve_sim import default_serve_trace
 
     model = default_serve_trace().header["model"]  # the embedded model's fingerprint, as the bundled trace's

@@ -341,11 +341,12 @@ def test_runs_kept_by_an_older_file_pair_by_their_order_and_a_bad_pass_is_served
 
 
 def test_an_online_policy_serves_each_live_stream_from_its_state_as_loaded():
+    import experiments.serve_live as sl
     import experiments.serve_policies as sp
     from policies.base import load_policy
 
     pol = load_policy(next(p for p in sp.shipped_serve_policies() if p.stem == "bucket-ucb"))
-    a, b = sp.fresh(pol), sp.fresh(pol)
+    a, b = sl.fresh(pol), sl.fresh(pol)
     assert a is not pol and b is not a and type(a) is type(pol)
 
 
@@ -353,6 +354,7 @@ def test_an_online_policy_serves_each_live_stream_from_its_state_as_loaded():
 def test_the_warm_up_serves_every_arm_of_the_menu_before_the_first_timed_run(fp32_model, monkeypatch):
     """A live evaluation first serves two short requests, every arm in turn (a model head's one-time costs are
     paid there, not in the first timed run), once: not again for a second load."""
+    import experiments.serve_live as sl
     import experiments.serve_policies as sp
     from env.engine import parse_arm
     from env.serve_sim import ServeSim, default_serve_trace
@@ -363,7 +365,7 @@ def test_the_warm_up_serves_every_arm_of_the_menu_before_the_first_timed_run(fp3
     sim = ServeSim(1, trace=trace, arms=arms, max_batch=4, loads=["2"], requests=3, seed=0)
     sim.reset()
     log = ServeLog()
-    sp.warm_up(fp32_model, sim, [parse_arm(a) for a in arms], 4, sim.cost, log=log)
+    sl.warm_up(fp32_model, sim, [parse_arm(a) for a in arms], 4, sim.cost, log=log)
     assert set(log.arm_rows) == set(arms) and log.prefills == 2
     calls = []
     monkeypatch.setattr(sp, "warm_up", lambda *a, **k: calls.append(a))
@@ -381,6 +383,7 @@ def test_the_warm_up_serves_every_arm_of_the_menu_before_the_first_timed_run(fp3
 def test_a_static_arm_is_served_live_without_a_serving_policy(fp32_model):
     """A static arm runs live as an engine configured with it runs: no observation, no act (``policy_s`` 0), only
     its drafter — and commits what the same arm chosen by a policy every step commits."""
+    import experiments.serve_live as sl
     import experiments.serve_policies as sp
     from env.engine import parse_arm
     from env.serve_sim import ServeSim, default_serve_trace
@@ -399,7 +402,7 @@ def test_a_static_arm_is_served_live_without_a_serving_policy(fp32_model):
         sim = ServeSim(1, trace=trace, arms=names, max_batch=4, loads=["2"], requests=3, seed=0)
         sim.reset()
         log = ServeLog()
-        served, _ = sp.serve_stream(fp32_model, sim, pol, arms, 4, 8, sim.cost, log=log)
+        served, _ = sl.serve_stream(fp32_model, sim, pol, arms, 4, 8, sim.cost, log=log)
         out[label] = (served, log)
     (st, st_log), (po, po_log) = out["static"], out["policy"]
     assert [s.token_ids for s in st] == [s.token_ids for s in po] and st_log.steps == po_log.steps > 0
