@@ -299,7 +299,9 @@ class Carries(Protocol):
     """A drafter with state that outlives a sequence (the suffix drafter's answer cache, the recycling drafter's
     table): ``carried()`` is that state as named arrays, ``restore(arrays)`` takes it back, checked (the arrays come
     from a file, which may be corrupted or hostile: a ``DrafterError`` names the problem) — so that a recording
-    resumed after a kill goes on with the probes as they were, not empty."""
+    resumed after a kill goes on with the probes as they were, not empty. Such a drafter says with
+    ``cross_request`` whether its proposals may read other requests' tokens as configured (a suffix cache of 0
+    requests does not)."""
 
     def carried(self) -> dict[str, np.ndarray]: ...
 

@@ -196,6 +196,11 @@ class HybridDrafter:
         other.skipped = 0
         return other
 
+    @property
+    def cross_request(self) -> bool:
+        """Whether a proposal may read other requests' tokens: where a part's may (the suffix part's cache)."""
+        return any(getattr(p, "cross_request", False) for p in self.parts)
+
     def carried(self) -> dict[str, np.ndarray]:
         """Each part's carried state (``drafters.base.Carries``), its keys under the part's name."""
         return carried_state(dict(zip(self.part_names, self.parts)))

@@ -48,6 +48,7 @@ class RecyclingDrafter:
 
     name = "recycling"
     exact_replay = False
+    cross_request = True  # the table learns from every request served before
 
     def __init__(self, width: int = 8, tree: str = "dynamic", prompt_prior: float = math.log(0.2)) -> None:
         self.width = int_option("recycling", "width", width, 1, MAX_WIDTH)

@@ -263,6 +263,11 @@ class SuffixDrafter:
         self._prompt_len = 0
         self.last_match = 0
 
+    @property
+    def cross_request(self) -> bool:
+        """Whether a proposal may read other requests' answers (the global cache is on)."""
+        return self.cache_requests > 0
+
     def fork(self) -> SuffixDrafter:
         """A drafter for another sequence over the same global cache."""
         other = SuffixDrafter(self.depth_limit, self.max_match, self.cache_requests, self.choose)

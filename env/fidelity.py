@@ -38,13 +38,19 @@ def run(
     from env.model import load_model, model_spec
     from env.spec_env import SpecDecodeEnv
     from env.trace import Trace, load_trace
+    from env.trace_record import recorded_drafter_options
 
     trace = trace_path if isinstance(trace_path, Trace) else load_trace(trace_path)
+    # live decodes with the drafters as the trace recorded them
+    options = recorded_drafter_options(
+        trace, str(trace_path) if trace_path is not None else "the bundled trace"
+    )
     loaded = load_model(model_spec(trace.header["model"]["model_id"]), dtype="fp32", device="cpu")
     ids = trace.prompt_ids[:prompts]
     new = max_new_tokens or trace.max_new_tokens
     replay = SpecDecodeEnv(trace=trace, model=loaded, cost_model=cost_model, max_new_tokens=new)
-    live = SpecDecodeEnv("live", model=loaded, workload=trace, cost_model=cost_model, max_new_tokens=new)
+    live = SpecDecodeEnv("live", model=loaded, workload=trace, cost_model=cost_model, max_new_tokens=new,
+                         drafter_options=options)  # fmt: skip
     rng = np.random.default_rng(seed)
     rows: list[dict[str, Any]] = []
     same_text = 0

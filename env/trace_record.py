@@ -45,6 +45,48 @@ def _drafter_header(name: str, d: Drafter, options: dict[str, Any]) -> dict[str,
     return {"exact": exact, "shape": [s.depth, s.topk, s.budget], "options": options}
 
 
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _int64_problem(value: Any) -> bool:
+    """An integer (in a list or table too) outside 64 bits: no option takes one (it would overflow a tensor)."""
+    if type(value) is int:
+        return not INT64[0] <= value <= INT64[1]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return any(_int64_problem(v) for v in items)
+
+
+def recorded_drafter_options(trace: Trace, source: str) -> dict[str, dict[str, Any]]:
+    """The drafter options ``trace`` was recorded with (``draftgym record --drafter-option``, kept in its header):
+    what a live run of its menu must serve with, so that live serves the drafters replay priced. The header comes
+    from a file: a drafter this draftgym lacks, an option it does not take, a 64-bit overflow or a value it refuses
+    is a ``TraceError`` naming ``source``."""
+    from drafters import DRAFTERS
+    from drafters.base import keyword_options, shown
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, head in trace.drafters.items():
+        opts = head.get("options") if isinstance(head, dict) else None
+        if not opts:
+            continue
+        where = f"{source}: the options recorded for {shown(name, 40)}"
+        if name not in DRAFTERS:
+            raise TraceError(f"{where}: not a drafter this draftgym has")
+        if not isinstance(opts, dict):
+            raise TraceError(f"{where} are not a table of options")
+        bad = sorted(shown(k, 40) for k in opts if k not in keyword_options(DRAFTERS[name]))
+        if bad:
+            raise TraceError(f"{where}: {bad[0]} is not an option of {name}")
+        if _int64_problem(opts):
+            raise TraceError(f"{where}: an integer outside 64 bits")
+        try:
+            make_drafter(name, **opts)  # a value the drafter refuses: here, not mid-run
+        except (DrafterError, TypeError, ValueError, ArithmeticError) as err:
+            raise TraceError(f"{where}: {one_line(str(err))[:200]}") from None
+        out[name] = dict(opts)
+    return out
+
+
 def record_prompt(
     stepper: Stepper,
     probes: dict[str, Drafter],

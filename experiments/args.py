@@ -10,7 +10,6 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from env.cli import check_not_input, seed_int
 from env.cli import same_file as same_file  # experiments.report reads it here
@@ -178,28 +177,6 @@ def built_options(options: dict[str, dict[str, object]], source: str) -> dict[st
         except (DrafterError, TypeError, ValueError, ArithmeticError) as err:
             raise UserError(f"{source} {name}: {err}") from err
     return options
-
-
-def trace_drafter_options(trace: Any, source: str) -> dict[str, dict[str, object]]:
-    """The drafter options a trace was recorded with (its header's, ``draftgym record --drafter-option``), checked
-    as ``--drafter-option`` is (the header comes from a file): what a live run of its menu must serve with, so
-    that live serves the drafters replay priced."""
-    from drafters import DRAFTERS
-    from experiments.config import keywords_of
-    from experiments.errors import UserError
-
-    out: dict[str, dict[str, object]] = {}
-    for name, head in trace.drafters.items():
-        opts = head.get("options") if isinstance(head, dict) else None
-        if not opts:
-            continue
-        if name not in DRAFTERS or not isinstance(opts, dict):
-            raise UserError(f"{source}: the options recorded for {name!r} are not a drafter's options")
-        bad = sorted(str(k)[:40] for k in opts if k not in keywords_of(DRAFTERS[name]))
-        if bad:
-            raise UserError(f"{source}: {bad[0]!r} is not an option of {name}")
-        out[name] = dict(opts)
-    return built_options(out, f"{source}: the options recorded for")
 
 
 def same_drafter_options(out: Path, options: dict[str, dict[str, object]], started: bool) -> None:

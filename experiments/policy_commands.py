@@ -250,10 +250,15 @@ def _live(policy_paths, policies, best_name, trace, test, *, loaded, workload, m
             f"held-out prompts {missing[:3]} are not in workload {source}; pass --workload FILE"
         )
     prompts = [by_id[t] for t in test][: limit or None]
+    from env.trace_record import recorded_drafter_options
+
+    options = recorded_drafter_options(
+        trace, "the trace"
+    )  # live decodes with the drafters the trace recorded
     decoders = {}
     for policy, path in zip(policies, policy_paths):
         fresh = load_policy(path)  # live starts from the file, not from what replay taught an online policy
-        decoders[f"policy:{policy_label(policy, path)}"] = policy_decoder(loaded, fresh)
+        decoders[f"policy:{policy_label(policy, path)}"] = policy_decoder(loaded, fresh, options)
     methods = ["hf_greedy", best_name, *decoders]
     out = out_dir or Path(f"runs/evaluate-{dt.datetime.now():%Y%m%d-%H%M%S}")
     settings = {"workload": str(source), "prompts": len(prompts), "max_new_tokens": max_new_tokens,
@@ -265,7 +270,7 @@ def _live(policy_paths, policies, best_name, trace, test, *, loaded, workload, m
     identity = {"workload": workload_identity(source), "workload_sha256": workload_digest(source),
                 "policies": {m: file_digest(p) for m, p in zip(decoders, policy_paths)}}  # fmt: skip
     result = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, out_dir=out, settings=settings,
-                       progress=progress, decoders=decoders, identity=identity,
+                       progress=progress, decoders=decoders, identity=identity, drafter_options=options,
                        start_note=resume_note("evaluate", out))  # fmt: skip
     overall = {r["method"]: r["speedup_vs_hf"] for r in result["summary"] if r["category"] == "overall"}
     speedups = {f"static:{best_name}": overall.get(best_name)}

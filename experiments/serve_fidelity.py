@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from experiments.args import trace_drafter_options
 from experiments.errors import UserError
 
 
@@ -39,15 +38,17 @@ def diagnose(
     seed: int = 0,
     trace: Any = None,
     arms: list[str] | None = None,
+    drafter_options: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One held-out stream at ``load`` under the static ``arm`` (of the menu ``arms``; default: the serving env's
-    default menu) from ``trace`` (default: the bundled serving trace): the replay's modelled parts and the live ones."""
+    default menu) from ``trace`` (default: the bundled serving trace): the replay's modelled parts and the live ones,
+    served with ``drafter_options`` (the trace's: ``env.trace_record.recorded_drafter_options``)."""
     import torch
 
     from env.engine import parse_arm
     from env.serve_sim import DEFAULT_ARMS, ServeSim, default_serve_trace
     from env.serving import ServeLog
-    from experiments.serve_live import serve_stream
+    from experiments.serve_live import repeated_prompts, serve_stream
     from experiments.serve_policies import _Static
     from policies.split import trace_split
 
@@ -70,11 +71,13 @@ def diagnose(
     replay["draft_s"] = replay["step_s"] - replay["forward_s"]
     replay.update(wall_s=float(sim.clock[0]), tokens=int(sim.tokens_total[0]))
     # the same stream served live (the episode's request arrays stay as drawn)
+    repeated_prompts(
+        sim, [parse_arm(arm)], drafter_options
+    )  # a note where a repeat may meet a cross-request cache
     log = ServeLog()
     with torch.inference_mode():
         served, wall = serve_stream(loaded, sim, _Static(k, arm), [parse_arm(a) for a in arms], sim.max_batch,
-                                    trace.max_new_tokens, cost, log=log,
-                                    drafter_options=trace_drafter_options(trace, "the trace"))  # fmt: skip
+                                    trace.max_new_tokens, cost, log=log, drafter_options=drafter_options)  # fmt: skip
     # the span evaluate --serve's goodput divides by: first arrival to last finish (the server's setup before its
     # clock starts, growing the KV cache to the largest reservation, is not a request's time; reported apart)
     span = max(s.finish_s for s in served) - min(s.arrival_s for s in served)
@@ -132,9 +135,9 @@ def _main(argv: list[str] | None) -> int:
     if not arms:
         raise UserError(f"--arms names no arm (got {args.arms!r}); e.g. --arms none,ngram-d3")
     trace = default_serve_trace() if args.trace is None else load_trace(args.trace)
-    options = trace_drafter_options(
-        trace, args.trace or "the bundled trace"
-    )  # live serves the trace's drafters
+    from env.trace_record import recorded_drafter_options
+
+    options = recorded_drafter_options(trace, args.trace or "the bundled trace")  # live serves them
     recorded = sorted(trace.drafters)
     loads = [x.strip() for x in args.loads.split(",") if x.strip()]
     if not loads:
@@ -176,7 +179,9 @@ def _main(argv: list[str] | None) -> int:
           f"{'total':>15} {'live book':>9} {'live other':>10}")  # fmt: skip
     for load in loads:
         for arm in arms:
-            r = diagnose(cost, arm, load, loaded, args.requests, trace=trace, arms=arms)
+            r = diagnose(
+                cost, arm, load, loaded, args.requests, trace=trace, arms=arms, drafter_options=options
+            )
             rows.append(r)
             a, b = r["replay"], r["live"]
             print(f"{load:>5} {arm:>10} {a['prefill_s']:6.2f} / {b['prefill_s']:6.2f} {a['steps']:>5}/{b['steps']:<5} "

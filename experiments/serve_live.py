@@ -16,7 +16,7 @@ def serve_stream(loaded: Any, sim: Any, policy: Any, arms: list[Any], max_batch:
                  log: Any = None, drafter_options: Any = None) -> tuple[list[Any], float]:  # fmt: skip
     """Serve server 0's request stream of ``sim`` (after ``reset``) live under ``policy``; (the served requests,
     wall seconds). ``log``: an ``env.serving.ServeLog`` collecting where the time went; ``drafter_options``: the
-    drafters' options, as the trace recorded them (``experiments.args.trace_drafter_options``). (A static arm, a
+    drafters' options, as the trace recorded them (``env.trace_record.recorded_drafter_options``). (A static arm, a
     policy with ``static_arm``, is served as an engine configured with it: ``env.serving.serve``.)"""
     from env.batch import BatchEngine
     from env.engine import NO_DRAFT
@@ -91,21 +91,30 @@ def warm_up(loaded: Any, sim: Any, arms: list[Any], max_batch: int, cost: Any, l
           policy=_EveryArm(len(arms)), arms=arms, cost=cost, log=log, drafter_options=drafter_options)  # fmt: skip
 
 
-def repeated_prompts(sim: Any, menu: list[Any]) -> dict[str, Any]:
+def repeated_prompts(
+    sim: Any, menu: list[Any], drafter_options: dict[str, dict[str, Any]] | None = None
+) -> dict:
     """Server 0's stream of ``sim``: its requests, its distinct prompts (streams draw prompts with replacement), and
-    the menu's drafters that keep state across requests (``drafters.Carries``: the suffix drafter's answer cache,
-    the hybrid's through it, the recycling table). Live, such a drafter finds a repeated prompt's answer where
-    replay, recorded with each prompt once, did not: a note says so."""
-    from drafters import DRAFTERS
+    the menu's drafters whose proposals read other requests' tokens as configured (``drafter_options``; a drafter's
+    ``cross_request``: the suffix drafter's answer cache when on, a hybrid through such a part, the recycling
+    table). Live, such a drafter finds a repeated prompt's answer where replay, recorded with each prompt once,
+    did not: a note says so."""
+    from tqdm import tqdm
 
+    from drafters import DRAFTERS, make_drafter
+
+    opts = drafter_options or {}
     k = int(sim.n_req[0])
     distinct = len(set(sim.req_prompt[0, :k].tolist()))
-    names = sorted(
-        {a.drafter for a in menu if a.drafter is not None and hasattr(DRAFTERS.get(a.drafter), "carried")}
-    )
+    names = sorted({
+        a.drafter for a in menu if a.drafter is not None and hasattr(DRAFTERS.get(a.drafter), "carried")
+        and getattr(make_drafter(a.drafter, **opts.get(a.drafter, {})), "cross_request", False)
+    })  # fmt: skip
     if names and distinct < k:
-        print(f"note: this live stream repeats prompts ({distinct} distinct in {k} requests) and {', '.join(names)} "
-              "keep state across requests: live they may find a repeated prompt's answer, which replay does not "
-              "model (for a like-for-like comparison, record the trace with the cache off: draftgym record "
-              "--drafter-option suffix.cache_requests=0; live serves the trace's options)", file=sys.stderr)  # fmt: skip
+        tqdm.write(f"note: this live stream repeats prompts ({distinct} distinct in {k} requests) and "
+                   f"{', '.join(names)} read other requests' tokens: live they may find a repeated prompt's answer, "
+                   "which replay does not model (for a like-for-like comparison, record the trace with the cache "
+                   "off: draftgym record --drafter-option suffix.cache_requests=0, or for a hybrid "
+                   "'hybrid.options={suffix={cache_requests=0}}'; live serves the trace's options)",
+                   file=sys.stderr)  # fmt: skip
     return {"requests": k, "distinct_prompts": distinct, "cross_request_drafters": names}

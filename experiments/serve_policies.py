@@ -13,14 +13,17 @@ static arm and the oracle pay nothing; ``--no-policy-cost`` replays without it. 
 ``OUT/policy_act.json`` (by policy file and CPU), so that a rerun replays with the same figures.
 
 ``--json FILE``: ``{"rows": [{"policy", "kind", "load", "replay_goodput", "live_goodput", "live_runs",
-"live_passes", "replay_goodput_live_stream", "act_s"}, ...], "policy_priced", "paired", "settings", ...}``
+"live_passes", "replay_goodput_live_stream", "act_s"}, ...], "policy_priced", "paired", "live_streams", "settings",
+...}``
 (``replay_goodput``: the median over ``--episodes`` request streams; ``live_runs``: the live runs the median was
 taken of; ``live_passes``: each run's pass, ``SESSION/r``, a session being one invocation of the command
 (``legacy/r`` for a run kept by an older file, which tagged none);
 ``replay_goodput_live_stream``: the replay of the one stream served live, for replay fidelity; ``act_s``: the
 policy's act charged a step, null where nothing is; ``policy_priced``: ``{"on", "book"}``, whether replay charged
 the policies, and whether the cost model had the bookkeeping to charge; ``paired``: live, each policy against the
-best static arms run by run, ``serve_eval_summary.paired``).
+best static arms run by run, ``serve_eval_summary.paired``; ``live_streams``: each live load's stream, its requests
+and distinct prompts, and the drafters that read other requests' tokens, ``serve_live.repeated_prompts``). Live
+serves the drafters with the options the trace recorded (``env.trace_record.recorded_drafter_options``).
 Live runs are appended to ``OUT/live.jsonl`` as they finish, and each cell's median when its load is done (a rerun
 with the same ``--out`` skips finished cells and the runs of an unfinished load).
 """
@@ -173,6 +176,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     ``price``: replay charges each policy that observes what serving it live adds to a step (its act, timed here
     on replayed observations, ``policies.act_cost``; the cost model's bookkeeping; the match drafter's proposals),
     as the live server pays it; a static arm pays nothing (served as an engine configured with it), nor the oracle.
+    ``drafter_options``: the drafters' options live (the trace's, as recorded).
 
     With ``probe`` (and a fitted cost model whose calibration timed the probe: ``meta["probe"]``), each load's
     live runs are bracketed by a speed probe (``env.batch_calibrate.speed_probe``: the same one-node steps timed
@@ -267,7 +271,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
         passes = {n: partial_passes.get((n, load), [])[:repeats] for n, _ in todo}
         if bar is not None:
             bar.update(sum(len(r) for r in runs.values()))
-        streams[load] = repeated_prompts(_streams(make, load, 1, seed), menu)
+        streams[load] = repeated_prompts(_streams(make, load, 1, seed), menu, drafter_options)
         pr = probe_rows(cost, load) if probe and todo else []
         before = speed_probe(loaded, cost, pr) if pr else None
         for r in range(repeats):  # interleaved: a drift of the machine's speed hits every policy alike
@@ -329,7 +333,8 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     from env.batch_cost import load_batch_cost
     from env.serve_env import DEFAULT_ARMS, default_serve_trace
     from env.trace import load_trace
-    from experiments.args import output_dir, output_file, trace_drafter_options
+    from env.trace_record import recorded_drafter_options
+    from experiments.args import output_dir, output_file
     from experiments.errors import UserError
     from policies.base import load_policy
 
@@ -357,7 +362,7 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
                             f"{policies[0][0]} for {meta.get('max_batch', 16)}; evaluate one max batch at a time")  # fmt: skip
     trace = default_serve_trace() if args.trace is None else load_trace(args.trace)
     # live serves the drafters as the trace recorded them (checked: the header comes from a file)
-    options = trace_drafter_options(trace, args.trace or "the bundled trace")
+    options = recorded_drafter_options(trace, args.trace or "the bundled trace")
     cost = load_batch_cost(args.batch_cost)
     tpc = args.test_per_category or meta.get("split", {}).get("test_per_category", 4)
     split = _split(
@@ -410,6 +415,7 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
             "batch_cost": cost_identity(args.batch_cost), "test_prompts": list(split.test),
             "requests": args.requests, "max_batch": max_batch, "seed": args.seed, "repeats": args.repeats,
             "probe": not args.no_probe, "policies": {name: file_digest(p) for (name, _), p in zip(policies, paths)},
+            **({"drafter_options": options} if options else {}),  # (runs before it served the drafters' defaults)
         }, started=bool(jsonl_lines(out / "live.jsonl")))  # fmt: skip
     res = evaluate_serve(policies, trace, cost, arms, split, loads=loads, episodes=args.episodes, max_new=max_new,
                          requests=args.requests, max_batch=max_batch, seed=args.seed, loaded=loaded,
