@@ -227,10 +227,9 @@ def test_live_cells_of_other_settings_are_not_resumed(tmp_path, capsys):
     assert (out / "live.jsonl").read_text() == cell + "\n"
 
 
-def test_live_runs_are_kept_as_they_finish_and_a_killed_load_resumes_from_them(tmp_path, monkeypatch):
-    """Each live run is appended as it finishes; killed inside a load, the rerun serves only the runs not yet
-    measured, and each cell's median is over all of its runs. An online policy serves every run from its state
-    as loaded (a copy)."""
+def _killed_live_setup(monkeypatch, kill_at: int):
+    """A live evaluation without a model: run n serves n tok/s, and run ``kill_at`` is killed (a KeyboardInterrupt);
+    ``calls``: the runs served, and the one to kill (set it to -1 for none)."""
     import experiments.serve_policies as sp
     from env.batch_cost import load_batch_cost
     from env.serve_sim import default_serve_trace
@@ -239,7 +238,7 @@ def test_live_runs_are_kept_as_they_finish_and_a_killed_load_resumes_from_them(t
     trace, cost = default_serve_trace(), load_batch_cost(None)
     pol = load_policy(next(p for p in sp.shipped_serve_policies() if p.stem == "bucket-ucb"))
     arms, split = list(pol.arm_names), sp._split(trace, 1, 0)
-    calls = {"n": 0, "kill_at": 5}
+    calls = {"n": 0, "kill_at": kill_at}
 
     def fake_live(loaded, sim, policy, *a):
         calls["n"] += 1
@@ -249,6 +248,14 @@ def test_live_runs_are_kept_as_they_finish_and_a_killed_load_resumes_from_them(t
 
     monkeypatch.setattr(sp, "_live", fake_live)
     monkeypatch.setattr(sp, "warm_up", lambda *a, **k: None)  # (no model here)
+    return sp, trace, cost, pol, arms, split, calls
+
+
+def test_live_runs_are_kept_as_they_finish_and_a_killed_load_resumes_from_them(tmp_path, monkeypatch):
+    """Each live run is appended as it finishes; killed inside a load, the rerun serves only the runs not yet
+    measured, and each cell's median is over all of its runs. An online policy serves every run from its state
+    as loaded (a copy)."""
+    sp, trace, cost, pol, arms, split, calls = _killed_live_setup(monkeypatch, kill_at=5)
     kw = dict(loads=["1", "2"], episodes=2, max_new=6, requests=2, max_batch=16, seed=0, loaded=object(),
               repeats=3, live_policies={"bucket-ucb"}, out=tmp_path, probe=False)  # fmt: skip
     with pytest.raises(KeyboardInterrupt):
@@ -299,24 +306,7 @@ def test_live_runs_are_kept_as_they_finish_and_a_killed_load_resumes_from_them(t
 def test_runs_kept_by_an_older_file_pair_by_their_order_and_a_bad_pass_is_served_again(tmp_path, monkeypatch):
     """Run lines without a pass (a file from before passes were kept) are pass i of their cell, as they were
     served; a run line whose pass is no string is skipped and its run served again."""
-    import experiments.serve_policies as sp
-    from env.batch_cost import load_batch_cost
-    from env.serve_sim import default_serve_trace
-    from policies.base import load_policy
-
-    trace, cost = default_serve_trace(), load_batch_cost(None)
-    pol = load_policy(next(p for p in sp.shipped_serve_policies() if p.stem == "bucket-ucb"))
-    arms, split = list(pol.arm_names), sp._split(trace, 1, 0)
-    calls = {"n": 0, "kill_at": 4}
-
-    def fake_live(loaded, sim, policy, *a):
-        calls["n"] += 1
-        if calls["n"] == calls["kill_at"]:
-            raise KeyboardInterrupt
-        return float(calls["n"])
-
-    monkeypatch.setattr(sp, "_live", fake_live)
-    monkeypatch.setattr(sp, "warm_up", lambda *a, **k: None)  # (no model here)
+    sp, trace, cost, pol, arms, split, calls = _killed_live_setup(monkeypatch, kill_at=4)
     kw = dict(loads=["1"], episodes=2, max_new=6, requests=2, max_batch=16, seed=0, loaded=object(),
               repeats=3, live_policies={"bucket-ucb"}, out=tmp_path, probe=False)  # fmt: skip
     with pytest.raises(KeyboardInterrupt):
