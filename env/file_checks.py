@@ -22,6 +22,20 @@ class Bad(Exception):
     """(field, what is wrong): a part of a file that fails its check; the loader names the file."""
 
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # TOML's integers; ``tomllib`` reads any size
+
+
+def int64_problem(value: Any) -> str | None:
+    """Why ``value`` (or an integer inside a list or table of it) is outside TOML's 64-bit integers, or None. A
+    larger one would overflow where it is made a float (``float``, ``math.isfinite``) or a tensor."""
+    if type(value) is int and not INT64_MIN <= value <= INT64_MAX:
+        digits = str(abs(value))
+        got = f"{'-' if value < 0 else ''}{digits[:6]}... ({len(digits)} digits)"
+        return f"is an integer outside TOML's 64-bit range (-2**63 .. 2**63-1): {got}"
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return next((why for why in map(int64_problem, items) if why), None)
+
+
 def one_line(text: str) -> str:
     return " ".join(text.split())
 

@@ -21,7 +21,7 @@ import numpy as np
 from drafters import Carries, Drafter, DrafterError, DraftTree, make_drafter
 from drafters.base import carried_state, restore_state
 from env.features import FeatureSpec, position_feature_names, position_features, projection
-from env.file_checks import one_line
+from env.file_checks import int64_problem, one_line
 from env.files import atomic_write_text, file_digest
 from env.safe_zip import ArchiveProblem, parse_json, read_npz
 from env.step import Stepper, largest_shape
@@ -45,17 +45,6 @@ def _drafter_header(name: str, d: Drafter, options: dict[str, Any]) -> dict[str,
     return {"exact": exact, "shape": [s.depth, s.topk, s.budget], "options": options}
 
 
-INT64 = (-(1 << 63), (1 << 63) - 1)
-
-
-def _int64_problem(value: Any) -> bool:
-    """An integer (in a list or table too) outside 64 bits: no option takes one (it would overflow a tensor)."""
-    if type(value) is int:
-        return not INT64[0] <= value <= INT64[1]
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return any(_int64_problem(v) for v in items)
-
-
 def recorded_drafter_options(trace: Trace, source: str) -> dict[str, dict[str, Any]]:
     """The drafter options ``trace`` was recorded with (``draftgym record --drafter-option``, kept in its header):
     what a live run of its menu must serve with, so that live serves the drafters replay priced. The header comes
@@ -77,8 +66,9 @@ def recorded_drafter_options(trace: Trace, source: str) -> dict[str, dict[str, A
         bad = sorted(shown(k, 40) for k in opts if k not in keyword_options(DRAFTERS[name]))
         if bad:
             raise TraceError(f"{where}: {bad[0]} is not an option of {name}")
-        if _int64_problem(opts):
-            raise TraceError(f"{where}: an integer outside 64 bits")
+        why = int64_problem(opts)
+        if why:
+            raise TraceError(f"{where}: a value {why}")
         try:
             make_drafter(name, **opts)  # a value the drafter refuses: here, not mid-run
         except (DrafterError, TypeError, ValueError, ArithmeticError) as err:

@@ -162,21 +162,14 @@ def drafter_options(items: list[str] | None) -> dict[str, dict[str, object]]:
                 f"--drafter-option {shown}: {opt!r} is not an option of {name}; valid: {', '.join(valid)}"
             )
         out.setdefault(name, {})[opt] = value
-    return built_options(out, "--drafter-option")
-
-
-def built_options(options: dict[str, dict[str, object]], source: str) -> dict[str, dict[str, object]]:
-    """``options`` (``{drafter: {option: value}}``) once each drafter was built with them: a value the drafter
-    refuses fails here, naming ``source``, not mid-run."""
     from drafters import DrafterError, make_drafter
-    from experiments.errors import UserError
 
-    for name, opts in options.items():
+    for name, opts in out.items():  # a value the drafter refuses fails here too, not mid-run
         try:
             make_drafter(name, **opts)
         except (DrafterError, TypeError, ValueError, ArithmeticError) as err:
-            raise UserError(f"{source} {name}: {err}") from err
-    return options
+            raise UserError(f"--drafter-option {name}: {err}") from err
+    return out
 
 
 def same_drafter_options(out: Path, options: dict[str, dict[str, object]], started: bool) -> None:

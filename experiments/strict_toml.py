@@ -23,6 +23,8 @@ import typing
 from dataclasses import field, fields, is_dataclass
 from typing import Any
 
+from env.file_checks import int64_problem  # (the env layer checks trace headers too)
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10
@@ -31,20 +33,6 @@ else:  # Python 3.10
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the key and where it was set."""
-
-
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # TOML's integers; ``tomllib`` reads any size
-
-
-def int64_problem(value: Any) -> str | None:
-    """Why ``value`` (or an integer inside a list or table of it) is outside TOML's 64-bit integers, or None. A
-    larger one would overflow where it is made a float (``float``, ``math.isfinite``) or a tensor."""
-    if type(value) is int and not INT64_MIN <= value <= INT64_MAX:
-        digits = str(abs(value))
-        got = f"{'-' if value < 0 else ''}{digits[:6]}... ({len(digits)} digits)"
-        return f"is an integer outside TOML's 64-bit range (-2**63 .. 2**63-1): {got}"
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
-    return next((why for why in map(int64_problem, items) if why), None)
 
 
 def opt(default: Any, **meta: Any) -> Any:

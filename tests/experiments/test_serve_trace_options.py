@@ -35,8 +35,8 @@ def test_the_options_a_trace_recorded_are_read_and_checked():
         ({"x" * 5000: 1}, "ngram", "is not an option of ngram"),
         ({"max_ngram": -4}, "ngram", "recorded for 'ngram'"),
         ({"max_ngram": "x" * 5000}, "ngram", "recorded for 'ngram'"),
-        ({"max_ngram": 10**30}, "ngram", "outside 64 bits"),
-        ({"options": {"suffix": {"cache_requests": [10**40]}}}, "hybrid", "outside 64 bits"),
+        ({"max_ngram": 10**30}, "ngram", "outside TOML.s 64-bit range"),
+        ({"options": {"suffix": {"cache_requests": [10**40]}}}, "hybrid", "outside TOML.s 64-bit range"),
         ([1, 2], "ngram", "not a table of options"),
         ({"a": 1}, "y" * 5000, "not a drafter this draftgym has"),
     ):
