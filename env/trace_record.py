@@ -45,34 +45,46 @@ def _drafter_header(name: str, d: Drafter, options: dict[str, Any]) -> dict[str,
     return {"exact": exact, "shape": [s.depth, s.topk, s.budget], "options": options}
 
 
+def drafter_options_problem(name: Any, opts: Any) -> str | None:
+    """What is wrong with ``opts`` as the constructor options of drafter ``name``, as read from a file (a trace's
+    header, a serving policy's meta), or None: a drafter this draftgym lacks, options that are not a table, an option
+    it does not take, a 64-bit overflow, or a value it refuses. The text names neither the file nor the drafter."""
+    from drafters import DRAFTERS
+    from drafters.base import keyword_options, shown
+
+    if not isinstance(name, str) or name not in DRAFTERS:
+        return "not a drafter this draftgym has"
+    if not isinstance(opts, dict):
+        return "not a table of options"
+    bad = sorted(shown(k, 40) for k in opts if k not in keyword_options(DRAFTERS[name]))
+    if bad:
+        return f"{bad[0]} is not an option of {name}"
+    why = int64_problem(opts)
+    if why:
+        return f"a value {why}"
+    try:
+        make_drafter(name, **opts)  # a value the drafter refuses: here, not mid-run
+    except (DrafterError, TypeError, ValueError, ArithmeticError) as err:
+        return one_line(str(err))[:200]
+    return None
+
+
 def recorded_drafter_options(trace: Trace, source: str) -> dict[str, dict[str, Any]]:
     """The drafter options ``trace`` was recorded with (``draftgym record --drafter-option``, kept in its header):
     what a live run of its menu must serve with, so that live serves the drafters replay priced. The header comes
     from a file: a drafter this draftgym lacks, an option it does not take, a 64-bit overflow or a value it refuses
-    is a ``TraceError`` naming ``source``."""
-    from drafters import DRAFTERS
-    from drafters.base import keyword_options, shown
+    is a ``TraceError`` naming ``source`` (``drafter_options_problem``)."""
+    from drafters.base import shown
 
     out: dict[str, dict[str, Any]] = {}
     for name, head in trace.drafters.items():
         opts = head.get("options") if isinstance(head, dict) else None
         if not opts:
             continue
-        where = f"{source}: the options recorded for {shown(name, 40)}"
-        if name not in DRAFTERS:
-            raise TraceError(f"{where}: not a drafter this draftgym has")
-        if not isinstance(opts, dict):
-            raise TraceError(f"{where} are not a table of options")
-        bad = sorted(shown(k, 40) for k in opts if k not in keyword_options(DRAFTERS[name]))
-        if bad:
-            raise TraceError(f"{where}: {bad[0]} is not an option of {name}")
-        why = int64_problem(opts)
+        why = drafter_options_problem(name, opts)
         if why:
-            raise TraceError(f"{where}: a value {why}")
-        try:
-            make_drafter(name, **opts)  # a value the drafter refuses: here, not mid-run
-        except (DrafterError, TypeError, ValueError, ArithmeticError) as err:
-            raise TraceError(f"{where}: {one_line(str(err))[:200]}") from None
+            where = f"{source}: the options recorded for {shown(name, 40)}"
+            raise TraceError(f"{where} are {why}" if why == "not a table of options" else f"{where}: {why}")
         out[name] = dict(opts)
     return out
 

@@ -119,6 +119,17 @@ def check_meta(policy: Any, path: Any) -> Any:
             v = split.get(key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise bad(f"split.{key}", "a non-negative integer")
+    options = meta.get("drafter_options")  # the trace's drafter options it was trained on (serve-train)
+    if options is not None:
+        from drafters.base import shown
+        from env.trace_record import drafter_options_problem
+
+        if not isinstance(options, dict):
+            raise bad("drafter_options", "an object")
+        for name, opts in options.items():
+            why = drafter_options_problem(name, opts)
+            if why:
+                raise PolicyError(f"policy {path}: meta.drafter_options.{shown(name, 40)}: {why}")
     return policy
 
 

@@ -156,6 +156,42 @@ def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[d
     return [asdict(s) for s in served], log.as_dict()
 
 
+def served_drafter_options(
+    policies: dict[str, Any], given: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """The drafter options a run serves, one set for all its methods (its cells compare one configuration): the
+    options each serving policy was trained with (``meta["drafter_options"]``: the trace ``serve-train`` read),
+    under ``given`` (``--drafter-option``), which wins, with a note on stderr for each trained option it changes.
+    Two policies trained with different values of one option are a ``UserError``: serve them in separate runs."""
+    from drafters import DrafterError, make_drafter
+    from drafters.base import shown
+    from experiments.errors import UserError
+
+    out: dict[str, dict[str, Any]] = {}
+    whose: dict[tuple[str, str], str] = {}
+    for method, pol in policies.items():
+        for name, opts in (pol.meta.get("drafter_options") or {}).items():
+            for key, value in opts.items():
+                if key in out.get(name, {}) and out[name][key] != value:
+                    raise UserError(
+                        f"{method} was trained with {name}.{key}={shown(value)} and {whose[name, key]} with "
+                        f"{shown(out[name][key])}: serve them in separate runs"
+                    )
+                out.setdefault(name, {})[key], whose[name, key] = value, method
+    for name, opts in given.items():
+        for key, value in opts.items():
+            if key in out.get(name, {}) and out[name][key] != value:
+                print(f"note: {whose[name, key]} was trained with {name}.{key}={shown(out[name][key])}; "
+                      f"--drafter-option serves {shown(value)}", file=sys.stderr)  # fmt: skip
+            out.setdefault(name, {})[key] = value
+    for name, opts in out.items():  # the policies' and the command's options together: a drafter that builds
+        try:
+            make_drafter(name, **opts)
+        except (DrafterError, TypeError, ValueError, ArithmeticError) as err:
+            raise UserError(f"the drafter options served for {name} ({shown(opts)}): {err}") from None
+    return out
+
+
 def load_cells(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
     """Finished cells of an earlier (maybe killed) run; a torn last line is dropped (and cut from the file)."""
     out = {}
@@ -185,7 +221,6 @@ def cmd_serve_bench(args: Any) -> int:
     session = new_session()  # stamped on each cell served here (a resume: another session)
     levels = parse_levels(args.concurrency)
     methods = split_methods(args.methods)
-    args.drafter_options = drafter_options(args.drafter_option)
     args.policy_objects, args.policy_max_batch, args.batch_cost_model = {}, {}, None
     for path in args.policy or []:  # serving policies (draftgym serve-train): one method each
         from env.batch_cost import load_batch_cost
@@ -201,6 +236,8 @@ def cmd_serve_bench(args: Any) -> int:
         methods.append(name)
         args.policy_objects[name], args.policy_max_batch[name] = pol, m
         args.batch_cost_model = load_batch_cost(args.batch_cost)
+    # every method serves the drafters as the policies were trained on them, unless --drafter-option says otherwise
+    args.drafter_options = served_drafter_options(args.policy_objects, drafter_options(args.drafter_option))
     if args.batch_cost is not None and not args.policy:
         raise UserError("--batch-cost prices a serving policy's choices; it needs --policy (none given)")
     if not methods or len(set(methods)) != len(methods):
@@ -427,7 +464,9 @@ def register(sub: Any) -> None:
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma list: ar, hf_batch, arm names, mix(ARM,ARM,...)")  # fmt: skip
     p.add_argument("--policy", action="append", default=None, metavar="PATH",
-                   help="a serving policy (draftgym serve-train) choosing each step's arm: method policy:NAME")  # fmt: skip
+                   help="a serving policy (draftgym serve-train) choosing each step's arm: method policy:NAME; "
+                   "every method serves the drafters with the options the policy was trained on (its trace's; "
+                   "--drafter-option overrides them)")  # fmt: skip
     p.add_argument("--batch-cost", default=None,
                    help="--policy: the batch cost model its online updates price steps with (default: the shipped)")  # fmt: skip
     p.add_argument("--max-new-tokens", type=new_tokens, default=128)

@@ -5,6 +5,7 @@ load, the best static arms, the notes under it."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from typing import Any
 
@@ -150,6 +151,12 @@ def format_table(res: dict[str, Any]) -> str:
     for name, label in (res.get("built_under_other_cost") or {}).items():
         lines.append(
             f"note: {name} was built under the cost model {label}, evaluated under {s.get('batch_cost')}"
+        )
+    other = res.get("trained_with_other_drafter_options") or {}
+    for name, opts in (other.get("policies") or {}).items():
+        lines.append(
+            f"note: {name} was trained with the drafter options {json.dumps(opts, sort_keys=True)}; this trace's "
+            f"drafters, served live, have {json.dumps(other.get('trace') or {}, sort_keys=True)}"
         )
     fid = res.get("fidelity") or {}
     if fid:

@@ -375,6 +375,10 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     other_cost = {
         name: str(pol.meta["batch_cost"]) for name, pol in policies if not same_cost(pol.meta, cost)
     }
+    # a policy trained on a trace whose drafters had other options than this one's, which live serves (a policy
+    # from before serve-train kept them does not say: not flagged)
+    other_options = {name: pol.meta["drafter_options"] for name, pol in policies
+                     if "drafter_options" in pol.meta and pol.meta["drafter_options"] != options}  # fmt: skip
     from env.serve_loads import parse_load
 
     max_new = args.max_new_tokens or int(meta.get("max_new_tokens", 64))
@@ -435,6 +439,9 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
                        "command": " ".join(["draftgym", *sys.argv[1:]])}  # fmt: skip
     res["trained_on_evaluated"] = overlap
     res["built_under_other_cost"] = other_cost
+    res["trained_with_other_drafter_options"] = (
+        {"trace": options, "policies": other_options} if other_options else {}
+    )
     res["provenance"] = provenance()
     text = json.dumps(res, indent=1)
     atomic_write_text(out / "evaluate.json", text)

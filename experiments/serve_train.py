@@ -44,12 +44,14 @@ def _same_ppo(path: Path, meta: dict[str, Any], pre: str = "ppo") -> dict[str, A
 
 def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, max_new: int, requests: int,
               max_batch: int, timesteps: int, seed: int, progress: bool,
-              row_timesteps: int | None = None) -> dict[str, Any]:  # fmt: skip
+              row_timesteps: int | None = None,
+              drafter_options: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     """Fit and train every serving policy into ``out``. Each is saved as soon as it is made (the fitted ones before
     PPO starts), with ``train.json`` (the report so far); a rerun into the same folder (its settings checked by the
     caller) keeps the policies already saved and trains only the missing ones — after a kill during PPO, PPO, from
     its latest checkpoint. ``row_timesteps``: the per-row PPO's (None: ``timesteps`` where the menu is a grid,
-    ``_row_timesteps``; 0: none)."""
+    ``_row_timesteps``; 0: none). ``drafter_options``: the drafters' options the trace recorded, kept in every
+    policy's meta so that serving it (``serve-bench --policy``) serves the drafters it was trained on."""
     from env.batch_cost import cost_digest
     from env.serve_env import feature_names, levels_upto, make_sb3_serve_env, obs_size
     from policies.linucb import LinUCB
@@ -70,7 +72,8 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     make = _sim_factory(trace, cost, arms, list(split.train), max_new, requests, max_batch)
     meta = {"split": split.as_dict(), "batch_cost": cost.label, "batch_cost_sha256": cost_digest(cost),
             "max_new_tokens": max_new, "requests": requests,
-            "max_batch": max_batch, "trace_prompts": trace.num_prompts}  # fmt: skip
+            "max_batch": max_batch, "trace_prompts": trace.num_prompts,
+            **({"drafter_options": drafter_options} if drafter_options else {})}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "train.json"
     report: dict[str, Any] = {}
@@ -186,10 +189,12 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
     from env.engine import parse_arm
     from env.serve_env import DEFAULT_ARMS, default_serve_trace
     from env.trace import load_trace
+    from env.trace_record import recorded_drafter_options
     from experiments.args import output_dir
     from experiments.errors import UserError
 
     trace = default_serve_trace() if args.trace is None else load_trace(args.trace)
+    options = recorded_drafter_options(trace, args.trace or "the bundled trace")  # checked: from a file
     cost = load_batch_cost(args.batch_cost)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else list(DEFAULT_ARMS)
     if not arms:
@@ -211,7 +216,7 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
     }, started=any(out.glob("*.zip")))  # fmt: skip
     rep = train_all(trace, cost, arms, split, out=out, max_new=args.max_new_tokens, requests=args.requests,
                     max_batch=args.max_batch, timesteps=args.timesteps, seed=args.seed,
-                    row_timesteps=row_timesteps,
+                    row_timesteps=row_timesteps, drafter_options=options,
                     progress=sys.stderr.isatty() and not args.json)  # fmt: skip
     rep.update(
         out=str(out), batch_cost=cost.label, train_prompts=len(split.train), test_prompts=len(split.test)

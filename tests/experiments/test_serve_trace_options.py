@@ -6,6 +6,7 @@ once, does not)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 
 import numpy as np
@@ -114,3 +115,120 @@ def test_evaluate_serve_serves_the_options_its_trace_recorded(tmp_path, monkeypa
     assert seen["drafter_options"] == {"ngram": {"max_ngram": 3}}
     bad = _with_options({"max_ngram": 10**30}, trace=default_serve_trace()).save(tmp_path / "bad.npz")
     assert main(["evaluate", "--serve", "--trace", str(bad), "--no-live", "--out", str(tmp_path / "p")]) == 2
+
+
+def _trained_with_options(tmp_path, options):
+    """serve-train (no PPO) on a small trace whose n-gram drafter was recorded with ``options``."""
+    from threadpoolctl import threadpool_limits
+
+    from experiments.cli import main
+
+    t = _with_options(options, trace=make_trace(seed=0, prompts=8, max_new=40))
+    t.header["prompts"]["categories"] = ["a"] * 4 + ["b"] * 4
+    path = t.save(tmp_path / "opts.npz")
+    out = tmp_path / "st"
+    with threadpool_limits(1):
+        assert main(["serve-train", "--trace", str(path), "--batch-cost", "roofline:h200/llama-3.1-8b",
+                     "--timesteps", "0", "--test-per-category", "1", "--requests", "4", "--max-new-tokens", "20",
+                     "--out", str(out)]) == 0  # fmt: skip
+    return path, out
+
+
+def test_a_serving_policy_keeps_the_options_of_its_trace_and_evaluate_notes_other_ones(tmp_path, capsys):
+    """serve-train keeps the trace's drafter options in every policy's meta; evaluating the policies on a trace
+    recorded without them is noted (printed and in the JSON), on their own trace not; a hostile meta is one line."""
+    import json
+
+    from experiments.cli import main
+    from policies.base import load_policy
+
+    path, out = _trained_with_options(tmp_path, {"max_ngram": 3})
+    for p in sorted(out.glob("*.zip")):
+        assert load_policy(p).meta["drafter_options"] == {"ngram": {"max_ngram": 3}}, p.name
+    plain = make_trace(seed=0, prompts=8, max_new=40)
+    plain.header["prompts"]["categories"] = ["a"] * 4 + ["b"] * 4
+    plain_path = plain.save(tmp_path / "plain.npz")
+    pol = str(out / "smartspec.zip")
+    for trace, noted in ((plain_path, True), (path, False)):
+        capsys.readouterr()
+        argv = ["evaluate", "--serve", pol, "--trace", str(trace), "--batch-cost", "roofline:h200/llama-3.1-8b",
+                "--no-live", "--episodes", "1", "--requests", "4", "--loads", "1", "--out", str(tmp_path / "e"),
+                "--json", str(tmp_path / "e.json")]  # fmt: skip
+        assert main(argv) == 0
+        printed = capsys.readouterr().out
+        other = json.loads((tmp_path / "e" / "evaluate.json").read_text())[
+            "trained_with_other_drafter_options"
+        ]
+        if noted:
+            assert other == {"trace": {}, "policies": {"smartspec": {"ngram": {"max_ngram": 3}}}}
+            assert (
+                'note: smartspec was trained with the drafter options {"ngram": {"max_ngram": 3}}' in printed
+            )
+        else:
+            assert other == {} and "trained with the drafter options" not in printed
+    for bad, needle in (([1], "meta.drafter_options is not an object"),
+                        ({"ngram": {"max_ngram": 10**30}}, "outside TOML.s 64-bit range"),
+                        ({"ngram": {"bogus": 1}}, "'bogus' is not an option of ngram"),
+                        ({"nope": {}}, "not a drafter this draftgym has")):  # fmt: skip
+        p = load_policy(pol)
+        p.meta["drafter_options"] = bad
+        p.save(tmp_path / "hostile.zip")
+        capsys.readouterr()
+        argv = ["evaluate", "--serve", str(tmp_path / "hostile.zip"), "--trace", str(path), "--no-live",
+                "--batch-cost", "roofline:h200/llama-3.1-8b", "--out", str(tmp_path / "h")]  # fmt: skip
+        assert main(argv) == 2
+        err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+        assert len(err) == 1 and re.search(needle, err[0]) and "hostile.zip" in err[0], (bad, err)
+
+
+def test_serve_bench_serves_the_options_its_policies_were_trained_with(capsys):
+    """Every method of a serve-bench run serves one set of drafter options: its policies', under --drafter-option
+    (which wins, noted); two policies trained with different values of one option are refused."""
+    from experiments.errors import UserError
+    from experiments.serve_bench import served_drafter_options
+
+    def pol(opts):
+        return types.SimpleNamespace(meta={"drafter_options": opts} if opts is not None else {})
+
+    a, b = pol({"ngram": {"max_ngram": 3}}), pol({"ngram": {"max_ngram": 2}})
+    assert served_drafter_options({"policy:a": a, "policy:old": pol(None)}, {}) == {"ngram": {"max_ngram": 3}}
+    got = served_drafter_options(
+        {"policy:a": a}, {"ngram": {"min_ngram": 2}, "suffix": {"cache_requests": 0}}
+    )
+    assert got == {"ngram": {"max_ngram": 3, "min_ngram": 2}, "suffix": {"cache_requests": 0}}
+    assert capsys.readouterr().err == ""
+    assert served_drafter_options({"policy:a": a}, {"ngram": {"max_ngram": 4}}) == {"ngram": {"max_ngram": 4}}
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1
+        and "policy:a was trained with ngram.max_ngram=3; --drafter-option serves 4" in err
+    )
+    with pytest.raises(UserError, match="policy:b was trained with ngram.max_ngram=2 and policy:a with 3"):
+        served_drafter_options({"policy:a": a, "policy:b": b}, {})
+    with pytest.raises(UserError, match="the drafter options served for ngram"):
+        served_drafter_options({"policy:a": a}, {"ngram": {"min_ngram": 5}})  # min above the policy's max
+
+
+@pytest.mark.model
+def test_serve_bench_policy_run_serves_and_records_the_trained_options(tmp_path, monkeypatch):
+    """End to end on the embedded model: a policy trained on a trace recorded with an n-gram option makes
+    serve-bench serve every method with it, and the run's settings record it."""
+    import json
+
+    import env.serving as serving
+    from experiments.cli import main
+
+    _, out = _trained_with_options(tmp_path, {"max_ngram": 3})
+    seen, real = [], serving.serve
+
+    def spy(*a, **k):
+        seen.append(k.get("drafter_options"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(serving, "serve", spy)
+    run = tmp_path / "sb"
+    argv = ["serve-bench", "--limit", "2", "--concurrency", "1", "--methods", "ngram-d2", "--max-new-tokens", "4",
+            "--dtype", "fp32", "--policy", str(out / "fitted-table.zip"), "--out", str(run), "--json"]  # fmt: skip
+    assert main(argv) == 0
+    assert len(seen) >= 2 and all(x == {"ngram": {"max_ngram": 3}} for x in seen)  # (warm-ups too)
+    assert json.loads((run / "settings.json").read_text())["drafter_options"] == {"ngram": {"max_ngram": 3}}
