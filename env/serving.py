@@ -321,7 +321,9 @@ def serve(
                 log.policy_s += clock() - a
             else:
                 choices = [index[f.req.arm] for f in live]
+            t_step = clock()
             outcomes = stepper.step(choices)
+            step_s = clock() - t_step  # the engine's step alone: drafting, forward, verification, commit
             wall = clock() - a
             log.step_s += wall
             log.steps += 1
@@ -337,7 +339,8 @@ def serve(
                 b = clock()
                 observer.record(outcomes)
                 if cost is not None and hasattr(policy, "update"):
-                    policy.update(obs, int(choices[0]), observer.reward(outcomes, wall, cost), {})
+                    info = {"step_s": step_s}  # (a policy that corrects its cost model online reads it)
+                    policy.update(obs, int(choices[0]), observer.reward(outcomes, wall, cost), info)
                 log.policy_s += clock() - b
             for f in sorted(
                 live, key=lambda f: -f.seq.row.slot

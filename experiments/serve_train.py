@@ -2,8 +2,8 @@
 ``draftgym/SpecServe-v0``, on the training prompts of a split (``experiments.serve_policies`` evaluates them).
 
 The policies: the engines' batch-size table fitted on this cost curve, TensorRT-LLM's AUTO rule, the SmartSpec
-rule, a bandit per batch-size bucket, LinUCB, PPO (stable-baselines3 on the vectorized replay) with one arm for the
-batch, and PPO with one arm per row (``ppo-rows``, ``policies.rl_rows``). Each is saved under ``--out`` as soon as
+rule and the same rule with its cost model corrected online by the step times it serves (``turbospec``), a bandit
+per batch-size bucket, LinUCB, PPO (stable-baselines3 on the vectorized replay) with one arm for the batch, and PPO with one arm per row (``ppo-rows``, ``policies.rl_rows``). Each is saved under ``--out`` as soon as
 it is made, with ``train.json``; a rerun checks its settings and trains only what is missing; PPO, killed midway,
 resumes from its latest checkpoint (``ppo-checkpoints/``, ``ppo-rows-checkpoints/``).
 """
@@ -65,6 +65,7 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
         train_serve_ppo,  # fmt: skip
         trt_auto,
     )
+    from policies.turbospec import TurboSpecPolicy
 
     feats, size = feature_names(max_batch), obs_size(max_batch)
     row_timesteps = _row_timesteps(arms, timesteps, row_timesteps)
@@ -105,6 +106,9 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     if all(a in arms for a in ("ngram-d5", "ngram-d3", "none")):
         policies["trt-auto"] = trt_auto(arms, size, feats)
     policies["smartspec"] = SmartSpecPolicy(arms, size, feats, cost=cost.to_json())
+    policies["turbospec"] = TurboSpecPolicy(
+        arms, size, feats, cost=cost.to_json()
+    )  # corrects it online, live
     if fit_table:
         policies["table-first"] = fit_table_first(make, arms, size, feats, levels, goodputs, seed=seed,
                                                   tick=bar.update)  # fmt: skip
@@ -123,7 +127,11 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     report["saved"] = []
     for name, pol in policies.items():  # seconds to make again, deterministic: saved anew (a rerun's report)
         # rules that read no training prompt: evaluating them on any prompts is held out
-        save(name, pol, {"fitted_on_prompts": False} if name in ("trt-auto", "smartspec") else None)
+        save(
+            name,
+            pol,
+            {"fitted_on_prompts": False} if name in ("trt-auto", "smartspec", "turbospec") else None,
+        )
 
     def make_vec(action: str) -> Any:
         return make_sb3_serve_env(64, trace=trace, arms=arms, cost=cost, max_batch=max_batch, loads=loads,

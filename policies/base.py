@@ -60,6 +60,7 @@ POLICY_TYPES: dict[str, str] = {
     "predictor": "policies.predictor:PredictorPolicy",
     "serve_table": "policies.serving:BatchTablePolicy",
     "smartspec": "policies.serving:SmartSpecPolicy",
+    "turbospec": "policies.turbospec:TurboSpecPolicy",
     "bucket_ucb": "policies.serving:BucketUCB",
     "table_first": "policies.serve_rows:TableFirstPolicy",
 }

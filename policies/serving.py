@@ -153,6 +153,12 @@ class SmartSpecPolicy(BasePolicy):
 
     def scores(self, obs: np.ndarray) -> np.ndarray:
         """Estimated goodput of every arm (tokens per second of the batch)."""
+        tokens, seconds, _ = self.estimate(obs)
+        return tokens / seconds
+
+    def estimate(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """Every arm's expected tokens committed by the step and its priced seconds (forward and drafting), and the
+        rows in the batch."""
         from env.batch_cost import step_context
         from env.serve_env import CTX_NORM, DEPTH_NORM
 
@@ -171,7 +177,7 @@ class SmartSpecPolicy(BasePolicy):
         t = np.asarray(self.cost_model.forward_s(np.full(k, rows), nodes, np.full(k, ctx)), np.float64).copy()
         for name, idx in self._by_drafter.items():
             t[idx] += np.asarray(self.cost_model.draft_s(name, np.full(idx.size, rows), self.depths[idx]))
-        return tokens / t
+        return tokens, t, r
 
     def act(self, obs: np.ndarray | None) -> int:
         return int(np.argmax(self.scores(self._check_obs(obs))))

@@ -40,6 +40,7 @@ class RandomPolicy:
         self.seen: list[np.ndarray] = []
         self.chosen: list[tuple[str, list[int]]] = []
         self.rewards: list[float] = []
+        self.infos: list[dict] = []
 
     def act(self, obs):
         if self.clock is not None:
@@ -58,6 +59,7 @@ class RandomPolicy:
         if self.clock is not None:
             self.clock.t += 0.25
         self.rewards.append(reward)
+        self.infos.append(info)
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +111,8 @@ def test_any_mix_of_arms_is_lossless(fp32_model, requests, plain, seed):
     )  # kept and rejected
     # the online reward (priced by the cost model) was given after every step
     assert len(policy.rewards) == len(policy.chosen) and all(np.isfinite(policy.rewards))
+    # with the engine's step time alone (policies.turbospec reads it): the policy's act (1 s here) is not in it
+    assert all(set(i) == {"step_s"} and i["step_s"] == 0.0 for i in policy.infos)
     for obs in policy.seen:
         assert obs.shape == (obs_size(MAX_BATCH),)
         flags = obs[9:].reshape(MAX_BATCH, len(ROW_FEATURES))[:, 0]

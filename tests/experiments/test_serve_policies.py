@@ -14,7 +14,7 @@ from experiments.cli import main
 from tests.env.conftest import make_trace
 
 COST = "roofline:h200/llama-3.1-8b"
-SAVED = {"bucket-ucb", "fitted-table", "linucb", "smartspec", "trt-auto"}
+SAVED = {"bucket-ucb", "fitted-table", "linucb", "smartspec", "trt-auto", "turbospec"}
 KINDS = {"static", "schedule", "heuristic", "bandit", "oracle"}
 
 
@@ -55,7 +55,7 @@ def test_serve_train_writes_the_policy_files(trained, trace_path):
         assert p.meta["split"]["test_per_category"] == 1 and len(p.meta["split"]["test"]) == 2
         assert p.meta["name"] == path.stem and p.meta["max_new_tokens"] == 20
     assert kinds == {"bucket-ucb": "bandit", "fitted-table": "schedule", "linucb": "bandit",
-                     "smartspec": "heuristic", "trt-auto": "schedule"}  # fmt: skip
+                     "smartspec": "heuristic", "trt-auto": "schedule", "turbospec": "heuristic"}  # fmt: skip
     bandit = load_policy(trained / "bucket-ucb.zip")
     assert bandit.counts.sum() > 0  # trained in replay
 
@@ -144,7 +144,7 @@ def test_evaluate_serve_says_when_a_policy_was_trained_on_the_evaluated_prompts(
     trained, trace_path, tmp_path, capsys
 ):
     """Another split than the policies' own (here every prompt): each policy fitted on prompts is flagged, in the
-    table and the JSON; the rules that read none (trt-auto, smartspec) are not."""
+    table and the JSON; the rules that read none (trt-auto, smartspec, turbospec) are not."""
     with threadpool_limits(1):
         argv = _eval_argv(trained, trace_path, tmp_path, "1", "--test-per-category", "4")
         assert main(argv) == 0
@@ -152,7 +152,7 @@ def test_evaluate_serve_says_when_a_policy_was_trained_on_the_evaluated_prompts(
     data = json.loads((tmp_path / "eval" / "evaluate.json").read_text())
     seen, n_test = data["trained_on_evaluated"], len(data["settings"]["test_prompts"])
     assert (
-        set(seen) == SAVED - {"trt-auto", "smartspec"}
+        set(seen) == SAVED - {"trt-auto", "smartspec", "turbospec"}
         and len(set(seen.values())) == 1
         and 0 < seen["linucb"] <= n_test
     )
