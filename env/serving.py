@@ -167,8 +167,9 @@ def serve(
     ``env.serve_env`` (``LiveObserver``: the same features as replay; a policy with ``static_arm``, one arm every
     step, is served as an engine configured with that arm: every request on it, no observation); online policies (``update``) learn from
     each step's goodput relative to autoregressive decoding, priced by the batch cost model ``cost`` against the
-    step's wall time; ``obs_max_batch``: the row slots of the observation (the policy's ``max_batch``; default
-    ``max_batch``). ``clock`` and ``sleep``: the server's time (open loop, an idle server sleeps until the next
+    step's wall time, with ``info["step_s"]``, the engine's step alone (drafting, forward, verification, commit:
+    ``policies.turbospec`` bends its prices to it); ``obs_max_batch``: the row slots of the observation (the
+    policy's ``max_batch``; default ``max_batch``). ``clock`` and ``sleep``: the server's time (open loop, an idle server sleeps until the next
     arrival by ``sleep``; a caller with its own ``clock`` passes the ``sleep`` that moves it)."""
     static = None if policy is None else getattr(policy, "static_arm", None)
     if (

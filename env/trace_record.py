@@ -48,7 +48,7 @@ def _drafter_header(name: str, d: Drafter, options: dict[str, Any]) -> dict[str,
 def drafter_options_problem(name: Any, opts: Any) -> str | None:
     """What is wrong with ``opts`` as the constructor options of drafter ``name``, as read from a file (a trace's
     header, a serving policy's meta), or None: a drafter this draftgym lacks, options that are not a table, an option
-    it does not take, a 64-bit overflow, or a value it refuses. The text names neither the file nor the drafter."""
+    it does not take, a 64-bit overflow, or a value it refuses. The text does not name the file."""
     from drafters import DRAFTERS
     from drafters.base import keyword_options, shown
 

@@ -159,36 +159,52 @@ def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[d
 def served_drafter_options(
     policies: dict[str, Any], given: dict[str, dict[str, Any]]
 ) -> dict[str, dict[str, Any]]:
-    """The drafter options a run serves, one set for all its methods (its cells compare one configuration): the
-    options each serving policy was trained with (``meta["drafter_options"]``: the trace ``serve-train`` read),
-    under ``given`` (``--drafter-option``), which wins, with a note on stderr for each trained option it changes.
-    Two policies trained with different values of one option are a ``UserError``: serve them in separate runs."""
-    from drafters import DrafterError, make_drafter
-    from drafters.base import shown
+    """The drafter options a run serves, one set for all its methods (its cells compare one configuration).
+
+    Each serving policy was trained with its trace's options (``meta["drafter_options"]``, by ``serve-train``): for
+    each drafter of its menu, a table (absent: the drafter's defaults; a policy file from before the key: not known,
+    not checked). The policies must agree, drafter by drafter, on the whole table, or the run is refused (a
+    ``UserError``: serve them in separate runs). ``given`` (``--drafter-option``) sets options over theirs, with a
+    note on stderr for each policy whose table that changes."""
+    from env.engine import parse_arm
+    from env.trace_record import drafter_options_problem
     from experiments.errors import UserError
 
-    out: dict[str, dict[str, Any]] = {}
-    whose: dict[tuple[str, str], str] = {}
+    def table(t: Any) -> str:
+        text = json.dumps(t, sort_keys=True, default=str)
+        return text if len(text) <= 120 else text[:117] + "..."
+
+    known: dict[
+        str, dict[str, dict[str, Any]]
+    ] = {}  # method -> drafter of its menu -> its options as trained
     for method, pol in policies.items():
-        for name, opts in (pol.meta.get("drafter_options") or {}).items():
-            for key, value in opts.items():
-                if key in out.get(name, {}) and out[name][key] != value:
-                    raise UserError(
-                        f"{method} was trained with {name}.{key}={shown(value)} and {whose[name, key]} with "
-                        f"{shown(out[name][key])}: serve them in separate runs"
-                    )
-                out.setdefault(name, {})[key], whose[name, key] = value, method
+        opts = pol.meta.get("drafter_options")
+        if opts is not None:
+            menu = sorted({parse_arm(a).drafter for a in pol.arm_names} - {None})
+            known[method] = {d: dict(opts.get(d) or {}) for d in menu}
+    out: dict[str, dict[str, Any]] = {}
+    whose: dict[str, str] = {}
+    for method, tables in known.items():
+        for name, opts in tables.items():
+            if name in whose and out.get(name, {}) != opts:
+                raise UserError(
+                    f"{method} was trained with {name} options {table(opts)} and {whose[name]} with "
+                    f"{table(out.get(name, {}))} ({{}}: the defaults): serve them in separate runs"
+                )
+            whose.setdefault(name, method)
+            if opts:
+                out[name] = opts
     for name, opts in given.items():
-        for key, value in opts.items():
-            if key in out.get(name, {}) and out[name][key] != value:
-                print(f"note: {whose[name, key]} was trained with {name}.{key}={shown(out[name][key])}; "
-                      f"--drafter-option serves {shown(value)}", file=sys.stderr)  # fmt: skip
-            out.setdefault(name, {})[key] = value
+        out[name] = {**out.get(name, {}), **opts}
+    for method, tables in known.items():
+        for name, opts in tables.items():
+            if out.get(name, {}) != opts:
+                print(f"note: {method} was trained with {name} options {table(opts)}; with --drafter-option this "
+                      f"run serves {table(out.get(name, {}))}", file=sys.stderr)  # fmt: skip
     for name, opts in out.items():  # the policies' and the command's options together: a drafter that builds
-        try:
-            make_drafter(name, **opts)
-        except (DrafterError, TypeError, ValueError, ArithmeticError) as err:
-            raise UserError(f"the drafter options served for {name} ({shown(opts)}): {err}") from None
+        why = drafter_options_problem(name, opts)
+        if why:
+            raise UserError(f"the drafter options served for {name} ({table(opts)}): {why}")
     return out
 
 

@@ -375,10 +375,10 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     other_cost = {
         name: str(pol.meta["batch_cost"]) for name, pol in policies if not same_cost(pol.meta, cost)
     }
-    # a policy trained on a trace whose drafters had other options than this one's, which live serves (a policy
-    # from before serve-train kept them does not say: not flagged)
+    # a policy trained on a trace whose drafters had other options than this one's, which live serves (``{}``:
+    # the defaults; a policy from before serve-train kept them does not say: not flagged)
     other_options = {name: pol.meta["drafter_options"] for name, pol in policies
-                     if "drafter_options" in pol.meta and pol.meta["drafter_options"] != options}  # fmt: skip
+                     if pol.meta.get("drafter_options") is not None and pol.meta["drafter_options"] != options}  # fmt: skip
     from env.serve_loads import parse_load
 
     max_new = args.max_new_tokens or int(meta.get("max_new_tokens", 64))

@@ -36,6 +36,9 @@ def _same_ppo(path: Path, meta: dict[str, Any], pre: str = "ppo") -> dict[str, A
     except PolicyError:
         return None
     saved.pop("name", None)
+    # a file from before policies kept their trace's drafter options: the same trace (the caller checked the
+    # folder's settings), so the same options
+    saved.setdefault("drafter_options", meta.get("drafter_options"))
     report = saved.pop(f"{pre}_report", None)
     if json.loads(json.dumps(saved)) != json.loads(json.dumps(meta)):
         return None
@@ -51,7 +54,8 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     caller) keeps the policies already saved and trains only the missing ones — after a kill during PPO, PPO, from
     its latest checkpoint. ``row_timesteps``: the per-row PPO's (None: ``timesteps`` where the menu is a grid,
     ``_row_timesteps``; 0: none). ``drafter_options``: the drafters' options the trace recorded, kept in every
-    policy's meta so that serving it (``serve-bench --policy``) serves the drafters it was trained on."""
+    policy's meta (``{}``: the defaults) so that serving it (``serve-bench --policy``) serves the drafters it was
+    trained on."""
     from env.batch_cost import cost_digest
     from env.serve_env import feature_names, levels_upto, make_sb3_serve_env, obs_size
     from policies.linucb import LinUCB
@@ -74,7 +78,7 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     meta = {"split": split.as_dict(), "batch_cost": cost.label, "batch_cost_sha256": cost_digest(cost),
             "max_new_tokens": max_new, "requests": requests,
             "max_batch": max_batch, "trace_prompts": trace.num_prompts,
-            **({"drafter_options": drafter_options} if drafter_options else {})}  # fmt: skip
+            "drafter_options": drafter_options or {}}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "train.json"
     report: dict[str, Any] = {}
@@ -106,9 +110,8 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     if all(a in arms for a in ("ngram-d5", "ngram-d3", "none")):
         policies["trt-auto"] = trt_auto(arms, size, feats)
     policies["smartspec"] = SmartSpecPolicy(arms, size, feats, cost=cost.to_json())
-    policies["turbospec"] = TurboSpecPolicy(
-        arms, size, feats, cost=cost.to_json()
-    )  # corrects it online, live
+    if "none" in arms:  # SmartSpec bent live to measured step times (it prices arms against a plain step)
+        policies["turbospec"] = TurboSpecPolicy(arms, size, feats, cost=cost.to_json())
     if fit_table:
         policies["table-first"] = fit_table_first(make, arms, size, feats, levels, goodputs, seed=seed,
                                                   tick=bar.update)  # fmt: skip

@@ -9,10 +9,10 @@ Baselines as the engines ship them:
   AUTO rule for n-gram drafts as a per-step schedule of the rows in the batch (depth 5 up to 4 rows, 3 up to 32,
   off above); TensorRT-LLM itself fixes the depth once from the engine's max batch size (5 if it is at most 4,
   else 3) and only switches drafting off above 32 requests: at a max batch of 16, the static ``ngram-d3`` arm;
-- ``SmartSpecPolicy`` (kind ``heuristic``): SmartSpec/TurboSpec's rule: each request's per-token acceptance
-  estimated online (``env.serve_env.alpha_estimate``, the per-row feature), the depth that maximizes the
-  estimated goodput ``sum_i E[tokens_i(d)] / c(rows, d + 1, context)`` under a batch cost model (rows whose
-  drafter has no match expect one token);
+- ``SmartSpecPolicy`` (kind ``heuristic``): SmartSpec's rule (its closed loop, TurboSpec: ``policies.turbospec``):
+  each request's per-token acceptance estimated online (``env.serve_env.alpha_estimate``, the per-row feature),
+  the depth that maximizes the estimated goodput ``sum_i E[tokens_i(d)] / c(rows, d + 1, context)`` under a batch
+  cost model (rows whose drafter has no match expect one token);
 - ``BucketUCB`` (kind ``bandit``): UCB1 per batch-size bucket (as mit-han-lab/fastrl's per-batch-size bandit).
 
 Learned ones use the policies of the single-sequence env on this observation: ``policies.rl.SB3Policy`` (PPO on
@@ -112,7 +112,7 @@ def trt_auto(arms: Sequence[str], obs_size: int, features: Sequence[str] | None 
 
 
 class SmartSpecPolicy(BasePolicy):
-    """The SmartSpec/TurboSpec rule over the menu's chain arms (and "none") under the batch cost model ``cost``
+    """The SmartSpec rule over the menu's chain arms (and "none") under the batch cost model ``cost``
     (the JSON of a ``env.batch_cost`` model: fitted or roofline)."""
 
     type_name = "smartspec"

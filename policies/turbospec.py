@@ -8,11 +8,11 @@ few percent. SmartSpec prices each arm ``t_k`` with the cost model. Only the arm
 decide a choice, so this policy learns how the measured curve bends away from the priced one: per batch-size
 bucket, a line through the steps it served, ``log(measured / priced) = a + b * x`` with ``x = log(t_k / t_none)``
 (the arm's price over a plain step's at that step) — a measured curve ``∝ priced^(1 + b)`` — fitted by least
-squares over about the last ``window`` steps, ``b`` shrunk toward 0 by a ridge of ``prior`` (in units of ``x²``)
-and kept in [-0.9, 3]. Each arm is then priced ``t_k * (t_k / t_none)^b``. A machine slower everywhere changes no
-choice (``a`` absorbs it); one slower for wide trees than for plain steps (``b > 0``) moves the choice toward
-shallower trees, also for arms not served yet in that bucket; with steps of one price only, ``b`` is 0 and the
-choice is SmartSpec's. It explores nothing on its own.
+squares over about the last ``window`` steps of that bucket, ``b`` shrunk toward 0 by a ridge of ``prior`` (in
+units of ``x²``) and kept in [-0.9, 3]. Each arm is then priced ``t_k * (t_k / t_none)^b``. A machine slower
+everywhere changes no choice (``a`` absorbs it); one slower for wide trees than for plain steps (``b > 0``) moves
+the choice toward shallower trees, also for arms not served yet in that bucket; with steps of one price only,
+``b`` is 0 and the choice is SmartSpec's. It explores nothing on its own.
 
 The measured time comes from the live server (``env.serving.serve`` passes ``info["step_s"]``: the engine's step,
 drafting, forward, verification and commit); replay passes none, so in replay this policy is SmartSpec exactly
@@ -49,7 +49,7 @@ class TurboSpecPolicy(SmartSpecPolicy):
         super().__init__(arms, obs_size, features, cost=cost)
         if "none" not in self.arm_names:
             raise PolicyError("TurboSpec prices arms against a plain step: its menu must hold none")
-        self.prior = real("prior", prior, lo=0.0, lo_open=True, hi=1e6)
+        self.prior = real("prior", prior, lo=1e-6, hi=1e6)  # (a ridge: some, or rounding decides the slope)
         self.window = int(real("window", window, lo=1, hi=1e9, integer=True))
         from env.serve_loads import levels_upto
 
@@ -74,7 +74,8 @@ class TurboSpecPolicy(SmartSpecPolicy):
         if n <= 0:
             return 0.0
         cov, var = sxy - sx * sy / n, sxx - sx * sx / n
-        return float(np.clip(cov / (var + self.prior), *SLOPE))
+        b = cov / (max(var, 0.0) + self.prior)
+        return float(np.clip(b, *SLOPE)) if np.isfinite(b) else 0.0
 
     def _priced_x(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
         tokens, seconds, rows = self.estimate(obs)
@@ -87,9 +88,8 @@ class TurboSpecPolicy(SmartSpecPolicy):
 
     def act(self, obs: np.ndarray | None) -> int:
         tokens, seconds, rows, x = self._priced_x(self._check_obs(obs))
-        b = self.bucket(rows)
-        k = int(np.argmax(tokens / (seconds * np.exp(self.slope(b) * x))))
-        self._priced = (b, k, float(seconds[k]), float(x[k]))
+        k = int(np.argmax(tokens / (seconds * np.exp(self.slope(self.bucket(rows)) * x))))
+        self._priced = (self.bucket(rows), k, float(seconds[k]), float(x[k]))
         return k
 
     def update(
@@ -130,8 +130,23 @@ class TurboSpecPolicy(SmartSpecPolicy):
             raise PolicyError(f"turbospec state sums must be real numbers of shape {shape}")
         with np.errstate(over="ignore"):
             sums = x.astype(np.float64)
-        if not np.isfinite(sums).all() or (sums[:, 0] < 0).any() or (sums[:, 0] > 1e9).any():
-            raise PolicyError("turbospec state sums must be finite, with step weights in [0, 1e9]")
+        if not np.isfinite(sums).all() or (sums[:, 0] < 0).any() or (sums[:, 0] > self.window).any():
+            raise PolicyError(f"turbospec state sums must be finite, with step weights in [0, {self.window}]")
+        n, sx, sy, sxx, sxy = sums.T
+        # what the updates can make: |x| and |y| bounded, x^2 >= 0, and a variance that is not negative
+        xmax = float(np.log(1e12))  # x: the log of a price over a plain step's (each clamped at 1e-12 s)
+        ok = (
+            (np.abs(sx) <= xmax * n * (1 + 1e-9)).all()
+            and (np.abs(sy) <= LOG_CLIP * n * (1 + 1e-9)).all()
+            and (sxx >= 0).all()
+            and (sxx <= xmax * xmax * n * (1 + 1e-9)).all()
+            and (np.abs(sxy) <= xmax * LOG_CLIP * n * (1 + 1e-9)).all()
+            and (n * sxx - sx * sx >= -1e-6 * np.maximum(n * sxx, 1.0)).all()
+        )
+        if not ok:
+            raise PolicyError(
+                "turbospec state sums are not sums of its updates (moments out of their bounds)"
+            )
         self.sums = sums
 
 

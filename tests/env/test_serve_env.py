@@ -503,7 +503,7 @@ def test_shipped_serving_policies_load_for_the_default_env():
 
     paths = shipped_serve_policies()
     names = {p.stem for p in paths}
-    assert {"fitted-table", "trt-auto", "smartspec", "bucket-ucb", "linucb", "ppo"} <= names
+    assert {"fitted-table", "trt-auto", "smartspec", "turbospec", "bucket-ucb", "linucb", "ppo"} <= names
     obs = gym.make(SERVE_ID).reset(seed=1)[0]
     for p in paths:
         pol = load_policy(p)

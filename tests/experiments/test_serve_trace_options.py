@@ -166,6 +166,16 @@ def test_a_serving_policy_keeps_the_options_of_its_trace_and_evaluate_notes_othe
             )
         else:
             assert other == {} and "trained with the drafter options" not in printed
+    defaults = load_policy(pol)  # trained on a trace of default drafters ({}), evaluated on one with options
+    defaults.meta["drafter_options"] = {}
+    defaults.save(tmp_path / "plain-trained.zip")
+    argv = ["evaluate", "--serve", str(tmp_path / "plain-trained.zip"), "--trace", str(path), "--no-live",
+            "--batch-cost", "roofline:h200/llama-3.1-8b", "--episodes", "1", "--requests", "4", "--loads", "1",
+            "--out", str(tmp_path / "e2")]  # fmt: skip
+    assert main(argv) == 0
+    other = json.loads((tmp_path / "e2" / "evaluate.json").read_text())["trained_with_other_drafter_options"]
+    assert other == {"trace": {"ngram": {"max_ngram": 3}}, "policies": {"plain-trained": {}}}
+    assert "note: plain-trained was trained with the drafter options {}" in capsys.readouterr().out
     for bad, needle in (([1], "meta.drafter_options is not an object"),
                         ({"ngram": {"max_ngram": 10**30}}, "outside TOML.s 64-bit range"),
                         ({"ngram": {"bogus": 1}}, "'bogus' is not an option of ngram"),
@@ -182,29 +192,39 @@ def test_a_serving_policy_keeps_the_options_of_its_trace_and_evaluate_notes_othe
 
 
 def test_serve_bench_serves_the_options_its_policies_were_trained_with(capsys):
-    """Every method of a serve-bench run serves one set of drafter options: its policies', under --drafter-option
-    (which wins, noted); two policies trained with different values of one option are refused."""
+    """Every method of a serve-bench run serves one set of drafter options: its policies', drafter by drafter as
+    whole tables (a policy trained on the defaults has ``{}``; one from before the key is not known), under
+    --drafter-option (noted for each policy whose table it changes); policies that disagree are refused."""
     from experiments.errors import UserError
     from experiments.serve_bench import served_drafter_options
 
-    def pol(opts):
-        return types.SimpleNamespace(meta={"drafter_options": opts} if opts is not None else {})
+    def pol(opts, arms=("none", "ngram-d3")):
+        return types.SimpleNamespace(
+            meta={} if opts is None else {"drafter_options": opts}, arm_names=list(arms)
+        )
 
-    a, b = pol({"ngram": {"max_ngram": 3}}), pol({"ngram": {"max_ngram": 2}})
-    assert served_drafter_options({"policy:a": a, "policy:old": pol(None)}, {}) == {"ngram": {"max_ngram": 3}}
+    a, b = pol({"ngram": {"max_ngram": 3}}), pol({"ngram": {"min_ngram": 2}})
+    plain, old = pol({}), pol(None)
+    assert served_drafter_options({"policy:a": a, "policy:old": old}, {}) == {"ngram": {"max_ngram": 3}}
+    # a drafter outside a policy's menu is not its concern: no note, no conflict
+    other = pol({"suffix": {"cache_requests": 0}}, arms=("none", "suffix-d3"))
+    got = served_drafter_options({"policy:a": a, "policy:s": other}, {})
+    assert got == {"ngram": {"max_ngram": 3}, "suffix": {"cache_requests": 0}}
+    assert capsys.readouterr().err == ""
     got = served_drafter_options(
         {"policy:a": a}, {"ngram": {"min_ngram": 2}, "suffix": {"cache_requests": 0}}
     )
     assert got == {"ngram": {"max_ngram": 3, "min_ngram": 2}, "suffix": {"cache_requests": 0}}
-    assert capsys.readouterr().err == ""
-    assert served_drafter_options({"policy:a": a}, {"ngram": {"max_ngram": 4}}) == {"ngram": {"max_ngram": 4}}
     err = capsys.readouterr().err
-    assert (
-        err.count("\n") == 1
-        and "policy:a was trained with ngram.max_ngram=3; --drafter-option serves 4" in err
-    )
-    with pytest.raises(UserError, match="policy:b was trained with ngram.max_ngram=2 and policy:a with 3"):
-        served_drafter_options({"policy:a": a, "policy:b": b}, {})
+    assert err.count("\n") == 1 and 'policy:a was trained with ngram options {"max_ngram": 3}' in err
+    assert 'this run serves {"max_ngram": 3, "min_ngram": 2}' in err
+    assert served_drafter_options({"policy:a": a}, {"ngram": {"max_ngram": 3}}) == {"ngram": {"max_ngram": 3}}
+    assert capsys.readouterr().err == ""  # the same options: nothing changed, nothing noted
+    for pair, needle in (((a, b), 'ngram options {"min_ngram": 2} and policy:x with {"max_ngram": 3}'),
+                         ((a, plain), "ngram options {} and policy:x with"),
+                         ((plain, a), 'ngram options {"max_ngram": 3} and policy:x with {}')):  # fmt: skip
+        with pytest.raises(UserError, match=re.escape(needle)):
+            served_drafter_options({"policy:x": pair[0], "policy:y": pair[1]}, {})
     with pytest.raises(UserError, match="the drafter options served for ngram"):
         served_drafter_options({"policy:a": a}, {"ngram": {"min_ngram": 5}})  # min above the policy's max
 

@@ -120,6 +120,9 @@ def test_its_state_saves_loads_and_is_checked(tmp_path):
         ({"sums": np.full(shape, np.nan)}, "must be finite"),
         ({"sums": np.full(shape, -1.0)}, "must be finite"),
         ({"sums": np.zeros(shape, bool)}, "real numbers"),
+        ({"sums": np.tile([1.0, 0.0, 100.0, 0.0, 0.0], (shape[0], 1))}, "not sums of its updates"),
+        ({"sums": np.tile([2.0, 2.0, 0.0, 0.5, 0.0], (shape[0], 1))}, "not sums of its updates"),
+        ({"sums": np.tile([100.0, 0.0, 0.0, 0.0, 0.0], (shape[0], 1))}, "step weights in .0, 64."),
     ):
         bad = _with_state(tmp_path / "t.zip", tmp_path / "bad.zip", npz_bytes(**state))
         with pytest.raises(PolicyError, match=needle):
@@ -129,3 +132,29 @@ def test_its_state_saves_loads_and_is_checked(tmp_path):
             turbospec(**kw)
     with pytest.raises(PolicyError, match="must hold none"):
         TurboSpecPolicy(ARMS[1:], obs_size(16), feature_names(16), cost=CPU)
+
+
+@pytest.mark.model
+def test_served_live_it_learns_from_every_step_the_engine_times(fp32_model):
+    """Through the live server on the embedded model: every step it chose updates its bucket's sums with the
+    engine's measured step time (the ``act``'s arm, the server's batch arm and the priced arm line up)."""
+    from env.batch import BatchEngine
+    from env.decoder import chat_prompt
+    from env.engine import parse_arm
+    from env.serving import Request, ServeLog, serve
+    from env.workloads import load_workload
+
+    arms, m = ["none", "ngram-d2", "ngram-d4"], 2
+    p = TurboSpecPolicy(
+        arms, obs_size(m), feature_names(m), cost=CPU, window=10**6
+    )  # (no forgetting: counts)
+    by_id = {q.prompt_id: q for q in load_workload()}
+    reqs = [Request(i, chat_prompt(fp32_model.tokenizer, by_id[i].text), parse_arm("none"), 12)
+            for i in ("6", "7", "11")]  # fmt: skip
+    log = ServeLog()
+    out = serve(BatchEngine(fp32_model, max_rows=m), reqs, concurrency=2, max_batch=m, policy=p,
+                arms=[parse_arm(a) for a in arms], cost=load_batch_cost(None), log=log)  # fmt: skip
+    assert len(out) == 3
+    n = p.sums[:, 0]
+    assert n.sum() == pytest.approx(log.steps, rel=1e-3) and n[p.bucket(1)] > 0 and n[p.bucket(2)] > 0
+    assert (np.abs(p.sums[:, 2]) < 3.0 * n + 1e-9).all()  # log(measured / priced), clipped, per step
