@@ -297,3 +297,11 @@ def test_the_act_timings_are_kept_per_policy_file_and_cpu_and_a_damaged_entry_is
     again = {r["policy"]: r["act_s"] for r in json.loads(f.read_text())["rows"]}
     assert again["trt-auto"] == 1.0 and again["fitted-table"] == first["fitted-table"]  # kept
     assert again["smartspec"] < 0.1 and again["linucb"] < 0.1  # timed again
+
+
+def test_serve_train_on_a_menu_without_plain_decoding_makes_no_turbospec(trace_path, tmp_path):
+    """TurboSpec prices arms against a plain step: on a menu without ``none`` it is left out, the rest is made."""
+    with threadpool_limits(1):
+        assert main(_train_argv(trace_path, tmp_path / "nd", "--arms", "ngram-d2,ngram-d5")) == 0
+    stems = {p.stem for p in (tmp_path / "nd").glob("*.zip")}
+    assert "smartspec" in stems and "turbospec" not in stems and "fitted-table" in stems
