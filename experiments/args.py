@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from env.cli import check_not_input, seed_int
 from env.cli import same_file as same_file  # experiments.report reads it here
@@ -199,6 +201,60 @@ def same_drafter_options(out: Path, options: dict[str, dict[str, object]], start
         atomic_write_text(path, json.dumps(options, sort_keys=True))
     else:  # no file means no options: a run without them leaves nothing behind
         path.unlink()
+
+
+def served_drafter_options(
+    policies: dict[str, Any], given: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """The drafter options a run serves, one set for all its methods (its cells compare one configuration).
+
+    Each serving policy was trained with its trace's options (``meta["drafter_options"]``, by ``serve-train``): for
+    each drafter of its menu, a table (absent: the drafter's defaults; a policy file from before the key: not known,
+    not checked). The policies must agree, drafter by drafter, on the whole table, or the run is refused (a
+    ``UserError``: serve them in separate runs). ``given`` (``--drafter-option``) sets options over theirs, with a
+    note on stderr for each policy whose table that changes."""
+    from env.engine import parse_arm
+    from env.trace_record import drafter_options_problem
+    from experiments.errors import UserError
+
+    def table(t: Any) -> str:
+        import json
+
+        text = json.dumps(t, sort_keys=True, default=str)
+        return text if len(text) <= 120 else text[:117] + "..."
+
+    known: dict[
+        str, dict[str, dict[str, Any]]
+    ] = {}  # method -> drafter of its menu -> its options as trained
+    for method, pol in policies.items():
+        opts = pol.meta.get("drafter_options")
+        if opts is not None:
+            menu = sorted({parse_arm(a).drafter for a in pol.arm_names} - {None})
+            known[method] = {d: dict(opts.get(d) or {}) for d in menu}
+    out: dict[str, dict[str, Any]] = {}
+    whose: dict[str, str] = {}
+    for method, tables in known.items():
+        for name, opts in tables.items():
+            if name in whose and out.get(name, {}) != opts:
+                raise UserError(
+                    f"{method} was trained with {name} options {table(opts)} and {whose[name]} with "
+                    f"{table(out.get(name, {}))} ({{}}: the defaults): serve them in separate runs"
+                )
+            whose.setdefault(name, method)
+            if opts:
+                out[name] = opts
+    for name, opts in given.items():
+        out[name] = {**out.get(name, {}), **opts}
+    for method, tables in known.items():
+        for name, opts in tables.items():
+            if out.get(name, {}) != opts:
+                print(f"note: {method} was trained with {name} options {table(opts)}; with --drafter-option this "
+                      f"run serves {table(out.get(name, {}))}", file=sys.stderr)  # fmt: skip
+    for name, opts in out.items():  # the policies' and the command's options together: a drafter that builds
+        why = drafter_options_problem(name, opts)
+        if why:
+            raise UserError(f"the drafter options served for {name} ({table(opts)}): {why}")
+    return out
 
 
 def same_settings(out: Path, settings: dict[str, object], started: bool) -> None:

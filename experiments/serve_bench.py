@@ -156,58 +156,6 @@ def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[d
     return [asdict(s) for s in served], log.as_dict()
 
 
-def served_drafter_options(
-    policies: dict[str, Any], given: dict[str, dict[str, Any]]
-) -> dict[str, dict[str, Any]]:
-    """The drafter options a run serves, one set for all its methods (its cells compare one configuration).
-
-    Each serving policy was trained with its trace's options (``meta["drafter_options"]``, by ``serve-train``): for
-    each drafter of its menu, a table (absent: the drafter's defaults; a policy file from before the key: not known,
-    not checked). The policies must agree, drafter by drafter, on the whole table, or the run is refused (a
-    ``UserError``: serve them in separate runs). ``given`` (``--drafter-option``) sets options over theirs, with a
-    note on stderr for each policy whose table that changes."""
-    from env.engine import parse_arm
-    from env.trace_record import drafter_options_problem
-    from experiments.errors import UserError
-
-    def table(t: Any) -> str:
-        text = json.dumps(t, sort_keys=True, default=str)
-        return text if len(text) <= 120 else text[:117] + "..."
-
-    known: dict[
-        str, dict[str, dict[str, Any]]
-    ] = {}  # method -> drafter of its menu -> its options as trained
-    for method, pol in policies.items():
-        opts = pol.meta.get("drafter_options")
-        if opts is not None:
-            menu = sorted({parse_arm(a).drafter for a in pol.arm_names} - {None})
-            known[method] = {d: dict(opts.get(d) or {}) for d in menu}
-    out: dict[str, dict[str, Any]] = {}
-    whose: dict[str, str] = {}
-    for method, tables in known.items():
-        for name, opts in tables.items():
-            if name in whose and out.get(name, {}) != opts:
-                raise UserError(
-                    f"{method} was trained with {name} options {table(opts)} and {whose[name]} with "
-                    f"{table(out.get(name, {}))} ({{}}: the defaults): serve them in separate runs"
-                )
-            whose.setdefault(name, method)
-            if opts:
-                out[name] = opts
-    for name, opts in given.items():
-        out[name] = {**out.get(name, {}), **opts}
-    for method, tables in known.items():
-        for name, opts in tables.items():
-            if out.get(name, {}) != opts:
-                print(f"note: {method} was trained with {name} options {table(opts)}; with --drafter-option this "
-                      f"run serves {table(out.get(name, {}))}", file=sys.stderr)  # fmt: skip
-    for name, opts in out.items():  # the policies' and the command's options together: a drafter that builds
-        why = drafter_options_problem(name, opts)
-        if why:
-            raise UserError(f"the drafter options served for {name} ({table(opts)}): {why}")
-    return out
-
-
 def load_cells(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
     """Finished cells of an earlier (maybe killed) run; a torn last line is dropped (and cut from the file)."""
     out = {}
@@ -229,7 +177,13 @@ def cmd_serve_bench(args: Any) -> int:
     from env.target import check_prompt
     from env.workloads import load_workload, prompts_digest
     from experiments import plots
-    from experiments.args import drafter_options, output_dir, same_drafter_options, same_settings
+    from experiments.args import (
+        drafter_options,
+        output_dir,
+        same_drafter_options,
+        same_settings,
+        served_drafter_options,
+    )
     from experiments.errors import UserError
     from experiments.provenance import provenance
     from experiments.records import machine_identity, machine_label, new_session

@@ -195,8 +195,8 @@ def test_serve_bench_serves_the_options_its_policies_were_trained_with(capsys):
     """Every method of a serve-bench run serves one set of drafter options: its policies', drafter by drafter as
     whole tables (a policy trained on the defaults has ``{}``; one from before the key is not known), under
     --drafter-option (noted for each policy whose table it changes); policies that disagree are refused."""
+    from experiments.args import served_drafter_options
     from experiments.errors import UserError
-    from experiments.serve_bench import served_drafter_options
 
     def pol(opts, arms=("none", "ngram-d3")):
         return types.SimpleNamespace(
