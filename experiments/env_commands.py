@@ -33,6 +33,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.reps < 1:
         raise UserError(f"--reps must be >= 1, got {args.reps}")
     names = _drafter_list(args.drafters)
+    from experiments.args import drafter_options
+
+    options = drafter_options(args.drafter_option)  # checked before the model loads
+    unused = sorted(set(options) - set(names))
+    if unused:
+        raise UserError(f"--drafter-option names {', '.join(unused)}, which --drafters does not time")
     from env.cli import holds_other_than_json
 
     # an existing file there must be an earlier cost model (one JSON object), not a policy or a trace named by a
@@ -43,10 +49,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
     )
     if args.batch:
-        return _calibrate_batch(args, loaded, names, out)
+        return _calibrate_batch(args, loaded, names, out, options)
     t0 = time.perf_counter()
-    cm = calibrate(loaded, names, reps=args.reps, progress=not args.json)
+    cm = calibrate(loaded, names, reps=args.reps, progress=not args.json, drafter_options=options)
     cm.meta["command"] = " ".join(["draftgym", *sys.argv[1:]])
+    cm.meta["drafter_options"] = options  # what the drafters were timed with ({}: their defaults)
     cm.save(out)
     summary = {
         "out": str(out),
@@ -137,15 +144,19 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibrate_batch(args: argparse.Namespace, loaded: Any, names: list[str], out: Any) -> int:
+def _calibrate_batch(
+    args: argparse.Namespace, loaded: Any, names: list[str], out: Any, options: dict[str, dict[str, Any]]
+) -> int:
     from env.batch_calibrate import calibrate_batch
 
     t0 = time.perf_counter()
     # the measurements so far, beside the output: a rerun after a kill resumes from them
     work = out.with_name(out.name + ".partial")
     resuming = work.exists()
-    bc = calibrate_batch(loaded, names, reps=max(args.reps, 3), progress=not args.json, work=work)
+    bc = calibrate_batch(loaded, names, reps=max(args.reps, 3), progress=not args.json, work=work,
+                         drafter_options=options)  # fmt: skip
     bc.meta["command"] = " ".join(["draftgym", *sys.argv[1:]])
+    bc.meta["drafter_options"] = options  # what the drafters were timed with ({}: their defaults)
     bc.save(out)
     work.unlink(missing_ok=True)
     if resuming and not args.json:
@@ -197,6 +208,7 @@ def register(sub: Any) -> None:
     c.add_argument("--batch", action="store_true",
                    help="the batch cost model of the serving env: the step over rows x nodes x context, prefill")  # fmt: skip
     c.add_argument("--json", action="store_true", help="print one JSON summary")
+    drafter_option_args(c)  # time the drafters as a trace recorded them (draftgym record --drafter-option)
     c.set_defaults(func=cmd_calibrate)
 
     r = sub.add_parser("record", help="record a replay trace (greedy) of a workload; re-run to resume")

@@ -158,6 +158,12 @@ def format_table(res: dict[str, Any]) -> str:
             f"note: {name} was trained with the drafter options {json.dumps(opts, sort_keys=True)}; this trace's "
             f"drafters, served live, have {json.dumps(other.get('trace') or {}, sort_keys=True)}"
         )
+    timed = res.get("cost_timed_other_drafter_options") or {}
+    if timed:
+        lines.append(
+            f"note: the cost model timed the drafters with the options {json.dumps(timed['cost'], sort_keys=True)};"
+            f" the trace recorded {json.dumps(timed['trace'], sort_keys=True)} (calibrate --drafter-option)"
+        )
     fid = res.get("fidelity") or {}
     if fid:
         lines.append(

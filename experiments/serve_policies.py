@@ -442,6 +442,12 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     res["trained_with_other_drafter_options"] = (
         {"trace": options, "policies": other_options} if other_options else {}
     )
+    # a cost model that timed the drafters with other options than the trace's (calibrate --drafter-option; a file
+    # from before it does not say)
+    timed = (getattr(cost, "meta", None) or {}).get("drafter_options")
+    res["cost_timed_other_drafter_options"] = (
+        {"cost": timed, "trace": options} if timed is not None and timed != options else {}
+    )
     res["provenance"] = provenance()
     text = json.dumps(res, indent=1)
     atomic_write_text(out / "evaluate.json", text)

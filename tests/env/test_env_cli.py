@@ -75,3 +75,31 @@ def test_an_integer_option_out_of_range_is_one_short_message(text, needle):
     with pytest.raises(argparse.ArgumentTypeError, match=re.escape(needle)) as err:
         positive_int(text)
     assert len(str(err.value)) < 80
+
+
+@pytest.mark.parametrize("batch", [[], ["--batch"]])
+def test_calibrate_times_the_drafters_with_the_options_given_and_keeps_them(tmp_path, monkeypatch, batch):
+    """``calibrate --drafter-option`` times the drafters as a trace recorded them (e.g. the hybrid's suffix cache
+    off): the options reach the calibration and are kept in the cost model's meta; an option for a drafter it does
+    not time is one line and exit 2."""
+    import env.batch_calibrate as bcal
+    import env.calibrate as cal
+    from experiments.cli import main
+
+    seen = []
+    for mod, name in ((bcal, "calibrate_batch"), (cal, "calibrate")):
+        real = getattr(mod, name)
+
+        def spy(*a, _real=real, **k):
+            seen.append(k.get("drafter_options"))
+            return _real(*a, **{**k, "reps": 1} if "reps" in k else k)
+
+        monkeypatch.setattr(mod, name, spy)
+    out = tmp_path / "c.json"
+    argv = ["calibrate", *batch, "--model", "random:llama-tiny", "--drafters", "ngram", "--reps", "1", "--json",
+            "--drafter-option", "ngram.max_ngram=3", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert seen == [{"ngram": {"max_ngram": 3}}]
+    assert json.loads(out.read_text())["meta"]["drafter_options"] == {"ngram": {"max_ngram": 3}}
+    argv[argv.index("ngram.max_ngram=3")] = "suffix.cache_requests=0"
+    assert main(argv) == 2

@@ -252,3 +252,33 @@ def test_serve_bench_policy_run_serves_and_records_the_trained_options(tmp_path,
     assert main(argv) == 0
     assert len(seen) >= 2 and all(x == {"ngram": {"max_ngram": 3}} for x in seen)  # (warm-ups too)
     assert json.loads((run / "settings.json").read_text())["drafter_options"] == {"ngram": {"max_ngram": 3}}
+
+
+def test_evaluate_notes_a_cost_model_that_timed_the_drafters_with_other_options(tmp_path, capsys):
+    """A cost model keeps the drafter options it was calibrated with (``calibrate --drafter-option``); evaluated
+    on a trace recorded with others, that is noted (printed and in the JSON); with the same ones, not."""
+    import json
+
+    from env.batch_cost import default_batch_cost_path
+    from experiments.cli import main
+
+    path, out = _trained_with_options(tmp_path, {"max_ngram": 3})
+    cost = json.loads(default_batch_cost_path().read_text())
+    for timed, noted in (({"ngram": {"max_ngram": 2}}, True), ({"ngram": {"max_ngram": 3}}, False)):
+        cost["meta"]["drafter_options"] = timed
+        (tmp_path / "bc.json").write_text(json.dumps(cost))
+        capsys.readouterr()
+        argv = ["evaluate", "--serve", str(out / "smartspec.zip"), "--trace", str(path), "--batch-cost",
+                str(tmp_path / "bc.json"), "--no-live", "--episodes", "1", "--requests", "4", "--loads", "1",
+                "--out", str(tmp_path / "e")]  # fmt: skip
+        assert main(argv) == 0
+        printed = capsys.readouterr().out
+        got = json.loads((tmp_path / "e" / "evaluate.json").read_text())["cost_timed_other_drafter_options"]
+        if noted:
+            assert got == {"cost": timed, "trace": {"ngram": {"max_ngram": 3}}}
+            assert (
+                'note: the cost model timed the drafters with the options {"ngram": {"max_ngram": 2}}'
+                in printed
+            )
+        else:
+            assert got == {} and "the cost model timed" not in printed
