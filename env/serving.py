@@ -169,8 +169,9 @@ def serve(
     each step's goodput relative to autoregressive decoding, priced by the batch cost model ``cost`` against the
     step's wall time, with ``info["step_s"]``, the engine's step alone (drafting, forward, verification, commit:
     ``policies.turbospec`` bends its prices to it); ``obs_max_batch``: the row slots of the observation (the
-    policy's ``max_batch``; default ``max_batch``). ``clock`` and ``sleep``: the server's time (open loop, an idle server sleeps until the next
-    arrival by ``sleep``; a caller with its own ``clock`` passes the ``sleep`` that moves it)."""
+    policy's ``max_batch``; default ``max_batch``). ``clock`` and ``sleep``: the server's time (open loop, an idle
+    server sleeps until the next arrival by ``sleep``; a caller with its own ``clock`` passes the ``sleep`` that
+    moves it)."""
     static = None if policy is None else getattr(policy, "static_arm", None)
     if (
         static is not None

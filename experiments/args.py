@@ -223,9 +223,8 @@ def served_drafter_options(
         text = json.dumps(t, sort_keys=True, default=str)
         return text if len(text) <= 120 else text[:117] + "..."
 
-    known: dict[
-        str, dict[str, dict[str, Any]]
-    ] = {}  # method -> drafter of its menu -> its options as trained
+    # method -> drafter of its menu -> its options as trained
+    known: dict[str, dict[str, dict[str, Any]]] = {}
     for method, pol in policies.items():
         opts = pol.meta.get("drafter_options")
         if opts is not None:

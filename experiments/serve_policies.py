@@ -377,8 +377,8 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     }
     # a policy trained on a trace whose drafters had other options than this one's, which live serves (``{}``:
     # the defaults; a policy from before serve-train kept them does not say: not flagged)
-    other_options = {name: pol.meta["drafter_options"] for name, pol in policies
-                     if pol.meta.get("drafter_options") is not None and pol.meta["drafter_options"] != options}  # fmt: skip
+    other_options = {name: opts for name, pol in policies
+                     if (opts := pol.meta.get("drafter_options")) is not None and opts != options}  # fmt: skip
     from env.serve_loads import parse_load
 
     max_new = args.max_new_tokens or int(meta.get("max_new_tokens", 64))

@@ -3,8 +3,9 @@
 
 The policies: the engines' batch-size table fitted on this cost curve, TensorRT-LLM's AUTO rule, the SmartSpec
 rule and the same rule with its cost model corrected online by the step times it serves (``turbospec``), a bandit
-per batch-size bucket, LinUCB, PPO (stable-baselines3 on the vectorized replay) with one arm for the batch, and PPO with one arm per row (``ppo-rows``, ``policies.rl_rows``). Each is saved under ``--out`` as soon as
-it is made, with ``train.json``; a rerun checks its settings and trains only what is missing; PPO, killed midway,
+per batch-size bucket, LinUCB, PPO (stable-baselines3 on the vectorized replay) with one arm for the batch, and PPO
+with one arm per row (``ppo-rows``, ``policies.rl_rows``). Each is saved under ``--out`` as soon as it is made,
+with ``train.json``; a rerun checks its settings and trains only what is missing; PPO, killed midway,
 resumes from its latest checkpoint (``ppo-checkpoints/``, ``ppo-rows-checkpoints/``).
 """
 
