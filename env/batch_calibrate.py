@@ -217,7 +217,7 @@ def calibrate_batch(
     batched = dict(state.batched)
     for n in names:
         if _batches(n) and n not in batched:
-            batched[n] = _time_batched(loaded, n, rows, prompts[0], reps, options.get(n, {}))
+            batched[n] = _time_batched(loaded, n, rows, prompts, reps, options.get(n, {}))
             state.save_batched(n, batched[n])
     if state.policy_book is None:
         state.save_phase("policy_book", _time_policy_book(loaded, names, rows, prompts[0], reps, options))
@@ -266,38 +266,44 @@ def _batches(name: str) -> bool:
     return isinstance(make_drafter(name), BatchProposer)
 
 
-def _time_batched(loaded: Any, name: str, rows: Sequence[int], prompt: list[int], reps: int,
+def _time_batched(loaded: Any, name: str, rows: Sequence[int], prompts: Sequence[list[int]], reps: int,
                   options: dict[str, Any]) -> BatchedDraft:  # fmt: skip
     """A batched drafter's proposal over ``rows`` rows, every row drafting a chain of each of ``DEPTHS``: each
-    sample follows an autoregressive step of the batch, so it includes the head's catch-up on the committed token
-    (as decoding's proposals do). Per row count, seconds fitted linear in depth: fixed + depth x level; both then
-    made non-decreasing in rows."""
+    sample follows a speculative step of the batch with that drafter at that depth, so it includes the head's
+    catch-up on the tokens that step committed, as a stream of such steps pays it (after an autoregressive step,
+    one token: a spec step's accepted tokens cost the head more). Each row count is timed once per prompt of ``prompts``, the rows' prompts
+    rotated through them, and the samples pooled: a drafter whose cost depends on the text (a hybrid skips its
+    model part where its suffix match is strong) is not priced on one prompt's text alone. Per row count, seconds
+    fitted linear in depth: fixed + depth x level; both then made non-decreasing in rows."""
     import torch
 
     from drafters import Forkable, TreeShape, make_drafter
     from env.batch import BatchEngine
-    from env.engine import NO_DRAFT, Arm
+    from env.engine import Arm
 
     fixed, level = [], []
     rng = random.Random(1)
     with torch.inference_mode():
         for r in rows:
-            first = make_drafter(name, **options)
-            eng = BatchEngine(loaded, max_rows=r)
-            eng.admit(prompt, {name: first})  # (loads the head the forks then share)
-            for _ in range(r - 1):
-                other = first.fork() if isinstance(first, Forkable) else make_drafter(name, **options)
-                eng.admit(prompt, {name: other})
             samples: dict[int, list[float]] = {d: [] for d in DEPTHS}
-            for _ in range(max(reps, 2)):
-                order = list(DEPTHS)
-                rng.shuffle(order)
-                for depth in order:
-                    eng.step([NO_DRAFT] * r)
-                    arms = [Arm(name, TreeShape(depth))] * r
-                    t0 = time.perf_counter()
-                    eng.propose(arms)
-                    samples[depth].append(time.perf_counter() - t0)
+            for k in range(len(prompts)):
+                first = make_drafter(name, **options)
+                eng = BatchEngine(loaded, max_rows=r)
+                eng.admit(prompts[k], {name: first})  # (loads the head the forks then share)
+                for i in range(1, r):
+                    other = first.fork() if isinstance(first, Forkable) else make_drafter(name, **options)
+                    eng.admit(prompts[(k + i) % len(prompts)], {name: other})
+                for _ in range(max(reps, 2)):
+                    order = list(DEPTHS)
+                    rng.shuffle(order)
+                    for depth in order:
+                        arms = [Arm(name, TreeShape(depth))] * r
+                        eng.step(
+                            arms
+                        )  # a speculative step: what it commits, the timed proposal catches up on
+                        t0 = time.perf_counter()
+                        eng.propose(arms)
+                        samples[depth].append(time.perf_counter() - t0)
             xs = np.array(DEPTHS, np.float64)
             ys = np.array([statistics.median(samples[d]) for d in DEPTHS])
             slope, icpt = np.polyfit(xs, ys, 1)

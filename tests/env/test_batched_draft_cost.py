@@ -133,14 +133,34 @@ def test_the_match_depth_stays_a_table_drafters_and_smartspec_does_not_cap_a_mod
     assert pol.capped == [False, True, True, False]  # every table drafter's chains, not a model head's
 
 
-def test_calibration_times_a_model_head_per_batch_over_rows_and_depths(tmp_path):
+def test_calibration_times_a_model_head_per_batch_over_rows_and_depths(tmp_path, monkeypatch):
+    """Per row count, one batch per prompt, the rows' prompts rotated through them (a hybrid's cost depends on the
+    text: one prompt's would price it)."""
+    from env.batch import BatchEngine
     from env.batch_calibrate import _batches, _time_batched
     from tests.drafters.tiny import random_head, tiny_loaded
 
     assert _batches("eagle3") and _batches("eagle") and not _batches("ngram") and not _batches("suffix")
     loaded = tiny_loaded()
     head = random_head("eagle3", loaded, tmp_path / "head")
-    got = _time_batched(loaded, "eagle3", (1, 2, 4), list(range(3, 40)), 2, {"weights": str(head)})
+    admitted, sizes, real, init = [], {}, BatchEngine.admit, BatchEngine.__init__
+
+    def made(self, loaded, max_rows):
+        sizes[id(self)] = max_rows
+        init(self, loaded, max_rows)
+
+    def admit(self, prompt, *a, **k):
+        admitted.append((sizes[id(self)], tuple(prompt)))
+        return real(self, prompt, *a, **k)
+
+    monkeypatch.setattr(BatchEngine, "__init__", made)
+    monkeypatch.setattr(BatchEngine, "admit", admit)
+    prompts = [list(range(3, 40)), list(range(5, 30)), list(range(7, 20))]
+    got = _time_batched(loaded, "eagle3", (1, 2, 4), prompts, 2, {"weights": str(head)})
+    for r in (1, 2, 4):  # every prompt timed at every row count; at 4 rows each batch holds all three
+        rows = [p for m, p in admitted if m == r]
+        assert len(rows) == 3 * r and {tuple(p) for p in prompts} == set(rows)
+    assert sum(1 for m, _ in admitted if m == 4) == 12
     assert got.rows == (1, 2, 4) and len(got.fixed_s) == len(got.level_s) == 3
     assert all(x >= 0 for x in got.fixed_s + got.level_s) and sum(got.level_s) > 0  # a level is never free
     assert list(got.fixed_s) == sorted(got.fixed_s) and list(got.level_s) == sorted(got.level_s)
