@@ -189,14 +189,15 @@ def test_the_command_keeps_its_work_file_beside_the_output_and_removes_it_once_s
     work.write_text("{}")  # a killed run's
     seen = {}
 
-    def fake(loaded, names, reps, progress, work):
-        seen["work"] = work
+    def fake(loaded, names, reps, progress, work, drafter_options):
+        seen["work"], seen["options"] = work, drafter_options
         c = fitted()
         c.meta["resumed"] = True
         return c
 
     monkeypatch.setattr("env.batch_calibrate.calibrate_batch", fake)
     args = argparse.Namespace(reps=3, json=False)
-    assert ec._calibrate_batch(args, None, ["ngram"], out) == 0
+    assert ec._calibrate_batch(args, None, ["ngram"], out, {"ngram": {"max_ngram": 3}}) == 0
     assert seen["work"] == work and out.is_file() and not work.exists()
+    assert seen["options"] == {"ngram": {"max_ngram": 3}}
     assert f"resumed from {work}" in capsys.readouterr().out
