@@ -183,7 +183,7 @@ def calibrate_batch(
     lengths = [n for n in PREFILL_TOKENS if n < loaded.max_context] or [min(16, loaded.max_context - 1)]
     state = CalibrationState.open(work, loaded, names, options, rows, nodes, contexts, reps,
                                   batching=[n for n in names if _batches(n)], prefill_lengths=lengths,
-                                  run_steps=RUN_STEPS)  # fmt: skip
+                                  run_steps=RUN_STEPS, batched_timing=BATCHED_TIMING)  # fmt: skip
     engines = _engines(loaded, rows, contexts)
     med = _time_grid(loaded, rows, nodes, contexts, reps, progress, engines, done=state.samples,
                      passes_done=state.passes, on_pass=state.save_pass)  # fmt: skip
@@ -238,6 +238,8 @@ def calibrate_batch(
         # what the policy's bookkeeping was timed with: the menu's drafters (the first table drafter's proposals
         # made untimed, as the observation's), the observation's row slots
         "policy_book_menu": {"drafters": ["none", *names], "obs_max_batch": int(max(rows))},
+        # how the batched drafters' proposals were timed (files before it: after an autoregressive step, one prompt)
+        **({"batched_timing": BATCHED_TIMING} if batched else {}),
     }
     return FittedBatchCost(
         model_id=loaded.model_id,
@@ -266,15 +268,22 @@ def _batches(name: str) -> bool:
     return isinstance(make_drafter(name), BatchProposer)
 
 
+# how a batched drafter's proposal is timed (kept in a calibration's settings and its cost model's meta): each
+# sample after a speculative step of that drafter and depth, the rows' prompts rotated through the built-in ones
+BATCHED_TIMING = "after-spec-step/rotated-prompts"
+
+
 def _time_batched(loaded: Any, name: str, rows: Sequence[int], prompts: Sequence[list[int]], reps: int,
                   options: dict[str, Any]) -> BatchedDraft:  # fmt: skip
-    """A batched drafter's proposal over ``rows`` rows, every row drafting a chain of each of ``DEPTHS``: each
+    """A batched drafter's proposal over ``rows`` rows, every row drafting a chain of each of ``DEPTHS``. Each
     sample follows a speculative step of the batch with that drafter at that depth, so it includes the head's
-    catch-up on the tokens that step committed, as a stream of such steps pays it (after an autoregressive step,
-    one token: a spec step's accepted tokens cost the head more). Each row count is timed once per prompt of ``prompts``, the rows' prompts
-    rotated through them, and the samples pooled: a drafter whose cost depends on the text (a hybrid skips its
-    model part where its suffix match is strong) is not priced on one prompt's text alone. Per row count, seconds
-    fitted linear in depth: fixed + depth x level; both then made non-decreasing in rows."""
+    catch-up on the tokens that step committed, as a stream of such steps pays it (``BATCHED_TIMING``; a head
+    catches up on every token since its row's last proposal, so one right after plain steps costs more than priced
+    here). Each row count is timed once per prompt of ``prompts``, the rows' prompts rotated through them, and the
+    samples pooled: a drafter whose cost depends on the text (a hybrid skips its model part where its suffix match
+    is strong) is not priced on one prompt's text alone. A batch is admitted again before its rows could outgrow
+    the model's context. Per row count, seconds fitted linear in depth: fixed + depth x level; both then made
+    non-decreasing in rows."""
     import torch
 
     from drafters import Forkable, TreeShape, make_drafter
@@ -283,24 +292,34 @@ def _time_batched(loaded: Any, name: str, rows: Sequence[int], prompts: Sequence
 
     fixed, level = [], []
     rng = random.Random(1)
+    # a speculative step commits at most depth + 1 tokens a row; a proposal commits none
+    room = loaded.max_context - max(len(p) for p in prompts) - 2 * (max(DEPTHS) + 1)
     with torch.inference_mode():
         for r in rows:
             samples: dict[int, list[float]] = {d: [] for d in DEPTHS}
-            for k in range(len(prompts)):
-                first = make_drafter(name, **options)
+            first = make_drafter(name, **options)
+            BatchEngine(loaded, max_rows=1).admit(
+                prompts[0], {name: first}
+            )  # loads the head the rows' forks share
+
+            def batch(k: int, r: int = r, first: Any = first) -> Any:
                 eng = BatchEngine(loaded, max_rows=r)
-                eng.admit(prompts[k], {name: first})  # (loads the head the forks then share)
-                for i in range(1, r):
-                    other = first.fork() if isinstance(first, Forkable) else make_drafter(name, **options)
-                    eng.admit(prompts[(k + i) % len(prompts)], {name: other})
+                for i in range(r):
+                    d = first.fork() if isinstance(first, Forkable) else make_drafter(name, **options)
+                    eng.admit(prompts[(k + i) % len(prompts)], {name: d})
+                return eng
+
+            for k in range(len(prompts)):
+                eng, used = batch(k), 0
                 for _ in range(max(reps, 2)):
                     order = list(DEPTHS)
                     rng.shuffle(order)
                     for depth in order:
+                        if used + depth + 1 > room:  # (a small model's context, many --reps)
+                            eng, used = batch(k), 0
                         arms = [Arm(name, TreeShape(depth))] * r
-                        eng.step(
-                            arms
-                        )  # a speculative step: what it commits, the timed proposal catches up on
+                        eng.step(arms)  # a speculative step: the timed proposal catches up on what it commits
+                        used += depth + 1
                         t0 = time.perf_counter()
                         eng.propose(arms)
                         samples[depth].append(time.perf_counter() - t0)

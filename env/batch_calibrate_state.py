@@ -49,10 +49,11 @@ class CalibrationState:
     def open(cls, work: str | Path | None, loaded: Any, names: Sequence[str], options: dict[str, Any],
              rows: Sequence[int], nodes: Sequence[int], contexts: Sequence[int], reps: int, *,
              batching: Sequence[str] = (), prefill_lengths: Sequence[int] = (), run_steps: int = 1,
-             ) -> CalibrationState:  # fmt: skip
+             batched_timing: str = "") -> CalibrationState:  # fmt: skip
         """The state of a calibration with these settings: read from ``work`` when it holds one (a resume), else
         empty (and nothing written until the first pass; ``work`` None: kept in memory only). ``batching``: the
-        drafters of ``names`` timed per batch; ``prefill_lengths``: the prompt lengths the prefill is timed at."""
+        drafters of ``names`` timed per batch; ``prefill_lengths``: the prompt lengths the prefill is timed at;
+        ``batched_timing``: how those are timed (a work file that timed them otherwise is not resumed)."""
         import torch
 
         from env.machine import cpu_label
@@ -63,7 +64,8 @@ class CalibrationState:
             "device": str(getattr(loaded, "device", "cpu")), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "drafters": list(names), "batched": list(batching), "options": options,
             "rows": [int(r) for r in rows], "nodes": [int(n) for n in nodes], "contexts": [int(c) for c in contexts],
-            "reps": int(reps), "prefill_lengths": [int(n) for n in prefill_lengths], "cpu": cpu_label()},
+            "reps": int(reps), "prefill_lengths": [int(n) for n in prefill_lengths], "cpu": cpu_label(),
+            **({"batched_timing": batched_timing} if batching else {})},
             default=str))  # fmt: skip
         path = None if work is None else Path(work)
         state = cls(path, settings, run_steps=int(run_steps))

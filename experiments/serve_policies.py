@@ -443,10 +443,13 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
         {"trace": options, "policies": other_options} if other_options else {}
     )
     # a cost model that timed the drafters with other options than the trace's (calibrate --drafter-option; a file
-    # from before it does not say)
+    # from before it does not say), compared over the drafters it prices
     timed = (getattr(cost, "meta", None) or {}).get("drafter_options")
+    priced = {*(getattr(cost, "drafters", None) or {}), *(getattr(cost, "batched", None) or {})}
+    traced = {d: o for d, o in options.items() if d in priced}
+    timed = None if timed is None else {d: o for d, o in timed.items() if d in priced}
     res["cost_timed_other_drafter_options"] = (
-        {"cost": timed, "trace": options} if timed is not None and timed != options else {}
+        {"cost": timed, "trace": traced} if timed is not None and timed != traced else {}
     )
     res["provenance"] = provenance()
     text = json.dumps(res, indent=1)

@@ -78,7 +78,9 @@ def test_an_integer_option_out_of_range_is_one_short_message(text, needle):
 
 
 @pytest.mark.parametrize("batch", [[], ["--batch"]])
-def test_calibrate_times_the_drafters_with_the_options_given_and_keeps_them(tmp_path, monkeypatch, batch):
+def test_calibrate_times_the_drafters_with_the_options_given_and_keeps_them(
+    tmp_path, monkeypatch, capsys, batch
+):
     """``calibrate --drafter-option`` times the drafters as a trace recorded them (e.g. the hybrid's suffix cache
     off): the options reach the calibration and are kept in the cost model's meta; an option for a drafter it does
     not time is one line and exit 2."""
@@ -102,4 +104,7 @@ def test_calibrate_times_the_drafters_with_the_options_given_and_keeps_them(tmp_
     assert seen == [{"ngram": {"max_ngram": 3}}]
     assert json.loads(out.read_text())["meta"]["drafter_options"] == {"ngram": {"max_ngram": 3}}
     argv[argv.index("ngram.max_ngram=3")] = "suffix.cache_requests=0"
+    capsys.readouterr()
     assert main(argv) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and "names suffix, which --drafters does not time" in err[0], err
