@@ -298,9 +298,8 @@ def _time_batched(loaded: Any, name: str, rows: Sequence[int], prompts: Sequence
         for r in rows:
             samples: dict[int, list[float]] = {d: [] for d in DEPTHS}
             first = make_drafter(name, **options)
-            BatchEngine(loaded, max_rows=1).admit(
-                prompts[0], {name: first}
-            )  # loads the head the rows' forks share
+            # (admitted once: it loads the head the rows' forks share)
+            BatchEngine(loaded, max_rows=1).admit(prompts[0], {name: first})
 
             def batch(k: int, r: int = r, first: Any = first) -> Any:
                 eng = BatchEngine(loaded, max_rows=r)

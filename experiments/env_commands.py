@@ -25,6 +25,18 @@ def _drafter_list(text: str) -> list[str]:
     return [n for n in names if n != "none"]
 
 
+def _options_of(names: list[str], items: list[str] | None, verb: str) -> dict[str, dict[str, Any]]:
+    """``--drafter-option`` items, checked before the model loads, for the drafters ``names`` only: an option for
+    another is a one-line ``UserError`` (the command would not ``verb`` that drafter)."""
+    from experiments.errors import UserError
+
+    options = drafter_options(items)
+    unused = sorted(set(options) - set(names))
+    if unused:
+        raise UserError(f"--drafter-option names {', '.join(unused)}, which --drafters does not {verb}")
+    return options
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from env.calibrate import calibrate
     from env.model import load_model
@@ -33,12 +45,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.reps < 1:
         raise UserError(f"--reps must be >= 1, got {args.reps}")
     names = _drafter_list(args.drafters)
-    from experiments.args import drafter_options
-
-    options = drafter_options(args.drafter_option)  # checked before the model loads
-    unused = sorted(set(options) - set(names))
-    if unused:
-        raise UserError(f"--drafter-option names {', '.join(unused)}, which --drafters does not time")
+    options = _options_of(names, args.drafter_option, "time")
     from env.cli import holds_other_than_json
 
     # an existing file there must be an earlier cost model (one JSON object), not a policy or a trace named by a
@@ -101,10 +108,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 2:
         raise UserError(f"--max-new-tokens must be >= 2, got {args.max_new_tokens}")
     names = _drafter_list(args.drafters)
-    options = drafter_options(args.drafter_option)  # checked before the model loads
-    unused = sorted(set(options) - set(names))
-    if unused:
-        raise UserError(f"--drafter-option names {', '.join(unused)}, which --drafters does not record")
+    options = _options_of(names, args.drafter_option, "record")
     prompts = load_workload(args.workload, per_category=args.per_category)
     if args.limit:
         prompts = prompts[: args.limit]
