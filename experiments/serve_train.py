@@ -3,7 +3,8 @@
 
 The policies: the engines' batch-size table fitted on this cost curve, TensorRT-LLM's AUTO rule, the SmartSpec
 rule and the same rule with its cost model corrected online by the step times it serves (``turbospec``), a bandit
-per batch-size bucket, LinUCB, PPO (stable-baselines3 on the vectorized replay) with one arm for the batch, and PPO
+per batch-size bucket, LinUCB, the accept-length predictor under SmartSpec's pricing (``predictor``,
+``policies.serve_predictor``), PPO (stable-baselines3 on the vectorized replay) with one arm for the batch, and PPO
 with one arm per row (``ppo-rows``, ``policies.rl_rows``). Each is saved under ``--out`` as soon as it is made,
 with ``train.json``; a rerun checks its settings and trains only what is missing; PPO, killed midway,
 resumes from its latest checkpoint (``ppo-checkpoints/``, ``ppo-rows-checkpoints/``).
@@ -24,9 +25,9 @@ from env.files import atomic_write_text
 from experiments.serve_policies import MAX_REQUESTS, _sim_factory, _split, train_loads
 
 
-def _same_ppo(path: Path, meta: dict[str, Any], pre: str = "ppo") -> dict[str, Any] | None:
-    """The training report a PPO policy at ``path`` carries when it was trained with these settings (its file's
-    meta: split, cost model, lengths, timesteps), else None; a folder made before the settings check may hold one
+def _same_trained(path: Path, meta: dict[str, Any], pre: str = "ppo") -> dict[str, Any] | None:
+    """The training report a trained policy (PPO, ``pre`` "ppo" or "ppo_rows"; the predictor) at ``path`` carries
+    when it was trained with these settings (its file's meta: split, cost model, lengths, timesteps), else None; a folder made before the settings check may hold one
     trained with others. The file alone decides: a kill between writing it and ``train.json`` loses nothing."""
     from policies.base import PolicyError, load_policy
 
@@ -48,7 +49,7 @@ def _same_ppo(path: Path, meta: dict[str, Any], pre: str = "ppo") -> dict[str, A
 
 def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, max_new: int, requests: int,
               max_batch: int, timesteps: int, seed: int, progress: bool,
-              row_timesteps: int | None = None,
+              row_timesteps: int | None = None, predictor_episodes: int = 16,
               drafter_options: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     """Fit and train every serving policy into ``out``. Each is saved as soon as it is made (the fitted ones before
     PPO starts), with ``train.json`` (the report so far); a rerun into the same folder (its settings checked by the
@@ -56,7 +57,8 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
     its latest checkpoint. ``row_timesteps``: the per-row PPO's (None: ``timesteps`` where the menu is a grid,
     ``_row_timesteps``; 0: none). ``drafter_options``: the drafters' options the trace recorded, kept in every
     policy's meta (``{}``: the defaults) so that serving it (``serve-bench --policy``) serves the drafters it was
-    trained on."""
+    trained on. ``predictor_episodes``: the streams at each load of each of the predictor's replays (0: no
+    predictor); a rerun keeps a predictor saved with these settings."""
     from env.batch_cost import cost_digest
     from env.serve_env import feature_names, levels_upto, make_sb3_serve_env, obs_size
     from policies.linucb import LinUCB
@@ -147,11 +149,20 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
         sim.reset()
         return sim
 
+    if predictor_episodes > 0:
+        _train_predictor(trace, cost, arms, split, loads, levels, meta, out, report, max_new=max_new,
+                         requests=requests, max_batch=max_batch, episodes=predictor_episodes, seed=seed,
+                         progress=progress)  # fmt: skip
+
     # PPO with one arm for the batch ("ppo"), then with one per row ("ppo-rows", policies.rl_rows)
     for name, steps, rows in (("ppo", timesteps, False), ("ppo-rows", row_timesteps, True)):
         pre = "ppo" if name == "ppo" else "ppo_rows"  # report keys: ppo_s, ppo_rows_s, ...
         keys = tuple(f"{pre}_{k}" for k in ("s", "timesteps", "curve", "plateau"))
-        kept = _same_ppo(out / f"{name}.zip", {**meta, f"{pre}_timesteps": steps}, pre) if steps > 0 else None
+        kept = (
+            _same_trained(out / f"{name}.zip", {**meta, f"{pre}_timesteps": steps}, pre)
+            if steps > 0
+            else None
+        )
         if kept is not None:  # trained before a kill of a later stage, or a finished run again: kept
             report.update({k: v for k, v in kept.items() if k in keys}, **{f"{pre}_timesteps": steps})
             report["saved"] = sorted({*report["saved"], name})
@@ -178,6 +189,39 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
                                     f"{pre}_report": {k: report[k] for k in keys if k in report}})  # fmt: skip
         shutil.rmtree(ckpt, ignore_errors=True)  # the policy file holds what a rerun needs
     return report
+
+
+def _train_predictor(trace: Any, cost: Any, arms: list[str], split: Any, loads: list[str], levels: list[int],
+                     meta: dict[str, Any], out: Path, report: dict[str, Any], *, max_new: int, requests: int,
+                     max_batch: int, episodes: int, seed: int, progress: bool) -> None:  # fmt: skip
+    """The serve predictor (``policies.serve_predictor``) into ``out/predictor.zip``, unless one trained with these
+    settings is there (minutes of replay and fitting)."""
+    from tqdm import tqdm
+
+    from env.serve_env import feature_names, obs_size
+    from policies.serve_predictor import train_serve_predictor
+
+    settings = {**meta, "predictor_episodes": episodes}
+    kept = _same_trained(out / "predictor.zip", settings, "predictor")
+    if kept is None:
+        rounds = 2
+        bar = tqdm(total=2 * rounds + len(levels), desc="serve-train: predictor", unit="fit",
+                   disable=not progress, leave=False)  # fmt: skip
+        t0 = time.perf_counter()
+
+        def make_for(prompts: Any) -> Any:
+            return _sim_factory(trace, cost, arms, list(prompts), max_new, requests, max_batch)
+
+        pol = train_serve_predictor(make_for, list(split.train), arms, obs_size(max_batch), feature_names(max_batch),
+                                    cost.to_json(), loads=loads, levels=levels, episodes=episodes, rounds=rounds,
+                                    seed=seed, tick=bar.update)  # fmt: skip
+        bar.close()
+        kept = {"s": round(time.perf_counter() - t0, 1), "shrink": pol.shrink}
+        pol.meta = {**settings, "name": "predictor", "predictor_report": kept}
+        pol.save(out / "predictor.zip")
+    report["predictor"] = {**kept, "episodes": episodes}
+    report["saved"] = sorted({*report["saved"], "predictor"})
+    atomic_write_text(out / "train.json", json.dumps(report, indent=1))
 
 
 def _row_timesteps(arms: list[str], timesteps: int, given: int | None) -> int:
@@ -228,7 +272,7 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
     }, started=any(out.glob("*.zip")))  # fmt: skip
     rep = train_all(trace, cost, arms, split, out=out, max_new=args.max_new_tokens, requests=args.requests,
                     max_batch=args.max_batch, timesteps=args.timesteps, seed=args.seed,
-                    row_timesteps=row_timesteps, drafter_options=options,
+                    row_timesteps=row_timesteps, drafter_options=options, predictor_episodes=args.predictor_episodes,
                     progress=sys.stderr.isatty() and not args.json)  # fmt: skip
     rep.update(
         out=str(out), batch_cost=cost.label, train_prompts=len(split.train), test_prompts=len(split.test)
@@ -270,6 +314,9 @@ def register(sub: Any) -> None:
     t.add_argument("--row-timesteps", type=int_at_least(0), default=None,
                    help="steps of PPO with one arm per row, ppo-rows (default: --timesteps where the menu has "
                         "none and every drafter at every shape, else 0)")  # fmt: skip
+    t.add_argument("--predictor-episodes", type=int_at_least(0, 4096), default=16,
+                   help="request streams at each load of each replay the accept-length predictor learns from "
+                        "(0: no predictor)")  # fmt: skip
     t.add_argument("--out", default="runs/serve-policies", help="output folder of the policy files")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_serve_train)

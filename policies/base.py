@@ -63,6 +63,7 @@ POLICY_TYPES: dict[str, str] = {
     "turbospec": "policies.turbospec:TurboSpecPolicy",
     "bucket_ucb": "policies.serving:BucketUCB",
     "table_first": "policies.serve_rows:TableFirstPolicy",
+    "serve_predictor": "policies.serve_predictor:ServePredictorPolicy",
 }
 
 

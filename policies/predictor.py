@@ -17,22 +17,21 @@ are saved as plain arrays (no pickle) and the forward pass runs in numpy, tens o
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from env.replay import ReplayTables
-from policies.base import BasePolicy, PolicyError, npz_bytes, read_npz, real
+from policies.base import BasePolicy, PolicyError, real
+from policies.net_arrays import MODELS, SCALE_FLOOR, NetArrays, check_net_params
 from policies.oracle import rollout_actions
 
-MODELS = ("mlp", "ridge")
 OBJECTIVES = ("margin", "ratio")
-SCALE_FLOOR = 1e-6  # the smallest standard deviation a standardization divides by
+__all__ = ["MODELS", "OBJECTIVES", "SCALE_FLOOR", "PredictorPolicy", "train_predictor", "fit_rate"]
 
 
-class PredictorPolicy(BasePolicy):
+class PredictorPolicy(NetArrays, BasePolicy):
     type_name = "predictor"
     kind = "predictor"
 
@@ -55,23 +54,13 @@ class PredictorPolicy(BasePolicy):
         if objective not in OBJECTIVES:
             raise PolicyError(f"unknown predictor objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
         self.objective, self.rate = objective, float(rate)
-        if model not in MODELS:
-            raise PolicyError(f"unknown predictor model {model!r}; valid: {', '.join(MODELS)}")
         if self.obs_size < 1:
             raise PolicyError("the predictor needs an observation (obs_size >= 1)")
-        real("predictor hidden", hidden, lo=1, hi=1 << 16, integer=True)
-        real("predictor layers", layers, lo=1, hi=64, integer=True)
-        real("predictor alpha", alpha, lo=0.0, hi=1e6)
-        real("predictor max_iter", max_iter, lo=1, hi=1 << 24, integer=True)
+        check_net_params(model, hidden, layers, alpha, max_iter, seed, "predictor")
         real("predictor rate", rate, lo=0.0, hi=1e6)
-        real("seed", seed, lo=0, hi=2**32 - 1, integer=True)  # scikit-learn's random_state range
         self.model, self.hidden, self.layers = model, int(hidden), int(layers)
         self.alpha, self.max_iter, self.seed = float(alpha), int(max_iter), int(seed)
-        self.weights: list[tuple[np.ndarray, np.ndarray]] = []
-        self.x_mean = np.zeros(self.obs_size)
-        self.x_scale = np.ones(self.obs_size)
-        self.y_mean = np.zeros(2 * self.num_arms)
-        self.y_scale = np.ones(2 * self.num_arms)
+        self.init_net(self.obs_size, 2 * self.num_arms)
 
     def params(self) -> dict[str, Any]:
         return {
@@ -85,49 +74,19 @@ class PredictorPolicy(BasePolicy):
             "seed": self.seed,
         }
 
-    @property
-    def fitted(self) -> bool:
-        return bool(self.weights)
-
     # ---- fitting (scikit-learn) and prediction (numpy) ----
     def fit(self, x: np.ndarray, accept: np.ndarray, rel_cost: np.ndarray) -> PredictorPolicy:
         """x: [N, F] observations; accept, rel_cost: [N, K] every arm's accepted length and cost / AR cost."""
-        from sklearn.exceptions import ConvergenceWarning
-        from sklearn.linear_model import Ridge
-        from sklearn.neural_network import MLPRegressor
-        from threadpoolctl import threadpool_limits
-
-        y = np.concatenate([accept, rel_cost], axis=1).astype(np.float64)
-        self.x_mean, self.x_scale = x.mean(0), np.maximum(x.std(0), SCALE_FLOOR)
-        self.y_mean, self.y_scale = y.mean(0), np.maximum(y.std(0), SCALE_FLOOR)
-        xs, ys = (x - self.x_mean) / self.x_scale, (y - self.y_mean) / self.y_scale
-        # one BLAS thread (small matrices, a shared machine); max_iter is a budget, so no convergence warning
-        with threadpool_limits(1), warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            if self.model == "ridge":
-                reg = Ridge(alpha=self.alpha).fit(xs, ys)
-                self.weights = [(reg.coef_.T.copy(), np.atleast_1d(reg.intercept_).copy())]
-            else:
-                reg = MLPRegressor(
-                    hidden_layer_sizes=(self.hidden,) * self.layers,
-                    alpha=self.alpha,
-                    max_iter=self.max_iter,
-                    early_stopping=True,
-                    random_state=self.seed,
-                ).fit(xs, ys)
-                self.weights = [(w.copy(), b.copy()) for w, b in zip(reg.coefs_, reg.intercepts_)]
+        y = np.concatenate([accept, rel_cost], axis=1)
+        self.fit_net(x, y, model=self.model, hidden=self.hidden, layers=self.layers, alpha=self.alpha,
+                     max_iter=self.max_iter, seed=self.seed)  # fmt: skip
         return self
 
     def predict(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(accepted length, cost in AR steps) of every arm: [K] each, or [B, K] for a batch of observations."""
         if not self.fitted:
             raise PolicyError("the predictor is not trained (draftgym train, or PredictorPolicy.fit)")
-        h = (np.asarray(obs, dtype=np.float64) - self.x_mean) / self.x_scale
-        for i, (w, b) in enumerate(self.weights):
-            h = h @ w + b
-            if i < len(self.weights) - 1:
-                h = np.maximum(h, 0.0)  # relu, MLPRegressor's default
-        y = h * self.y_scale + self.y_mean
+        y = self.forward(obs)
         k = self.num_arms
         return y[..., :k], y[..., k:]
 
@@ -153,69 +112,10 @@ class PredictorPolicy(BasePolicy):
 
     # ---- saving ----
     def state(self) -> dict[str, bytes]:
-        arrays = {
-            "x_mean": self.x_mean,
-            "x_scale": self.x_scale,
-            "y_mean": self.y_mean,
-            "y_scale": self.y_scale,
-        }
-        for i, (w, b) in enumerate(self.weights):
-            arrays[f"w{i}"], arrays[f"b{i}"] = w, b
-        return {"model.npz": npz_bytes(**arrays)}
+        return self.net_state()
 
     def restore(self, files: dict[str, bytes]) -> None:
-        if "model.npz" not in files:
-            raise PolicyError("predictor file has no model.npz")
-        z = read_npz(files["model.npz"])
-        missing = [k for k in ("x_mean", "x_scale", "y_mean", "y_scale") if k not in z]
-        if missing:
-            raise PolicyError(f"predictor file lacks {', '.join(missing)}")
-        self.x_mean, self.x_scale, self.y_mean, self.y_scale = (
-            z["x_mean"],
-            z["x_scale"],
-            z["y_mean"],
-            z["y_scale"],
-        )
-        n = len([k for k in z if k.startswith("w")])
-        try:
-            self.weights = [(z[f"w{i}"], z[f"b{i}"]) for i in range(n)]
-        except KeyError as err:
-            raise PolicyError(f"predictor file: layer {err} is missing") from None
-        if not n or self.x_mean.shape != (self.obs_size,) or self.weights[-1][0].ndim != 2 or (
-            self.weights[-1][0].shape[1] != 2 * self.num_arms
-        ):  # fmt: skip
-            raise PolicyError(
-                f"predictor weights are not for {self.obs_size} features and {self.num_arms} arms "
-                f"(x_mean {self.x_mean.shape}, {n} layers)"
-            )
-        # every array as the forward uses it: real, finite, and each layer's shape chaining into the next
-        named = {"x_scale": (self.x_scale, (self.obs_size,)), "y_mean": (self.y_mean, (2 * self.num_arms,)),
-                 "y_scale": (self.y_scale, (2 * self.num_arms,))}  # fmt: skip
-        width = self.obs_size
-        for i, (w, b) in enumerate(self.weights):
-            if w.ndim != 2 or w.shape[0] != width:
-                raise PolicyError(f"predictor layer {i}: weight of shape {w.shape}, expected ({width}, N)")
-            named[f"b{i}"] = (b, (w.shape[1],))
-            width = w.shape[1]
-        for name, (x, shape) in named.items():
-            if x.shape != shape:
-                raise PolicyError(f"predictor {name} has shape {x.shape}, expected {shape}")
-        for name, x in [("x_mean", self.x_mean), *((k, v[0]) for k, v in named.items()),
-                        *((f"w{i}", w) for i, (w, _) in enumerate(self.weights))]:  # fmt: skip
-            if x.dtype.kind not in "fiu" or not np.isfinite(x).all():
-                raise PolicyError(f"predictor {name} holds non-numeric or non-finite values")
-        for name in ("x_scale", "y_scale"):  # divisors and multipliers of a standardization, floored by fit
-            if (named[name][0] < SCALE_FLOOR).any():
-                raise PolicyError(
-                    f"predictor {name} holds values below {SCALE_FLOOR} (fit floors them there)"
-                )
-        # finite arrays can still overflow in the forward (scores NaN: the arm chosen would be arm 0, silently)
-        with np.errstate(all="ignore"):  # (act refuses any other observation where they overflow)
-            probe = self.scores(
-                np.stack([self.x_mean, self.x_mean + self.x_scale, self.x_mean - self.x_scale])
-            )
-        if not np.isfinite(probe).all():
-            raise PolicyError("predictor weights overflow: its scores at the mean observation are not finite")
+        self.restore_net(files, f"{self.obs_size} features and {self.num_arms} arms")
 
 
 # ---- training data from replay -------------------------------------------------------------------------------------

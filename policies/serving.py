@@ -166,18 +166,24 @@ class SmartSpecPolicy(BasePolicy):
         block = np.asarray(obs[ROW_BLOCK_AT:], np.float64).reshape(m, ROW_WIDTH)
         live = block[:, 0] > 0.5
         rows = max(int(live.sum()), 1)
-        alpha = np.clip(block[live, 2], 0.0, 0.999)
         match = block[live, 4] * DEPTH_NORM  # the drafter's longest proposal here (0: nothing to draft)
         ctx = float(step_context(self.cost_model, block[None, :, 1] * CTX_NORM, live[None])[0])
         k, r = len(self.arms), int(live.sum())
         d = np.broadcast_to(self.depths[:, None], (k, r))  # [K, R]: every arm at every live row
         dd = np.where(self._capped[:, None], np.minimum(d, match[None, :]), d)  # chains <= the proposal
-        tokens = np.where(dd > 0, (1 - alpha[None, :] ** (dd + 1)) / (1 - alpha[None, :]), 1.0).sum(1)
+        tokens = self.expected_tokens(obs, block[live], dd)
         nodes = 1 + (dd.max(1) if r else np.zeros(k))
         t = np.asarray(self.cost_model.forward_s(np.full(k, rows), nodes, np.full(k, ctx)), np.float64).copy()
         for name, idx in self._by_drafter.items():
             t[idx] += np.asarray(self.cost_model.draft_s(name, np.full(idx.size, rows), self.depths[idx]))
         return tokens, t, r
+
+    def expected_tokens(self, obs: np.ndarray, rows: np.ndarray, dd: np.ndarray) -> np.ndarray:
+        """Every arm's expected tokens committed by the step ``[K]``, from the live rows' block ``rows`` ``[R, 6]``
+        and each arm's chain at each row ``dd`` ``[K, R]``: SmartSpec's geometric rule, a row's draft tokens
+        accepted one by one with its acceptance estimate."""
+        alpha = np.clip(rows[:, 2], 0.0, 0.999)[None, :]
+        return np.where(dd > 0, (1 - alpha ** (dd + 1)) / (1 - alpha), 1.0).sum(1)
 
     def act(self, obs: np.ndarray | None) -> int:
         return int(np.argmax(self.scores(self._check_obs(obs))))

@@ -14,8 +14,8 @@ from experiments.cli import main
 from tests.env.conftest import make_trace
 
 COST = "roofline:h200/llama-3.1-8b"
-SAVED = {"bucket-ucb", "fitted-table", "linucb", "smartspec", "trt-auto", "turbospec"}
-KINDS = {"static", "schedule", "heuristic", "bandit", "oracle"}
+SAVED = {"bucket-ucb", "fitted-table", "linucb", "predictor", "smartspec", "trt-auto", "turbospec"}
+KINDS = {"static", "schedule", "heuristic", "bandit", "predictor", "oracle"}
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +54,9 @@ def test_serve_train_writes_the_policy_files(trained, trace_path):
         assert p.features == tuple(feature_names(16))
         assert p.meta["split"]["test_per_category"] == 1 and len(p.meta["split"]["test"]) == 2
         assert p.meta["name"] == path.stem and p.meta["max_new_tokens"] == 20
-    assert kinds == {"bucket-ucb": "bandit", "fitted-table": "schedule", "linucb": "bandit",
+    assert kinds == {"bucket-ucb": "bandit", "fitted-table": "schedule", "linucb": "bandit", "predictor": "predictor",
                      "smartspec": "heuristic", "trt-auto": "schedule", "turbospec": "heuristic"}  # fmt: skip
+    assert report["predictor"]["episodes"] == 16 and report["predictor"]["shrink"][-1][0] == 1 << 30
     bandit = load_policy(trained / "bucket-ucb.zip")
     assert bandit.counts.sum() > 0  # trained in replay
 
@@ -222,7 +223,8 @@ def test_evaluate_serve_says_when_a_policy_was_built_under_another_cost_model(
 def test_serve_train_killed_in_ppo_resumes_with_ppo_only(trace_path, tmp_path, monkeypatch, capsys):
     """The fitted policies are saved before PPO starts; killed during PPO, a rerun trains PPO and keeps the rest;
     killed during the per-row PPO, a rerun trains that one only; a finished run is not trained again; a rerun with
-    other settings is refused in one line."""
+    other settings is refused in one line. The predictor, trained before PPO, is trained once."""
+    import policies.serve_predictor as serve_predictor
     import policies.serving as serving
     from policies.base import load_policy
     from policies.rl_rows import SB3RowPolicy
@@ -245,6 +247,11 @@ def test_serve_train_killed_in_ppo_resumes_with_ppo_only(trace_path, tmp_path, m
     def stems():
         return {p.stem for p in out.glob("*.zip")}
 
+    fits, fit = [], serve_predictor.train_serve_predictor
+    monkeypatch.setattr(
+        serve_predictor, "train_serve_predictor", lambda *a, **k: fits.append(1) or fit(*a, **k)
+    )
+
     argv = [x if x != "0" else "2048" for x in _train_argv(trace_path, out)]  # --timesteps 2048
     with threadpool_limits(1):
         monkeypatch.setattr(serving, "train_serve_ppo", killed)
@@ -265,7 +272,7 @@ def test_serve_train_killed_in_ppo_resumes_with_ppo_only(trace_path, tmp_path, m
         (
             out / "train.json"
         ).unlink()  # a kill between a policy file and train.json: the policy file alone decides
-        assert main(argv) == 0 and len(calls) == 2
+        assert main(argv) == 0 and len(calls) == 2 and len(fits) == 1
         again = json.loads((out / "train.json").read_text())
         assert again["ppo_timesteps"] == again["ppo_rows_timesteps"] == 2048
         capsys.readouterr()
