@@ -149,7 +149,11 @@ def train_all(trace: Any, cost: Any, arms: list[str], split: Any, *, out: Path, 
         sim.reset()
         return sim
 
-    if predictor_episodes > 0:
+    if predictor_episodes <= 0:  # none asked for: one of an earlier run is not this run's
+        (out / "predictor.zip").unlink(missing_ok=True)
+        report.pop("predictor", None)
+        report["saved"] = [n for n in report["saved"] if n != "predictor"]
+    else:
         _train_predictor(trace, cost, arms, split, loads, levels, meta, out, report, max_new=max_new,
                          requests=requests, max_batch=max_batch, episodes=predictor_episodes, seed=seed,
                          progress=progress)  # fmt: skip
@@ -199,13 +203,13 @@ def _train_predictor(trace: Any, cost: Any, arms: list[str], split: Any, loads: 
     from tqdm import tqdm
 
     from env.serve_env import feature_names, obs_size
-    from policies.serve_predictor import train_serve_predictor
+    from policies.serve_predictor import predictor_ticks, train_serve_predictor
 
     settings = {**meta, "predictor_episodes": episodes}
     kept = _same_trained(out / "predictor.zip", settings, "predictor")
     if kept is None:
         rounds = 2
-        bar = tqdm(total=2 * rounds + len(levels), desc="serve-train: predictor", unit="fit",
+        bar = tqdm(total=predictor_ticks(len(split.train), len(levels), rounds), desc="serve-train: predictor", unit="fit",
                    disable=not progress, leave=False)  # fmt: skip
         t0 = time.perf_counter()
 

@@ -24,14 +24,16 @@ SCALE_FLOOR = 1e-6  # the smallest standard deviation a standardization divides 
 def check_net_params(
     model: str, hidden: Any, layers: Any, alpha: Any, max_iter: Any, seed: Any, what: str
 ) -> None:
-    """The network's settings, each in range, else ``PolicyError`` naming it (``what``: the policy's name)."""
+    """The network's settings, each in range, else ``PolicyError`` naming it (``what``: the policy's name;
+    ``seed`` None: not checked here)."""
     if model not in MODELS:
         raise PolicyError(f"unknown {what} model {model!r}; valid: {', '.join(MODELS)}")
     real(f"{what} hidden", hidden, lo=1, hi=1 << 16, integer=True)
     real(f"{what} layers", layers, lo=1, hi=64, integer=True)
     real(f"{what} alpha", alpha, lo=0.0, hi=1e6)
     real(f"{what} max_iter", max_iter, lo=1, hi=1 << 24, integer=True)
-    real("seed", seed, lo=0, hi=2**32 - 1, integer=True)  # scikit-learn's random_state range
+    if seed is not None:
+        real("seed", seed, lo=0, hi=2**32 - 1, integer=True)  # scikit-learn's random_state range
 
 
 class NetArrays:
@@ -95,9 +97,10 @@ class NetArrays:
             arrays[f"w{i}"], arrays[f"b{i}"] = w, b
         return {"model.npz": npz_bytes(**arrays)}
 
-    def restore_net(self, files: dict[str, bytes], what: str) -> None:
+    def restore_net(self, files: dict[str, bytes], what: str, probe: Any = None) -> None:
         """The arrays of ``files`` (``net_state``'s), every one checked; ``what``: the inputs and outputs the
-        policy expects, for the message of a mismatch."""
+        policy expects, for the message of a mismatch; ``probe``: what must be finite at the mean input and one
+        standard deviation either side (default the forward; a policy passes its scores)."""
         name = self.net_name
         if "model.npz" not in files:
             raise PolicyError(f"{name} file has no model.npz")
@@ -141,8 +144,7 @@ class NetArrays:
                 raise PolicyError(f"{name} {key} holds values below {SCALE_FLOOR} (fit floors them there)")
         # finite arrays can still overflow in the forward (a NaN score: the arm chosen would be arm 0, silently)
         with np.errstate(all="ignore"):  # (the policy refuses any other input where they overflow)
-            probe = self.forward(
-                np.stack([self.x_mean, self.x_mean + self.x_scale, self.x_mean - self.x_scale])
-            )
-        if not np.isfinite(probe).all():
+            at = np.stack([self.x_mean, self.x_mean + self.x_scale, self.x_mean - self.x_scale])
+            out = (probe or self.forward)(at)
+        if not np.isfinite(out).all():
             raise PolicyError(f"{name} weights overflow: its scores at the mean observation are not finite")

@@ -76,7 +76,8 @@ class ServePredictorPolicy(NetArrays, SmartSpecPolicy):
                 "alpha": self.alpha, "max_iter": self.max_iter, "seed": self.seed, "shrink": self.shrink}  # fmt: skip
 
     def factor(self, rows: int) -> float:
-        return next(f for r, f in self.shrink if rows <= r)
+        """The shrink factor of a batch of ``rows``: its level's, the last level's above them all."""
+        return next((f for r, f in self.shrink if rows <= r), self.shrink[-1][1])
 
     def expected_tokens(self, obs: np.ndarray, rows: np.ndarray, dd: np.ndarray) -> np.ndarray:
         """Each arm's predicted accepted draft tokens at each live row, shrunk by the batch's factor and kept
@@ -153,6 +154,12 @@ def _fit(policy: ServePredictorPolicy, make: Callable[..., Any], loads: Sequence
             tick()
 
 
+def predictor_ticks(prompts: int, levels: int, rounds: int) -> int:
+    """The calls ``train_serve_predictor`` makes to ``tick``: a progress bar's total."""
+    held = levels if prompts > 1 else 0
+    return (2 * rounds if held else rounds) + held
+
+
 def train_serve_predictor(make_for: Callable[[Sequence[Any]], Any], prompts: Sequence[Any], arms: Sequence[str],
                           obs_size: int, features: Sequence[str], cost: dict[str, Any], *, loads: Sequence[str],
                           levels: Sequence[int], episodes: int = 16, rounds: int = 2, seed: int = 0,
@@ -161,8 +168,8 @@ def train_serve_predictor(make_for: Callable[[Sequence[Any]], Any], prompts: Seq
     over those prompts, as ``experiments.serve_policies._sim_factory`` makes). The shrink factor of each closed-loop
     concurrency in ``levels`` is the one of ``SHRINKS`` that replays the most goodput on the odd-numbered training
     prompts with the regressor fitted on the even-numbered ones; then the regressor is fitted on all of them.
-    ``tick``: called after each fit and each level's choice (``2 * rounds + len(levels)`` calls). With one
-    training prompt there is nothing to hold out: no shrink."""
+    ``tick``: called after each fit and each level's choice (``predictor_ticks`` calls). With one training
+    prompt there is nothing to hold out: no shrink."""
     rng = np.random.default_rng(seed)
     prompts = list(prompts)
 

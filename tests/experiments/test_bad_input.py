@@ -474,6 +474,11 @@ SERVE = [
     ("serve-train-timesteps-negative", ["serve-train", "--timesteps", "-1"], "must be >= 0"),
     ("serve-train-row-timesteps-negative", ["serve-train", "--row-timesteps", "-5"], "must be >= 0"),
     (
+        "serve-train-predictor-episodes-negative",
+        ["serve-train", "--predictor-episodes", "-1"],
+        "must be in [0, 4096]",
+    ),
+    (
         "serve-train-rows-not-a-grid",
         ["serve-train", "--arms", "none,ngram-d2,suffix-d3", "--row-timesteps", "100", "--out", "{tmp}/st"],
         "suffix-d2 is missing",

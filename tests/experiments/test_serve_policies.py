@@ -56,7 +56,10 @@ def test_serve_train_writes_the_policy_files(trained, trace_path):
         assert p.meta["name"] == path.stem and p.meta["max_new_tokens"] == 20
     assert kinds == {"bucket-ucb": "bandit", "fitted-table": "schedule", "linucb": "bandit", "predictor": "predictor",
                      "smartspec": "heuristic", "trt-auto": "schedule", "turbospec": "heuristic"}  # fmt: skip
-    assert report["predictor"]["episodes"] == 16 and report["predictor"]["shrink"][-1][0] == 1 << 30
+    assert (
+        report["predictor"]["episodes"] == 16
+        and load_policy(trained / "predictor.zip").shrink == (report["predictor"]["shrink"])
+    )
     bandit = load_policy(trained / "bucket-ucb.zip")
     assert bandit.counts.sum() > 0  # trained in replay
 
@@ -275,6 +278,9 @@ def test_serve_train_killed_in_ppo_resumes_with_ppo_only(trace_path, tmp_path, m
         assert main(argv) == 0 and len(calls) == 2 and len(fits) == 1
         again = json.loads((out / "train.json").read_text())
         assert again["ppo_timesteps"] == again["ppo_rows_timesteps"] == 2048
+        assert main([*argv, "--predictor-episodes", "0"]) == 0  # none asked for: the earlier one goes
+        assert stems() == SAVED - {"predictor"} | {"ppo", "ppo-rows"} and len(fits) == 1
+        assert "predictor" not in json.loads((out / "train.json").read_text())
         capsys.readouterr()
         other = list(argv)
         other[other.index("--requests") + 1] = "5"

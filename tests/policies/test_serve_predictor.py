@@ -69,11 +69,28 @@ def test_the_regressor_learns_accepted_tokens_from_the_rows(trace, trained):
     assert _mse(shuffled, x, y) > 0.9 * base  # 0.99 when written
 
 
-def test_the_shrink_table_is_chosen_per_level_from_the_factors(trained):
-    table = trained.shrink
-    assert table[-1][0] == 1 << 30 and all(f in SHRINKS for _, f in table)
-    assert [r for r, _ in table] == sorted({r for r, _ in table})
-    assert trained.factor(1) == table[0][1] and trained.factor(M) == table[-1][1]
+def test_the_shrink_table_is_chosen_per_level_from_the_factors(trace, trained, monkeypatch):
+    """Each level takes the factor whose replay on the held-out half served the most (ties: the smaller);
+    adjacent levels of one factor merge."""
+    import policies.serve_predictor as sp
+
+    assert all(f in SHRINKS for _, f in trained.shrink)
+    seen = []
+
+    def replay(sim, policy):  # 0.3 serves most at two rows, 0.5 as much as 0.15 at four, all alike at one
+        level, f = sim.load_name[0], policy.factor(1)
+        seen.append((level, f))
+        best = {"2": 0.3, "4": 0.15}.get(level)
+        return np.array([2.0 if f == best or (level == "4" and f == 0.5) else 1.0])
+
+    monkeypatch.setattr(sp, "run_policy", replay)
+    got = train_serve_predictor(make_for(trace), list(trace.prompt_ids), ARMS, obs_size(M), feature_names(M), COST,
+                                loads=["1"], levels=[1, 2, 4], episodes=2, rounds=1, max_iter=20)  # fmt: skip
+    assert sorted(seen) == sorted((str(c), f) for c in (1, 2, 4) for f in SHRINKS)
+    assert got.shrink == [[1, 0.0], [2, 0.3], [1 << 30, 0.15]]
+    assert got.factor(1) == 0.0 and got.factor(2) == 0.3 and got.factor(3) == 0.15 and got.factor(99) == 0.15
+    short = ServePredictorPolicy(ARMS, obs_size(M), feature_names(M), cost=COST, shrink=[[2, 0.1]])
+    assert short.factor(3) == 0.1  # a table that stops short: its last level's factor above it
 
 
 def test_it_prices_as_smartspec_with_its_own_tokens(trace, trained):
