@@ -1,8 +1,8 @@
 """Serving a replayed request stream live, for ``draftgym evaluate --serve`` and the fidelity diagnosis
 (``experiments.serve_fidelity``): one stream on the batch-native engine under a policy (``serve_stream``), its
 goodput (``_live``), a warm-up that pays the one-time costs untimed (``warm_up``), each live run's policy as loaded
-(``fresh``), and a note where a live stream's repeated prompts meet a drafter that keeps state across requests
-(``repeated_prompts``)."""
+(``fresh``), a note where a live stream's repeated prompts meet a drafter that keeps state across requests
+(``repeated_prompts``), and the rows each arm served, as kept in a results file (``arm_rows``)."""
 
 from __future__ import annotations
 
@@ -51,9 +51,11 @@ def _live(
     max_new: int,
     cost: Any,
     drafter_options: Any = None,
+    log: Any = None,
 ) -> float:
-    """Serve server 0's request stream of ``sim`` (after ``reset``) live; committed tokens per second."""
-    served, wall = serve_stream(loaded, sim, fresh(policy), arms, max_batch, max_new, cost,
+    """Serve server 0's request stream of ``sim`` (after ``reset``) live; committed tokens per second. ``log``: an
+    ``env.serving.ServeLog`` (its ``arm_rows``: the rows each arm served)."""
+    served, wall = serve_stream(loaded, sim, fresh(policy), arms, max_batch, max_new, cost, log=log,
                                 drafter_options=drafter_options)  # fmt: skip
     first = min(s.arrival_s for s in served)
     from env.metrics import goodput
@@ -63,6 +65,23 @@ def _live(
         if wall > 0
         else 0.0
     )
+
+
+def arm_rows(x: Any, arms: Any) -> dict[str, int] | None:
+    """``x`` (read from a results file) as the rows each arm of the menu ``arms`` served, ``{arm: rows}``;
+    anything else (absent, another menu's arm, a count that is no non-negative integer) None."""
+    if not isinstance(x, dict) or not all(
+        k in arms and type(v) is int and 0 <= v < 1 << 62 for k, v in x.items()
+    ):
+        return None
+    return dict(x)
+
+
+def add_rows(total: dict[str, int] | None, more: dict[str, int] | None) -> dict[str, int] | None:
+    """The sum of two runs' rows per arm; None where either is unknown."""
+    if total is None or more is None:
+        return None
+    return {a: total.get(a, 0) + more.get(a, 0) for a in {*total, *more}}
 
 
 class _EveryArm:

@@ -22,7 +22,9 @@ taken of; ``live_passes``: each run's pass, ``SESSION/r``, a session being one i
 policy's act charged a step, null where nothing is; ``policy_priced``: ``{"on", "book"}``, whether replay charged
 the policies, and whether the cost model had the bookkeeping to charge; ``paired``: live, each policy against the
 best static arms run by run, ``serve_eval_summary.paired``; ``live_streams``: each live load's stream, its requests
-and distinct prompts, and the drafters that read other requests' tokens, ``serve_live.repeated_prompts``). Live
+and distinct prompts, and the drafters that read other requests' tokens, ``serve_live.repeated_prompts``;
+``live_arm_rows``: ``{load: {policy: {arm: rows}}}``, the rows each arm served live over a cell's runs, where
+every run's count is known). Live
 serves the drafters with the options the trace recorded (``env.trace_record.recorded_drafter_options``).
 Live runs are appended to ``OUT/live.jsonl`` as they finish, and each cell's median when its load is done (a rerun
 with the same ``--out`` skips finished cells and the runs of an unfinished load).
@@ -31,6 +33,7 @@ with the same ``--out`` skips finished cells and the runs of an unfinished load)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -43,7 +46,7 @@ import numpy as np
 
 from env.files import atomic_write_text, file_digest, jsonl_lines
 from experiments.serve_eval_summary import LEGACY, fidelity, format_table, kept_passes, kept_runs, paired
-from experiments.serve_live import _live, repeated_prompts, warm_up
+from experiments.serve_live import _live, add_rows, arm_rows, repeated_prompts, warm_up
 
 EVAL_LOADS = ("1", "2", "4", "8", "16", "mixed", "bursty")
 TRAIN_LOADS = ("1", "2", "4", "8", "16", "ramp", "bursty")  # at max_batch 16 (``train_loads``)
@@ -192,6 +195,8 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     done, done_runs, done_passes = {}, {}, {}  # finished cells on disk: the median, its runs, their passes
     partial: dict[tuple[str, str], list[float]] = {}  # single live runs of a load not finished when killed
     partial_passes: dict[tuple[str, str], list[str]] = {}
+    partial_arms: dict[tuple[str, str], list[Any]] = {}  # each kept run's rows per arm (None: not known)
+    done_arms: dict[tuple[str, str], Any] = {}
     session = uuid.uuid4().hex[:8]  # tags this invocation's passes: a resume's pass r is not the killed one's
     probes: dict[str, dict[str, Any]] = {}
     live_path = None if out is None else out / "live.jsonl"
@@ -209,12 +214,14 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                         raise ValueError("a run's pass must be a string")  # the line is skipped: served again
                     partial.setdefault(key, []).append(float(c["run"]))
                     partial_passes.setdefault(key, []).append(tag)
+                    partial_arms.setdefault(key, []).append(arm_rows(c.get("arm_rows"), arms))
                     continue
                 g = float(c["live_goodput"])
                 kept = kept_runs(c.get("runs"), g)  # checked first: a bad cell is skipped whole
                 tags = kept_passes(c.get("passes"), kept)
                 key = (c["policy"], c["load"])
                 done[key], done_runs[key], done_passes[key] = g, kept, tags
+                done_arms[key] = arm_rows(c.get("arm_rows"), arms)
                 if isinstance(c.get("probe"), dict) and isinstance(c["probe"].get("factor"), (int, float)):
                     probes[c["load"]] = c["probe"]
             except (ValueError, RecursionError, KeyError, TypeError):
@@ -254,6 +261,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
     live: dict[tuple[str, str], float] = {}
     live_runs: dict[tuple[str, str], list[float]] = {}  # run r of every policy: one interleaved pass
     live_passes: dict[tuple[str, str], list[str]] = {}
+    live_arms: dict[tuple[str, str], dict[str, int] | None] = {}
     live_loads = loads if loaded is not None else []
     streams: dict[str, dict[str, Any]] = {}  # each live load's stream: its requests, distinct prompts
     bar = None
@@ -269,6 +277,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
         todo = [(n, p) for n, p in live_set if (n, load) not in done]
         runs: dict[str, list[float]] = {n: partial.get((n, load), [])[:repeats] for n, _ in todo}
         passes = {n: partial_passes.get((n, load), [])[:repeats] for n, _ in todo}
+        counts = {n: partial_arms.get((n, load), [])[:repeats] for n, _ in todo}
         if bar is not None:
             bar.update(sum(len(r) for r in runs.values()))
         streams[load] = repeated_prompts(_streams(make, load, 1, seed), menu, drafter_options)
@@ -278,13 +287,17 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
             for name, pol in todo:
                 if len(runs[name]) > r:  # measured before a kill
                     continue
+                from env.serving import ServeLog
+
+                log = ServeLog()
                 runs[name].append(_live(loaded, _streams(make, load, 1, seed), pol, menu, max_batch, max_new,
-                                        cost, drafter_options))  # fmt: skip
+                                        cost, drafter_options, log))  # fmt: skip
                 passes[name].append(f"{session}/{r}")
+                counts[name].append(dict(log.arm_rows))
                 if live_path is not None:  # each run as it finishes: a kill loses at most the one running
                     with live_path.open("a") as fh:
                         fh.write(json.dumps({"policy": name, "load": load, "run": runs[name][-1],
-                                             "pass": passes[name][-1]}) + "\n")  # fmt: skip
+                                             "pass": passes[name][-1], "arm_rows": counts[name][-1]}) + "\n")  # fmt: skip
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix_str(f"{name} @ {load}: {runs[name][-1]:.1f} tok/s")
@@ -296,13 +309,16 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
             key = (name, load)
             if key in done:
                 live[key], live_runs[key], live_passes[key] = done[key], done_runs[key], done_passes[key]
+                live_arms[key] = done_arms[key]
                 continue
             live[key] = float(statistics.median(runs[name]))
             live_runs[key], live_passes[key] = runs[name], passes[name]
+            live_arms[key] = functools.reduce(add_rows, counts[name], {})
             if live_path is not None:
                 with live_path.open("a") as fh:
                     fh.write(json.dumps({"policy": name, "load": load, "live_goodput": live[key], "runs": runs[name],
-                                         "passes": passes[name], "probe": probes.get(load)}) + "\n")  # fmt: skip
+                                         "passes": passes[name], "probe": probes.get(load),
+                                         "arm_rows": live_arms[key]}) + "\n")  # fmt: skip
     if bar is not None:
         bar.close()
     for load in loads:
@@ -316,6 +332,8 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                      "act_s": None})  # fmt: skip
     return {"rows": rows, "best_static_per_load": best_at, "best_static_overall": overall,
             "fidelity": fidelity(rows, probes), "paired": paired(rows, best_at, overall), "live_streams": streams,
+            "live_arm_rows": {x: {n: c for (n, y), c in live_arms.items() if y == x and c is not None}
+                              for x in live_loads},  # fmt: skip
             "policy_priced": {"on": price, "book": getattr(cost, "policy_book", None) is not None}}  # fmt: skip
 
 

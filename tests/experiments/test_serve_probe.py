@@ -198,6 +198,13 @@ def test_live_evaluation_brackets_each_load_with_a_probe_and_resumes(fp32_model,
     monkeypatch.setattr(bc, "_time_grid", no_live)
     again = sp.evaluate_serve([("trt-auto", pol)], trace, cost, arms, split, **kw)
     assert again["fidelity"] == fid and again["rows"] == res["rows"] and again["paired"] == res["paired"]
+    # the rows each arm served live, from the engine's log, kept with the cells
+    rows_by = res["live_arm_rows"]
+    assert again["live_arm_rows"] == rows_by and set(rows_by) == {"1", "2"}
+    assert set(rows_by["1"]["static:none"]) == {"none"} and rows_by["1"]["static:ngram-d1"]["ngram-d1"] > 0
+    assert set(rows_by["2"]["trt-auto"]) <= {"ngram-d5", "ngram-d3", "none"} and sum(
+        rows_by["2"]["trt-auto"].values()
+    )
     for load in ("1", "2"):  # run by run against the load's best static arm, served in the same pass
         best = f"static:{res['best_static_per_load'][load]}"
         cell = {r["policy"]: r for r in live if r["load"] == load}
@@ -244,6 +251,7 @@ def _killed_live_setup(monkeypatch, kill_at: int):
         calls["n"] += 1
         if calls["n"] == calls["kill_at"]:
             raise KeyboardInterrupt
+        a[-1].arm_rows[arms[0]] += 2  # the log: two rows of the menu's first arm a run
         return float(calls["n"])
 
     monkeypatch.setattr(sp, "_live", fake_live)
@@ -262,6 +270,9 @@ def test_live_runs_are_kept_as_they_finish_and_a_killed_load_resumes_from_them(t
         sp.evaluate_serve([("bucket-ucb", pol)], trace, cost, arms, split, **kw)
     kept = [json.loads(x) for x in (tmp_path / "live.jsonl").read_text().splitlines()]
     assert [x["run"] for x in kept] == [1.0, 2.0, 3.0, 4.0] and all(x["load"] == "1" for x in kept)
+    assert all(x["arm_rows"] == {arms[0]: 2} for x in kept)
+    kept[1]["arm_rows"] = {"bogus-d3": 1}  # not an arm of the menu: that cell's rows per arm are not known
+    (tmp_path / "live.jsonl").write_text("".join(json.dumps(x) + "\n" for x in kept))
     calls["n"], calls["kill_at"] = 100, -1
     res = sp.evaluate_serve([("bucket-ucb", pol)], trace, cost, arms, split, **kw)
     live = [r for r in res["rows"] if r["live_goodput"] is not None]
@@ -271,6 +282,10 @@ def test_live_runs_are_kept_as_they_finish_and_a_killed_load_resumes_from_them(t
     assert [x["run"] for x in kept if x["policy"] == first] == [1.0, 4.0]  # its first two rounds
     assert cell["live_goodput"] == 4.0  # the median of the kept 1 and 4 and a third run served after the kill
     assert cell["live_runs"][:2] == [1.0, 4.0] and len(cell["live_runs"]) == 3  # the runs it was taken of
+    # the rows each arm served, summed over the cell's runs: the two kept from before the kill and the third
+    assert res["live_arm_rows"]["1"] == {
+        r["policy"]: {arms[0]: 6} for r in live if r["load"] == "1" and r["policy"] != kept[1]["policy"]
+    }
     # every run carries its pass: this invocation's tag and the pass; the pass the kill cut in two pairs only the
     # runs made on the same side of it
     s1 = kept[0]["pass"].split("/")[0]
