@@ -259,6 +259,7 @@ def calibrate_batch(
 
 
 DEPTHS = (1, 2, 3, 5)  # chain depths a batched drafter is timed at
+CATCH_STEPS = 12  # plain steps before a batched drafter's proposal timed for its catch-up price
 
 
 def _batches(name: str) -> bool:
@@ -270,7 +271,7 @@ def _batches(name: str) -> bool:
 
 # how a batched drafter's proposal is timed (kept in a calibration's settings and its cost model's meta): each
 # sample after a speculative step of that drafter and depth, the rows' prompts rotated through the built-in ones
-BATCHED_TIMING = "after-spec-step/rotated-prompts"
+BATCHED_TIMING = "after-spec-step/rotated-prompts/catch-up"
 
 
 def _time_batched(loaded: Any, name: str, rows: Sequence[int], prompts: Sequence[list[int]], reps: int,
@@ -283,20 +284,22 @@ def _time_batched(loaded: Any, name: str, rows: Sequence[int], prompts: Sequence
     samples pooled: a drafter whose cost depends on the text (a hybrid skips its model part where its suffix match
     is strong) is not priced on one prompt's text alone. A batch is admitted again before its rows could outgrow
     the model's context. Per row count, seconds fitted linear in depth: fixed + depth x level; both then made
-    non-decreasing in rows."""
+    non-decreasing in rows. The catch-up price: a depth-1 proposal after a speculative step and ``CATCH_STEPS``
+    plain steps, less the one right after a speculative step, per token of the batch's plain steps."""
     import torch
 
     from drafters import Forkable, TreeShape, make_drafter
     from env.batch import BatchEngine
-    from env.engine import Arm
+    from env.engine import NO_DRAFT, Arm
 
-    fixed, level = [], []
+    fixed, level, catch = [], [], []
     rng = random.Random(1)
     # a speculative step commits at most depth + 1 tokens a row; a proposal commits none
     room = loaded.max_context - max(len(p) for p in prompts) - 2 * (max(DEPTHS) + 1)
     with torch.inference_mode():
         for r in rows:
             samples: dict[int, list[float]] = {d: [] for d in DEPTHS}
+            behind: list[float] = []  # a depth-1 proposal after CATCH_STEPS plain steps
             first = make_drafter(name, **options)
             # (admitted once: it loads the head the rows' forks share)
             BatchEngine(loaded, max_rows=1).admit(prompts[0], {name: first})
@@ -322,15 +325,28 @@ def _time_batched(loaded: Any, name: str, rows: Sequence[int], prompts: Sequence
                         t0 = time.perf_counter()
                         eng.propose(arms)
                         samples[depth].append(time.perf_counter() - t0)
+                    if used + 2 + CATCH_STEPS > room:
+                        eng, used = batch(k), 0
+                    arms = [Arm(name, TreeShape(1))] * r
+                    eng.step(arms)
+                    for _ in range(CATCH_STEPS):
+                        eng.step([NO_DRAFT] * r)
+                    used += 2 + CATCH_STEPS
+                    t0 = time.perf_counter()
+                    eng.propose(arms)
+                    behind.append(time.perf_counter() - t0)
             xs = np.array(DEPTHS, np.float64)
             ys = np.array([statistics.median(samples[d]) for d in DEPTHS])
             slope, icpt = np.polyfit(xs, ys, 1)
             level.append(max(float(slope), 0.0))
             fixed.append(max(float(icpt), 0.0))
+            extra = statistics.median(behind) - statistics.median(samples[1])
+            catch.append(min(max(extra, 0.0) / (r * CATCH_STEPS), 1.0))
     return BatchedDraft(
         tuple(int(r) for r in rows),
         tuple(np.maximum.accumulate(fixed).tolist()),
         tuple(np.maximum.accumulate(level).tolist()),
+        tuple(catch),
     )
 
 

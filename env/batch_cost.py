@@ -50,7 +50,8 @@ class BatchCost(Protocol):
 
     def prefill_s(self, tokens: Any) -> Any: ...
 
-    # (optional: ``policy_book_s(rows)``, the serving policy's own bookkeeping a step costs; absent: not priced)
+    # (optional: ``policy_book_s(rows)``, the serving policy's own bookkeeping a step costs; ``catch_up_s(drafter,
+    # rows, tokens)``, a model head's catch-up on ``tokens`` tokens past the last step's commits; absent: not priced)
 
 
 def step_s(cost: BatchCost, rows: Any, nodes: Any, context: Any, draft_rows: Mapping[str, Any],
@@ -68,11 +69,15 @@ class BatchedDraft:
     """A drafter that drafts every row of a batch in one pass per tree level (a model head, ``drafters.
     BatchProposer``): ``rows`` rows drafting trees up to ``depth`` levels deep cost ``fixed(rows) + depth *
     level(rows)`` -- measured at the grid ``rows``, linear between its points and extended linearly past the last
-    two (the fixed part: the head catching up on the tokens the last step committed)."""
+    two (the fixed part: the head catching up on the tokens the last step committed). ``catch_s``: seconds per
+    token of the batch's catch-up past that, at the grid ``rows`` (a head catches up on every token since its row's
+    last proposal with it: the prompt at a row's first, the plain steps' tokens after them); None in files from
+    before it: not priced."""
 
     rows: tuple[int, ...]
     fixed_s: tuple[float, ...]
     level_s: tuple[float, ...]
+    catch_s: tuple[float, ...] | None = None
 
     def __call__(self, rows: Any, depth: Any) -> Any:
         r = np.asarray(rows, np.float64)
@@ -82,8 +87,18 @@ class BatchedDraft:
         )
         return np.where(r > 0, cost, 0.0)
 
+    def catch_up(self, rows: Any, tokens: Any) -> Any:
+        """Seconds of catching ``rows`` rows up on ``tokens`` tokens (their sum) past the last step's commits."""
+        r = np.asarray(rows, np.float64)
+        if self.catch_s is None:
+            return np.zeros_like(r)
+        per = _line(np.asarray(self.rows, np.float64), np.asarray(self.catch_s), r)
+        return np.where(r > 0, np.maximum(per, 0.0) * np.asarray(tokens, np.float64), 0.0)
+
     def to_json(self) -> dict[str, Any]:
-        return {"rows": list(self.rows), "fixed_s": list(self.fixed_s), "level_s": list(self.level_s)}
+        out = {"rows": list(self.rows), "fixed_s": list(self.fixed_s), "level_s": list(self.level_s)}
+        # (absent in a file made before it: it keeps its digest)
+        return out if self.catch_s is None else out | {"catch_s_per_token": list(self.catch_s)}
 
     @classmethod
     def from_json(cls, d: Any, source: str) -> BatchedDraft:
@@ -93,7 +108,11 @@ class BatchedDraft:
                 raise TypeError("rows, fixed_s and level_s must be lists")
             if not all(isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= 1 << 20 for r in rows):
                 raise ValueError("rows must be whole numbers in [1, 1048576]")
-            out = cls(tuple(rows), tuple(float(x) for x in fixed), tuple(float(x) for x in level))
+            catch = d.get("catch_s_per_token")
+            if catch is not None and not isinstance(catch, list):
+                raise TypeError("catch_s_per_token must be a list")
+            out = cls(tuple(rows), tuple(float(x) for x in fixed), tuple(float(x) for x in level),
+                      None if catch is None else tuple(float(x) for x in catch))  # fmt: skip
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
             raise CostModelError(f"{source} is malformed ({repr(err)[:120]})") from None
         n = len(out.rows)
@@ -104,6 +123,12 @@ class BatchedDraft:
             raise CostModelError(f"{source}: fixed_s and level_s must be finite seconds in [0, 10]")
         if (np.diff(out.fixed_s) < 0).any() or (np.diff(out.level_s) < 0).any():
             raise CostModelError(f"{source}: fixed_s and level_s must not fall with more rows")
+        if out.catch_s is not None:
+            c = np.asarray(out.catch_s)
+            if len(c) != n or not np.isfinite(c).all() or (c < 0).any() or (c > 1.0).any():
+                raise CostModelError(
+                    f"{source}: catch_s_per_token must be finite seconds in [0, 1], one per row count"
+                )
         return out
 
 
@@ -206,6 +231,13 @@ class FittedBatchCost:
                 f"run: draftgym calibrate --batch --drafters {drafter}"
             )
         return self.drafters[drafter] * np.asarray(rows, np.float64)
+
+    def catch_up_s(self, drafter: str | None, rows: Any, tokens: Any) -> Any:
+        """Seconds a batched drafter's proposal for ``rows`` rows adds for catching up on ``tokens`` tokens (their
+        sum) committed before the last step since each row's last proposal with it (0 for another drafter, or
+        where the file has no measurement of it)."""
+        b = self.batched.get(drafter) if drafter is not None else None
+        return np.zeros_like(np.asarray(rows, np.float64)) if b is None else b.catch_up(rows, tokens)
 
     def prefill_s(self, tokens: Any) -> Any:
         return np.maximum(self.prefill(tokens), 1e-6)

@@ -205,6 +205,21 @@ class RooflineCost:
         host = self.draft_per_row_s.get(drafter, HOST_DRAFT_S["suffix"] if drafter == "hybrid" else 0.0)
         return np.where(r > 0, out + host * r, 0.0)
 
+    def catch_up_s(self, drafter: str | None, rows: Any, tokens: Any) -> Any:
+        """Seconds a model head's proposal adds for catching up on ``tokens`` tokens (their sum over the rows) past
+        the last step's commits: its layers and input projections multiplied by each (their weights are read by
+        the proposal's first level anyway). 0 for a host-side drafter."""
+        r = np.asarray(rows, np.float64)
+        p = 0.0 if drafter is None else self.head_params(drafter)
+        if p <= 0:
+            return np.zeros_like(r)
+        hidden = self._hidden()
+        p = p - min(float(self.draft_vocab), self.shape.get("vocab", float(self.draft_vocab))) * hidden
+        if drafter in ("eagle3", "hybrid"):
+            p += 3 * hidden**2
+        fl = self.acc["flops"] * self.flop_efficiency
+        return np.where(r > 0, 2 * p * np.asarray(tokens, np.float64) / fl, 0.0)
+
     def _hidden(self) -> float:
         s = self.shape
         return s.get("hidden", s["heads"] * s["head_dim"])  # (Llama-family: the query heads' width)

@@ -154,6 +154,11 @@ class ServeSim:
         self.drafter_names = names
         self.arm_drafter = np.array([-1 if a.drafter is None else names.index(a.drafter) for a in self.arms])
         self.arm_depth = np.array([0 if a.drafter is None else a.shape.depth for a in self.arms])
+        # the model heads whose catch-up the cost model prices (``catch_up_s``): a head proposing at a row catches
+        # up on every token since its last proposal there, the prompt at the first; the fixed part of its price
+        # holds the last step's commits, the rest is charged by the tokens before them (``pend`` - ``took``)
+        price = getattr(self.cost, "catch_up_s", None)
+        self._catch = [j for j, n in enumerate(names) if price is not None and float(price(n, 1, 1)) > 0]
         # what serving a policy live adds to each step (``price_policy``); None: not charged (a static arm is served
         # as an engine configured with it, and the oracle is a bound)
         self.policy_act_s: float | None = None
@@ -188,6 +193,8 @@ class ServeSim:
         self.s = np.zeros((e, m), np.float64)
         self.n = np.zeros((e, m), np.float64)
         self.last = np.zeros((e, m), np.int64)
+        self.pend = np.zeros((e, m, len(self._catch)), np.int64)  # tokens each catch-up head has yet to read
+        self.took = np.zeros((e, m), np.int64)  # tokens each row's last step committed
         self.req_prompt = np.zeros((e, q), np.int64)
         self.req_arr = np.full((e, q), np.inf)
         self.req_cap = np.ones((e, q), np.int64)
@@ -213,6 +220,10 @@ class ServeSim:
         if act_s is not None and not (np.isfinite(act_s) and 0 <= act_s <= 10.0):
             raise ServeEnvError(f"a policy's act must be finite seconds in [0, 10], got {act_s!r}")
         self.policy_act_s = None if act_s is None else float(act_s)
+
+    def _observed(self, j: int) -> bool:
+        """Whether drafter ``j`` proposes at every row each step for an observing policy (``price_policy``)."""
+        return self.policy_act_s is not None and not self._match_reuse and j == self._match_index
 
     def _policy_s(self, rows: np.ndarray, ad: np.ndarray | None) -> np.ndarray:
         book = getattr(self.cost, "policy_book_s", None)
@@ -322,10 +333,14 @@ class ServeSim:
                 sub_prompt = self.prompt[e]
                 sub_prompt[new] = rp[new]
                 self.prompt[e] = sub_prompt
-                for arr in (self.pos, self.last):
+                for arr in (self.pos, self.last, self.took):
                     sub = arr[e]
                     sub[new] = 0
                     arr[e] = sub
+                if self._catch:  # a head's first proposal at a row reads the prompt
+                    sub = self.pend[e]
+                    sub[new] = self.prompt_len[rp][new][:, None]
+                    self.pend[e] = sub
                 for arr in (self.s, self.n):
                     sub = arr[e]
                     sub[new] = 0.0
@@ -420,6 +435,13 @@ class ServeSim:
             for j, name in enumerate(self.drafter_names):
                 mine = (ad == j) & act  # the rows drafting with it, and the deepest tree they draft
                 cost = cost + self.cost.draft_s(name, mine.sum(1), np.where(mine, depth, 0).max(1))
+            for c, j in enumerate(self._catch):
+                # an observing policy's match head proposes at every row alone first (``price_policy``): it
+                # reads them there, and the arm's proposal after it has nothing left to read
+                seen = self._observed(j)
+                mine = act if seen else (ad == j) & act
+                behind = np.where(mine, np.maximum(self.pend[..., c] - self.took, 0), 0).sum(1)
+                cost = cost + self.cost.catch_up_s(self.drafter_names[j], 1 if seen else mine.sum(1), behind)
         if self.policy_act_s is not None:
             cost = cost + self._policy_s(rows, ad)
         total = tok.sum(1)
@@ -442,6 +464,12 @@ class ServeSim:
         self.s, self.n = update_alpha(self.s, self.n, o["acc"], o["dr"], o["rejected"])
         self.last = np.where(act & (o["dr"] > 0), o["acc"], self.last)
         self.pos = self.pos + o["tok"]
+        # a proposing head caught up; every row's commits are pending again
+        for c, j in enumerate(self._catch):
+            read = act if self._observed(j) else (self.arm_drafter[a] == j) & act
+            self.pend[..., c] = np.where(read, 0, self.pend[..., c]) + o["tok"]
+        if self._catch:
+            self.took = o["tok"].astype(np.int64)
         self.finished += o["end"].sum(1)
         self.tokens_total += o["tokens"]
         self.steps += running
@@ -466,9 +494,11 @@ class ServeSim:
             move = np.flatnonzero((d >= 0) & (d != tail))
             perm[move, d[move]] = perm[move, tail[move]]
             length = length - (d >= 0)
-        for name in ("prompt", "pos", "s", "n", "last"):
+        for name in ("prompt", "pos", "s", "n", "last", *(("took",) if self._catch else ())):
             arr = getattr(self, name)
             arr[e] = np.take_along_axis(arr[e], perm, 1)
+        if self._catch:
+            self.pend[e] = np.take_along_axis(self.pend[e], perm[:, :, None], 1)
         self.active[e] = slot < length[:, None]
 
     def goodput(self) -> np.ndarray:

@@ -192,6 +192,11 @@ def _calibrate_batch(
             f"{r} rows {1e3 * f:.2f} + {1e3 * lv:.2f}/level" for r, f, lv in zip(b.rows, b.fixed_s, b.level_s)
         )
         print(f"{k}, ms per batch: {cells}")
+        if b.catch_s is not None:  # its catch-up past the last step's commits
+            print(
+                f"{k}, catch-up us per token: "
+                + ", ".join(f"{r} rows {1e6 * c:.1f}" for r, c in zip(b.rows, b.catch_s))
+            )
     return 0
 
 

@@ -137,7 +137,7 @@ def test_calibration_times_a_model_head_per_batch_over_rows_and_depths(tmp_path,
     """Per row count, one batch per prompt, the rows' prompts rotated through them (a hybrid's cost depends on the
     text: one prompt's would price it)."""
     from env.batch import BatchEngine
-    from env.batch_calibrate import _batches, _time_batched
+    from env.batch_calibrate import CATCH_STEPS, _batches, _time_batched
     from tests.drafters.tiny import random_head, tiny_loaded
 
     assert _batches("eagle3") and _batches("eagle") and not _batches("ngram") and not _batches("suffix")
@@ -177,13 +177,154 @@ def test_calibration_times_a_model_head_per_batch_over_rows_and_depths(tmp_path,
         # again where the tiny model's context would overflow)
         rows = [p for m, p in admitted if m == r]
         assert len(rows) >= 3 * r + (1 if r == 1 else 0) and {tuple(p) for p in prompts} == set(rows)
-    # every timed proposal follows a speculative step of the same arm (the step proposes first, inside it)
+    # every timed proposal follows a speculative step of the same arm (the step proposes first, inside it), or
+    # CATCH_STEPS plain steps after one at depth 1 (the catch-up price)
     timed = [
         i for i, (kind, _) in enumerate(calls) if kind == "propose" and (i == 0 or calls[i - 1][0] != "step")
     ]
-    assert timed and all(calls[i - 2] == ("step", calls[i][1]) for i in timed)
-    assert all(name.startswith("eagle3-d") for _, names in calls for name in names)
-    assert got.rows == (1, 2, 4) and len(got.fixed_s) == len(got.level_s) == 3
+    plain = [i for i in timed if calls[i - 2][1][0] == "none"]
+    assert timed and all(calls[i - 2] == ("step", calls[i][1]) for i in timed if i not in plain)
+    steps = [[x for x in calls[: i - 1] if x[0] == "step"][-CATCH_STEPS - 1 :] for i in plain]
+    assert len(plain) == 3 * 2 * 3 and all(  # 3 prompts x 2 reps x 3 row counts
+        s[0][1] == calls[i][1] and {n for n in calls[i][1]} == {"eagle3-d1"} and all(
+            x[1] == ["none"] * len(calls[i][1]) for x in s[1:]) for s, i in zip(steps, plain)
+    )  # fmt: skip
+    assert all(name.startswith("eagle3-d") or name == "none" for _, names in calls for name in names)
+    assert got.rows == (1, 2, 4) and len(got.fixed_s) == len(got.level_s) == len(got.catch_s) == 3
+    assert all(0 <= x <= 1 for x in got.catch_s)
     assert all(x >= 0 for x in got.fixed_s + got.level_s) and sum(got.level_s) > 0  # a level is never free
     assert list(got.fixed_s) == sorted(got.fixed_s) and list(got.level_s) == sorted(got.level_s)
     assert BatchedDraft.from_json(got.to_json(), "x") == got
+
+
+CAUGHT = dataclasses.replace(HEAD, catch_s=(1e-5, 2e-5, 4e-5))
+
+
+def test_a_heads_catch_up_is_priced_per_token_and_a_file_without_it_prices_none(tmp_path):
+    c = fitted(batched={"eagle3": CAUGHT})
+    assert c.catch_up_s("eagle3", 4, 100) == pytest.approx(2e-5 * 100)
+    assert c.catch_up_s("eagle3", 10, 50) == pytest.approx((2e-5 + 0.5 * 2e-5) * 50)  # linear between points
+    assert np.allclose(c.catch_up_s("eagle3", np.array([0, 1]), np.array([9, 9])), [0.0, 9e-5])
+    assert c.catch_up_s("ngram", 4, 100) == 0.0 and c.catch_up_s(None, 4, 100) == 0.0
+    assert with_head().catch_up_s("eagle3", 4, 100) == 0.0  # a file from before it
+    back = load_batch_cost(c.save(tmp_path / "bc.json"))
+    assert back.batched == c.batched and back.to_json()["drafters_batched"]["eagle3"]["catch_s_per_token"]
+    assert "catch_s_per_token" not in with_head().to_json()["drafters_batched"]["eagle3"]  # its digest kept
+
+
+@pytest.mark.parametrize(
+    "catch, why",
+    [([1e-5], "one per row count"), ([1e-5, -1e-5], "finite seconds"), ([1e-5, float("inf")], "finite seconds"),
+     ([1e-5, 2.0], "finite seconds"), ("1e-5", "must be a list"), ([1e-5, "x"], "malformed")],
+)  # fmt: skip
+def test_a_malformed_catch_up_price_is_refused_naming_it(catch, why, tmp_path):
+    d = with_head().to_json()
+    d["drafters_batched"] = {"eagle3": {"rows": [1, 4], "fixed_s": [1e-3, 2e-3], "level_s": [1e-3, 2e-3],
+                                        "catch_s_per_token": catch}}  # fmt: skip
+    path = tmp_path / "bc.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(CostModelError, match=why) as err:
+        load_batch_cost(path)
+    assert "drafters_batched.eagle3" in str(err.value) and "\n" not in str(err.value)
+
+
+def _twins(load: str, requests: int, max_batch: int, long: bool = False):
+    """Two replays of one stream, the first pricing the head's catch-up, the second not (``long``: every request
+    the trace's first prompt, which runs to its 32 new tokens)."""
+    from env.serve_env import ServeSim
+
+    arms, trace = ["none", "ngram-d2", "eagle3-d2"], _trace_with("eagle3")
+    ids = trace.prompt_ids[:1] if long else None
+    sims = [ServeSim(1, trace=trace, arms=arms, cost=fitted(batched={"eagle3": h}), max_batch=max_batch,
+                     loads=[load], requests=requests, prompt_ids=ids, seed=5) for h in (CAUGHT, HEAD)]  # fmt: skip
+    for s in sims:
+        s.reset()
+    return sims
+
+
+def _extra(sims, act) -> float:
+    outs = [s.step(np.asarray(act)[None])[1] for s in sims]
+    assert np.array_equal(outs[0]["tok"], outs[1]["tok"])
+    return float(outs[0]["cost"][0] - outs[1]["cost"][0]), outs[0]
+
+
+def test_replay_charges_a_heads_catch_up_on_the_prompt_and_on_the_plain_steps_before_the_last():
+    """A head reads the prompt at its row's first proposal and every token since its last proposal there; the
+    fixed part of its price already holds the last step's commits, so the rest is charged per token."""
+    c = fitted(batched={"eagle3": CAUGHT})
+    sims = _twins("4", 4, 4, long=True)
+    sim = sims[0]
+    assert sim.active[0].all()
+    prompts = sim.prompt_len[sim.prompt[0]].copy()
+    extra, o1 = _extra(sims, [2, 2, 2, 2])  # every row's first proposal with the head: its prompt
+    assert extra == pytest.approx(float(c.catch_up_s("eagle3", 4, prompts.sum())))
+    extra, o2 = _extra(sims, [0, 0, 1, 1])  # plain and n-gram steps: no head, nothing to catch up
+    assert extra == 0.0
+    extra, o3 = _extra(sims, [0, 0, 0, 0])
+    assert extra == 0.0
+    assert not (o1["end"].any() or o2["end"].any() or o3["end"].any())  # the same rows in the same slots
+    # rows 0 and 1 draft with the head again: they read what steps 1 and 2 committed (step 3's is in the fixed
+    # part); rows 2 and 3 do not draft with it now
+    extra, _ = _extra(sims, [2, 2, 0, 1])
+    assert extra == pytest.approx(float(c.catch_up_s("eagle3", 2, (o1["tok"] + o2["tok"])[0, :2].sum())))
+    # right after a step with the head, nothing is behind
+    extra, _ = _extra(sims, [2, 2, 0, 0])
+    assert extra == pytest.approx(0.0)
+
+
+def test_a_row_admitted_in_a_freed_slot_reads_its_own_prompt_at_its_first_proposal():
+    c = fitted(batched={"eagle3": CAUGHT})
+    sims = _twins("1", 3, 1)
+    sim = sims[0]
+    assert sim.ptr[0] == 1
+    _extra(sims, [2])  # the first request's head has read its prompt
+    for _ in range(200):  # plain steps until the first request ends and the second enters
+        if sim.ptr[0] == 2:
+            break
+        _extra(sims, [0])
+    assert sim.active[0, 0] and sim.ptr[0] == 2
+    second = int(sim.prompt[0, 0])
+    extra, _ = _extra(sims, [2])
+    assert extra == pytest.approx(float(c.catch_up_s("eagle3", 1, sim.prompt_len[second])))
+
+
+def test_the_roofline_prices_a_heads_catch_up_by_its_products_per_token():
+    c = load_batch_cost("roofline:h200/llama-3.1-8b")
+    one, many = c.catch_up_s("eagle3", 16, 100), c.catch_up_s("eagle3", 16, 1000)
+    assert one > 0 and many == pytest.approx(10 * one)
+    assert c.catch_up_s("ngram", 16, 100) == 0.0 and c.catch_up_s("eagle3", 0, 100) == 0.0
+    assert many < c.forward_s(16, 1, 512)  # a thousand tokens through one layer: less than a forward
+
+
+def test_a_rows_pending_tokens_move_with_it_when_rows_retire():
+    sim = _twins("4", 4, 4, long=True)[0]
+    assert sim.active[0].all() and sim.pend.shape == (1, 4, 1)
+    sim.pos[0] = [10, 11, 12, 13]  # a mark per row, moved by the same permutation as the row's position
+    sim.pend[0, :, 0] = sim.took[0] = [10, 11, 12, 13]
+    sim._retire(np.array([[False, True, False, False]]))  # the last row takes the freed slot
+    live = sim.active[0]
+    assert live.sum() == 3 and list(sim.pos[0][live]) == [10, 13, 12]
+    assert np.array_equal(sim.pend[0, live, 0], sim.pos[0][live]) and np.array_equal(
+        sim.took[0][live], sim.pos[0][live]
+    )
+
+
+def test_an_observing_policys_match_head_reads_every_row_each_step_one_row_at_a_time():
+    """With no table drafter in the menu the observation proposes with the head at every row, alone, each step
+    (``ServeSim.price_policy``): those proposals read what the rows committed, and the arm's has nothing left."""
+    from env.serve_env import ServeSim
+
+    c, trace = fitted(batched={"eagle3": CAUGHT}), _trace_with("eagle3")
+    sims = [ServeSim(1, trace=trace, arms=["none", "eagle3-d2"], cost=fitted(batched={"eagle3": h}), max_batch=4,
+                     loads=["4"], requests=4, prompt_ids=trace.prompt_ids[:1], seed=5) for h in (CAUGHT, HEAD)]  # fmt: skip
+    for s in sims:
+        s.reset()
+        s.price_policy(0.0)
+    prompts = sims[0].prompt_len[sims[0].prompt[0]].sum()
+    extra, _ = _extra(sims, [0, 0, 0, 0])  # plain steps, the observation's proposals read every prompt
+    assert extra == pytest.approx(float(c.catch_up_s("eagle3", 1, prompts)))
+    extra, _ = _extra(sims, [1, 1, 0, 0])
+    assert extra == pytest.approx(0.0)
+    unobserved = _twins("4", 4, 4, long=True)
+    extra, _ = _extra(unobserved, [0, 0, 0, 0])  # served as a static arm: nothing proposes with the head
+    assert extra == 0.0
