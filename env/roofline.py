@@ -207,18 +207,27 @@ class RooflineCost:
 
     def catch_up_s(self, drafter: str | None, rows: Any, tokens: Any) -> Any:
         """Seconds a model head's proposal adds for catching up on ``tokens`` tokens (their sum over the rows) past
-        the last step's commits: its layers and input projections multiplied by each (their weights are read by
-        the proposal's first level anyway). 0 for a host-side drafter."""
+        the last step's commits: the products those tokens go through, in the first level's pass (whose weights it
+        reads anyway), so they cost only past the ridge. An EAGLE head runs them through its pair projection, its
+        layer's q/k/v (the rest of the layer runs for the root alone) and EAGLE-3's fusion; an early exit through
+        its layers. 0 for a host-side drafter."""
         r = np.asarray(rows, np.float64)
-        p = 0.0 if drafter is None else self.head_params(drafter)
-        if p <= 0:
+        if drafter is None or self.head_params(drafter) <= 0:
             return np.zeros_like(r)
-        hidden = self._hidden()
-        p = p - min(float(self.draft_vocab), self.shape.get("vocab", float(self.draft_vocab))) * hidden
-        if drafter in ("eagle3", "hybrid"):
-            p += 3 * hidden**2
-        fl = self.acc["flops"] * self.flop_efficiency
-        return np.where(r > 0, 2 * p * np.asarray(tokens, np.float64) / fl, 0.0)
+        s, h = self.shape, self._hidden()
+        if drafter in ("eagle", "eagle3", "hybrid"):
+            p = 2 * h**2 + h * (s["heads"] + 2 * s["kv_heads"]) * s["head_dim"]
+            p += 3 * h**2 if drafter != "eagle" else 0.0
+        else:  # its layers and adapter, less the LM head over the draft vocabulary
+            p = (
+                self.head_params(drafter)
+                - min(float(self.draft_vocab), s.get("vocab", float(self.draft_vocab))) * h
+            )
+        a = self.acc
+        bw, fl = a["bytes_s"] * self.bw_efficiency, a["flops"] * self.flop_efficiency
+        t = np.asarray(tokens, np.float64)
+        extra = np.maximum(2 * p / bw, 2 * p * (r + t) / fl) - np.maximum(2 * p / bw, 2 * p * r / fl)
+        return np.where(r > 0, extra, 0.0)
 
     def _hidden(self) -> float:
         s = self.shape

@@ -156,9 +156,12 @@ class ServeSim:
         self.arm_depth = np.array([0 if a.drafter is None else a.shape.depth for a in self.arms])
         # the model heads whose catch-up the cost model prices (``catch_up_s``): a head proposing at a row catches
         # up on every token since its last proposal there, the prompt at the first; the fixed part of its price
-        # holds the last step's commits, the rest is charged by the tokens before them (``pend`` - ``took``)
-        price = getattr(self.cost, "catch_up_s", None)
-        self._catch = [j for j, n in enumerate(names) if price is not None and float(price(n, 1, 1)) > 0]
+        # holds the last step's commits, the rest is charged by the tokens before them (``pend`` - ``took``); a head
+        # is priced so where any batch size pays for many tokens (a roofline's is free below its ridge)
+        price, each = getattr(self.cost, "catch_up_s", None), np.arange(1, self.max_batch + 1)
+        self._catch = [
+            j for j, n in enumerate(names) if price is not None and np.any(price(n, each, 1e4) > 0)
+        ]
         # what serving a policy live adds to each step (``price_policy``); None: not charged (a static arm is served
         # as an engine configured with it, and the oracle is a bound)
         self.policy_act_s: float | None = None

@@ -191,7 +191,6 @@ def test_calibration_times_a_model_head_per_batch_over_rows_and_depths(tmp_path,
     )  # fmt: skip
     assert all(name.startswith("eagle3-d") or name == "none" for _, names in calls for name in names)
     assert got.rows == (1, 2, 4) and len(got.fixed_s) == len(got.level_s) == len(got.catch_s) == 3
-    assert all(0 <= x <= 1 for x in got.catch_s)
     assert all(x >= 0 for x in got.fixed_s + got.level_s) and sum(got.level_s) > 0  # a level is never free
     assert list(got.fixed_s) == sorted(got.fixed_s) and list(got.level_s) == sorted(got.level_s)
     assert BatchedDraft.from_json(got.to_json(), "x") == got
@@ -288,12 +287,65 @@ def test_a_row_admitted_in_a_freed_slot_reads_its_own_prompt_at_its_first_propos
     assert extra == pytest.approx(float(c.catch_up_s("eagle3", 1, sim.prompt_len[second])))
 
 
-def test_the_roofline_prices_a_heads_catch_up_by_its_products_per_token():
+def test_the_roofline_prices_a_heads_catch_up_by_its_products_past_the_ridge():
     c = load_batch_cost("roofline:h200/llama-3.1-8b")
-    one, many = c.catch_up_s("eagle3", 16, 100), c.catch_up_s("eagle3", 16, 1000)
-    assert one > 0 and many == pytest.approx(10 * one)
-    assert c.catch_up_s("ngram", 16, 100) == 0.0 and c.catch_up_s("eagle3", 0, 100) == 0.0
-    assert many < c.forward_s(16, 1, 512)  # a thousand tokens through one layer: less than a forward
+    assert c.catch_up_s("eagle3", 16, 10) == 0.0  # hidden by the first level's weight read
+    small, big, bigger = (c.catch_up_s("eagle3", 16, t) for t in (1000, 2000, 5000))
+    assert 0 < small < big < bigger and bigger - big == pytest.approx(
+        3 * (big - small)
+    )  # linear past the ridge
+    assert c.catch_up_s("early_exit", 16, 5000) > bigger  # its layers, not a layer's q/k/v
+    assert c.catch_up_s("ngram", 16, 5000) == 0.0 and c.catch_up_s("eagle3", 0, 5000) == 0.0
+    assert bigger < c.forward_s(16, 1, 512)  # five thousand tokens through q/k/v: less than a forward
+    from env.serve_env import ServeSim
+
+    sim = ServeSim(
+        1, trace=_trace_with("eagle3"), arms=["none", "eagle3-d1"], cost=c, max_batch=4, loads=["4"]
+    )
+    assert sim._catch == [0]  # priced, though free below the ridge
+
+
+def test_a_head_free_to_catch_up_at_one_row_is_still_priced_at_others():
+    from env.serve_env import ServeSim
+
+    head = dataclasses.replace(HEAD, catch_s=(0.0, 2e-5, 4e-5))
+    sim = ServeSim(1, trace=_trace_with("eagle3"), arms=["none", "eagle3-d1"], cost=fitted(batched={"eagle3": head}),
+                   max_batch=4, loads=["4"])  # fmt: skip
+    assert sim._catch == [0]
+    none = ServeSim(
+        1, trace=_trace_with("eagle3"), arms=["none", "eagle3-d1"], cost=with_head(), max_batch=4, loads=["4"]
+    )
+    assert none._catch == [] and none.pend.shape == (1, 4, 0)
+
+
+def test_the_calibrations_catch_up_price_is_the_extra_time_per_token_of_the_plain_steps(
+    tmp_path, monkeypatch
+):
+    """A fake clock: a timed proposal takes 1 ms plus 10 us for every token the rows' plain steps committed since
+    their last speculative step; the price read back is those 10 us at every row count."""
+    import env.batch_calibrate as bcal
+    from env.batch import BatchEngine
+    from tests.drafters.tiny import random_head, tiny_loaded
+
+    loaded = tiny_loaded()
+    head = random_head("eagle3", loaded, tmp_path / "head")
+    clock, plain = [0.0], [0]
+    step, propose = BatchEngine.step, BatchEngine.propose
+
+    def stepped(self, arms, *a, **k):
+        plain[0] = plain[0] + len(arms) if all(x.drafter is None for x in arms) else 0
+        return step(self, arms, *a, **k)
+
+    def proposed(self, arms, *a, **k):
+        clock[0] += 1e-3 + 1e-5 * plain[0]
+        return propose(self, arms, *a, **k)
+
+    monkeypatch.setattr(BatchEngine, "step", stepped)
+    monkeypatch.setattr(BatchEngine, "propose", proposed)
+    monkeypatch.setattr(bcal, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    prompts = [list(range(3, 40)), list(range(5, 30))]
+    got = bcal._time_batched(loaded, "eagle3", (1, 2, 4), prompts, 2, {"weights": str(head)})
+    assert got.catch_s == pytest.approx((1e-5, 1e-5, 1e-5))
 
 
 def test_a_rows_pending_tokens_move_with_it_when_rows_retire():
