@@ -1,5 +1,5 @@
 """The ``python -m experiments.*`` study programs (``offline_tau``, ``suffix_turns``, ``head_eval``,
-``serve_fidelity``, ``vocab_order``) answer bad input as ``draftgym`` does: one line naming the problem, exit code
+``serve_fidelity``, ``vocab_order``, ``bench_allocator``) answer bad input as ``draftgym`` does: one line naming the problem, exit code
 2, before the model loads. ``head_eval`` and ``serve_fidelity`` ended in a traceback or wrote ``--json`` only at the
 end (a directory there lost the measurement)."""
 
@@ -45,6 +45,11 @@ def no_model(monkeypatch):
         ("serve_fidelity", ["--arms", ","], "--arms names no arm"),
         ("serve_fidelity", ["--loads", ","], "--loads names no load"),
         ("serve_fidelity", ["--json", "{tmp}"], "is a directory, not a file"),
+        ("bench_allocator", ["--load", "99"], "the concurrency must be in 1..16"),
+        ("bench_allocator", ["--arm", "eagle3-d1"], "is not in the bundled trace's menu"),
+        ("bench_allocator", ["--dtype", "float16"], "valid values are bfloat16, float32"),
+        ("bench_allocator", ["--rounds", "0"], "must be >= 1"),
+        ("bench_allocator", ["--json", "{tmp}"], "is a directory, not a file"),
         ("vocab_order", ["{tmp}/head.safetensors", "--rows", "0"], "must be >= 1"),
         ("vocab_order", ["{tmp}/head.safetensors"], "no head file"),
         ("vocab_order", ["{tmp}/head.safetensors", "--exclude-per-category", "-1"], "must be >= 0"),
