@@ -1,13 +1,11 @@
 """Facts about the machine a figure is measured on, and the matmul decisions made once per machine: the draftgym
 cache folder, the CPU's label and native bf16, and the probes' kept decisions (``kernels.quant``'s wide products,
-``kernels.packed``'s reordered fp32 products), read and written in ``cache_dir()/wide_products.json``; and the
-C allocator's setting for a process that runs a target (``settle_allocator``).
+``kernels.packed``'s reordered fp32 products), read and written in ``cache_dir()/wide_products.json``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import platform
@@ -16,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from env import allocator
 
 
 def cache_dir() -> Path:
@@ -140,54 +140,6 @@ def settle_packed() -> bool:
     )
 
 
-ALLOCATOR_ENV = "DRAFTGYM_MALLOC"
-# glibc's mallopt parameters (malloc.h) and the size below which freed memory stays in the process
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-KEEP_BYTES = 1 << 30
-_allocator: str | None = None  # what settle_allocator did: "keep" or "system"
-
-
-class AllocatorError(ValueError):
-    """A ``DRAFTGYM_MALLOC`` value that is not one of its settings."""
-
-
-def allocator_mode() -> str:
-    """The ``DRAFTGYM_MALLOC`` setting: keep (default) or system; ``AllocatorError`` for anything else."""
-    how = os.environ.get(ALLOCATOR_ENV, "keep").strip().lower() or "keep"
-    if how not in ("keep", "system"):
-        raise AllocatorError(f"{ALLOCATOR_ENV}={how!r}: valid values are keep, system")
-    return how
-
-
-def settle_allocator() -> str:
-    """Keep freed memory in the process for its next tensors: glibc's malloc serves a block above its mmap
-    threshold (128 KiB at start, raised as such blocks are freed, to 32 MiB at most) from fresh pages and unmaps
-    it when freed, and gives the heap's free top back to the system past its trim threshold. A forward's
-    activations, attention scores and KV caches are such blocks, so each new size of batch and context page-faults
-    its memory in again. On a 2-core AMD EPYC the first sixteen-row stream after a two-row warm-up spent a third
-    more in the target's forward than the same stream served again, and 9 s of its process's 50 s in the kernel;
-    with both thresholds at 1 GiB, neither (docs/results/policies-under-load.md, "The allocator"). Set once per
-    process, before the target runs (``env.model.load_model``); ``DRAFTGYM_MALLOC=system`` leaves glibc's dynamic
-    thresholds. Elsewhere than glibc (no ``mallopt``) nothing is changed. Returns what the process runs with:
-    "keep" or "system"."""
-    global _allocator
-    how = allocator_mode()
-    if _allocator is not None:
-        return _allocator
-    done = "system"
-    if how == "keep":
-        try:
-            mallopt = ctypes.CDLL(None).mallopt
-        except (OSError, AttributeError):  # not glibc
-            mallopt = None
-        if mallopt is not None:
-            mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-            if mallopt(M_MMAP_THRESHOLD, KEEP_BYTES) == 1 and mallopt(M_TRIM_THRESHOLD, KEEP_BYTES) == 1:
-                done = "keep"
-    _allocator = done
-    return done
-
-
 LIBRARIES = ("draftgym", "torch", "transformers", "gymnasium", "stable-baselines3", "scikit-learn", "optuna",
              "triton", "numpy")  # fmt: skip
 
@@ -224,7 +176,7 @@ def machine_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "allocator": _allocator or "system",
+        **allocator.allocator_state(),  # the C allocator's setting (env.allocator)
     }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)

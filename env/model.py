@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from env.machine import cache_dir, cpu_has_bf16, settle_allocator, settle_packed, settle_wide
+from env.allocator import settle_allocator
+from env.machine import cache_dir, cpu_has_bf16, settle_packed, settle_wide
 from env.model_checks import check_config, check_eos, check_weights
 from env.tokenizer import folder_tokenizer, tokenizer_of
 
@@ -335,7 +336,7 @@ def load_model(
         quant.wide_mode()  # how wide products run (kernels.quant): a bad setting is refused before any work
         packed_mode()
         attention_mode()
-        settle_allocator()  # freed memory kept for the next forward's tensors (env.machine)
+        settle_allocator()  # freed memory kept for the next forward's tensors (env.allocator)
     except (quant.QuantError, ValueError) as err:
         raise ModelError(str(err)) from err
     if dev.type == "cpu" and torch_dtype != torch.float32:

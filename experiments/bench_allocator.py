@@ -1,16 +1,20 @@
 """The C allocator's setting against serving speed: ``python -m experiments.bench_allocator``.
 
-``env.machine.settle_allocator`` keeps freed memory in the process (``DRAFTGYM_MALLOC=keep``, the default) where
+``env.allocator.settle_allocator`` keeps freed memory in the process (``DRAFTGYM_MALLOC=keep``, the default) where
 glibc would unmap it (``system``). A setting holds for a whole process, so each is measured in processes of its
 own, the two alternating round by round (``system`` first in odd rounds, ``keep`` first in even ones) so that a
-drift of the machine's speed hits both alike. Each process loads the target, serves the two-request warm-up every
-live run serves (``experiments.serve_live.warm_up``), then the same held-out request stream of the bundled serving
-trace ``--passes`` times in a row at ``--load`` under the static arm ``--arm``, through the path
+drift of the machine's speed hits both alike, after an untimed process that writes the caches every later one
+reads. The environment's own allocator variables (``env.allocator.ALLOCATOR_VARS``) are left out of them. Each
+process loads the target, serves the two-request warm-up every live run serves (``experiments.serve_live.warm_up``: every arm of ``--menu`` in turn), then the same held-out request
+stream of the serving trace ``--passes`` times in a row at ``--load`` under the static arm ``--arm``, through the path
 ``draftgym evaluate --serve`` takes live. Printed per setting, the median over rounds of each pass's seconds in the
-target's forward and of the process's CPU seconds in the kernel (page faults among them) and its peak resident
-memory.
+target's forward, and of the process's CPU seconds in the kernel (page faults among them) and in user code and its
+peak resident memory, over the passes.
 
     python -m experiments.bench_allocator --rounds 2 --passes 3 --load 16
+    # a menu with model heads: a trace that recorded them, a cost model that prices them
+    python -m experiments.bench_allocator --trace serve_trace_h0.npz --batch-cost bc_k.json \
+        --menu none,eagle3-d1,hybrid-d1 --load 16
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from experiments.errors import UserError
@@ -29,30 +34,78 @@ PROG = "python -m experiments.bench_allocator"
 MODES = ("system", "keep")
 
 
-def child(arm: str, load: str, passes: int, requests: int, dtype: str) -> dict[str, Any]:
-    """One process's measurement under the setting its environment names."""
+def _peak_reset() -> bool:
+    """Reset this process's peak resident memory (Linux: ``/proc/self/clear_refs``), so that the peak read after
+    the passes is theirs, not the model's loading."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def _peak_mib() -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _inputs(trace_path: str | None, cost_path: str | None, menu: str | None) -> tuple[Any, Any, list[str]]:
+    """The trace, the cost model and the menu served; refused (``UserError`` and the loaders' own errors) where the
+    menu names an arm the trace did not record or the cost model does not price."""
+    from env.batch_cost import load_batch_cost
+    from env.serve_sim import DEFAULT_ARMS, ServeSim, default_serve_trace
+    from env.trace import load_trace
+
+    trace = default_serve_trace() if trace_path is None else load_trace(trace_path)
+    cost = load_batch_cost(cost_path)
+    arms = (
+        list(DEFAULT_ARMS)
+        if menu is None
+        else list(dict.fromkeys(a.strip() for a in menu.split(",") if a.strip()))
+    )
+    if not arms:
+        raise UserError(f"--menu names no arm (got {menu!r})")
+    ServeSim(1, trace=trace, arms=arms, cost=cost, loads=["1"])  # an arm the trace or the cost model lacks
+    return trace, cost, arms
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """One process's measurement under the setting its environment names: the passes' forward seconds, and the
+    process's kernel and user CPU seconds and peak resident memory over the passes alone."""
     import resource
 
-    from env.batch_cost import load_batch_cost
+    from env.allocator import allocator_state
     from env.engine import parse_arm
-    from env.machine import machine_info
     from env.model import load_model
-    from env.serve_sim import DEFAULT_ARMS, ServeSim, default_serve_trace
+    from env.serve_sim import ServeSim
+    from env.trace_record import recorded_drafter_options
     from experiments.serve_fidelity import diagnose
     from experiments.serve_live import warm_up
 
-    trace, cost, arms = default_serve_trace(), load_batch_cost(None), list(DEFAULT_ARMS)
-    loaded = load_model(None, dtype=dtype)
+    trace, cost, arms = _inputs(args.trace, args.batch_cost, args.menu)
+    options = recorded_drafter_options(trace, args.trace or "the bundled trace")
+    arm, load, passes, requests = args.arm, args.load, args.passes, args.requests
+    loaded = load_model(None, dtype=args.dtype)
     sim = ServeSim(1, trace=trace, arms=arms, cost=cost, loads=["2"])
     sim.reset()
-    warm_up(loaded, sim, [parse_arm(a) for a in arms], sim.max_batch, cost)
+    warm_up(loaded, sim, [parse_arm(a) for a in arms], sim.max_batch, cost, drafter_options=options)
+    reset = _peak_reset()
+    before = resource.getrusage(resource.RUSAGE_SELF)
     runs = []
     for _ in range(passes):
-        live = diagnose(cost, arm, load, loaded, requests, trace=trace, arms=arms)["live"]
+        live = diagnose(cost, arm, load, loaded, requests, trace=trace, arms=arms, drafter_options=options)[
+            "live"
+        ]
         runs.append({k: live[k] for k in ("forward_s", "step_s", "prefill_s", "wall_s", "steps", "tokens")})
-    use = resource.getrusage(resource.RUSAGE_SELF)
-    return {"allocator": machine_info()["allocator"], "passes": runs, "sys_s": use.ru_stime,
-            "user_s": use.ru_utime, "max_rss_mib": use.ru_maxrss / 1024}  # fmt: skip
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {**allocator_state(), "passes": runs, "sys_s": after.ru_stime - before.ru_stime,
+            "user_s": after.ru_utime - before.ru_utime, "peak_mib": _peak_mib() if reset else None}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,51 +124,85 @@ def _main(argv: list[str] | None) -> int:
         "--passes", type=positive_int, default=3, help="the stream served this many times per process"
     )
     p.add_argument("--load", default="16", help="a closed-loop concurrency (or ramp)")
-    p.add_argument("--arm", default="none", help="the static arm served (of the bundled trace's menu)")
+    p.add_argument("--arm", default="none", help="the static arm served (one of --menu)")
+    p.add_argument("--trace", default=None, help="serving trace (.npz; default: the bundled one)")
+    p.add_argument(
+        "--batch-cost", default=None, help="batch cost model JSON for the replay (default: the shipped one)"
+    )
+    p.add_argument("--menu", default=None,
+                   help="comma list of the arms the warm-up serves, as a live run's menu (default: the serving env's)")  # fmt: skip
     p.add_argument("--requests", type=positive_int, default=16)
     p.add_argument("--dtype", default="bfloat16", help="the target's dtype (bfloat16 or float32)")
     p.add_argument("--json", default=None, help="write every process's measurement here")
     p.add_argument("--child", default=None, choices=MODES, help=argparse.SUPPRESS)  # one measuring process
     args = p.parse_args(argv)
-    from env.engine import parse_arm
-    from env.serve_sim import DEFAULT_ARMS, parse_load
+    from env.serve_sim import parse_load
 
     parse_load(args.load, 16)
-    if args.arm not in DEFAULT_ARMS:
-        raise UserError(f"--arm {args.arm!r} is not in the bundled trace's menu: {', '.join(DEFAULT_ARMS)}")
-    parse_arm(args.arm)
     if args.dtype not in ("bfloat16", "float32"):
         raise UserError(f"--dtype {args.dtype!r}: valid values are bfloat16, float32")
+    _, _, menu = _inputs(args.trace, args.batch_cost, args.menu)
+    if args.arm not in menu:
+        raise UserError(f"--arm {args.arm!r} is not in the menu: {', '.join(menu)}")
     if args.child is not None:
-        out = child(args.arm, args.load, args.passes, args.requests, args.dtype)
+        out = child(args)
         print(json.dumps(out))
         return 0
-    json_out = output_file(args.json, flag="--json")
+    json_out = output_file(args.json, flag="--json", inputs=(args.batch_cost, args.trace))
+    from env.allocator import ALLOCATOR_VARS, glibc_mallopt
+    from env.lean import attention_mode
+    from kernels import packed, quant
+
+    if glibc_mallopt() is None:
+        raise UserError("this process has no glibc mallopt (another C library, or LD_PRELOAD names another "
+                        "allocator): there is no setting to compare")  # fmt: skip
+    try:  # a setting every child would refuse: refused here, once
+        quant.wide_mode(), packed.packed_mode(), attention_mode()
+    except (quant.QuantError, ValueError) as err:
+        raise UserError(str(err)) from err
     from tqdm import tqdm
 
-    from env.machine import cpu_label
+    from env.machine import machine_info
 
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     order = [m for r in range(args.rounds) for m in (MODES if r % 2 == 0 else MODES[::-1])]
-    for mode in tqdm(order, desc="allocator processes", unit="process"):
-        cmd = [sys.executable, "-m", "experiments.bench_allocator", "--child", mode, "--passes", str(args.passes),
-               "--load", args.load, "--arm", args.arm, "--requests", str(args.requests), "--dtype", args.dtype]  # fmt: skip
-        env = {**os.environ, "DRAFTGYM_MALLOC": mode}
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"a {mode} process failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-        got = json.loads(done.stdout.strip().splitlines()[-1])
-        if got["allocator"] != mode:  # glibc refused the setting, or this is not glibc
-            raise UserError(f"the {mode} process ran with the allocator {got['allocator']!r}: not a glibc "
-                            "system where mallopt takes the setting")  # fmt: skip
+    # the environment's own allocator variables would set what the two settings compare: left out of the children
+    base = {k: v for k, v in os.environ.items() if k not in ALLOCATOR_VARS}
+    head = {"machine": machine_info(), "load": args.load, "arm": args.arm, "menu": menu, "trace": args.trace,
+            "batch_cost": args.batch_cost, "requests": args.requests,
+            "passes": args.passes, "dtype": args.dtype, "order": order}  # fmt: skip
+    # an untimed process first: the first process after an install writes the caches (the lean model's, the
+    # machine's decisions) that every later one reads
+    for i, mode in enumerate(tqdm(["keep", *order], desc="allocator processes", unit="process")):
+        passes = 1 if i == 0 else args.passes
+        cmd = [sys.executable, "-m", "experiments.bench_allocator", "--child", mode, "--passes", str(passes),
+               "--load", args.load, "--arm", args.arm, "--requests", str(args.requests), "--dtype", args.dtype,
+               "--menu", ",".join(menu)]  # fmt: skip
+        cmd += [
+            x
+            for flag, v in (("--trace", args.trace), ("--batch-cost", args.batch_cost))
+            if v
+            for x in (flag, v)
+        ]
+        done = subprocess.run(cmd, env={**base, "DRAFTGYM_MALLOC": mode}, capture_output=True, text=True,
+                              check=False)  # fmt: skip
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise UserError(f"a {mode} process failed (exit code {done.returncode}): {last}")
+        got = json.loads(lines[-1])
+        if got["allocator"] != mode:  # glibc refused the setting
+            raise UserError(f"the {mode} process ran with the allocator {got['allocator']!r}: glibc refused "
+                            "the setting")  # fmt: skip
+        if i == 0:  # the priming process: not counted
+            continue
         results[mode].append(got)
         if json_out is not None:  # as measured: a kill keeps the processes done
             from env.files import atomic_write_text
 
-            atomic_write_text(json_out, json.dumps({"cpu": cpu_label(), "load": args.load, "arm": args.arm,
-                                                    "results": results}, indent=1) + "\n")  # fmt: skip
-    print(f"{cpu_label()}; {args.dtype}; arm {args.arm} at load {args.load}, {args.requests} requests; medians over "
-          f"{args.rounds} processes per setting")  # fmt: skip
+            atomic_write_text(json_out, json.dumps({**head, "results": results}, indent=1) + "\n")
+    print(f"{head['machine']['cpu_label']}; {args.dtype}; arm {args.arm} at load {args.load}, {args.requests} "
+          f"requests; medians over {args.rounds} processes per setting; CPU seconds and peak memory over the passes")  # fmt: skip
     head = " ".join(f"{'pass ' + str(i + 1) + ' fwd s':>13}" for i in range(args.passes))
     print(f"{'allocator':>9} {head} {'sys s':>7} {'user s':>7} {'peak MiB':>9}")
     for mode in MODES:
@@ -124,8 +211,13 @@ def _main(argv: list[str] | None) -> int:
         cells = " ".join(f"{x:13.2f}" for x in med)
         print(f"{mode:>9} {cells} {statistics.median(r['sys_s'] for r in rs):7.1f} "
               f"{statistics.median(r['user_s'] for r in rs):7.1f} "
-              f"{statistics.median(r['max_rss_mib'] for r in rs):9.0f}")  # fmt: skip
+              f"{peak(rs)}")  # fmt: skip
     return 0
+
+
+def peak(rs: list[dict[str, Any]]) -> str:
+    got = [r["peak_mib"] for r in rs if r.get("peak_mib") is not None]
+    return f"{statistics.median(got):9.0f}" if got else f"{'-':>9}"
 
 
 if __name__ == "__main__":

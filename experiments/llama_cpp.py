@@ -256,6 +256,14 @@ def serve(argv: list[str] | None = None) -> int:
     p.add_argument("--n-threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--eos", default="", help="comma list of end-of-sequence ids")
     args = p.parse_args(argv)
+    allocator: dict[str, Any] = {}
+    # the allocator our engine runs under in the parent, for a like-for-like comparison (a bad DRAFTGYM_MALLOC: the
+    # parent refused it when it loaded the target; a worker that cannot import the package reports none)
+    with contextlib.suppress(ImportError, ValueError):
+        from env.allocator import allocator_state, settle_allocator
+
+        settle_allocator()
+        allocator = allocator_state()
     proto = os.fdopen(os.dup(1), "w", buffering=1)  # the protocol's own copy of stdout
     os.dup2(2, 1)  # anything else written to stdout (the C library's prints) goes to stderr
 
@@ -286,7 +294,8 @@ def serve(argv: list[str] | None = None) -> int:
     eos = {int(t) for t in args.eos.split(",") if t.strip()}
     n_ctx = llm.n_ctx()
     decode(llm, list(range(1, 17)), 4, set())  # untimed: the first decode pays for lazy initialisation
-    say({"ready": True, "version": llama_cpp.__version__, "n_ctx": n_ctx, "n_threads": args.n_threads})
+    say({"ready": True, "version": llama_cpp.__version__, "n_ctx": n_ctx, "n_threads": args.n_threads,
+         **allocator})  # fmt: skip
     for line in sys.stdin:
         try:
             req = json.loads(line)

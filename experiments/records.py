@@ -159,14 +159,16 @@ def run_identity(
     }
 
 
-def machine_identity(device: Any) -> dict[str, str]:
+def machine_identity(device: Any) -> dict[str, Any]:
     """The machine a run's timings depend on: the CPU (``env.machine.cpu_label``: model and bf16 flags) and, on
     CUDA, the GPU's name. In ``settings.json`` of every timed run (``bench``, ``run``, live ``evaluate``,
     ``serve-bench``, live ``evaluate --serve``), so that a run folder started on one machine and resumed on
-    another is refused, not two machines' timings mixed in one table."""
+    another is refused, not two machines' timings mixed in one table. With it, the C allocator's setting
+    (``env.allocator.allocator_state``: freed memory kept or returned changes a step's time by 5-26%)."""
+    from env.allocator import allocator_state
     from env.machine import cpu_label
 
-    out = {"cpu": cpu_label()}
+    out = {"cpu": cpu_label(), **allocator_state()}
     if str(device).startswith("cuda"):
         import torch
 

@@ -18,6 +18,9 @@ def no_model(monkeypatch):
         raise AssertionError("the model was loaded before the arguments were checked")
 
     monkeypatch.setattr(env.model, "load_model", refuse)
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "run", refuse)  # bench_allocator loads it in processes of its own
 
 
 @pytest.mark.parametrize(
@@ -46,7 +49,10 @@ def no_model(monkeypatch):
         ("serve_fidelity", ["--loads", ","], "--loads names no load"),
         ("serve_fidelity", ["--json", "{tmp}"], "is a directory, not a file"),
         ("bench_allocator", ["--load", "99"], "the concurrency must be in 1..16"),
-        ("bench_allocator", ["--arm", "eagle3-d1"], "is not in the bundled trace's menu"),
+        ("bench_allocator", ["--arm", "eagle3-d1"], "--arm 'eagle3-d1' is not in the menu"),
+        ("bench_allocator", ["--menu", "none,eagle3-d1"], "has no calibration for drafter 'eagle3'"),
+        ("bench_allocator", ["--menu", ","], "--menu names no arm"),
+        ("bench_allocator", ["--trace", "{tmp}/none.npz"], "does not exist"),
         ("bench_allocator", ["--dtype", "float16"], "valid values are bfloat16, float32"),
         ("bench_allocator", ["--rounds", "0"], "must be >= 1"),
         ("bench_allocator", ["--json", "{tmp}"], "is a directory, not a file"),
@@ -64,6 +70,16 @@ def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(
     assert code == 2, err
     assert err.count("\n") == 1 and "Traceback" not in err and expected in err, err
     assert err.startswith(f"python -m experiments.{program}: error: "), err
+
+
+def test_bench_allocator_refuses_a_setting_its_processes_would_refuse(no_model, monkeypatch, capsys):
+    """Checked once before any process starts, not as each measuring process's failure."""
+    from experiments.bench_allocator import main
+
+    monkeypatch.setenv("DRAFTGYM_WIDE_MATMUL", "x")
+    assert main(["--load", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "DRAFTGYM_WIDE_MATMUL='x'" in err, err
 
 
 def test_vocab_order_checks_the_workload_before_the_model_loads(no_model, tmp_path, capsys):
