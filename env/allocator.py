@@ -55,9 +55,10 @@ def settle_allocator() -> str:
     threshold (128 KiB at start, raised as such blocks are freed, to 32 MiB at most) from fresh pages and unmaps
     it when freed, and gives the heap's free top back to the system past its trim threshold. A forward's
     activations, attention scores and KV caches are such blocks, so each new size of batch and context page-faults
-    its memory in again. On a 2-core AMD EPYC a sixteen-row stream's forward took 5-26% longer pass by pass, and
-    its process spent 7 s in the kernel where it spent 1 s with both thresholds at 1 GiB
-    (docs/results/policies-under-load.md, "The allocator: freed memory kept for the next forward"). Set once per
+    its memory in again. On a 2-core AMD EPYC, with model heads in the serving menu, a sixteen-row stream's forward
+    took 1.05-1.34x as long under glibc's thresholds as with both at 1 GiB, and 8.4 s of kernel CPU over three
+    passes against 0.7 s; with the n-gram menu, no difference (``python -m experiments.bench_allocator``;
+    docs/results/policies-under-load.md, "The allocator: freed memory kept for the next forward"). Set once per
     process, before the target runs (``env.model.load_model``); ``DRAFTGYM_MALLOC=system`` leaves glibc's dynamic
     thresholds. Returns what the process runs with: "keep", "system", "unavailable" (no glibc ``mallopt``: nothing
     changed) or "preloaded" (``LD_PRELOAD`` names another allocator). The setting is checked on every call; the
