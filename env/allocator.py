@@ -18,7 +18,9 @@ KEEP_BYTES, KEEP_BYTES_OLD = 1 << 30, 32 << 20
 # what the environment may have set for the allocator before Python started: recorded with the setting
 ALLOCATOR_VARS = ("LD_PRELOAD", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
                   "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")  # fmt: skip
-_allocator: str | None = None  # what settle_allocator did: "keep", "system", "unavailable", "preloaded"
+SETTINGS = ("keep", "system")  # DRAFTGYM_MALLOC's values
+# what settle_allocator did: "keep", "keep-32MiB", "partial", "system", "unavailable", "preloaded"
+_allocator: str | None = None
 
 
 class AllocatorError(ValueError):
@@ -28,15 +30,20 @@ class AllocatorError(ValueError):
 def allocator_mode() -> str:
     """The ``DRAFTGYM_MALLOC`` setting: keep (default) or system; ``AllocatorError`` for anything else."""
     how = os.environ.get(ALLOCATOR_ENV, "keep").strip().lower() or "keep"
-    if how not in ("keep", "system"):
-        raise AllocatorError(f"{ALLOCATOR_ENV}={how!r}: valid values are keep, system")
+    if how not in SETTINGS:
+        raise AllocatorError(f"{ALLOCATOR_ENV}={how!r}: valid values are {', '.join(SETTINGS)}")
     return how
+
+
+def _preloaded() -> bool:
+    """Whether ``LD_PRELOAD`` puts another allocator (jemalloc, tcmalloc, mimalloc) in glibc's place."""
+    return "malloc" in os.environ.get("LD_PRELOAD", "")
 
 
 def glibc_mallopt() -> Callable[[int, int], int] | None:
     """glibc's ``mallopt`` in this process, None elsewhere (musl, macOS, Windows, a Python without ctypes) or where
     ``LD_PRELOAD`` puts another allocator in glibc's place (its ``mallopt``, if it has one, does something else)."""
-    if "malloc" in os.environ.get("LD_PRELOAD", ""):  # jemalloc, tcmalloc, mimalloc
+    if _preloaded():
         return None
     try:
         import ctypes
@@ -55,34 +62,40 @@ def settle_allocator() -> str:
     threshold (128 KiB at start, raised as such blocks are freed, to 32 MiB at most) from fresh pages and unmaps
     it when freed, and gives the heap's free top back to the system past its trim threshold. A forward's
     activations, attention scores and KV caches are such blocks, so each new size of batch and context page-faults
-    its memory in again. On a 2-core AMD EPYC, with model heads in the serving menu, a sixteen-row stream's forward
-    took 1.05-1.34x as long under glibc's thresholds as with both at 1 GiB, and 8.4 s of kernel CPU over three
-    passes against 0.7 s; with the n-gram menu, no difference (``python -m experiments.bench_allocator``;
-    docs/results/policies-under-load.md, "The allocator: freed memory kept for the next forward"). Set once per
-    process, before the target runs (``env.model.load_model``); ``DRAFTGYM_MALLOC=system`` leaves glibc's dynamic
-    thresholds. Returns what the process runs with: "keep", "system", "unavailable" (no glibc ``mallopt``: nothing
-    changed) or "preloaded" (``LD_PRELOAD`` names another allocator). The setting is checked on every call; the
-    first call decides."""
+    its memory in again. On a 2-core AMD EPYC, with model heads in the serving menu, a sixteen-row stream's
+    process spent 8.3-8.5 s of kernel CPU over three passes under glibc's thresholds against 0.7 s with both at
+    1 GiB, and its forward took longer in five passes of six; with the n-gram menu, no difference (``python -m
+    experiments.bench_allocator``; docs/results/policies-under-load.md, "The allocator: freed memory kept for the
+    next forward"). Set once per process, before the target runs (``env.model.load_model``);
+    ``DRAFTGYM_MALLOC=system`` leaves glibc's dynamic thresholds. Returns what the process runs with: "keep",
+    "keep-32MiB" (a glibc that caps the mmap threshold), "partial" (the mmap threshold set, the trim threshold
+    refused), "system", "unavailable" (no glibc ``mallopt``, or the mmap threshold refused: nothing changed) or
+    "preloaded" (``LD_PRELOAD`` names another allocator). The mmap threshold goes first: setting either one stops
+    glibc's dynamic thresholds. The setting is checked on every call; the first call decides."""
     global _allocator
     how = allocator_mode()
     if _allocator is not None:
         return _allocator
     if how == "system":
         done = "system"
-    elif "malloc" in os.environ.get("LD_PRELOAD", ""):
+    elif _preloaded():
         done = "preloaded"
     else:
         mallopt = glibc_mallopt()
         done = "unavailable"
-        if mallopt is not None and mallopt(M_TRIM_THRESHOLD, KEEP_BYTES) == 1:
-            ok = mallopt(M_MMAP_THRESHOLD, KEEP_BYTES) == 1 or mallopt(M_MMAP_THRESHOLD, KEEP_BYTES_OLD) == 1
-            done = "keep" if ok else "unavailable"
+        if mallopt is not None:
+            if mallopt(M_MMAP_THRESHOLD, KEEP_BYTES) == 1:
+                done = "keep"
+            elif mallopt(M_MMAP_THRESHOLD, KEEP_BYTES_OLD) == 1:
+                done = "keep-32MiB"
+            if done != "unavailable" and mallopt(M_TRIM_THRESHOLD, KEEP_BYTES) != 1:
+                done = "partial"
     _allocator = done
     return done
 
 
 def allocator_state() -> dict[str, Any]:
     """The allocator a process's timings ran under, for provenance and a run's identity: what ``settle_allocator``
-    did ("untouched" before it ran: no target loaded) and the environment's allocator variables."""
+    did ("untouched" before it ran: no target loaded) and the environment's allocator variables (those set)."""
     env = {k: os.environ[k] for k in ALLOCATOR_VARS if os.environ.get(k)}
-    return {"allocator": _allocator or "untouched", **({"allocator_env": env} if env else {})}
+    return {"allocator": _allocator or "untouched", "allocator_env": env}

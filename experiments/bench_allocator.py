@@ -7,9 +7,10 @@ drift of the machine's speed hits both alike, after an untimed process that writ
 reads. The environment's own allocator variables (``env.allocator.ALLOCATOR_VARS``) are left out of them. Each
 process loads the target, serves the two-request warm-up every live run serves (``experiments.serve_live.warm_up``: every arm of ``--menu`` in turn), then the same held-out request
 stream of the serving trace ``--passes`` times in a row at ``--load`` under the static arm ``--arm``, through the path
-``draftgym evaluate --serve`` takes live. Printed per setting, the median over rounds of each pass's seconds in the
-target's forward, and of the process's CPU seconds in the kernel (page faults among them) and in user code and its
-peak resident memory, over the passes.
+``draftgym evaluate --serve`` takes live, in the dtype the cost model was measured in (``--batch-cost``; its
+replay is not used here). Printed for every process in the order run, and per setting the median over its
+processes: each pass's seconds in the target's forward, and the process's CPU seconds in the kernel (page faults
+among them) and in user code and its peak resident memory, over the passes.
 
     python -m experiments.bench_allocator --rounds 2 --passes 3 --load 16
     # a menu with model heads: a trace that recorded them, a cost model that prices them
@@ -31,7 +32,7 @@ from typing import Any
 from experiments.errors import UserError
 
 PROG = "python -m experiments.bench_allocator"
-MODES = ("system", "keep")
+MODES = ("system", "keep")  # env.allocator.SETTINGS, glibc's own first in odd rounds
 
 
 def _peak_reset() -> bool:
@@ -55,54 +56,26 @@ def _peak_mib() -> float | None:
     return None
 
 
-def _inputs(trace_path: str | None, cost_path: str | None, menu: str | None) -> tuple[Any, Any, list[str]]:
-    """The trace, the cost model and the menu served; refused (``UserError`` and the loaders' own errors) where the
-    menu names an arm the trace did not record or the cost model does not price."""
-    from env.batch_cost import load_batch_cost
-    from env.serve_sim import DEFAULT_ARMS, ServeSim, default_serve_trace
-    from env.trace import load_trace
-
-    trace = default_serve_trace() if trace_path is None else load_trace(trace_path)
-    cost = load_batch_cost(cost_path)
-    arms = (
-        list(DEFAULT_ARMS)
-        if menu is None
-        else list(dict.fromkeys(a.strip() for a in menu.split(",") if a.strip()))
-    )
-    if not arms:
-        raise UserError(f"--menu names no arm (got {menu!r})")
-    ServeSim(1, trace=trace, arms=arms, cost=cost, loads=["1"])  # an arm the trace or the cost model lacks
-    return trace, cost, arms
-
-
-def child(args: argparse.Namespace) -> dict[str, Any]:
+def child(args: argparse.Namespace, inputs: tuple[Any, ...]) -> dict[str, Any]:
     """One process's measurement under the setting its environment names: the passes' forward seconds, and the
-    process's kernel and user CPU seconds and peak resident memory over the passes alone."""
+    process's kernel and user CPU seconds and peak resident memory over the passes alone. ``inputs``: what
+    ``experiments.serve_fidelity.live_inputs`` gave."""
     import resource
 
     from env.allocator import allocator_state
-    from env.engine import parse_arm
-    from env.model import load_model
-    from env.serve_sim import ServeSim
-    from env.trace_record import recorded_drafter_options
-    from experiments.serve_fidelity import diagnose
-    from experiments.serve_live import warm_up
+    from experiments.serve_fidelity import diagnose, load_and_warm
 
-    trace, cost, arms = _inputs(args.trace, args.batch_cost, args.menu)
-    options = recorded_drafter_options(trace, args.trace or "the bundled trace")
-    arm, load, passes, requests = args.arm, args.load, args.passes, args.requests
-    loaded = load_model(None, dtype=args.dtype)
-    sim = ServeSim(1, trace=trace, arms=arms, cost=cost, loads=["2"])
-    sim.reset()
-    warm_up(loaded, sim, [parse_arm(a) for a in arms], sim.max_batch, cost, drafter_options=options)
+    trace, options, cost, menu, dtype = inputs
+    loaded = load_and_warm(trace, cost, menu, options, dtype)
     reset = _peak_reset()
     before = resource.getrusage(resource.RUSAGE_SELF)
     runs = []
-    for _ in range(passes):
-        live = diagnose(cost, arm, load, loaded, requests, trace=trace, arms=arms, drafter_options=options)[
-            "live"
-        ]
-        runs.append({k: live[k] for k in ("forward_s", "step_s", "prefill_s", "wall_s", "steps", "tokens")})
+    for _ in range(args.passes):
+        got = diagnose(cost, args.arm, args.load, loaded, args.requests, trace=trace, arms=menu,
+                       drafter_options=options)  # fmt: skip
+        runs.append(
+            {k: got["live"][k] for k in ("forward_s", "step_s", "prefill_s", "wall_s", "steps", "tokens")}
+        )
     after = resource.getrusage(resource.RUSAGE_SELF)
     return {**allocator_state(), "passes": runs, "sys_s": after.ru_stime - before.ru_stime,
             "user_s": after.ru_utime - before.ru_utime, "peak_mib": _peak_mib() if reset else None}  # fmt: skip
@@ -117,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     from env.cli import Parser, output_file, positive_int
+    from env.serve_sim import DEFAULT_ARMS
 
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=positive_int, default=2, help="processes per setting")
@@ -129,23 +103,24 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument(
         "--batch-cost", default=None, help="batch cost model JSON for the replay (default: the shipped one)"
     )
-    p.add_argument("--menu", default=None,
+    p.add_argument("--menu", default=",".join(DEFAULT_ARMS),
                    help="comma list of the arms the warm-up serves, as a live run's menu (default: the serving env's)")  # fmt: skip
     p.add_argument("--requests", type=positive_int, default=16)
-    p.add_argument("--dtype", default="bfloat16", help="the target's dtype (bfloat16 or float32)")
     p.add_argument("--json", default=None, help="write every process's measurement here")
     p.add_argument("--child", default=None, choices=MODES, help=argparse.SUPPRESS)  # one measuring process
     args = p.parse_args(argv)
     from env.serve_sim import parse_load
+    from experiments.serve_fidelity import live_inputs
 
     parse_load(args.load, 16)
-    if args.dtype not in ("bfloat16", "float32"):
-        raise UserError(f"--dtype {args.dtype!r}: valid values are bfloat16, float32")
-    _, _, menu = _inputs(args.trace, args.batch_cost, args.menu)
+    # checked here, before any process starts: the trace, the cost model (the target is served in its dtype) and
+    # the menu
+    inputs = live_inputs(args.trace, args.batch_cost, args.menu, "--menu", [args.load])
+    menu, dtype = inputs[3], inputs[4]
     if args.arm not in menu:
         raise UserError(f"--arm {args.arm!r} is not in the menu: {', '.join(menu)}")
     if args.child is not None:
-        out = child(args)
+        out = child(args, inputs)
         print(json.dumps(out))
         return 0
     json_out = output_file(args.json, flag="--json", inputs=(args.batch_cost, args.trace))
@@ -168,16 +143,15 @@ def _main(argv: list[str] | None) -> int:
     order = [m for r in range(args.rounds) for m in (MODES if r % 2 == 0 else MODES[::-1])]
     # the environment's own allocator variables would set what the two settings compare: left out of the children
     base = {k: v for k, v in os.environ.items() if k not in ALLOCATOR_VARS}
-    head = {"machine": machine_info(), "load": args.load, "arm": args.arm, "menu": menu, "trace": args.trace,
-            "batch_cost": args.batch_cost, "requests": args.requests,
-            "passes": args.passes, "dtype": args.dtype, "order": order}  # fmt: skip
+    about = {"machine": machine_info(), "load": args.load, "arm": args.arm, "menu": menu, "trace": args.trace,
+             "batch_cost": args.batch_cost, "requests": args.requests, "passes": args.passes, "dtype": dtype,
+             "order": order}  # fmt: skip
     # an untimed process first: the first process after an install writes the caches (the lean model's, the
     # machine's decisions) that every later one reads
     for i, mode in enumerate(tqdm(["keep", *order], desc="allocator processes", unit="process")):
         passes = 1 if i == 0 else args.passes
         cmd = [sys.executable, "-m", "experiments.bench_allocator", "--child", mode, "--passes", str(passes),
-               "--load", args.load, "--arm", args.arm, "--requests", str(args.requests), "--dtype", args.dtype,
-               "--menu", ",".join(menu)]  # fmt: skip
+               "--load", args.load, "--arm", args.arm, "--requests", str(args.requests), "--menu", ",".join(menu)]  # fmt: skip
         cmd += [
             x
             for flag, v in (("--trace", args.trace), ("--batch-cost", args.batch_cost))
@@ -190,28 +164,38 @@ def _main(argv: list[str] | None) -> int:
         if done.returncode != 0 or not lines:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise UserError(f"a {mode} process failed (exit code {done.returncode}): {last}")
-        got = json.loads(lines[-1])
-        if got["allocator"] != mode:  # glibc refused the setting
-            raise UserError(f"the {mode} process ran with the allocator {got['allocator']!r}: glibc refused "
-                            "the setting")  # fmt: skip
+        try:
+            got = json.loads(lines[-1])
+            ran = got["allocator"]
+        except (ValueError, KeyError, TypeError):
+            raise UserError(f"a {mode} process ended without its measurement: {lines[-1][:200]!r}") from None
+        if ran != mode:  # glibc did not take the whole setting
+            raise UserError(f"the {mode} process ran with the allocator {ran!r}: this glibc did not take the "
+                            "setting")  # fmt: skip
         if i == 0:  # the priming process: not counted
             continue
         results[mode].append(got)
         if json_out is not None:  # as measured: a kill keeps the processes done
             from env.files import atomic_write_text
 
-            atomic_write_text(json_out, json.dumps({**head, "results": results}, indent=1) + "\n")
-    print(f"{head['machine']['cpu_label']}; {args.dtype}; arm {args.arm} at load {args.load}, {args.requests} "
-          f"requests; medians over {args.rounds} processes per setting; CPU seconds and peak memory over the passes")  # fmt: skip
-    head = " ".join(f"{'pass ' + str(i + 1) + ' fwd s':>13}" for i in range(args.passes))
-    print(f"{'allocator':>9} {head} {'sys s':>7} {'user s':>7} {'peak MiB':>9}")
+            atomic_write_text(json_out, json.dumps({**about, "results": results}, indent=1) + "\n")
+    print(f"{about['machine']['cpu_label']}; {dtype}; arm {args.arm} at load {args.load}, {args.requests} requests; "
+          "each process in the order run, then the medians over the processes of each setting; CPU seconds and "
+          "peak memory over the passes")  # fmt: skip
+    cols = " ".join(f"{'pass ' + str(i + 1) + ' fwd s':>13}" for i in range(args.passes))
+    print(f"{'allocator':>9} {'round':>5} {cols} {'sys s':>7} {'user s':>7} {'peak MiB':>9}")
+    seen = dict.fromkeys(MODES, 0)
+    for mode in order:  # every process: a drift of the machine shows as a round apart from the other
+        r = results[mode][seen[mode]]
+        seen[mode] += 1
+        cells = " ".join(f"{x['forward_s']:13.2f}" for x in r["passes"])
+        print(f"{mode:>9} {seen[mode]:>5} {cells} {r['sys_s']:7.1f} {r['user_s']:7.1f} {peak([r])}")
     for mode in MODES:
         rs = results[mode]
         med = [statistics.median(r["passes"][i]["forward_s"] for r in rs) for i in range(args.passes)]
         cells = " ".join(f"{x:13.2f}" for x in med)
-        print(f"{mode:>9} {cells} {statistics.median(r['sys_s'] for r in rs):7.1f} "
-              f"{statistics.median(r['user_s'] for r in rs):7.1f} "
-              f"{peak(rs)}")  # fmt: skip
+        print(f"{mode:>9} {'med':>5} {cells} {statistics.median(r['sys_s'] for r in rs):7.1f} "
+              f"{statistics.median(r['user_s'] for r in rs):7.1f} {peak(rs)}")  # fmt: skip
     return 0
 
 

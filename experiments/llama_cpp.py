@@ -15,7 +15,9 @@ prompt).
 
 Protocol, JSON lines (the worker's stdout carries nothing else: the C library's prints go to its stderr)::
 
-    worker -> {"ready": true, "version": ..., "n_ctx": ..., "n_threads": ...}  or {"error": ...}, then exits
+    worker -> {"ready": true, "version": ..., "n_ctx": ..., "n_threads": ..., "allocator": ..., "allocator_env": ...}
+              (the allocator fields: env.allocator.allocator_state, absent where the package cannot be imported)
+              or {"error": ...}, then exits
     parent -> {"prompt_ids": [...], "max_new_tokens": N}
     worker -> {"token_ids": [...], "wall_s": S}          or {"error": ...} (a bad request; the worker lives on)
 

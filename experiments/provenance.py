@@ -32,6 +32,9 @@ def machine() -> dict[str, object]:
     info["wide_products_in_fp32"] = wide_setting()  # per activation dtype, as probed (kernels.quant)
     # fp32 products through oneDNN with reordered weights (kernels.packed; None: not decided in this process)
     info["fp32_products_reordered"] = packed_decided()
+    from env.allocator import allocator_state
+
+    info.update(allocator_state())  # freed memory kept or not (env.allocator; "untouched": no target loaded)
     return info
 
 

@@ -105,6 +105,56 @@ def check_live_cost(cost: Any, model_id: str, dtype: str, weights: str) -> None:
                         f"{model_id} ({dtype}/{weights}): {make}")  # fmt: skip
 
 
+def live_inputs(trace_path: str | None, cost_path: str | None, arms_text: str, flag: str = "--arms",
+                loads: list[str] | None = None) -> tuple[Any, dict[str, dict[str, Any]], Any, list[str], str]:  # fmt: skip
+    """What a live comparison with replay serves, each part checked before the model loads: the trace (default: the
+    bundled one) and the drafter options it recorded (live serves them), the cost model (default: the shipped one),
+    the arms of ``arms_text`` (a comma list; ``flag`` names it in errors; each one the trace recorded and the cost
+    model prices, at ``loads``) and the dtype the target is served in (the cost model's: one measured for another
+    target, dtype or weight format, or simulated, is refused). Also refused: a trace with no held-out prompt."""
+    from env.batch_cost import load_batch_cost
+    from env.model import DEFAULT_MODEL
+    from env.serve_sim import ServeSim, default_serve_trace
+    from env.trace import load_trace
+    from env.trace_record import recorded_drafter_options
+    from policies.split import trace_split
+
+    arms = list(dict.fromkeys(a.strip() for a in arms_text.split(",") if a.strip()))
+    if not arms:
+        raise UserError(f"{flag} names no arm (got {arms_text!r}); e.g. {flag} none,ngram-d3")
+    trace = default_serve_trace() if trace_path is None else load_trace(trace_path)
+    options = recorded_drafter_options(trace, trace_path or "the bundled trace")
+    cost = load_batch_cost(cost_path)
+    ServeSim(
+        1, trace=trace, arms=arms, cost=cost, loads=loads or ["1"]
+    )  # an arm the trace or the cost model lacks
+    if not trace_split(trace, 4, 0).test:
+        raise UserError(f"the trace holds no held-out prompt to serve ({trace.num_prompts} prompts; the split keeps "
+                        "up to 4 per category out of training and needs 2 or more in a category)")  # fmt: skip
+    dtype = getattr(cost, "dtype", "bfloat16")  # a roofline model has none (and is refused)
+    check_live_cost(cost, DEFAULT_MODEL, dtype, "dense")
+    return trace, options, cost, arms, dtype
+
+
+def load_and_warm(
+    trace: Any, cost: Any, arms: list[str], options: dict[str, dict[str, Any]], dtype: str
+) -> Any:
+    """The target, loaded in ``dtype`` (a trace of another model refused), after the live warm-up over ``arms``
+    (``experiments.serve_live.warm_up``: untimed, so that no measurement pays first calls)."""
+    from env.engine import parse_arm
+    from env.model import load_model
+    from env.serve_sim import ServeSim
+    from env.trace import model_fingerprint
+    from experiments.serve_live import warm_up
+
+    loaded = load_model(None, dtype=dtype, weights="dense")
+    trace.check_model(model_fingerprint(loaded))  # a trace of another model: refused, not compared
+    sim = ServeSim(1, trace=trace, arms=arms, cost=cost, loads=["2"])
+    sim.reset()
+    warm_up(loaded, sim, [parse_arm(a) for a in arms], sim.max_batch, cost, drafter_options=options)
+    return loaded
+
+
 PROG = "python -m experiments.serve_fidelity"
 
 
@@ -127,52 +177,23 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--requests", type=positive_int, default=16)
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)
-    from env.batch_cost import default_batch_cost_path, load_batch_cost
-    from env.serve_sim import ServeSim, default_serve_trace, parse_load
-    from env.trace import load_trace
+    from env.batch_cost import default_batch_cost_path
+    from env.serve_sim import parse_load
 
-    arms = list(dict.fromkeys(a.strip() for a in args.arms.split(",") if a.strip()))
-    if not arms:
-        raise UserError(f"--arms names no arm (got {args.arms!r}); e.g. --arms none,ngram-d3")
-    trace = default_serve_trace() if args.trace is None else load_trace(args.trace)
-    from env.trace_record import recorded_drafter_options
-
-    options = recorded_drafter_options(trace, args.trace or "the bundled trace")  # live serves them
-    recorded = sorted(trace.drafters)
     loads = [x.strip() for x in args.loads.split(",") if x.strip()]
     if not loads:
         raise UserError("--loads names no load")
     for x in loads:
         parse_load(x, 16)
-    cost = load_batch_cost(args.batch_cost)
-    # an arm the trace or the cost model lacks: refused here
-    ServeSim(1, trace=trace, arms=arms, cost=cost, loads=loads)
-    from policies.split import trace_split
-
-    if not trace_split(trace, 4, 0).test:
-        raise UserError(f"the trace holds no held-out prompt to serve ({trace.num_prompts} prompts; the split keeps "
-                        "up to 4 per category out of training and needs 2 or more in a category)")  # fmt: skip
-    from env.model import DEFAULT_MODEL, load_model
-
-    dtype = getattr(cost, "dtype", "bfloat16")  # a roofline model has none (and is refused)
-    check_live_cost(cost, DEFAULT_MODEL, dtype, "dense")  # the target loaded below, in the dtype measured
+    trace, options, cost, arms, dtype = live_inputs(args.trace, args.batch_cost, args.arms, "--arms", loads)
+    recorded = sorted(trace.drafters)
     json_out = output_file(args.json, flag="--json",
                            inputs=(args.batch_cost or default_batch_cost_path(), args.trace))  # fmt: skip
-    loaded = load_model(None, dtype=dtype, weights="dense")
-    from env.trace import model_fingerprint
-
-    trace.check_model(model_fingerprint(loaded))  # a trace of another model: refused, not compared
+    loaded = load_and_warm(trace, cost, arms, options, dtype)  # untimed: no cell pays first calls
     recorded_in = trace.header["model"].get("dtype")
     # greedy tokens may part between dtypes: steps may then differ for that alone
     if recorded_in not in (None, dtype):
         print(f"note: the trace was recorded in {recorded_in}, the target is served in {dtype}", flush=True)
-    from env.engine import parse_arm
-    from experiments.serve_live import warm_up
-
-    sim = ServeSim(1, trace=trace, arms=arms, cost=cost, loads=["2"])
-    sim.reset()
-    # untimed: no cell pays first calls
-    warm_up(loaded, sim, [parse_arm(a) for a in arms], sim.max_batch, cost, drafter_options=options)
     rows = []
     print(f"replay / live seconds; cost model: {cost.label}; drafters recorded: {', '.join(recorded)}")
     print(f"{'load':>5} {'arm':>10} {'prefill':>15} {'steps':>11} {'forward s':>15} {'draft s':>15} "

@@ -92,6 +92,17 @@ path = "{tmp_path / "p.zip"}"
         run(cfg, out, progress=False, loaded=fp32_model)
     (out / "settings.json").write_text(json.dumps(settings))
 
+    # started under the other C allocator setting (env.allocator): its step times are not this process's
+    here = settings["allocator"]
+    assert here in ("keep", "keep-32MiB", "partial", "unavailable", "preloaded", "system", "untouched")
+    (out / "settings.json").write_text(json.dumps({**settings, "allocator": "other"}))
+    with pytest.raises(UserError, match=rf"allocator: 'other' there, '{re.escape(here)}' now"):
+        run(cfg, out, progress=False, loaded=fp32_model)
+    (out / "settings.json").write_text(json.dumps({**settings, "allocator_env": {"MALLOC_ARENA_MAX": "1"}}))
+    with pytest.raises(UserError, match="allocator_env: "):
+        run(cfg, out, progress=False, loaded=fp32_model)
+    (out / "settings.json").write_text(json.dumps(settings))
+
     assert len(load_done(out / "records.jsonl")) == 3  # nothing was added by the refused resumes
     run(cfg, out, progress=False, loaded=fp32_model)  # the same settings: it resumes
     assert len(load_done(out / "records.jsonl")) == 4
