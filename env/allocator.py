@@ -61,10 +61,11 @@ def settle_allocator() -> str:
     """Keep freed memory in the process for its next tensors: glibc's malloc serves a block above its mmap
     threshold (128 KiB at start, raised as such blocks are freed, to 32 MiB at most) from fresh pages and unmaps
     it when freed, and gives the heap's free top back to the system past its trim threshold. A forward's
-    activations, attention scores and KV caches are such blocks, so each new size of batch and context page-faults
-    its memory in again. On a 2-core AMD EPYC, serving a sixteen-row stream three times, seven processes of ten
-    under glibc's thresholds spent 6-14 s in the kernel and served slower (the forward 1.16-1.37x by the medians of
-    four rounds with model heads in the menu); none with both thresholds at 1 GiB (``python -m
+    activations, attention scores and KV caches are such blocks, so a process can page-fault the same memory in
+    again and again as the batch and its contexts change. On a 2-core AMD EPYC, serving a sixteen-row stream three
+    times, seven processes of ten under glibc's thresholds did (6.8-13.6 s in the kernel over the passes) and took
+    longer in most passes (the forward 1.16-1.37x by the medians of four rounds with model heads in the menu); none
+    with both thresholds at 1 GiB (``python -m
     experiments.bench_allocator``; docs/results/policies-under-load.md, "The allocator: freed memory kept for the
     next forward"). Set once per process, before the target runs (``env.model.load_model``);
     ``DRAFTGYM_MALLOC=system`` leaves glibc's dynamic thresholds. Returns what the process runs with: "keep",

@@ -164,7 +164,7 @@ def machine_identity(device: Any) -> dict[str, Any]:
     CUDA, the GPU's name. In ``settings.json`` of every timed run (``bench``, ``run``, live ``evaluate``,
     ``serve-bench``, live ``evaluate --serve``), so that a run folder started on one machine and resumed on
     another is refused, not two machines' timings mixed in one table. With it, the C allocator's setting
-    (``env.allocator.allocator_state``: freed memory kept or returned changed a forward's time by up to 1.4x by the medians)."""
+    (``env.allocator.allocator_state``: freed memory kept or returned changed a forward's time by 1.16-1.37x by the medians)."""
     from env.allocator import allocator_state
     from env.machine import cpu_label
 
