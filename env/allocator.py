@@ -35,6 +35,14 @@ def allocator_mode() -> str:
     return how
 
 
+def allocator_intent() -> str:
+    """What ``settle_allocator`` will run a target under, before it runs: "system" or, where ``LD_PRELOAD`` puts
+    another allocator in glibc's place, "preloaded", else "keep" (a sweep's workers compare it before they load a
+    target). ``AllocatorError`` for a bad ``DRAFTGYM_MALLOC``."""
+    how = allocator_mode()
+    return "preloaded" if how == "keep" and _preloaded() else how
+
+
 def _preloaded() -> bool:
     """Whether ``LD_PRELOAD`` puts another allocator (jemalloc, tcmalloc, mimalloc) in glibc's place."""
     return "malloc" in os.environ.get("LD_PRELOAD", "")

@@ -40,7 +40,13 @@ from env.files import atomic_write_text, jsonl_lines
 from experiments.args import output_dir
 from experiments.config import Config, ConfigError, load_config, to_toml
 from experiments.space import default_params, sample, to_overrides, tuned_method
-from experiments.sweep_checks import check_inputs, check_resumed, input_digests, timing_machine
+from experiments.sweep_checks import (
+    check_inputs,
+    check_resumed,
+    input_digests,
+    timing_allocator,
+    timing_machine,
+)
 from experiments.sweep_recovery import (
     ORPHANED,
     fail_orphaned_trials,
@@ -192,9 +198,11 @@ def open_study(cfg: Config, url: str, *, worker: int = 0, create: bool = True) -
         # study whose next worker enqueues the config as written (once: skip_if_exists)
         study.enqueue_trial(default_params(cfg), user_attrs={"default": True}, skip_if_exists=True)
         study.set_user_attr("inputs", input_digests(cfg))
-        machine = timing_machine(cfg)
+        machine, alloc = timing_machine(cfg), timing_allocator(cfg)
         if machine:
             study.set_user_attr("machine", machine)
+        if alloc:
+            study.set_user_attr("allocator", alloc)
         study.set_user_attr("config", to_toml(cfg))
     elif stored is not None:
         check_resumed(study, cfg, f"study {name!r} in {mask(url)}")
@@ -408,6 +416,10 @@ def export(config: str, sets: list[str], url: str, out: Path) -> dict[str, Any]:
     atomic_write_text(out / "sweep.json", json.dumps(result, indent=2))
     atomic_write_text(out / "sweep.md", f"# Sweep {study.study_name}\n\n```\n{table}\n```\n")
     machine = study.user_attrs.get("machine")  # live tokens/s: the creator's CPU, which every worker matched
+    alloc = study.user_attrs.get("allocator")  # ... and its C allocator's setting
+    machine = (
+        f"{machine}, allocator {alloc}" if isinstance(machine, str) and isinstance(alloc, str) else machine
+    )
     note = f"measured on {machine}" if isinstance(machine, str) else (
         "live: each trial timed on its worker's machine, against its own AR loop" if base.sweep.backend == "live"
         else ""

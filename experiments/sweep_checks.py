@@ -84,6 +84,14 @@ def check_resumed(study: Any, cfg: Config, where: str) -> None:
             f"{machine}: tokens/s of two machines do not compare (the objective speedup is normalized per "
             "worker) — run it there, or use another sweep.study_name"
         )
+    # (a study created before the allocator was recorded: none, and any worker joins)
+    alloc, had_alloc = timing_allocator(cfg), study.user_attrs.get("allocator")
+    if alloc and isinstance(had_alloc, str) and had_alloc != alloc:
+        raise ConfigError(
+            f"{where} scores live tokens/s measured with the C allocator {had_alloc!r}; this worker runs with "
+            f"{alloc!r} (DRAFTGYM_MALLOC): a forward's time differs between them — run it with "
+            f"DRAFTGYM_MALLOC={had_alloc}, or use another sweep.study_name"
+        )
 
 
 def stored_config(stored: Any, where: str) -> Config:
@@ -111,6 +119,20 @@ def timing_machine(cfg: Config) -> str | None:
     from env.machine import cpu_label
 
     return cpu_label()
+
+
+def timing_allocator(cfg: Config) -> str | None:
+    """The C allocator's setting a study's live tokens per second run under (``env.allocator.allocator_intent``:
+    freed memory kept or returned changed a forward's time by 1.16-1.37x by the medians), where ``timing_machine``
+    compares machines; None elsewhere. A bad ``DRAFTGYM_MALLOC`` is a ``ConfigError``."""
+    if timing_machine(cfg) is None:
+        return None
+    from env.allocator import AllocatorError, allocator_intent
+
+    try:
+        return allocator_intent()
+    except AllocatorError as err:
+        raise ConfigError(str(err)) from None
 
 
 def input_digests(cfg: Config) -> dict[str, str | None]:

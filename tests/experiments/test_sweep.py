@@ -257,3 +257,40 @@ def test_a_live_tokens_per_s_study_refuses_a_worker_on_another_cpu(tmp_path, mon
         open_study(load_config(tps), url)
     assert "\n" not in str(err.value)
     assert "machine" not in open_study(load_config(ratio), url).user_attrs  # speedup: any machine
+
+
+def test_a_live_tokens_per_s_study_refuses_a_worker_under_another_allocator(tmp_path, monkeypatch):
+    """The C allocator's setting changes a forward's time (env.allocator): a live tokens/s study records its
+    creator's (``DRAFTGYM_MALLOC``) and refuses a worker under another in one line; a bad value is one line too; a
+    study that predates the record takes any worker; a speedup study records none."""
+    from experiments.config import ConfigError
+    from experiments.sweep import open_study
+
+    def study(objective: str, name: str) -> Path:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(f'name = "{name}"\nmethods = ["ar", "ngram-d8"]\n'
+                        f'[sweep]\nn_trials = 2\nbackend = "live"\nobjective = "{objective}"\n')  # fmt: skip
+        return path
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    tps, ratio = study("tokens_per_s", "tps"), study("speedup", "ratio")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.setenv("DRAFTGYM_MALLOC", "keep")
+    assert open_study(load_config(tps), url).user_attrs["allocator"] == "keep"
+    open_study(load_config(tps), url)  # the same setting: joins
+    assert "allocator" not in open_study(load_config(ratio), url).user_attrs
+    monkeypatch.setenv("DRAFTGYM_MALLOC", "system")
+    with pytest.raises(ConfigError, match=r"allocator 'keep'; this worker runs with 'system'") as err:
+        open_study(load_config(tps), url)
+    assert "\n" not in str(err.value) and "DRAFTGYM_MALLOC=keep" in str(err.value)
+    open_study(load_config(ratio), url)  # speedup: each worker's own ratio
+    monkeypatch.setenv("DRAFTGYM_MALLOC", "jemalloc")
+    with pytest.raises(ConfigError, match=r"DRAFTGYM_MALLOC='jemalloc': valid values are keep, system"):
+        open_study(load_config(tps), url)
+    import optuna
+
+    monkeypatch.setenv("DRAFTGYM_MALLOC", "system")
+    optuna.load_study(study_name="tps", storage=url).set_user_attr(
+        "allocator", None
+    )  # as before it was recorded
+    open_study(load_config(tps), url)
