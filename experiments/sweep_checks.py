@@ -77,21 +77,19 @@ def check_resumed(study: Any, cfg: Config, where: str) -> None:
             f"{where} was run on other input files ({', '.join(changed)} changed since); "
             "its trials would not compare: restore the files or use another sweep.study_name"
         )
-    machine, had_machine = timing_machine(cfg), study.user_attrs.get("machine")
+    # live tokens/s are absolute timings: the creator's CPU and C allocator setting, which a worker must share (a
+    # study created before one of them was recorded has none, and any worker joins)
+    machine, alloc = timing_machine(cfg), timing_allocator(cfg)
+    had_machine, had_alloc = study.user_attrs.get("machine"), study.user_attrs.get("allocator")
+    why = None
     if machine and isinstance(had_machine, str) and had_machine != machine:
-        raise ConfigError(
-            f"{where} scores live tokens/s measured on {had_machine}; this worker runs on "
-            f"{machine}: tokens/s of two machines do not compare (the objective speedup is normalized per "
-            "worker) — run it there, or use another sweep.study_name"
-        )
-    # (a study created before the allocator was recorded: none, and any worker joins)
-    alloc, had_alloc = timing_allocator(cfg), study.user_attrs.get("allocator")
-    if alloc and isinstance(had_alloc, str) and had_alloc != alloc:
-        raise ConfigError(
-            f"{where} scores live tokens/s measured with the C allocator {had_alloc!r}; this worker runs with "
-            f"{alloc!r} (DRAFTGYM_MALLOC): a forward's time differs between them — run it with "
-            f"DRAFTGYM_MALLOC={had_alloc}, or use another sweep.study_name"
-        )
+        why = (f"measured on {had_machine}; this worker runs on {machine}: tokens/s of two machines do not compare "
+               "(the objective speedup is normalized per worker) — run it there")  # fmt: skip
+    elif alloc and isinstance(had_alloc, str) and had_alloc != alloc:
+        why = (f"measured with the C allocator {had_alloc!r}; this worker runs with {alloc!r} (DRAFTGYM_MALLOC): a "
+               f"forward's time differs between them — run it with DRAFTGYM_MALLOC={had_alloc}")  # fmt: skip
+    if why:
+        raise ConfigError(f"{where} scores live tokens/s {why}, or use another sweep.study_name")
 
 
 def stored_config(stored: Any, where: str) -> Config:

@@ -233,6 +233,14 @@ def test_a_study_refuses_a_workload_edited_since_it_was_created(tmp_path):
         open_study(load_config(path), url)
 
 
+def _live_study(tmp_path: Path, objective: str, name: str) -> Path:
+    """A config of a live sweep of ``objective`` named ``name``."""
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f'name = "{name}"\nmethods = ["ar", "ngram-d8"]\n'
+                    f'[sweep]\nn_trials = 2\nbackend = "live"\nobjective = "{objective}"\n')  # fmt: skip
+    return path
+
+
 def test_a_live_tokens_per_s_study_refuses_a_worker_on_another_cpu(tmp_path, monkeypatch):
     """Live tokens per second are absolute timings: a study of them records its creator's CPU and refuses a worker
     on another one in one line; a speedup study (each worker's own ratio) takes workers of any machine."""
@@ -240,14 +248,8 @@ def test_a_live_tokens_per_s_study_refuses_a_worker_on_another_cpu(tmp_path, mon
     from experiments.config import ConfigError
     from experiments.sweep import open_study
 
-    def study(objective: str, name: str) -> Path:
-        path = tmp_path / f"{name}.toml"
-        path.write_text(f'name = "{name}"\nmethods = ["ar", "ngram-d8"]\n'
-                        f'[sweep]\nn_trials = 2\nbackend = "live"\nobjective = "{objective}"\n')  # fmt: skip
-        return path
-
     url = f"sqlite:///{tmp_path / 's.db'}"
-    tps, ratio = study("tokens_per_s", "tps"), study("speedup", "ratio")
+    tps, ratio = _live_study(tmp_path, "tokens_per_s", "tps"), _live_study(tmp_path, "speedup", "ratio")
     monkeypatch.setattr(env.machine, "cpu_label", lambda: "CPU A (family 1 model 1; avx512_bf16)")
     assert open_study(load_config(tps), url).user_attrs["machine"].startswith("CPU A")
     open_study(load_config(ratio), url)
@@ -266,14 +268,8 @@ def test_a_live_tokens_per_s_study_refuses_a_worker_under_another_allocator(tmp_
     from experiments.config import ConfigError
     from experiments.sweep import open_study
 
-    def study(objective: str, name: str) -> Path:
-        path = tmp_path / f"{name}.toml"
-        path.write_text(f'name = "{name}"\nmethods = ["ar", "ngram-d8"]\n'
-                        f'[sweep]\nn_trials = 2\nbackend = "live"\nobjective = "{objective}"\n')  # fmt: skip
-        return path
-
     url = f"sqlite:///{tmp_path / 's.db'}"
-    tps, ratio = study("tokens_per_s", "tps"), study("speedup", "ratio")
+    tps, ratio = _live_study(tmp_path, "tokens_per_s", "tps"), _live_study(tmp_path, "speedup", "ratio")
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     monkeypatch.setenv("DRAFTGYM_MALLOC", "keep")
     assert open_study(load_config(tps), url).user_attrs["allocator"] == "keep"
