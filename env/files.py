@@ -66,7 +66,7 @@ def settings_conflict(
     """A run folder remembers the settings its results depend on (``folder/name``). With results on disk
     (``started``) and other settings there, returns a one-line message naming what differs (the caller raises
     its own error); else writes the settings (a folder of results from before the file existed is taken as it
-    is, and so is a setting its file does not name yet) and returns None. An ``extendable`` setting is a mapping (policy name -> file digest) to which a resume
+    is, and so is a setting its file does not name yet, with a note on stderr) and returns None. An ``extendable`` setting is a mapping (policy name -> file digest) to which a resume
     may add entries or leave some out (as it may methods); an entry of another value differs, and the file keeps
     every entry it has seen."""
     import json
@@ -104,6 +104,14 @@ def settings_conflict(
         more = f"; and {', '.join(keys[3:])}" if keys[3:] else ""
         if keys:
             return f"{folder} holds results run with other settings ({diff}{more})"
+    if started and isinstance(before, dict) and before:
+        # a setting this folder's file does not name yet (a folder from before it was recorded): taken, and said
+        new = sorted(k for k in now if k not in before)
+        if new:
+            import sys
+
+            print(f"note: {path} did not record {', '.join(new)}; its earlier results are taken as run with "
+                  "the values now recorded", file=sys.stderr)  # fmt: skip
     if isinstance(
         before, dict
     ):  # an extendable mapping keeps the entries of earlier runs (their results stay)

@@ -172,7 +172,7 @@ def test_bench_records_with_a_torn_line_resume(tmp_path):
     assert load_done(path) == [other]
 
 
-def test_a_run_folder_remembers_its_settings(tmp_path):
+def test_a_run_folder_remembers_its_settings(tmp_path, capsys):
     """``settings.json``: written at the first run, a resume with the same settings passes, one with other settings
     (results on disk) is refused in one line naming what differs, a fresh folder takes any; the JSONL reader cuts a
     torn last line."""
@@ -193,8 +193,12 @@ def test_a_run_folder_remembers_its_settings(tmp_path):
     assert settings_conflict(tmp_path, b, started=False) is None  # no results yet: the new settings are kept
     assert json.loads((tmp_path / "settings.json").read_text()) == b
     c = {**b, "seed": 0}  # a setting checked since the folder's file was written: recorded, then compared
+    capsys.readouterr()
     assert settings_conflict(tmp_path, c, started=True) is None
     assert json.loads((tmp_path / "settings.json").read_text()) == c
+    err = capsys.readouterr().err  # ... and said, once
+    assert err.count("\n") == 1 and "settings.json did not record seed; its earlier results" in err, err
+    assert settings_conflict(tmp_path, c, started=True) is None and capsys.readouterr().err == ""
     assert "seed: 0 there, 7 now" in settings_conflict(tmp_path, {**c, "seed": 7}, started=True)
     (tmp_path / "settings.json").write_text("[1, 2]")
     assert "not a settings object" in settings_conflict(tmp_path, b, started=True)
