@@ -288,8 +288,18 @@ class FittedBatchCost:
     @classmethod
     def from_json(cls, d: dict[str, Any], source: str = "batch cost model") -> FittedBatchCost:
         try:
-            rows = tuple(int(r) for r in d["rows"])
-            nodes = tuple(int(n) for n in d["nodes"])
+            if d.get("version", 1) != 1 or isinstance(d.get("version"), bool):
+                raise CostModelError(
+                    f"{source}: version {d.get('version')!r} is not one this draftgym reads (1)"
+                )
+            rows = _counts(d["rows"], "rows")
+            nodes = _counts(d["nodes"], "nodes")
+            ref = d["context_ref"]
+            if not _is_count(ref):
+                raise ValueError(f"context_ref must be a positive integer, got {str(ref)[:40]}")
+            for key, valid in (("dtype", DTYPES), ("weights", WEIGHTS)):
+                if key in d and d[key] not in valid:
+                    raise ValueError(f"{key} must be one of {', '.join(valid)}, got {str(d[key])[:40]!r}")
             base = np.asarray(d["base_s"], dtype=np.float64)
             slope = np.asarray(d["slope_s_per_token"], dtype=np.float64)
             pf = d["prefill"]
@@ -304,7 +314,7 @@ class FittedBatchCost:
                 raise TypeError("padded_context must be true or false")
             book = _policy_book(d.get("policy_book"), f"{source}: policy_book")  # files before it: none
             out = cls(str(d["model_id"]), str(d["dtype"]), str(d.get("weights", "dense")), rows, nodes,
-                      int(d["context_ref"]), base, slope, prefill, drafters, dict(d.get("meta", {})),
+                      int(ref), base, slope, prefill, drafters, _meta(d.get("meta", {}), source),
                       batched=batched, padded_context=padded, policy_book=book)  # fmt: skip
         except CostModelError:
             raise  # (a batched drafter's entry, named there)
@@ -352,6 +362,41 @@ class FittedBatchCost:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
         return path
+
+
+DTYPES = ("float32", "bfloat16", "float16")  # a fitted model's target dtype, as calibrate --batch writes it
+WEIGHTS = ("dense", "int8", "int4")
+MAX_GRID = 1 << 20  # rows or nodes per row a grid may name
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= MAX_GRID
+
+
+def _counts(xs: Any, name: str) -> tuple[int, ...]:
+    """A grid axis: a list of positive integers (not floats, not booleans, at most ``MAX_GRID``)."""
+    if not isinstance(xs, list) or not all(_is_count(x) for x in xs):
+        raise ValueError(f"{name} must be a list of integers from 1 to {MAX_GRID}")
+    return tuple(xs)
+
+
+def _meta(meta: Any, source: str) -> dict[str, Any]:
+    """A fitted model's provenance: an object; the parts read back -- ``machine`` (an object of its CPU's names)
+    and ``drafter_options`` (drafter -> the options it was timed with) -- of their types; the rest is kept as is
+    (``probe`` is read defensively, ``env.batch_calibrate.probe_reference``)."""
+    if not isinstance(meta, dict):
+        raise CostModelError(f"{source}: meta must be an object")
+    machine = meta.get("machine", {})
+    if not isinstance(machine, dict) or not all(
+        isinstance(machine.get(k), (str, type(None))) for k in ("cpu_label", "cpu")
+    ):
+        raise CostModelError(f"{source}: meta.machine must be an object whose cpu_label and cpu are strings")
+    opts = meta.get("drafter_options")
+    if opts is not None and (
+        not isinstance(opts, dict) or not all(isinstance(v, dict) for v in opts.values())
+    ):
+        raise CostModelError(f"{source}: meta.drafter_options must map each drafter to an object of options")
+    return dict(meta)
 
 
 def _policy_book(d: Any, source: str) -> Curve | None:

@@ -243,6 +243,24 @@ BAD_FITTED = {
     "policy-book-nan": _set(("policy_book",), {"rows": [1, 4], "seconds": [float("nan"), 1e-4]}),
     "policy-book-a-second-and-more": _set(("policy_book",), {"rows": [1, 4], "seconds": [1e-4, 5.0]}),
     "policy-book-text": _set(("policy_book",), {"rows": [1, 4], "seconds": [1e-4, "slow"]}),
+    # the parts of the meta that are read back (a label, a check of the drafters' options), and the grid's axes
+    "meta-not-an-object": _set(("meta",), [1]),
+    "meta-machine-text": _set(("meta",), {"machine": "x"}),
+    "meta-machine-cpu-number": _set(("meta",), {"machine": {"cpu_label": 7}}),
+    "meta-drafter-options-text": _set(("meta",), {"drafter_options": "x"}),
+    "meta-drafter-options-of-lists": _set(("meta",), {"drafter_options": {"ngram": [1]}}),
+    "context-ref-zero": _set(("context_ref",), 0),
+    "context-ref-negative": _set(("context_ref",), -128),
+    "context-ref-bool": _set(("context_ref",), True),
+    "context-ref-huge": _set(("context_ref",), 1e300),
+    "rows-float": _set(("rows",), [1, 2.7, 4]),
+    "rows-bool": _set(("rows",), [True, 2, 4]),
+    "rows-huge-float": _set(("rows",), [1, 2, 1e30]),
+    "nodes-too-many": _set(("nodes",), [1, 2, 10**9]),
+    "dtype-unknown": _set(("dtype",), "float8"),
+    "weights-object": _set(("weights",), {}),
+    "version-2": _set(("version",), 2),
+    "version-text": _set(("version",), "1"),
     **{
         f"missing-{k}": _drop(k)
         for k in (
@@ -338,7 +356,7 @@ def test_infinity_in_an_integer_field_is_refused(field, tmp_path):
     d[field] = float("inf") if field == "context_ref" else [1, 2, float("inf")]
     path = tmp_path / "bc.json"
     path.write_text(json.dumps(d))
-    with pytest.raises(CostModelError, match="bc.json is malformed .*infinity to integer"):
+    with pytest.raises(CostModelError, match=f"bc.json is malformed .*{field} must be .*integer"):
         load_batch_cost(path)
 
 
