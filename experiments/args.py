@@ -150,7 +150,7 @@ def drafter_options(items: list[str] | None) -> dict[str, dict[str, object]]:
         parts = key.strip().split(".")
         if not sep or len(parts) != 2 or not all(parts):
             raise UserError(f"--drafter-option {shown}: expected NAME.OPTION=VALUE, e.g. eagle3.vocab=8192")
-        (name, opt), value = parse_set(item)
+        (name, opt), value = parse_set(item, "--drafter-option")
         why = int64_problem(value)
         if why:
             raise UserError(f"--drafter-option {shown}: the value {why}")

@@ -202,8 +202,9 @@ def build(cls: type, raw: dict[str, Any], path: tuple[str, ...], where: Origin) 
 # ---------------------------------------------------------------------------------------------- overrides
 
 
-def parse_set(item: str) -> tuple[tuple[str, ...], Any]:
-    """``a.b=v`` -> (("a", "b"), v); v is read as a TOML value (``3e-4``, ``true``, ``["ar"]``), else a string."""
+def parse_set(item: str, flag: str = "--set") -> tuple[tuple[str, ...], Any]:
+    """``a.b=v`` -> (("a", "b"), v); v is read as a TOML value (``3e-4``, ``true``, ``["ar"]``), else a string.
+    ``flag`` names the option in messages."""
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key or any(not p for p in key.split(".")):
@@ -214,6 +215,8 @@ def parse_set(item: str) -> tuple[tuple[str, ...], Any]:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
+    except RecursionError:  # tables or arrays nested deeper than the parser recurses
+        raise ConfigError(f"{flag} {key[:80]}: the value nests too deep to read") from None
     return tuple(key.split(".")), value
 
 

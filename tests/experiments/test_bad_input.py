@@ -219,6 +219,11 @@ BENCH = [
     ),
     ("drafter-option-no-value", ["bench", "--drafter-option", "ngram.max_depth"], "NAME.OPTION=VALUE"),
     (
+        "drafter-option-nested-too-deep",
+        ["bench", "--drafter-option", "hybrid.options=" + "{a=" * 400 + "1" + "}" * 400],
+        "--drafter-option hybrid.options: the value nests too deep",
+    ),
+    (
         "policy-not-zip",
         ["bench", "--policy", "{bin}", "--out", "{tmp}/run"],
         "not a readable draftgym policy",
@@ -255,6 +260,11 @@ CONFIG_COMMANDS = [
         ("wrong-type", ["{toml_type}"], "decode.max_new_tokens must be"),
         ("set-unknown-key", [str(CONFIGS / "bandit.toml"), "--set", "decode.nope=1"], "nope"),
         ("set-seed-negative", [str(CONFIGS / "bandit.toml"), "--set", "seed=-1"], "seed"),
+        (
+            "set-nested-too-deep",
+            [str(CONFIGS / "bandit.toml"), "--set", "decode.max_new_tokens=" + "{a=" * 400 + "1" + "}" * 400],
+            "--set decode.max_new_tokens: the value nests too deep",
+        ),
         (
             "set-temperature-tiny",
             [str(CONFIGS / "bandit.toml"), "--set", "decode.temperature=1e-39"],
