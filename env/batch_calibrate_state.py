@@ -75,6 +75,8 @@ class CalibrationState:
 
     def _read(self, path: Path) -> None:
         where = f"calibration work file {path}"
+        if not path.is_file():  # a folder, a FIFO (which would block the read) or a device
+            raise CostModelError(f"{where} is not a regular file; delete it to start over")
         try:
             if path.stat().st_size > MAX_STATE_BYTES:
                 raise CostModelError(

@@ -163,6 +163,22 @@ def test_a_work_file_that_is_no_json_object_is_refused(tmp_path, text):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_work_file_that_is_no_regular_file_is_refused_before_a_read(tmp_path, kind):
+    """A FIFO in the work file's place would block the read forever; a folder is no file either."""
+    import os
+
+    if kind == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("no FIFOs on this system")
+        os.mkfifo(tmp_path / "w.json")
+    else:
+        (tmp_path / "w.json").mkdir()
+    with pytest.raises(CostModelError, match=r"calibration work file .*w.json is not a regular file") as err:
+        _state(tmp_path)
+    assert "\n" not in str(err.value)
+
+
 def test_a_written_work_file_reads_back_as_written(tmp_path):
     d = _written(tmp_path)
     st = _state(tmp_path)
