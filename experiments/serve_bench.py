@@ -157,14 +157,25 @@ def run_cell(loaded, method, level, prompts, rids, args, engine_cache) -> list[d
 
 
 def load_cells(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
-    """Finished cells of an earlier (maybe killed) run; a torn last line is dropped (and cut from the file)."""
+    """Finished cells of an earlier (maybe killed) run; a torn last line is dropped (and cut from the file), a
+    line that is no JSON is skipped (its cell is served again), and one that is JSON but no cell this command
+    wrote (``serve_summary.cell_problem``) is a ``UserError`` naming the file and the line."""
+    from experiments.errors import UserError
+    from experiments.serve_summary import cell_problem
+
     out = {}
-    for line in jsonl_lines(path):
+    for n, line in enumerate(jsonl_lines(path), 1):
         try:
             c = json.loads(line)
-            out[(c["method"], int(c["concurrency"]))] = c
-        except (ValueError, RecursionError, KeyError, TypeError):
+        except (ValueError, RecursionError):
             continue
+        why = cell_problem(c)
+        if why:
+            raise UserError(
+                f"{path}: line {n} {why}: not a cell serve-bench wrote; delete that line (its cell is served "
+                "again) or use another --out"
+            )
+        out[(c["method"], c["concurrency"])] = c
     return out
 
 

@@ -9,6 +9,7 @@ its ratios (``experiments.bench_summary.session_notes``).
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -53,6 +54,51 @@ def summarize_cell(
         "step_ms": None if not log or not log["steps"] else 1e3 * log["step_s"] / log["steps"],
         "policy_ms": None if not log or not log["steps"] else 1e3 * log.get("policy_s", 0.0) / log["steps"],
     }
+
+
+SUMMARY_NUMBERS = ("requests", "tokens", "goodput_tok_s", "tpot_ms_mean", "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50",
+                   "tau", "mean_batch", "prefill_s", "step_ms", "policy_ms")  # fmt: skip
+
+
+def cell_problem(c: Any) -> str | None:
+    """What makes a line of ``cells.jsonl`` no cell that ``serve-bench`` wrote (None: it is one): the parts the
+    summary, the requests and the plot read back -- a method, a concurrency, a summary of finite numbers (or null
+    where a cell has none), served requests with their token ids, arm, times and steps."""
+
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    def count(x: Any, low: int = 0) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+    if not isinstance(c, dict):
+        return "is not an object"
+    if not isinstance(c.get("method"), str) or not count(c.get("concurrency"), 1):
+        return "has no method name or no integer concurrency >= 1"
+    s = c.get("summary")
+    if not isinstance(s, dict) or not number(s.get("goodput_tok_s")) or s["goodput_tok_s"] < 0:
+        return "has no summary with a finite goodput_tok_s >= 0"
+    bad = [k for k in SUMMARY_NUMBERS if s.get(k) is not None and not number(s[k])]
+    if bad:
+        return f"summary.{bad[0]} is not a finite number"
+    served = c.get("served")
+    if not isinstance(served, list) or not served:
+        return "has no list of served requests"
+    for i, r in enumerate(served):
+        ok = (
+            isinstance(r, dict)
+            and isinstance(r.get("rid"), (str, int))
+            and isinstance(r.get("token_ids"), list)
+            and all(count(t) for t in r["token_ids"])
+            and isinstance(r.get("arm"), str)
+            and number(r.get("arrival_s"))
+            and (r.get("first_token_s") is None or number(r["first_token_s"]))
+            and count(r.get("steps"))
+            and (r.get("arm_steps") is None or isinstance(r["arm_steps"], dict))
+        )
+        if not ok:
+            return f"served[{i}] is no served request (rid, token_ids, arm, arrival_s, first_token_s, steps)"
+    return None
 
 
 def cell_session(cell: dict[str, Any]) -> str:

@@ -65,6 +65,20 @@ def test_serve_bench_writes_the_documented_json_and_resumes(tmp_path, capsys):
         fh.write('{"method": "ar", "concu')
     assert main(argv) == 0
     assert (out / "cells.jsonl").read_text() == cells
+    lines = cells.splitlines()  # a line that is JSON but no cell serve-bench wrote: one line naming it
+    damages = [lambda c: c.pop("summary"), lambda c: c["summary"].update(goodput_tok_s="fast"),
+               lambda c: c["summary"].update(tau=float("nan")), lambda c: c.pop("served"),
+               lambda c: c["served"][0].update(token_ids="abc"), lambda c: c.update(concurrency=1.9),
+               lambda c: c.update(concurrency=True)]  # fmt: skip
+    for damage in damages:
+        c = json.loads(lines[1])
+        damage(c)
+        (out / "cells.jsonl").write_text("\n".join([lines[0], json.dumps(c), *lines[2:]]) + "\n")
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+        assert len(err) == 1 and "cells.jsonl: line 2 " in err[0] and "delete that line" in err[0], err
+    (out / "cells.jsonl").write_text(cells)
 
 
 def test_recorded_arrivals_and_chunked_prefill_serve_the_same_tokens(tmp_path, capsys):
