@@ -308,6 +308,15 @@ class Carries(Protocol):
     def restore(self, arrays: dict[str, np.ndarray]) -> None: ...
 
 
+def prepare_drafter(drafter: Any, target: Any) -> None:
+    """Load now what a drafter reads from files for ``target`` (a trained head: its ``prepare``; a hybrid's parts'),
+    so that a bad file is refused before a run starts; a drafter without files has nothing to load. Drafting loads
+    it all the same (once per target)."""
+    prepare = getattr(drafter, "prepare", None)
+    if prepare is not None:
+        prepare(target)
+
+
 def carried_state(drafters: dict[str, Any]) -> dict[str, np.ndarray]:
     """The carried state of every drafter of ``drafters`` that has one, as one set of arrays: each drafter's under
     its name (``NAME/KEY``) — what a recording, a run or a hybrid drafter saves for all its drafters at once."""

@@ -191,6 +191,10 @@ class EagleDrafter:
         self.fused = bool(cfg.fuse_layers)  # EAGLE-3: fed the fused residual streams, not the final feature
         self._target_key = (id(target.model), target.dtype)
 
+    def prepare(self, target: TargetModel) -> None:
+        """Load the head for ``target`` now (``drafters.base.prepare_drafter``)."""
+        self._load(target)
+
     # ---- Drafter protocol ----
     def reset(self, ctx: DraftContext) -> None:
         if ctx.target is None:

@@ -117,6 +117,10 @@ class EarlyExitDrafter:
                 setattr(other, name, getattr(self, name))
         return other
 
+    def prepare(self, target: TargetModel) -> None:
+        """Load the adapter for ``target`` now (``drafters.base.prepare_drafter``)."""
+        self._load(target)
+
     # ---- Drafter protocol ----
     def reset(self, ctx: DraftContext) -> None:
         if ctx.target is None:

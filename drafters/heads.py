@@ -320,6 +320,11 @@ def load_head(
         raise DrafterError(f"{meta_path} is not a draftgym head description ({why})") from err
     if meta.get("format") != FORMAT or cfg.kind != kind:
         raise DrafterError(f"{meta_path} describes a {cfg.kind!r} head, not {kind!r}")
+    version = meta.get("version", VERSION)  # (a head of a later format: refused, not misread)
+    if isinstance(version, bool) or version != VERSION:
+        raise DrafterError(
+            f"{meta_path}: head format version {shown(version)} is not one this draftgym reads ({VERSION})"
+        )
     check_fingerprint(meta.get("target", {}), model, model_id, str(path))
     try:  # sizes within the target's: before any module is built from them
         cfg.check_against(model)

@@ -36,6 +36,7 @@ from drafters.base import (
     float_option,
     int_option,
     keyword_options,
+    prepare_drafter,
     restore_state,
     shown,
 )
@@ -207,6 +208,11 @@ class HybridDrafter:
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
         restore_state(dict(zip(self.part_names, self.parts)), arrays)
+
+    def prepare(self, target: Any) -> None:
+        """Load the parts' files for ``target`` now (``drafters.base.prepare_drafter``)."""
+        for p in self.parts:
+            prepare_drafter(p, target)
 
     def reset(self, ctx: DraftContext) -> None:
         for p in self.parts:

@@ -307,6 +307,27 @@ def run_bench(
 # ------------------------------------------------------------------------------------------------ command line
 
 
+def prepared_arms(
+    loaded: LoadedModel, methods: list[str], options: dict[str, dict[str, Any]]
+) -> dict[str, SpeculativeDecoder]:
+    """The decoders of the arm methods (``ngram-d4``, ``eagle3-d4-k8-b16@int4``), their drafters' files loaded for
+    the target each runs on (``drafters.base.prepare_drafter``): a bad head file is one line before a run folder
+    holds anything, not after the run announced its folder."""
+    from drafters.base import prepare_drafter
+
+    out = {}
+    for m in methods:
+        if m in EXTERNAL_METHODS or is_device_method(m):
+            continue
+        arm, fmt = split_weights(m)
+        dec = out[m] = SpeculativeDecoder(
+            with_weights(loaded, fmt), [parse_arm(arm)], drafter_options=options
+        )
+        for d in dec.drafters.values():
+            prepare_drafter(d, dec.engine.target)
+    return out
+
+
 def cmd_bench(args: Any) -> int:
     import datetime as dt
     import sys
@@ -354,10 +375,13 @@ def cmd_bench(args: Any) -> int:
         policies = [load_policy(path) for path in args.policy]
     out = Path(args.out or f"runs/bench-{dt.datetime.now():%Y%m%d-%H%M%S}")
     output_dir(out)
-    same_drafter_options(out, options, started=bool(load_done(out / "records.jsonl")))
     loaded = load_model(
         args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
     )
+    arm_decoders = prepared_arms(
+        loaded, methods, options
+    )  # a bad head file fails here, before the folder holds any
+    same_drafter_options(out, options, started=bool(load_done(out / "records.jsonl")))
     decoders = {}
     for path, policy in zip(
         args.policy or [], policies
@@ -386,7 +410,7 @@ def cmd_bench(args: Any) -> int:
         out_dir=out,
         settings=settings,
         progress=not args.json,
-        decoders=decoders,
+        decoders={**arm_decoders, **decoders},
         llama_cpp_gguf=gguf,
         drafter_options=options,
         identity={

@@ -32,6 +32,20 @@ def test_round_trip(tmp_path):
     assert json.loads(path.with_suffix(".json").read_text())["format"] == "draftgym-head"
 
 
+@pytest.mark.parametrize("version", [2, "1", True, None])
+def test_a_head_of_another_format_version_is_refused(tmp_path, version):
+    """A description of a later (or garbled) format version is refused in one line, not misread."""
+    loaded = tiny_loaded()
+    path = random_head("eagle", loaded, tmp_path / "h")
+    desc = path.with_suffix(".json")
+    desc.write_text(json.dumps({**json.loads(desc.read_text()), "version": version}))
+    with pytest.raises(DrafterError, match="head format version .* is not one this draftgym reads") as err:
+        load_head(path, "eagle", loaded.model, loaded.model_id)
+    assert "\n" not in str(err.value)
+    desc.write_text(json.dumps({k: v for k, v in json.loads(desc.read_text()).items() if k != "version"}))
+    load_head(path, "eagle", loaded.model, loaded.model_id)  # a description without one: read as version 1
+
+
 def test_head_for_another_target_is_refused(tmp_path):
     a, b = tiny_loaded(seed=0), tiny_loaded(seed=0, hidden=48)
     path = random_head("eagle", a, tmp_path / "h")

@@ -624,6 +624,41 @@ MODEL = [
         ["serve-bench", "--workload", "{jsonl_long}", "--dtype", "fp32", "--out", "{tmp}/s"],
         "context is",
     ),
+    # a head file that is not there (or not one) is found when the heads load: before the run folder holds anything
+    (
+        "bench-head-missing",
+        [
+            "bench",
+            "--methods",
+            "eagle3-d2",
+            "--limit",
+            "1",
+            "--dtype",
+            "fp32",
+            "--out",
+            "{tmp}/run",
+            "--drafter-option",
+            'eagle3.weights="{tmp}/nohead"',
+        ],
+        "no eagle3 head at",
+    ),
+    (
+        "bench-hybrid-head-not-one",
+        [
+            "bench",
+            "--methods",
+            "hybrid-d2",
+            "--limit",
+            "1",
+            "--dtype",
+            "fp32",
+            "--out",
+            "{tmp}/run",
+            "--drafter-option",
+            'hybrid.options={eagle3={weights="{garbage}"}}',
+        ],
+        "head",
+    ),
 ]
 
 CASES = [
