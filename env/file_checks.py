@@ -155,14 +155,16 @@ def check_trace_arrays(t: Any) -> None:
 
 
 def check_trace_values(t: Any) -> None:
-    """Token ids in the vocabulary, trajectories no longer than max_new_tokens, features finite and within their
-    bounds (``env.features``: [0, 1], the hidden projection [-1, 1])."""
+    """Token ids in the vocabulary, no empty prompt, trajectories no longer than max_new_tokens, features finite and
+    within their bounds (``env.features``: [0, 1], the hidden projection [-1, 1])."""
     from env.features import POSITION_HEAD
 
     vocab = t.header["model"]["vocab_size"]
     for name, a in (("prompt_tokens", t.prompt_tokens), ("traj", t.traj)):
         if a.size and (a.min() < 0 or a.max() >= vocab):
             raise Bad(name, f"holds a token id outside the vocabulary [0, {vocab})")
+    if (np.diff(t.prompt_off) < 1).any():  # a recorded prompt is a chat template's tokens at least
+        raise Bad("prompt_off", "holds an empty prompt")
     longest = int(np.diff(t.traj_off).max())
     if longest > t.max_new_tokens:
         raise Bad("traj", f"holds a trajectory of {longest} tokens, past max_new_tokens {t.max_new_tokens}")

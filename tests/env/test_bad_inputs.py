@@ -332,6 +332,11 @@ TRACES = [
     ("traj-token-huge", _array("traj", _at(10**9)), "traj holds a token id outside the vocabulary [0, 64)"),
     ("prompt-token-negative", _array("prompt_tokens", _at(-1)), "prompt_tokens holds a token id outside"),
     (
+        "prompt-empty",
+        _array("prompt_off", lambda o: np.concatenate([o[:1], np.zeros(1, o.dtype), o[2:]])),
+        "prompt_off holds an empty prompt",
+    ),
+    (
         "traj-off-floats",
         _array("traj_off", lambda o: o.astype(np.float64)),
         "traj_off must be a 1-D signed integer",
