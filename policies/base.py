@@ -253,6 +253,15 @@ def _regular_file(path: Path) -> None:
         raise PolicyError(f"policy file {path} is not a regular file")
 
 
+def _object(v: Any, name: str) -> dict[str, Any]:
+    """A header field that is a JSON object (absent or null: empty)."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise TypeError(f"{name} must be a JSON object, got {type(v).__name__}")
+    return dict(v)
+
+
 def read_policy(path: str | Path) -> tuple[Header, dict[str, bytes]]:
     """Read and check an archive: every problem is a ``PolicyError`` naming the file."""
     path = Path(path)
@@ -273,12 +282,12 @@ def read_policy(path: str | Path) -> tuple[Header, dict[str, bytes]]:
             kind=str(meta["kind"]),
             arms=_strings(meta["arms"], "arms"),
             obs_size=_count(meta["obs_size"], "obs_size"),
-            params=dict(meta.get("params") or {}),
+            params=_object(meta.get("params"), "params"),
             features=None if features is None else _strings(features, "features"),
-            versions=dict(meta.get("versions") or {}),
+            versions=_object(meta.get("versions"), "versions"),
             created=str(meta.get("created", "")),
-            payload=dict(meta.get("payload") or {}),
-            meta=dict(meta.get("meta") or {}),
+            payload=_object(meta.get("payload"), "payload"),
+            meta=_object(meta.get("meta"), "meta"),
         )
     except (KeyError, TypeError, ValueError, OverflowError) as err:
         raise PolicyError(f"{path}: header.json lacks or mangles a field ({err})") from err

@@ -68,10 +68,16 @@ class BatchTablePolicy(BasePolicy):
         super().__init__(arms, obs_size, features)
         self.label = str(label)
         self.max_batch = _check_serving(self)
-        try:
-            self.table = [(int(r), str(a)) for r, a in table]
-        except (TypeError, ValueError) as err:
-            raise PolicyError(f"a batch table is [[max_rows, arm], ...], got {table!r}") from err
+
+        def entry(e: Any) -> bool:  # [max_rows >= 1 (an integer, not a float or a boolean), arm name]
+            return (isinstance(e, (list, tuple)) and len(e) == 2 and isinstance(e[0], int)
+                    and not isinstance(e[0], bool) and e[0] >= 1 and isinstance(e[1], str))  # fmt: skip
+
+        if not isinstance(table, (list, tuple)) or not all(entry(e) for e in table):
+            raise PolicyError(
+                f"a batch table is [[max_rows, arm], ...] with max_rows >= 1, got {str(table)[:120]}"
+            )
+        self.table = [(int(r), str(a)) for r, a in table]
         if not self.table:
             raise PolicyError("a batch table needs at least one entry")
         if [r for r, _ in self.table] != sorted({r for r, _ in self.table}):

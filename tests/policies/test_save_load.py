@@ -128,6 +128,8 @@ def test_payload_of_the_wrong_shape(saved, tmp_path):
         (lambda p: rewrite(p, header=lambda h: h.update(format_version=99)), "format version 99"),
         (lambda p: rewrite(p, header=lambda h: h.update(type="nope")), "unknown policy type 'nope'"),
         (lambda p: rewrite(p, header=lambda h: h.pop("arms")), "lacks or mangles a field"),
+        (lambda p: rewrite(p, header=lambda h: h.update(meta=[])), "meta must be a JSON object"),
+        (lambda p: rewrite(p, header=lambda h: h.update(params="x")), "params must be a JSON object"),
         (lambda p: rewrite(p, members={"header.json": b"{not json"}), "header.json is corrupted"),
     ],
     ids=[
@@ -139,6 +141,8 @@ def test_payload_of_the_wrong_shape(saved, tmp_path):
         "version",
         "type",
         "no-arms",
+        "meta-a-list",
+        "params-text",
         "bad-json",
     ],
 )
