@@ -38,9 +38,12 @@ def allocator_mode() -> str:
 def allocator_intent() -> str:
     """What ``settle_allocator`` will run a target under, before it runs: "system" or, where ``LD_PRELOAD`` puts
     another allocator in glibc's place, "preloaded", else "keep" (a sweep's workers compare it before they load a
-    target). ``AllocatorError`` for a bad ``DRAFTGYM_MALLOC``."""
+    target); then the environment's allocator variables that are set (``ALLOCATOR_VARS``, as ``allocator_state``
+    records them: "keep; MALLOC_ARENA_MAX=2"). ``AllocatorError`` for a bad ``DRAFTGYM_MALLOC``."""
     how = allocator_mode()
-    return "preloaded" if how == "keep" and _preloaded() else how
+    how = "preloaded" if how == "keep" and _preloaded() else how
+    env = "".join(f"; {k}={os.environ[k]}" for k in ALLOCATOR_VARS if os.environ.get(k))
+    return how + env
 
 
 def _preloaded() -> bool:

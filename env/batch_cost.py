@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from drafters.base import shown
 from env.cost import CostModelError, Curve
 from env.file_checks import one_line
 
@@ -290,7 +291,7 @@ class FittedBatchCost:
         try:
             if d.get("version", 1) != 1 or isinstance(d.get("version"), bool):
                 raise CostModelError(
-                    f"{source}: version {d.get('version')!r} is not one this draftgym reads (1)"
+                    f"{source}: version {shown(d.get('version'))} is not one this draftgym reads (1)"
                 )
             rows = _counts(d["rows"], "rows")
             nodes = _counts(d["nodes"], "nodes")

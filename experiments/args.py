@@ -174,10 +174,13 @@ def drafter_options(items: list[str] | None) -> dict[str, dict[str, object]]:
     return out
 
 
-def same_drafter_options(out: Path, options: dict[str, dict[str, object]], started: bool) -> None:
+def same_drafter_options(
+    out: Path, options: dict[str, dict[str, object]], started: bool, write: bool = True
+) -> None:
     """A run folder remembers its drafter options (``drafter_options.json``, written only when there are some): a
     resumed run (``started``: results on disk) with other options would mix two configurations in one table, and
-    is refused naming both."""
+    is refused naming both. ``write=False``: the check only (before the model loads; the file is written once
+    the drafters' files have loaded)."""
     import json
 
     from env.files import atomic_write_text
@@ -195,7 +198,7 @@ def same_drafter_options(out: Path, options: dict[str, dict[str, object]], start
             f"{out} holds results run with --drafter-option {json.dumps(before)}; this command gives "
             f"{json.dumps(options)}: use another --out (or the same options to resume)"
         )
-    if before == options:
+    if before == options or not write:
         return
     if options:
         atomic_write_text(path, json.dumps(options, sort_keys=True))

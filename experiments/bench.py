@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from env.decoder import SpeculativeDecoder, chat_prompt
+from env.decoder import chat_prompt
 from env.engine import Sampling, parse_arm, split_weights
 from env.files import atomic_write_text, file_digest
-from env.model import LoadedModel, with_weights
+from env.model import LoadedModel
 from env.target import check_prompt
 from env.workloads import Prompt
 from experiments.bench_summary import best_by_category, drafts, format_table, summarize, summary_notes
@@ -43,7 +43,7 @@ from experiments.hf_baselines import (
 )
 from experiments.llama_cpp import METHOD as LLAMA_CPP
 from experiments.llama_cpp import LlamaCppError, LlamaCppRunner, runner_for
-from experiments.methods import MethodError, device_loop
+from experiments.methods import MethodError, arm_decoder, device_loop, prepare_decoders
 from experiments.provenance import provenance
 from experiments.records import (
     Record,
@@ -101,8 +101,7 @@ def run_method(
         return ids, wall, len(ids), 1.0, []
     dec = decoders.get(method)
     if dec is None:
-        arm, fmt = split_weights(method)
-        dec = decoders[method] = SpeculativeDecoder(with_weights(loaded, fmt), [parse_arm(arm)])
+        dec = decoders[method] = arm_decoder(loaded, method)
     g = dec.generate(prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
     return g.token_ids, g.stats.wall_s, g.stats.steps, g.stats.tau, list(g.arms)
 
@@ -223,10 +222,7 @@ def run_bench(
         if is_device_method(m) and m not in decoders:
             decoders[m] = device_loop(loaded, m, longest + max_new_tokens)
         elif m not in decoders and m not in EXTERNAL_METHODS:  # arms, with their drafters' options
-            arm, fmt = split_weights(m)
-            decoders[m] = SpeculativeDecoder(
-                with_weights(loaded, fmt), [parse_arm(arm)], drafter_options=drafter_options
-            )
+            decoders[m] = arm_decoder(loaded, m, drafter_options)
     carried = resume_drafters(decoders, state_dir, rec_path, records)  # restored after the warm-up
     done = {(r.method, r.prompt_id) for r in records}
     todo = [(i, p) for i, p in enumerate(prompts) if any((m, p.prompt_id) not in done for m in methods)]
@@ -307,27 +303,6 @@ def run_bench(
 # ------------------------------------------------------------------------------------------------ command line
 
 
-def prepared_arms(
-    loaded: LoadedModel, methods: list[str], options: dict[str, dict[str, Any]]
-) -> dict[str, SpeculativeDecoder]:
-    """The decoders of the arm methods (``ngram-d4``, ``eagle3-d4-k8-b16@int4``), their drafters' files loaded for
-    the target each runs on (``drafters.base.prepare_drafter``): a bad head file is one line before a run folder
-    holds anything, not after the run announced its folder."""
-    from drafters.base import prepare_drafter
-
-    out = {}
-    for m in methods:
-        if m in EXTERNAL_METHODS or is_device_method(m):
-            continue
-        arm, fmt = split_weights(m)
-        dec = out[m] = SpeculativeDecoder(
-            with_weights(loaded, fmt), [parse_arm(arm)], drafter_options=options
-        )
-        for d in dec.drafters.values():
-            prepare_drafter(d, dec.engine.target)
-    return out
-
-
 def cmd_bench(args: Any) -> int:
     import datetime as dt
     import sys
@@ -375,13 +350,18 @@ def cmd_bench(args: Any) -> int:
         policies = [load_policy(path) for path in args.policy]
     out = Path(args.out or f"runs/bench-{dt.datetime.now():%Y%m%d-%H%M%S}")
     output_dir(out)
+    started = bool(load_done(out / "records.jsonl"))
+    same_drafter_options(
+        out, options, started=started, write=False
+    )  # other options: refused before the model
     loaded = load_model(
         args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
     )
-    arm_decoders = prepared_arms(
-        loaded, methods, options
-    )  # a bad head file fails here, before the folder holds any
-    same_drafter_options(out, options, started=bool(load_done(out / "records.jsonl")))
+    arms = {
+        m: arm_decoder(loaded, m, options)
+        for m in methods
+        if m not in EXTERNAL_METHODS and not is_device_method(m)
+    }
     decoders = {}
     for path, policy in zip(
         args.policy or [], policies
@@ -389,6 +369,10 @@ def cmd_bench(args: Any) -> int:
         from experiments.policy_commands import policy_decoder
 
         decoders[f"policy:{Path(path).stem}"] = policy_decoder(loaded, policy)
+    prepare_decoders(
+        [*arms.values(), *decoders.values()]
+    )  # a bad head file: before the folder holds anything
+    same_drafter_options(out, options, started=started)
     methods += [m for m in decoders if m not in methods]
     settings = {
         "model": loaded.model_id,
@@ -410,7 +394,7 @@ def cmd_bench(args: Any) -> int:
         out_dir=out,
         settings=settings,
         progress=not args.json,
-        decoders={**arm_decoders, **decoders},
+        decoders={**arms, **decoders},
         llama_cpp_gguf=gguf,
         drafter_options=options,
         identity={

@@ -111,11 +111,29 @@ def make_decoders(
             policy = build_policy(name, p, seed=cfg.seed, state=state, obs_size=len(names), features=names)
             decoders[m] = policy_decoder(loaded, policy, arms, options)
         else:
-            arm, fmt = split_weights(m)
-            decoders[m] = SpeculativeDecoder(
-                with_weights(loaded, fmt), [parse_arm(arm)], drafter_options=options
-            )
+            decoders[m] = arm_decoder(loaded, m, options)
     return decoders
+
+
+def arm_decoder(
+    loaded: LoadedModel, method: str, options: dict[str, dict[str, Any]] | None = None
+) -> SpeculativeDecoder:
+    """The decoder of an arm method (``ngram-d4``, ``eagle3-d4-k8-b16@int4``): its arm on the target variant its
+    weight format names, its drafters built with ``options``."""
+    arm, fmt = split_weights(method)
+    return SpeculativeDecoder(with_weights(loaded, fmt), [parse_arm(arm)], drafter_options=options)
+
+
+def prepare_decoders(decoders: Any) -> None:
+    """Load the files the drafters of ``decoders`` read (trained heads), for the target each decodes with
+    (``drafters.base.prepare_drafter``), so that a bad head file is one line before a run folder holds anything;
+    decoders without drafters (device loops, baselines) have nothing to load."""
+    from drafters.base import prepare_drafter
+
+    for dec in decoders:
+        target = getattr(getattr(dec, "engine", None), "target", None)
+        for d in (getattr(dec, "drafters", None) or {}).values():
+            prepare_drafter(d, target)
 
 
 def policy_decoder(loaded: LoadedModel, policy: Any, arms: list[Any], options: dict[str, Any]) -> Any:

@@ -105,7 +105,7 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
     from env.decoder import chat_prompt
     from env.model import load_model, model_id_of
     from experiments.drafter_state import commit_drafters, restore_drafters, resume_drafters, save_drafters
-    from experiments.methods import make_decoders, sampling_of, save_policy_states
+    from experiments.methods import make_decoders, prepare_decoders, sampling_of, save_policy_states
 
     prompts = select_prompts(cfg)  # a missing or bad workload: refused before the run folder is written
     check_run_dir(cfg, out)  # written (config.toml, provenance) once the checks below have passed
@@ -134,14 +134,15 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
         prompt_ids = {p.prompt_id: chat_prompt(loaded.tokenizer, p.text) for p in prompts}
         for p in prompts:  # every prompt fits the context, before anything is decoded or written
             check_prompt(prompt_ids[p.prompt_id], loaded.max_context, f"prompt {p.prompt_id}")
-        # what "auto" resolved to on this machine, and the files' contents: a resume with others is refused
-        out.mkdir(parents=True, exist_ok=True)
-        same_settings(out, run_settings(cfg, loaded), started=bool(records))
-        prepare_run_dir(cfg, out)  # the provenance line names what the loaded model settled
         state_dir = out / "policies"
         lengths = {len(ids) for ids in prompt_ids.values()}
         longest = max(lengths, default=0)
         decoders = make_decoders(cfg, loaded, state_dir, context=longest + cfg.decode.max_new_tokens)
+        prepare_decoders(decoders.values())  # a bad head file: before the folder is written
+        # what "auto" resolved to on this machine, and the files' contents: a resume with others is refused
+        out.mkdir(parents=True, exist_ok=True)
+        same_settings(out, run_settings(cfg, loaded), started=bool(records))
+        prepare_run_dir(cfg, out)  # the provenance line names what the loaded model settled
         carried = resume_drafters(decoders, state_dir, rec_path, records)  # restored after the warm-up
         done |= {(r.method, r.prompt_id) for r in records}
         sampling = sampling_of(cfg)

@@ -56,6 +56,9 @@ def summarize_cell(
     }
 
 
+# what the table, the notes and the plot read of every cell's summary (``summarize_cell`` has written them since the
+# first cells; ``mean_batch``, ``prefill_s``, ``step_ms`` and ``policy_ms`` came later and are read with .get)
+SUMMARY_READ = ("goodput_tok_s", "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50", "tau")
 SUMMARY_NUMBERS = ("requests", "tokens", "goodput_tok_s", "tpot_ms_mean", "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50",
                    "tau", "mean_batch", "prefill_s", "step_ms", "policy_ms")  # fmt: skip
 
@@ -78,6 +81,13 @@ def cell_problem(c: Any) -> str | None:
     s = c.get("summary")
     if not isinstance(s, dict) or not number(s.get("goodput_tok_s")) or s["goodput_tok_s"] < 0:
         return "has no summary with a finite goodput_tok_s >= 0"
+    if s.get("method") != c["method"] or s.get("concurrency") != c["concurrency"]:
+        return "has a summary of another method or concurrency"
+    missing = [
+        k for k in SUMMARY_READ if k not in s
+    ]  # (null where a cell has none; later keys may be absent)
+    if missing:
+        return f"has no summary.{missing[0]}"
     bad = [k for k in SUMMARY_NUMBERS if s.get(k) is not None and not number(s[k])]
     if bad:
         return f"summary.{bad[0]} is not a finite number"

@@ -184,6 +184,10 @@ def open_study(cfg: Config, url: str, *, worker: int = 0, create: bool = True) -
 
     storage = open_storage(url, cfg)
     name = cfg.sweep.study_name or cfg.name
+    machine, alloc = (
+        timing_machine(cfg),
+        timing_allocator(cfg),
+    )  # (a bad DRAFTGYM_MALLOC: before any study is made)
     study = optuna.create_study(
         storage=storage,
         study_name=name,
@@ -198,7 +202,6 @@ def open_study(cfg: Config, url: str, *, worker: int = 0, create: bool = True) -
         # study whose next worker enqueues the config as written (once: skip_if_exists)
         study.enqueue_trial(default_params(cfg), user_attrs={"default": True}, skip_if_exists=True)
         study.set_user_attr("inputs", input_digests(cfg))
-        machine, alloc = timing_machine(cfg), timing_allocator(cfg)
         if machine:
             study.set_user_attr("machine", machine)
         if alloc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from drafters.base import shown
 from experiments.config import Config, ConfigError, diff_configs, load_config, parse_set
 from experiments.objective import ANALYTIC_OBJECTIVE_ERROR, ANALYTIC_OBJECTIVES
 from experiments.space import default_params, swept_keys, tuned_method
@@ -86,8 +87,9 @@ def check_resumed(study: Any, cfg: Config, where: str) -> None:
         why = (f"measured on {had_machine}; this worker runs on {machine}: tokens/s of two machines do not compare "
                "(the objective speedup is normalized per worker) — run it there")  # fmt: skip
     elif alloc and isinstance(had_alloc, str) and had_alloc != alloc:
-        why = (f"measured with the C allocator {had_alloc!r}; this worker runs with {alloc!r} (DRAFTGYM_MALLOC): a "
-               f"forward's time differs between them — run it with DRAFTGYM_MALLOC={had_alloc}")  # fmt: skip
+        why = (f"measured with the C allocator {shown(had_alloc)}; this worker runs with {shown(alloc)} "
+               "(DRAFTGYM_MALLOC and the allocator's environment variables): a forward's time differs between them "
+               "— run it with the creator's setting")  # fmt: skip
     if why:
         raise ConfigError(f"{where} scores live tokens/s {why}, or use another sweep.study_name")
 

@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import BasePolicy, PolicyError, npz_bytes, read_npz
+from drafters.base import shown
+from policies.base import BasePolicy, PolicyError, npz_bytes, read_npz, real
 
 # indices into the serving observation (env.serve_env.feature_names); checked against the feature names at load
 ROWS_AT, MATCH_ROWS_AT, CTX_AT, ROW_BLOCK_AT, ROW_WIDTH = 0, 4, 2, 9, 6
@@ -68,16 +69,13 @@ class BatchTablePolicy(BasePolicy):
         super().__init__(arms, obs_size, features)
         self.label = str(label)
         self.max_batch = _check_serving(self)
-
-        def entry(e: Any) -> bool:  # [max_rows >= 1 (an integer, not a float or a boolean), arm name]
-            return (isinstance(e, (list, tuple)) and len(e) == 2 and isinstance(e[0], int)
-                    and not isinstance(e[0], bool) and e[0] >= 1 and isinstance(e[1], str))  # fmt: skip
-
-        if not isinstance(table, (list, tuple)) or not all(entry(e) for e in table):
-            raise PolicyError(
-                f"a batch table is [[max_rows, arm], ...] with max_rows >= 1, got {str(table)[:120]}"
-            )
-        self.table = [(int(r), str(a)) for r, a in table]
+        if not isinstance(table, (list, tuple)) or not all(
+            isinstance(e, (list, tuple)) and len(e) == 2 and isinstance(e[1], str) for e in table
+        ):
+            raise PolicyError(f"a batch table is [[max_rows, arm], ...], got {shown(table, 120)}")
+        self.table = [
+            (int(real("batch table max_rows", r, lo=1, hi=1 << 30, integer=True)), a) for r, a in table
+        ]
         if not self.table:
             raise PolicyError("a batch table needs at least one entry")
         if [r for r, _ in self.table] != sorted({r for r, _ in self.table}):

@@ -277,6 +277,24 @@ BAD_FITTED = {
 }
 
 
+# what the message says, for the cases whose check names the field
+SAYS = {
+    "meta-not-an-object": "meta must be an object",
+    "meta-machine-text": "meta.machine must be an object",
+    "meta-machine-cpu-number": "meta.machine must be an object",
+    "meta-drafter-options-text": "meta.drafter_options must map",
+    "meta-drafter-options-of-lists": "meta.drafter_options must map",
+    **{k: "context_ref must be a positive integer" for k in ("context-ref-zero", "context-ref-negative",
+                                                             "context-ref-bool", "context-ref-huge")},
+    **{k: "rows must be a list of integers" for k in ("rows-float", "rows-bool", "rows-huge-float")},
+    "nodes-too-many": "nodes must be a list of integers",
+    "dtype-unknown": "dtype must be one of",
+    "weights-object": "weights must be one of",
+    "version-2": "version 2 is not one this draftgym reads",
+    "version-text": "version '1' is not one this draftgym reads",
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("case", sorted(BAD_FITTED))
 def test_a_malformed_fitted_file_is_refused_naming_it(case, tmp_path):
     d = _good()
@@ -286,6 +304,7 @@ def test_a_malformed_fitted_file_is_refused_naming_it(case, tmp_path):
     with pytest.raises(CostModelError) as err:
         load_batch_cost(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
+    assert SAYS.get(case, "") in str(err.value), str(err.value)
 
 
 def _rl() -> dict:

@@ -94,6 +94,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
         f[key] = d / key
         f[key].mkdir()
         (f[key] / "config.json").write_text(json.dumps({**base, **change}))
+    f["badhead"] = d / "badhead"  # a head whose two files are there, and neither is one
+    (d / "badhead.safetensors").write_bytes(b"{{{ no safetensors header")
+    (d / "badhead.json").write_text("{not json")
     f["marker"] = marker
     return f
 
@@ -655,9 +658,9 @@ MODEL = [
             "--out",
             "{tmp}/run",
             "--drafter-option",
-            'hybrid.options={eagle3={weights="{garbage}"}}',
+            'hybrid.options={eagle3={weights="{badhead}"}}',
         ],
-        "head",
+        "badhead.json is not a draftgym head description",
     ),
 ]
 

@@ -40,7 +40,7 @@ def test_bench_names_its_default_folder_before_any_work(tmp_path, monkeypatch, c
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(env.model, "load_model", lambda *a, **k: _loaded())
-    monkeypatch.setattr(bench, "SpeculativeDecoder", lambda *a, **k: SimpleNamespace(drafters={}))
+    monkeypatch.setattr(bench, "arm_decoder", lambda *a, **k: SimpleNamespace(drafters={}))
 
     def killed(*a, **k):  # the first generation (the warm-up): the run dies there
         raise _Killed
@@ -112,7 +112,7 @@ def killed_bench(tmp_path, monkeypatch, capsys):
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(env.model, "load_model", lambda *a, **k: _loaded())
-    monkeypatch.setattr(bench, "SpeculativeDecoder", lambda *a, **k: SimpleNamespace(drafters={}))
+    monkeypatch.setattr(bench, "arm_decoder", lambda *a, **k: SimpleNamespace(drafters={}))
 
     def killed(*a, **k):
         raise _Killed

@@ -100,7 +100,7 @@ def lossy_bench(tmp_path, monkeypatch):
     loaded = SimpleNamespace(model_id="tiny", dtype="torch.float32", device="cpu", weights="dense", forward="lean",
                              tokenizer=Tok(), max_context=512)  # fmt: skip
     monkeypatch.setattr(env.model, "load_model", lambda *a, **k: loaded)
-    monkeypatch.setattr(bench, "SpeculativeDecoder", lambda *a, **k: SimpleNamespace(drafters={}))
+    monkeypatch.setattr(bench, "arm_decoder", lambda *a, **k: SimpleNamespace(drafters={}))
 
     def run_method(method, loaded, decoders, prompt_ids, max_new_tokens, **kw):
         return ([5, 9, 7] if method == "ngram-d8" else [5, 6, 7]), 0.1, 3, 1.0, []

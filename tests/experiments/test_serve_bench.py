@@ -69,7 +69,8 @@ def test_serve_bench_writes_the_documented_json_and_resumes(tmp_path, capsys):
     damages = [lambda c: c.pop("summary"), lambda c: c["summary"].update(goodput_tok_s="fast"),
                lambda c: c["summary"].update(tau=float("nan")), lambda c: c.pop("served"),
                lambda c: c["served"][0].update(token_ids="abc"), lambda c: c.update(concurrency=1.9),
-               lambda c: c.update(concurrency=True)]  # fmt: skip
+               lambda c: c.update(concurrency=True), lambda c: c["summary"].pop("tpot_ms_p50"),
+               lambda c: c["summary"].update(method=[1]), lambda c: c["summary"].update(concurrency="x")]  # fmt: skip
     for damage in damages:
         c = json.loads(lines[1])
         damage(c)

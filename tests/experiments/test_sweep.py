@@ -265,12 +265,22 @@ def test_a_live_tokens_per_s_study_refuses_a_worker_under_another_allocator(tmp_
     """The C allocator's setting changes a forward's time (env.allocator): a live tokens/s study records its
     creator's (``DRAFTGYM_MALLOC``) and refuses a worker under another in one line; a bad value is one line too; a
     study that predates the record takes any worker; a speedup study records none."""
+    import optuna
+
     from experiments.config import ConfigError
     from experiments.sweep import open_study
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     tps, ratio = _live_study(tmp_path, "tokens_per_s", "tps"), _live_study(tmp_path, "speedup", "ratio")
     monkeypatch.delenv("LD_PRELOAD", raising=False)
+    for var in (
+        "GLIBC_TUNABLES",
+        "MALLOC_MMAP_THRESHOLD_",
+        "MALLOC_TRIM_THRESHOLD_",
+        "MALLOC_TOP_PAD_",
+        "MALLOC_ARENA_MAX",
+    ):
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("DRAFTGYM_MALLOC", "keep")
     assert open_study(load_config(tps), url).user_attrs["allocator"] == "keep"
     open_study(load_config(tps), url)  # the same setting: joins
@@ -278,13 +288,24 @@ def test_a_live_tokens_per_s_study_refuses_a_worker_under_another_allocator(tmp_
     monkeypatch.setenv("DRAFTGYM_MALLOC", "system")
     with pytest.raises(ConfigError, match=r"allocator 'keep'; this worker runs with 'system'") as err:
         open_study(load_config(tps), url)
-    assert "\n" not in str(err.value) and "DRAFTGYM_MALLOC=keep" in str(err.value)
+    assert "\n" not in str(err.value) and "the creator's setting" in str(err.value)
+    monkeypatch.setenv("DRAFTGYM_MALLOC", "keep")  # the same setting, another arena count: refused too
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    with pytest.raises(
+        ConfigError, match=r"allocator 'keep'; this worker runs with 'keep; MALLOC_ARENA_MAX=2'"
+    ):
+        open_study(load_config(tps), url)
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    monkeypatch.setenv("DRAFTGYM_MALLOC", "system")
     open_study(load_config(ratio), url)  # speedup: each worker's own ratio
     monkeypatch.setenv("DRAFTGYM_MALLOC", "jemalloc")
     with pytest.raises(ConfigError, match=r"DRAFTGYM_MALLOC='jemalloc': valid values are keep, system"):
         open_study(load_config(tps), url)
-    import optuna
-
+    with pytest.raises(
+        ConfigError, match=r"DRAFTGYM_MALLOC='jemalloc'"
+    ):  # a new study: refused before it is made
+        open_study(load_config(_live_study(tmp_path, "tokens_per_s", "fresh")), url)
+    assert "fresh" not in {s.study_name for s in optuna.get_all_study_summaries(url)}
     monkeypatch.setenv("DRAFTGYM_MALLOC", "system")
     optuna.load_study(study_name="tps", storage=url).set_user_attr(
         "allocator", None

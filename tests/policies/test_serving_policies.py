@@ -77,10 +77,11 @@ def test_bad_batch_tables_are_refused():
     size = obs_size(4)
     for table, needle in [([], "at least one entry"), ([[4, "none"], [2, "ngram-d1"]], "must increase"),
                           ([[2, "none"], [2, "ngram-d1"]], "must increase"), ([[2, "eagle-d3"]], "not in the arm menu"),
-                          ([["x", "none"]], "max_rows, arm"), ([[1, "none", 3]], "max_rows, arm"),
-                          ([["7", "none"]], "max_rows, arm"), ([[True, "none"]], "max_rows, arm"),
-                          ([[2.7, "none"]], "max_rows, arm"), ([[-5, "none"]], "max_rows >= 1"),
-                          ([[0, "none"]], "max_rows >= 1"), ([[2, 3]], "max_rows, arm"), ("x", "max_rows, arm")]:  # fmt: skip
+                          ([["x", "none"]], "max_rows must be an integer"), ([[1, "none", 3]], "max_rows, arm"),
+                          ([["7", "none"]], "max_rows must be an integer in"), ([[True, "none"]], "must be an integer"),
+                          ([[2.7, "none"]], "must be an integer"), ([[-5, "none"]], r"must be an integer in \[1, "),
+                          ([[0, "none"]], "got 0"), ([[1 << 31, "none"]], "got 2147483648"),
+                          ([[2, 3]], "max_rows, arm"), ("x", "max_rows, arm")]:  # fmt: skip
         with pytest.raises(PolicyError, match=needle):
             BatchTablePolicy(ARMS, size, table=table)
     with pytest.raises(PolicyError, match="not a serving observation"):
