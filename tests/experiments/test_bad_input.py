@@ -601,6 +601,15 @@ TOP = [
     ("abbreviated-command-option", ["bench", "--method", "ar"], "unrecognized arguments: --method"),
 ]
 # cases that load the embedded model before the input is found to be bad
+BENCH_ONE = [
+    "bench",
+    "--limit",
+    "1",
+    "--dtype",
+    "fp32",
+    "--out",
+    "{tmp}/run",
+]  # one prompt, fp32, a fresh folder
 MODEL = [
     (
         "generate-prompt-longer-than-context",
@@ -630,38 +639,20 @@ MODEL = [
     # a head file that is not there (or not one) is found when the heads load: before the run folder holds anything
     (
         "bench-head-missing",
-        [
-            "bench",
-            "--methods",
-            "eagle3-d2",
-            "--limit",
-            "1",
-            "--dtype",
-            "fp32",
-            "--out",
-            "{tmp}/run",
-            "--drafter-option",
-            'eagle3.weights="{tmp}/nohead"',
-        ],
+        [*BENCH_ONE, "--methods", "eagle3-d2", "--drafter-option", 'eagle3.weights="{tmp}/nohead"'],
         "no eagle3 head at",
     ),
     (
         "bench-hybrid-head-not-one",
         [
-            "bench",
+            *BENCH_ONE,
             "--methods",
             "hybrid-d2",
-            "--limit",
-            "1",
-            "--dtype",
-            "fp32",
-            "--out",
-            "{tmp}/run",
             "--drafter-option",
             'hybrid.options={eagle3={weights="{badhead}"}}',
         ],
         "badhead.json is not a draftgym head description",
-    ),
+    ),  # fmt: skip
 ]
 
 CASES = [
