@@ -70,7 +70,7 @@ def test_a_retrained_default_head_is_refused_on_resume_and_on_rerun(tmp_path, ti
     head = cache_heads_dir() / f"{head_name('eagle', tiny.model_id)}.safetensors"
     head.parent.mkdir(parents=True)
     random_head("eagle", tiny, head, seed=1)
-    first = head.read_bytes()
+    first, first_desc = head.read_bytes(), head.with_suffix(".json").read_bytes()
     cfg = load_config(None, text=_config(str(_workload(tmp_path / "w.jsonl")), ["ar", "eagle-d2"]))
     out = tmp_path / "run"
     run(cfg, out, progress=False, loaded=tiny)
@@ -88,7 +88,8 @@ def test_a_retrained_default_head_is_refused_on_resume_and_on_rerun(tmp_path, ti
         run(cfg, out, progress=False, loaded=tiny)
     assert len(load_done(out / "records.jsonl")) == 3 and _lines(out / "provenance.jsonl") == prov
 
-    head.write_bytes(first)  # the head the records were made with: it resumes
+    head.write_bytes(first)  # the head the records were made with (both its files): it resumes
+    head.with_suffix(".json").write_bytes(first_desc)
     run(cfg, out, progress=False, loaded=tiny)
     assert len(load_done(out / "records.jsonl")) == 4 and _lines(out / "provenance.jsonl") == prov + 1
 
