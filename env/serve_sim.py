@@ -324,7 +324,7 @@ class ServeSim:
             # closed loop: request ptr + k enters while fewer than its own cap are in flight (as env.serving does)
             ks = np.arange(self.max_batch)
             qk = np.minimum(self.ptr[e, None] + ks, self.q_max - 1)
-            ok = rows[:, None] + ks < np.take_along_axis(self.req_cap[e], qk, 1)
+            ok = rows[:, None] + ks < self.req_cap[e[:, None], qk]
             n = np.where(self.closed[e], np.cumprod(ok, 1).sum(1), n_open)
             n = np.minimum(np.minimum(n, self.max_batch - rows), left)
             if n.any():
@@ -332,24 +332,18 @@ class ServeSim:
                 rank = np.cumsum(free, axis=1) - 1
                 new = free & (rank < n[:, None])
                 q = np.minimum(self.ptr[e, None] + rank, self.q_max - 1)
-                rp = np.take_along_axis(self.req_prompt[e], q, 1)
-                sub_prompt = self.prompt[e]
-                sub_prompt[new] = rp[new]
-                self.prompt[e] = sub_prompt
-                for arr in (self.pos, self.last, self.took):
-                    sub = arr[e]
-                    sub[new] = 0
-                    arr[e] = sub
+                ni, nj = np.nonzero(new)  # the new rows: server e[ni], slot nj
+                ei = e[ni]
+                rp = self.req_prompt[ei, q[ni, nj]]
+                self.prompt[ei, nj] = rp
+                for arr in (self.pos, self.last, self.took, self.s, self.n):
+                    arr[ei, nj] = 0
                 if self._catch:  # a head's first proposal at a row reads the prompt
-                    sub = self.pend[e]
-                    sub[new] = self.prompt_len[rp][new][:, None]
-                    self.pend[e] = sub
-                for arr in (self.s, self.n):
-                    sub = arr[e]
-                    sub[new] = 0.0
-                    arr[e] = sub
-                self.active[e] = act | new
-                pf = np.where(new, self.cost.prefill_s(self.prompt_len[rp]), 0.0).sum(1)
+                    self.pend[ei, nj] = self.prompt_len[rp][:, None]
+                self.active[ei, nj] = True
+                pf = np.zeros(new.shape)
+                pf[ni, nj] = self.cost.prefill_s(self.prompt_len[rp])
+                pf = pf.sum(1)  # per server, summed in slot order
                 self.clock[e] += pf
                 self.tokens_total[e] += new.sum(1)  # the prefill's first token
                 self.ptr[e] += n
@@ -427,10 +421,9 @@ class ServeSim:
         nodes = dr.max(1).astype(np.int64) + 1  # the widest tree in the batch (empty slots have drafted 0)
         r1 = np.maximum(rows, 1)
         ctx = step_context(self.cost, self.prompt_len[self.prompt] + self.pos, act)
-        e = self.num_envs
-        both = np.asarray(self.cost.forward_s(np.tile(r1, 2), np.concatenate([nodes, np.ones(e, nodes.dtype)]),
-                                              np.tile(ctx, 2)), np.float64)  # fmt: skip
-        cost, ar = both[:e], both[e:]  # the step, and an autoregressive step of the same rows
+        # the step, and an autoregressive step of the same rows
+        cost = np.asarray(self.cost.forward_s(r1, nodes, ctx), np.float64)
+        ar = np.asarray(self.cost.forward_s(r1, np.ones_like(nodes), ctx), np.float64)
         forward = cost
         ad = None
         if self.drafter_names:
@@ -497,11 +490,10 @@ class ServeSim:
             move = np.flatnonzero((d >= 0) & (d != tail))
             perm[move, d[move]] = perm[move, tail[move]]
             length = length - (d >= 0)
-        for name in ("prompt", "pos", "s", "n", "last", *(("took",) if self._catch else ())):
+        src = (e[:, None], perm)
+        for name in ("prompt", "pos", "s", "n", "last", *(("took", "pend") if self._catch else ())):
             arr = getattr(self, name)
-            arr[e] = np.take_along_axis(arr[e], perm, 1)
-        if self._catch:
-            self.pend[e] = np.take_along_axis(self.pend[e], perm[:, :, None], 1)
+            arr[e] = arr[src]
         self.active[e] = slot < length[:, None]
 
     def goodput(self) -> np.ndarray:

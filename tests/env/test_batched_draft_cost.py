@@ -287,6 +287,47 @@ def test_a_row_admitted_in_a_freed_slot_reads_its_own_prompt_at_its_first_propos
     assert extra == pytest.approx(float(c.catch_up_s("eagle3", 1, sim.prompt_len[second])))
 
 
+def test_every_rows_state_travels_with_it_through_admission_and_retirement():
+    """Each row's bookkeeping (position, acceptance counts, last accepted, last commits, tokens the head has yet to
+    read) follows the row when rows retire and the batch's last row takes a hole (the live engine's order), and a
+    row admitted into a freed slot starts fresh: checked step by step against the step's own outcome."""
+    from env.serve_env import ServeSim
+    from env.serve_obs import update_alpha
+
+    sim = ServeSim(5, trace=_trace_with("eagle3"), arms=["none", "ngram-d2", "eagle3-d2"], cost=fitted(batched={"eagle3": CAUGHT}),
+                   max_batch=4, loads=["3", "4", "ramp", "bursty"], requests=10, seed=11)  # fmt: skip
+    assert sim._catch == [sim.drafter_names.index("eagle3")]
+    sim.reset()
+    rng = np.random.default_rng(4)
+    names = ("pos", "s", "n", "last", "took")
+    moved = fresh = 0
+    while not sim.done().all():
+        a = rng.integers(0, 3, size=(5, 4))
+        old = {k: getattr(sim, k).copy() for k in (*names, "pend", "active", "ptr")}
+        _, o = sim.step(a)
+        act = old["active"]
+        s2, n2 = update_alpha(old["s"], old["n"], o["acc"], o["dr"], o["rejected"])
+        want = {"pos": old["pos"] + o["tok"], "s": s2, "n": n2, "took": o["tok"],
+                "last": np.where(act & (o["dr"] > 0), o["acc"], old["last"]),
+                "pend": np.where((a == 2) & act, 0, old["pend"][..., 0]) + o["tok"]}  # fmt: skip
+        for i in range(5):
+            order = list(range(int(act[i].sum())))  # order[k]: the old slot of the row now in slot k
+            for j in sorted(np.flatnonzero(o["end"][i]), reverse=True):
+                tail = order.pop()
+                if j < len(order):
+                    order[j] = tail
+                    moved += 1
+            for k, j in enumerate(order):
+                for name in names:
+                    assert getattr(sim, name)[i, k] == want[name][i, j], (name, i, k)
+                assert sim.pend[i, k, 0] == want["pend"][i, j]
+            for k in range(len(order), int(sim.active[i].sum())):  # admitted this step
+                fresh += 1
+                assert all(getattr(sim, name)[i, k] == 0 for name in names), i
+                assert sim.pend[i, k, 0] == sim.prompt_len[sim.prompt[i, k]]
+    assert moved > 0 and fresh > 0
+
+
 def test_the_roofline_prices_a_heads_catch_up_by_its_products_past_the_ridge():
     c = load_batch_cost("roofline:h200/llama-3.1-8b")
     assert c.catch_up_s("eagle3", 16, 10) == 0.0  # hidden by the first level's weight read
