@@ -301,11 +301,13 @@ class Carries(Protocol):
     from a file, which may be corrupted or hostile: a ``DrafterError`` names the problem) — so that a recording
     resumed after a kill goes on with the probes as they were, not empty. Such a drafter says with
     ``cross_request`` whether its proposals may read other requests' tokens as configured (a suffix cache of 0
-    requests does not)."""
+    requests does not). ``vocab``: the target's vocabulary size, where known — state that could not have come
+    from that target (a token id outside it, a table of another size) is refused then, not at the first proposal
+    (or dropped)."""
 
     def carried(self) -> dict[str, np.ndarray]: ...
 
-    def restore(self, arrays: dict[str, np.ndarray]) -> None: ...
+    def restore(self, arrays: dict[str, np.ndarray], vocab: int | None = None) -> None: ...
 
 
 def prepare_drafter(drafter: Any, target: Any) -> None:
@@ -325,11 +327,12 @@ def carried_state(drafters: dict[str, Any]) -> dict[str, np.ndarray]:
     }
 
 
-def restore_state(drafters: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    """``carried_state``'s arrays back into the drafters that carry state (each checks its own: ``DrafterError``)."""
+def restore_state(drafters: dict[str, Any], arrays: dict[str, np.ndarray], vocab: int | None = None) -> None:
+    """``carried_state``'s arrays back into the drafters that carry state (each checks its own: ``DrafterError``;
+    ``vocab``: the target's vocabulary size, as ``Carries.restore`` takes it)."""
     for n, d in drafters.items():
         if isinstance(d, Carries):
-            d.restore({k.removeprefix(f"{n}/"): v for k, v in arrays.items() if k.startswith(f"{n}/")})
+            d.restore({k.removeprefix(f"{n}/"): v for k, v in arrays.items() if k.startswith(f"{n}/")}, vocab)
 
 
 def int_array(owner: str, name: str, arrays: dict[str, np.ndarray], ndim: int) -> np.ndarray:

@@ -206,8 +206,8 @@ class HybridDrafter:
         """Each part's carried state (``drafters.base.Carries``), its keys under the part's name."""
         return carried_state(dict(zip(self.part_names, self.parts)))
 
-    def restore(self, arrays: dict[str, np.ndarray]) -> None:
-        restore_state(dict(zip(self.part_names, self.parts)), arrays)
+    def restore(self, arrays: dict[str, np.ndarray], vocab: int | None = None) -> None:
+        restore_state(dict(zip(self.part_names, self.parts)), arrays, vocab)
 
     def prepare(self, target: Any) -> None:
         """Load the parts' files for ``target`` now (``drafters.base.prepare_drafter``)."""

@@ -74,15 +74,17 @@ class RecyclingDrafter:
             return {}
         return {"ids": self.ids.numpy().copy(), "logp": self.logp.numpy().copy()}
 
-    def restore(self, arrays: dict[str, np.ndarray]) -> None:
-        """The table from ``carried()``'s arrays (checked), shared with the forks; none given: empty again."""
+    def restore(self, arrays: dict[str, np.ndarray], vocab: int | None = None) -> None:
+        """The table from ``carried()``'s arrays (checked; ``vocab``: a row per id of the target's vocabulary — a
+        table of another size would be dropped, empty, at the first sequence), shared with the forks; none given:
+        empty again."""
         if not arrays:
             self.ids = self.logp = None
             return
         ids = int_array("recycling", "ids", arrays, 2)
         logp = arrays.get("logp")
-        vocab = ids.shape[0]
-        if ids.shape[1] != self.width or vocab < 1:
+        size = ids.shape[0]
+        if ids.shape[1] != self.width or size < 1:
             raise DrafterError(
                 f"recycling state: ids must be [vocab, {self.width}] (width), got {list(ids.shape)}"
             )
@@ -90,8 +92,12 @@ class RecyclingDrafter:
             raise DrafterError(
                 f"recycling state: logp must be a float array of the shape of ids, {list(ids.shape)}"
             )
-        if ids.min() < -1 or ids.max() >= vocab:
-            raise DrafterError(f"recycling state: a token id outside -1..{vocab - 1}")
+        if ids.min() < -1 or ids.max() >= size:
+            raise DrafterError(f"recycling state: a token id outside -1..{size - 1}")
+        if vocab is not None and size != vocab:
+            raise DrafterError(
+                f"recycling state: a table of {size} token ids, not the target's vocabulary of {vocab}"
+            )
         empty = ids < 0
         if np.isnan(logp).any() or (logp > 0).any() or np.isfinite(logp[empty]).any():
             raise DrafterError("recycling state: logp must be log-probabilities (<= 0), -inf where ids is -1")

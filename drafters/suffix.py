@@ -293,8 +293,9 @@ class SuffixDrafter:
         flat = np.asarray([t for a in answers for t in a], dtype=np.int64)
         return {"answers": flat, "answer_off": off}
 
-    def restore(self, arrays: dict[str, np.ndarray]) -> None:
-        """The global cache rebuilt from ``carried()``'s arrays (checked), in place: forks share it."""
+    def restore(self, arrays: dict[str, np.ndarray], vocab: int | None = None) -> None:
+        """The global cache rebuilt from ``carried()``'s arrays (checked; ``vocab``: every id within the target's
+        vocabulary), in place: forks share it."""
         flat = int_array("suffix", "answers", arrays, 1)
         off = int_array("suffix", "answer_off", arrays, 1)
         n = off.shape[0] - 1
@@ -308,6 +309,10 @@ class SuffixDrafter:
             )
         if flat.size and flat.min() < 0:
             raise DrafterError("suffix state: a negative token id")
+        if vocab is not None and flat.size and flat.max() >= vocab:
+            raise DrafterError(
+                f"suffix state: token id {int(flat.max())} is outside the target's vocabulary [0, {vocab})"
+            )
         trie, answers = SuffixTrie(self.depth_limit), deque()
         for i in range(n):
             answer = flat[off[i] : off[i + 1]].tolist()

@@ -254,7 +254,7 @@ def record(
         atomic_write_text(head_file, json.dumps(header))  # torn, it would stop every later resume
     carriers = {n: d for n, d in probes.items() if isinstance(d, Carries)}
     if carriers:
-        _resume_carriers(parts_dir, len(prompts), carriers)
+        _resume_carriers(parts_dir, len(prompts), carriers, int(loaded.config.vocab_size))
     parts = {}  # an earlier run's parts, each checked before anything is recorded
     for i in range(len(prompts)):
         if (parts_dir / f"{i:05d}.npz").is_file():
@@ -354,7 +354,7 @@ def _differs(old: dict[str, Any], new: dict[str, Any], key: str) -> bool:
 PROBES_FILE = "probes.npz"  # the probes' carried state after the parts before ``part``
 
 
-def _resume_carriers(parts_dir: Path, n_prompts: int, carriers: dict[str, Any]) -> None:
+def _resume_carriers(parts_dir: Path, n_prompts: int, carriers: dict[str, Any], vocab: int) -> None:
     """Probes whose state outlives a prompt (``drafters.Carries``: the suffix drafter's answer cache, the
     recycling drafter's table) must go on, after a kill, as they were at the first prompt recorded again: their
     state is restored from ``PROBES_FILE`` (kept after every part), and the parts it does not cover are recorded
@@ -393,7 +393,7 @@ def _resume_carriers(parts_dir: Path, n_prompts: int, carriers: dict[str, Any]) 
         state_file.unlink(missing_ok=True)
         return
     try:
-        restore_state(carriers, arrays)
+        restore_state(carriers, arrays, vocab)
     except DrafterError as err:
         raise TraceError(f"{state_file}: {err}; delete it to record again") from None
 

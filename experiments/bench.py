@@ -223,7 +223,8 @@ def run_bench(
             decoders[m] = device_loop(loaded, m, longest + max_new_tokens)
         elif m not in decoders and m not in EXTERNAL_METHODS:  # arms, with their drafters' options
             decoders[m] = arm_decoder(loaded, m, drafter_options)
-    carried = resume_drafters(decoders, state_dir, rec_path, records)  # restored after the warm-up
+    vocab = int(loaded.config.vocab_size)
+    carried = resume_drafters(decoders, state_dir, rec_path, records, vocab)  # restored after the warm-up
     done = {(r.method, r.prompt_id) for r in records}
     todo = [(i, p) for i, p in enumerate(prompts) if any((m, p.prompt_id) not in done for m in methods)]
     failures: dict[str, str] = {}  # method -> why it stopped (the llama_cpp worker's death)
@@ -248,7 +249,7 @@ def run_bench(
         for m in methods:
             if m != LLAMA_CPP:  # its worker warmed up when it started
                 warm_up(m, loaded, decoders, warm_ids, lengths=lengths, max_new_tokens=max_new_tokens)
-    restore_drafters(decoders, carried, state_dir)
+    restore_drafters(decoders, carried, state_dir, vocab)
     finished = sum((m, p.prompt_id) in done for p in prompts for m in methods)  # of this run's selection only
     bar = tqdm(total=len(prompts) * len(methods), initial=finished, desc="bench", disable=not progress)
     try:

@@ -112,11 +112,12 @@ def _policy_record(decoder: Any) -> Any:
 
 
 def resume_drafters(
-    decoders: dict[str, Any], state_dir: Path, rec_path: Path, records: list[Record]
+    decoders: dict[str, Any], state_dir: Path, rec_path: Path, records: list[Record], vocab: int | None
 ) -> dict[str, dict[str, np.ndarray]]:
     """Read every saved drafter state of ``decoders``' methods (their online policies' states already loaded) and
     append to ``rec_path``/``records`` a record that a kill left only in its state; returns the states for
-    ``restore_drafters`` (call it after the warm-up)."""
+    ``restore_drafters`` (call it after the warm-up). ``vocab``: the target's vocabulary size (state that could
+    not have come from it is refused)."""
     from experiments.errors import UserError
 
     done = {(r.method, r.prompt_id) for r in records}
@@ -141,7 +142,7 @@ def resume_drafters(
             continue
         arrays, rec, learned = _read(path, m)
         check_learned(path, m, learned, rec.prompt_id, records)
-        restore_drafters({m: dec}, {m: arrays}, state_dir)  # checked before its record is appended
+        restore_drafters({m: dec}, {m: arrays}, state_dir, vocab)  # checked before its record is appended
         pending[m] = arrays
         if (rec.method, rec.prompt_id) not in done:
             with rec_path.open("a") as fh:
@@ -152,13 +153,13 @@ def resume_drafters(
 
 
 def restore_drafters(
-    decoders: dict[str, Any], pending: dict[str, dict[str, np.ndarray]], state_dir: Path
+    decoders: dict[str, Any], pending: dict[str, dict[str, np.ndarray]], state_dir: Path, vocab: int | None
 ) -> None:
     """Give each method's drafters their saved state (``resume_drafters``); a state a drafter refuses: one line."""
     from experiments.errors import UserError
 
     for m, arrays in pending.items():
         try:
-            restore_state(_carriers(decoders[m]), arrays)
+            restore_state(_carriers(decoders[m]), arrays, vocab)
         except DrafterError as err:
             raise UserError(f"{state_file(state_dir, m)}: {err}; delete it to rerun the method") from None

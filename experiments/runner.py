@@ -143,7 +143,8 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
         out.mkdir(parents=True, exist_ok=True)
         same_settings(out, run_settings(cfg, loaded), started=bool(records))
         prepare_run_dir(cfg, out)  # the provenance line names what the loaded model settled
-        carried = resume_drafters(decoders, state_dir, rec_path, records)  # restored after the warm-up
+        vocab = int(loaded.config.vocab_size)
+        carried = resume_drafters(decoders, state_dir, rec_path, records, vocab)  # restored after the warm-up
         done |= {(r.method, r.prompt_id) for r in records}
         sampling = sampling_of(cfg)
         if cfg.decode.warmup:  # untimed: the first call of each decoder that is then timed pays for lazy init
@@ -151,7 +152,7 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
             for m in tqdm(methods, desc="warm-up", disable=not progress, leave=False):
                 warm_up(m, loaded, decoders, warm_ids, sampling=sampling, seed=cfg.seed, lengths=lengths,
                         max_new_tokens=cfg.decode.max_new_tokens)  # fmt: skip
-        restore_drafters(decoders, carried, state_dir)
+        restore_drafters(decoders, carried, state_dir, vocab)
         bar = tqdm(
             total=len(prompts) * len(methods), initial=len(done), desc=f"run {cfg.name}", disable=not progress
         )

@@ -256,8 +256,8 @@ def test_a_damaged_or_hostile_drafter_state_is_one_line(tmp_path):
     save_drafters(SimpleNamespace(drafters={"suffix": d}), tmp_path, "suffix-d8", rec, ["p1"])
     fresh = SimpleNamespace(drafters={"suffix": SuffixDrafter()})
     records, rec_path = [], tmp_path / "records.jsonl"
-    pending = resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, records)
-    restore_drafters({"suffix-d8": fresh}, pending, tmp_path)
+    pending = resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, records, None)
+    restore_drafters({"suffix-d8": fresh}, pending, tmp_path, None)
     assert (
         records == [rec] and json.loads(rec_path.read_text()) == rec.__dict__
     )  # the record only in the state
@@ -272,7 +272,7 @@ def test_a_damaged_or_hostile_drafter_state_is_one_line(tmp_path):
     for raw, needle in cases:
         path.write_bytes(raw)
         with pytest.raises(UserError, match=needle) as err:
-            resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [])
+            resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [], None)
         assert "\n" not in str(err.value) and str(path) in str(err.value)
     other = {
         **arrays,
@@ -280,16 +280,24 @@ def test_a_damaged_or_hostile_drafter_state_is_one_line(tmp_path):
     }
     np.savez(path, **other)
     with pytest.raises(UserError, match="its record is not one of method 'suffix-d8'"):
-        resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [])
+        resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [], None)
     np.savez(path, **{**arrays, "suffix/answers": -arrays["suffix/answers"]})
     rec_path.unlink()
     with pytest.raises(UserError, match="suffix state: a negative token id; delete it"):
-        resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [])
+        resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [], None)
     assert not rec_path.exists()  # checked before its record was appended
+    np.savez(path, **arrays)
+    with pytest.raises(
+        UserError, match="suffix state: token id 42 is outside the target's vocabulary .0, 42.; del"
+    ):
+        resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [], 42)  # ids 40..42: not this target's
+    assert not rec_path.exists()
     np.savez(path, **arrays)
     other = Record("suffix-d8", "p0", "qa", 2, 3, 0.1, 2, 1.5, [1, 2, 3])
     with pytest.raises(UserError, match="learned from other prompts of suffix-d8 than"):
-        resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [other, rec])  # records the state never saw
+        resume_drafters(
+            {"suffix-d8": fresh}, tmp_path, rec_path, [other, rec], None
+        )  # records the state never saw
     path.unlink()
     with pytest.raises(UserError, match="suffix-d8 has 1 records in .* but no saved drafter state"):
-        resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [rec])
+        resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [rec], None)

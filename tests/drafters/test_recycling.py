@@ -127,3 +127,9 @@ def test_the_table_as_arrays_comes_back_whole_and_bad_arrays_are_refused():
     for arrays, match in bad:
         with pytest.raises(DrafterError, match=match):
             RecyclingDrafter(width=2).restore(arrays)
+    # a target's vocabulary, where known: a table of another size is refused (drafting would drop it, empty)
+    RecyclingDrafter(width=2).restore(state, V)
+    with pytest.raises(
+        DrafterError, match=f"a table of {V} token ids, not the target's vocabulary of {V + 1}"
+    ):
+        RecyclingDrafter(width=2).restore(state, V + 1)

@@ -234,9 +234,20 @@ def test_restored_ids_outside_the_vocabulary_are_refused_once_the_target_is_know
         d.reset(DraftContext(tokens=[1, 5], prompt_len=2, target=target))
     with pytest.raises(DrafterError, match="outside the target's vocabulary"):
         d.fork().propose(DraftContext(tokens=[1, 5], prompt_len=2, target=target), TreeShape(depth=2))
+    with pytest.raises(
+        DrafterError, match=r"token id 1000000000000 is outside the target's vocabulary \[0, 1000\)"
+    ):
+        SuffixDrafter().restore(  # the vocabulary known at the restore: refused there
+            {
+                "answers": np.array([5, 10**12, 7], dtype=np.int64),
+                "answer_off": np.array([0, 3], dtype=np.int64),
+            },
+            1000,
+        )
     ok = SuffixDrafter()
     ok.restore(
-        {"answers": np.array([5, 999, 7], dtype=np.int64), "answer_off": np.array([0, 3], dtype=np.int64)}
+        {"answers": np.array([5, 999, 7], dtype=np.int64), "answer_off": np.array([0, 3], dtype=np.int64)},
+        1000,
     )
     ctx = DraftContext(tokens=[1, 5], prompt_len=2, target=target)
     ok.reset(ctx)

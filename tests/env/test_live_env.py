@@ -4,6 +4,7 @@ and recording resumes after a kill."""
 
 from __future__ import annotations
 
+import io
 import warnings
 
 import gymnasium as gym
@@ -247,6 +248,23 @@ def test_a_resumed_recording_keeps_the_probes_state(fp32_model, tmp_path, monkey
     np.savez(parts / trace_mod.PROBES_FILE, **bad)
     with pytest.raises(TraceError, match="probes.npz: recycling state: a token id outside"):
         record(fp32_model, three, probes, out, max_new_tokens=new, progress=False)
+    # state no run on this target could have saved: refused naming the file before a prompt is recorded, not at
+    # the first proposal (an id past the vocabulary) or dropped for an empty table (a table of another size)
+    vocab = int(fp32_model.config.vocab_size)
+    good = dict(np.load(io.BytesIO(saved)))
+    answers = good["suffix/answers"].copy()
+    answers[0] = vocab
+    small = {
+        "recycling/ids": good["recycling/ids"][:100].clip(-1, 99),
+        "recycling/logp": good["recycling/logp"][:100],
+    }
+    for bad, needle in (({"suffix/answers": answers}, f"suffix state: token id {vocab} is outside the target's vocabulary"),
+                        (small, f"recycling state: a table of 100 token ids, not the target's vocabulary of {vocab}")):  # fmt: skip
+        np.savez(parts / trace_mod.PROBES_FILE, **{**good, **bad})
+        calls.clear()
+        with pytest.raises(TraceError, match=f"probes.npz: {needle}") as err:
+            record(fp32_model, three, probes, out, max_new_tokens=new, progress=False)
+        assert calls == [] and "\n" not in str(err.value)
     (parts / trace_mod.PROBES_FILE).write_bytes(saved)
 
     calls.clear()

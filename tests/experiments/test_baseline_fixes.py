@@ -79,7 +79,7 @@ def test_run_warms_each_static_cache_size_as_bench_does(tmp_path, monkeypatch):
     from experiments.config import load_config
 
     loaded = SimpleNamespace(model_id="tiny", dtype=torch.float32, device=torch.device("cpu"), weights="dense",
-                             forward="lean", tokenizer=_WordTokenizer(), max_context=2048)  # fmt: skip
+                             forward="lean", tokenizer=_WordTokenizer(), max_context=2048, config=SimpleNamespace(vocab_size=64))  # fmt: skip
     workload = tmp_path / "long.jsonl"
     workload.write_text(
         json.dumps({"question_id": 1, "category": "summarization", "turns": ["word " * 300]}) + "\n"

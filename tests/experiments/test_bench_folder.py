@@ -28,7 +28,7 @@ class _Tokenizer:
 
 def _loaded() -> SimpleNamespace:
     return SimpleNamespace(model_id="tiny", dtype="torch.float32", device="cpu", weights="dense", forward="lean",
-                           tokenizer=_Tokenizer(), max_context=512)  # fmt: skip
+                           tokenizer=_Tokenizer(), max_context=512, config=SimpleNamespace(vocab_size=64))  # fmt: skip
 
 
 class _Killed(Exception):

@@ -98,7 +98,7 @@ def lossy_bench(tmp_path, monkeypatch):
             return {"input_ids": [ord(c) % 97 for c in text[:12]]}
 
     loaded = SimpleNamespace(model_id="tiny", dtype="torch.float32", device="cpu", weights="dense", forward="lean",
-                             tokenizer=Tok(), max_context=512)  # fmt: skip
+                             tokenizer=Tok(), max_context=512, config=SimpleNamespace(vocab_size=64))  # fmt: skip
     monkeypatch.setattr(env.model, "load_model", lambda *a, **k: loaded)
     monkeypatch.setattr(bench, "arm_decoder", lambda *a, **k: SimpleNamespace(drafters={}))
 

@@ -33,7 +33,7 @@ def test_bench_table_names_the_machine(label, tmp_path, monkeypatch, capsys):
             return {"input_ids": [ord(c) % 97 for c in text[:12]]}
 
     loaded = SimpleNamespace(model_id="tiny", dtype=torch.float32, device="cpu", weights="dense", forward="lean",
-                             tokenizer=Tok(), max_context=512)  # fmt: skip
+                             tokenizer=Tok(), max_context=512, config=SimpleNamespace(vocab_size=64))  # fmt: skip
     monkeypatch.setattr(env.model, "load_model", lambda *a, **k: loaded)
     monkeypatch.setattr(bench, "arm_decoder", lambda *a, **k: SimpleNamespace(drafters={}))
     monkeypatch.setattr(bench, "run_method", lambda *a, **k: ([5, 6], 0.1, 2, 1.0, []))

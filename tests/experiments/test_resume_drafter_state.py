@@ -93,6 +93,56 @@ def test_run_with_drafters_that_carry_state_resumes_as_if_never_killed(
     assert _run_results(tmp_path / "B") == want
 
 
+@pytest.mark.model
+def test_a_saved_state_no_run_on_this_target_could_have_written_is_refused_naming_it(
+    tmp_path, fp32_model, monkeypatch
+):
+    """A saved suffix cache with a token id past the target's vocabulary, or a recycling table of another
+    vocabulary's size: one line naming the file when the run resumes, before any prompt is decoded — not an error
+    at the suffix drafter's first proposal, nor a table silently dropped for an empty one."""
+    import numpy as np
+
+    import experiments.drafter_state as ds
+    from experiments.config import load_config
+    from experiments.errors import UserError
+    from experiments.runner import run
+
+    cfg = load_config(None, text=CARRY_TOML)
+    real, calls = ds.save_drafters, []
+
+    def killed(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:  # after the first prompt of both methods
+            raise KeyboardInterrupt
+        real(*a, **k)
+
+    monkeypatch.setattr(ds, "save_drafters", killed)
+    out = tmp_path / "B"
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, out, progress=False, loaded=fp32_model)
+    monkeypatch.undo()
+    vocab = int(fp32_model.config.vocab_size)
+    records = (out / "records.jsonl").read_text()
+    for method, key, change, needle in (
+        ("suffix-d8", "suffix/answers", lambda a: np.where(np.arange(a.size) == 0, vocab, a),
+         f"suffix state: token id {vocab} is outside the target's vocabulary"),
+        ("recycling-d4-k2-b6", "recycling/ids", lambda a: a[:100].clip(-1, 99),
+         f"recycling state: a table of 100 token ids, not the target's vocabulary of {vocab}"),
+    ):  # fmt: skip
+        path = ds.state_file(out / "policies", method)
+        saved = path.read_bytes()
+        arrays = dict(np.load(path))
+        arrays[key] = change(arrays[key])
+        if key == "recycling/ids":
+            arrays["recycling/logp"] = arrays["recycling/logp"][:100]
+        np.savez(path, **arrays)
+        with pytest.raises(UserError, match=needle) as err:
+            run(cfg, out, progress=False, loaded=fp32_model)
+        assert str(path) in str(err.value) and "\n" not in str(err.value)
+        assert (out / "records.jsonl").read_text() == records  # nothing decoded, nothing lost
+        path.write_bytes(saved)
+
+
 POLICY_CARRY_TOML = (
     CARRY_TOML.replace('methods = ["suffix-d8", "recycling-d4-k2-b6"]', 'methods = ["policy:ucb"]')
     + """[policies.ucb]
