@@ -75,9 +75,9 @@ class RecyclingDrafter:
         return {"ids": self.ids.numpy().copy(), "logp": self.logp.numpy().copy()}
 
     def restore(self, arrays: dict[str, np.ndarray], vocab: int | None = None) -> None:
-        """The table from ``carried()``'s arrays (checked; ``vocab``: a row per id of the target's vocabulary — a
-        table of another size would be dropped, empty, at the first sequence), shared with the forks; none given:
-        empty again."""
+        """The table from ``carried()``'s arrays (checked; ``vocab``: the target's vocabulary size, which the table
+        must have as its rows — drafting replaces a table of another size with an empty one), shared with the
+        forks; none given: empty again."""
         if not arrays:
             self.ids = self.logp = None
             return

@@ -230,6 +230,12 @@ def _grow(start: _Node, root_token: int, shape: TreeShape) -> tuple[list[int], l
     return tokens, parents, probs
 
 
+def _check_ids(top: int, vocab: int) -> None:
+    """A cache whose largest token id is ``top`` holds only ids of a vocabulary of ``vocab`` (``DrafterError``)."""
+    if top >= vocab:
+        raise DrafterError(f"suffix state: token id {top} is outside the target's vocabulary [0, {vocab})")
+
+
 class SuffixDrafter:
     """``depth_limit``: trie depth (match + continuation); ``max_match``: longest suffix matched;
     ``cache_requests``: earlier answers kept in the shared global trie (0: no cross-request cache); ``choose``:
@@ -309,10 +315,8 @@ class SuffixDrafter:
             )
         if flat.size and flat.min() < 0:
             raise DrafterError("suffix state: a negative token id")
-        if vocab is not None and flat.size and flat.max() >= vocab:
-            raise DrafterError(
-                f"suffix state: token id {int(flat.max())} is outside the target's vocabulary [0, {vocab})"
-            )
+        if vocab is not None and flat.size:
+            _check_ids(int(flat.max()), vocab)
         trie, answers = SuffixTrie(self.depth_limit), deque()
         for i in range(n):
             answer = flat[off[i] : off[i + 1]].tolist()
@@ -342,11 +346,8 @@ class SuffixDrafter:
 
     def _check_vocab(self, ctx: DraftContext) -> None:
         """A restored cache holds only ids of the target's vocabulary (answers remembered here came from it)."""
-        top = self.shared.get("max_id", -1)
-        if ctx.target is not None and top >= int(ctx.target.vocab_size):
-            raise DrafterError(
-                f"suffix state: token id {top} is outside the target's vocabulary [0, {int(ctx.target.vocab_size)})"
-            )
+        if ctx.target is not None:
+            _check_ids(self.shared.get("max_id", -1), int(ctx.target.vocab_size))
 
     def propose(self, ctx: DraftContext, shape: TreeShape) -> DraftTree:
         root = ctx.tokens[-1]

@@ -220,10 +220,10 @@ class FittedBatchCost:
         rows 0..GRID_ROWS - 1, nodes 0..GRID_NODES - 1) are read from it: ``bilinear`` computes each point on its
         own, so the table holds the numbers it would compute there, bit for bit, at a tenth of the time."""
         r, n = np.asarray(rows), np.asarray(nodes)
-        if r.ndim and r.shape == n.shape and r.dtype.kind in "iu" and n.dtype.kind in "iu":
+        if r.size and r.ndim and r.shape == n.shape and r.dtype.kind in "iu" and n.dtype.kind in "iu":
             if not self._grid:
                 ri, ni = np.arange(GRID_ROWS)[:, None], np.arange(GRID_NODES)[None, :]
-                self._grid.extend(self._bilinear(ri, ni))
+                self._grid[:] = self._bilinear(ri, ni)  # whole at once (two threads may both build it)
             tb, ts = self._grid
             if r.min() >= 0 and n.min() >= 0 and r.max() < GRID_ROWS and n.max() < GRID_NODES:
                 return tb[r, n], ts[r, n]

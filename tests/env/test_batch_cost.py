@@ -87,14 +87,14 @@ def test_past_the_grid_more_rows_or_nodes_never_cost_less():
         assert (np.diff(grid, axis=0) >= -1e-15).all() and (np.diff(grid, axis=1) >= -1e-15).all()
 
 
-def test_integer_points_read_from_the_table_are_the_interpolation_bit_for_bit():
+def test_integer_points_read_from_the_table_are_the_interpolation_bit_for_bit(monkeypatch):
     """A replay step prices integer rows and nodes: those within the table are read from it, the rest (and any
-    fraction) interpolated; both give the same numbers, bit for bit, in every integer dtype and shape."""
+    fraction) interpolated; both give the same numbers, bit for bit, in four integer dtypes, 2-D and 1-D."""
     from env.batch_cost import GRID_NODES, GRID_ROWS
 
     rng = np.random.default_rng(0)
     for c in (fitted(), load_batch_cost()):
-        for dtype, hi in ((np.int64, 1), (np.int32, 1), (np.uint8, 1), (np.int64, 3)):
+        for dtype, hi in ((np.int64, 1), (np.int32, 1), (np.int16, 1), (np.uint8, 1), (np.int64, 3)):
             # hi 1: every point within the table; hi 3: some past it (the call interpolates them all)
             r = rng.integers(0, min(hi * GRID_ROWS, 256), size=(7, 40)).astype(dtype)
             n = rng.integers(0, min(hi * GRID_NODES, 256), size=(7, 40)).astype(dtype)
@@ -108,7 +108,12 @@ def test_integer_points_read_from_the_table_are_the_interpolation_bit_for_bit():
         ):
             r, n = np.array(rows), np.array(nodes)
             assert np.array_equal(c.forward_s(r, n, 700), c.forward_s(r + 0.0, n + 0.0, 700))
-        assert c._grid, "the integer points were not read from the table"
+        assert c.forward_s(np.zeros(0, np.int64), np.zeros(0, np.int64), 900).shape == (0,)
+        # within the table nothing is interpolated once it is made
+        monkeypatch.setattr(FittedBatchCost, "_bilinear", lambda *a: pytest.fail("interpolated"))
+        r, n = np.arange(GRID_ROWS), np.arange(GRID_NODES)[:GRID_ROWS]
+        assert np.array_equal(c.forward_s(r, n, 900), c.forward_s(r[::-1], n[::-1], 900)[::-1])
+        monkeypatch.undo()
 
 
 def test_linear_in_context_with_a_floor():

@@ -299,7 +299,7 @@ def test_every_rows_state_travels_with_it_through_admission_and_retirement():
     assert sim._catch == [sim.drafter_names.index("eagle3")]
     sim.reset()
     rng = np.random.default_rng(4)
-    names = ("pos", "s", "n", "last", "took")
+    names = ("prompt", "pos", "s", "n", "last", "took")
     moved = fresh = 0
     while not sim.done().all():
         a = rng.integers(0, 3, size=(5, 4))
@@ -307,7 +307,7 @@ def test_every_rows_state_travels_with_it_through_admission_and_retirement():
         _, o = sim.step(a)
         act = old["active"]
         s2, n2 = update_alpha(old["s"], old["n"], o["acc"], o["dr"], o["rejected"])
-        want = {"pos": old["pos"] + o["tok"], "s": s2, "n": n2, "took": o["tok"],
+        want = {"prompt": old["prompt"], "pos": old["pos"] + o["tok"], "s": s2, "n": n2, "took": o["tok"],
                 "last": np.where(act & (o["dr"] > 0), o["acc"], old["last"]),
                 "pend": np.where((a == 2) & act, 0, old["pend"][..., 0]) + o["tok"]}  # fmt: skip
         for i in range(5):
@@ -321,9 +321,12 @@ def test_every_rows_state_travels_with_it_through_admission_and_retirement():
                 for name in names:
                     assert getattr(sim, name)[i, k] == want[name][i, j], (name, i, k)
                 assert sim.pend[i, k, 0] == want["pend"][i, j]
-            for k in range(len(order), int(sim.active[i].sum())):  # admitted this step
+            for q, k in enumerate(
+                range(len(order), int(sim.active[i].sum()))
+            ):  # admitted this step, in order
                 fresh += 1
-                assert all(getattr(sim, name)[i, k] == 0 for name in names), i
+                assert sim.prompt[i, k] == sim.req_prompt[i, old["ptr"][i] + q]
+                assert all(getattr(sim, name)[i, k] == 0 for name in names[1:]), i
                 assert sim.pend[i, k, 0] == sim.prompt_len[sim.prompt[i, k]]
     assert moved > 0 and fresh > 0
 
