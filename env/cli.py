@@ -36,6 +36,7 @@ USER_ERROR_TYPES: frozenset[str] = frozenset(
         "env.spec_env:EnvError",
         "env.serving:ServeError",
         "env.serve_obs:ServeEnvError",
+        "env.folder_lock:FolderBusy",
     }
 )
 
@@ -70,7 +71,12 @@ def user_message(err: BaseException, user_types: frozenset[str] = USER_ERROR_TYP
     if isinstance(err, OSError):  # a path that cannot be read or written
         what = err.strerror or type(err).__name__
         return one_line(f"{err.filename}: {what}" if err.filename is not None else f"{what}: {err}")
-    # sizes this machine cannot hold (numpy's and Python's MemoryError, torch's allocator): ask for less
+    return memory_message(err)
+
+
+def memory_message(err: BaseException) -> str | None:
+    """The line for sizes this machine cannot hold (numpy's and Python's MemoryError, torch's allocator): ask for
+    less. None for another error."""
     if isinstance(err, MemoryError) or (isinstance(err, RuntimeError) and "not enough memory" in str(err)):
         return one_line(
             f"not enough memory for the sizes asked for ({err or type(err).__name__}); ask for less"
@@ -86,6 +92,8 @@ def run_program(
 ) -> int:
     """``body(argv)``'s exit code; a user's error ends as one line on stderr and exit code 2 (``--help`` and an
     argument argparse refused return their own code). ``user_types``: as ``user_message``."""
+    from env.folder_lock import release_folders
+
     try:
         return int(body(argv) or 0)
     except SystemExit as exit_:
@@ -102,6 +110,8 @@ def run_program(
             raise
         sys.stderr.write(f"{prog}: error: {message}\n")
         return EXIT_USAGE
+    finally:
+        release_folders()  # the folders its command held (``env.folder_lock``)
 
 
 def same_file(a: object, b: object) -> bool:
@@ -130,6 +140,8 @@ def output_file(
     out = Path(path)
     if out.is_dir() or str(path).endswith(("/", os.sep)):
         raise ProgramError(f"{flag} {path} is a directory, not a file")
+    if out.exists() and not out.is_file():  # written under a temporary name and renamed: it would replace it
+        raise ProgramError(f"{flag} {path} is not a regular file (a device, FIFO or socket); not overwritten")
     check_not_input(out, flag, inputs)
     if flag == "--json" and holds_other_than_json(out):
         raise ProgramError(f"{flag} {path} exists and is not a JSON file; not overwritten")

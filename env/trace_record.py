@@ -23,6 +23,7 @@ from drafters.base import carried_state, restore_state
 from env.features import FeatureSpec, position_feature_names, position_features, projection
 from env.file_checks import int64_problem, one_line
 from env.files import atomic_write_text, file_digest
+from env.folder_lock import claim_folder, release_folder
 from env.safe_zip import ArchiveProblem, parse_json, read_npz
 from env.step import Stepper, largest_shape
 from env.trace import (
@@ -234,7 +235,9 @@ def record(
             )
         _remove_parts(parts_dir)
         return old
-    if parts_dir.is_dir() and head_file.is_file():
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    claim_folder(parts_dir, str(parts_dir))  # one recording at a time writes these parts
+    if head_file.is_file():
         try:
             old = parse_json(head_file.read_bytes())
         except (ArchiveProblem, OSError) as err:
@@ -250,7 +253,6 @@ def record(
                 f"delete it or choose another --out"
             )
     else:
-        parts_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(head_file, json.dumps(header))  # torn, it would stop every later resume
     carriers = {n: d for n, d in probes.items() if isinstance(d, Carries)}
     if carriers:
@@ -290,6 +292,7 @@ def record(
             f"{parts_dir} holds a part of another recording ({one_line(str(err))}); delete it"
         ) from None
     trace.save(out)
+    release_folder(parts_dir)
     _remove_parts(parts_dir)
     return trace
 

@@ -286,9 +286,11 @@ def sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=seed_int, default=0)
 
 
-def output_dir(path: str | Path, flag: str = "--out") -> Path:
+def output_dir(path: str | Path, flag: str = "--out", exclusive: bool = False) -> Path:
     """Make the run directory (or find it) and check that files can be created in it, before any work, so that
-    a bad path fails in one line instead of after the results were computed."""
+    a bad path fails in one line instead of after the results were computed. ``exclusive``: a folder the command
+    writes and resumes from, held for it (``env.folder_lock``: another process writing it is one line)."""
+    from env.folder_lock import claim_folder
     from experiments.errors import UserError
 
     out = Path(path)
@@ -301,7 +303,25 @@ def output_dir(path: str | Path, flag: str = "--out") -> Path:
         probe.unlink()
     except OSError as err:
         raise UserError(f"{flag} {out}: cannot write there ({err.strerror or err})") from err
+    if exclusive:
+        claim_folder(out, f"{flag} {out}")
     return out
+
+
+def run_folder_outputs(out: Path, files: tuple[str, ...], folders: tuple[str, ...] = ()) -> None:
+    """Check, before any work, that what a command writes in its run folder ``out`` can be written there: each of
+    ``files`` absent or a regular file, each of ``folders`` absent or a folder (a directory named ``bench.json``
+    failed the command after every prompt was decoded)."""
+    from experiments.errors import UserError
+
+    for name in files:
+        p = out / name
+        if p.exists() and not p.is_file():
+            raise UserError(f"{p} is not a regular file, and the run writes its {name} there: move it away")
+    for name in folders:
+        p = out / name
+        if p.exists() and not p.is_dir():
+            raise UserError(f"{p} is not a folder, and the run writes its {name} there: move it away")
 
 
 def output_file(
@@ -322,6 +342,8 @@ def output_file(
         raise UserError(f"{flag} {out} is a directory, not a file")
     if str(path).endswith(("/", "\\")):  # Path drops the slash: x/ would write a file named x
         raise UserError(f"{flag} {path} names a folder, not a file")
+    if out.exists() and not out.is_file():  # written under a temporary name and renamed: it would replace it
+        raise UserError(f"{flag} {out} is not a regular file (a device, FIFO or socket); not overwritten")
     if earlier is None and flag == "--json":
         earlier = (lambda p: not holds_other_than_json(p), "a JSON file")
     if out.exists():

@@ -310,7 +310,7 @@ def cmd_bench(args: Any) -> int:
 
     from env.model import load_model
     from env.workloads import load_workload, prompts_digest
-    from experiments.args import drafter_options, output_dir, same_drafter_options
+    from experiments.args import drafter_options, output_dir, run_folder_outputs, same_drafter_options
     from experiments.errors import UserError
 
     given = ",".join(DEFAULT_METHODS) if args.methods is None else args.methods
@@ -350,7 +350,8 @@ def cmd_bench(args: Any) -> int:
 
         policies = [load_policy(path) for path in args.policy]
     out = Path(args.out or f"runs/bench-{dt.datetime.now():%Y%m%d-%H%M%S}")
-    output_dir(out)
+    output_dir(out, exclusive=True)
+    run_folder_outputs(out, ("records.jsonl", "bench.json", "settings.json", "drafter_options.json"))
     started = bool(load_done(out / "records.jsonl"))
     same_drafter_options(
         out, options, started=started, write=False

@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser(_command_of(argv)).parse_args(argv)
     except SystemExit as exit_:  # --help (0), or an argument argparse refused (2, already reported)
         return int(exit_.code or 0)
+    from env.folder_lock import release_folders
+
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -137,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         sys.stderr.write(f"draftgym {args.command}: error: {message}\n")
         return EXIT_USAGE
+    finally:
+        release_folders()  # the folders the command held (``env.folder_lock``)
 
 
 def user_message(err: Exception) -> str | None:
@@ -147,7 +151,9 @@ def user_message(err: Exception) -> str | None:
         return f"a file is not UTF-8 text ({err.reason} at byte {err.start})"
     if isinstance(err, OSError):  # a path that cannot be read or written
         return one_line(describe_os_error(err))
-    return None
+    from env.cli import memory_message
+
+    return memory_message(err)
 
 
 # commands whose process ends as soon as their output is out, without the interpreter's teardown (freeing torch

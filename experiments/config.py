@@ -34,6 +34,8 @@ from experiments.strict_toml import (
 )
 from experiments.strict_toml import opt as _f
 
+MAX_ENVS = 4096  # replay envs a policy trains on at once: each holds its episode's arrays
+
 Scalar = int | float | str | bool
 DrafterOption = int | float | str | bool | dict[str, dict[str, Scalar]]  # a table: a hybrid's parts' options
 # The baselines that are not arms of ours, run by ``experiments.bench.run_method``, greedy only: Hugging Face
@@ -105,7 +107,7 @@ class TrainConfig:
     """Replay trace file (empty: the bundled trace)."""
     total_timesteps: int = _f(10_000, min=0)
     """Training budget in env steps."""
-    n_envs: int = _f(8, min=1)
+    n_envs: int = _f(8, min=1, max=MAX_ENVS)
     """Parallel episodes of the vectorized replay env (one process; ``env.vector_env.make_sb3_vec_env``)."""
     eval_freq: int = _f(20_000, min=1)
     """Env steps between evaluations of the deterministic policy on validation prompts."""

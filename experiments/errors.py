@@ -25,6 +25,7 @@ USER_ERROR_TYPES: frozenset[str] = frozenset(
         "env.spec_env:EnvError",
         "env.serving:ServeError",
         "env.serve_obs:ServeEnvError",
+        "env.folder_lock:FolderBusy",
         "policies.base:PolicyError",
         "experiments.strict_toml:ConfigError",
         "experiments.methods:MethodError",

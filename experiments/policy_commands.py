@@ -343,7 +343,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             args.json, flag="--json", inputs=(*args.policies, args.trace, args.cost_model, args.workload)
         )
     if args.out:
-        output_dir(args.out)
+        output_dir(args.out, exclusive=True)
 
     def load() -> Any:
         return load_model(

@@ -53,6 +53,17 @@ class RunDirError(ValueError):
     """A run directory that holds another config's results; meant for the user."""
 
 
+# what a run writes in its folder (the docstring's list): checked writable before anything runs
+RUN_FILES = (
+    "config.toml",
+    "provenance.jsonl",
+    "records.jsonl",
+    "summary.json",
+    "summary.md",
+    "settings.json",
+)
+
+
 def select_prompts(cfg: Config) -> list[Prompt]:
     w = cfg.workload
     prompts = load_workload(
@@ -430,12 +441,13 @@ def check_results(records: list[Record], prompts: list[Prompt], methods: list[st
 def cmd_run(args: Any) -> int:
     import sys
 
-    from experiments.args import output_dir
+    from experiments.args import output_dir, run_folder_outputs
     from experiments.errors import UserError
 
     cfg = load_config(args.config, sets=args.set or [])
     select_prompts(cfg)  # a missing or bad workload: one line before the run folder is made
-    out = output_dir(args.out or f"runs/{cfg.name}")
+    out = output_dir(args.out or f"runs/{cfg.name}", exclusive=True)
+    run_folder_outputs(out, RUN_FILES, ("plots",))
     result = run(cfg, out, progress=not args.json)
     problems = check_results(load_done(out / "records.jsonl"), select_prompts(cfg), list(cfg.methods))
     if problems:

@@ -233,6 +233,15 @@ def cmd_serve_bench(args: Any) -> int:
     if args.limit:
         prompts = prompts[: args.limit]
     args.arrival_times = read_arrivals(args.arrivals, len(prompts)) if args.arrivals else None
+    if args.rate is not None:  # served in real time, as a file's arrivals are
+        from env.serving import poisson_arrivals
+
+        last = poisson_arrivals(len(prompts), args.rate, args.seed)[-1]
+        if last > MAX_ARRIVAL_S:
+            raise UserError(
+                f"--rate {args.rate:g}: request {len(prompts)} would arrive at {last:g} s; a served stream spans "
+                f"at most {MAX_ARRIVAL_S} s (a higher rate, or fewer requests)"
+            )
     if HF_BATCH in methods and (args.rate is not None or args.arrivals):
         if args.methods != ",".join(DEFAULT_METHODS):
             raise UserError(
@@ -242,7 +251,7 @@ def cmd_serve_bench(args: Any) -> int:
         methods.remove(
             HF_BATCH
         )  # the default methods under an open loop: the static-batching peer cannot run
-    out = output_dir(args.out or "runs/serve-bench")
+    out = output_dir(args.out or "runs/serve-bench", exclusive=True)
     same_drafter_options(out, args.drafter_options, started=bool(load_cells(out / "cells.jsonl")))
     loaded = load_model(
         args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward

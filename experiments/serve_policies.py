@@ -420,7 +420,7 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
                         f"{', '.join([*(name for name, _ in policies), *statics])}")  # fmt: skip
     if args.json:
         output_file(args.json, flag="--json", inputs=(*args.policies, args.trace, args.batch_cost))
-    out = output_dir(args.out or "runs/evaluate-serve")
+    out = output_dir(args.out or "runs/evaluate-serve", exclusive=True)
     loaded = None
     if not args.no_live:
         from env.model import load_model

@@ -263,7 +263,7 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
         parse_arm(a)
     row_timesteps = _row_timesteps(arms, args.timesteps, args.row_timesteps)
     split = _split(trace, args.test_per_category, args.seed)
-    out = output_dir(args.out)
+    out = output_dir(args.out, exclusive=True)
     from env.files import file_digest
     from experiments.args import same_settings
     from experiments.records import cost_identity

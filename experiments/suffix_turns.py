@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     if not arms or any(a.drafter not in ("ngram", "suffix") for a in arms):
         raise UserError("--arms takes n-gram and suffix arms (drafters scored offline)")
     turns = _turns(args.workload)[: args.questions]
-    out = output_dir(args.out)
+    out = output_dir(args.out, exclusive=True)
     loaded = load_model(None, dtype=args.dtype, device="cpu", weights=args.weights)
     tok = loaded.tokenizer
     ident = run_identity(loaded, args.max_new_tokens)  # model, dtype, device, weights, forward, new tokens

@@ -194,6 +194,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     from env.machine import cache_dir
     from env.model import load_model
     from env.workloads import load_workload
+    from experiments.args import output_dir
     from experiments.errors import UserError
 
     if args.per_category < 1 or args.max_new_tokens < 1 or args.cpu_minutes <= 0:
@@ -255,6 +256,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         json.dumps([loaded.model_id, args.dtype, args.max_new_tokens, args.window, layers, ids]).encode()
     ).hexdigest()[:12]
     work = Path(args.work) if args.work else cache_dir() / "distill" / f"{Path(loaded.model_id).name}-{key}"
+    output_dir(work, flag="--work", exclusive=True)  # the default one too (checked and held)
     out = Path(args.out) if args.out else cache_heads_dir() / head_name(args.kind, loaded.model_id)
     _out_outside_work(out, work)
     progress = not args.json
@@ -357,6 +359,7 @@ def _train_eagle3(args: argparse.Namespace) -> int:
     from env.machine import cache_dir
     from env.model import load_model
     from experiments import corpus
+    from experiments.args import output_dir
 
     _outputs_and_threads(args)
     dtype = args.dtype or "bf16"
@@ -371,6 +374,7 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         if args.work
         else corpus_folder(cache_dir(), loaded, args.max_new_tokens, args.workload)
     )
+    output_dir(work, flag="--work", exclusive=True)  # the default one too (checked and held)
     out = Path(args.out) if args.out else cache_heads_dir() / head_name("eagle3", loaded.model_id)
     _out_outside_work(out, work)
     progress = not args.json
@@ -433,15 +437,38 @@ def _outputs_and_threads(args: argparse.Namespace) -> None:
     import torch
 
     from experiments.args import output_dir, output_file
+    from experiments.errors import UserError
 
-    if args.out:
-        output_file(Path(args.out).with_suffix(".safetensors"))
     if args.out and args.work:  # again once the default folders are known; now before the model loads
         _out_outside_work(Path(args.out), Path(args.work))
+    if args.out:
+        out = Path(args.out)
+        if out.is_dir():
+            raise UserError(
+                f"--out {out} is a directory: give the head's file name (its .safetensors and .json)"
+            )
+        # a head's two files replace only a head's (a misplaced --out must not destroy someone's file)
+        head = (_is_head, "a draftgym head (a .safetensors whose .json beside it describes a head)")
+        output_file(out.with_suffix(".safetensors"), earlier=head)
+        output_file(out.with_suffix(".json"), flag="--out", earlier=head)
     if args.work:
-        output_dir(args.work, flag="--work")
+        output_dir(args.work, flag="--work", exclusive=True)
     if args.threads:
         torch.set_num_threads(args.threads)
+
+
+def _is_head(path: Path) -> bool:
+    """Whether ``path`` (X.safetensors or X.json) is a file of a draftgym head: X.json, beside it, describes one."""
+    from drafters.heads import FORMAT
+
+    desc = path.with_suffix(".json")
+    if not desc.is_file() or desc.stat().st_size > 16 << 20:
+        return False
+    try:
+        d = json.loads(desc.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # (UnicodeDecodeError is a ValueError)
+        return False
+    return isinstance(d, dict) and d.get("format") == FORMAT
 
 
 def _out_outside_work(out: Path, work: Path) -> None:

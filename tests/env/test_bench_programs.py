@@ -376,6 +376,26 @@ def test_json_output_overwrites_only_one_json_value(text, kept, tmp_path):
     assert output_file(tmp_path / "missing.json") == tmp_path / "missing.json"
 
 
+def test_an_output_that_is_no_regular_file_is_refused_and_kept(tmp_path, capsys):
+    """Results are written under a temporary name and renamed over the output: a FIFO (or, for root, a device such as
+    /dev/null) named there was replaced by a regular file, and reading it to check for JSON blocked."""
+    import os
+
+    from env.bench_serve_env import main
+    from env.cli import ProgramError, output_file
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(
+        ProgramError, match="is not a regular file .a device, FIFO or socket.; not overwritten"
+    ):
+        output_file(fifo)
+    assert main(["--envs", "1", "--steps", "2", "--reps", "1", "--json", str(fifo)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a regular file" in err, err
+    assert fifo.is_fifo()
+
+
 def test_json_output_refuses_a_file_too_large_to_check(monkeypatch, tmp_path):
     import env.cli
     import kernels.timing

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -55,6 +56,8 @@ def files(tmp_path_factory) -> dict[str, Path]:
         ).encode(),
         "jsonl_noturns": b'{"question_id": 1, "category": "qa"}\n',
         "jsonl_emptyturn": b'{"question_id": 1, "category": "qa", "turns": [" "]}\n',
+        "toml_nenvs": b'name = "x"\n[policies.p]\nkind = "sb3"\narms = ["none", "ngram-d2"]\n'
+        b"[policies.p.train]\nn_envs = 1000000000000\n",
     }
     for key, data in write.items():
         f[key] = d / f"{key}.dat"
@@ -97,6 +100,17 @@ def files(tmp_path_factory) -> dict[str, Path]:
     f["badhead"] = d / "badhead"  # a head whose two files are there, and neither is one
     (d / "badhead.safetensors").write_bytes(b"{{{ no safetensors header")
     (d / "badhead.json").write_text("{not json")
+    # outputs that are no regular file, and run folders whose result files are in the way
+    f["fifo"] = d / "fifo"
+    os.mkfifo(f["fifo"])  # written under a temporary name and renamed, it was replaced; read, it blocked
+    f["victim"] = d / "victim.safetensors"  # someone's file where a head's would go
+    f["victim"].write_text("my thesis draft")
+    for key, name in [("out_benchjson_dir", "bench.json"), ("out_summary_dir", "summary.json")]:
+        (d / key / name).mkdir(parents=True)
+        f[key] = d / key
+    f["out_plots_file"] = d / "out_plots_file"
+    f["out_plots_file"].mkdir()
+    (f["out_plots_file"] / "plots").write_text("a file where the plots folder goes")
     f["marker"] = marker
     return f
 
@@ -595,6 +609,23 @@ SERVE_POLICIES = [
     ),
     ("serve-bench-policy-garbage", ["serve-bench", "--policy", "{garbage}"], "garbage"),
 ]
+OUTPUTS = [
+    ("evaluate-json-fifo", ["evaluate", str(ROOT / "policies" / "data" / "best-static.zip"), "--no-live", "--json", "{fifo}"],
+     "is not a regular file"),
+    ("record-out-fifo", ["record", "--limit", "1", "--max-new-tokens", "4", "--out", "{fifo}"], "is not a regular file"),
+    ("train-drafter-out-not-a-head", ["train-drafter", "eagle", "--exclude-per-category", "0", "--out", "{victim}"],
+     "is not a draftgym head"),
+    ("train-drafter-out-a-folder", ["train-drafter", "eagle", "--exclude-per-category", "0", "--out", "{dir}"],
+     "is a directory"),
+    ("train-n-envs-huge", ["train", "{toml_nenvs}"], "n_envs"),
+    ("serve-bench-rate-tiny", ["serve-bench", "--limit", "2", "--methods", "ar", "--rate", "1e-6"],
+     "a served stream spans at most 3600 s"),
+    ("bench-json-a-folder", ["bench", "--limit", "1", "--methods", "ar", "--out", "{out_benchjson_dir}"],
+     "bench.json is not a regular file"),
+    ("run-summary-a-folder", ["run", str(CONFIGS / "bandit.toml"), "--out", "{out_summary_dir}"],
+     "summary.json is not a regular file"),
+    ("run-plots-a-file", ["run", str(CONFIGS / "bandit.toml"), "--out", "{out_plots_file}"], "plots is not a folder"),
+]  # fmt: skip
 TOP = [
     ("no-command", [], "required"),
     ("unknown-command", ["serve"], "invalid choice"),
@@ -667,6 +698,7 @@ CASES = [
     *(("train-drafter-" + i, a, n) for i, a, n in TRAIN_DRAFTER),
     *(("serve-bench-" + i, a, n) for i, a, n in SERVE),
     *SERVE_POLICIES,
+    *OUTPUTS,
     *TOP,
 ]
 
@@ -791,3 +823,13 @@ def test_serving_policies_of_two_max_batches_are_refused_together(tmp_path, caps
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and "b: trained for a max batch of 8, a for 16" in err[0], err
     assert not (tmp_path / "o").exists()
+
+
+def test_sizes_the_machine_cannot_hold_are_one_line_for_every_command():
+    """numpy's MemoryError (a count too large for this machine) was a traceback under ``draftgym`` while the
+    programs under ``env/`` said it in one line."""
+    from experiments.cli import user_message
+
+    msg = user_message(MemoryError("Unable to allocate 58.2 TiB for an array with shape (1000000000000, 16)"))
+    assert msg is not None and msg.startswith("not enough memory for the sizes asked for") and "\n" not in msg
+    assert user_message(RuntimeError("something else")) is None  # a bug keeps its traceback

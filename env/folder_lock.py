@@ -1,0 +1,76 @@
+"""One command at a time in a folder it resumes from. Two processes writing one run folder at once (the same command
+started twice, a scheduler's retry while the first still runs) would each append the same prompts' records and
+time their methods on shared cores; a trace's parts or a head's training state would be written by both.
+
+``claim_folder`` takes an exclusive ``flock`` on the folder itself (no file is made in it), held until
+``release_folder``/``release_folders`` (the command lines release every folder when a command returns) or the
+process ends — however it ends: the kernel drops the lock of a process killed with ``kill -9``, so there is never
+a stale lock to delete. Another process holding it: ``FolderBusy``, one line naming the folder and, where
+``/proc/locks`` shows it, that process. A file system that cannot lock (``flock`` refused for another reason than
+the lock being held) is used unlocked, as before.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from pathlib import Path
+
+_HELD: dict[Path, int] = {}  # folder (resolved) -> its open descriptor, while this process holds it
+
+
+class FolderBusy(Exception):
+    """Another process is writing the folder (one line: the folder and that process's pid)."""
+
+
+def claim_folder(folder: str | Path, what: str) -> None:
+    """Hold ``folder`` (an existing directory) for this process; ``what`` names it in the error (``--out runs/x``).
+    Claiming a folder this process holds already is a no-op (a command resumed in the same process)."""
+    key = Path(folder).resolve()
+    if key in _HELD:
+        return
+    fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        st = os.fstat(fd)
+        os.close(fd)
+        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return  # no locks on this file system
+        holder = _holder(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
+        raise FolderBusy(
+            f"{what} is in use by another process{f' (pid {holder})' if holder else ''} writing the same results: "
+            "wait for it to end, or choose another folder"
+        ) from None
+    _HELD[key] = fd
+
+
+def _holder(where: str) -> int | None:
+    """The pid ``/proc/locks`` shows holding a ``flock`` on ``where`` (``MAJOR:MINOR:INODE``, the device in hex), or
+    None (none shown, or no such file). Its lines read ``1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF``."""
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        f = line.split()
+        if len(f) >= 6 and f[1] == "FLOCK" and f[5] == where and f[4].isdigit():
+            return int(f[4])
+    return None
+
+
+def release_folder(folder: str | Path) -> None:
+    """Release ``folder`` if this process holds it (before the folder is removed)."""
+    fd = _HELD.pop(Path(folder).resolve(), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor drops its lock
+
+
+def release_folders() -> None:
+    """Release every folder this process holds (when a command returns, however it returns)."""
+    for folder in list(_HELD):
+        release_folder(folder)
+
+
+__all__ = ["FolderBusy", "claim_folder", "release_folder", "release_folders"]

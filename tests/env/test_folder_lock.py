@@ -1,0 +1,124 @@
+"""One command at a time in a run folder (``env.folder_lock``): a second process is refused in one line naming the
+folder and the process that holds it, nothing is written in the folder, a killed holder leaves no lock behind, and
+a command releases its folders when it returns."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from env.folder_lock import FolderBusy, claim_folder, release_folder, release_folders
+
+HOLD = """
+import sys, time
+from env.folder_lock import claim_folder
+claim_folder(sys.argv[1], "held")
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+class Holder:
+    """Another process holding ``folder`` until it is killed."""
+
+    def __init__(self, folder: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "held"
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)  # as kill -9: nothing of its own runs
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def held(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    holder = Holder(folder)
+    yield folder, holder
+    if holder.proc.poll() is None:
+        holder.kill()
+
+
+def test_a_folder_another_process_holds_is_refused_naming_it_and_the_process(held):
+    folder, holder = held
+    with pytest.raises(FolderBusy) as err:
+        claim_folder(folder, f"--out {folder}")
+    msg = str(err.value)
+    assert msg.startswith(f"--out {folder} is in use by another process") and "\n" not in msg
+    assert f"(pid {holder.proc.pid})" in msg
+    assert list(folder.iterdir()) == []  # the lock is on the folder: nothing is made in it
+
+
+def test_a_killed_holder_leaves_no_lock_and_a_release_lets_another_process_in(held):
+    folder, holder = held
+    holder.kill()
+    claim_folder(folder, "x")
+    claim_folder(folder, "x")  # this process holds it: a no-op
+    with pytest.raises(AssertionError):
+        Holder(folder)  # while this process holds it, the other cannot (it fails before saying "held")
+    release_folder(folder)
+    other = Holder(folder)
+    other.kill()
+    claim_folder(folder, "x")
+    release_folders()
+    Holder(folder).kill()
+
+
+def test_a_command_on_a_held_run_folder_is_one_line_and_exit_2_before_any_work(held, capsys):
+    """``draftgym bench --out`` on a folder another run is writing: refused before the model loads, its records
+    untouched; the command's own folder is released when it returns (another process may take it)."""
+    from experiments.cli import main
+
+    folder, holder = held
+    records = folder / "records.jsonl"
+    records.write_text(json.dumps({"method": "ar", "prompt_id": "1"}) + "\n")
+    before = records.read_bytes()
+    assert (
+        main(["bench", "--out", str(folder), "--limit", "1", "--methods", "ar", "--max-new-tokens", "4"]) == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--out {folder} is in use by another process (pid {holder.proc.pid})" in err[0]
+    assert records.read_bytes() == before
+    holder.kill()
+    records.unlink()
+    assert (
+        main(["bench", "--out", str(folder), "--limit", "1", "--methods", "ar", "--max-new-tokens", "4"]) == 0
+    )
+    assert len(records.read_text().splitlines()) == 1
+    Holder(folder).kill()  # released when the command returned
+
+
+def test_a_sweeps_shared_folder_is_not_held(held):
+    """Sweep workers share one folder (and their study): ``output_dir`` holds a folder only when asked."""
+    from experiments.args import output_dir
+
+    folder, _ = held
+    assert output_dir(folder) == folder
+    with pytest.raises(FolderBusy):
+        output_dir(folder, exclusive=True)
+
+
+def test_a_recording_in_progress_is_not_recorded_into_by_another(fp32_model, tmp_path):
+    from env.trace_record import record
+    from env.workloads import load_workload
+
+    out = tmp_path / "t.npz"
+    parts = out.with_name(out.name + ".parts")
+    parts.mkdir()
+    holder = Holder(parts)
+    try:
+        with pytest.raises(FolderBusy, match=f"{parts} is in use by another process"):
+            record(fp32_model, load_workload()[:1], ["ngram"], out, max_new_tokens=4, progress=False)
+        assert list(parts.iterdir()) == [] and not out.exists()
+    finally:
+        holder.kill()
+    trace = record(fp32_model, load_workload()[:1], ["ngram"], out, max_new_tokens=4, progress=False)
+    assert out.is_file() and not parts.exists() and len(trace.prompt_ids) == 1
