@@ -92,8 +92,9 @@ def run_program(
 ) -> int:
     """``body(argv)``'s exit code; a user's error ends as one line on stderr and exit code 2 (``--help`` and an
     argument argparse refused return their own code). ``user_types``: as ``user_message``."""
-    from env.folder_lock import release_folders
+    from env.folder_lock import held_folders, release_folders
 
+    held = held_folders()
     try:
         return int(body(argv) or 0)
     except SystemExit as exit_:
@@ -111,7 +112,7 @@ def run_program(
         sys.stderr.write(f"{prog}: error: {message}\n")
         return EXIT_USAGE
     finally:
-        release_folders()  # the folders its command held (``env.folder_lock``)
+        release_folders(keep=held)  # the folders its command claimed (``env.folder_lock``)
 
 
 def same_file(a: object, b: object) -> bool:

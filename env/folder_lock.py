@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 _HELD: dict[Path, int] = {}  # folder (resolved) -> its open descriptor, while this process holds it
@@ -67,10 +68,16 @@ def release_folder(folder: str | Path) -> None:
         os.close(fd)  # closing the descriptor drops its lock
 
 
-def release_folders() -> None:
-    """Release every folder this process holds (when a command returns, however it returns)."""
-    for folder in list(_HELD):
+def held_folders() -> set[Path]:
+    """The folders this process holds now."""
+    return set(_HELD)
+
+
+def release_folders(keep: Collection[Path] = ()) -> None:
+    """Release every folder this process holds but ``keep`` (``held_folders()`` before a command: a command returning,
+    however it returns, releases what it claimed, not what its in-process caller holds)."""
+    for folder in [f for f in _HELD if f not in keep]:
         release_folder(folder)
 
 
-__all__ = ["FolderBusy", "claim_folder", "release_folder", "release_folders"]
+__all__ = ["FolderBusy", "claim_folder", "held_folders", "release_folder", "release_folders"]

@@ -166,11 +166,8 @@ def record(
     """Record a trace of ``prompts`` (``env.workloads.Prompt``) into ``out``; resumes from ``out.parts/``. A
     finished ``out`` of the same settings is returned as it is (a rerun after the end, or after a kill while the
     parts were deleted); one of other settings is refused unless ``overwrite``."""
-    from tqdm import tqdm
-
     from env.batch import BatchEngine
     from env.decoder import chat_prompt
-    from env.engine import NO_DRAFT
     from env.target import check_prompt
     from env.workloads import prompts_digest
 
@@ -223,7 +220,6 @@ def record(
         "device": str(loaded.device),
     }
     parts_dir = out.with_name(out.name + ".parts")
-    head_file = parts_dir / "header.json"
     if out.exists() and not overwrite:
         old = load_trace(out)
         want = json.loads(json.dumps(header))
@@ -233,10 +229,32 @@ def record(
                 f"{out} already holds a trace of other settings ({', '.join(diff)} differ); delete it, "
                 f"pass --overwrite or choose another --out"
             )
-        _remove_parts(parts_dir)
+        if parts_dir.is_dir():  # a finished recording's parts: removed, though not while another writes them
+            claim_folder(parts_dir, str(parts_dir))
+            _remove_parts(parts_dir)
+            release_folder(parts_dir)
         return old
     parts_dir.mkdir(parents=True, exist_ok=True)
     claim_folder(parts_dir, str(parts_dir))  # one recording at a time writes these parts
+    try:
+        return _record_held(
+            loaded, engine, prompts, probes, out, max_new_tokens, spec, header, parts_dir, progress
+        )
+    finally:
+        release_folder(parts_dir)  # after the parts are removed (another recording could take them at once)
+
+
+def _record_held(loaded: Any, engine: Any, prompts: list[Any], probes: dict[str, Drafter], out: Path,
+                 max_new_tokens: int, spec: FeatureSpec, header: dict[str, Any], parts_dir: Path, progress: bool
+                 ) -> Trace:  # fmt: skip
+    """``record``'s work once it holds ``parts_dir``: the parts checked or started, the prompts not yet recorded
+    recorded, the trace assembled and saved, the parts removed."""
+    from tqdm import tqdm
+
+    from env.decoder import chat_prompt
+    from env.engine import NO_DRAFT
+
+    head_file = parts_dir / "header.json"
     if head_file.is_file():
         try:
             old = parse_json(head_file.read_bytes())
@@ -292,7 +310,6 @@ def record(
             f"{parts_dir} holds a part of another recording ({one_line(str(err))}); delete it"
         ) from None
     trace.save(out)
-    release_folder(parts_dir)
     _remove_parts(parts_dir)
     return trace
 

@@ -351,7 +351,9 @@ def cmd_bench(args: Any) -> int:
         policies = [load_policy(path) for path in args.policy]
     out = Path(args.out or f"runs/bench-{dt.datetime.now():%Y%m%d-%H%M%S}")
     output_dir(out, exclusive=True)
-    run_folder_outputs(out, ("records.jsonl", "bench.json", "settings.json", "drafter_options.json"))
+    run_folder_outputs(
+        out, ("records.jsonl", "bench.json", "settings.json", "drafter_options.json"), ("policies",)
+    )
     started = bool(load_done(out / "records.jsonl"))
     same_drafter_options(
         out, options, started=started, write=False

@@ -126,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser(_command_of(argv)).parse_args(argv)
     except SystemExit as exit_:  # --help (0), or an argument argparse refused (2, already reported)
         return int(exit_.code or 0)
-    from env.folder_lock import release_folders
+    from env.folder_lock import held_folders, release_folders
 
+    held = held_folders()
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"draftgym {args.command}: error: {message}\n")
         return EXIT_USAGE
     finally:
-        release_folders()  # the folders the command held (``env.folder_lock``)
+        release_folders(keep=held)  # the folders the command claimed (``env.folder_lock``)
 
 
 def user_message(err: Exception) -> str | None:

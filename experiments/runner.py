@@ -447,7 +447,7 @@ def cmd_run(args: Any) -> int:
     cfg = load_config(args.config, sets=args.set or [])
     select_prompts(cfg)  # a missing or bad workload: one line before the run folder is made
     out = output_dir(args.out or f"runs/{cfg.name}", exclusive=True)
-    run_folder_outputs(out, RUN_FILES, ("plots",))
+    run_folder_outputs(out, RUN_FILES, ("plots", "policies"))
     result = run(cfg, out, progress=not args.json)
     problems = check_results(load_done(out / "records.jsonl"), select_prompts(cfg), list(cfg.methods))
     if problems:

@@ -256,7 +256,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         json.dumps([loaded.model_id, args.dtype, args.max_new_tokens, args.window, layers, ids]).encode()
     ).hexdigest()[:12]
     work = Path(args.work) if args.work else cache_dir() / "distill" / f"{Path(loaded.model_id).name}-{key}"
-    output_dir(work, flag="--work", exclusive=True)  # the default one too (checked and held)
+    output_dir(work, flag="--work" if args.work else "the work folder", exclusive=True)  # the default one too
     out = Path(args.out) if args.out else cache_heads_dir() / head_name(args.kind, loaded.model_id)
     _out_outside_work(out, work)
     progress = not args.json
@@ -374,7 +374,7 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         if args.work
         else corpus_folder(cache_dir(), loaded, args.max_new_tokens, args.workload)
     )
-    output_dir(work, flag="--work", exclusive=True)  # the default one too (checked and held)
+    output_dir(work, flag="--work" if args.work else "the work folder", exclusive=True)  # the default one too
     out = Path(args.out) if args.out else cache_heads_dir() / head_name("eagle3", loaded.model_id)
     _out_outside_work(out, work)
     progress = not args.json
@@ -460,13 +460,14 @@ def _outputs_and_threads(args: argparse.Namespace) -> None:
 def _is_head(path: Path) -> bool:
     """Whether ``path`` (X.safetensors or X.json) is a file of a draftgym head: X.json, beside it, describes one."""
     from drafters.heads import FORMAT
+    from env.safe_zip import ArchiveProblem, parse_json
 
     desc = path.with_suffix(".json")
     if not desc.is_file() or desc.stat().st_size > 16 << 20:
         return False
     try:
-        d = json.loads(desc.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # (UnicodeDecodeError is a ValueError)
+        d = parse_json(desc.read_bytes())  # hostile text (nesting past the recursion limit too): not a head
+    except (OSError, ArchiveProblem):
         return False
     return isinstance(d, dict) and d.get("format") == FORMAT
 

@@ -96,14 +96,39 @@ def test_a_command_on_a_held_run_folder_is_one_line_and_exit_2_before_any_work(h
     Holder(folder).kill()  # released when the command returned
 
 
-def test_a_sweeps_shared_folder_is_not_held(held):
-    """Sweep workers share one folder (and their study): ``output_dir`` holds a folder only when asked."""
+def test_a_sweeps_shared_folder_is_not_held(held, capsys):
+    """Sweep workers share one folder (and their study): a sweep goes on in a folder another process holds (here to
+    its check of the folder's config, which refuses a folder of another run); ``output_dir`` holds one only when
+    asked."""
     from experiments.args import output_dir
+    from experiments.cli import main
 
     folder, _ = held
+    (folder / "config.toml").write_text('name = "another-run"\n')
+    cfg = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "tree_sweep.toml"
+    assert main(["sweep", str(cfg), "--out", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "in use" not in err and "another" in err, err
     assert output_dir(folder) == folder
     with pytest.raises(FolderBusy):
         output_dir(folder, exclusive=True)
+
+
+def test_a_command_releases_only_what_it_claimed(tmp_path):
+    """An in-process caller (a notebook, a test) holding a folder keeps it when a command it runs returns."""
+    from experiments.cli import main
+
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    mine.mkdir()
+    (other / "bench.json").mkdir(parents=True)  # refused once the command holds its folder
+    claim_folder(mine, "mine")
+    try:
+        assert main(["bench", "--out", str(other), "--limit", "1", "--methods", "ar"]) == 2
+        with pytest.raises(AssertionError):
+            Holder(mine)  # still held by this process
+        Holder(other).kill()  # the command's own folder was released
+    finally:
+        release_folder(mine)
 
 
 def test_a_recording_in_progress_is_not_recorded_into_by_another(fp32_model, tmp_path):
@@ -122,3 +147,15 @@ def test_a_recording_in_progress_is_not_recorded_into_by_another(fp32_model, tmp
         holder.kill()
     trace = record(fp32_model, load_workload()[:1], ["ngram"], out, max_new_tokens=4, progress=False)
     assert out.is_file() and not parts.exists() and len(trace.prompt_ids) == 1
+    # a rerun of the finished trace removes leftover parts, but not a folder another recording is writing
+    parts.mkdir()
+    (parts / "00000.npz").write_bytes(b"being written")
+    holder = Holder(parts)
+    try:
+        with pytest.raises(FolderBusy):
+            record(fp32_model, load_workload()[:1], ["ngram"], out, max_new_tokens=4, progress=False)
+        assert (parts / "00000.npz").read_bytes() == b"being written"
+    finally:
+        holder.kill()
+    assert record(fp32_model, load_workload()[:1], ["ngram"], out, max_new_tokens=4, progress=False)
+    assert not parts.exists()
