@@ -3,8 +3,8 @@ started twice, a scheduler's retry while the first still runs) would each append
 time their methods on shared cores; a trace's parts or a head's training state would be written by both.
 
 ``claim_folder`` takes an exclusive ``flock`` on the folder itself (no file is made in it), held until
-``release_folder``/``release_folders`` (the command lines release every folder when a command returns) or the
-process ends — however it ends: the kernel drops the lock of a process killed with ``kill -9``, so there is never
+``release_folder``/``release_folders`` (the command lines release the folders a command claimed when it returns) or
+the process ends — however it ends: the kernel drops the lock of a process killed with ``kill -9``, so there is never
 a stale lock to delete. Another process holding it: ``FolderBusy``, one line naming the folder and, where
 ``/proc/locks`` shows it, that process. A file system that cannot lock (``flock`` refused for another reason than
 the lock being held) is used unlocked, as before.
