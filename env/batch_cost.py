@@ -32,7 +32,7 @@ import numpy as np
 
 from drafters.base import shown
 from env.cost import CostModelError, Curve
-from env.file_checks import one_line
+from env.file_checks import not_a_file, one_line
 
 FORMAT = "draftgym-batch-cost-model"
 ROOFLINE_FORMAT = "draftgym-roofline-cost-model"
@@ -475,7 +475,7 @@ def load_batch_cost(source: str | Path | BatchCost | None = None) -> BatchCost:
     path = default_batch_cost_path() if source is None else Path(source)
     if not path.is_file():
         raise CostModelError(
-            f"batch cost model {path} does not exist (make one with: draftgym calibrate --batch --out FILE, "
+            f"batch cost model {path} {not_a_file(path)} (make one with: draftgym calibrate --batch --out FILE, "
             f"or name a roofline model: roofline:{'|'.join(ACCELERATORS)}/{'|'.join(MODELS)})"
         )
     try:

@@ -41,6 +41,7 @@ from env.file_checks import (
     finite_seconds,
     get,
     integer,
+    not_a_file,
     shown,
     text,
 )
@@ -219,7 +220,7 @@ def load_cost_model(source: str | Path | FittedCostModel | None = None) -> Fitte
     path = default_cost_model_path() if source is None else Path(source)
     if not path.is_file():
         raise CostModelError(
-            f"cost model file {path} does not exist (make one with: draftgym calibrate --out FILE)"
+            f"cost model file {path} {not_a_file(path)} (make one with: draftgym calibrate --out FILE)"
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -5,6 +5,7 @@ error class, in one line.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,16 @@ def int64_problem(value: Any) -> str | None:
         return f"is an integer outside TOML's 64-bit range (-2**63 .. 2**63-1): {got}"
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
     return next((why for why in map(int64_problem, items) if why), None)
+
+
+def not_a_file(path: Path) -> str:
+    """Why ``path``, which is no regular file, cannot be read as one: what a message says after its name (a FIFO
+    was reported as missing)."""
+    if not path.exists():
+        return "does not exist"
+    if path.is_dir():
+        return "is a directory, not a file"
+    return "is not a regular file (a FIFO, a device or a socket)"
 
 
 def one_line(text: str) -> str:

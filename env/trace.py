@@ -49,6 +49,7 @@ from env.file_checks import (
     check_trace_header,
     check_trace_values,
     count,
+    not_a_file,
     one_line,
 )
 from env.safe_zip import ArchiveProblem, member_names, parse_json, read_npz
@@ -176,7 +177,9 @@ def load_trace(path: str | Path | None = None) -> Trace:
     """Read a trace (``None``: the one shipped with the package, recorded from the embedded model)."""
     file = default_trace_path() if path is None else Path(path)
     if not file.is_file():
-        raise TraceError(f"trace file {file} does not exist (record one with: draftgym record --out FILE)")
+        raise TraceError(
+            f"trace file {file} {not_a_file(file)} (record one with: draftgym record --out FILE)"
+        )
     if not zipfile.is_zipfile(file):
         raise TraceError(f"{file} is not a draftgym trace (not an .npz archive)")
     try:  # arrays only (an object array, a pickle, is refused), the header first, each the size it declares

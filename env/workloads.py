@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from env.file_checks import not_a_file
+
 MT_BENCH = frozenset(
     {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 )
@@ -55,7 +57,7 @@ def load_workload(
     if file.is_dir():
         raise WorkloadError(f"workload {file} is a directory, not a JSONL file")
     if not file.is_file():
-        raise WorkloadError(f"workload file {file} does not exist; {WHERE_TO_GET}")
+        raise WorkloadError(f"workload file {file} {not_a_file(file)}; {WHERE_TO_GET}")
     groups: dict[str, list[tuple[str, Prompt]]] = defaultdict(list)
     try:
         # lines end at "\n" only (a "\r" before it is JSON whitespace): str.splitlines would also cut at U+2028,
@@ -96,6 +98,11 @@ def load_workload(
         for what, value in (("the first turn", text), ("its category", raw_cat), ("its question_id", qid)):
             if not _encodable(value):
                 raise WorkloadError(f"{file}:{lineno}: {what} is not valid Unicode (a lone surrogate escape)")
+        if "|" in raw_cat or not raw_cat.isprintable():  # it names a row of the printed and Markdown tables
+            raise WorkloadError(
+                f"{file}:{lineno}: its category {raw_cat!r} holds a control character or '|' (it names the rows of "
+                "the results' tables)"
+            )
         if qid in seen:  # results are kept by prompt id: two prompts under one id would lose one on a resume
             raise WorkloadError(f"{file}:{lineno}: question_id {qid} already used on line {seen[qid]}")
         seen[qid] = lineno

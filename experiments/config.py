@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from env.cli import SEED_MAX
+from env.file_checks import not_a_file
 from experiments.args import MAX_TOP_K, MIN_TEMPERATURE
 from experiments.errors import one_line
 from experiments.strict_toml import (
@@ -223,7 +224,7 @@ def load_config(
             if p.is_dir():
                 raise ConfigError(f"config {p} is a directory, not a TOML file")
             if not p.is_file():
-                raise ConfigError(f"config file {p} does not exist")
+                raise ConfigError(f"config file {p} {not_a_file(p)}")
             try:
                 text = p.read_text(encoding="utf-8")
             except UnicodeDecodeError as err:

@@ -56,6 +56,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
         ).encode(),
         "jsonl_noturns": b'{"question_id": 1, "category": "qa"}\n',
         "jsonl_emptyturn": b'{"question_id": 1, "category": "qa", "turns": [" "]}\n',
+        "jsonl_tablecat": b'{"question_id": 1, "category": "a/b\\nc\\t|,", "turns": ["Hi."]}\n',
         "toml_nenvs": b'name = "x"\n[policies.p]\nkind = "sb3"\narms = ["none", "ngram-d2"]\n'
         b"[policies.p.train]\nn_envs = 1000000000000\n",
     }
@@ -618,6 +619,10 @@ OUTPUTS = [
     ("train-drafter-out-a-folder", ["train-drafter", "eagle", "--exclude-per-category", "0", "--out", "{dir}"],
      "is a directory"),
     ("train-n-envs-huge", ["train", "{toml_nenvs}"], "n_envs"),
+    ("bench-workload-fifo", ["bench", "--workload", "{fifo}", "--limit", "1"], "is not a regular file"),
+    ("run-config-fifo", ["run", "{fifo}"], "is not a regular file (a fifo"),
+    ("bench-category-breaks-tables", ["bench", "--workload", "{jsonl_tablecat}", "--limit", "1"],
+     "holds a control character or '|'"),
     ("serve-bench-rate-tiny", ["serve-bench", "--limit", "2", "--methods", "ar", "--rate", "1e-6"],
      "a served stream spans at most 3600 s"),
     ("bench-json-a-folder", ["bench", "--limit", "1", "--methods", "ar", "--out", "{out_benchjson_dir}"],
