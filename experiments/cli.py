@@ -92,6 +92,24 @@ class _Parser(argparse.ArgumentParser):
         sys.stderr.write(f"{self.prog}: error: {one_line(message)}\n")
         sys.exit(EXIT_USAGE)
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """As argparse's, and an option given a blank value (``--out ""``, ``--policy ' '``) is refused: the
+        commands read an empty value as the option left out, which would write a fresh default run folder or
+        drop what the user meant to name."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            if not action.option_strings:
+                continue
+            value = getattr(parsed, action.dest, None)
+            defaults = action.default if isinstance(action.default, list) else [action.default]
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, str) and not item.strip() and item not in defaults:
+                    self.error(
+                        f"{'/'.join(action.option_strings)} is given an empty value ({item!r}); "
+                        "name one or leave the option out"
+                    )
+        return parsed, extras
+
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The full parser (every module registers its subcommands); with ``command``, only that command's module

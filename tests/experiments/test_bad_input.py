@@ -216,7 +216,11 @@ BENCH = [
     ("method-twice", ["bench", "--methods", "ar,ar"], "lists a method twice"),
     ("device-arm-unknown", ["bench", "--methods", "device:ngram-d3"], "unknown device-loop arm 'ngram-d3'"),
     ("no-method", ["bench", "--methods", ",,"], "names no method"),
-    ("methods-empty", ["bench", "--methods", ""], "names no method"),
+    ("methods-empty", ["bench", "--methods", ""], "--methods is given an empty value ('')"),
+    # a blank value read as "left out" would start a fresh default run folder or drop a policy silently
+    ("out-empty", ["bench", "--out", "", "--methods", "ar"], "--out is given an empty value ('')"),
+    ("out-blank", ["bench", "--out", " ", "--methods", "ar"], "--out is given an empty value (' ')"),
+    ("policy-blank", ["bench", "--methods", "ar", "--policy", "\t"], "--policy is given an empty value"),
     ("workload-missing", ["bench", "--workload", "{tmp}/q.jsonl"], "hemingkx/Spec-Bench"),
     ("workload-not-utf8", ["bench", "--workload", "{bin}"], "not UTF-8"),
     ("workload-empty", ["bench", "--workload", "{empty}"], "has no prompts"),
@@ -630,6 +634,11 @@ OUTPUTS = [
     ("run-summary-a-folder", ["run", str(CONFIGS / "bandit.toml"), "--out", "{out_summary_dir}"],
      "summary.json is not a regular file"),
     ("run-plots-a-file", ["run", str(CONFIGS / "bandit.toml"), "--out", "{out_plots_file}"], "plots is not a folder"),
+    ("serve-bench-out-empty", ["serve-bench", "--limit", "1", "--methods", "ar", "--out", ""], "--out is given an empty"),
+    ("evaluate-json-empty", ["evaluate", str(ROOT / "policies" / "data" / "best-static.zip"), "--no-live", "--json", ""],
+     "--json is given an empty value"),
+    ("record-out-empty", ["record", "--limit", "1", "--out", ""], "--out is given an empty value"),
+    ("run-out-blank", ["run", str(CONFIGS / "bandit.toml"), "--out", "  "], "--out is given an empty value"),
 ]  # fmt: skip
 TOP = [
     ("no-command", [], "required"),
