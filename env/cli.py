@@ -130,6 +130,18 @@ def check_not_input(path: str | Path, flag: str, inputs: tuple[object, ...]) -> 
         raise ProgramError(f"{flag} {path} is also an input of this command; it would be overwritten")
 
 
+def check_output_kind(path: str | Path, flag: str) -> Path:
+    """``path`` as a ``Path`` when it may name an output file; ``ProgramError`` naming ``flag`` when it is a folder
+    or ends in a slash (``Path`` drops it: ``x/`` would write a file ``x``), or exists and is no regular file (a
+    result is written under a temporary name and renamed: it would replace a device, FIFO or socket)."""
+    out = Path(path)
+    if out.is_dir() or str(path).endswith(("/", os.sep)):
+        raise ProgramError(f"{flag} {path} is a directory, not a file")
+    if out.exists() and not out.is_file():
+        raise ProgramError(f"{flag} {path} is not a regular file (a device, FIFO or socket); not overwritten")
+    return out
+
+
 def output_file(
     path: str | Path | None, flag: str = "--json", inputs: tuple[object, ...] = ()
 ) -> Path | None:
@@ -138,11 +150,7 @@ def output_file(
     (``ProgramError`` naming ``flag`` otherwise). None stays None (nothing to write)."""
     if path is None:
         return None
-    out = Path(path)
-    if out.is_dir() or str(path).endswith(("/", os.sep)):
-        raise ProgramError(f"{flag} {path} is a directory, not a file")
-    if out.exists() and not out.is_file():  # written under a temporary name and renamed: it would replace it
-        raise ProgramError(f"{flag} {path} is not a regular file (a device, FIFO or socket); not overwritten")
+    out = check_output_kind(path, flag)
     check_not_input(out, flag, inputs)
     if flag == "--json" and holds_other_than_json(out):
         raise ProgramError(f"{flag} {path} exists and is not a JSON file; not overwritten")

@@ -334,16 +334,10 @@ def output_file(
     is none of the command's ``inputs`` (paths, None for an input not given), and that an existing file there is
     an earlier output of the command, not something else a misplaced flag would destroy: ``earlier`` (a test of
     the file, what it names), JSON for a ``--json`` output by default."""
-    from env.cli import holds_other_than_json
+    from env.cli import check_output_kind, holds_other_than_json
     from experiments.errors import UserError
 
-    out = Path(path)
-    if out.is_dir():
-        raise UserError(f"{flag} {out} is a directory, not a file")
-    if str(path).endswith(("/", "\\")):  # Path drops the slash: x/ would write a file named x
-        raise UserError(f"{flag} {path} names a folder, not a file")
-    if out.exists() and not out.is_file():  # written under a temporary name and renamed: it would replace it
-        raise UserError(f"{flag} {out} is not a regular file (a device, FIFO or socket); not overwritten")
+    out = check_output_kind(path, flag)
     if earlier is None and flag == "--json":
         earlier = (lambda p: not holds_other_than_json(p), "a JSON file")
     if out.exists():
