@@ -69,11 +69,20 @@ def _stale(path: Path) -> bool:
     one written before summaries named their records)."""
     from experiments.runner import records_stamp
 
+    made_from = _made_from(path)
+    return made_from is not _UNREADABLE and made_from != records_stamp(path / "records.jsonl")
+
+
+_UNREADABLE = object()
+
+
+def _made_from(path: Path) -> Any:
+    """The lines of ``records.jsonl`` the run's ``summary.json`` says it was made from (None: it says not;
+    ``_UNREADABLE``: no readable summary, which ``_read`` reports in one line)."""
     try:
-        made_from = json.loads((path / "summary.json").read_text(encoding="utf-8")).get("records_lines")
+        return json.loads((path / "summary.json").read_text(encoding="utf-8")).get("records_lines")
     except (OSError, ValueError, RecursionError, AttributeError):
-        return False  # not readable: _read says so in one line
-    return made_from != records_stamp(path / "records.jsonl")
+        return _UNREADABLE
 
 
 def _read(file: Path, fields: dict[str, type]) -> dict[str, Any]:
@@ -89,12 +98,32 @@ def _read(file: Path, fields: dict[str, type]) -> dict[str, Any]:
 
 
 def _summarize_partial(path: Path) -> None:
+    """Make ``summary.json`` again from ``records.jsonl``; ``ReportError`` (the summary left as it is) when a
+    complete line of the records is no record, or when they hold fewer lines than the summary was made from: a
+    cut or replaced file, which a run never writes (it only appends), would otherwise replace good results."""
+    from env.files import jsonl_lines
     from experiments.config import load_config
-    from experiments.records import load_done
-    from experiments.runner import finish, select_prompts
+    from experiments.records import Record
+    from experiments.runner import finish, records_stamp, select_prompts
 
+    file = path / "records.jsonl"
+    records = []
+    for i, line in enumerate(jsonl_lines(file, repair=False), 1):
+        try:
+            fields = json.loads(line)
+            records.append(Record(**fields))
+        except (ValueError, RecursionError, TypeError) as err:
+            raise ReportError(
+                f"{file} line {i} is not a run record ({err}); summary.json left as it is"
+            ) from None
+    made_from = _made_from(path)
+    if type(made_from) is int and (records_stamp(file) or 0) < made_from:
+        raise ReportError(
+            f"{file} holds fewer lines than the {made_from} summary.json was made from (cut or replaced?); "
+            "summary.json left as it is"
+        )
     cfg = load_config(path / "config.toml")
-    finish(cfg, path, load_done(path / "records.jsonl", repair=False), select_prompts(cfg))
+    finish(cfg, path, records, select_prompts(cfg))
 
 
 def _provenance(path: Path) -> dict[str, Any]:

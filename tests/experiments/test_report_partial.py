@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from experiments.cli import main
 from experiments.config import load_config
 from experiments.records import Record
@@ -71,3 +73,30 @@ def test_a_method_without_records_makes_a_run_partial(tmp_path):
     )
     assert partial_note([*records, _record("ngram-d8", p1, 1.0), _record("ngram-d8", p2, 1.0)], [p1, p2],
                         ["ar", "ngram-d8"]) is None  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        (b"\xff\xfe garbage\n", "line 1 is not a run record"),  # a complete line that is no record
+        (b"", "fewer lines than the 3 summary.json was made from"),  # emptied
+        (b'{"method": "ar"}\n', "line 1 is not a run record"),  # a record missing its fields
+    ],
+    ids=["garbage", "emptied", "fields-missing"],
+)
+def test_damaged_records_leave_the_summary_as_it_is(tmp_path, capsys, damage, needle):
+    cfg = load_config(None, text=CONFIG)
+    run = tmp_path / "resumed"
+    prepare_run_dir(cfg, run)
+    p1, p2 = select_prompts(cfg)
+    _append(run, _record("ar", p1, 2.0), _record("ngram-d8", p1, 1.0), _record("ar", p2, 8.0))
+    assert main(["report", str(run)]) == 0
+    summary = (run / "summary.json").read_bytes()
+    capsys.readouterr()
+
+    (run / "records.jsonl").write_bytes(damage)
+    assert main(["report", str(run)]) == 0  # reports what the summary holds, and says why it is not remade
+    assert (run / "summary.json").read_bytes() == summary
+    text = (run / "report.md").read_text()
+    assert "could not be made again" in text and needle in text, text
+    assert _overall(text) == {"ar": 1, "ngram-d8": 1}
