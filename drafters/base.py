@@ -113,9 +113,11 @@ class TreeShape:
             raise DrafterError(f"tree budget must be >= 0, got {self.budget}")
 
     def arm_shape(self, owner: str = "an arm") -> TreeShape:
-        """This shape, checked within the bounds of an arm's: depth, topk and draft nodes (the budget, or depth x
-        topk without one) at most ``MAX_DEPTH``, ``MAX_TOPK``, ``MAX_BUDGET``."""
+        """This shape, checked within the bounds of an arm's: depth, topk, budget and draft nodes (the budget, or
+        depth x topk without one) at most ``MAX_DEPTH``, ``MAX_TOPK``, ``MAX_BUDGET`` (a k-ary tree's drafter sizes
+        its buffers by the budget)."""
         for name, value, most in (("depth", self.depth, MAX_DEPTH), ("topk", self.topk, MAX_TOPK),
+                                  ("budget", self.budget, MAX_BUDGET),
                                   ("nodes", self.max_nodes, MAX_BUDGET)):  # fmt: skip
             if value > most:
                 raise DrafterError(f"{owner}: tree {name} must be <= {most}, got {value}")

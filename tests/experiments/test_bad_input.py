@@ -133,6 +133,12 @@ GENERATE = [
     ("depth-garbage", ["generate", "hi", "--depth", "deep"], "expected an integer"),
     ("topk-zero", ["generate", "hi", "--topk", "0"], "--topk: must be >= 1"),
     ("budget-negative", ["generate", "hi", "--budget", "-1"], "--budget: must be >= 0"),
+    # a k-ary tree's drafter sizes its buffers by the budget: eagle asked for 150 TB
+    (
+        "budget-huge",
+        ["generate", "hi", "--drafter", "eagle", "--budget", "99999999999"],
+        "budget must be <= 4096",
+    ),
     ("max-new-zero", ["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens: must be >= 1"),
     ("max-new-huge", ["generate", "hi", "--max-new-tokens", "99999999999"], "--max-new-tokens: must be <="),
     ("seed-garbage", ["generate", "hi", "--seed", "x"], "--seed"),
@@ -213,6 +219,7 @@ BENCH = [
         "two methods would be named policy:ppo",
     ),
     ("arm-depth-zero", ["bench", "--methods", "ngram-d0"], "depth must be >= 1"),
+    ("arm-budget-huge", ["bench", "--methods", "eagle-d3-b99999999"], "tree budget must be <= 4096"),
     ("method-twice", ["bench", "--methods", "ar,ar"], "lists a method twice"),
     ("device-arm-unknown", ["bench", "--methods", "device:ngram-d3"], "unknown device-loop arm 'ngram-d3'"),
     ("no-method", ["bench", "--methods", ",,"], "names no method"),
