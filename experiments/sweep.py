@@ -329,6 +329,9 @@ def work(
 # ------------------------------------------------------------------------------------------------ many workers
 
 
+WORKERS_PER_CORE = 4  # --workers at most this many per CPU core of the machine they start on
+
+
 def spawn(args: Any, url: str, out: Path, n_workers: int, progress: bool) -> None:
     """Start ``n_workers`` worker processes on this machine and follow the study until they end."""
     base = load_config(args.config, sets=args.set or [])
@@ -447,6 +450,12 @@ def cmd_sweep(args: Any) -> int:
     if args.worker_id is None:  # checks before any folder is made
         if args.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+        cores = os.cpu_count() or 1
+        if args.workers > WORKERS_PER_CORE * cores:  # each a Python process with its own model or trace
+            raise ConfigError(
+                f"--workers {args.workers}: at most {WORKERS_PER_CORE * cores} on this machine "
+                f"({WORKERS_PER_CORE} per CPU core, {cores} cores); run more on other machines with the same --storage"
+            )
         if args.storage:
             open_storage(args.storage, base)  # a storage that cannot be opened fails first
         # a missing trace, cost model or workload, a --set of a swept key: refused before the run folder is written

@@ -325,6 +325,11 @@ RUN_SWEEP_TRAIN = [
         "--workers: must be >= 1",
     ),
     (
+        "sweep-workers-huge",  # one process each: 999999 of them hung the machine
+        ["sweep", str(CONFIGS / "tree_sweep.toml"), "--workers", "999999"],
+        "per CPU core",
+    ),
+    (
         "sweep-workers-negative",
         ["sweep", str(CONFIGS / "tree_sweep.toml"), "--workers", "-3"],
         "must be >= 1",
