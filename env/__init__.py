@@ -12,6 +12,10 @@ SERVE_ID = "draftgym/SpecServe-v0"
 
 
 def _register() -> None:
+    """Both ids, made without gymnasium's passive checker (both envs pass ``check_env``, in the tests): in
+    gymnasium 1.4 a first ``reset`` that refuses its arguments (``reset(seed=-1)``) leaves the checker without the
+    data it compares the first ``step`` with, and every later ``step`` of that env fails with a ``TypeError``.
+    ``gymnasium.make(ID, disable_env_checker=False)`` puts it back."""
     import gymnasium
 
     if ENV_ID not in gymnasium.registry:
@@ -19,12 +23,14 @@ def _register() -> None:
             id=ENV_ID,
             entry_point="env.spec_env:SpecDecodeEnv",
             vector_entry_point="env.vector_env:SpecDecodeVectorEnv",
+            disable_env_checker=True,
         )
     if SERVE_ID not in gymnasium.registry:
         gymnasium.register(
             id=SERVE_ID,
             entry_point="env.serve_env:SpecServeEnv",
             vector_entry_point="env.serve_env:SpecServeVectorEnv",
+            disable_env_checker=True,
         )
 
 

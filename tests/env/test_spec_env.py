@@ -175,3 +175,17 @@ def test_arguments_of_the_wrong_type_are_refused_not_coerced(toy_trace, toy_cost
             SpecDecodeEnv(sampling=bad, **kw)
     with pytest.raises(DrafterError, match="depth must be an integer, got 'x'"):
         SpecDecodeEnv(arms=[{"drafter": "ngram", "depth": "x"}], **kw)
+
+
+@pytest.mark.parametrize("env_id", [env_pkg.ENV_ID, env_pkg.SERVE_ID])
+def test_an_env_made_by_id_steps_after_a_refused_first_reset(env_id):
+    """gymnasium 1.4's passive checker breaks every later step when the first reset raises; the ids are
+    registered without it (both envs pass the checkers, above and in test_serve_env)."""
+    e = gym.make(env_id)
+    with pytest.raises(Exception, match="seed"):
+        e.reset(seed=-1)
+    obs, _ = e.reset(seed=0)
+    assert e.observation_space.contains(obs)
+    obs, reward, terminated, truncated, _ = e.step(e.action_space.sample())
+    assert e.observation_space.contains(obs) and np.isfinite(reward)
+    e.close()
