@@ -23,6 +23,7 @@ One autoregressive token costs ``verify(1, context, chain=True)``; the reward of
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -217,6 +218,10 @@ def load_cost_model(source: str | Path | FittedCostModel | None = None) -> Fitte
     """``None``: the shipped model (embedded SmolLM2-135M, fp32, calibrated on the machine named in its meta)."""
     if isinstance(source, FittedCostModel):
         return source
+    if source is not None and not isinstance(source, (str, os.PathLike)):
+        raise CostModelError(
+            f"a cost model is a file's path, a FittedCostModel or None, not a {type(source).__name__}"
+        )
     path = default_cost_model_path() if source is None else Path(source)
     if not path.is_file():
         raise CostModelError(

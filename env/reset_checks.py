@@ -1,5 +1,5 @@
 """Checks of ``reset()`` arguments shared by the vector envs (replay and serving): a seed, the reset options, a
-``reset_mask``. Each raises the env's own error class (``err``) with one line naming the problem."""
+``reset_mask``; and of their integer arguments (``whole``). Each raises the env's own error class (``err``) with one line naming the problem."""
 
 from __future__ import annotations
 
@@ -9,6 +9,19 @@ from typing import Any
 
 import numpy as np
 import torch
+
+
+def whole(value: Any, name: str, err: type[Exception], low: int = 1, high: int | None = None) -> int:
+    """An integer argument in ``[low, high]``: a bool, a float or a string is refused, not rounded."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, Integral)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise err(f"{name} must be an integer {bounds}, got {value!r}")
+    return int(value)
 
 
 def seed_value(seed: Any, err: type[Exception]) -> int:

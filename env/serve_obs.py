@@ -46,7 +46,7 @@ def integer_actions(action: Any, k: int) -> np.ndarray:
         or (a.dtype.kind == "f" and not (np.isfinite(a).all() and np.all(np.mod(a, 1) == 0)))
     ):
         raise ServeEnvError(
-            f"actions must be integer arm indices (0..{k - 1}), got {str(action)[:80]} ({a.dtype})"
+            f"actions must be integer arm indices (0..{k - 1}), got {' '.join(str(action).split())[:80]} ({a.dtype})"
         )
     return a
 

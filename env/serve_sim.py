@@ -17,6 +17,7 @@ import numpy as np
 
 from env.batch_cost import BatchCost, load_batch_cost, step_context
 from env.engine import Arm, parse_arm
+from env.reset_checks import seed_value, whole
 from env.serve_loads import *  # noqa: F403  (the loads' names, re-exported)
 from env.serve_loads import __all__ as _load_names
 from env.serve_loads import parse_load, ramp_caps, request_stream
@@ -40,6 +41,9 @@ DEFAULT_ARMS = ("none", "ngram-d1", "ngram-d2", "ngram-d3", "ngram-d5", "ngram-d
 DEFAULT_LOADS = ("1", "2", "4", "8", "16", "ramp", "bursty")
 ACTIONS = ("batch", "row")
 REWARDS = ("goodput_ratio", "time_saved")
+MAX_SERVERS = 1 << 16  # num_envs
+MAX_BATCH = 4096  # rows a server batches at most (serve-bench's concurrency levels go as far)
+MAX_REQUESTS = 1 << 24  # requests of all servers' streams together (each stream is drawn in full at a reset)
 
 
 class _UnpricedSteps:
@@ -97,8 +101,15 @@ class ServeSim:
             raise ServeEnvError(f"unknown reward {reward!r}; valid: {', '.join(REWARDS)}")
         self.reward_kind = reward
 
-        if num_envs < 1 or max_batch < 1 or requests < 1:
-            raise ServeEnvError("num_envs, max_batch and requests must all be >= 1")
+        num_envs = whole(num_envs, "num_envs", ServeEnvError, 1, MAX_SERVERS)
+        max_batch = whole(max_batch, "max_batch", ServeEnvError, 1, MAX_BATCH)
+        requests = whole(requests, "requests", ServeEnvError, 1, MAX_REQUESTS)
+        if num_envs * requests > MAX_REQUESTS:
+            raise ServeEnvError(f"{num_envs} servers x {requests} requests: at most {MAX_REQUESTS} in all")
+        if max_new_tokens is not None:
+            max_new_tokens = whole(max_new_tokens, "max_new_tokens", ServeEnvError, 2)
+        if seed is not None:
+            seed = seed_value(seed, ServeEnvError)
         try:
             self.arms = [a if isinstance(a, Arm) else parse_arm(str(a)) for a in arms]
         except DrafterError as err:
@@ -106,6 +117,9 @@ class ServeSim:
         if not self.arms:
             raise ServeEnvError("the arm menu is empty")
         self.arm_names = [a.name for a in self.arms]
+        twice = sorted({n for n in self.arm_names if self.arm_names.count(n) > 1})
+        if twice:
+            raise ServeEnvError(f"the arm menu lists {twice} more than once")
         self.trace = (
             trace
             if isinstance(trace, Trace)

@@ -155,6 +155,12 @@ class SpecDecodeEnv(gym.Env):
             else FeatureSpec.from_dict(features)
         )
         if backend == "replay":
+            live_only = {"dtype": dtype != "fp32", "device": device != "cpu", "workload": workload is not None,
+                         "drafter_options": drafter_options is not None}  # fmt: skip
+            given = [k for k, v in live_only.items() if v]
+            if given:  # replay serves the trace's recorded drafters, dtype and prompts
+                raise EnvError(f"{'=, '.join(given)}= {'is' if len(given) == 1 else 'are'} for backend='live' "
+                               "(replay reads its trace's drafters, dtype and prompts)")  # fmt: skip
             self._init_replay(trace, model, spec, max_new_tokens, sampling)
         else:
             if trace is not None:
@@ -225,6 +231,11 @@ class SpecDecodeEnv(gym.Env):
         from env.step import StepCosts, Stepper
         from env.workloads import Prompt, load_workload
 
+        opts = drafter_options or {}
+        if not isinstance(opts, dict) or not all(isinstance(v, dict) for v in opts.values()):
+            raise EnvError(f"drafter_options must map drafter names to dicts of options, got {opts!r}")
+        for name, kw in opts.items():  # every drafter and option named, those the menu does not use too
+            make_drafter(name, **kw)  # (before the model loads; a head's weights load on first use)
         self.loaded = (
             model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype, device=device)
         )
@@ -243,7 +254,6 @@ class SpecDecodeEnv(gym.Env):
         self.max_new_tokens = count_of("max_new_tokens", max_new_tokens, 128)
         if self.max_new_tokens < 2:
             raise EnvError(f"max_new_tokens must be >= 2, got {self.max_new_tokens}")
-        opts = drafter_options or {}
         self._drafter_options = opts
         self.drafters = {n: make_drafter(n, **opts.get(n, {})) for n in drafter_names(self.arms)}
         self.engine = BatchEngine(self.loaded, max_rows=1, sampling=self.sampling)

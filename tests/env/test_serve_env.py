@@ -103,13 +103,24 @@ def test_bad_arguments_are_serve_env_errors(trace):
         ({"loads": ["poisson@-1"]}, "a multiple of the unit rate in 0.01..1000"),
         ({"loads": ["heavy"]}, "unknown load 'heavy'"),
         ({"prompt_ids": ["p0", "zz"]}, "not in the trace: zz"),
-        ({"max_batch": 0}, ">= 1"),
+        ({"max_batch": 0}, r"max_batch must be an integer in \[1, 4096\], got 0"),
         ({"max_new_tokens": 400}, "max_new_tokens must be in 2..40"),
+        # not integers, or sizes no machine holds: named, not a numpy error deep in the simulator
+        ({"max_batch": "16"}, r"max_batch must be an integer in \[1, 4096\], got '16'"),
+        ({"max_batch": 1.5}, "max_batch must be an integer"),
+        ({"requests": float("nan")}, "requests must be an integer"),
+        ({"max_new_tokens": float("nan")}, "max_new_tokens must be an integer >= 2"),
+        ({"requests": 10**12}, "requests must be an integer in"),
+        ({"seed": -1}, "seed must be a non-negative integer"),
+        ({"seed": float("nan")}, "seed must be a non-negative integer"),
+        ({"arms": ["none", "ngram-d2", "ngram-d2"]}, r"lists \['ngram-d2'\] more than once"),
     ]:
         with pytest.raises(ServeEnvError, match=needle):
             SpecServeEnv(**kw(trace, **over))
     with pytest.raises(ServeEnvError, match="unknown action mode 'slot'"):
         SpecServeEnv(action="slot", **kw(trace))
+    with pytest.raises(ServeEnvError, match="4096 servers x 8192 requests: at most 16777216 in all"):
+        ServeSim(4096, **kw(trace, requests=8192))
 
 
 # ---- greedy replay: only time differs between arms ----------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 
 import env as env_pkg
 from drafters import DrafterError
+from env.cost import CostModelError
 from env.spec_env import EnvError, SpecDecodeEnv
 from env.trace import TraceError
 
@@ -112,6 +113,15 @@ def test_bad_arguments(toy_trace, toy_cost):
         SpecDecodeEnv(cost="measured", **kw)
     with pytest.raises(EnvError, match="replay is greedy"):
         SpecDecodeEnv(sampling={"temperature": 0.7}, **kw)
+    with pytest.raises(DrafterError, match="the arm menu is empty"):
+        SpecDecodeEnv(arms=[], **kw)
+    # replay serves the trace's drafters, dtype and prompts: live-only arguments are refused, not ignored
+    with pytest.raises(EnvError, match="drafter_options= is for backend='live'"):
+        SpecDecodeEnv(drafter_options={"ngram": {"max_depth": -1}}, **kw)
+    with pytest.raises(EnvError, match="dtype=, workload= are for backend='live'"):
+        SpecDecodeEnv(dtype="fp8", workload="x.jsonl", **kw)
+    with pytest.raises(CostModelError, match="not a dict"):
+        SpecDecodeEnv(trace=toy_trace, cost_model={"a": float("nan")})
     with pytest.raises(TraceError, match="does not exist"):
         SpecDecodeEnv(trace="/no/such/trace.npz", cost_model=toy_cost)
     e = SpecDecodeEnv(**kw)
