@@ -75,6 +75,7 @@ class Generation:
     prompt_ids: list[int]
     stats: GenerationStats
     arms: list[str] = field(default_factory=list)  # the arm of each step after prefill
+    stop: str = ""  # why it ended: "eos", "max_new_tokens", or "context" (the model's context is full)
 
 
 def check_text(text: str) -> None:
@@ -227,7 +228,8 @@ class SpeculativeDecoder:
             prefill_s=prefill_s,
         )
         text = tok.decode(out, skip_special_tokens=True)
-        return Generation(text=text, token_ids=out, prompt_ids=prompt_ids, stats=stats, arms=arms)
+        stop = "eos" if seq.terminated else "max_new_tokens" if len(out) >= max_new_tokens else "context"
+        return Generation(text=text, token_ids=out, prompt_ids=prompt_ids, stats=stats, arms=arms, stop=stop)
 
     @property
     def feature_names(self) -> list[str]:

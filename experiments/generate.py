@@ -112,6 +112,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "arms": g.arms,
                     "weights": loaded.weights,
                     "stats": g.stats.as_dict(),
+                    "stop": g.stop,
                 }
             )
         )
@@ -120,7 +121,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         s = g.stats
         print(
             f"[{label}] {s.new_tokens} tokens in {s.wall_s:.2f} s: {s.tokens_per_s:.2f} tok/s, "
-            f"tau {s.tau:.2f}, {s.steps} steps",
+            f"tau {s.tau:.2f}, {s.steps} steps"
+            + (
+                f"; stopped: the context is full ({loaded.max_context} tokens)" if g.stop == "context" else ""
+            ),
             file=sys.stderr,
         )
     return 0
