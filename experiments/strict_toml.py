@@ -212,12 +212,14 @@ def parse_set(item: str, flag: str = "--set") -> tuple[tuple[str, ...], Any]:
             f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. --set decode.max_new_tokens=16"
         )
     try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        doc = tomllib.loads(f"v = {raw.strip()}")
     except tomllib.TOMLDecodeError:
-        value = raw.strip()
+        doc = {"v": raw.strip()}
     except RecursionError:  # tables or arrays nested deeper than the parser recurses
         raise ConfigError(f"{flag} {key[:80]}: the value nests too deep to read") from None
-    return tuple(key.split(".")), value
+    if len(doc) != 1:  # "1\nmax_ngram=2": a second key past a line break would be dropped unread
+        raise ConfigError(f"{flag} {key[:80]}: the value is more than one TOML value (a line break in it?)")
+    return tuple(key.split(".")), doc["v"]
 
 
 def apply_override(raw: dict[str, Any], path: tuple[str, ...], value: Any, origin: str) -> None:

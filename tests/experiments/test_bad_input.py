@@ -248,6 +248,11 @@ BENCH = [
     ),
     ("drafter-option-no-value", ["bench", "--drafter-option", "ngram.max_depth"], "NAME.OPTION=VALUE"),
     (
+        "drafter-option-two-values",
+        ["bench", "--drafter-option", "ngram.max_depth=1\nmax_ngram=2"],
+        "--drafter-option ngram.max_depth: the value is more than one TOML value",
+    ),
+    (
         "drafter-option-nested-too-deep",
         ["bench", "--drafter-option", "hybrid.options=" + "{a=" * 400 + "1" + "}" * 400],
         "--drafter-option hybrid.options: the value nests too deep",
@@ -300,6 +305,11 @@ CONFIG_COMMANDS = [
             "temperature",
         ),
         ("set-no-equals", [str(CONFIGS / "bandit.toml"), "--set", "decode.max_new_tokens"], "KEY=VALUE"),
+        (  # the second key past the line break was dropped unread
+            "set-two-values",
+            [str(CONFIGS / "bandit.toml"), "--set", "decode.max_new_tokens=16\nseed=3"],
+            "more than one TOML value",
+        ),
         (
             "set-out-of-range",
             [str(CONFIGS / "bandit.toml"), "--set", "decode.max_new_tokens=-4"],
