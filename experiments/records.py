@@ -129,16 +129,26 @@ def save_learner(decoder: Any, state_dir: Path, method: str, rec: Record, learne
         policy.save(state_dir / f"{method.removeprefix('policy:')}.zip")
 
 
-def load_done(path: Path, repair: bool = True) -> list[Record]:
+def load_done(path: Path, repair: bool = True, strict: bool = False) -> list[Record]:
     """Records of an earlier (possibly killed) run; a torn last line is dropped (and, with ``repair``, cut from
     the file so that the next append starts on a fresh line: ``repair=False`` for a reader beside a run that may
-    still be appending, ``env.files.jsonl_lines``)."""
-    out = []
-    for line in jsonl_lines(path, repair=repair):
+    still be appending, ``env.files.jsonl_lines``). A complete line that is no record is skipped (its prompt runs
+    again); with ``strict`` (a reader that reports on the records) it is a ``UserError`` naming the line, and so
+    is a (method, prompt) recorded twice."""
+    from experiments.errors import UserError
+
+    out, seen = [], set()
+    for i, line in enumerate(jsonl_lines(path, repair=repair), 1):
         try:
-            out.append(Record(**json.loads(line)))
-        except (ValueError, RecursionError, TypeError):
+            rec = Record(**json.loads(line))
+        except (ValueError, RecursionError, TypeError) as err:
+            if strict:
+                raise UserError(f"{path} line {i} is not a run record ({err})") from None
             continue
+        if strict and (rec.method, rec.prompt_id) in seen:
+            raise UserError(f"{path} line {i} records {rec.method} on {rec.prompt_id} a second time")
+        seen.add((rec.method, rec.prompt_id))
+        out.append(rec)
     return out
 
 

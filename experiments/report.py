@@ -101,21 +101,12 @@ def _summarize_partial(path: Path) -> None:
     """Make ``summary.json`` again from ``records.jsonl``; ``ReportError`` (the summary left as it is) when a
     complete line of the records is no record, or when they hold fewer lines than the summary was made from: a
     cut or replaced file, which a run never writes (it only appends), would otherwise replace good results."""
-    from env.files import jsonl_lines
     from experiments.config import load_config
-    from experiments.records import Record
+    from experiments.records import load_done
     from experiments.runner import finish, records_stamp, select_prompts
 
     file = path / "records.jsonl"
-    records = []
-    for i, line in enumerate(jsonl_lines(file, repair=False), 1):
-        try:
-            fields = json.loads(line)
-            records.append(Record(**fields))
-        except (ValueError, RecursionError, TypeError) as err:
-            raise ReportError(
-                f"{file} line {i} is not a run record ({err}); summary.json left as it is"
-            ) from None
+    records = load_done(file, repair=False, strict=True)  # a bad line named, not summarized away
     made_from = _made_from(path)
     if type(made_from) is int and (records_stamp(file) or 0) < made_from:
         raise ReportError(

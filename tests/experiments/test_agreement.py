@@ -64,3 +64,25 @@ def test_the_programs_reading_a_run_load_its_random_weight_model_again(tmp_path)
     recs = [Record(m, pid, "code", 4, 3, 0.1, 3, 1.0, [5, 6, 7]) for m in ("hf_greedy", "ar")]
     (run / "records.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in recs))
     assert agreement(run, 0.25)["rows"][0]["identical"] == 1
+
+
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        ('{"method": "ar", "prompt_id": "x"}\n', "line 5 is not a run record"),  # a method would vanish
+        ("\xff garbage\n", "line 5 is not a run record"),
+        (None, "line 5 records ar on"),  # a record twice would count a prompt twice
+    ],
+    ids=["fields-missing", "garbage", "twice"],
+)
+def test_damaged_records_are_named_not_left_out(tmp_path, damage, needle):
+    from experiments.agreement import agreement
+
+    ids = [pid for pid, _ in code_prompts("stdlib", limit=2)]
+    run = tmp_path / "bench"
+    _bench(run, 2, ids)
+    lines = (run / "records.jsonl").read_text().splitlines(keepends=True)
+    with (run / "records.jsonl").open("a") as fh:
+        fh.write(lines[1] if damage is None else damage)
+    with pytest.raises(UserError, match=needle):
+        agreement(run, 0.05)
