@@ -139,6 +139,6 @@ def register(sub: Any) -> None:
     arm_args(g)
     g.add_argument("--max-new-tokens", type=new_tokens, default=128)
     sampling_args(g)
-    g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats, stop")
     g.add_argument("--policy", default=None, help="a saved policy file that picks the arm every step")
     g.set_defaults(func=cmd_generate)
