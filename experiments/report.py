@@ -10,6 +10,7 @@ methods are compared on the prompts every method has finished only (``experiment
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ def load_run(path: Path) -> dict[str, Any]:
     prov = _provenance(path)
     if (path / "sweep.json").is_file():
         data = _read(path / "sweep.json", {"study": str})
-        return {"kind": "sweep", "path": path, "name": data["study"], "data": data, "provenance": prov}
+        return {"kind": "sweep", "path": path, "name": _name(data["study"]), "data": data, "provenance": prov}
     has_records = (path / "config.toml").is_file() and (path / "records.jsonl").is_file()
     stale = None
     if not (path / "summary.json").is_file():
@@ -54,10 +55,11 @@ def load_run(path: Path) -> dict[str, Any]:
     data = _read(path / "summary.json", {"name": str, "settings": dict, "summary": list})
     if not isinstance(data["settings"].get("methods"), list):
         raise ReportError(f"{path / 'summary.json'} is not a run summary (settings.methods is not a list)")
+    _check_rows(data["summary"], path / "summary.json")
     return {
         "kind": "run",
         "path": path,
-        "name": data["name"],
+        "name": _name(data["name"]),
         "data": data,
         "provenance": prov,
         "stale": stale,
@@ -132,13 +134,51 @@ def _provenance(path: Path) -> dict[str, Any]:
     return first
 
 
+ROW_TEXT = ("category", "method")
+ROW_COUNTS = ("prompts", "tokens")
+ROW_RATES = ("tokens_per_s", "tau", "speedup_vs_ar", "speedup_vs_hf")  # None: not measured
+
+
+def _check_rows(rows: list[Any], file: Path) -> None:
+    """``ReportError`` naming the first row of a run summary the report cannot show as measured: not an object,
+    a name that is not text, a count that is not one, a rate that is negative, NaN or infinite."""
+    for i, row in enumerate(rows):
+        where = f"{file}: summary row {i}"
+        if not isinstance(row, dict):
+            raise ReportError(f"{where} is not an object")
+        for k in ROW_TEXT:
+            if not isinstance(row.get(k), str):
+                raise ReportError(f"{where}: {k} is not text")
+        for k in ROW_COUNTS:
+            v = row.get(k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ReportError(f"{where}: {k} is not a count ({v!r})")
+        for k in ROW_RATES:
+            v = row.get(k)
+            if v is not None and (
+                isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf
+            ):
+                raise ReportError(f"{where}: {k} is not a finite number >= 0 ({v!r})")
+
+
+def _text(x: Any) -> str:
+    """``x`` as one line of Markdown table text: line breaks folded, ``|`` escaped (a name read from a file
+    cannot split the table or start a heading)."""
+    return " ".join(str(x).split()).replace("|", "\\|")
+
+
+def _name(x: str) -> str:
+    """A run's or sweep's name as the report shows it, in code spans and tables: one line, no backtick."""
+    return _text(x).replace("`", "'")
+
+
 def _cell(x: Any, spec: str = ".2f") -> str:
     return "–" if x is None else format(x, spec) if isinstance(x, (int, float)) else str(x)
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
-        "| " + " | ".join(r) + " |" for r in rows
+    return ["| " + " | ".join(map(_text, header)) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(map(_text, r)) + " |" for r in rows
     ]
 
 

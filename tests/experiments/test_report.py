@@ -162,3 +162,34 @@ def test_summaries_count_a_category_once_and_name_each_rows_reference(tmp_path):
     bad.write_text(json.dumps({"question_id": 1, "category": "overall", "turns": ["hi"]}) + "\n")
     with pytest.raises(WorkloadError, match="the category 'overall' is the name of the summaries' total row"):
         load_workload(bad)
+
+
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("tau", float("nan"), "tau is not a finite number >= 0 (nan)"),
+        ("tokens_per_s", float("inf"), "tokens_per_s is not a finite number >= 0 (inf)"),
+        ("tokens", -5, "tokens is not a count (-5)"),
+        ("method", 3, "method is not text"),
+    ],
+)
+def test_a_summary_row_it_cannot_show_as_measured_is_named(tmp_path, capsys, field, value, needle):
+    run = _fake_run(tmp_path, "edited", 20.0)
+    data = json.loads((run / "summary.json").read_text())
+    data["summary"][1][field] = value
+    (run / "summary.json").write_text(json.dumps(data))
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "summary row 1: " + needle in err, err
+
+
+def test_names_from_a_file_cannot_split_the_tables(tmp_path):
+    run = _fake_run(tmp_path, "named", 20.0)
+    data = json.loads((run / "summary.json").read_text())
+    data["summary"][0]["method"] = "x|y\n## injected"
+    data["name"] = "a`b\n# title"
+    (run / "summary.json").write_text(json.dumps(data))
+    assert main(["report", str(run)]) == 0
+    text = (run / "report.md").read_text()
+    assert "x\\|y ## injected" in text and "\n## injected" not in text
+    assert "## Run `a'b # title`" in text and "\n# title" not in text
