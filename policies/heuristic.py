@@ -116,6 +116,9 @@ class HFSchedulePolicy(BasePolicy):
             self.depth = max(self.depth - 1, self.min_depth)
 
 
+MAX_WINDOW = 1 << 20  # the confidence policy's (probability, accepted) pairs kept at most
+
+
 def roc_threshold(probs: np.ndarray, accepted: np.ndarray, fn_weight: float = 3.0) -> float | None:
     """The threshold t minimising ``fpr + fn_weight * fnr`` for the rule "predict accepted iff p >= t"."""
     pos, neg = int(accepted.sum()), int((~accepted).sum())
@@ -167,6 +170,7 @@ class ConfidencePolicy(BasePolicy):
         if self.feature not in self.features:
             raise PolicyError(f"feature {self.feature!r} is not in the observation: {list(self.features)}")
         self.col = self.features.index(self.feature)
+        real("confidence threshold", threshold, lo=0.0, lo_open=True, hi=1.0)
         if not 0 < threshold < 1:
             raise PolicyError(f"confidence threshold must be in (0, 1), got {threshold}")
         self.threshold0 = float(threshold)
@@ -174,7 +178,9 @@ class ConfidencePolicy(BasePolicy):
         self.drafter, self.by_depth = chain_arms(self.arm_names, drafter)
         self.max_depth = max(self.by_depth)
         real("confidence refit_every", refit_every, lo=1, integer=True)
-        real("confidence window", window, lo=1, integer=True)
+        real("confidence window", window, lo=1, hi=MAX_WINDOW, integer=True)
+        if not isinstance(refit, (bool, np.bool_)):  # a string or a number is not read as a yes
+            raise PolicyError(f"confidence refit must be true or false, got {repr(refit)[:60]}")
         self.refit, self.refit_every, self.window = bool(refit), int(refit_every), int(window)
         self.pairs: deque[tuple[float, bool]] = deque(maxlen=self.window)
         self.steps = 0

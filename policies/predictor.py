@@ -53,13 +53,12 @@ class PredictorPolicy(NetArrays, BasePolicy):
         super().__init__(arms, obs_size, features)
         if objective not in OBJECTIVES:
             raise PolicyError(f"unknown predictor objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
-        self.objective, self.rate = objective, float(rate)
+        self.objective, self.rate = objective, float(real("predictor rate", rate, lo=0.0, hi=1e6))
         if model not in MODELS:  # (checked in this order since the first predictor)
             raise PolicyError(f"unknown predictor model {model!r}; valid: {', '.join(MODELS)}")
         if self.obs_size < 1:
             raise PolicyError("the predictor needs an observation (obs_size >= 1)")
         check_net_params(model, hidden, layers, alpha, max_iter, None, "predictor")
-        real("predictor rate", rate, lo=0.0, hi=1e6)
         real("seed", seed, lo=0, hi=2**32 - 1, integer=True)  # scikit-learn's random_state range
         self.model, self.hidden, self.layers = model, int(hidden), int(layers)
         self.alpha, self.max_iter, self.seed = float(alpha), int(max_iter), int(seed)

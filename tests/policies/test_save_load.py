@@ -14,6 +14,7 @@ from policies.bandits import EXP3, UCB1, ThompsonSampling
 from policies.base import check_compatible, read_policy
 from policies.heuristic import ConfidencePolicy, HFSchedulePolicy
 from policies.linucb import LinUCB
+from policies.predictor import PredictorPolicy
 from policies.static import StaticPolicy
 
 ARMS = ["none", "ngram-d2", "ngram-d4", "ngram-d8"]
@@ -186,6 +187,22 @@ def test_bad_constructor_arguments():
         (lambda: HFSchedulePolicy(ARMS, initial=3), "initial depth must be one of"),
         (lambda: ConfidencePolicy(ARMS, len(FEATURES), FEATURES, refit_every=0), "confidence refit_every"),
         (lambda: ConfidencePolicy(ARMS, len(FEATURES), FEATURES, window=-1), "confidence window"),
+        # a hand-edited header's values: named, not a Python error, not read as true
+        (lambda: ConfidencePolicy(ARMS, len(FEATURES), FEATURES, window=10**30), "confidence window must be"),
+        (
+            lambda: ConfidencePolicy(ARMS, len(FEATURES), FEATURES, threshold="x"),
+            "confidence threshold must be",
+        ),
+        (lambda: ConfidencePolicy(ARMS, len(FEATURES), FEATURES, refit="x"), "refit must be true or false"),
+        (
+            lambda: ConfidencePolicy(ARMS, len(FEATURES), FEATURES, refit=float("nan")),
+            "refit must be true or",
+        ),
+        (lambda: PredictorPolicy(ARMS, len(FEATURES), FEATURES, rate="x"), "predictor rate must be a finite"),
+        (
+            lambda: PredictorPolicy(ARMS, len(FEATURES), FEATURES, rate=None),
+            "predictor rate must be a finite",
+        ),
     ],
 )
 def test_parameters_of_a_policy_are_checked(make, needle):
