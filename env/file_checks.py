@@ -41,7 +41,11 @@ def not_a_file(path: Path) -> str:
     """Why ``path``, which is no regular file, cannot be read as one: what a message says after its name (a FIFO
     was reported as missing)."""
     if not path.exists():
-        return "does not exist"
+        return (
+            "is a symbolic link to nothing (a loop, or its target is gone)"
+            if path.is_symlink()
+            else "does not exist"
+        )
     if path.is_dir():
         return "is a directory, not a file"
     return "is not a regular file (a FIFO, a device or a socket)"

@@ -247,10 +247,10 @@ def _loadable(tmp: Path) -> None:
 def _regular_file(path: Path) -> None:
     """A policy is read from a regular file: a missing one, a folder, a FIFO (which would block) or a device
     (``/dev/zero``, endless) is a ``PolicyError`` before any byte is read."""
-    if not path.exists():
-        raise PolicyError(f"policy file {path} does not exist")
+    from env.file_checks import not_a_file
+
     if not path.is_file():
-        raise PolicyError(f"policy file {path} is not a regular file")
+        raise PolicyError(f"policy file {path} {not_a_file(path)}")
 
 
 def _object(v: Any, name: str) -> dict[str, Any]:

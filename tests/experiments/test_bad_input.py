@@ -186,7 +186,7 @@ GENERATE = [
     ("model-config-eps", ["generate", "hi", "--model", "{model_eps_str}"], "rms_norm_eps is 'x'"),
     ("model-config-kv", ["generate", "hi", "--model", "{model_kv_split}"], "do not split into 3 KV heads"),
     ("policy-missing", ["generate", "hi", "--policy", "{tmp}/p.zip"], "does not exist"),
-    ("policy-directory", ["generate", "hi", "--policy", "{dir}"], "not a regular file"),
+    ("policy-directory", ["generate", "hi", "--policy", "{dir}"], "is a directory, not a file"),
     ("policy-not-zip", ["generate", "hi", "--policy", "{bin}"], "not a readable draftgym policy"),
     ("policy-empty", ["generate", "hi", "--policy", "{empty}"], "not a readable draftgym policy"),
     ("policy-truncated", ["generate", "hi", "--policy", "{policy_truncated}"], "policy"),

@@ -157,6 +157,10 @@ def test_corrupted_files_fail_with_one_clear_line(saved, damage, message):
 def test_missing_file(tmp_path):
     with pytest.raises(PolicyError, match="does not exist"):
         load_policy(tmp_path / "nope.zip")
+    loop = tmp_path / "loop.zip"
+    loop.symlink_to(loop)  # reported as missing before
+    with pytest.raises(PolicyError, match="loop.zip is a symbolic link to nothing"):
+        load_policy(loop)
 
 
 def test_policies_without_observation_ignore_obs_size():
