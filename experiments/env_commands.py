@@ -22,6 +22,9 @@ def _drafter_list(text: str) -> list[str]:
             raise DrafterError(
                 f"unknown drafter {n!r}; known drafters: {', '.join(sorted([*DRAFTERS, 'none']))}"
             )
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # timed or recorded twice over, to the same entry
+        raise DrafterError(f"--drafters lists {', '.join(twice)} more than once")
     return [n for n in names if n != "none"]
 
 

@@ -272,6 +272,11 @@ RECORD = [
     ("per-category-zero", ["record", "--out", "{tmp}/t.npz", "--per-category", "0"], "must be >= 1"),
     ("limit-zero", ["record", "--out", "{tmp}/t.npz", "--limit", "0"], "must be >= 1"),
     ("unknown-drafter", ["record", "--out", "{tmp}/t.npz", "--drafters", "ngram,nope"], "unknown drafter"),
+    (
+        "drafter-twice",
+        ["record", "--out", "{tmp}/t.npz", "--drafters", "ngram,suffix,ngram"],
+        "lists ngram more than once",
+    ),
     ("workload-not-utf8", ["record", "--out", "{tmp}/t.npz", "--workload", "{bin}"], "not UTF-8"),
     ("no-out", ["record"], "--out"),
 ]
@@ -279,6 +284,7 @@ CALIBRATE = [
     ("reps-zero", ["calibrate", "--reps", "0"], "--reps: must be >= 1"),
     ("reps-huge-garbage", ["calibrate", "--reps", "1e99"], "expected an integer"),
     ("unknown-drafter", ["calibrate", "--drafters", "ngram,nope"], "unknown drafter 'nope'"),
+    ("drafter-twice", ["calibrate", "--batch", "--drafters", "ngram,ngram"], "lists ngram more than once"),
     ("out-under-a-file", ["calibrate", "--out", "{blocker}/c.json"], "not a directory"),
     ("out-directory", ["calibrate", "--out", "{dir}"], "is a directory"),
 ]
