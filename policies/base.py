@@ -194,6 +194,11 @@ class BasePolicy:
         x = np.asarray(obs, dtype=np.float64).reshape(-1)
         if x.shape[0] != self.obs_size:
             raise PolicyError(f"{self.name} expects an observation of size {self.obs_size}, got {x.shape[0]}")
+        if not np.isfinite(x).all():  # every model would pick some arm from it, none for a reason
+            bad = np.flatnonzero(~np.isfinite(x))
+            raise PolicyError(
+                f"{self.name}: the observation holds {x[bad[0]]} at index {bad[0]} ({bad.size} not finite)"
+            )
         return x
 
     def __repr__(self) -> str:

@@ -154,6 +154,16 @@ def test_corrupted_files_fail_with_one_clear_line(saved, damage, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_an_observation_that_is_not_finite_is_refused(bad):
+    """Every model picks some arm from NaN (LinUCB, PPO and the confidence rule picked arm 0): named instead."""
+    obs = np.zeros(len(FEATURES))
+    obs[2] = bad
+    for pol in (LinUCB(ARMS, len(FEATURES), FEATURES), ConfidencePolicy(ARMS, len(FEATURES), FEATURES)):
+        with pytest.raises(PolicyError, match=f"the observation holds {bad} at index 2"):
+            pol.act(obs)
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(PolicyError, match="does not exist"):
         load_policy(tmp_path / "nope.zip")
