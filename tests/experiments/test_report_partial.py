@@ -35,14 +35,18 @@ def _overall(report: str) -> dict[str, int]:
     return {cells[1].strip(): int(cells[2]) for cells in rows}
 
 
-def test_report_of_a_killed_then_resumed_run(tmp_path):
+def _killed_run(tmp_path: Path) -> tuple[Path, object, object]:
+    """A run killed with ar's two prompts (the second one slow) recorded and ngram-d8's first only."""
     cfg = load_config(None, text=CONFIG)
     run = tmp_path / "resumed"
     prepare_run_dir(cfg, run)
     p1, p2 = select_prompts(cfg)
-    # killed: ar has both prompts (the second one slow), ngram-d8 only the first
     _append(run, _record("ar", p1, 2.0), _record("ngram-d8", p1, 1.0), _record("ar", p2, 8.0))
+    return run, p1, p2
 
+
+def test_report_of_a_killed_then_resumed_run(tmp_path):
+    run, p1, p2 = _killed_run(tmp_path)
     assert main(["report", str(run)]) == 0
     text = (run / "report.md").read_text()
     assert "(partial: some prompts have no record yet; 1 of 2 prompts finished by every method)" in text
@@ -85,11 +89,7 @@ def test_a_method_without_records_makes_a_run_partial(tmp_path):
     ids=["garbage", "emptied", "fields-missing"],
 )
 def test_damaged_records_leave_the_summary_as_it_is(tmp_path, capsys, damage, needle):
-    cfg = load_config(None, text=CONFIG)
-    run = tmp_path / "resumed"
-    prepare_run_dir(cfg, run)
-    p1, p2 = select_prompts(cfg)
-    _append(run, _record("ar", p1, 2.0), _record("ngram-d8", p1, 1.0), _record("ar", p2, 8.0))
+    run, _, _ = _killed_run(tmp_path)
     assert main(["report", str(run)]) == 0
     summary = (run / "summary.json").read_bytes()
     capsys.readouterr()
