@@ -102,21 +102,29 @@ def _read(file: Path, fields: dict[str, type]) -> dict[str, Any]:
 def _summarize_partial(path: Path) -> None:
     """Make ``summary.json`` again from ``records.jsonl``; ``ReportError`` (the summary left as it is) when a
     complete line of the records is no record, or when they hold fewer lines than the summary was made from: a
-    cut or replaced file, which a run never writes (it only appends), would otherwise replace good results."""
+    cut or replaced file, which a run never writes (it only appends), would otherwise replace good results.
+    ``FolderBusy`` while a run is writing the folder (``env.folder_lock``): two writers of one summary."""
+    from env.folder_lock import claim_folder, held_folders, release_folder
     from experiments.config import load_config
     from experiments.records import load_done
     from experiments.runner import finish, records_stamp, select_prompts
 
-    file = path / "records.jsonl"
-    records = load_done(file, repair=False, strict=True)  # a bad line named, not summarized away
-    made_from = _made_from(path)
-    if type(made_from) is int and (records_stamp(file) or 0) < made_from:
-        raise ReportError(
-            f"{file} holds fewer lines than the {made_from} summary.json was made from (cut or replaced?); "
-            "summary.json left as it is"
-        )
-    cfg = load_config(path / "config.toml")
-    finish(cfg, path, records, select_prompts(cfg))
+    mine = path.resolve() in held_folders()
+    claim_folder(path, f"run folder {path}")  # FolderBusy while a run writes it: that run makes its summary
+    try:
+        file = path / "records.jsonl"
+        records = load_done(file, repair=False, strict=True)  # a bad line named, not summarized away
+        made_from = _made_from(path)
+        if type(made_from) is int and (records_stamp(file) or 0) < made_from:
+            raise ReportError(
+                f"{file} holds fewer lines than the {made_from} summary.json was made from (cut or replaced?); "
+                "summary.json left as it is"
+            )
+        cfg = load_config(path / "config.toml")
+        finish(cfg, path, records, select_prompts(cfg))
+    finally:
+        if not mine:
+            release_folder(path)
 
 
 def _provenance(path: Path) -> dict[str, Any]:

@@ -100,3 +100,24 @@ def test_damaged_records_leave_the_summary_as_it_is(tmp_path, capsys, damage, ne
     text = (run / "report.md").read_text()
     assert "could not be made again" in text and needle in text, text
     assert _overall(text) == {"ar": 1, "ngram-d8": 1}
+
+
+def test_a_run_writing_the_folder_keeps_its_summary_to_itself(tmp_path):
+    """While a run holds its folder (``env.folder_lock``), report shows the summary there and does not write one
+    beside the run's own; the stale summary is made again once the run has let go."""
+    from tests.env.test_folder_lock import Holder
+
+    run, p1, p2 = _killed_run(tmp_path)
+    assert main(["report", str(run)]) == 0
+    _append(run, _record("ngram-d8", p2, 4.0))  # the resumed run's next record; its summary still to come
+    summary = (run / "summary.json").read_bytes()
+    holder = Holder(run)
+    try:
+        assert main(["report", str(run)]) == 0
+        text = (run / "report.md").read_text()
+        assert "could not be made again" in text and "is in use by another process" in text, text
+        assert (run / "summary.json").read_bytes() == summary
+    finally:
+        holder.kill()
+    assert main(["report", str(run)]) == 0
+    assert _overall((run / "report.md").read_text()) == {"ar": 2, "ngram-d8": 2}
