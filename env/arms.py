@@ -87,7 +87,7 @@ def make_arms(
         entries = [e for e in entries.split(",") if e.strip()]
     arms = [_arm(e) for e in (DEFAULT_ARMS if entries is None else entries)]
     if not arms:
-        raise DrafterError("the arm menu is empty (None gives the default menu)")
+        raise DrafterError("the arm menu is empty")
     known = set(DRAFTERS if known_drafters is None else known_drafters)
     for a in arms:
         if a.drafter is not None and a.drafter not in known:

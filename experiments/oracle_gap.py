@@ -218,8 +218,9 @@ def cmd_oracle_gap(args: argparse.Namespace) -> int:
         )
     try:
         trace = load_trace(args.trace)
-        arms = [a.name for a in make_arms(args.arms)]
-        if len(arms) < 2:  # "none" alone: nothing to choose between
+        named = [a for a in args.arms.split(",") if a.strip()]
+        arms = [a.name for a in make_arms(named)] if named else []
+        if len(arms) < 2:  # "none" alone (or nothing): nothing to choose between
             raise UserError(
                 f"--arms {args.arms!r} names no drafting arm (e.g. --arms none,ngram-d2,ngram-d4)"
             )

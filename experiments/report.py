@@ -26,6 +26,9 @@ class ReportError(ValueError):
 
 def load_run(path: Path) -> dict[str, Any]:
     """What the report needs of one directory: kind (run | sweep), name, summary or trials, provenance."""
+    from env.folder_lock import FolderBusy
+    from experiments.errors import is_user_error, one_line
+
     if not path.is_dir():
         raise ReportError(f"{path} is not a directory")
     prov = _provenance(path)
@@ -33,26 +36,31 @@ def load_run(path: Path) -> dict[str, Any]:
         data = _read(path / "sweep.json", {"study": str})
         return {"kind": "sweep", "path": path, "name": _name(data["study"]), "data": data, "provenance": prov}
     has_records = (path / "config.toml").is_file() and (path / "records.jsonl").is_file()
-    stale = None
+    stale, data = None, None
     if not (path / "summary.json").is_file():
         if not has_records:
             raise ReportError(
                 f"{path} is not a run directory (no summary.json or sweep.json, and no config.toml with records.jsonl; "
                 "a bench folder's table is its bench.json)"
             )
-        _summarize_partial(path)
+        try:
+            _summarize_partial(path)
+        except FolderBusy as err:  # a run's first session, still writing: its records so far, in memory
+            data = _summarize_partial(path, write=False)
+            stale = (
+                f"no summary.json yet: {one_line(err)}; its records so far are summarized here, not written"
+            )
     elif has_records and _stale(path):
         try:  # the records changed since the summary was made (a resumed run): summarize them again
             _summarize_partial(path)
         except Exception as err:
-            from experiments.errors import is_user_error, one_line
-
             if not is_user_error(err) and not isinstance(
                 err, OSError
             ):  # a read-only folder: report what is there
                 raise
             stale = f"summary.json is older than records.jsonl and could not be made again ({one_line(err)})"
-    data = _read(path / "summary.json", {"name": str, "settings": dict, "summary": list})
+    if data is None:
+        data = _read(path / "summary.json", {"name": str, "settings": dict, "summary": list})
     if not isinstance(data["settings"].get("methods"), list):
         raise ReportError(f"{path / 'summary.json'} is not a run summary (settings.methods is not a list)")
     _check_rows(data["summary"], path / "summary.json")
@@ -99,18 +107,22 @@ def _read(file: Path, fields: dict[str, type]) -> dict[str, Any]:
     return data
 
 
-def _summarize_partial(path: Path) -> None:
+def _summarize_partial(path: Path, write: bool = True) -> dict[str, Any]:
     """Make ``summary.json`` again from ``records.jsonl``; ``ReportError`` (the summary left as it is) when a
     complete line of the records is no record, or when they hold fewer lines than the summary was made from: a
     cut or replaced file, which a run never writes (it only appends), would otherwise replace good results.
-    ``FolderBusy`` while a run is writing the folder (``env.folder_lock``): two writers of one summary."""
+    ``FolderBusy`` while a run is writing the folder (``env.folder_lock``): two writers of one summary;
+    ``write=False`` holds nothing and writes nothing. Returns the summary."""
     from env.folder_lock import claim_folder, held_folders, release_folder
     from experiments.config import load_config
     from experiments.records import load_done
     from experiments.runner import finish, records_stamp, select_prompts
 
-    mine = path.resolve() in held_folders()
-    claim_folder(path, f"run folder {path}")  # FolderBusy while a run writes it: that run makes its summary
+    mine = not write or path.resolve() in held_folders()
+    if write:
+        claim_folder(
+            path, f"run folder {path}"
+        )  # FolderBusy while a run writes it: that run makes its summary
     try:
         file = path / "records.jsonl"
         records = load_done(file, repair=False, strict=True)  # a bad line named, not summarized away
@@ -121,7 +133,7 @@ def _summarize_partial(path: Path) -> None:
                 "summary.json left as it is"
             )
         cfg = load_config(path / "config.toml")
-        finish(cfg, path, records, select_prompts(cfg))
+        return finish(cfg, path, records, select_prompts(cfg), write=write)
     finally:
         if not mine:
             release_folder(path)

@@ -320,8 +320,11 @@ def recover_policy_records(
     return found
 
 
-def finish(cfg: Config, out: Path, records: list[Record], prompts: list[Prompt]) -> dict[str, Any]:
-    """Summary table and plots from the records (also what a rerun of a finished run does)."""
+def finish(
+    cfg: Config, out: Path, records: list[Record], prompts: list[Prompt], write: bool = True
+) -> dict[str, Any]:
+    """Summary table and plots from the records (also what a rerun of a finished run does); ``write=False``: the
+    summary only, nothing written (``report`` beside a run that is still writing the folder)."""
     from experiments import plots
 
     keep = {p.prompt_id for p in prompts}
@@ -346,6 +349,8 @@ def finish(cfg: Config, out: Path, records: list[Record], prompts: list[Prompt])
         "summary": rows,
         "notes": notes,  # the records' sessions when several; greedy output that differs from AR's
     }
+    if not write:
+        return result
     atomic_write_text(out / "summary.json", json.dumps(result, indent=2))
     table = format_table(rows)
     note = f"Partial: {partial['text']}.\n\n" if partial else ""

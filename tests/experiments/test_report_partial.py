@@ -121,3 +121,22 @@ def test_a_run_writing_the_folder_keeps_its_summary_to_itself(tmp_path):
         holder.kill()
     assert main(["report", str(run)]) == 0
     assert _overall((run / "report.md").read_text()) == {"ar": 2, "ngram-d8": 2}
+
+
+def test_a_run_in_its_first_session_is_reported_from_its_records_without_writing(tmp_path):
+    """A run writes summary.json when it ends; while its first session holds the folder, report summarizes the
+    records so far in memory (the report of other folders beside it is not lost) and writes nothing there."""
+    from tests.env.test_folder_lock import Holder
+
+    run, _, _ = _killed_run(tmp_path)
+    before = sorted(p.name for p in run.iterdir())
+    holder = Holder(run)
+    try:
+        out = tmp_path / "report.md"
+        assert main(["report", str(run), "--out", str(out)]) == 0
+        text = out.read_text()
+        assert "no summary.json yet" in text and "summarized here, not written" in text, text
+        assert _overall(text) == {"ar": 1, "ngram-d8": 1}
+        assert sorted(p.name for p in run.iterdir()) == before  # no summary, no plots under the run
+    finally:
+        holder.kill()
