@@ -135,8 +135,10 @@ def check_output_kind(path: str | Path, flag: str) -> Path:
     or ends in a slash (``Path`` drops it: ``x/`` would write a file ``x``), or exists and is no regular file (a
     result is written under a temporary name and renamed: it would replace a device, FIFO or socket)."""
     out = Path(path)
-    if out.is_dir() or str(path).endswith(("/", os.sep)):
+    if out.is_dir():
         raise ProgramError(f"{flag} {path} is a directory, not a file")
+    if str(path).endswith(("/", os.sep)):
+        raise ProgramError(f"{flag} {path} names a folder, not a file")
     if out.exists() and not out.is_file():
         raise ProgramError(f"{flag} {path} is not a regular file (a device, FIFO or socket); not overwritten")
     return out

@@ -1,5 +1,6 @@
 """Checks of ``reset()`` arguments shared by the vector envs (replay and serving): a seed, the reset options, a
-``reset_mask``; and of their integer arguments (``whole``). Each raises the env's own error class (``err``) with one line naming the problem."""
+``reset_mask``; and of their integer arguments (``whole``). Each raises the env's own error class (``err``) with
+one line naming the problem."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def whole(value: Any, name: str, err: type[Exception], low: int = 1, high: int |
         or (high is not None and value > high)
     ):
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise err(f"{name} must be an integer {bounds}, got {value!r}")
+        raise err(f"{name} must be an integer {bounds}, got {repr(value)[:60]}")
     return int(value)
 
 

@@ -43,7 +43,9 @@ ACTIONS = ("batch", "row")
 REWARDS = ("goodput_ratio", "time_saved")
 MAX_SERVERS = 1 << 16  # num_envs
 MAX_BATCH = 4096  # rows a server batches at most (serve-bench's concurrency levels go as far)
-MAX_REQUESTS = 1 << 24  # requests of all servers' streams together (each stream is drawn in full at a reset)
+MAX_SIM_REQUESTS = (
+    1 << 24
+)  # requests of all servers' streams together (each stream is drawn in full at a reset)
 
 
 class _UnpricedSteps:
@@ -103,9 +105,11 @@ class ServeSim:
 
         num_envs = whole(num_envs, "num_envs", ServeEnvError, 1, MAX_SERVERS)
         max_batch = whole(max_batch, "max_batch", ServeEnvError, 1, MAX_BATCH)
-        requests = whole(requests, "requests", ServeEnvError, 1, MAX_REQUESTS)
-        if num_envs * requests > MAX_REQUESTS:
-            raise ServeEnvError(f"{num_envs} servers x {requests} requests: at most {MAX_REQUESTS} in all")
+        requests = whole(requests, "requests", ServeEnvError, 1, MAX_SIM_REQUESTS)
+        if num_envs * requests > MAX_SIM_REQUESTS:
+            raise ServeEnvError(
+                f"{num_envs} servers x {requests} requests: at most {MAX_SIM_REQUESTS} in all"
+            )
         if max_new_tokens is not None:
             max_new_tokens = whole(max_new_tokens, "max_new_tokens", ServeEnvError, 2)
         if seed is not None:

@@ -160,7 +160,7 @@ class SpecDecodeEnv(gym.Env):
             given = [k for k, v in live_only.items() if v]
             if given:  # replay serves the trace's recorded drafters, dtype and prompts
                 raise EnvError(f"{'=, '.join(given)}= {'is' if len(given) == 1 else 'are'} for backend='live' "
-                               "(replay reads its trace's drafters, dtype and prompts)")  # fmt: skip
+                               "(replay runs no model: it reads its trace's drafters, dtype and prompts)")  # fmt: skip
             self._init_replay(trace, model, spec, max_new_tokens, sampling)
         else:
             if trace is not None:

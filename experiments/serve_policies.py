@@ -418,6 +418,7 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     if unknown:
         raise UserError(f"--live-policies names {', '.join(unknown)}, not among the policies evaluated: "
                         f"{', '.join([*(name for name, _ in policies), *statics])}")  # fmt: skip
+    check_streams(args.episodes, args.requests, "--episodes x --requests")
     if args.json:
         output_file(args.json, flag="--json", inputs=(*args.policies, args.trace, args.batch_cost))
     out = output_dir(args.out or "runs/evaluate-serve", exclusive=True)
@@ -479,6 +480,18 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
 
 
 MAX_REQUESTS = 65_536  # per episode (serve-train, evaluate --serve): a stream of requests, not an allocation
+
+
+def check_streams(servers: int, requests: int, flags: str) -> None:
+    """``UserError`` before any folder is made when ``servers`` replayed servers of ``requests`` requests each
+    exceed what the simulator draws at once (``env.serve_sim.MAX_SIM_REQUESTS``); ``flags`` names the options."""
+    from env.serve_sim import MAX_SIM_REQUESTS
+    from experiments.errors import UserError
+
+    if servers * requests > MAX_SIM_REQUESTS:
+        raise UserError(
+            f"{flags}: {servers} servers x {requests} requests each; at most {MAX_SIM_REQUESTS} in all"
+        )
 
 
 def add_serve_args(e: Any) -> None:

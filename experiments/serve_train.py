@@ -22,7 +22,7 @@ from typing import Any
 
 from env.cli import seed_int
 from env.files import atomic_write_text
-from experiments.serve_policies import MAX_REQUESTS, _sim_factory, _split, train_loads
+from experiments.serve_policies import MAX_REQUESTS, _sim_factory, _split, check_streams, train_loads
 
 
 def _same_trained(path: Path, meta: dict[str, Any], pre: str = "ppo") -> dict[str, Any] | None:
@@ -261,6 +261,10 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
         raise UserError(f"--arms names no arm (got {args.arms!r}); e.g. --arms none,ngram-d2,ngram-d5")
     for a in arms:  # before the run folder is touched
         parse_arm(a)
+    twice = sorted({a for a in arms if arms.count(a) > 1})
+    if twice:
+        raise UserError(f"--arms lists {', '.join(twice)} more than once")
+    check_streams(max(64, args.predictor_episodes), args.requests, "--predictor-episodes x --requests")
     row_timesteps = _row_timesteps(arms, args.timesteps, args.row_timesteps)
     split = _split(trace, args.test_per_category, args.seed)
     out = output_dir(args.out, exclusive=True)

@@ -586,6 +586,32 @@ SERVE_POLICIES = [
         "unknown model size",
     ),
     ("serve-train-cost-missing", ["serve-train", "--batch-cost", "{tmp}/none.json"], "does not exist"),
+    # sizes each within its flag's range whose product the simulator cannot draw: refused before the folder
+    (
+        "serve-train-streams-too-many",
+        ["serve-train", "--predictor-episodes", "4096", "--requests", "65536"],
+        "--predictor-episodes x --requests: 4096 servers x 65536 requests each",
+    ),
+    (
+        "serve-train-arm-twice",
+        ["serve-train", "--arms", "none,ngram-d2,ngram-d2"],
+        "lists ngram-d2 more than once",
+    ),
+    (
+        "evaluate-serve-streams-too-many",
+        [
+            "evaluate",
+            "--serve",
+            "--no-live",
+            "--episodes",
+            "65536",
+            "--requests",
+            "65536",
+            "--out",
+            "{tmp}/e",
+        ],
+        "--episodes x --requests: 65536 servers",
+    ),
     ("serve-train-cost-garbage", ["serve-train", "--batch-cost", "{garbage}"], "is not JSON"),
     ("serve-train-cost-pickle", ["serve-train", "--batch-cost", "{pickle}"], "is not JSON"),
     ("serve-train-unknown-arm", ["serve-train", "--arms", "none,bogus-d3"], "unknown drafter 'bogus'"),
