@@ -202,6 +202,10 @@ def cmd_serve_bench(args: Any) -> int:
     session = new_session()  # stamped on each cell served here (a resume: another session)
     levels = parse_levels(args.concurrency)
     methods = split_methods(args.methods)
+    typed = [m for m in methods if m.startswith("policy:")]
+    if typed:  # a policy method comes from its file alone (it had no arm to serve: a crash mid-run)
+        raise UserError(f"--methods {typed[0]}: a serving policy is served through --policy FILE, which names it "
+                        "policy:STEM; leave it out of --methods")  # fmt: skip
     args.policy_objects, args.policy_max_batch, args.batch_cost_model = {}, {}, None
     for path in args.policy or []:  # serving policies (draftgym serve-train): one method each
         from env.batch_cost import load_batch_cost
@@ -214,6 +218,8 @@ def cmd_serve_bench(args: Any) -> int:
         if pol.obs_size != obs_size(m):
             raise PolicyError(f"{path} is not a serving policy (draftgym serve-train makes them)")
         name = f"policy:{Path(path).stem}"
+        if name in args.policy_objects:
+            raise UserError(f"--policy {path}: another --policy file is named {name} too (rename one)")
         methods.append(name)
         args.policy_objects[name], args.policy_max_batch[name] = pol, m
         args.batch_cost_model = load_batch_cost(args.batch_cost)

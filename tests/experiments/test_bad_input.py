@@ -667,6 +667,22 @@ SERVE_POLICIES = [
         "is not JSON",
     ),
     ("serve-bench-policy-garbage", ["serve-bench", "--policy", "{garbage}"], "garbage"),
+    (
+        "serve-bench-policy-typed",
+        ["serve-bench", "--methods", "ar,policy:nothere"],  # a ZeroDivisionError mid-run
+        "--methods policy:nothere: a serving policy is served through --policy FILE",
+    ),
+    (
+        "serve-bench-policy-twice",
+        [
+            "serve-bench",
+            "--policy",
+            str(ROOT / "policies/data/serve/smartspec.zip"),
+            "--policy",
+            str(ROOT / "policies/data/serve/smartspec.zip"),
+        ],
+        "another --policy file is named policy:smartspec too",
+    ),
 ]
 OUTPUTS = [
     ("evaluate-json-fifo", ["evaluate", str(ROOT / "policies" / "data" / "best-static.zip"), "--no-live", "--json", "{fifo}"],
