@@ -207,7 +207,7 @@ def run_bench(
         lengths.add(len(ids))
     out_dir.mkdir(parents=True, exist_ok=True)
     rec_path = out_dir / "records.jsonl"
-    records = load_done(rec_path)
+    records = load_done(rec_path, unique=True)  # a record twice would count its prompt twice in every table
     machine = machine_identity(loaded.device)
     same_settings(out_dir, {**run_identity(loaded, max_new_tokens, drafter_options), **machine, **(identity or {})},
                   started=bool(records))  # fmt: skip

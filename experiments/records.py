@@ -129,12 +129,14 @@ def save_learner(decoder: Any, state_dir: Path, method: str, rec: Record, learne
         policy.save(state_dir / f"{method.removeprefix('policy:')}.zip")
 
 
-def load_done(path: Path, repair: bool = True, strict: bool = False) -> list[Record]:
+def load_done(
+    path: Path, repair: bool = True, strict: bool = False, unique: bool | None = None
+) -> list[Record]:
     """Records of an earlier (possibly killed) run; a torn last line is dropped (and, with ``repair``, cut from
     the file so that the next append starts on a fresh line: ``repair=False`` for a reader beside a run that may
     still be appending, ``env.files.jsonl_lines``). A complete line that is no record is skipped (its prompt runs
-    again); with ``strict`` (a reader that reports on the records) it is a ``UserError`` naming the line, and so
-    is a (method, prompt) recorded twice."""
+    again); with ``strict`` (a reader that reports on the records) it is a ``UserError`` naming the line. With
+    ``unique`` (default: ``strict``) so is a (method, prompt) recorded twice, which every table would count twice."""
     from experiments.errors import UserError
 
     out, seen = [], set()
@@ -145,7 +147,7 @@ def load_done(path: Path, repair: bool = True, strict: bool = False) -> list[Rec
             if strict:
                 raise UserError(f"{path} line {i} is not a run record ({err})") from None
             continue
-        if strict and (rec.method, rec.prompt_id) in seen:
+        if (strict if unique is None else unique) and (rec.method, rec.prompt_id) in seen:
             raise UserError(f"{path} line {i} records {rec.method} on {rec.prompt_id} a second time")
         seen.add((rec.method, rec.prompt_id))
         out.append(rec)

@@ -220,3 +220,13 @@ def test_the_median_speedup_weighs_every_prompt_alike():
     )  # the long prompt weighs
     assert rows["ar"]["median_speedup_vs_ar"] == pytest.approx(1.0)
     assert "med x AR" in format_table(list(rows.values())).splitlines()[0]
+
+
+def test_a_resume_on_records_holding_a_prompt_twice_is_refused(tmp_path, killed_bench):
+    """Two records of one (method, prompt) were both counted: 2 prompts and 2/2 identical for a one-prompt run."""
+
+    def duplicate() -> None:
+        rec = tmp_path / "runs" / "b" / "records.jsonl"
+        rec.write_text(rec.read_text() * 2)
+
+    killed_bench([], duplicate, "records ar on 1 a second time")
