@@ -279,6 +279,11 @@ def _record_held(loaded: Any, engine: Any, prompts: list[Any], probes: dict[str,
     for i in range(len(prompts)):
         if (parts_dir / f"{i:05d}.npz").is_file():
             parts[i] = _read_part(parts_dir / f"{i:05d}.npz", header, i)
+            if not np.array_equal(parts[i]["prompt"], chat_prompt(loaded.tokenizer, prompts[i].text)):
+                raise TraceError(  # a part copied or moved into another's place: the trace would mislabel it
+                    f"{parts_dir / f'{i:05d}.npz'} records another prompt than prompt {prompts[i].prompt_id}, "
+                    f"the {i + 1}th of the workload; delete it to record that prompt again"
+                )
     if parts and progress:
         print(f"resuming: {len(parts)} of {len(prompts)} prompts already recorded", file=sys.stderr)
     stepper = Stepper(engine, [NO_DRAFT])

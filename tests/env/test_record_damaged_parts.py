@@ -77,6 +77,16 @@ def test_a_damaged_part_is_refused_naming_it_and_the_parts_are_kept(case, tiny, 
     assert part.read_bytes() == before and not out.exists()  # nothing assembled, nothing deleted
 
 
+def test_a_part_in_another_prompts_place_is_refused(tiny, killed, tmp_path):
+    """Prompt 0's part copied into prompt 1's place was resumed, and the trace labelled it prompt 1."""
+    out, part = _copy(killed, tmp_path)
+    moved = part.with_name("00001.npz")
+    shutil.copy(part, moved)
+    with pytest.raises(TraceError, match=f"{moved} records another prompt than prompt code-d-b") as err:
+        record(tiny, PROMPTS, ["ngram"], out, progress=False, **GO)
+    assert "\n" not in str(err.value) and moved.is_file() and not out.exists()
+
+
 def test_an_intact_part_is_resumed_saying_so(tiny, killed, tmp_path, capsys):
     out, _ = _copy(killed, tmp_path)
     trace = record(tiny, PROMPTS, ["ngram"], out, progress=True, **GO)
