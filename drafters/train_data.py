@@ -167,13 +167,17 @@ def _same_parts(out_dir: Path, settings: dict[str, Any]) -> None:
     except (OSError, UnicodeDecodeError, ValueError):
         before = "unreadable"
     if before is not None and before != settings and any(out_dir.glob("part-*.safetensors")):
-        if isinstance(before, dict) and "target" not in before:
+        if not isinstance(before, dict):  # damaged: what its parts were made from is unknown
+            raise DrafterError(
+                f"{kept} is not a readable settings object, so its folder's data parts cannot be matched to this "
+                "run: delete the folder to make them again, or use another work folder"
+            )
+        if "target" not in before:
             raise DrafterError(
                 f"{out_dir} holds data parts that do not say which target made them ({kept.name} predates the "
                 "target's fingerprint): use another work folder, or delete this one to make them again"
             )
-        keys = sorted(k for k in {*before, *settings} if before.get(k) != settings.get(k)) if isinstance(
-            before, dict) else [kept.name]  # fmt: skip
+        keys = sorted(k for k in {*before, *settings} if before.get(k) != settings.get(k))
         raise DrafterError(
             f"{out_dir} holds data parts of other settings ({', '.join(keys)} differ): use another work folder, "
             "or the same settings to resume"

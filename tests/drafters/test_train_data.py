@@ -40,6 +40,12 @@ def test_a_work_folder_refuses_another_target(tmp_path):
     with pytest.raises(DrafterError, match="do not say which target made them") as err:
         generate_data(first, PROMPTS, tmp_path, model_id="tiny-a", **KW)
     assert "\n" not in str(err.value)
+    # a damaged parts.json was reported as "other settings (parts.json differ)"
+    for damaged in ("{not json", "[1, 2]"):
+        (tmp_path / "parts.json").write_text(damaged)
+        with pytest.raises(DrafterError, match="parts.json is not a readable settings object") as err:
+            generate_data(first, PROMPTS, tmp_path, model_id="tiny-a", **KW)
+        assert "\n" not in str(err.value)
 
 
 def test_cpu_time_is_on_disk_as_each_part_is_written(tmp_path):
