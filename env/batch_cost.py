@@ -470,7 +470,11 @@ def load_batch_cost(source: str | Path | BatchCost | None = None) -> BatchCost:
     if source is not None and not isinstance(source, (str, Path)):
         return source
     if isinstance(source, str) and source.startswith("roofline:"):
-        acc, _, model = source.removeprefix("roofline:").partition("/")
+        acc, slash, model = source.removeprefix("roofline:").partition("/")
+        if (
+            slash and not model
+        ):  # "roofline:h200/": a model meant, none named (not the default taken silently)
+            raise CostModelError(f"{source} names no model after '/'; valid: {', '.join(MODELS)}")
         return roofline(acc, model or "llama-3.1-8b")
     path = default_batch_cost_path() if source is None else Path(source)
     if not path.is_file():

@@ -495,6 +495,11 @@ def test_unknown_accelerator_or_model_is_refused():
         load_batch_cost("roofline:tpu-v9/llama-3.1-8b")
     with pytest.raises(CostModelError, match="unknown model size"):
         load_batch_cost("roofline:h200/gpt-9")
+    with pytest.raises(
+        CostModelError, match="roofline:h200/ names no model after '/'"
+    ):  # was the 8B, silently
+        load_batch_cost("roofline:h200/")
+    assert load_batch_cost("roofline:h200").label == load_batch_cost("roofline:h200/llama-3.1-8b").label
 
 
 def test_roofline_json_round_trip(tmp_path):
