@@ -404,11 +404,16 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     loads = list(dict.fromkeys(x.strip() for x in args.loads.split(",") if x.strip()))  # once each, in order
     if not loads:
         raise UserError(f"--loads names no load (got {args.loads!r}); e.g. --loads 1,4,16,mixed")
+    seen: dict[tuple[bool, float], str] = {}
     for x in loads:  # checked here, before a folder is made (a concurrency above the trace's rows too)
         if x not in ("mixed", "bursty") and not x.isdigit() and not x.startswith("poisson@"):
             raise UserError(f"--loads: unknown load {x!r}; valid: concurrencies, mixed, bursty, poisson@X")
         if x not in ("mixed", "bursty"):
-            parse_load(x, max_batch)
+            load = parse_load(x, max_batch)
+            key = (load.closed, load.level)
+            if key in seen:  # "4" and "04", "poisson@1" and "poisson@1.0": one load evaluated twice
+                raise UserError(f"--loads names one load twice ({seen[key]!r} and {x!r})")
+            seen[key] = x
     live_names = (
         None if not args.live_policies else {x.strip() for x in args.live_policies.split(",") if x.strip()}
     )

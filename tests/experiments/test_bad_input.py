@@ -527,6 +527,16 @@ SERVE = [
         "--loads names no load",
     ),
     (
+        "evaluate-serve-load-twice",  # both were evaluated, as two columns of one load
+        ["evaluate", "--serve", "--no-live", "--loads", "4,poisson@1,04"],
+        "--loads names one load twice ('4' and '04')",
+    ),
+    (
+        "evaluate-serve-rate-twice",
+        ["evaluate", "--serve", "--no-live", "--loads", "poisson@1,poisson@1.0"],
+        "names one load twice ('poisson@1' and 'poisson@1.0')",
+    ),
+    (
         "serve-bench-cost-without-policy",
         ["serve-bench", "--batch-cost", "{tmp}/bc.json"],
         "it needs --policy",
