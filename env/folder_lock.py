@@ -1,13 +1,14 @@
 """One command at a time in a folder it resumes from. Two processes writing one run folder at once (the same command
-started twice, a scheduler's retry while the first still runs) would each append the same prompts' records and
-time their methods on shared cores; a trace's parts or a head's training state would be written by both.
+started twice, a scheduler's retry while the first still runs) would each append the same prompts' records and time
+their methods on shared cores; a trace's parts or a head's training state would be written by both.
 
 ``claim_folder`` takes an exclusive ``flock`` on the folder itself (no file is made in it), held until
 ``release_folder``/``release_folders`` (the command lines release the folders a command claimed when it returns) or
-the process ends — however it ends: the kernel drops the lock of a process killed with ``kill -9``, so there is never
-a stale lock to delete. Another process holding it: ``FolderBusy``, one line naming the folder and, where
-``/proc/locks`` shows it, that process. A file system that cannot lock (``flock`` refused for another reason than
-the lock being held) is used unlocked, as before.
+the process ends — however it ends: the kernel drops the lock of a process killed with ``kill -9``, so there is
+never a stale lock to delete (``claim_file`` holds a file replaced by renaming through a lock file beside it, which
+a killed holder leaves behind unlocked). Another process holding it: ``FolderBusy``, one line naming the folder
+and, where ``/proc/locks`` shows it, that process. A file system that cannot lock (``flock`` refused for another
+reason than the lock being held) is used unlocked, as before.
 """
 
 from __future__ import annotations
@@ -61,10 +62,52 @@ def _holder(where: str) -> int | None:
     return None
 
 
+def claim_file(path: str | Path, what: str) -> Path:
+    """Hold ``path``, a file this process rewrites by renaming a new version over it (``calibrate --batch``'s
+    ``OUT.partial``): a lock on the file itself would stay with the version renamed away, so the lock is on a
+    file beside it, ``PATH.lock``, made here and removed at release (``release_folder`` of the path returned).
+    A ``PATH.lock`` its holder removed between this process opening and locking it is opened again."""
+    lock = Path(path).resolve()
+    lock = lock.with_name(lock.name + ".lock")
+    if lock in _HELD:
+        return lock
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            st = os.fstat(fd)
+            os.close(fd)
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return lock  # no locks on this file system
+            holder = _holder(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
+            raise FolderBusy(
+                f"{what} is in use by another process{f' (pid {holder})' if holder else ''} writing the same "
+                "results: wait for it to end, or choose another output"
+            ) from None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    _HELD[lock] = fd
+    _LOCK_FILES.add(lock)
+    return lock
+
+
+_LOCK_FILES: set[Path] = set()  # the held paths that are ``claim_file``'s lock files (removed at release)
+
+
 def release_folder(folder: str | Path) -> None:
-    """Release ``folder`` if this process holds it (before the folder is removed)."""
-    fd = _HELD.pop(Path(folder).resolve(), None)
+    """Release ``folder`` (or a ``claim_file`` lock) if this process holds it (before the folder is removed)."""
+    key = Path(folder).resolve()
+    fd = _HELD.pop(key, None)
     if fd is not None:
+        if key in _LOCK_FILES:  # removed while held: another process never takes a lock file on its way out
+            _LOCK_FILES.discard(key)
+            key.unlink(missing_ok=True)
         os.close(fd)  # closing the descriptor drops its lock
 
 
@@ -80,4 +123,4 @@ def release_folders(keep: Collection[Path] = ()) -> None:
         release_folder(folder)
 
 
-__all__ = ["FolderBusy", "claim_folder", "held_folders", "release_folder", "release_folders"]
+__all__ = ["FolderBusy", "claim_file", "claim_folder", "held_folders", "release_folder", "release_folders"]

@@ -55,6 +55,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     # misplaced flag
     out = output_file(args.out or ("runs/batch_cost.json" if args.batch else "runs/cost_model.json"),
                       earlier=(lambda p: not holds_other_than_json(p), "a JSON file"))  # fmt: skip
+    if args.batch:  # one calibration at a time writes OUT.partial (released as the command returns)
+        from env.folder_lock import claim_file
+
+        claim_file(out.with_name(out.name + ".partial"), f"--out {out}")
     loaded = load_model(
         args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
     )
@@ -158,7 +162,7 @@ def _calibrate_batch(
 
     t0 = time.perf_counter()
     # the measurements so far, beside the output: a rerun after a kill resumes from them
-    work = out.with_name(out.name + ".partial")
+    work = out.with_name(out.name + ".partial")  # held by cmd_calibrate since before the model loaded
     resuming = work.exists()
     bc = calibrate_batch(loaded, names, reps=max(args.reps, 3), progress=not args.json, work=work,
                          drafter_options=options)  # fmt: skip

@@ -159,3 +159,59 @@ def test_a_recording_in_progress_is_not_recorded_into_by_another(fp32_model, tmp
         holder.kill()
     assert record(fp32_model, load_workload()[:1], ["ngram"], out, max_new_tokens=4, progress=False)
     assert not parts.exists()
+
+
+HOLD_FILE = """
+import sys, time
+from env.folder_lock import claim_file
+claim_file(sys.argv[1], "held")
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_file_renamed_into_place_is_held_through_a_lock_beside_it(tmp_path, capsys):
+    """``calibrate --batch`` rewrites ``OUT.partial`` by renaming: two calibrations into one output interleaved
+    their measurements. The second is refused in one line before the model loads; the lock file goes at release,
+    and one a killed holder left behind is taken over."""
+    from env.folder_lock import claim_file
+    from experiments.cli import main
+
+    out = tmp_path / "bc.json"
+    partial = out.with_name("bc.json.partial")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_FILE, str(partial)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        with pytest.raises(FolderBusy, match=rf"x is in use by another process \(pid {proc.pid}\)"):
+            claim_file(partial, "x")
+        assert main(["calibrate", "--batch", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--out {out} is in use by another process" in err[0], err
+        assert not partial.exists() and not out.exists()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    lock = claim_file(partial, "x")  # the killed holder's lock file is left; its lock is not
+    assert lock == partial.with_name("bc.json.partial.lock") and lock.is_file()
+    release_folder(lock)
+    assert not lock.exists()
+
+
+def test_calibrate_batch_releases_its_partial_when_it_returns(tmp_path, monkeypatch, capsys):
+    """However ``calibrate --batch`` ends (here: its measuring fails), the lock beside ``OUT.partial`` is gone."""
+    import env.batch_calibrate
+    from env.batch_cost import CostModelError
+    from env.folder_lock import claim_file
+    from experiments.cli import main
+
+    def fails(*a, **k):
+        assert (tmp_path / "bc.json.partial.lock").is_file()  # held while it measures
+        raise CostModelError("measuring failed")
+
+    monkeypatch.setattr(env.batch_calibrate, "calibrate_batch", fails)
+    assert main(["calibrate", "--batch", "--dtype", "fp32", "--out", str(tmp_path / "bc.json")]) == 2
+    assert "measuring failed" in capsys.readouterr().err
+    assert not (tmp_path / "bc.json.partial.lock").exists()
+    release_folder(claim_file(tmp_path / "bc.json.partial", "x"))  # free for the next calibration
