@@ -33,19 +33,26 @@ def claim_folder(folder: str | Path, what: str) -> None:
     if key in _HELD:
         return
     fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    if _locked(fd, what, "folder"):
+        _HELD[key] = fd
+
+
+def _locked(fd: int, what: str, kind: str) -> bool:
+    """Lock ``fd`` (exclusive, not waiting): True when locked; False, ``fd`` closed, on a file system without
+    locks; ``FolderBusy`` naming ``what`` and the holder, ``fd`` closed, when another process holds it."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
     except OSError as err:
         st = os.fstat(fd)
         os.close(fd)
         if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return  # no locks on this file system
+            return False  # no locks on this file system
         holder = _holder(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
         raise FolderBusy(
             f"{what} is in use by another process{f' (pid {holder})' if holder else ''} writing the same results: "
-            "wait for it to end, or choose another folder"
+            f"wait for it to end, or choose another {kind}"
         ) from None
-    _HELD[key] = fd
 
 
 def _holder(where: str) -> int | None:
@@ -73,18 +80,8 @@ def claim_file(path: str | Path, what: str) -> Path:
         return lock
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            st = os.fstat(fd)
-            os.close(fd)
-            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return lock  # no locks on this file system
-            holder = _holder(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
-            raise FolderBusy(
-                f"{what} is in use by another process{f' (pid {holder})' if holder else ''} writing the same "
-                "results: wait for it to end, or choose another output"
-            ) from None
+        if not _locked(fd, what, "output"):
+            return lock
         try:
             same = os.stat(lock).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
