@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import shutil
 import sys
 from collections.abc import Sequence
@@ -220,6 +221,8 @@ def record(
         "device": str(loaded.device),
     }
     parts_dir = out.with_name(out.name + ".parts")
+    for folder in (parts_dir, parts_dir.with_name(parts_dir.name + ".done")):
+        _check_parts_folder(folder)  # both are deleted whole when a recording ends
     if out.exists() and not overwrite:
         old = load_trace(out)
         want = json.loads(json.dumps(header))
@@ -421,6 +424,26 @@ def _resume_carriers(parts_dir: Path, n_prompts: int, carriers: dict[str, Any], 
         restore_state(carriers, arrays, vocab)
     except DrafterError as err:
         raise TraceError(f"{state_file}: {err}; delete it to record again") from None
+
+
+# what a recording writes in its parts folder: the header, a part per prompt, the probes' state (each also as the
+# temporary file it is renamed from), and ``env.files``' temporary files
+_PARTS_FILE = re.compile(r"header\.json|\d{5}(\.tmp)?\.npz|probes(\.tmp)?\.npz|\..+\.\d+\.tmp")
+
+
+def _check_parts_folder(folder: Path) -> None:
+    """Refuse a parts folder (or its trash, ``.parts.done``) that is no folder or holds anything a recording does not
+    write: it is deleted whole when the recording ends, and a user's files in it would go with it."""
+    if not folder.exists() and not folder.is_symlink():
+        return
+    if folder.is_symlink() or not folder.is_dir():
+        raise TraceError(f"{folder} is not a folder of recorded parts; move it away or choose another --out")
+    for f in folder.iterdir():
+        if not _PARTS_FILE.fullmatch(f.name) or f.is_symlink() or not f.is_file():
+            raise TraceError(
+                f"{folder} holds {one_line(f.name)!r}, which no recording writes (the folder is deleted when the "
+                f"recording ends); move it away or choose another --out"
+            )
 
 
 def _remove_parts(parts_dir: Path) -> None:

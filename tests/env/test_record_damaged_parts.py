@@ -117,3 +117,60 @@ def test_the_cli_reports_a_damaged_part_in_one_line_without_a_resume_line(tmp_pa
     assert lines == [
         f"draftgym record: error: recorded part {part} holds no feat array; delete {part.parent} to record afresh"
     ]
+
+
+def _foreign_file(parts):
+    (parts / "notes.txt").write_text("mine")
+    return parts / "notes.txt"
+
+
+def _foreign_folder(parts):
+    (parts / "00002.npz").mkdir()  # a part's name, but a folder
+    return parts / "00002.npz"
+
+
+def _foreign_done(parts):
+    done = parts.with_name(parts.name + ".done")
+    done.mkdir()
+    (done / "keep.me").write_text("mine")
+    return done / "keep.me"
+
+
+def _parts_a_file(parts):
+    shutil.rmtree(parts)
+    parts.write_text("mine")
+    return parts
+
+
+def _parts_a_link(parts):
+    other = parts.with_name("elsewhere")
+    parts.rename(other)
+    parts.symlink_to(other, target_is_directory=True)
+    return other / "00000.npz"
+
+
+@pytest.mark.parametrize("finished", [False, True], ids=["resumed", "finished"])
+@pytest.mark.parametrize(
+    "plant", [_foreign_file, _foreign_folder, _foreign_done, _parts_a_file, _parts_a_link]
+)
+def test_a_parts_folder_with_what_no_recording_writes_is_refused_and_kept(
+    plant, finished, tiny, killed, tmp_path
+):
+    """The parts folder and its ``.done`` trash are deleted whole when a recording ends (or, beside a finished
+    trace, when it is run again): a user's file there, or a parts 'folder' that is a file or a link, was deleted
+    with them or ended in a traceback."""
+    out, _ = _copy(killed, tmp_path)
+    if finished:
+        shutil.copy(out.with_name(out.name + ".parts") / "00000.npz", tmp_path / "part.npz")
+        record(tiny, PROMPTS, ["ngram"], out, progress=False, **GO)
+        out.with_name(out.name + ".parts").mkdir()
+        shutil.copy(tmp_path / "part.npz", out.with_name(out.name + ".parts") / "00000.npz")
+    before = out.read_bytes() if finished else None
+    mine = plant(out.with_name(out.name + ".parts"))
+    with pytest.raises(
+        TraceError, match="which no recording writes|is not a folder of recorded parts"
+    ) as err:
+        record(tiny, PROMPTS, ["ngram"], out, progress=False, **GO)
+    assert "\n" not in str(err.value) and "choose another --out" in str(err.value)
+    assert mine.exists()  # kept
+    assert (out.read_bytes() == before) if finished else not out.exists()
