@@ -133,6 +133,19 @@ def check_meta(policy: Any, path: Any) -> Any:
     return policy
 
 
+def serving_max_batch(policy: Any, path: Any) -> int:
+    """The max batch a serving policy (``draftgym serve-train``) was trained for, its observation's size checked
+    against it: a per-sequence policy (``draftgym train``) is refused in one line, not served a batch it reads
+    nothing of."""
+    from env.serve_env import obs_size
+    from policies.base import PolicyError
+
+    m = int(policy.meta.get("max_batch", 16))
+    if policy.obs_size != obs_size(m):
+        raise PolicyError(f"{path} is not a serving policy (draftgym serve-train makes them)")
+    return m
+
+
 def _test_split(
     policies: list[Any], trace: Any, test_per_category: int | None, seed: int
 ) -> tuple[list[str], str]:

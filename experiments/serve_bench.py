@@ -209,14 +209,11 @@ def cmd_serve_bench(args: Any) -> int:
     args.policy_objects, args.policy_max_batch, args.batch_cost_model = {}, {}, None
     for path in args.policy or []:  # serving policies (draftgym serve-train): one method each
         from env.batch_cost import load_batch_cost
-        from env.serve_env import obs_size
-        from experiments.policy_commands import check_meta
-        from policies.base import PolicyError, load_policy
+        from experiments.policy_commands import check_meta, serving_max_batch
+        from policies.base import load_policy
 
         pol = check_meta(load_policy(path), path)  # a hand-edited meta: one line, as evaluate --serve says it
-        m = int(pol.meta.get("max_batch", 16))
-        if pol.obs_size != obs_size(m):
-            raise PolicyError(f"{path} is not a serving policy (draftgym serve-train makes them)")
+        m = serving_max_batch(pol, path)
         name = f"policy:{Path(path).stem}"
         if name in args.policy_objects:
             raise UserError(f"--policy {path}: another --policy file is named {name} too (rename one)")

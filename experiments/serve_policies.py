@@ -358,7 +358,7 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
 
     paths = [Path(p) for p in args.policies] or shipped_serve_policies()
     policies = []
-    from experiments.policy_commands import check_meta
+    from experiments.policy_commands import check_meta, serving_max_batch
 
     stems = [p.stem for p in paths]  # each policy is a row named by its file's stem
     twice = sorted({s for s in stems if stems.count(s) > 1 or s == "oracle" or s.startswith("static:")})
@@ -367,6 +367,7 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
                         "rename one of the files")  # fmt: skip
     for p in paths:
         pol = check_meta(load_policy(p), p)
+        serving_max_batch(pol, p)
         policies.append((p.stem, pol))
     meta = policies[0][1].meta if policies else {}
     arms = list(policies[0][1].arm_names) if policies else list(DEFAULT_ARMS)

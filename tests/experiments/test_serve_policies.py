@@ -318,3 +318,22 @@ def test_serve_train_on_a_menu_without_plain_decoding_makes_no_turbospec(trace_p
         assert main(_train_argv(trace_path, tmp_path / "nd", "--arms", "ngram-d2,ngram-d5")) == 0
     stems = {p.stem for p in (tmp_path / "nd").glob("*.zip")}
     assert "smartspec" in stems and "turbospec" not in stems and "fitted-table" in stems
+
+
+@pytest.mark.parametrize("command", ["evaluate", "serve-bench"])
+def test_a_per_sequence_policy_is_not_served_a_batch(tmp_path, capsys, command):
+    """A policy of ``draftgym train`` (one sequence's observation) given where a serving policy is read: evaluate
+    --serve served it for minutes, reading nothing of the batch; serve-bench refused it. Both: one line, no folder."""
+    from importlib import resources
+
+    path = str(resources.files("policies") / "data" / "exp3.zip")
+    out = tmp_path / "o"
+    if command == "evaluate":
+        argv = ["evaluate", "--serve", path, "--loads", "1", "--out", str(out)]
+    else:
+        argv = ["serve-bench", "--policy", path, "--concurrency", "1", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"draftgym {command}: error: {path} is not a serving policy (draftgym "
+                                        "serve-train makes them)"]  # fmt: skip
+    assert not out.exists()
