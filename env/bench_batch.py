@@ -172,7 +172,9 @@ def _main(argv: list[str] | None) -> int:
         ap.error(f"argument --serve: must be >= 0, got {args.serve}")
     batches = int_list(args.rows, "--rows")
     arms = check_draft_arms([a.strip() for a in args.draft.split(",") if a.strip()])
-    out_path = output_file(args.json)
+    from env.model import model_folder
+
+    out_path = output_file(args.json, folders=(model_folder(None),))
     from env.machine import cpu_label, machine_info
     from env.model import load_model
 

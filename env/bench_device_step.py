@@ -130,7 +130,9 @@ def _main(argv: list[str] | None) -> int:
     depths = int_list(args.depths, "--depths", low=0)
     if max(depths) > 31:
         raise ProgramError(f"--depths: at most 31, got {max(depths)}")
-    out = output_file(args.json)
+    from env.model import model_folder
+
+    out = output_file(args.json, folders=(model_folder(args.model),))
     merge = None  # the attention's merge in effect (None: no Triton here)
     try:
         from kernels import triton_attention

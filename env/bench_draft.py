@@ -147,7 +147,11 @@ def _main(argv: list[str] | None) -> int:
     vocabs: list[int | None] = [None] if args.vocab is None else list(int_list(args.vocab, "--vocab", low=0))
     rows_list, topks = int_list(args.rows, "--rows"), int_list(args.topk, "--topk")
     check_drafters(names, vocabs)
-    out_path = output_file(args.json)
+    from drafters.heads import DATA_DIR, cache_heads_dir
+    from env.model import model_folder
+
+    # the heads come from the user's trained ones or the shipped ones
+    out_path = output_file(args.json, folders=(model_folder(None), cache_heads_dir(), DATA_DIR))
 
     from env.machine import cpu_label
     from env.model import load_model

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     from env.cli import Parser, int_list, output_file, positive_int, progress_bar, write_json
     from env.machine import cpu_label
-    from env.model import WEIGHTS, ModelError, load_model, resolve_weights
+    from env.model import WEIGHTS, ModelError, load_model, model_folder, resolve_weights
 
     ap = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--q", default="1,4,8,16,32", help="node counts per row (default 1,4,8,16,32)")
@@ -169,7 +169,7 @@ def _main(argv: list[str] | None) -> int:
     if bad or not formats:
         raise ModelError(f"--weights: unknown weight format {bad[0] if bad else args.weights!r}; valid: "
                          + ", ".join(WEIGHTS))  # fmt: skip
-    out_path = output_file(args.json)
+    out_path = output_file(args.json, folders=(model_folder(args.model),))
     base = load_model(args.model, dtype=args.dtype, device="cpu")
     fmt = {w: resolve_weights(w, base.device, base.dtype) for w in formats}
     variants = {f"lean-{w}": base.replace(weights=fmt[w]) for w in formats}

@@ -130,6 +130,18 @@ def check_not_input(path: str | Path, flag: str, inputs: tuple[object, ...]) -> 
         raise ProgramError(f"{flag} {path} is also an input of this command; it would be overwritten")
 
 
+def check_not_inside(path: str | Path, flag: str, folders: tuple[object, ...]) -> None:
+    """``ProgramError`` when the output ``path`` lies in one of the folders the command reads (``folders``: a
+    model's folder, a head's, training data; None for one not given): a result written there could replace one of
+    their files, which are not all named in advance (a model folder holds ``config.json``)."""
+    out = Path(path).resolve()
+    for folder in folders:
+        if folder is not None and out.is_relative_to(Path(str(folder)).resolve()):
+            raise ProgramError(
+                f"{flag} {path} is inside {folder}, which this command reads; write it elsewhere"
+            )
+
+
 def check_output_kind(path: str | Path, flag: str) -> Path:
     """``path`` as a ``Path`` when it may name an output file; ``ProgramError`` naming ``flag`` when it is a folder
     or ends in a slash (``Path`` drops it: ``x/`` would write a file ``x``), or exists and is no regular file (a
@@ -145,15 +157,20 @@ def check_output_kind(path: str | Path, flag: str) -> Path:
 
 
 def output_file(
-    path: str | Path | None, flag: str = "--json", inputs: tuple[object, ...] = ()
+    path: str | Path | None,
+    flag: str = "--json",
+    inputs: tuple[object, ...] = (),
+    folders: tuple[object, ...] = (),
 ) -> Path | None:
     """Check, before any work, that ``path`` can be written: not a directory, none of the command's ``inputs``
-    (as ``check_not_input``), for ``--json`` no file but an earlier JSON result, its folder made and writable
-    (``ProgramError`` naming ``flag`` otherwise). None stays None (nothing to write)."""
+    (as ``check_not_input``), in none of the folders it reads (``folders``, as ``check_not_inside``), for
+    ``--json`` no file but an earlier JSON result, its folder made and writable (``ProgramError`` naming ``flag``
+    otherwise). None stays None (nothing to write)."""
     if path is None:
         return None
     out = check_output_kind(path, flag)
     check_not_input(out, flag, inputs)
+    check_not_inside(out, flag, folders)
     if flag == "--json" and holds_other_than_json(out):
         raise ProgramError(f"{flag} {path} exists and is not a JSON file; not overwritten")
     folder = out.parent

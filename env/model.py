@@ -214,6 +214,17 @@ def embedded_gguf_path() -> Path:
     return path
 
 
+def model_folder(model: str | None) -> Path | None:
+    """The folder ``load_model(model)`` reads, without converting or checking it (the embedded model's converted
+    folder, made yet or not); None for a ``random:`` model, which reads none. For output checks
+    (``env.cli.output_file``'s ``folders``)."""
+    if model is not None and model.startswith(RANDOM_PREFIX):
+        return None
+    if model in (None, "", DEFAULT_MODEL):
+        return cache_dir() / "models" / DEFAULT_MODEL
+    return Path(model)
+
+
 def embedded_model_folder() -> Path:
     """The converted safetensors folder of the embedded model, converting it on first use."""
     folder = cache_dir() / "models" / DEFAULT_MODEL

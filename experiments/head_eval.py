@@ -34,7 +34,7 @@ def _main(argv: list[str] | None) -> int:
     from drafters.train import TrainSettings, check_data_fits, evaluate, windows
     from drafters.train_data import load_data, split
     from env.cli import Parser, output_file, positive_int, write_json
-    from env.model import DEFAULT_MODEL, load_model
+    from env.model import DEFAULT_MODEL, load_model, model_folder
 
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--data", nargs="+", required=True, help="distillation data folders")
@@ -51,7 +51,7 @@ def _main(argv: list[str] | None) -> int:
     )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    json_out = output_file(args.json, flag="--json")
+    dirs = [Path(d) for d in args.data]
     kinds = [k.strip() for k in args.heads.split(",") if k.strip()]
     if not kinds or len(args.weights) > len(kinds):
         raise DrafterError(f"--heads names {len(kinds)} head(s), --weights {len(args.weights)} file(s)")
@@ -63,8 +63,11 @@ def _main(argv: list[str] | None) -> int:
         if not path.is_file():
             raise DrafterError(f"no head file {path}")
         paths.append(path)
+    heads = tuple(p for path in paths for p in (path, path.with_suffix(".json")))  # weights, description
+    json_out = output_file(
+        args.json, flag="--json", inputs=heads, folders=(*dirs, model_folder(DEFAULT_MODEL))
+    )
     recorded = [_heldout_ids(p) for p in paths]
-    dirs = [Path(d) for d in args.data]
     if recorded and all(r is not None for r in recorded):  # the prompts none of the heads trained on
         keep = set.intersection(*recorded)  # type: ignore[arg-type]
         held = [s for s in load_data(*dirs, keep=keep) if s.answer_start < s.tokens.shape[0]] if keep else []

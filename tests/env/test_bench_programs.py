@@ -512,3 +512,53 @@ def test_kernels_bench_writes_each_row_as_it_is_measured(tmp_path, monkeypatch):
     assert kb.main(["--quick", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["complete"] is True and doc["rows"] == [row]
+
+
+@pytest.mark.parametrize("program", ["bench_device_step", "bench_forward", "bench_batch", "bench_draft"])
+def test_json_inside_the_model_folder_read_is_refused(program, no_model, tmp_path, capsys, monkeypatch):
+    """``--json MODEL/config.json`` passed every check (it is JSON) and replaced the model's config with the rows;
+    the next load failed. Any output inside the folder of the model read (a local one, or the embedded model's
+    converted folder in the cache) is refused before the model loads."""
+    import importlib
+
+    from env.model import DEFAULT_MODEL
+
+    monkeypatch.setenv("DRAFTGYM_CACHE", str(tmp_path / "cache"))
+    if program in ("bench_device_step", "bench_forward"):
+        folder, extra = tmp_path / "model", ["--model", str(tmp_path / "model")]
+    else:  # these read the embedded model
+        folder, extra = tmp_path / "cache" / "models" / DEFAULT_MODEL, []
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    for out in (folder / "config.json", folder / "sub" / "rows.json"):
+        code = importlib.import_module(f"env.{program}").main([*extra, "--json", str(out)])
+        _one_line_error(capsys, code, f"--json {out} is inside {folder}, which this command reads")
+    assert (folder / "config.json").read_text() == '{"model_type": "llama"}' and not (folder / "sub").exists()
+
+
+def test_bench_draft_json_is_not_written_among_the_heads(no_model, tmp_path, capsys, monkeypatch):
+    """The shipped heads' descriptions are JSON: ``--json`` naming one replaced it with the rows."""
+    from drafters.heads import DATA_DIR
+    from env.bench_draft import main
+
+    monkeypatch.setenv("DRAFTGYM_CACHE", str(tmp_path / "cache"))
+    out = DATA_DIR / "eagle-smollm2-135m-instruct.json"
+    before = out.read_bytes()
+    _one_line_error(capsys, main(["--json", str(out)]), f"is inside {DATA_DIR}, which this command reads")
+    assert out.read_bytes() == before
+
+
+def test_output_file_refuses_a_path_inside_a_folder_read(tmp_path):
+    from env.cli import ProgramError, output_file
+
+    read = tmp_path / "read"
+    read.mkdir()
+    for out in (read / "x.json", tmp_path / "read" / ".." / "read" / "deep" / "x.json"):
+        with pytest.raises(ProgramError, match="which this command reads"):
+            output_file(out, folders=(None, read))
+    assert (
+        output_file(tmp_path / "readme.json", folders=(read,)) == tmp_path / "readme.json"
+    )  # a sibling name
+    (tmp_path / "link").symlink_to(read)
+    with pytest.raises(ProgramError, match="which this command reads"):
+        output_file(tmp_path / "link" / "x.json", folders=(read,))

@@ -71,6 +71,32 @@ def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(
     assert err.startswith(f"python -m experiments.{program}: error: "), err
 
 
+@pytest.mark.parametrize("out", ["{h}/head.json", "{h}/head.safetensors", "{data}/rows.json"])
+def test_head_eval_json_is_none_of_the_files_it_reads(out, no_model, tmp_path, capsys):
+    """``--json`` naming the head's description (JSON, so it passed) replaced it with the rows; the next evaluation
+    refused the head. The head files and anything inside the data folders are refused before any work."""
+    from experiments.head_eval import main
+
+    (tmp_path / "h").mkdir()
+    (tmp_path / "data").mkdir()
+    for suffix in (".safetensors", ".json"):
+        (tmp_path / "h" / f"head{suffix}").write_text("{}")
+    out = out.format(h=tmp_path / "h", data=tmp_path / "data")
+    args = [
+        "--data",
+        str(tmp_path / "data"),
+        "--heads",
+        "eagle",
+        "--weights",
+        str(tmp_path / "h" / "head.safetensors"),
+    ]
+    code = main([*args, "--json", out])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "is also an input" in err if "/h/" in out else "which this command reads" in err, err
+    assert all((tmp_path / "h" / f"head{s}").read_text() == "{}" for s in (".safetensors", ".json"))
+
+
 def test_bench_allocator_refuses_a_setting_its_processes_would_refuse(no_model, monkeypatch, capsys):
     """Checked once before any process starts, not as each measuring process's failure."""
     from env.allocator import glibc_mallopt
