@@ -77,10 +77,17 @@ def user_message(err: BaseException, user_types: frozenset[str] = USER_ERROR_TYP
 def memory_message(err: BaseException) -> str | None:
     """The line for sizes this machine cannot hold (numpy's and Python's MemoryError, torch's allocator): ask for
     less. None for another error."""
-    if isinstance(err, MemoryError) or (isinstance(err, RuntimeError) and "not enough memory" in str(err)):
-        return one_line(
-            f"not enough memory for the sizes asked for ({err or type(err).__name__}); ask for less"
-        )
+    text = one_line(err)
+    torch_oom = isinstance(err, RuntimeError) and (
+        any(c.__name__ == "OutOfMemoryError" for c in type(err).__mro__)  # torch's, on a GPU
+        or "not enough memory" in text  # torch's CPU allocator, Windows and older
+        or "can't allocate memory" in text  # torch's CPU allocator: "DefaultCPUAllocator: can't allocate ..."
+    )
+    if isinstance(err, MemoryError) or torch_oom:
+        where = text.find("DefaultCPUAllocator")  # after "[enforce fail at alloc_cpu.cpp:127] err == 0."
+        text = text[where:] if where > 0 else text
+        text = text if len(text) <= 200 else text[:199] + "…"  # a GPU's comes with a paragraph of advice
+        return f"not enough memory for the sizes asked for ({text or type(err).__name__}); ask for less"
     return None
 
 

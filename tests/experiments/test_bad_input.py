@@ -927,3 +927,22 @@ def test_sizes_the_machine_cannot_hold_are_one_line_for_every_command():
     msg = user_message(MemoryError("Unable to allocate 58.2 TiB for an array with shape (1000000000000, 16)"))
     assert msg is not None and msg.startswith("not enough memory for the sizes asked for") and "\n" not in msg
     assert user_message(RuntimeError("something else")) is None  # a bug keeps its traceback
+
+
+def test_torch_running_out_of_memory_is_one_line():
+    """torch's CPU allocator says "can't allocate memory" (a traceback under every program: only "not enough
+    memory" was matched); a GPU's OutOfMemoryError comes with a paragraph, cut to one line of at most ~200."""
+    import torch
+
+    from experiments.cli import user_message
+
+    try:
+        torch.empty(1 << 60, dtype=torch.uint8)
+    except RuntimeError as err:
+        msg = user_message(err)
+    assert msg is not None and msg.startswith(
+        "not enough memory for the sizes asked for (DefaultCPUAllocator"
+    ), msg
+    gpu = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB.\n" + "advice " * 100)
+    msg = user_message(gpu)
+    assert msg is not None and "Tried to allocate 9.00 GiB" in msg and "\n" not in msg and len(msg) < 300, msg
