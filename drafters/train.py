@@ -37,6 +37,9 @@ from drafters.train_data import Sequence, draft_vocab, load_data, repeat_answers
 # ---------------------------------------------------------------- training
 
 
+MAX_LEVELS = 64  # training-time-test unrolls (EAGLE-3 trains 7): past it, hours or a memory error, not a head
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     kind: str  # eagle | eagle3 | early_exit

@@ -71,6 +71,9 @@ def engine_step(loaded, rows: int, context: int):
     return step
 
 
+MAX_SERVE = 1 << 16  # --serve: requests per row, each decoded for real
+
+
 def serve_ar(loaded, rows: int, context: int, per_row: int, max_new_tokens: int, seed: int = 0) -> dict:
     """AR served closed-loop at concurrency ``rows`` over ``per_row * rows`` requests (see the module docstring)."""
     from env.batch import BatchEngine
@@ -156,20 +159,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from env.cli import Parser, int_list, output_file, positive_int, progress_bar, write_json
+    from env.cli import Parser, int_at_least, int_list, output_file, positive_int, progress_bar, write_json
 
     ap = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="1,2,4,8,16")
     ap.add_argument("--context", type=positive_int, default=300)
     ap.add_argument("--reps", type=positive_int, default=15)
     ap.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
-    ap.add_argument("--serve", type=int, default=0, help="also serve AR end to end: N requests per row")
+    ap.add_argument("--serve", type=int_at_least(0, MAX_SERVE), default=0,
+                    help="also serve AR end to end: N requests per row")  # fmt: skip
     ap.add_argument("--max-new-tokens", type=positive_int, default=128)
     ap.add_argument("--draft", default="", help="also time drafting these arms' rows together vs row by row")
     ap.add_argument("--json", default=None, help="write the rows to this file (after each row)")
     args = ap.parse_args(argv)
-    if args.serve < 0:
-        ap.error(f"argument --serve: must be >= 0, got {args.serve}")
     batches = int_list(args.rows, "--rows")
     arms = check_draft_arms([a.strip() for a in args.draft.split(",") if a.strip()])
     from env.model import model_folder

@@ -102,11 +102,21 @@ def _profile(doc, depths, loops, fns, prompts, new, span, steps) -> None:
 
 
 def _main(argv: list[str] | None) -> int:
-    from env.cli import Parser, ProgramError, int_list, output_file, positive_int, progress_bar, write_json
+    from env.cli import (
+        Parser,
+        ProgramError,
+        int_at_least,
+        int_list,
+        output_file,
+        positive_int,
+        progress_bar,
+        write_json,
+    )
     from env.device_loop import SPAN_STEP, DeviceLoop, _round_up
     from env.lean import lean_of
     from env.machine import cpu_label
     from env.model import ModelError, load_model
+    from env.serve_sim import MAX_BATCH
     from kernels.bench import cuda_graph
 
     ap = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
@@ -117,7 +127,9 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "auto"])
     ap.add_argument("--depths", default="0,4,8,16", help="chain depths, 0 for an AR step (default 0,4,8,16)")
     ap.add_argument("--context", type=positive_int, default=1024, help="prompt tokens (default 1024)")
-    ap.add_argument("--rows", type=positive_int, default=1, help="rows decoded together (default 1)")
+    ap.add_argument(
+        "--rows", type=int_at_least(1, MAX_BATCH), default=1, help="rows decoded together (default 1)"
+    )
     ap.add_argument("--steps", type=positive_int, default=32, help="calls per timing (default 32)")
     ap.add_argument("--reps", type=positive_int, default=5, help="repetitions (default 5)")
     ap.add_argument("--profile", action="store_true", help="CUDA: the step's kernels per depth")

@@ -121,16 +121,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from env.cli import Parser, int_list, output_file, positive_int, progress_bar, write_json
+    from drafters.base import MAX_DEPTH, MAX_TOPK
+    from env.cli import Parser, int_at_least, int_list, output_file, positive_int, progress_bar, write_json
 
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--drafters", default="eagle3,eagle")
     p.add_argument("--rows", default="1,4,16")
     p.add_argument("--topk", default="1,4")
     p.add_argument("--context", type=positive_int, default=300)
-    p.add_argument(
-        "--max-depth", type=positive_int, default=6, help="at least 3 (the slope takes two depths)"
-    )
+    p.add_argument("--max-depth", type=int_at_least(1, MAX_DEPTH), default=6,
+                   help="at least 3 (the slope takes two depths)")  # fmt: skip
     p.add_argument("--reps", type=positive_int, default=15)
     p.add_argument("--dtype", default="bf16", choices=["auto", "bf16", "fp32"])
     p.add_argument("--weights", default="dense")
@@ -146,6 +146,8 @@ def _main(argv: list[str] | None) -> int:
         p.error("argument --drafters: names no drafter")
     vocabs: list[int | None] = [None] if args.vocab is None else list(int_list(args.vocab, "--vocab", low=0))
     rows_list, topks = int_list(args.rows, "--rows"), int_list(args.topk, "--topk")
+    if max(topks) > MAX_TOPK:
+        p.error(f"argument --topk: at most {MAX_TOPK} branches a node, got {max(topks)}")
     check_drafters(names, vocabs)
     from drafters.heads import DATA_DIR, cache_heads_dir
     from env.model import model_folder

@@ -49,12 +49,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     from env.batch_cost import load_batch_cost
-    from env.cli import Parser, int_list, output_file, positive_int
+    from env.cli import Parser, int_at_least, int_list, output_file
 
     ap = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--envs", default="64,256,1024")
-    ap.add_argument("--steps", type=positive_int, default=200)
-    ap.add_argument("--reps", type=positive_int, default=3)
+    ap.add_argument(
+        "--steps", type=int_at_least(1, 1 << 20), default=200, help="steps timed (the actions drawn up front)"
+    )
+    ap.add_argument("--reps", type=int_at_least(1, 1000), default=3)
     ap.add_argument("--cost", default=None, help="batch cost model (default: the shipped one)")
     ap.add_argument("--action", default="batch", choices=["batch", "row"])
     ap.add_argument(
@@ -63,10 +65,14 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from env.machine import cpu_label, machine_info
-    from env.serve_sim import parse_load
+    from env.serve_sim import MAX_SERVERS, parse_load
 
     envs = int_list(args.envs, "--envs")
-    loads = [x.strip() for x in args.loads.split(",") if x.strip()] if args.loads else None
+    if max(envs) > MAX_SERVERS:
+        ap.error(f"argument --envs: at most {MAX_SERVERS} servers, got {max(envs)}")
+    loads = [x.strip() for x in args.loads.split(",") if x.strip()] if args.loads is not None else None
+    if loads == []:
+        ap.error(f"argument --loads: names no load, got {args.loads!r}")
     for x in loads or ():
         parse_load(x, 16)
     load_batch_cost(args.cost)  # a missing or bad file: one line before anything runs

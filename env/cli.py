@@ -205,21 +205,44 @@ def int_list(text: str, flag: str, low: int = 1) -> list[int]:
     return values
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer in 1..2^63-1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"must be >= 1, got {value if value > -(10**24) else 'a huge negative'}"
+INT64_MAX = (1 << 63) - 1  # the most an integer option takes: a larger one overflows a float or a tensor
+
+
+def int_at_least(low: int, high: int | None = None, *, most: int = INT64_MAX) -> Callable[[str], int]:
+    """An integer >= ``low`` and <= ``high`` (refused as "in [low, high]"); without ``high``, at most ``most``
+    (refused as "<= most")."""
+    top = most if high is None else high
+
+    def parse(text: str) -> int:
+        digits = text.strip().lstrip("+-")
+        try:
+            value = int(text)
+        except ValueError:
+            # past the 4300 digits int() reads
+            if len(digits) > 4000 and digits.isascii() and digits.isdigit():
+                span = f"in [{low}, {high}]" if high is not None else f"<= {top}"
+                raise argparse.ArgumentTypeError(
+                    f"must be {span}, got {digits[:6]}... ({len(digits)} digits)"
+                ) from None
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
+        shown = (
+            str(value)
+            if len(digits) <= 24
+            else f"{'-' if value < 0 else ''}{digits[:6]}... ({len(digits)} digits)"
         )
-    if value >= 1 << 63:
-        raise argparse.ArgumentTypeError(
-            f"must be < 2^63, got {str(value)[:12]}... ({len(str(value))} digits)"
-        )
-    return value
+        if high is not None and not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}], got {shown}")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {shown}")
+        if value > top:
+            raise argparse.ArgumentTypeError(f"must be <= {top}, got {shown}")
+        return value
+
+    parse.__name__ = f"integer >= {low}" if high is None else f"integer in [{low}, {high}]"
+    return parse
+
+
+positive_int = int_at_least(1)  # (argparse names it "integer >= 1")
 
 
 SEED_MAX = (1 << 32) - 1

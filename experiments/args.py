@@ -13,44 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from env.cli import check_not_input, seed_int
+from env.cli import check_not_input, int_at_least, seed_int
 from env.cli import same_file as same_file  # experiments.report reads it here
-
-INT64_MAX = (1 << 63) - 1  # the most an integer option takes: a larger one overflows a float or a tensor
-
-
-def int_at_least(low: int, high: int | None = None, *, most: int = INT64_MAX) -> Callable[[str], int]:
-    """An integer >= ``low`` and <= ``high`` (refused as "in [low, high]"); without ``high``, at most ``most``
-    (refused as "<= most")."""
-    top = most if high is None else high
-
-    def parse(text: str) -> int:
-        digits = text.strip().lstrip("+-")
-        try:
-            value = int(text)
-        except ValueError:
-            # past the 4300 digits int() reads
-            if len(digits) > 4000 and digits.isascii() and digits.isdigit():
-                span = f"in [{low}, {high}]" if high is not None else f"<= {top}"
-                raise argparse.ArgumentTypeError(
-                    f"must be {span}, got {digits[:6]}... ({len(digits)} digits)"
-                ) from None
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        shown = (
-            str(value)
-            if len(digits) <= 24
-            else f"{'-' if value < 0 else ''}{digits[:6]}... ({len(digits)} digits)"
-        )
-        if high is not None and not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}], got {shown}")
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {shown}")
-        if value > top:
-            raise argparse.ArgumentTypeError(f"must be <= {top}, got {shown}")
-        return value
-
-    parse.__name__ = f"integer >= {low}" if high is None else f"integer in [{low}, {high}]"
-    return parse
 
 
 def float_in(low: float, high: float, *, low_open: bool = False, high_open: bool = False):

@@ -31,16 +31,16 @@ def _main(argv: list[str] | None) -> int:
     from drafters import DrafterError
     from drafters.eagle import EagleHead
     from drafters.heads import find_head, load_head, load_state
-    from drafters.train import TrainSettings, check_data_fits, evaluate, windows
+    from drafters.train import MAX_LEVELS, TrainSettings, check_data_fits, evaluate, windows
     from drafters.train_data import load_data, split
-    from env.cli import Parser, output_file, positive_int, write_json
+    from env.cli import Parser, int_at_least, output_file, positive_int, write_json
     from env.model import DEFAULT_MODEL, load_model, model_folder
 
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--data", nargs="+", required=True, help="distillation data folders")
     p.add_argument("--heads", default="eagle,eagle3", help="head kinds to score")
     p.add_argument("--weights", nargs="*", default=[], help="head files, in the order of --heads")
-    p.add_argument("--levels", type=positive_int, default=4)
+    p.add_argument("--levels", type=int_at_least(1, MAX_LEVELS), default=4)
     p.add_argument("--window", type=positive_int, default=512)
     p.add_argument(
         "--agreement",

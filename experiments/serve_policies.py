@@ -366,9 +366,7 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
         raise UserError(f"two policies (or a policy and a baseline row) would be named {twice[0]!r}; "
                         "rename one of the files")  # fmt: skip
     for p in paths:
-        pol = check_meta(load_policy(p), p)
-        serving_max_batch(pol, p)
-        policies.append((p.stem, pol))
+        policies.append((p.stem, check_meta(load_policy(p), p)))
     meta = policies[0][1].meta if policies else {}
     arms = list(policies[0][1].arm_names) if policies else list(DEFAULT_ARMS)
     for name, pol in policies:
@@ -379,6 +377,8 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
         if pol.meta.get("max_batch", 16) != meta.get("max_batch", 16):
             raise UserError(f"{name}: trained for a max batch of {pol.meta.get('max_batch', 16)}, "
                             f"{policies[0][0]} for {meta.get('max_batch', 16)}; evaluate one max batch at a time")  # fmt: skip
+    for p, (_, pol) in zip(paths, policies):
+        serving_max_batch(pol, p)  # a per-sequence policy (draftgym train): no observation of a batch
     trace = default_serve_trace() if args.trace is None else load_trace(args.trace)
     # live serves the drafters as the trace recorded them (checked: the header comes from a file)
     options = recorded_drafter_options(trace, args.trace or "the bundled trace")

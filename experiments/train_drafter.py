@@ -43,6 +43,7 @@ KIND_FLAGS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from drafters.train import MAX_LEVELS
     from experiments.args import float_in, int_at_least, new_tokens, nonnegative_int, positive_int
 
     p = sub.add_parser(
@@ -84,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--levels",
-        type=positive_int,
+        type=int_at_least(1, MAX_LEVELS),
         default=None,
         help="eagle: training-time-test unroll depth (2; eagle3: 4)",
     )

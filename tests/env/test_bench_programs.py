@@ -38,6 +38,8 @@ def _one_line_error(capsys, code, expected, rc=2):
         (["--drafters", "early_exit", "--vocab", "8"], "early_exit takes no vocab option"),
         (["--rows", "1,x"], "--rows must be a comma list"),
         (["--max-depth", "2"], "--max-depth: must be >= 3"),
+        (["--max-depth", "100000"], "--max-depth: must be in [1, 256]"),  # it ran on for minutes
+        (["--topk", "1,65"], "--topk: at most 64 branches a node, got 65"),
         (["--draft", "eagle"], "unrecognized arguments: --draft"),  # no abbreviations
         (["--json", "{tmp}"], "is a directory, not a file"),
         (["--json", "/proc/draftgym-bench.json"], "cannot write there"),
@@ -82,6 +84,8 @@ def test_bench_draft_keeps_the_rows_measured_before_an_error(monkeypatch, tmp_pa
         (["--draft", "bogus-d3"], "unknown drafter 'bogus'"),
         (["--rows", "0"], "--rows must be a comma list of integers >= 1"),
         (["--json", "{tmp}"], "is a directory, not a file"),
+        (["--serve", str(10**12)], "--serve: must be in [0, 65536]"),  # it built 10^12 requests
+        (["--serve", "-1"], "--serve: must be in [0, 65536], got -1"),
     ],
 )
 def test_bench_batch_refuses_bad_input_before_loading(args, expected, no_model, tmp_path, capsys):
@@ -213,12 +217,17 @@ def test_output_file_checks(tmp_path):
         ("bench_serve_env", ["--cost", "{tmp}/none.json"], "does not exist"),
         ("bench_serve_env", ["--loads", "1,sideways"], "sideways"),
         ("bench_serve_env", ["--json", "{tmp}"], "is a directory, not a file"),
+        # huge counts: an allocation's traceback ("array is too big") or minutes building what never runs
+        ("bench_serve_env", ["--steps", str(1 << 62)], "--steps: must be in [1, 1048576]"),
+        ("bench_serve_env", ["--envs", "4,100000"], "--envs: at most 65536 servers, got 100000"),
+        ("bench_serve_env", ["--loads", ",,"], "--loads: names no load"),  # was: the default loads, silently
+        ("bench_device_step", ["--rows", str(10**12)], "--rows: must be in [1, 4096]"),
         ("exactness", ["--workload", "{tmp}/none.jsonl"], "does not exist"),
         ("exactness", ["--arms", "ngram-d4,bogus-d2"], "unknown drafter 'bogus'"),
         ("exactness", ["--concurrency", "0"], "--concurrency: must be >= 1"),
         ("bench_device_step", ["--depths", "0,x"], "--depths must be a comma list"),
         ("bench_device_step", ["--depths", "4,40"], "--depths: at most 31, got 40"),
-        ("bench_device_step", ["--rows", "0"], "--rows: must be >= 1"),
+        ("bench_device_step", ["--rows", "0"], "--rows: must be in [1, 4096]"),
         ("bench_device_step", ["--json", "{tmp}"], "is a directory, not a file"),
         ("bench_device_step", ["--attention-merge", "fast"], "invalid choice: 'fast'"),
     ],

@@ -472,7 +472,8 @@ POLICY_FILES = [
 ]
 TRAIN_DRAFTER = [
     ("kind", ["train-drafter", "medusa"], "invalid choice"),
-    ("eagle3-levels-zero", ["train-drafter", "eagle3", "--levels", "0"], "must be >= 1"),
+    ("eagle3-levels-zero", ["train-drafter", "eagle3", "--levels", "0"], "must be in [1, 64]"),
+    ("eagle3-levels-huge", ["train-drafter", "eagle3", "--levels", "100000"], "must be in [1, 64]"),
     ("eagle3-text-negative", ["train-drafter", "eagle3", "--text-tokens", "-5"], "must be >= 0"),
     ("cpu-minutes-zero", ["train-drafter", "eagle", "--cpu-minutes", "0"], "--cpu-minutes: must be in"),
     ("cpu-minutes-negative", ["train-drafter", "eagle", "--cpu-minutes", "-1"], "--cpu-minutes: must be in"),
