@@ -22,8 +22,11 @@ ARMS = ["ngram-d4", "suffix-d4", "ngram-d8", "suffix-d8", "ngram-d12-k4-b24", "s
 
 def ar_answers(path: Path) -> dict[str, list[int]]:
     """The ``ar`` records' token ids by prompt id, from the complete lines of a bench's ``records.jsonl``."""
+    from env.file_checks import not_a_file
     from experiments.records import Record
 
+    if path.exists() and not path.is_file():  # a FIFO was read for ever
+        raise UserError(f"{path} {not_a_file(path)}")
     try:
         data = path.read_bytes()
     except OSError as err:

@@ -29,9 +29,12 @@ def _turns(path: str) -> list[tuple[str, str, str]]:
     ``env.workloads.load_workload`` checks a question line: a category name, turns a list of non-empty strings, ids
     unique)."""
     from drafters.base import reason
+    from env.file_checks import not_a_file
     from env.workloads import MT_BENCH, WorkloadError
 
     out, seen = [], {}
+    if not Path(path).is_file():  # a FIFO was read for ever
+        raise WorkloadError(f"workload file {path} {not_a_file(Path(path))}")
     try:
         lines = Path(path).read_text(encoding="utf-8").split("\n")
     except (OSError, UnicodeDecodeError) as err:
@@ -178,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     from env.files import atomic_write_text
     from env.machine import cpu_label
     from env.model import load_model
-    from experiments.args import output_dir
+    from experiments.args import output_dir, run_folder_outputs
     from experiments.errors import UserError
     from experiments.provenance import library_versions, machine
     from experiments.records import run_identity
@@ -188,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--arms takes n-gram and suffix arms (drafters scored offline)")
     turns = _turns(args.workload)[: args.questions]
     out = output_dir(args.out, exclusive=True)
+    run_folder_outputs(out, ("answers.json", "turns.json"))  # (turns.json a folder failed after every answer)
     loaded = load_model(None, dtype=args.dtype, device="cpu", weights=args.weights)
     tok = loaded.tokenizer
     ident = run_identity(loaded, args.max_new_tokens)  # model, dtype, device, weights, forward, new tokens

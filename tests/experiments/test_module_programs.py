@@ -6,6 +6,7 @@ end (a directory there lost the measurement)."""
 from __future__ import annotations
 
 import importlib
+import json
 
 import pytest
 
@@ -100,6 +101,37 @@ def test_head_eval_json_is_none_of_the_files_it_reads(out, no_model, tmp_path, c
     assert code == 2 and err.count("\n") == 1, err
     assert "is also an input" in err if "/h/" in out else "which this command reads" in err, err
     assert all((tmp_path / "h" / f"head{s}").read_text() == "{}" for s in (".safetensors", ".json"))
+
+
+@pytest.mark.parametrize("program", ["suffix_turns", "offline_tau"])
+def test_a_fifo_input_is_refused_not_read_for_ever(program, no_model, tmp_path, capsys):
+    """A FIFO as the workload (suffix_turns) or as a bench run's records.jsonl (offline_tau) blocked for ever."""
+    import os
+
+    main = importlib.import_module(f"experiments.{program}").main
+    if program == "suffix_turns":
+        fifo = tmp_path / "q.jsonl"
+        argv = ["--workload", str(fifo), "--out", str(tmp_path / "o")]
+    else:
+        fifo = tmp_path / "records.jsonl"
+        argv = [str(tmp_path), "builtin"]
+    os.mkfifo(fifo)
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{fifo} is not a regular file (a FIFO, a device or a socket)" in err, err
+
+
+def test_suffix_turns_checks_its_result_file_before_answering(no_model, tmp_path, capsys):
+    """``OUT/turns.json`` a folder failed the run after every answer was generated."""
+    from experiments.suffix_turns import main
+
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"question_id": 1, "category": "writing", "turns": ["Hi.", "And?"]}) + "\n")
+    (tmp_path / "o" / "turns.json").mkdir(parents=True)
+    code = main(["--workload", str(q), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "turns.json is not a regular file" in err, err
 
 
 def test_bench_allocator_refuses_a_setting_its_processes_would_refuse(no_model, monkeypatch, capsys):
