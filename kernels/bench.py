@@ -294,6 +294,32 @@ def _settings(text: str) -> list[tuple[int, int, int, int]]:
     return out
 
 
+def _json_problem(path: str) -> str | None:
+    """Why ``--json path`` cannot take the results (None: it can), found before the benchmark runs."""
+    out = Path(path)
+    if out.is_dir() or path.endswith(("/", os.sep)):
+        return f"--json {path} is a directory, not a file"
+    if (
+        out.exists() and not out.is_file()
+    ):  # the results, renamed into place, would replace a FIFO or a device
+        return f"--json {path} is not a regular file (a device, FIFO or socket); not overwritten"
+    if not out.parent.is_dir() and out.parent.exists():
+        return f"--json {path}: {out.parent} is a file, not a folder"
+    if holds_other_than_json(out):  # a misplaced flag naming a workload, a trace, a model file
+        return f"--json {path} exists and is not a JSON file; not overwritten"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return f"--json {path}: cannot make {out.parent} ({err.strerror})"
+    probe = out.parent / f".{out.name}.{os.getpid()}.probe"
+    try:  # a folder we cannot write in fails now, not after the benchmark
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        return f"--json {path}: cannot write in {out.parent} ({err.strerror})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _Parser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", metavar="FILE", help="write rows and provenance as JSON")
@@ -311,23 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = ap.parse_args(argv)
     if args.json is not None:  # checked before the benchmark runs, not after it
-        out = Path(args.json)
-        if out.is_dir() or args.json.endswith(("/", os.sep)):
-            ap.error(f"--json {args.json} is a directory, not a file")
-        if not out.parent.is_dir() and out.parent.exists():
-            ap.error(f"--json {args.json}: {out.parent} is a file, not a folder")
-        if holds_other_than_json(out):  # a misplaced flag naming a workload, a trace, a model file
-            ap.error(f"--json {args.json} exists and is not a JSON file; not overwritten")
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
+        try:  # (a name too long for the file system fails every look at it)
+            why = _json_problem(args.json)
         except OSError as err:
-            ap.error(f"--json {args.json}: cannot make {out.parent} ({err.strerror})")
-        probe = out.parent / f".{out.name}.{os.getpid()}.probe"
-        try:  # a folder we cannot write in fails now, not after the benchmark
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as err:
-            ap.error(f"--json {args.json}: cannot write in {out.parent} ({err.strerror})")
+            why = f"--json {args.json}: {err.strerror or err}"
+        if why:
+            ap.error(why)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.walk_warps is not None and args.greedy_settings is not None:

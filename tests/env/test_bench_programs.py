@@ -6,6 +6,7 @@ check the programs' handling, not the timings."""
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -282,6 +283,11 @@ def test_fidelity_runs_and_the_live_text_equals_the_trace():
         (["--greedy-settings", "4096:1024:4"], "must be a comma list of CHUNK:BLOCK:WARPS:WALK_WARPS"),
         (["--greedy-settings", "4096:8192:4:8"], "got '4096:8192:4:8'"),  # a block larger than its chunk
         (["--walk-warps", "4", "--greedy-settings", "4096:1024:4:8"], "give one"),
+        (["--json", "{tmp}/" + "a" * 300 + ".json"], "File name too long"),  # a traceback
+        (
+            ["--json", "{tmp}/fifo.json"],
+            "is not a regular file (a device, FIFO or socket)",
+        ),  # would be replaced
     ],
 )
 def test_kernels_bench_refuses_bad_input_before_it_runs(args, expected, tmp_path, capsys, monkeypatch):
@@ -292,6 +298,7 @@ def test_kernels_bench_refuses_bad_input_before_it_runs(args, expected, tmp_path
         kb, "run", lambda *a, **k: pytest.fail("the benchmark ran before its arguments were checked")
     )
     (tmp_path / "questions.jsonl").write_text('{"question_id": 1}\n{"question_id": 2}\n')
+    os.mkfifo(tmp_path / "fifo.json")
     with pytest.raises(SystemExit) as exit_:
         kb.main([a.replace("{tmp}", str(tmp_path)) for a in args])
     assert exit_.value.code == 2
