@@ -21,7 +21,9 @@ Protocol, JSON lines (the worker's stdout carries nothing else: the C library's 
     parent -> {"prompt_ids": [...], "max_new_tokens": N}
     worker -> {"token_ids": [...], "wall_s": S}          or {"error": ...} (a bad request; the worker lives on)
 
-The worker exits at the end of its stdin. By hand: ``python -m experiments.llama_cpp --gguf PATH --eos 2``.
+The worker exits at the end of its stdin. By hand: ``python -m experiments.llama_cpp --gguf PATH --n-ctx 2048 --eos 2``.
+Its arguments and each request are checked (the ids are given to the C library as they are): a bad argument is
+one line and exit code 2, a bad request an ``{"error": ...}`` line.
 """
 
 from __future__ import annotations
@@ -250,13 +252,55 @@ def decode(llm: Any, prompt_ids: list[int], max_new_tokens: int, eos: set[int]) 
     return out, time.perf_counter() - t0
 
 
+class _Parser(argparse.ArgumentParser):
+    """The worker's arguments (standard library only: it runs where the package's dependencies may be missing);
+    an error is one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+
+
+def _count(high: int) -> Any:
+    """An argparse type: an integer in 1..``high``."""
+
+    def parse(text: str) -> int:
+        if not text.strip().isdigit() or not 1 <= int(text) <= high:
+            raise argparse.ArgumentTypeError(f"must be an integer in [1, {high}], got {text[:40]!r}")
+        return int(text)
+
+    return parse
+
+
+def _ids(text: str) -> set[int]:
+    """An argparse type: a comma list of token ids (non-negative integers), possibly empty."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not all(t.isdigit() and len(t) < 12 for t in items):
+        raise argparse.ArgumentTypeError(f"must be a comma list of token ids, got {text[:40]!r}")
+    return {int(t) for t in items}
+
+
+def _request(line: str, n_vocab: int) -> tuple[list[int], int]:
+    """A request line's prompt ids and new-token count; ``ValueError`` for a line that is none (ids that are not
+    integers of the vocabulary, a count that is no positive integer: Infinity overflowed, 1e30 or -5 reached the
+    C library)."""
+    req = json.loads(line)
+    if not isinstance(req, dict):
+        raise ValueError("not an object")
+    ids, n = req.get("prompt_ids"), req.get("max_new_tokens")
+    if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < n_vocab for t in ids):
+        raise ValueError(f"prompt_ids is not a list of token ids below {n_vocab}")
+    if type(n) is not int or n < 1:
+        raise ValueError("max_new_tokens is not a positive integer")
+    return ids, n
+
+
 def serve(argv: list[str] | None = None) -> int:
     """The worker: load the GGUF, warm up, say ready, then answer one request per stdin line."""
-    p = argparse.ArgumentParser(prog="python -m experiments.llama_cpp", allow_abbrev=False)
+    p = _Parser(prog="python -m experiments.llama_cpp", allow_abbrev=False)
     p.add_argument("--gguf", required=True)
-    p.add_argument("--n-ctx", type=int, required=True)
-    p.add_argument("--n-threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--eos", default="", help="comma list of end-of-sequence ids")
+    p.add_argument("--n-ctx", type=_count(1 << 24), required=True)
+    p.add_argument("--n-threads", type=_count(4096), default=os.cpu_count() or 1)
+    p.add_argument("--eos", type=_ids, default=set(), help="comma list of end-of-sequence ids")
     args = p.parse_args(argv)
     allocator: dict[str, Any] = {}
     # the allocator our engine runs under in the parent, for a like-for-like comparison (a bad DRAFTGYM_MALLOC: the
@@ -293,18 +337,15 @@ def serve(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError, OSError) as err:
         say({"error": f"cannot load {args.gguf}: {one_line(err)}"})
         return 4
-    eos = {int(t) for t in args.eos.split(",") if t.strip()}
-    n_ctx = llm.n_ctx()
+    eos, n_ctx, n_vocab = args.eos, llm.n_ctx(), llm.n_vocab()
     decode(llm, list(range(1, 17)), 4, set())  # untimed: the first decode pays for lazy initialisation
     say({"ready": True, "version": llama_cpp.__version__, "n_ctx": n_ctx, "n_threads": args.n_threads,
          **allocator})  # fmt: skip
     for line in sys.stdin:
         try:
-            req = json.loads(line)
-            ids = [int(t) for t in req["prompt_ids"]]
-            n = int(req["max_new_tokens"])
-        except (ValueError, RecursionError, KeyError, TypeError):
-            say({"error": f"bad request: {one_line(line[:120])}"})
+            ids, n = _request(line, n_vocab)
+        except (ValueError, RecursionError) as err:
+            say({"error": f"bad request ({one_line(err)}): {one_line(line[:120])}"})
             continue
         if not ids or len(ids) >= n_ctx or n < 1:
             say(

@@ -104,6 +104,73 @@ def test_worker_without_llama_cpp_says_not_installed(tmp_path):
     assert json.loads(proc.stdout) == {"error": f"not installed: {INSTALL_HINT}"}
 
 
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--n-ctx", "-5"], "argument --n-ctx: must be an integer in [1, 16777216], got '-5'"),
+        (["--n-ctx", "64", "--n-threads", "0"], "argument --n-threads: must be an integer in [1, 4096]"),
+        (
+            ["--n-ctx", "64", "--eos", "x"],
+            "argument --eos: must be a comma list of token ids, got 'x'",
+        ),  # traceback
+        ([], "the following arguments are required: --n-ctx"),  # was three lines of usage
+    ],
+)
+def test_worker_arguments_are_one_line_and_exit_2(tmp_path, args, needle):
+    proc = subprocess.run(
+        [sys.executable, "-S", "-m", "experiments.llama_cpp", "--gguf", str(tmp_path / "x.gguf"), *args],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr
+
+
+STUB = """
+__version__ = "stub"
+class Llama:
+    def __init__(self, model_path, n_ctx, **kw):
+        self._n_ctx = n_ctx
+    def n_ctx(self):
+        return self._n_ctx
+    def n_vocab(self):
+        return 100
+    def reset(self):
+        pass
+    def generate(self, ids, **kw):
+        assert all(type(t) is int and 0 <= t < 100 for t in ids), ids  # what the C library would crash on
+        while True:
+            yield 7
+"""
+
+
+def test_worker_answers_a_bad_request_with_an_error_line_and_lives_on(tmp_path):
+    """Requests the C library would have been given as they were (ids -5, 1e30, true, past the vocabulary, a string
+    as the prompt) or that killed the worker (Infinity new tokens: an OverflowError) get an error line each; a good
+    request after them is answered. ``llama_cpp`` is a stub here: the worker's own checks are under test."""
+    (tmp_path / "llama_cpp").mkdir()
+    (tmp_path / "llama_cpp" / "__init__.py").write_text(STUB)
+    bad = [
+        '{"prompt_ids": [1, 2], "max_new_tokens": Infinity}',
+        '{"prompt_ids": [1, -5], "max_new_tokens": 3}',
+        '{"prompt_ids": [1, 1e30], "max_new_tokens": 3}',
+        '{"prompt_ids": [true], "max_new_tokens": 3}',
+        '{"prompt_ids": [100], "max_new_tokens": 3}',
+        '{"prompt_ids": "12", "max_new_tokens": 3}',
+        '{"prompt_ids": [1], "max_new_tokens": 0}',
+        "[1, 2]",
+    ]
+    good = '{"prompt_ids": [1, 2], "max_new_tokens": 3}'
+    proc = subprocess.run(
+        [sys.executable, "-S", "-m", "experiments.llama_cpp", "--gguf", "x.gguf", "--n-ctx", "64", "--eos", "9"],
+        input="\n".join([*bad, good]) + "\n", env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    replies = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert replies[0]["ready"] is True and len(replies) == len(bad) + 2, replies
+    assert all(r.get("error", "").startswith("bad request (") for r in replies[1:-1]), replies
+    assert replies[-1]["token_ids"] == [7, 7, 7]
+
+
 def test_corrupted_gguf_fails_in_one_line(truncated_gguf):
     with pytest.raises(LlamaCppError) as err:
         LlamaCppRunner(truncated_gguf, [2], n_ctx=64)
