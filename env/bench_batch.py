@@ -159,7 +159,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from env.cli import Parser, int_at_least, int_list, output_file, positive_int, progress_bar, write_json
+    from env.cli import (
+        Parser,
+        check_context,
+        int_at_least,
+        int_list,
+        output_file,
+        positive_int,
+        progress_bar,
+        write_json,
+    )
 
     ap = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="1,2,4,8,16")
@@ -181,6 +190,9 @@ def _main(argv: list[str] | None) -> int:
     from env.model import load_model
 
     loaded = load_model(dtype=args.dtype, device="cpu")
+    check_context(
+        loaded, args.context + 1 + args.max_new_tokens * bool(args.serve), f"--context {args.context}"
+    )
     out: list[dict] = []
     drafts: list[dict] = []
     cells = len(batches) * (1 + bool(args.serve) + len(arms))

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from env.cli import Parser, int_list, output_file, positive_int, progress_bar, write_json
+    from env.cli import Parser, check_context, int_list, output_file, positive_int, progress_bar, write_json
     from env.machine import cpu_label
     from env.model import WEIGHTS, ModelError, load_model, model_folder, resolve_weights
 
@@ -171,6 +171,9 @@ def _main(argv: list[str] | None) -> int:
                          + ", ".join(WEIGHTS))  # fmt: skip
     out_path = output_file(args.json, folders=(model_folder(args.model),))
     base = load_model(args.model, dtype=args.dtype, device="cpu")
+    check_context(
+        base, max(args.context + max(qs), args.prefill + 1), f"--context {args.context}, --q, --prefill"
+    )
     fmt = {w: resolve_weights(w, base.device, base.dtype) for w in formats}
     variants = {f"lean-{w}": base.replace(weights=fmt[w]) for w in formats}
     if args.compiled:

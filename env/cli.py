@@ -193,6 +193,15 @@ def output_file(
     return out
 
 
+def check_context(loaded: Any, positions: int, what: str) -> None:
+    """``ProgramError`` when a benchmark's rows need ``positions`` (``what`` says from which options) past the
+    model's context: found after the model loads, before the first prefill (which ran first and failed)."""
+    if positions > loaded.max_context:
+        raise ProgramError(
+            f"{what}: {positions} positions exceed the model's context of {loaded.max_context}"
+        )
+
+
 def int_list(text: str, flag: str, low: int = 1) -> list[int]:
     """A comma list of integers >= ``low`` (``ProgramError`` naming ``flag`` otherwise)."""
     items = [x.strip() for x in text.split(",") if x.strip()]

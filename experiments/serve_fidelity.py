@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from env.cli import Parser, output_file, positive_int
+    from env.cli import Parser, int_at_least, output_file
+    from experiments.serve_policies import MAX_REQUESTS
 
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-cost", default=None, help="batch cost model JSON (default: the shipped one)")
@@ -174,7 +175,8 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--arms", "--arm", dest="arms", default="none",
                    help="comma list of static arms served, each in turn (drafters the trace recorded)")  # fmt: skip
     p.add_argument("--loads", default="1,4,16", help="comma list of closed-loop concurrencies (or ramp)")
-    p.add_argument("--requests", type=positive_int, default=16)
+    # (past the most a serving episode takes: refused only after the model loaded and warmed up)
+    p.add_argument("--requests", type=int_at_least(1, MAX_REQUESTS), default=16)
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)
     from env.batch_cost import default_batch_cost_path

@@ -91,7 +91,7 @@ def _main(argv: list[str] | None) -> int:
 
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("head", help="a head's .safetensors (its .json beside it)")
-    p.add_argument("--kind", default="eagle3")
+    p.add_argument("--kind", default="eagle3", choices=("eagle", "eagle3"))
     p.add_argument("--workload", default=None, help="Spec-Bench JSONL prompts (default: the built-in set)")
     p.add_argument("--exclude-per-category", type=int_at_least(0), default=5)
     p.add_argument("--code-prompts", type=int_at_least(0), default=400)

@@ -101,7 +101,9 @@ def test_bench_batch_writes_each_row_as_it_is_measured(monkeypatch, tmp_path, ca
     import env.bench_batch as bb
     import env.model
 
-    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: SimpleNamespace(dtype=torch.float32))
+    monkeypatch.setattr(
+        env.model, "load_model", lambda *a, **k: SimpleNamespace(dtype=torch.float32, max_context=8192)
+    )
     monkeypatch.setattr(bb, "raw_forward", lambda *a: None)
     monkeypatch.setattr(bb, "engine_step", lambda *a: None)
     timings = iter([[1.0, 2.0]])
@@ -146,7 +148,7 @@ def test_bench_forward_prints_and_writes_each_row_as_it_is_measured(monkeypatch,
             return Loaded(**{**vars(self), **k})
 
     monkeypatch.setattr(env.model, "load_model", lambda *a, **k: Loaded(device=torch.device("cpu"),
-                                                                           dtype=torch.float32))  # fmt: skip
+                                                                           dtype=torch.float32, max_context=8192))  # fmt: skip
     monkeypatch.setattr(bf, "hf_forward", lambda *a: None)
     monkeypatch.setattr(bf, "engine_forward", lambda *a: None)
     timings = iter([[3.0, 1.5]])
@@ -578,3 +580,33 @@ def test_output_file_refuses_a_path_inside_a_folder_read(tmp_path):
     (tmp_path / "link").symlink_to(read)
     with pytest.raises(ProgramError, match="which this command reads"):
         output_file(tmp_path / "link" / "x.json", folders=(read,))
+
+
+@pytest.mark.parametrize(
+    "program, args",
+    [
+        (
+            "bench_forward",
+            ["--model", "random:llama-tiny", "--weights", "dense", "--context", "9000", "--q", "1"],
+        ),
+        (
+            "bench_forward",
+            ["--model", "random:llama-tiny", "--weights", "dense", "--context", "8", "--prefill", "9000"],
+        ),
+        ("bench_batch", ["--rows", "1", "--context", "9000"]),
+    ],
+)
+def test_a_context_past_the_models_is_refused_before_the_first_row(
+    program, args, tmp_path, capsys, monkeypatch
+):
+    """The model's context was found too short by the first prefill, after the table's head was printed."""
+    import importlib
+
+    import env.model
+
+    real = env.model.load_model
+    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: real("random:llama-tiny", dtype="fp32"))
+    code = importlib.import_module(f"env.{program}").main([*args, "--dtype", "fp32", "--reps", "1"])
+    got = capsys.readouterr()
+    assert code == 2 and got.err.count("\n") == 1, got.err
+    assert "positions exceed the model's context of 8192" in got.err and got.out == "", got

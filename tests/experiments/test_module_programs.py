@@ -54,6 +54,8 @@ def no_model(monkeypatch):
         ("serve_fidelity", ["--arms", ","], "--arms names no arm"),
         ("serve_fidelity", ["--loads", ","], "--loads names no load"),
         ("serve_fidelity", ["--json", "{tmp}"], "is a directory, not a file"),
+        ("serve_fidelity", ["--requests", str(10**18)], "--requests: must be in [1, 65536]"),  # after warm-up
+        ("vocab_order", ["{tmp}/head.safetensors", "--kind", "zzz"], "invalid choice: 'zzz'"),
         ("bench_allocator", ["--load", "99"], "the concurrency must be in 1..16"),
         ("bench_allocator", ["--arm", "eagle3-d1"], "--arm 'eagle3-d1' is not in the menu"),
         ("bench_allocator", ["--menu", "none,eagle3-d1"], "has no calibration for drafter 'eagle3'"),
