@@ -220,9 +220,8 @@ def record(
         # recording is not resumed on another
         "device": str(loaded.device),
     }
-    parts_dir = out.with_name(out.name + ".parts")
-    for folder in (parts_dir, parts_dir.with_name(parts_dir.name + ".done")):
-        _check_parts_folder(folder)  # both are deleted whole when a recording ends
+    parts_dir = _parts_folders(out)[0]
+    check_parts_folders(out)
     if out.exists() and not overwrite:
         old = load_trace(out)
         want = json.loads(json.dumps(header))
@@ -234,12 +233,16 @@ def record(
             )
         if parts_dir.is_dir():  # a finished recording's parts: removed, though not while another writes them
             claim_folder(parts_dir, str(parts_dir))
-            _remove_parts(parts_dir)
-            release_folder(parts_dir)
+            try:
+                _check_parts_contents(out)
+                _remove_parts(parts_dir)
+            finally:
+                release_folder(parts_dir)
         return old
     parts_dir.mkdir(parents=True, exist_ok=True)
     claim_folder(parts_dir, str(parts_dir))  # one recording at a time writes these parts
     try:
+        _check_parts_contents(out)  # (held: another recording's files no longer come and go)
         return _record_held(
             loaded, engine, prompts, probes, out, max_new_tokens, spec, header, parts_dir, progress
         )
@@ -426,24 +429,40 @@ def _resume_carriers(parts_dir: Path, n_prompts: int, carriers: dict[str, Any], 
         raise TraceError(f"{state_file}: {err}; delete it to record again") from None
 
 
-# what a recording writes in its parts folder: the header, a part per prompt, the probes' state (each also as the
-# temporary file it is renamed from), and ``env.files``' temporary files
-_PARTS_FILE = re.compile(r"header\.json|\d{5}(\.tmp)?\.npz|probes(\.tmp)?\.npz|\..+\.\d+\.tmp")
+# what a recording writes in its parts folder: the header, a part per prompt (five digits or more), the probes'
+# state (each also as the temporary file it is renamed from), and ``env.files``' temporary files
+_PARTS_FILE = re.compile(r"header\.json|\d{5,}(\.tmp)?\.npz|probes(\.tmp)?\.npz|\..+\.\d+\.tmp")
 
 
-def _check_parts_folder(folder: Path) -> None:
-    """Refuse a parts folder (or its trash, ``.parts.done``) that is no folder or holds anything a recording does not
-    write: it is deleted whole when the recording ends, and a user's files in it would go with it."""
-    if not folder.exists() and not folder.is_symlink():
-        return
-    if folder.is_symlink() or not folder.is_dir():
-        raise TraceError(f"{folder} is not a folder of recorded parts; move it away or choose another --out")
-    for f in folder.iterdir():
-        if not _PARTS_FILE.fullmatch(f.name) or f.is_symlink() or not f.is_file():
+def _parts_folders(out: Path) -> tuple[Path, Path]:
+    """The parts folder of a recording into ``out`` and its trash (``.parts.done``, while its parts are deleted):
+    both are deleted whole when the recording ends."""
+    parts = out.with_name(out.name + ".parts")
+    return parts, parts.with_name(parts.name + ".done")
+
+
+def check_parts_folders(out: str | Path) -> None:
+    """Refuse (``TraceError``) a parts folder or its trash that is a file or a link (a link's target was not what
+    the deletion removes): checked before the model loads; what they hold is checked once the folder is held."""
+    for folder in _parts_folders(Path(out)):
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
             raise TraceError(
-                f"{folder} holds {one_line(f.name)!r}, which no recording writes (the folder is deleted when the "
-                f"recording ends); move it away or choose another --out"
+                f"{folder} is not a folder of recorded parts; move it away or choose another --out"
             )
+
+
+def _check_parts_contents(out: Path) -> None:
+    """Refuse a parts folder or its trash holding anything a recording does not write: a user's files would be
+    deleted with them. Called while the parts folder is held, so no other recording's files come and go meanwhile."""
+    for folder in _parts_folders(out):
+        if not folder.is_dir():
+            continue
+        for f in folder.iterdir():
+            if not _PARTS_FILE.fullmatch(f.name) or f.is_symlink() or not f.is_file():
+                raise TraceError(
+                    f"{folder} holds {one_line(f.name)!r}, which no recording writes (the folder is deleted when "
+                    f"the recording ends); move it away or choose another --out"
+                )
 
 
 def _remove_parts(parts_dir: Path) -> None:
@@ -462,4 +481,4 @@ def part_progress(out: str | Path) -> int:
     return len(list(parts_dir.glob("[0-9]*[0-9].npz"))) if parts_dir.is_dir() else 0
 
 
-__all__ = ["part_progress", "record", "record_prompt"]
+__all__ = ["check_parts_folders", "part_progress", "record", "record_prompt"]

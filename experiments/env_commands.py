@@ -104,11 +104,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_record(args: argparse.Namespace) -> int:
     from env.model import load_model
-    from env.trace_record import record
+    from env.trace_record import check_parts_folders, record
     from env.workloads import load_workload
     from experiments.errors import UserError
 
     out = output_file(args.out)
+    check_parts_folders(out)  # (what they hold is checked once record() holds them)
     # a finished trace is fine: record() returns it when its settings are these (a rerun), else refuses it
     if out.exists() and not args.overwrite and not zipfile.is_zipfile(out):
         raise UserError(f"{out} already exists; delete it or pass --overwrite")

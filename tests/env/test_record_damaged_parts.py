@@ -174,3 +174,34 @@ def test_a_parts_folder_with_what_no_recording_writes_is_refused_and_kept(
     assert "\n" not in str(err.value) and "choose another --out" in str(err.value)
     assert mine.exists()  # kept
     assert (out.read_bytes() == before) if finished else not out.exists()
+
+
+def test_what_a_killed_recording_leaves_in_its_parts_is_resumed(tiny, killed, tmp_path):
+    """The temporary files a kill can leave (a part's, the probes' state's, ``env.files``' of the header) and a part
+    numbered past 99,999 are a recording's own: resumed over, then deleted with the folder."""
+    out, part = _copy(killed, tmp_path)
+    parts = part.parent
+    for name in ("00001.tmp.npz", "probes.tmp.npz", f".header.json.{12345}.tmp"):
+        (parts / name).write_bytes(b"torn")
+    trace = record(tiny, PROMPTS, ["ngram"], out, progress=False, **GO)
+    assert trace.num_prompts == 2 and not parts.exists()
+    trace_mod._check_parts_contents(tmp_path / "other.npz")  # no folders: nothing to check
+    (tmp_path / "other.npz.parts").mkdir()
+    (tmp_path / "other.npz.parts" / "100000.npz").write_bytes(b"")
+    (tmp_path / "other.npz.parts" / "100000.tmp.npz").write_bytes(b"")
+    trace_mod._check_parts_contents(tmp_path / "other.npz")
+
+
+def test_the_cli_refuses_a_parts_file_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import env.model
+    from experiments.cli import main
+
+    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    (tmp_path / "t.npz.parts").write_text("mine")
+    assert (
+        main(["record", "--model", "random:llama-tiny", "--limit", "1", "--out", str(tmp_path / "t.npz")])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "t.npz.parts is not a folder of recorded parts" in err, err
+    assert (tmp_path / "t.npz.parts").read_text() == "mine"
