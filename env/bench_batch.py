@@ -169,6 +169,7 @@ def _main(argv: list[str] | None) -> int:
         progress_bar,
         write_json,
     )
+    from env.serve_sim import MAX_BATCH
 
     ap = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="1,2,4,8,16")
@@ -182,6 +183,8 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--json", default=None, help="write the rows to this file (after each row)")
     args = ap.parse_args(argv)
     batches = int_list(args.rows, "--rows")
+    if max(batches) > MAX_BATCH:
+        ap.error(f"argument --rows: at most {MAX_BATCH} rows, got {max(batches)}")
     arms = check_draft_arms([a.strip() for a in args.draft.split(",") if a.strip()])
     from env.model import model_folder
 
@@ -190,9 +193,14 @@ def _main(argv: list[str] | None) -> int:
     from env.model import load_model
 
     loaded = load_model(dtype=args.dtype, device="cpu")
-    check_context(
-        loaded, args.context + 1 + args.max_new_tokens * bool(args.serve), f"--context {args.context}"
-    )
+    need = {f"--context {args.context}": args.context + 1}  # each mode's most positions a row holds
+    if args.serve:  # serve_ar's longest prompt, then its answer
+        longest = max(args.context - args.max_new_tokens // 2, 8) + 64 + args.max_new_tokens
+        need[f"--serve with --context {args.context} and --max-new-tokens {args.max_new_tokens}"] = longest
+    if arms:  # draft_ms: the context, then a token a repetition
+        need[f"--draft with --context {args.context} and --reps {args.reps}"] = args.context + args.reps + 2
+    for what, positions in need.items():
+        check_context(loaded, positions, what)
     out: list[dict] = []
     drafts: list[dict] = []
     cells = len(batches) * (1 + bool(args.serve) + len(arms))

@@ -105,6 +105,7 @@ def _main(argv: list[str] | None) -> int:
     from env.cli import (
         Parser,
         ProgramError,
+        check_context,
         int_at_least,
         int_list,
         output_file,
@@ -168,9 +169,7 @@ def _main(argv: list[str] | None) -> int:
     top_q = max(depths) + 1
     new = args.steps * top_q + 2  # a row stays live through every timed step of the deepest chain
     ctx = args.context + new + top_q
-    if ctx > loaded.max_context:
-        raise ProgramError(f"--context {args.context} with --steps {args.steps}: {ctx} positions exceed the "
-                           f"model's {loaded.max_context}")  # fmt: skip
+    check_context(loaded, ctx, f"--context {args.context} with --steps {args.steps}")
     span = _round_up(ctx + top_q, SPAN_STEP)  # every depth reads the same span
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 1000, (args.context,), generator=gen).tolist() for _ in range(args.rows)]

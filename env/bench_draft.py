@@ -121,15 +121,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from drafters.base import MAX_DEPTH, MAX_TOPK
-    from env.cli import Parser, int_at_least, int_list, output_file, positive_int, progress_bar, write_json
+    from drafters.base import MAX_DEPTH, MAX_TOPK, TreeShape
+    from env.cli import (
+        Parser,
+        check_context,
+        int_at_least,
+        int_list,
+        output_file,
+        positive_int,
+        progress_bar,
+        write_json,
+    )
+    from env.serve_sim import MAX_BATCH
 
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--drafters", default="eagle3,eagle")
     p.add_argument("--rows", default="1,4,16")
     p.add_argument("--topk", default="1,4")
     p.add_argument("--context", type=positive_int, default=300)
-    p.add_argument("--max-depth", type=int_at_least(1, MAX_DEPTH), default=6,
+    p.add_argument("--max-depth", type=int_at_least(3, MAX_DEPTH), default=6,
                    help="at least 3 (the slope takes two depths)")  # fmt: skip
     p.add_argument("--reps", type=positive_int, default=15)
     p.add_argument("--dtype", default="bf16", choices=["auto", "bf16", "fp32"])
@@ -139,8 +149,6 @@ def _main(argv: list[str] | None) -> int:
                    help="also time each expansion with the head's q/k/v and gate/up as separate products, interleaved")  # fmt: skip
     p.add_argument("--json", default=None, help="also write the rows to this file (after each row)")
     args = p.parse_args(argv)
-    if args.max_depth < 3:
-        p.error(f"argument --max-depth: must be >= 3 (the slope over depths 2 .. N), got {args.max_depth}")
     names = [x.strip() for x in args.drafters.split(",") if x.strip()]
     if not names:
         p.error("argument --drafters: names no drafter")
@@ -148,6 +156,9 @@ def _main(argv: list[str] | None) -> int:
     rows_list, topks = int_list(args.rows, "--rows"), int_list(args.topk, "--topk")
     if max(topks) > MAX_TOPK:
         p.error(f"argument --topk: at most {MAX_TOPK} branches a node, got {max(topks)}")
+    if max(rows_list) > MAX_BATCH:
+        p.error(f"argument --rows: at most {MAX_BATCH} rows, got {max(rows_list)}")
+    TreeShape(args.max_depth, max(topks)).arm_shape("--max-depth and --topk")  # the largest tree drafted
     check_drafters(names, vocabs)
     from drafters.heads import DATA_DIR, cache_heads_dir
     from env.model import model_folder
@@ -159,6 +170,7 @@ def _main(argv: list[str] | None) -> int:
     from env.model import load_model
 
     loaded = load_model(None, dtype=args.dtype, device="auto", weights=args.weights)
+    check_context(loaded, args.context + args.max_depth + 1, f"--context {args.context} with --max-depth")
     print(f"# {loaded.model_id} {args.dtype}/{args.weights} on {loaded.device}; CPU {cpu_label()}")
     sep = " separate products ms |" if args.separate else ""
     print(

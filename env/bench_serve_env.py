@@ -39,6 +39,8 @@ def bench(num_envs: int, steps: int, reps: int, cost: str | None, action: str, l
 
 
 PROG = "python -m env.bench_serve_env"
+MAX_STEPS = 1 << 20  # --steps: every step's actions are drawn up front, envs x batch each
+MAX_REPS = 1000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,9 +56,12 @@ def _main(argv: list[str] | None) -> int:
     ap = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--envs", default="64,256,1024")
     ap.add_argument(
-        "--steps", type=int_at_least(1, 1 << 20), default=200, help="steps timed (the actions drawn up front)"
+        "--steps",
+        type=int_at_least(1, MAX_STEPS),
+        default=200,
+        help="steps timed (the actions drawn up front)",
     )
-    ap.add_argument("--reps", type=int_at_least(1, 1000), default=3)
+    ap.add_argument("--reps", type=int_at_least(1, MAX_REPS), default=3)
     ap.add_argument("--cost", default=None, help="batch cost model (default: the shipped one)")
     ap.add_argument("--action", default="batch", choices=["batch", "row"])
     ap.add_argument(
@@ -76,7 +81,11 @@ def _main(argv: list[str] | None) -> int:
     for x in loads or ():
         parse_load(x, 16)
     load_batch_cost(args.cost)  # a missing or bad file: one line before anything runs
-    json_out = output_file(args.json, inputs=(args.cost,))  # (the cost model it reads is no output)
+    from env.batch_cost import default_batch_cost_path
+
+    json_out = output_file(
+        args.json, inputs=(args.cost or default_batch_cost_path(),)
+    )  # (the cost model it reads)
 
     out = []
     print(f"machine: CPU {cpu_label()}")

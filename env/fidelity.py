@@ -142,8 +142,13 @@ def _main(argv: list[str] | None) -> int:
     from env.trace import default_trace_path, load_trace
 
     trace_file = args.trace or default_trace_path()
-    out = output_file(args.json, inputs=(trace_file, args.cost_model or default_cost_model_path()))
-    save_to = output_file(args.save_cost_model, "--save-cost-model", inputs=(trace_file,))
+    from env.model import model_folder
+
+    read = (model_folder(None),)  # the embedded model's folder (no output goes in it)
+    out = output_file(
+        args.json, inputs=(trace_file, args.cost_model or default_cost_model_path()), folders=read
+    )
+    save_to = output_file(args.save_cost_model, "--save-cost-model", inputs=(trace_file,), folders=read)
     if out is not None and save_to is not None and out.resolve() == save_to.resolve():
         raise ProgramError(
             f"--json and --save-cost-model both name {out}; the rows would overwrite the cost model"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from env.cli import check_not_input, int_at_least, seed_int
+from env.cli import positive_int as positive_int  # the commands read it here
 from env.cli import same_file as same_file  # experiments.report reads it here
 
 
@@ -47,7 +48,6 @@ def temperature(text: str) -> float:
     return value
 
 
-positive_int = int_at_least(1)
 nonnegative_int = int_at_least(0)
 MAX_TOP_K = (1 << 31) - 1  # far above any vocabulary; env.engine.Sampling refuses more
 MAX_NEW_TOKENS = 1 << 20

@@ -123,7 +123,11 @@ def _main(argv: list[str] | None) -> int:
         out = child(args, inputs)
         print(json.dumps(out))
         return 0
-    json_out = output_file(args.json, flag="--json", inputs=(args.batch_cost, args.trace))
+    from env.batch_cost import default_batch_cost_path
+    from env.model import model_folder
+
+    json_out = output_file(args.json, flag="--json", inputs=(args.batch_cost or default_batch_cost_path(), args.trace),
+                           folders=(model_folder(None),))  # fmt: skip
     from env.allocator import ALLOCATOR_VARS, glibc_mallopt
     from env.lean import attention_mode
     from kernels import packed, quant

@@ -30,7 +30,7 @@ def _main(argv: list[str] | None) -> int:
 
     from drafters import DrafterError
     from drafters.eagle import EagleHead
-    from drafters.heads import find_head, load_head, load_state
+    from drafters.heads import DATA_DIR, cache_heads_dir, find_head, load_head, load_state
     from drafters.train import MAX_LEVELS, TrainSettings, check_data_fits, evaluate, windows
     from drafters.train_data import load_data, split
     from env.cli import Parser, int_at_least, output_file, positive_int, write_json
@@ -64,9 +64,9 @@ def _main(argv: list[str] | None) -> int:
             raise DrafterError(f"no head file {path}")
         paths.append(path)
     heads = tuple(p for path in paths for p in (path, path.with_suffix(".json")))  # weights, description
-    json_out = output_file(
-        args.json, flag="--json", inputs=heads, folders=(*dirs, model_folder(DEFAULT_MODEL))
-    )
+    # (every head description is JSON: none is overwritten, nor anything in the folders heads or data come from)
+    read = (*dirs, model_folder(DEFAULT_MODEL), DATA_DIR, cache_heads_dir())
+    json_out = output_file(args.json, flag="--json", inputs=heads, folders=read)
     recorded = [_heldout_ids(p) for p in paths]
     if recorded and all(r is not None for r in recorded):  # the prompts none of the heads trained on
         keep = set.intersection(*recorded)  # type: ignore[arg-type]

@@ -264,9 +264,10 @@ def _count(high: int) -> Any:
     """An argparse type: an integer in 1..``high``."""
 
     def parse(text: str) -> int:
-        if not text.strip().isdigit() or not 1 <= int(text) <= high:
+        digits = text.strip()
+        if not (digits.isascii() and digits.isdigit()) or not 1 <= int(digits) <= high:
             raise argparse.ArgumentTypeError(f"must be an integer in [1, {high}], got {text[:40]!r}")
-        return int(text)
+        return int(digits)
 
     return parse
 
@@ -274,7 +275,7 @@ def _count(high: int) -> Any:
 def _ids(text: str) -> set[int]:
     """An argparse type: a comma list of token ids (non-negative integers), possibly empty."""
     items = [t.strip() for t in text.split(",") if t.strip()]
-    if not all(t.isdigit() and len(t) < 12 for t in items):
+    if not all(t.isascii() and t.isdigit() and len(t) < 12 for t in items):
         raise argparse.ArgumentTypeError(f"must be a comma list of token ids, got {text[:40]!r}")
     return {int(t) for t in items}
 
@@ -347,7 +348,7 @@ def serve(argv: list[str] | None = None) -> int:
         except (ValueError, RecursionError) as err:
             say({"error": f"bad request ({one_line(err)}): {one_line(line[:120])}"})
             continue
-        if not ids or len(ids) >= n_ctx or n < 1:
+        if not ids or len(ids) >= n_ctx:
             say(
                 {
                     "error": f"a request of {len(ids)} prompt tokens and {n} new ones; "

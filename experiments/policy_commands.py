@@ -142,7 +142,8 @@ def serving_max_batch(policy: Any, path: Any) -> int:
 
     m = int(policy.meta.get("max_batch", 16))
     if policy.obs_size != obs_size(m):
-        raise PolicyError(f"{path} is not a serving policy (draftgym serve-train makes them)")
+        raise PolicyError(f"{path} is not a serving policy (draftgym serve-train makes them): it observes "
+                          f"{policy.obs_size} values, a serving policy for a max batch of {m} {obs_size(m)}")  # fmt: skip
     return m
 
 

@@ -175,11 +175,12 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--arms", "--arm", dest="arms", default="none",
                    help="comma list of static arms served, each in turn (drafters the trace recorded)")  # fmt: skip
     p.add_argument("--loads", default="1,4,16", help="comma list of closed-loop concurrencies (or ramp)")
-    # (past the most a serving episode takes: refused only after the model loaded and warmed up)
+    # (at most what a serving episode takes: the simulator refuses more, which was found after the model's warm-up)
     p.add_argument("--requests", type=int_at_least(1, MAX_REQUESTS), default=16)
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)
     from env.batch_cost import default_batch_cost_path
+    from env.model import model_folder
     from env.serve_sim import parse_load
 
     loads = [x.strip() for x in args.loads.split(",") if x.strip()]
@@ -189,8 +190,8 @@ def _main(argv: list[str] | None) -> int:
         parse_load(x, 16)
     trace, options, cost, arms, dtype = live_inputs(args.trace, args.batch_cost, args.arms, "--arms", loads)
     recorded = sorted(trace.drafters)
-    json_out = output_file(args.json, flag="--json",
-                           inputs=(args.batch_cost or default_batch_cost_path(), args.trace))  # fmt: skip
+    json_out = output_file(args.json, flag="--json", inputs=(args.batch_cost or default_batch_cost_path(), args.trace),
+                           folders=(model_folder(None),))  # fmt: skip
     loaded = load_and_warm(trace, cost, arms, options, dtype)  # untimed: no cell pays first calls
     recorded_in = trace.header["model"].get("dtype")
     # greedy tokens may part between dtypes: steps may then differ for that alone

@@ -38,8 +38,10 @@ def _one_line_error(capsys, code, expected, rc=2):
         (["--drafters", "ngram"], "ngram does not draft rows together"),
         (["--drafters", "early_exit", "--vocab", "8"], "early_exit takes no vocab option"),
         (["--rows", "1,x"], "--rows must be a comma list"),
-        (["--max-depth", "2"], "--max-depth: must be >= 3"),
-        (["--max-depth", "100000"], "--max-depth: must be in [1, 256]"),  # it ran on for minutes
+        (["--max-depth", "2"], "--max-depth: must be in [3, 256]"),
+        (["--max-depth", "100000"], "--max-depth: must be in [3, 256]"),  # it ran on for minutes
+        (["--max-depth", "256", "--topk", "64"], "--max-depth and --topk: tree nodes must be <= 4096"),
+        (["--rows", "1,5000"], "--rows: at most 4096 rows, got 5000"),
         (["--topk", "1,65"], "--topk: at most 64 branches a node, got 65"),
         (["--draft", "eagle"], "unrecognized arguments: --draft"),  # no abbreviations
         (["--json", "{tmp}"], "is a directory, not a file"),
@@ -58,7 +60,9 @@ def test_bench_draft_keeps_the_rows_measured_before_an_error(monkeypatch, tmp_pa
     import env.model
     from drafters import DrafterError
 
-    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: SimpleNamespace(model_id="m", device="cpu"))
+    monkeypatch.setattr(
+        env.model, "load_model", lambda *a, **k: SimpleNamespace(model_id="m", device="cpu", max_context=8192)
+    )
     calls = []
 
     def measure(loaded, drafter, rows, *a):
@@ -87,6 +91,7 @@ def test_bench_draft_keeps_the_rows_measured_before_an_error(monkeypatch, tmp_pa
         (["--json", "{tmp}"], "is a directory, not a file"),
         (["--serve", str(10**12)], "--serve: must be in [0, 65536]"),  # it built 10^12 requests
         (["--serve", "-1"], "--serve: must be in [0, 65536], got -1"),
+        (["--rows", "1,5000"], "--rows: at most 4096 rows, got 5000"),
     ],
 )
 def test_bench_batch_refuses_bad_input_before_loading(args, expected, no_model, tmp_path, capsys):
@@ -532,7 +537,11 @@ def test_kernels_bench_writes_each_row_as_it_is_measured(tmp_path, monkeypatch):
     assert doc["complete"] is True and doc["rows"] == [row]
 
 
-@pytest.mark.parametrize("program", ["bench_device_step", "bench_forward", "bench_batch", "bench_draft"])
+@pytest.mark.parametrize(
+    "program",
+    ["env.bench_device_step", "env.bench_forward", "env.bench_batch", "env.bench_draft", "env.fidelity",
+     "experiments.serve_fidelity", "experiments.bench_allocator"],
+)  # fmt: skip
 def test_json_inside_the_model_folder_read_is_refused(program, no_model, tmp_path, capsys, monkeypatch):
     """``--json MODEL/config.json`` passed every check (it is JSON) and replaced the model's config with the rows;
     the next load failed. Any output inside the folder of the model read (a local one, or the embedded model's
@@ -542,14 +551,14 @@ def test_json_inside_the_model_folder_read_is_refused(program, no_model, tmp_pat
     from env.model import DEFAULT_MODEL
 
     monkeypatch.setenv("DRAFTGYM_CACHE", str(tmp_path / "cache"))
-    if program in ("bench_device_step", "bench_forward"):
+    if program in ("env.bench_device_step", "env.bench_forward"):
         folder, extra = tmp_path / "model", ["--model", str(tmp_path / "model")]
     else:  # these read the embedded model
         folder, extra = tmp_path / "cache" / "models" / DEFAULT_MODEL, []
     folder.mkdir(parents=True)
     (folder / "config.json").write_text('{"model_type": "llama"}')
     for out in (folder / "config.json", folder / "sub" / "rows.json"):
-        code = importlib.import_module(f"env.{program}").main([*extra, "--json", str(out)])
+        code = importlib.import_module(program).main([*extra, "--json", str(out)])
         _one_line_error(capsys, code, f"--json {out} is inside {folder}, which this command reads")
     assert (folder / "config.json").read_text() == '{"model_type": "llama"}' and not (folder / "sub").exists()
 
