@@ -105,6 +105,11 @@ class TreeShape:
     budget: int = 0  # 0: depth * topk for a chain-of-branches, i.e. no extra limit
 
     def __post_init__(self) -> None:
+        for name in ("depth", "topk", "budget"):  # (NaN, 2.5 or True compared as numbers and passed)
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Integral):
+                raise DrafterError(f"tree {name} must be an integer, got {value!r}")
+            object.__setattr__(self, name, int(value))  # a numpy integer as Python's: names and hashes agree
         if self.depth < 0:
             raise DrafterError(f"tree depth must be >= 0, got {self.depth}")
         if self.topk < 1:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from drafters import DRAFTERS, DrafterError, TreeShape
-from env.engine import NO_DRAFT, Arm, parse_arm
+from env.engine import NO_DRAFT, Arm, as_arm, parse_arm
 
 DEFAULT_ARMS = (
     "none",
@@ -30,7 +30,7 @@ DEFAULT_ARMS = (
 
 def _arm(entry: Any) -> Arm:
     if isinstance(entry, Arm):
-        return entry
+        return as_arm(entry)
     if isinstance(entry, str):
         return parse_arm(entry.strip())
     if isinstance(entry, Mapping):

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 from drafters import Drafter, TreeShape, make_drafter
 from env.batch import BatchEngine
 from env.cost import CostModel, CostModelError, load_cost_model
-from env.engine import NO_DRAFT, Arm, Sampling
+from env.engine import NO_DRAFT, Arm, Sampling, as_arm
 from env.features import FeatureSpec
 from env.features import position_horizon as position_horizon_of
 from env.model import LoadedModel, ModelError
@@ -147,7 +147,7 @@ class SpeculativeDecoder:
         self.position_horizon = position_horizon_of(position_horizon)  # checked before any work
         self.loaded = loaded
         self.feature_spec = features or FeatureSpec()
-        self.arms = list(arms or [default_arm()])
+        self.arms = [as_arm(a) for a in (arms or [default_arm()])]
         self.policy = policy
         self.drafter_options = drafter_options or {}
         if policy is None and len(self.arms) != 1:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from numbers import Integral, Real
+from typing import Any
 
 import torch
 
@@ -109,10 +110,35 @@ def split_weights(method: str) -> tuple[str, str | None]:
     return base, variant
 
 
+def as_arm(entry: Any) -> Arm:
+    """An arm given as an ``Arm`` or its name (``parse_arm``): an ``Arm`` built by hand gets the checks a name gets
+    (a registered drafter, the shape within an arm's bounds: ``TreeShape(999)`` drafted 600 nodes a step)."""
+    from drafters import DRAFTERS, DrafterError
+
+    if isinstance(entry, str):
+        return parse_arm(entry)
+    if not isinstance(entry, Arm):
+        raise DrafterError(
+            f"an arm is an Arm or its name (e.g. 'ngram-d4'), got {type(entry).__name__} {entry!r:.60}"
+        )
+    if entry.drafter is not None and (not isinstance(entry.drafter, str) or entry.drafter not in DRAFTERS):
+        raise DrafterError(
+            f"arm {entry!r:.80} names an unknown drafter; known drafters: {', '.join(sorted(DRAFTERS))}"
+        )
+    if not isinstance(entry.shape, TreeShape):
+        raise DrafterError(f"arm of {entry.drafter}: its shape is not a TreeShape, got {entry.shape!r:.60}")
+    entry.shape.arm_shape(f"arm {entry.name}")
+    return entry
+
+
 def parse_arm(name: str) -> Arm:
     """Inverse of ``Arm.name``: ``none`` | ``{drafter}-d{depth}[-k{topk}][-b{budget}]`` (e.g. ``ngram-d8-k3-b16``)."""
     from drafters import DRAFTERS, DrafterError
 
+    if not isinstance(name, str):
+        raise DrafterError(
+            f"an arm name is a string (e.g. 'ngram-d4'), got {type(name).__name__} {name!r:.60}"
+        )
     if name in ("none", "ar"):
         return NO_DRAFT
     drafter, *parts = name.split("-")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from env.batch_cost import BatchCost, load_batch_cost, step_context
-from env.engine import Arm, parse_arm
+from env.engine import Arm, as_arm
 from env.reset_checks import seed_value, whole
 from env.serve_loads import *  # noqa: F403  (the loads' names, re-exported)
 from env.serve_loads import __all__ as _load_names
@@ -114,8 +114,14 @@ class ServeSim:
             max_new_tokens = whole(max_new_tokens, "max_new_tokens", ServeEnvError, 2)
         if seed is not None:
             seed = seed_value(seed, ServeEnvError)
+        if isinstance(arms, str):  # "none,ngram-d4" (its characters were read as arms)
+            arms = [a for a in arms.split(",") if a.strip()]
+        if isinstance(prompt_ids, str):  # "12" was served as prompts "1" and "2"
+            raise ServeEnvError(
+                f"prompt_ids is a list of the trace's prompt ids, got the string {prompt_ids!r:.60}"
+            )
         try:
-            self.arms = [a if isinstance(a, Arm) else parse_arm(str(a)) for a in arms]
+            self.arms = [as_arm(a.strip() if isinstance(a, str) else a) for a in arms]
         except DrafterError as err:
             raise ServeEnvError(str(err)) from err
         if not self.arms:

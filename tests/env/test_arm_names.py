@@ -3,6 +3,10 @@ whose name parses back to the same arm, or refuses the text with a one-line ``Dr
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -93,3 +97,59 @@ def test_a_method_names_its_target_variant_or_is_refused_in_one_line():
     assert not runs_compiled("hf_greedy", compiled) and not runs_compiled("llama_cpp", compiled)
     with pytest.raises(ModelError, match="unknown target variant"):
         with_weights(loaded, "int4+hf")
+
+
+@pytest.mark.parametrize(
+    "fields, needle",
+    [
+        ((float("nan"),), "tree depth must be an integer, got nan"),  # passed every comparison
+        ((2.5,), "tree depth must be an integer, got 2.5"),  # the suffix drafter drafted 3 deep
+        ((3, True), "tree topk must be an integer, got True"),
+        ((3, 2, 2.5), "tree budget must be an integer, got 2.5"),  # named 'ngram-d4-k2-b2.5', unparseable
+        (("3",), "tree depth must be an integer, got '3'"),  # a bare TypeError
+        ((None,), "tree depth must be an integer, got None"),
+    ],
+)
+def test_a_tree_shape_takes_integers_only(fields, needle):
+    with pytest.raises(DrafterError, match=re.escape(needle)):
+        TreeShape(*fields)
+    assert (
+        TreeShape(np.int64(3), np.int32(2)) == TreeShape(3, 2) and type(TreeShape(np.int64(3)).depth) is int
+    )
+
+
+def test_an_arm_built_by_hand_gets_the_checks_of_its_name(tmp_path):
+    """``Arm`` objects skipped the bounds arm names get (``ngram-d999`` refused, ``Arm("ngram", TreeShape(999))``
+    taken by the menu, the serving simulator and the decoder, which drafted 600 nodes a step)."""
+    from env.arms import make_arms
+    from env.decoder import SpeculativeDecoder
+    from env.engine import as_arm
+    from env.model import load_model
+    from env.serve_sim import ServeEnvError, ServeSim
+
+    deep = Arm("ngram", TreeShape(999))
+    with pytest.raises(DrafterError, match="arm ngram-d999: tree depth must be <= 256, got 999"):
+        make_arms([deep])
+    with pytest.raises(ServeEnvError, match="arm ngram-d999: tree depth must be <= 256"):
+        ServeSim(1, arms=["none", deep], loads=["1"], requests=2)
+    tiny = load_model("random:llama-tiny", dtype="fp32", device="cpu")
+    with pytest.raises(DrafterError, match="arm ngram-d999: tree depth must be <= 256"):
+        SpeculativeDecoder(tiny, [deep])
+    for bad, needle in [(Arm("bogus", TreeShape(2)), "names an unknown drafter"), (5, "got int 5"),
+                        (Arm("ngram", "d4"), "its shape is not a TreeShape")]:  # fmt: skip
+        with pytest.raises(DrafterError, match=needle):
+            as_arm(bad)
+    assert SpeculativeDecoder(tiny, ["ngram-d2"]).arms == [parse_arm("ngram-d2")]  # a name: an AttributeError
+    with pytest.raises(DrafterError, match="an arm name is a string"):
+        parse_arm(None)
+
+
+def test_the_serving_simulator_reads_strings_as_lists_not_characters():
+    """``prompt_ids="12"`` served prompts '1' and '2'; ``arms="ngram-d4"`` said arm 'n' is unknown."""
+    from env.serve_sim import ServeEnvError, ServeSim
+
+    with pytest.raises(
+        ServeEnvError, match="prompt_ids is a list of the trace's prompt ids, got the string '12'"
+    ):
+        ServeSim(1, prompt_ids="12", loads=["1"], requests=2)
+    assert ServeSim(1, arms="none,ngram-d4", loads=["1"], requests=2).arm_names == ["none", "ngram-d4"]
