@@ -110,9 +110,21 @@ class RecyclingDrafter:
             self.ids = torch.full((vocab, self.width), -1, dtype=torch.long)
             self.logp = torch.full((vocab, self.width), -math.inf, dtype=torch.float32)
 
+    def _check_ids(self, ids: torch.Tensor, what: str) -> None:
+        """``DrafterError`` for ids that are not rows of the table: a negative id wrapped round to row V - k, and
+        the table (which outlives the sequence) proposed what was written there."""
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise DrafterError(f"recycling: {what} holds {ids.dtype} values, not token ids")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.ids.shape[0]):
+            bad = ids[(ids < 0) | (ids >= self.ids.shape[0])][0]
+            raise DrafterError(
+                f"recycling: {what} holds token id {int(bad)}, outside the vocabulary of {self.ids.shape[0]}"
+            )
+
     def update(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
         """Overwrite the rows of ``tokens`` ([S]) with the top-K of ``logits`` ([S, V]); later rows win."""
         self._ensure(int(logits.shape[-1]))
+        self._check_ids(tokens, "a verified tree")
         lp = torch.log_softmax(logits.float(), dim=-1)
         k = min(
             self.width, int(lp.shape[-1])
@@ -137,6 +149,7 @@ class RecyclingDrafter:
             first.setdefault(int(a), int(b))
         prev = torch.tensor(list(first.keys()), dtype=torch.long)
         nxt = torch.tensor(list(first.values()), dtype=torch.long)
+        self._check_ids(torch.cat([prev, nxt]), "the prompt")
         only = self.ids[prev, 1] < 0 if self.ids.shape[1] > 1 else torch.ones(len(prev), dtype=torch.bool)
         seeded = only & (self.logp[prev, 0] == self.prompt_prior)
         empty = (self.ids[prev, 0] < 0) | seeded
@@ -156,7 +169,7 @@ class RecyclingDrafter:
 
     def propose(self, ctx: DraftContext, shape: TreeShape) -> DraftTree:
         root = ctx.tokens[-1]
-        if shape.depth == 0 or self.ids is None or root >= self.ids.shape[0]:
+        if shape.depth == 0 or self.ids is None or not 0 <= root < self.ids.shape[0]:
             return DraftTree.root_only(root)
         return build_tree(self.tree, root, self._expand, shape)
 

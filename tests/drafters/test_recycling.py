@@ -133,3 +133,27 @@ def test_the_table_as_arrays_comes_back_whole_and_bad_arrays_are_refused():
         DrafterError, match=f"a table of {V} token ids, not the target's vocabulary of {V + 1}"
     ):
         RecyclingDrafter(width=2).restore(state, V + 1)
+
+
+def test_ids_outside_the_vocabulary_never_reach_the_table():
+    """A negative id wrapped round to row V - k: ``seed_from_prompt([10, -3, 77])`` wrote 77 into row V - 3, and
+    row 10 proposed -3. The table outlives the sequence, so the damage outlived the call."""
+    import pytest
+
+    from drafters import DrafterError
+
+    d = RecyclingDrafter(width=2)
+    d._ensure(V)
+    for prompt, bad in (([10, -3, 7], -3), ([10, V, 7], V)):
+        with pytest.raises(
+            DrafterError, match=f"the prompt holds token id {bad}, outside the vocabulary of {V}"
+        ):
+            d.seed_from_prompt(prompt)
+    with pytest.raises(DrafterError, match="a verified tree holds token id -1"):
+        d.update(torch.tensor([3, -1]), torch.stack([_logits([1, 2]), _logits([5, 6])]))
+    with pytest.raises(DrafterError, match="holds torch.float32 values"):
+        d.update(torch.tensor([3.0]), _logits([1, 2])[None])
+    assert (d.ids == -1).all()  # nothing written
+    assert (
+        d.propose(DraftContext(tokens=[4, -2], prompt_len=1), TreeShape(depth=3)).num_nodes == 1
+    )  # root only
