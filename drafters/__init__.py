@@ -42,7 +42,7 @@ DRAFTERS: dict[str, Callable[..., Drafter]] = {
 def make_drafter(name: str, **kwargs: Any) -> Drafter:
     """Build a registered drafter by name; an unknown name lists the known ones, an option it does not take lists
     the ones it does (``DrafterError``, one line)."""
-    if name not in DRAFTERS:
+    if not isinstance(name, str) or name not in DRAFTERS:
         why = " (no drafter: the arm that drafts nothing has none to build)" if name in ("none", None) else ""
         raise DrafterError(f"unknown drafter {name!r}{why}; known drafters: {', '.join(sorted(DRAFTERS))}")
     takes = keyword_options(DRAFTERS[name])

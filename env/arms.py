@@ -85,6 +85,8 @@ def make_arms(
     """The menu as a tuple of arms, "none" first (added when absent). Unknown drafters and repeated arms fail."""
     if isinstance(entries, str):  # "none,ngram-d4,ngram-d8"
         entries = [e for e in entries.split(",") if e.strip()]
+    if entries is not None and not isinstance(entries, Iterable):
+        raise DrafterError(f"an arm menu is a list of arms or a comma list of names, got {entries!r:.60}")
     arms = [_arm(e) for e in (DEFAULT_ARMS if entries is None else entries)]
     if not arms:
         raise DrafterError("the arm menu is empty")

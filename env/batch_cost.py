@@ -23,6 +23,7 @@ Both are plain numbers: a file is read as JSON and checked, never run.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -467,7 +468,12 @@ def load_batch_cost(source: str | Path | BatchCost | None = None) -> BatchCost:
     ``roofline:ACC/MODEL``: a named roofline model (simulated); else a JSON file of either kind."""
     from env.roofline import ACCELERATORS, MODELS, RooflineCost, roofline
 
-    if source is not None and not isinstance(source, (str, Path)):
+    if source is not None and not isinstance(source, (str, os.PathLike)):
+        if not all(callable(getattr(source, m, None)) for m in ("forward_s", "draft_s", "prefill_s")):
+            raise CostModelError(
+                f"a batch cost model is a path, 'roofline:ACC/MODEL' or a model with forward_s, draft_s and "
+                f"prefill_s, got {type(source).__name__} {source!r:.60}"
+            )
         return source
     if isinstance(source, str) and source.startswith("roofline:"):
         acc, slash, model = source.removeprefix("roofline:").partition("/")

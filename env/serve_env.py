@@ -182,6 +182,8 @@ class SpecServeVectorEnv(VectorEnv):
         given_mask = opts.get("reset_mask")
         mask = reset_mask(given_mask, self.num_envs, self._started, ServeEnvError)
         only = None if given_mask is None else np.flatnonzero(mask)
+        if isinstance(seed, np.ndarray) and seed.ndim == 0:  # np.array(3): one seed (len() of it failed)
+            seed = seed.item()
         if seed is not None and np.isscalar(seed):
             self.sim.seed(seed_value(seed, ServeEnvError), only)  # server i: [seed, i]
         elif seed is not None:  # one seed per server (None: it keeps its stream), as Gymnasium's vector envs

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import zipfile
 from collections.abc import Sequence
@@ -175,6 +176,8 @@ def default_trace_path() -> Path:
 
 def load_trace(path: str | Path | None = None) -> Trace:
     """Read a trace (``None``: the one shipped with the package, recorded from the embedded model)."""
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TraceError(f"a trace is named by a path, got {type(path).__name__} {path!r:.60}")
     file = default_trace_path() if path is None else Path(path)
     if not file.is_file():
         raise TraceError(

@@ -23,6 +23,7 @@ from gymnasium.vector.utils import batch_space
 
 from env.replay import replay_observe, replay_step
 from env.reset_checks import check_options, reset_mask, seed_value
+from env.serve_sim import MAX_SERVERS
 from env.spec_env import EnvError, SpecDecodeEnv, count_of
 
 
@@ -57,8 +58,8 @@ class SpecDecodeVectorEnv(VectorEnv):
                 "gymnasium.make_vec(..., vectorization_mode='sync', backend='live')"
             )
         num_envs = count_of("num_envs", num_envs, 1024)  # a bool or a float is refused, not rounded
-        if num_envs < 1:
-            raise EnvError(f"num_envs must be >= 1, got {num_envs}")
+        if not 1 <= num_envs <= MAX_SERVERS:  # (10^12 asked numpy for 76 TiB)
+            raise EnvError(f"num_envs must be in 1..{MAX_SERVERS}, got {num_envs}")
         mode = (
             AutoresetMode(autoreset_mode)
             if isinstance(autoreset_mode, AutoresetMode)
@@ -75,7 +76,12 @@ class SpecDecodeVectorEnv(VectorEnv):
         self.single_action_space = single.action_space
         self.observation_space = batch_space(single.observation_space, self.num_envs)
         self.action_space = spaces.MultiDiscrete(np.full(self.num_envs, len(self.arms)))
-        self.device = None if device is None else torch.device(device)
+        try:
+            self.device = None if device is None else torch.device(device)
+        except (RuntimeError, TypeError) as err:
+            raise EnvError(
+                f"device {device!r:.40} is not a torch device ({str(err).splitlines()[0]:.80})"
+            ) from None
         tb = single.tables
         self.tables = tb if self.device is None else tb.to(self.device)
         self._names = np.array(self.arm_names)
@@ -132,6 +138,8 @@ class SpecDecodeVectorEnv(VectorEnv):
 
     # ---- Gymnasium VectorEnv API ----
     def reset(self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None):
+        if isinstance(seed, np.ndarray) and seed.ndim == 0:  # np.array(3): one seed (len() of it failed)
+            seed = seed.item()
         s = seed
         if seed is not None and not isinstance(seed, Integral):  # one seed per env: the first seeds them all
             if not isinstance(seed, (Sequence, np.ndarray)) or isinstance(seed, str) or len(seed) == 0:

@@ -1,0 +1,57 @@
+"""The Python API given arguments of the wrong type or size: the project's own error, one line naming the argument,
+where it raised a bare ``AttributeError``, ``TypeError`` or ``MemoryError`` from deep inside, or a torch error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from drafters import DrafterError, make_drafter
+from env.arms import make_arms
+from env.batch_cost import CostModelError, load_batch_cost
+from env.serve_env import SpecServeVectorEnv
+from env.spec_env import EnvError
+from env.trace import TraceError, load_trace
+from env.vector_env import SpecDecodeVectorEnv
+
+
+@pytest.mark.parametrize(
+    "call, error, needle",
+    [
+        (
+            lambda: load_batch_cost(5),
+            CostModelError,
+            "a batch cost model is a path",
+        ),  # 'int' has no 'draft_s'
+        (lambda: SpecServeVectorEnv(2, cost=5), CostModelError, "got int 5"),
+        (
+            lambda: load_trace(5),
+            TraceError,
+            "a trace is named by a path, got int 5",
+        ),  # expected str, PathLike
+        (lambda: make_arms(5), DrafterError, "an arm menu is a list of arms"),  # int is not iterable
+        (
+            lambda: make_drafter(["ngram"]),
+            DrafterError,
+            "unknown drafter ['ngram']",
+        ),  # unhashable type: 'list'
+        (
+            lambda: SpecDecodeVectorEnv(10**12),
+            EnvError,
+            "num_envs must be in 1..65536",
+        ),  # 76 TiB asked of numpy
+        (lambda: SpecDecodeVectorEnv(2, device="nope"), EnvError, "device 'nope' is not a torch device"),
+    ],
+)
+def test_a_wrong_argument_is_the_projects_error_in_one_line(call, error, needle):
+    with pytest.raises(error) as err:
+        call()
+    assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("make", [lambda: SpecDecodeVectorEnv(2), lambda: SpecServeVectorEnv(2)])
+def test_a_zero_dimensional_seed_array_is_one_seed(make):
+    """``reset(seed=np.array(3))``: ``len() of unsized object``; it is the seed 3."""
+    a, b = make(), make()
+    assert np.array_equal(a.reset(seed=np.array(3))[0], b.reset(seed=3)[0])
+    assert np.array_equal(a.step(a.action_space.sample() * 0)[0], b.step(b.action_space.sample() * 0)[0])
