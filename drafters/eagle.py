@@ -273,6 +273,11 @@ class EagleDrafter:
         (``drafters.lockstep``): per round, one head pass over the frontier nodes of every sequence that shares
         this drafter's head, and one projection to the draft vocabulary. The same trees as one at a time."""
         grows: list[Growing | DraftTree] = []
+        other = next((d for d, _, _ in items if not isinstance(d, type(self))), None)
+        if other is not None:  # (its missing head was an AttributeError)
+            raise DrafterError(
+                f"{type(self).__name__}.propose_batch drafts its own kind's rows, got a {type(other).__name__}"
+            )
         with torch.inference_mode():
             drafting = [(d, ctx) for d, ctx, shape in items if shape.depth > 0 and d.head is not None]
             for d, ctx in drafting:

@@ -413,6 +413,8 @@ def head_name(kind: str, model_id: str) -> str:
 
 def find_head(kind: str, model_id: str, weights: str | None) -> Path:
     """The head to load: ``weights`` if given, else the user's trained one in the cache, else the shipped one."""
+    if weights is not None and not str(weights).strip():  # "" read as not given: the default head, silently
+        raise DrafterError(f"{kind}: its weights option names no file (leave it out for the default head)")
     if weights:
         return Path(weights)
     name = head_name(kind, model_id) + ".safetensors"

@@ -56,6 +56,10 @@ def reset_mask(mask: Any, num_envs: int, started: bool, err: type[Exception]) ->
         raise err(f"reset_mask must be an array of {num_envs} booleans: {e}") from None
     if m.shape != (num_envs,) or m.dtype.kind not in "biu":
         raise err(f"reset_mask must be an array of {num_envs} booleans, got shape {m.shape} ({m.dtype})")
+    if m.dtype.kind != "b" and not np.isin(m, (0, 1)).all():  # 0/1 are booleans; 2 or -1 were read as True
+        raise err(
+            f"reset_mask must be an array of {num_envs} booleans, got the value {m[~np.isin(m, (0, 1))][0]}"
+        )
     m = m.astype(bool)
     if not started and not m.all():
         raise err("the first reset() starts every env: reset_mask leaves out envs that have no episode yet")

@@ -9,7 +9,7 @@ import pytest
 from drafters import DrafterError, make_drafter
 from env.arms import make_arms
 from env.batch_cost import CostModelError, load_batch_cost
-from env.serve_env import SpecServeVectorEnv
+from env.serve_env import ServeEnvError, SpecServeVectorEnv
 from env.spec_env import EnvError
 from env.trace import TraceError, load_trace
 from env.vector_env import SpecDecodeVectorEnv
@@ -55,3 +55,24 @@ def test_a_zero_dimensional_seed_array_is_one_seed(make):
     a, b = make(), make()
     assert np.array_equal(a.reset(seed=np.array(3))[0], b.reset(seed=3)[0])
     assert np.array_equal(a.step(a.action_space.sample() * 0)[0], b.step(b.action_space.sample() * 0)[0])
+
+
+def test_a_reset_mask_of_integers_is_zeros_and_ones():
+    """``reset_mask=[2, -1, 0, 0]`` was read as [True, True, False, False]."""
+    env = SpecServeVectorEnv(4)
+    env.reset(seed=0)
+    with pytest.raises(ServeEnvError, match="reset_mask must be an array of 4 booleans, got the value 2"):
+        env.reset(options={"reset_mask": [2, -1, 0, 0]})
+    env.reset(options={"reset_mask": np.array([1, 0, 0, 1])})  # 0/1 integers are booleans
+
+
+def test_a_drafter_given_what_is_not_its_own():
+    """eagle's propose_batch over another drafter's rows (an AttributeError for its head); ``weights=""`` took the
+    default head instead, silently."""
+    from drafters import DraftContext, TreeShape
+    from drafters.heads import find_head
+
+    with pytest.raises(DrafterError, match="propose_batch drafts its own kind's rows, got a NGramDrafter"):
+        make_drafter("eagle").propose_batch([(make_drafter("ngram"), DraftContext([1, 2], 2), TreeShape(2))])
+    with pytest.raises(DrafterError, match="eagle: its weights option names no file"):
+        find_head("eagle", "smollm2-135m-instruct", " ")
