@@ -332,6 +332,9 @@ def load_model(
 ) -> LoadedModel:
     """Load the target: ``None`` or ``"smollm2-135m-instruct"`` for the embedded model, else a local folder.
     ``weights``: see ``resolve_weights``; ``forward``: ``lean`` (env.lean, Llama family) or ``hf``."""
+    if model is not None and not isinstance(model, (str, os.PathLike)):  # ('int' has no 'startswith')
+        raise ModelError(f"a model is a name or a folder, got {type(model).__name__} {model!r:.60}")
+    model = None if model is None else os.fspath(model)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     fmt = resolve_weights(weights, dev, torch_dtype)

@@ -9,8 +9,9 @@ import pytest
 from drafters import DrafterError, make_drafter
 from env.arms import make_arms
 from env.batch_cost import CostModelError, load_batch_cost
+from env.model import ModelError
 from env.serve_env import ServeEnvError, SpecServeVectorEnv
-from env.spec_env import EnvError
+from env.spec_env import EnvError, SpecDecodeEnv
 from env.trace import TraceError, load_trace
 from env.vector_env import SpecDecodeVectorEnv
 
@@ -41,6 +42,11 @@ from env.vector_env import SpecDecodeVectorEnv
             "num_envs must be in 1..65536",
         ),  # 76 TiB asked of numpy
         (lambda: SpecDecodeVectorEnv(2, device="nope"), EnvError, "device 'nope' is not a torch device"),
+        (
+            lambda: SpecDecodeEnv(model=5),
+            ModelError,
+            "a model is a name or a folder, got int 5",
+        ),  # no 'startswith'
     ],
 )
 def test_a_wrong_argument_is_the_projects_error_in_one_line(call, error, needle):
