@@ -147,3 +147,24 @@ def serve_kw(trace: Trace, **over):
                 loads=["1", "3", "ramp", "bursty", "poisson@2"])  # fmt: skip
     args.update(over)
     return args
+
+
+# ---- the programs' tests (test_bench_programs.py, test_program_outputs.py) ----
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model fails the test: every check must come before it."""
+    import env.model
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(env.model, "load_model", refuse)
+
+
+def _one_line_error(capsys, code, expected, rc=2):
+    err = capsys.readouterr().err
+    assert code == rc, err
+    assert err.count("\n") == 1 and "Traceback" not in err and expected in err, err
+    return err
