@@ -10,7 +10,7 @@ its recorded trajectory whatever the arms, so only the time and the steps differ
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -116,6 +116,8 @@ class ServeSim:
             seed = seed_value(seed, ServeEnvError)
         if isinstance(arms, str):  # "none,ngram-d4" (its characters were read as arms)
             arms = [a for a in arms.split(",") if a.strip()]
+        if not isinstance(arms, Iterable):
+            raise ServeEnvError(f"arms is a list of arms or a comma list of names, got {arms!r:.60}")
         if isinstance(prompt_ids, str):  # "12" was served as prompts "1" and "2"
             raise ServeEnvError(
                 f"prompt_ids is a list of the trace's prompt ids, got the string {prompt_ids!r:.60}"

@@ -59,7 +59,8 @@ def _main(argv: list[str] | None) -> int:
     for i, kind in enumerate(kinds):
         if kind not in ("eagle", "eagle3"):
             raise DrafterError(f"--heads: {kind!r} is not a head this evaluation scores (eagle, eagle3)")
-        path = find_head(kind, DEFAULT_MODEL, args.weights[i] if i < len(args.weights) else None)
+        # ("" keeps a kind's default head while a later kind is given a file: --weights "" NEW.safetensors)
+        path = find_head(kind, DEFAULT_MODEL, (args.weights[i] if i < len(args.weights) else None) or None)
         if not path.is_file():
             raise DrafterError(f"no head file {path}")
         paths.append(path)

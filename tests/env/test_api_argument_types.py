@@ -39,7 +39,7 @@ from env.vector_env import SpecDecodeVectorEnv
         (
             lambda: SpecDecodeVectorEnv(10**12),
             EnvError,
-            "num_envs must be in 1..65536",
+            "num_envs must be in 1..16777216",
         ),  # 76 TiB asked of numpy
         (lambda: SpecDecodeVectorEnv(2, device="nope"), EnvError, "device 'nope' is not a torch device"),
         (

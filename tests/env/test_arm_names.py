@@ -153,3 +153,5 @@ def test_the_serving_simulator_reads_strings_as_lists_not_characters():
     ):
         ServeSim(1, prompt_ids="12", loads=["1"], requests=2)
     assert ServeSim(1, arms="none,ngram-d4", loads=["1"], requests=2).arm_names == ["none", "ngram-d4"]
+    with pytest.raises(ServeEnvError, match="arms is a list of arms or a comma list of names, got 5"):
+        ServeSim(1, arms=5, loads=["1"], requests=2)  # a bare TypeError

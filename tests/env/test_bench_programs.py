@@ -192,7 +192,7 @@ def test_fidelity_writes_the_summary_after_each_prompt(monkeypatch, tmp_path, ca
         ("bench_env", ["--seconds", "-1"], "--seconds must be in (0, 3600]"),
         ("bench_env", ["--batch", "0"], "--batch: must be >= 1"),
         ("bench_env", ["--json", "{tmp}"], "is a directory, not a file"),
-        ("bench_env", ["--batch", "99999999999999"], "num_envs must be in 1..65536"),
+        ("bench_env", ["--batch", "99999999999999"], "num_envs must be in 1..16777216"),
         ("bench_serve_env", ["--envs", "4,x"], "--envs must be a comma list"),
         ("bench_serve_env", ["--cost", "{tmp}/none.json"], "does not exist"),
         ("bench_serve_env", ["--loads", "1,sideways"], "sideways"),

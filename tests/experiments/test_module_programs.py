@@ -31,6 +31,11 @@ def no_model(monkeypatch):
         ("offline_tau", ["{tmp}", "builtin", "0"], "must be >= 1"),
         ("suffix_turns", ["--workload", "x.jsonl", "--out", "{tmp}/o", "--batch", "0"], "must be >= 1"),
         ("head_eval", ["--data", "{tmp}/none"], "no distillation data"),
+        (
+            "head_eval",
+            ["--data", "{tmp}/none", "--weights", ""],
+            "no distillation data",
+        ),  # "": the default head
         ("head_eval", ["--data", "{tmp}", "--json", "{tmp}"], "is a directory, not a file"),
         ("head_eval", ["--data", "{tmp}", "--levels", "0"], "must be in [1, 64]"),
         (
