@@ -42,7 +42,9 @@ def test_bench_batch_names_the_machine(label, monkeypatch, tmp_path, capsys):
     import env.bench_batch as bb
     import env.model
 
-    monkeypatch.setattr(env.model, "load_model", lambda *a, **k: SimpleNamespace(dtype=torch.float32))
+    monkeypatch.setattr(
+        env.model, "load_model", lambda *a, **k: SimpleNamespace(dtype=torch.float32, max_context=8192)
+    )
     monkeypatch.setattr(bb, "raw_forward", lambda *a: None)
     monkeypatch.setattr(bb, "engine_step", lambda *a: None)
     monkeypatch.setattr(bb, "_interleaved_ms", lambda fns, reps: [1.0, 2.0])
