@@ -37,6 +37,7 @@ from drafters.train_data import Sequence, draft_vocab, load_data, repeat_answers
 # ---------------------------------------------------------------- training
 
 
+MAX_STEPS = 1 << 24  # optimizer steps a training is given at most (--steps): weeks on a CPU
 MAX_LEVELS = 64  # training-time-test unrolls (EAGLE-3 trains 7): past it, hours or a memory error, not a head
 
 

@@ -164,7 +164,7 @@ def _same_parts(out_dir: Path, settings: dict[str, Any]) -> None:
     kept = out_dir / "parts.json"
     try:
         before = json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else None
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         before = "unreadable"
     if before is not None and before != settings and any(out_dir.glob("part-*.safetensors")):
         if not isinstance(before, dict):  # damaged: what its parts were made from is unknown

@@ -149,11 +149,22 @@ def check_not_inside(path: str | Path, flag: str, folders: tuple[object, ...]) -
             )
 
 
+NAME_MAX = 255  # bytes of a file name on Linux file systems (ext4, xfs, btrfs, tmpfs)
+NAME_MARGIN = 40  # what a temporary name adds: ".NAME.PID.tmp", "NAME.safetensors.tmp"
+
+
 def check_output_kind(path: str | Path, flag: str) -> Path:
     """``path`` as a ``Path`` when it may name an output file; ``ProgramError`` naming ``flag`` when it is a folder
     or ends in a slash (``Path`` drops it: ``x/`` would write a file ``x``), or exists and is no regular file (a
     result is written under a temporary name and renamed: it would replace a device, FIFO or socket)."""
     out = Path(path)
+    if (
+        len(out.name.encode()) > NAME_MAX - NAME_MARGIN
+    ):  # refused at the end, with the work done, or a traceback
+        raise ProgramError(
+            f"{flag}: its file name is {len(out.name.encode())} bytes; at most {NAME_MAX - NAME_MARGIN} (the "
+            f"temporary file written first adds to it, within the file system's {NAME_MAX})"
+        )
     if out.is_dir():
         raise ProgramError(f"{flag} {path} is a directory, not a file")
     if str(path).endswith(("/", os.sep)):

@@ -35,6 +35,9 @@ from experiments.strict_toml import (
 )
 from experiments.strict_toml import opt as _f
 
+MAX_TIMESTEPS = (
+    1 << 40
+)  # env steps a policy trains for: replay runs ~10^6-10^8 a second; past this, never ending
 MAX_ENVS = 4096  # replay envs a policy trains on at once: each holds its episode's arrays
 
 Scalar = int | float | str | bool
@@ -106,7 +109,7 @@ class TrainConfig:
     faster; ``draftgym evaluate`` checks a trained policy live."""
     trace: str = ""
     """Replay trace file (empty: the bundled trace)."""
-    total_timesteps: int = _f(10_000, min=0)
+    total_timesteps: int = _f(10_000, min=0, max=MAX_TIMESTEPS)
     """Training budget in env steps."""
     n_envs: int = _f(8, min=1, max=MAX_ENVS)
     """Parallel episodes of the vectorized replay env (one process; ``env.vector_env.make_sb3_vec_env``)."""

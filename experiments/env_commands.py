@@ -49,12 +49,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise UserError(f"--reps must be >= 1, got {args.reps}")
     names = _drafter_list(args.drafters)
     options = _options_of(names, args.drafter_option, "time")
-    from env.cli import holds_other_than_json
-
     # an existing file there must be an earlier cost model (one JSON object), not a policy or a trace named by a
     # misplaced flag
-    out = output_file(args.out or ("runs/batch_cost.json" if args.batch else "runs/cost_model.json"),
-                      earlier=(lambda p: not holds_other_than_json(p), "a JSON file"))  # fmt: skip
+    from env.cli import check_not_inside, holds_other_than_json
+    from env.model import model_folder
+
+    out = args.out or ("runs/batch_cost.json" if args.batch else "runs/cost_model.json")
+    check_not_inside(out, "--out", (model_folder(args.model),))  # (a model's config.json is JSON too)
+    out = output_file(out, earlier=(lambda p: not holds_other_than_json(p), "a JSON file"))
     if args.batch:  # one calibration at a time writes OUT.partial (released as the command returns)
         from env.folder_lock import claim_file
 
@@ -209,13 +211,16 @@ def _calibrate_batch(
 
 
 def register(sub: Any) -> None:
-    from experiments.args import drafter_option_args, model_args, new_tokens, positive_int
+    from experiments.args import drafter_option_args, int_at_least, model_args, new_tokens, positive_int
 
     c = sub.add_parser("calibrate", help="measure this machine's step costs into a cost-model JSON")
     model_args(c)
     c.add_argument("--drafters", default="ngram", help="comma list of drafters to time (default: ngram)")
     c.add_argument(
-        "--reps", type=positive_int, default=4, help="measurements per grid point (the median is kept)"
+        "--reps",
+        type=int_at_least(1, 10_000),
+        default=4,
+        help="measurements per grid point (the median is kept)",
     )
     c.add_argument(
         "--out",

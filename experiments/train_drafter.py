@@ -43,7 +43,7 @@ KIND_FLAGS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from drafters.train import MAX_LEVELS
+    from drafters.train import MAX_LEVELS, MAX_STEPS
     from experiments.args import float_in, int_at_least, new_tokens, nonnegative_int, positive_int
 
     p = sub.add_parser(
@@ -126,7 +126,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--answer-repeat",
-        type=positive_int,
+        type=int_at_least(1, 1000),
         default=1,
         help="each training window holding answer tokens appears this many times an epoch (weighs the target's "
         "own answers up against the teacher-forced text)",
@@ -134,7 +134,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument(
         "--steps",
-        type=nonnegative_int,
+        type=int_at_least(0, MAX_STEPS),
         default=0,
         help="training budget in optimizer steps instead of --cpu-minutes (0: CPU minutes); the same steps give "
         "the same head, also after a kill and a rerun",

@@ -17,6 +17,7 @@ import json
 import math
 import re
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,10 @@ def _resume_best(out: Path, step: int, rows: list[dict[str, Any]], keep: list[di
         meta.unlink(missing_ok=True)
         return
     s, p = reachable[-1]
+    if not zipfile.is_zipfile(
+        p
+    ):  # a damaged one replaced a good best.zip, and was refused after the training
+        raise PolicyError(f"{p} is not a saved model (damaged?); delete it to resume without it")
     data = p.read_bytes()
     if not best.is_file() or best.read_bytes() != data:
         atomic_write_bytes(best, data)

@@ -41,7 +41,7 @@ def test_a_work_folder_refuses_another_target(tmp_path):
         generate_data(first, PROMPTS, tmp_path, model_id="tiny-a", **KW)
     assert "\n" not in str(err.value)
     # a damaged parts.json was reported as "other settings (parts.json differ)"
-    for damaged in ("{not json", "[1, 2]"):
+    for damaged in ("{not json", "[1, 2]", '{"a":' * 100_000):  # (the last: a RecursionError traceback)
         (tmp_path / "parts.json").write_text(damaged)
         with pytest.raises(DrafterError, match="parts.json is not a readable settings object") as err:
             generate_data(first, PROMPTS, tmp_path, model_id="tiny-a", **KW)

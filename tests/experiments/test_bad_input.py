@@ -281,7 +281,10 @@ RECORD = [
     ("no-out", ["record"], "--out"),
 ]
 CALIBRATE = [
-    ("reps-zero", ["calibrate", "--reps", "0"], "--reps: must be >= 1"),
+    ("reps-zero", ["calibrate", "--reps", "0"], "--reps: must be in [1, 10000]"),
+    ("reps-huge", ["calibrate", "--reps", str(2**63 - 1)], "--reps: must be in [1, 10000]"),  # ran for ever
+    # a model's config.json is JSON: it was replaced by the cost model
+    ("out-in-the-model", ["calibrate", "--model", "{tmp}/m", "--out", "{tmp}/m/config.json"], "is inside"),
     ("reps-huge-garbage", ["calibrate", "--reps", "1e99"], "expected an integer"),
     ("unknown-drafter", ["calibrate", "--drafters", "ngram,nope"], "unknown drafter 'nope'"),
     ("drafter-twice", ["calibrate", "--batch", "--drafters", "ngram,ngram"], "lists ngram more than once"),
@@ -358,6 +361,18 @@ RUN_SWEEP_TRAIN = [
     ("train-live-backend", ["train", "{toml_live}", "--out", "{tmp}/t"], "backend"),
     ("train-no-policies", ["train", "{toml_nopolicy}", "--out", "{tmp}/t"], "no [policies.NAME]"),
     ("train-empty-config", ["train", "{empty}", "--out", "{tmp}/t"], "no [policies.NAME]"),
+    (
+        "train-timesteps-huge",  # it never ended
+        [
+            "train",
+            str(CONFIGS / "bandit.toml"),
+            "--set",
+            "policies.ucb1.train.total_timesteps=9223372036854775807",
+            "--out",
+            "{tmp}/t",
+        ],
+        "total_timesteps must be <= 1099511627776",
+    ),  # fmt: skip
     (
         "train-unknown-policy",
         ["train", str(CONFIGS / "bandit.toml"), "--policy", "nope", "--out", "{tmp}/t"],
@@ -474,6 +489,19 @@ TRAIN_DRAFTER = [
     ("kind", ["train-drafter", "medusa"], "invalid choice"),
     ("eagle3-levels-zero", ["train-drafter", "eagle3", "--levels", "0"], "must be in [1, 64]"),
     ("eagle3-levels-huge", ["train-drafter", "eagle3", "--levels", "100000"], "must be in [1, 64]"),
+    # unbounded, they ran past every timeout or failed after the data was made
+    (
+        "steps-huge",
+        ["train-drafter", "eagle", "--steps", str(2**63 - 1)],
+        "--steps: must be in [0, 16777216]",
+    ),
+    ("answer-repeat-huge", ["train-drafter", "eagle", "--answer-repeat", "10000"], "must be in [1, 1000]"),
+    # a name the temporary file would take past 255 bytes: a traceback after the training
+    (
+        "out-name-too-long",
+        ["train-drafter", "eagle", "--exclude-per-category", "0", "--out", "{tmp}/" + "a" * 240],
+        "its file name is 252 bytes",
+    ),
     ("eagle3-text-negative", ["train-drafter", "eagle3", "--text-tokens", "-5"], "must be >= 0"),
     ("cpu-minutes-zero", ["train-drafter", "eagle", "--cpu-minutes", "0"], "--cpu-minutes: must be in"),
     ("cpu-minutes-negative", ["train-drafter", "eagle", "--cpu-minutes", "-1"], "--cpu-minutes: must be in"),

@@ -55,3 +55,28 @@ def test_a_resume_drops_the_bests_made_after_its_checkpoint(before, synth_trace,
     if want is not None:
         assert all(torch.equal(got[k], want[k]) for k in got)
         assert all(torch.equal(resumed.model.policy.state_dict()[k], want[k]) for k in got)
+
+
+def test_a_damaged_best_in_the_history_is_refused_before_it_replaces_best_zip(
+    synth_trace, synth_env, tmp_path
+):
+    """``best_history/best_64.zip`` overwritten with junk replaced a good ``best.zip`` on the resume, and the error
+    (naming ``best.zip``) came only after the training had run on."""
+    from policies.base import PolicyError
+
+    names = (synth_env.arm_names, len(synth_env.feature_names), synth_env.feature_names)
+    run = tmp_path / "run"
+
+    def train(total):
+        policy = SB3Policy(*names, algo="a2c", **SMALL["a2c"])
+        return train_sb3(policy, make_venv(synth_trace, n_envs=2), run, total_timesteps=total,
+                         eval_fn=lambda p: 1.0, eval_freq=32, checkpoint_freq=64)  # fmt: skip
+
+    train(64)
+    good = (run / "best.zip").read_bytes()
+    history = sorted((run / "best_history").iterdir())
+    history[-1].write_bytes(b"junk")
+    with pytest.raises(PolicyError, match=f"{history[-1]} is not a saved model"):
+        train(128)
+    assert (run / "best.zip").read_bytes() == good
+    assert not (run / "checkpoints" / "model_128_steps.zip").exists()  # refused before training on
