@@ -246,6 +246,13 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         )
     _outputs_and_threads(args)
     loaded = load_model(args.model, dtype=args.dtype, device="cpu")
+    if (
+        args.max_new_tokens + 3 > loaded.max_context
+    ):  # (as eagle3's corpus checks it: generation ran on for ever)
+        raise UserError(
+            f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the target's "
+            f"{loaded.max_context}-token context (at most {loaded.max_context - 3})"
+        )
     n_layers = int(loaded.model.config.num_hidden_layers)
     if not all(1 <= x < n_layers for x in layers) or not 1 <= args.exit_layer < n_layers:
         raise UserError(

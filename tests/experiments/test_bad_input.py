@@ -766,6 +766,22 @@ BENCH_ONE = [
 ]  # one prompt, fp32, a fresh folder
 MODEL = [
     (
+        "train-drafter-new-tokens-past-context",  # eagle3's corpus refused it; eagle's generation ran on for ever
+        [
+            "train-drafter",
+            "eagle",
+            "--exclude-per-category",
+            "0",
+            "--max-new-tokens",
+            "1048576",
+            "--work",
+            "{tmp}/w",
+            "--out",
+            "{tmp}/h",
+        ],
+        "leaves no room for a prompt in the target's 8192-token context",
+    ),  # fmt: skip
+    (
         "generate-prompt-longer-than-context",
         ["generate", "--prompt-file", "{long}", "--dtype", "fp32"],
         "context is",
