@@ -197,6 +197,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         if cfg.policies[name].train.out:  # (nor one that is an input, or a file other than an earlier policy)
             output_file(cfg.policies[name].train.out, flag=f"policies.{name}.train.out", inputs=inputs,
                         earlier=(is_policy_zip, "a draftgym policy"))  # fmt: skip
+    from env.cost import load_cost_model
+    from env.trace import load_trace
+
+    for spec in {(cfg.policies[n].train.trace, cfg.policies[n].train.cost_model) for n in names}:
+        load_trace(spec[0] or None)  # every policy's inputs read before any trains: a bad one of the
+        load_cost_model(spec[1] or None)  # second policy failed after the first's training
     rows = []
     for name in names:
         summary = kept_summary(name, cfg.policies[name], cfg.seed, run_dir)

@@ -185,3 +185,27 @@ def test_an_rl_run_does_not_resume_from_checkpoints_of_another_menu(files, tmp_p
                  f"policies.ppo.arms={other}", "--set", "policies.ppo.train.total_timesteps=1024"]) == 2  # fmt: skip
     err = capsys.readouterr().err
     assert "other settings" in err and "arms" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("field", ["trace", "cost_model"])
+def test_every_policys_inputs_are_read_before_any_trains(field, tmp_path, capsys, monkeypatch):
+    """A second policy's bad trace or cost model failed the run after the first policy's training."""
+    import experiments.policy_train as pt
+
+    (tmp_path / "bad.npz").write_text("not a trace")
+    (tmp_path / "bad.json").write_text("[" * 100_000)
+    bad = tmp_path / ("bad.npz" if field == "trace" else "bad.json")
+    (tmp_path / "c.toml").write_text(f"""
+name = "two"
+[policies.a]
+kind = "ucb1"
+arms = ["none", "ngram-d2"]
+[policies.b]
+kind = "ucb1"
+arms = ["none", "ngram-d2"]
+train = {{ {field} = "{bad}" }}
+""")
+    monkeypatch.setattr(pt, "train_policy", lambda *a, **k: pytest.fail("a policy trained first"))
+    assert main(["train", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(bad) in err, err
