@@ -303,6 +303,10 @@ def train_sb3(
     try:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
+        for name in ("eval.jsonl", "best.json", "best.zip", "budget.json", "settings.json"):
+            f = out / name  # read as absent (jsonl_lines) and then appended to: a FIFO there blocked for ever
+            if (f.exists() or f.is_symlink()) and not f.is_file():
+                raise PolicyError(f"{f} is not a regular file; move it away to train in {out}")
         ident = {
             "params": policy.params(),
             "network": policy.network(),

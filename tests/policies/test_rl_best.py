@@ -80,3 +80,20 @@ def test_a_damaged_best_in_the_history_is_refused_before_it_replaces_best_zip(
         train(128)
     assert (run / "best.zip").read_bytes() == good
     assert not (run / "checkpoints" / "model_128_steps.zip").exists()  # refused before training on
+
+
+@pytest.mark.parametrize("name", ["eval.jsonl", "best.json"])
+def test_a_fifo_among_the_runs_files_is_refused(name, synth_trace, synth_env, tmp_path):
+    """``eval.jsonl`` read as absent when it is no file, then opened to append: a FIFO there blocked for ever."""
+    import os
+
+    from policies.base import PolicyError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / name)
+    policy = SB3Policy(synth_env.arm_names, len(synth_env.feature_names), synth_env.feature_names, algo="a2c",
+                       **SMALL["a2c"])  # fmt: skip
+    with pytest.raises(PolicyError, match=f"{run / name} is not a regular file"):
+        train_sb3(policy, make_venv(synth_trace, n_envs=2), run, total_timesteps=64, eval_fn=lambda p: 1.0,
+                  eval_freq=32, checkpoint_freq=64)  # fmt: skip
