@@ -150,7 +150,7 @@ def check_not_inside(path: str | Path, flag: str, folders: tuple[object, ...]) -
 
 
 NAME_MAX = 255  # bytes of a file name on Linux file systems (ext4, xfs, btrfs, tmpfs)
-NAME_MARGIN = 40  # what a temporary name adds: ".NAME.PID.tmp", "NAME.safetensors.tmp"
+NAME_MARGIN = 16  # what a temporary or lock name adds: ".NAME.PID.tmp" (13), "NAME.partial.lock" (13)
 
 
 def check_output_kind(path: str | Path, flag: str) -> Path:

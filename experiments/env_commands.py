@@ -43,10 +43,7 @@ def _options_of(names: list[str], items: list[str] | None, verb: str) -> dict[st
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from env.calibrate import calibrate
     from env.model import load_model
-    from experiments.errors import UserError
 
-    if args.reps < 1:
-        raise UserError(f"--reps must be >= 1, got {args.reps}")
     names = _drafter_list(args.drafters)
     options = _options_of(names, args.drafter_option, "time")
     # an existing file there must be an earlier cost model (one JSON object), not a policy or a trace named by a

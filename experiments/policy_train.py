@@ -200,9 +200,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     from env.cost import load_cost_model
     from env.trace import load_trace
 
-    for spec in {(cfg.policies[n].train.trace, cfg.policies[n].train.cost_model) for n in names}:
-        load_trace(spec[0] or None)  # every policy's inputs read before any trains: a bad one of the
-        load_cost_model(spec[1] or None)  # second policy failed after the first's training
+    for (
+        name
+    ) in names:  # every policy's kind and inputs checked before any trains: a bad one of the second policy
+        if cfg.policies[name].kind not in TRAINABLE:  # failed after the first's training
+            raise _user_error(f"policies.{name}.kind {cfg.policies[name].kind!r} cannot be trained; trainable: "
+                              f"{', '.join(TRAINABLE)}")  # fmt: skip
+    for spec in {cfg.policies[n].train.trace for n in names}:
+        load_trace(spec or None)
+    for spec in {cfg.policies[n].train.cost_model for n in names}:
+        load_cost_model(spec or None)
     rows = []
     for name in names:
         summary = kept_summary(name, cfg.policies[name], cfg.seed, run_dir)

@@ -17,14 +17,13 @@ import json
 import math
 import re
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from env.files import atomic_write_bytes, atomic_write_text, jsonl_lines, settings_conflict
-from policies.base import PolicyError, is_sb3_zip, load_policy
+from policies.base import PolicyError, is_policy_zip, is_sb3_zip, load_policy
 from policies.rl import SB3Policy
 from policies.sb3_checkpoints import apply_checkpoint, read_checkpoint, save_checkpoint
 
@@ -166,12 +165,19 @@ def _prune_bests(out: Path, floor: int) -> None:
         p.unlink(missing_ok=True)
 
 
+def _saved(path: Path) -> bool:
+    """Whether ``path`` is a saved model: a draftgym policy file, or stable-baselines3's own (older runs')."""
+    return is_policy_zip(path) or is_sb3_zip(path)
+
+
 def _resume_best(out: Path, step: int, rows: list[dict[str, Any]], keep: list[dict[str, Any]]) -> None:
     """After a resume at ``step``: the bests made after it are dropped, and ``best.zip``/``best.json`` are the
     latest best at or before it (none: no best yet). A ``best.zip`` without a history (a run from before it was
     kept) was made at ``best.json``'s step, or else by the first evaluation of the highest speedup: adopted into
     the history when that step is kept, removed when it is dropped, left as it is when nothing tells."""
     best, meta = out / "best.zip", out / "best.json"
+    if best.is_file() and not _bests(out) and not _saved(best):  # (adopted, it would be refused as history)
+        raise PolicyError(f"{best} is not a saved model (damaged?); delete it to resume without it")
     if best.is_file() and not _bests(out):
         made = _recorded_step(meta)
         if made is None and rows:
@@ -191,9 +197,7 @@ def _resume_best(out: Path, step: int, rows: list[dict[str, Any]], keep: list[di
         meta.unlink(missing_ok=True)
         return
     s, p = reachable[-1]
-    if not zipfile.is_zipfile(
-        p
-    ):  # a damaged one replaced a good best.zip, and was refused after the training
+    if not _saved(p):  # a damaged one replaced a good best.zip, and was refused after the training
         raise PolicyError(f"{p} is not a saved model (damaged?); delete it to resume without it")
     data = p.read_bytes()
     if not best.is_file() or best.read_bytes() != data:

@@ -82,6 +82,7 @@ def test_a_damaged_best_in_the_history_is_refused_before_it_replaces_best_zip(
     assert not (run / "checkpoints" / "model_128_steps.zip").exists()  # refused before training on
 
 
+@pytest.mark.timeout(60)  # a regression blocks on the FIFO
 @pytest.mark.parametrize("name", ["eval.jsonl", "best.json"])
 def test_a_fifo_among_the_runs_files_is_refused(name, synth_trace, synth_env, tmp_path):
     """``eval.jsonl`` read as absent when it is no file, then opened to append: a FIFO there blocked for ever."""
@@ -97,3 +98,25 @@ def test_a_fifo_among_the_runs_files_is_refused(name, synth_trace, synth_env, tm
     with pytest.raises(PolicyError, match=f"{run / name} is not a regular file"):
         train_sb3(policy, make_venv(synth_trace, n_envs=2), run, total_timesteps=64, eval_fn=lambda p: 1.0,
                   eval_freq=32, checkpoint_freq=64)  # fmt: skip
+
+
+def test_a_damaged_best_zip_of_a_run_without_history_is_named(synth_trace, synth_env, tmp_path):
+    """An older run's damaged ``best.zip`` was adopted into the history and refused there, under the history's name:
+    deleting that file did not help, as the next resume adopted it again."""
+    from policies.base import PolicyError
+
+    names = (synth_env.arm_names, len(synth_env.feature_names), synth_env.feature_names)
+    run = tmp_path / "run"
+
+    def train(total):
+        policy = SB3Policy(*names, algo="a2c", **SMALL["a2c"])
+        return train_sb3(policy, make_venv(synth_trace, n_envs=2), run, total_timesteps=total,
+                         eval_fn=lambda p: 1.0, eval_freq=32, checkpoint_freq=64)  # fmt: skip
+
+    train(64)
+    for p in (run / "best_history").iterdir():  # a run from before the history was kept
+        p.unlink()
+    (run / "best.zip").write_bytes(b"junk")
+    with pytest.raises(PolicyError, match=f"{run / 'best.zip'} is not a saved model"):
+        train(128)
+    assert not any((run / "best_history").iterdir())
