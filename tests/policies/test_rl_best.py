@@ -57,6 +57,18 @@ def test_a_resume_drops_the_bests_made_after_its_checkpoint(before, synth_trace,
         assert all(torch.equal(resumed.model.policy.state_dict()[k], want[k]) for k in got)
 
 
+def _trainer(trace, env, run):
+    """``train(total)``: an a2c policy trained into ``run`` up to ``total`` steps (each evaluation scores 1.0)."""
+    names = (env.arm_names, len(env.feature_names), env.feature_names)
+
+    def train(total):
+        policy = SB3Policy(*names, algo="a2c", **SMALL["a2c"])
+        return train_sb3(policy, make_venv(trace, n_envs=2), run, total_timesteps=total, eval_fn=lambda p: 1.0,
+                         eval_freq=32, checkpoint_freq=64)  # fmt: skip
+
+    return train
+
+
 def test_a_damaged_best_in_the_history_is_refused_before_it_replaces_best_zip(
     synth_trace, synth_env, tmp_path
 ):
@@ -64,14 +76,8 @@ def test_a_damaged_best_in_the_history_is_refused_before_it_replaces_best_zip(
     (naming ``best.zip``) came only after the training had run on."""
     from policies.base import PolicyError
 
-    names = (synth_env.arm_names, len(synth_env.feature_names), synth_env.feature_names)
     run = tmp_path / "run"
-
-    def train(total):
-        policy = SB3Policy(*names, algo="a2c", **SMALL["a2c"])
-        return train_sb3(policy, make_venv(synth_trace, n_envs=2), run, total_timesteps=total,
-                         eval_fn=lambda p: 1.0, eval_freq=32, checkpoint_freq=64)  # fmt: skip
-
+    train = _trainer(synth_trace, synth_env, run)
     train(64)
     good = (run / "best.zip").read_bytes()
     history = sorted((run / "best_history").iterdir())
@@ -105,14 +111,8 @@ def test_a_damaged_best_zip_of_a_run_without_history_is_named(synth_trace, synth
     deleting that file did not help, as the next resume adopted it again."""
     from policies.base import PolicyError
 
-    names = (synth_env.arm_names, len(synth_env.feature_names), synth_env.feature_names)
     run = tmp_path / "run"
-
-    def train(total):
-        policy = SB3Policy(*names, algo="a2c", **SMALL["a2c"])
-        return train_sb3(policy, make_venv(synth_trace, n_envs=2), run, total_timesteps=total,
-                         eval_fn=lambda p: 1.0, eval_freq=32, checkpoint_freq=64)  # fmt: skip
-
+    train = _trainer(synth_trace, synth_env, run)
     train(64)
     for p in (run / "best_history").iterdir():  # a run from before the history was kept
         p.unlink()
