@@ -31,7 +31,7 @@ def train_policy(
     from env.trace import load_trace
     from experiments.config import keywords_of, policy_class
     from policies.oracle import best_static, score_batch, score_policy, static_table
-    from policies.split import split_prompts, subset_trace, trace_split
+    from policies.split import split_prompts, subset_trace
 
     t = pcfg.train
     if pcfg.kind not in TRAINABLE:
@@ -41,14 +41,7 @@ def train_policy(
     t0 = time.perf_counter()
     trace = load_trace(t.trace or None)
     cost_model = load_cost_model(t.cost_model or None)
-    split = trace_split(trace, t.test_per_category, seed)
-    train_trace = subset_trace(trace, split.train)
-    spec = replace(trace.spec, draft_features=t.draft_features)
-    env = replay_env(train_trace, pcfg.arms, cost_model, spec)
-    if tuple(env.arm_names) != tuple(pcfg.arms):
-        raise _user_error(
-            f"policies.{name}.arms must list the env's menu in its order, with 'none' first: {list(env.arm_names)}"
-        )
+    split, train_trace, spec, env = train_env(name, pcfg, seed, trace, cost_model)
     arms, obs_size, feats = list(env.arm_names), len(env.feature_names), list(env.feature_names)
     cls = policy_class(pcfg.kind)
     params = dict(pcfg.params)
@@ -132,6 +125,24 @@ def train_policy(
     return policy, path, summary
 
 
+def train_env(name: str, pcfg: Any, seed: int, trace: Any, cost_model: Any) -> tuple[Any, Any, Any, Any]:
+    """``[policies.NAME]``'s split of ``trace`` (its ``train.test_per_category``), the training prompts' trace, the
+    feature spec and the replay env over its arms: (split, train_trace, spec, env). A split the trace cannot make and
+    arms it did not record are one-line errors (``cmd_train`` asks for every policy before any trains)."""
+    from policies.split import subset_trace, trace_split
+
+    t = pcfg.train
+    split = trace_split(trace, t.test_per_category, seed)
+    train_trace = subset_trace(trace, split.train)
+    spec = replace(trace.spec, draft_features=t.draft_features)
+    env = replay_env(train_trace, pcfg.arms, cost_model, spec)
+    if tuple(env.arm_names) != tuple(pcfg.arms):
+        raise _user_error(
+            f"policies.{name}.arms must list the env's menu in its order, with 'none' first: {list(env.arm_names)}"
+        )
+    return split, train_trace, spec, env
+
+
 def policy_path(name: str, pcfg: Any, run_dir: Path) -> Path:
     return Path(pcfg.train.out) if pcfg.train.out else run_dir / "policies" / f"{name}.zip"
 
@@ -206,10 +217,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         if cfg.policies[name].kind not in TRAINABLE:  # failed after the first's training
             raise _user_error(f"policies.{name}.kind {cfg.policies[name].kind!r} cannot be trained; trainable: "
                               f"{', '.join(TRAINABLE)}")  # fmt: skip
-    for spec in {cfg.policies[n].train.trace for n in names}:
-        load_trace(spec or None)
-    for spec in {cfg.policies[n].train.cost_model for n in names}:
-        load_cost_model(spec or None)
+    traces = {spec: load_trace(spec or None) for spec in {cfg.policies[n].train.trace for n in names}}
+    costs = {
+        spec: load_cost_model(spec or None) for spec in {cfg.policies[n].train.cost_model for n in names}
+    }
+    for name in names:  # and each one's split and arms: a bad one fails now, not after the others' training
+        pcfg = cfg.policies[name]
+        if kept_summary(name, pcfg, cfg.seed, run_dir) is None:
+            train_env(name, pcfg, cfg.seed, traces[pcfg.train.trace], costs[pcfg.train.cost_model])
+    del traces, costs
     rows = []
     for name in names:
         summary = kept_summary(name, cfg.policies[name], cfg.seed, run_dir)

@@ -209,3 +209,22 @@ train = {{ {field} = "{bad}" }}
     assert main(["train", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(bad) in err, err
+
+
+def test_every_policys_arms_are_checked_before_any_trains(tmp_path, capsys, monkeypatch):
+    """A second policy's arms that its trace did not record failed the run after the first policy's training."""
+    import experiments.policy_train as pt
+
+    (tmp_path / "c.toml").write_text("""
+name = "two"
+[policies.a]
+kind = "ucb1"
+arms = ["none", "ngram-d2"]
+[policies.b]
+kind = "ucb1"
+arms = ["none", "ngram-d2", "suffix-d3"]
+""")
+    monkeypatch.setattr(pt, "train_policy", lambda *a, **k: pytest.fail("a policy trained first"))
+    assert main(["train", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "suffix" in err, err
