@@ -73,7 +73,25 @@ class CalibrationState:
             state._read(path)
         return state
 
-    def _read(self, path: Path) -> None:
+    @staticmethod
+    def check_file(path: str | Path) -> None:
+        """A work file there, if any, is readable and one of this command's (its format and version): checked
+        before the model loads; whether its settings are this run's is checked by ``open``."""
+        path = Path(path)
+        if path.exists() or path.is_symlink():
+            d = CalibrationState._load(path)
+            try:
+                if not isinstance(d, dict) or d.get("format") != STATE_FORMAT:
+                    raise Bad("format", f"must be {STATE_FORMAT!r} (this is no calibration work file)")
+                integer(d.get("version"), "version", 1, 1)
+            except Bad as bad:
+                field_, problem = bad.args
+                raise CostModelError(
+                    one_line(f"calibration work file {path}: {field_} {problem}; delete it to start over")
+                ) from None
+
+    @staticmethod
+    def _load(path: Path) -> Any:
         where = f"calibration work file {path}"
         if not path.is_file():  # a folder, a FIFO (which would block the read) or a device
             raise CostModelError(f"{where} is not a regular file; delete it to start over")
@@ -87,6 +105,11 @@ class CalibrationState:
             raise CostModelError(
                 one_line(f"{where} is not readable JSON ({err}); delete it to start over")
             ) from None
+        return d
+
+    def _read(self, path: Path) -> None:
+        where = f"calibration work file {path}"
+        d = self._load(path)
         try:
             self._check(d)
         except Bad as bad:

@@ -55,9 +55,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     check_not_inside(out, "--out", (model_folder(args.model),))  # (a model's config.json is JSON too)
     out = output_file(out, earlier=(lambda p: not holds_other_than_json(p), "a JSON file"))
     if args.batch:  # one calibration at a time writes OUT.partial (released as the command returns)
+        from env.batch_calibrate_state import CalibrationState
         from env.folder_lock import claim_file
 
         claim_file(out.with_name(out.name + ".partial"), f"--out {out}")
+        CalibrationState.check_file(
+            out.with_name(out.name + ".partial")
+        )  # a damaged one: before the model loads
     loaded = load_model(
         args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
     )

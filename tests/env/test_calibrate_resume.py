@@ -217,3 +217,16 @@ def test_the_command_keeps_its_work_file_beside_the_output_and_removes_it_once_s
     assert seen["work"] == work and out.is_file() and not work.exists()
     assert seen["options"] == {"ngram": {"max_ngram": 3}}
     assert f"resumed from {work}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text", ["{", '{"format": "other"}', "[1]"])
+def test_the_command_refuses_a_damaged_work_file_before_the_model_loads(tmp_path, monkeypatch, capsys, text):
+    """A damaged ``OUT.partial`` was found only once the model had loaded."""
+    from experiments.cli import main
+
+    (tmp_path / "bc.json.partial").write_text(text)
+    monkeypatch.setattr("env.model.load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    assert main(["calibrate", "--batch", "--out", str(tmp_path / "bc.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bc.json.partial" in err and "delete it to start over" in err, err
+    assert (tmp_path / "bc.json.partial").read_text() == text
