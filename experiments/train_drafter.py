@@ -218,6 +218,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         ) from err
     if args.kind == "early_exit" and args.exit_layer not in layers:
         layers = tuple(sorted({*layers, args.exit_layer}))
+    _check_layers(layers, args.exit_layer, _layers_in_folder(args.model))  # before any folder is made
     # the prompts before any folder is made or the model loads: a bad --workload writes nothing
     bench = (  # the benchmark's prompts stay out of training
         {p.prompt_id for p in load_workload(args.workload, per_category=args.exclude_per_category)}
@@ -253,11 +254,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
             f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the target's "
             f"{loaded.max_context}-token context (at most {loaded.max_context - 3})"
         )
-    n_layers = int(loaded.model.config.num_hidden_layers)
-    if not all(1 <= x < n_layers for x in layers) or not 1 <= args.exit_layer < n_layers:
-        raise UserError(
-            f"exit and capture layers must be in 1..{n_layers - 1}, got {layers}, {args.exit_layer}"
-        )
+    _check_layers(layers, args.exit_layer, int(loaded.model.config.num_hidden_layers))
 
     ids = [(p.prompt_id, chat_prompt(loaded.tokenizer, p.text)) for p in prompts]
     key = hashlib.sha256(
@@ -438,6 +435,29 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         progress=progress, keep_ids=keep,
     )  # fmt: skip
     return _report(args, meta, out)
+
+
+def _layers_in_folder(model: str | None) -> int | None:
+    """The target's layer count from its folder's ``config.json`` where that is readable before the model loads
+    (the embedded model's once converted); None where it is not (the loaded model's count is checked then)."""
+    from env.model import model_folder
+
+    folder = model_folder(model)
+    try:
+        n = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("num_hidden_layers")
+    except (OSError, ValueError, AttributeError, TypeError):  # no folder or file yet, or not a config
+        return None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 2 else None
+
+
+def _check_layers(layers: tuple[int, ...], exit_layer: int, n_layers: int | None) -> None:
+    """Exit and capture layers in 1..n_layers - 1 (only >= 1 while ``n_layers`` is unknown)."""
+    from experiments.errors import UserError
+
+    top = n_layers - 1 if n_layers is not None else None
+    if any(x < 1 or (top is not None and x > top) for x in (*layers, exit_layer)):
+        room = f"1..{top}" if top is not None else ">= 1"
+        raise UserError(f"exit and capture layers must be in {room}, got {list(layers)}, {exit_layer}")
 
 
 def _outputs_and_threads(args: argparse.Namespace) -> None:

@@ -125,3 +125,20 @@ def test_threads_are_bounded(capsys, threads):
 def test_an_empty_path_or_model_is_refused(capsys, flag):
     err = _parse_error(capsys, [flag, ""])
     assert f"argument {flag}: is empty" in err
+
+
+@pytest.mark.parametrize("layers", ["0,2", "2,30", "-1"])
+def test_capture_layers_out_of_the_target_are_refused_before_any_folder_is_made(
+    tmp_path, monkeypatch, capsys, layers
+):
+    """They were checked once the model had loaded, the --work folder made by then; the target's layer count is
+    read from its folder's config.json where there is one."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 30}))
+    monkeypatch.setattr("env.model.load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    wl = _workload(tmp_path / "wl.jsonl", QA)
+    assert main(["train-drafter", "early_exit", "--model", str(model), "--workload", str(wl), "--exclude-per-category",
+                 "0", f"--capture-layers={layers}", "--work", str(tmp_path / "W")]) == 2  # fmt: skip
+    _one_line_error(capsys, "capture layers", "1..29")
+    assert not (tmp_path / "W").exists()
