@@ -366,12 +366,13 @@ def _train_eagle3(args: argparse.Namespace) -> int:
     from experiments import corpus
     from experiments.args import output_dir
 
-    _outputs_and_threads(args)
-    dtype = args.dtype or "bf16"
-    loaded = load_model(args.model, dtype=dtype, device="cpu")
+    # the prompts before any folder is made or the model loads: a bad --workload writes nothing
     texts = corpus.instruction_prompts(
         args.workload, args.exclude_per_category, args.code_prompts, args.general_prompts
     )
+    _outputs_and_threads(args)
+    dtype = args.dtype or "bf16"
+    loaded = load_model(args.model, dtype=dtype, device="cpu")
     ids = [(pid, chat_prompt(loaded.tokenizer, t)) for pid, t in texts]
     key = hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:12]  # this run's prompts (and their tokens)
     work = (

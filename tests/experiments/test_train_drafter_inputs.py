@@ -142,3 +142,13 @@ def test_capture_layers_out_of_the_target_are_refused_before_any_folder_is_made(
                  "0", f"--capture-layers={layers}", "--work", str(tmp_path / "W")]) == 2  # fmt: skip
     _one_line_error(capsys, "capture layers", "1..29")
     assert not (tmp_path / "W").exists()
+
+
+def test_an_eagle3_bad_workload_is_refused_before_any_folder_is_made(tmp_path, monkeypatch, capsys):
+    """eagle3 made its --work folder (and loaded the model) before it read --workload."""
+    monkeypatch.setattr("env.model.load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    (tmp_path / "wl.jsonl").write_text("{not json\n")
+    assert main(["train-drafter", "eagle3", "--model", "random:llama-tiny", "--workload", str(tmp_path / "wl.jsonl"),
+                 "--work", str(tmp_path / "W")]) == 2  # fmt: skip
+    _one_line_error(capsys, "wl.jsonl")
+    assert not (tmp_path / "W").exists()
