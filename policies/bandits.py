@@ -153,7 +153,7 @@ class Bandit(BasePolicy):
     def update(
         self, obs: np.ndarray | None, action: int, reward: float, info: dict[str, Any] | None = None
     ) -> None:
-        self.stats.add(int(action), float(reward))
+        self.stats.add(*self._check_update(action, reward))
 
     def extra_state(self) -> dict[str, Any]:
         return {}
@@ -264,6 +264,7 @@ class EXP3(Bandit):
         self, obs: np.ndarray | None, action: int, reward: float, info: dict[str, Any] | None = None
     ) -> None:
         super().update(obs, action, reward, info)
+        action, reward = int(action), float(reward)
         k = self.num_arms
         x = float(np.clip(reward / self.scale, 0.0, 1.0))
         xhat = x / max(self.probs[action], 1e-12)  # importance-weighted reward; 0 for the arms not pulled

@@ -35,7 +35,7 @@ import importlib
 import io
 import json
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -138,13 +138,17 @@ class BasePolicy:
     kind = ""
 
     def __init__(self, arms: Sequence[str], obs_size: int = 0, features: Sequence[str] | None = None) -> None:
-        self.arm_names = tuple(str(a) for a in arms)
+        self.arm_names = _names(arms, "the arm menu")
         if not self.arm_names:
             raise PolicyError("a policy needs at least one arm")
         if len(set(self.arm_names)) != len(self.arm_names):
             raise PolicyError(f"the arm menu lists an arm twice: {list(self.arm_names)}")
-        self.obs_size = int(obs_size)
-        self.features = tuple(features) if features is not None else None
+        self.obs_size = int(real("obs_size", obs_size, lo=0, hi=MAX_OBS, integer=True))
+        self.features = _names(features, "features") if features is not None else None
+        if self.features is not None and len(self.features) != self.obs_size:
+            raise PolicyError(
+                f"features names {len(self.features)} observation entries; obs_size is {self.obs_size}"
+            )
         self.meta: dict[str, Any] = {}  # training provenance, saved in the header (``meta``)
         self.source: str | None = None  # the file it was loaded from
 
@@ -187,6 +191,43 @@ class BasePolicy:
         )
         write_policy(path, header, self.state())
 
+    def _check_update(self, action: object, reward: object) -> tuple[int, float]:
+        """``update``'s action and reward: an arm index of the menu and a finite real number (a NaN reward would
+        turn the statistics NaN, after which every policy picks arm 0 for ever; -1 credited the last arm)."""
+        from numbers import Integral, Real
+
+        if (
+            isinstance(action, (bool, np.bool_))
+            or not isinstance(action, Integral)
+            or not 0 <= action < self.num_arms
+        ):
+            raise PolicyError(
+                f"{self.name}: update's action must be an arm index in 0..{self.num_arms - 1}, got {repr(action)[:40]}"
+            )
+        if (
+            isinstance(reward, (bool, np.bool_))
+            or not isinstance(reward, Real)
+            or not np.isfinite(float(reward))
+        ):
+            raise PolicyError(
+                f"{self.name}: update's reward must be a finite number, got {repr(reward)[:40]}"
+            )
+        return int(action), float(reward)
+
+    def _check_batch(self, obs: object) -> np.ndarray:
+        """``act_batch``'s observations: a numeric [B, obs_size] array of finite values (a NaN row got arm 0, a
+        [B, 1] array was broadcast to every feature)."""
+        x = np.asarray(obs)
+        if x.ndim != 2 or x.shape[1] != self.obs_size or x.dtype.kind not in "fiu":
+            raise PolicyError(
+                f"{self.name}: act_batch takes a numeric array of shape (rows, {self.obs_size}), "
+                f"got {x.dtype} of shape {x.shape}"
+            )
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            r, c = np.argwhere(~np.isfinite(x))[0]
+            raise PolicyError(f"{self.name}: act_batch's observations hold {x[r, c]} at row {r}, index {c}")
+        return x
+
     def _check_obs(self, obs: np.ndarray | None) -> np.ndarray:
         """The observation as a float vector of ``obs_size``; a missing or wrong-sized one is an error."""
         if obs is None:
@@ -203,6 +244,20 @@ class BasePolicy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(arms={list(self.arm_names)}, obs_size={self.obs_size})"
+
+
+MAX_OBS = 1 << 20  # observation entries (as a policy file's header may hold)
+
+
+def _names(value: object, what: str) -> tuple[str, ...]:
+    """A list of non-empty strings (a string is no list: "abc" was a menu of three arms a, b, c)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise PolicyError(f"{what} must be a list of names, got {repr(value)[:60]}")
+    names = tuple(value)
+    if len(names) > MAX_OBS or not all(isinstance(n, str) and n for n in names):
+        bad = next((n for n in names if not (isinstance(n, str) and n)), f"{len(names)} names")
+        raise PolicyError(f"{what} must be a list of non-empty strings, got {repr(bad)[:60]}")
+    return names
 
 
 def library_versions() -> dict[str, str | None]:

@@ -56,12 +56,21 @@ def arm_for_length(by_depth: dict[int, int], length: float) -> int:
     return by_depth[min(d for d in by_depth if d > 0)]
 
 
-def _accepted(info: dict[str, Any]) -> tuple[int | None, int | None]:
-    """(accepted, drafted) from a step's info (the env's keys, or the decoder's StepResult under "step")."""
+def _accepted(info: dict[str, Any], who: str) -> tuple[int | None, int | None]:
+    """(accepted, drafted) from a step's info (the env's keys, or the decoder's StepResult under "step"): counts
+    >= 0 or None (absent); anything else is a ``PolicyError`` (a NaN counted as a rejection)."""
+    from numbers import Integral
+
+    if not isinstance(info, dict):
+        raise PolicyError(f"{who}: update's info must be a dict, got {type(info).__name__}")
     step = info.get("step")
-    accepted = info.get("accepted", getattr(step, "accepted", None))
-    drafted = info.get("drafted", getattr(step, "drafted", None))
-    return accepted, drafted
+    out = []
+    for key in ("accepted", "drafted"):
+        v = info.get(key, getattr(step, key, None))
+        if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, Integral) or v < 0):
+            raise PolicyError(f"{who}: update's info {key} must be a count >= 0, got {repr(v)[:40]}")
+        out.append(None if v is None else int(v))
+    return out[0], out[1]
 
 
 class HFSchedulePolicy(BasePolicy):
@@ -106,7 +115,8 @@ class HFSchedulePolicy(BasePolicy):
         return arm_for_length(self.by_depth, self.depth)
 
     def update(self, obs: np.ndarray | None, action: int, reward: float, info: dict[str, Any]) -> None:
-        accepted, drafted = _accepted(info)
+        action, _ = self._check_update(action, reward)
+        accepted, drafted = _accepted(info, self.name)
         arm_depth = self.depth_of.get(int(action), 0)
         if accepted is None or arm_depth == 0 or drafted == 0:
             return  # nothing was drafted: nothing to learn about the length
@@ -215,9 +225,10 @@ class ConfidencePolicy(BasePolicy):
         return arm_for_length(self.by_depth, self.length(self._last_a))
 
     def update(self, obs: np.ndarray | None, action: int, reward: float, info: dict[str, Any]) -> None:
+        action, _ = self._check_update(action, reward)
         if not self.refit:
             return
-        accepted, drafted = _accepted(info)
+        accepted, drafted = _accepted(info, self.name)
         depth = self.depth_of.get(int(action), 0)
         if accepted is None or depth == 0 or drafted == 0:
             return

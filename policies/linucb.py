@@ -16,6 +16,8 @@ import numpy as np
 
 from policies.base import BasePolicy, PolicyError, npz_bytes, read_npz, real
 
+MAX_FLOATS = 1 << 27  # the matrices of all arms: 1 GiB of float64
+
 
 class LinUCB(BasePolicy):
     type_name = "linucb"
@@ -35,6 +37,11 @@ class LinUCB(BasePolicy):
         super().__init__(arms, obs_size, features)
         if self.obs_size < 1:
             raise PolicyError("LinUCB needs an observation (obs_size >= 1)")
+        if self.num_arms * (self.obs_size + 1) ** 2 > MAX_FLOATS:  # its matrices, one per arm
+            raise PolicyError(
+                f"LinUCB keeps arms x (obs_size + 1)^2 = {self.num_arms * (self.obs_size + 1) ** 2:,} floats; "
+                f"at most {MAX_FLOATS:,} (fewer arms or observation entries)"
+            )
         real("LinUCB alpha", alpha, lo=0)
         real("LinUCB lam", lam, lo=0, lo_open=True)
         real("LinUCB scale", scale, lo=0, lo_open=True)
@@ -95,6 +102,7 @@ class LinUCB(BasePolicy):
     def update(
         self, obs: np.ndarray | None, action: int, reward: float, info: dict[str, Any] | None = None
     ) -> None:
+        action, reward = self._check_update(action, reward)
         x = self._x(obs)
         if self.discount < 1:
             g = self.discount

@@ -62,6 +62,19 @@ class NetArrays:
         from threadpoolctl import threadpool_limits
 
         x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        if (
+            x.ndim != 2
+            or y.ndim != 2
+            or x.shape[1] != self.n_in
+            or y.shape[1] != self.n_out
+            or len(x) != len(y)
+        ):
+            raise PolicyError(
+                f"the {self.net_name} fits inputs [N, {self.n_in}] to outputs [N, {self.n_out}], got {x.shape} and "
+                f"{y.shape}"
+            )
+        if not len(x) or not (np.isfinite(x).all() and np.isfinite(y).all()):
+            raise PolicyError(f"the {self.net_name} fits on finite values of at least one row")
         self.x_mean, self.x_scale = x.mean(0), np.maximum(x.std(0), SCALE_FLOOR)
         self.y_mean, self.y_scale = y.mean(0), np.maximum(y.std(0), SCALE_FLOOR)
         xs, ys = (x - self.x_mean) / self.x_scale, (y - self.y_mean) / self.y_scale
@@ -87,6 +100,8 @@ class NetArrays:
         return h * self.y_scale + self.y_mean
 
     def net_state(self) -> dict[str, bytes]:
+        if not self.fitted:  # its file would not load (the weights are what it holds)
+            raise PolicyError(f"cannot save an untrained {self.net_name}")
         arrays = {
             "x_mean": self.x_mean,
             "x_scale": self.x_scale,

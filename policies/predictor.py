@@ -79,6 +79,12 @@ class PredictorPolicy(NetArrays, BasePolicy):
     # ---- fitting (scikit-learn) and prediction (numpy) ----
     def fit(self, x: np.ndarray, accept: np.ndarray, rel_cost: np.ndarray) -> PredictorPolicy:
         """x: [N, F] observations; accept, rel_cost: [N, K] every arm's accepted length and cost / AR cost."""
+        accept, rel_cost = np.asarray(accept), np.asarray(rel_cost)
+        for what, a in (("accept", accept), ("rel_cost", rel_cost)):
+            if a.ndim != 2 or a.shape[1] != self.num_arms:
+                raise PolicyError(
+                    f"the predictor's {what} must be [N, {self.num_arms}] (one per arm), got {a.shape}"
+                )
         y = np.concatenate([accept, rel_cost], axis=1)
         self.fit_net(x, y, model=self.model, hidden=self.hidden, layers=self.layers, alpha=self.alpha,
                      max_iter=self.max_iter, seed=self.seed)  # fmt: skip
@@ -103,7 +109,7 @@ class PredictorPolicy(NetArrays, BasePolicy):
         return int(np.argmax(self._finite(self.scores(self._check_obs(obs)))))
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        return np.argmax(self._finite(self.scores(obs)), axis=-1)
+        return np.argmax(self._finite(self.scores(self._check_batch(obs))), axis=-1)
 
     @staticmethod
     def _finite(scores: np.ndarray) -> np.ndarray:

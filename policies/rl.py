@@ -297,6 +297,7 @@ class SB3Policy(BasePolicy):
         return self.model.predict(obs, deterministic=deterministic)
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
+        obs = self._check_batch(obs)
         if self._layers is not None:
             return np.argmax(_forward(self._layers, np.asarray(obs, dtype=np.float32)), axis=-1)
         return np.asarray(self.predict(np.asarray(obs, dtype=np.float32), deterministic=True)[0]).reshape(-1)

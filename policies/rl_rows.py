@@ -332,7 +332,7 @@ class SB3RowPolicy(SB3Policy):
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
         """``(N, obs)`` -> ``(N, slots)`` arm indices."""
-        x = np.asarray(obs, dtype=np.float32).reshape(-1, self.obs_size)
+        x = self._check_batch(obs).astype(np.float32, copy=False)
         if self._layers is None:
             return np.asarray(self.predict(x, deterministic=True)[0]).reshape(-1, self.slots)
         rows, shape = self._layers

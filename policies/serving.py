@@ -99,7 +99,7 @@ class BatchTablePolicy(BasePolicy):
         return int(self._index[i])
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        rows = np.rint(np.asarray(obs)[:, ROWS_AT] * self.max_batch)
+        rows = np.rint(self._check_batch(obs)[:, ROWS_AT] * self.max_batch)
         i = np.minimum(np.searchsorted(self._bounds, rows), len(self.table) - 1)
         return self._index[i]
 
@@ -242,9 +242,10 @@ class BucketUCB(BasePolicy):
     def update(
         self, obs: np.ndarray | None, action: int, reward: float, info: dict[str, Any] | None = None
     ) -> None:
+        action, reward = self._check_update(action, reward)
         b = self.bucket(self._check_obs(obs))
         self.counts[b, action] += 1
-        self.sums[b, action] += float(reward)
+        self.sums[b, action] += reward
 
     def state(self) -> dict[str, bytes]:
         return {"state.npz": npz_bytes(counts=self.counts, sums=self.sums)}

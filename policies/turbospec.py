@@ -97,6 +97,7 @@ class TurboSpecPolicy(SmartSpecPolicy):
     ) -> None:
         """Learn from the step just served: ``info["step_s"]``, its measured seconds, against what the cost model
         priced for the arm chosen. Without a measurement (replay) or after another policy's act, nothing."""
+        action, _ = self._check_update(action, reward)
         step_s = (info or {}).get("step_s")
         priced, self._priced = self._priced, None
         if (
