@@ -181,6 +181,26 @@ def kept_summary(name: str, pcfg: Any, seed: int, run_dir: Path) -> dict[str, An
     return {**meta["summary"], "out": str(path), "seconds": meta.get("train_seconds", 0.0), "kept": True}
 
 
+def _not_run_state(path: Path, name: str) -> None:
+    """Refuse to train over ``path`` when it holds the state a ``draftgym run`` learned online (the run keeps its
+    policies' state in its folder's ``policies/``, where ``train`` saves by default): the run's resume would go on
+    from a replay-trained state it never had."""
+    from experiments.records import RUN_LEARNED
+    from policies.base import PolicyError, read_policy
+
+    if not path.is_file():
+        return
+    try:
+        meta = read_policy(path)[0].meta
+    except PolicyError:
+        return  # not a policy: the output checks say so
+    if RUN_LEARNED in meta:
+        raise _user_error(
+            f"{path} holds the state policy {name} learned online in a draftgym run (from "
+            f"{len(meta[RUN_LEARNED]) if isinstance(meta[RUN_LEARNED], list) else 0} prompts); train into another --out (or the policy's train.out)"
+        )
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from experiments.config import load_config
 
@@ -204,6 +224,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     inputs = (args.config, *(p.train.trace or None for p in cfg.policies.values()),
               *(p.train.cost_model or None for p in cfg.policies.values()))  # fmt: skip
+    for name in names:  # a policy a run learned online is that run's result, not a file to train over
+        _not_run_state(policy_path(name, cfg.policies[name], run_dir), name)
     for name in names:  # a train.out that cannot be written fails now, not after the training
         if cfg.policies[name].train.out:  # (nor one that is an input, or a file other than an earlier policy)
             output_file(cfg.policies[name].train.out, flag=f"policies.{name}.train.out", inputs=inputs,

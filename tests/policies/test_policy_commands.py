@@ -228,3 +228,20 @@ arms = ["none", "ngram-d2", "suffix-d3"]
     assert main(["train", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "suffix" in err, err
+
+
+def test_train_refuses_to_train_over_the_state_a_run_learned_online(files, tmp_path, capsys):
+    """``run`` keeps its online policies' state in the folder's ``policies/``, where ``train`` saves by default:
+    a train there replaced it, and the run's resume went on from a state it never had."""
+    from policies.bandits import UCB1
+
+    run = tmp_path / "run"
+    (run / "policies").mkdir(parents=True)
+    learned = UCB1(["none", "ngram-d2", "ngram-d4", "ngram-d8", "ngram-d16"])
+    learned.meta = {"run_learned": ["1"]}
+    learned.save(run / "policies" / "ucb.zip")
+    before = (run / "policies" / "ucb.zip").read_bytes()
+    assert main(["train", str(files / "cfg.toml"), "--policy", "ucb", "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "learned online" in err and "ucb.zip" in err, err
+    assert (run / "policies" / "ucb.zip").read_bytes() == before
