@@ -56,23 +56,53 @@ def file_digest(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def other_command(folder: str | Path, before: object, command: str | None) -> str | None:
+    """The one line when ``before`` (a folder's settings, or None to read its ``settings.json``) were written by
+    another draftgym command than ``command``; None when by this one, by none named, or ``command`` is None. (A
+    sweep's folder from before the command was recorded names its study's storage, and nothing else.)"""
+    import json
+
+    if command is None:
+        return None
+    if before is None:
+        try:
+            before = json.loads((Path(folder) / "settings.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return None  # none, or damaged: the command's own settings check says so
+    if not isinstance(before, dict):
+        return None
+    other = before.get("command", "sweep" if set(before) == {"storage", "study"} else None)
+    if other is None or other == command:
+        return None
+    from drafters.base import shown
+
+    said = other if isinstance(other, str) and other.replace("-", "").isalnum() else shown(other, 40)
+    return (f"{folder} is draftgym {said[:40]}'s folder; draftgym {command} writes one of its own: use another "
+            "output folder")  # fmt: skip
+
+
 def settings_conflict(
     folder: str | Path,
     settings: dict,
     started: bool,
     name: str = "settings.json",
     extendable: tuple[str, ...] = ("policies",),
+    command: str | None = None,
 ) -> str | None:
     """A run folder remembers the settings its results depend on (``folder/name``). With results on disk
     (``started``) and other settings there, returns a one-line message naming what differs (the caller raises
     its own error); else writes the settings (a folder of results from before the file existed is taken as it
     is, and so is a setting its file does not name yet, with a note on stderr) and returns None. An ``extendable`` setting is a mapping (policy name -> file digest) to which a resume
     may add entries or leave some out (as it may methods); an entry of another value differs, and the file keeps
-    every entry it has seen."""
+    every entry it has seen. ``command``: the draftgym command writing the folder, recorded as ``command``; a
+    folder another command wrote is refused with or without results (a run's records in a sweep's folder
+    replaced the sweep's settings, and the sweep no longer resumed)."""
     import json
 
     path = Path(folder) / name
     now = json.loads(json.dumps(settings, sort_keys=True, default=str))
+    if command is not None:
+        now["command"] = command
     before: object = None
     if path.is_file():
         try:
@@ -84,6 +114,9 @@ def settings_conflict(
             return f"{path} is not readable JSON ({why}); delete it or use another output folder"
         if not isinstance(before, dict):
             return f"{path} is not a settings object; delete it or use another output folder"
+        why = other_command(folder, before, command)
+        if why:
+            return why
     if started and isinstance(before, dict) and before != now:
         from drafters.base import shown
 

@@ -223,15 +223,15 @@ def served_drafter_options(
     return out
 
 
-def same_settings(out: Path, settings: dict[str, object], started: bool) -> None:
+def same_settings(out: Path, settings: dict[str, object], started: bool, command: str) -> None:
     """A run folder remembers the settings its results depend on (``settings.json``: model, dtype, new tokens,
     workload, ... -- not the list of methods or levels, which a resume may extend): a resumed run (``started``:
     results on disk) with other settings would mix two runs in one table, and is refused naming what differs
-    (``env.files.settings_conflict``)."""
+    (``env.files.settings_conflict``); so is a folder another ``command`` wrote."""
     from env.files import settings_conflict
     from experiments.errors import UserError
 
-    why = settings_conflict(out, settings, started)
+    why = settings_conflict(out, settings, started, command=command)
     if why:
         raise UserError(
             f"{why}: use another --out, or the same settings to resume" if "holds" in why else why

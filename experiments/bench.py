@@ -210,7 +210,7 @@ def run_bench(
     records = load_done(rec_path, unique=True)  # a record twice would count its prompt twice in every table
     machine = machine_identity(loaded.device)
     same_settings(out_dir, {**run_identity(loaded, max_new_tokens, drafter_options), **machine, **(identity or {})},
-                  started=bool(records))  # fmt: skip
+                  started=bool(records), command="bench")  # fmt: skip
     settings = {**settings, "machine": machine}
     if start_note:
         import sys

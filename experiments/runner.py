@@ -152,7 +152,7 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
         prepare_decoders(decoders.values())  # a bad head file: before the folder is written
         # what "auto" resolved to on this machine, and the files' contents: a resume with others is refused
         out.mkdir(parents=True, exist_ok=True)
-        same_settings(out, run_settings(cfg, loaded), started=bool(records))
+        same_settings(out, run_settings(cfg, loaded), started=bool(records), command="run")
         prepare_run_dir(cfg, out)  # the provenance line names what the loaded model settled
         vocab = int(loaded.config.vocab_size)
         carried = resume_drafters(decoders, state_dir, rec_path, records, vocab)  # restored after the warm-up
@@ -287,7 +287,7 @@ def check_finished(cfg: Config, out: Path, model_id: str) -> None:
     except (OSError, ValueError, RecursionError):
         saved = None  # same_settings says so
     saved = saved if isinstance(saved, dict) else {}
-    same_settings(out, {**saved, **file_settings(cfg, model_id)}, started=True)
+    same_settings(out, {**saved, **file_settings(cfg, model_id)}, started=True, command="run")
 
 
 def recover_policy_records(

@@ -294,7 +294,7 @@ def cmd_serve_bench(args: Any) -> int:
         "kv_budget": args.kv_budget, "prefill_chunk": args.prefill_chunk, "seed": args.seed if args.rate else None,
         "policies": {m: file_digest(p) for m, p in zip(args.policy_objects, args.policy or [])},
         "batch_cost": cost_identity(args.batch_cost) if args.policy else None,
-    }, started=bool(cells))  # fmt: skip
+    }, started=bool(cells), command="serve-bench")  # fmt: skip
     todo = [(m, c) for c in levels for m in methods if (m, c) not in cells]
     engines: dict[int, Any] = {}
     warm = args.__class__(**{**vars(args), "max_new_tokens": 4, "rate": None})

@@ -272,12 +272,18 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
     from experiments.args import same_settings
     from experiments.records import cost_identity
 
+    if (
+        any(out.glob("*.zip")) and not (out / "settings.json").exists()
+    ):  # (it replaces and deletes its .zip files)
+        raise UserError(
+            f"--out {out} holds .zip files and no settings.json: not a serve-train folder; use another --out"
+        )
     same_settings(out, {
         "trace": "bundled" if args.trace is None else file_digest(args.trace),
         "batch_cost": cost_identity(args.batch_cost), "arms": arms, "split": split.as_dict(),
         "max_new_tokens": args.max_new_tokens, "requests": args.requests, "max_batch": args.max_batch,
         "timesteps": args.timesteps, "row_timesteps": row_timesteps, "seed": args.seed,
-    }, started=any(out.glob("*.zip")))  # fmt: skip
+    }, started=any(out.glob("*.zip")), command="serve-train")  # fmt: skip
     rep = train_all(trace, cost, arms, split, out=out, max_new=args.max_new_tokens, requests=args.requests,
                     max_batch=args.max_batch, timesteps=args.timesteps, seed=args.seed,
                     row_timesteps=row_timesteps, drafter_options=options, predictor_episodes=args.predictor_episodes,

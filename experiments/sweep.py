@@ -472,7 +472,7 @@ def cmd_sweep(args: Any) -> int:
     check_run_dir(base, out, ignore=ignore)  # another config is refused first, before the storage is recorded
     # the folder's trials.jsonl and results belong to one study: a rerun on other storage would mix two
     study = {"storage": storage_identity(url, out), "study": base.sweep.study_name or base.name}
-    same_settings(out, study, started=(out / "config.toml").is_file())
+    same_settings(out, study, started=(out / "config.toml").is_file(), command="sweep")
     prepare_run_dir(base, out, ignore=ignore)
     if args.workers == 1:
         work(args.config, sets, url, out, progress=progress)

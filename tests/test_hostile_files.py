@@ -188,7 +188,7 @@ def test_a_run_folder_remembers_its_settings(tmp_path, capsys):
     why = settings_conflict(tmp_path, b, started=True)
     assert why is not None and "max_new_tokens: 8 there, 16 now" in why and "\n" not in why
     with pytest.raises(UserError, match="other settings.*--out"):
-        same_settings(tmp_path, b, started=True)
+        same_settings(tmp_path, b, started=True, command="run")
     assert json.loads((tmp_path / "settings.json").read_text()) == a  # nothing changed
     assert settings_conflict(tmp_path, b, started=False) is None  # no results yet: the new settings are kept
     assert json.loads((tmp_path / "settings.json").read_text()) == b
@@ -301,3 +301,21 @@ def test_a_damaged_or_hostile_drafter_state_is_one_line(tmp_path):
     path.unlink()
     with pytest.raises(UserError, match="suffix-d8 has 1 records in .* but no saved drafter state"):
         resume_drafters({"suffix-d8": fresh}, tmp_path, rec_path, [rec], None)
+
+
+def test_a_folder_another_command_wrote_is_refused_with_or_without_results(tmp_path):
+    """``run --out SWEEP_FOLDER`` replaced the sweep's settings with its own (no results of its own yet), and the
+    sweep no longer resumed; a sweep folder from before the command was recorded is known by its settings."""
+    from env.files import settings_conflict
+
+    sweep = {"storage": "study.db", "study": "sw"}
+    assert settings_conflict(tmp_path, sweep, started=False, command="sweep") is None
+    assert json.loads((tmp_path / "settings.json").read_text())["command"] == "sweep"
+    for started in (False, True):
+        why = settings_conflict(tmp_path, {"model": "m"}, started=started, command="run")
+        assert why is not None and "is draftgym sweep's folder" in why and "draftgym run" in why, why
+    assert json.loads((tmp_path / "settings.json").read_text()) == {**sweep, "command": "sweep"}
+    assert settings_conflict(tmp_path, sweep, started=True, command="sweep") is None  # its own resume
+    (tmp_path / "settings.json").write_text(json.dumps(sweep))  # written before the command was recorded
+    assert "draftgym sweep's" in settings_conflict(tmp_path, {"model": "m"}, started=False, command="run")
+    assert settings_conflict(tmp_path, sweep, started=True, command="sweep") is None

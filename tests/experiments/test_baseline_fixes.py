@@ -114,7 +114,7 @@ def _run_folder(root: Path, settings_of: SimpleNamespace | None) -> Path:
     out = root / "r"
     prepare_run_dir(cfg, out)
     if settings_of is not None:
-        same_settings(out, run_settings(cfg, settings_of), started=False)
+        same_settings(out, run_settings(cfg, settings_of), started=False, command="run")
     recs = [Record(m, p.prompt_id, p.category, 40, 20, w, 20, 1.0, list(range(20)), ["none"] * 19)
             for p in select_prompts(cfg) for m, w in (("ar", 2.0), ("ngram-d8", 1.0))]  # fmt: skip
     (out / "records.jsonl").write_text("".join(json.dumps(r.__dict__) + "\n" for r in recs))

@@ -338,3 +338,31 @@ def test_a_per_sequence_policy_is_not_served_a_batch(tmp_path, capsys, command):
                                         "serve-train makes them): it observes 23 values, a serving policy for a "
                                         "max batch of 16 105"]  # fmt: skip
     assert not out.exists()
+
+
+def test_serve_train_refuses_a_folder_of_policies_it_did_not_write(trace_path, trained, tmp_path, capsys):
+    """A folder of .zip policies and no settings.json was taken as an earlier serve-train run: the files it makes
+    were replaced and the others deleted."""
+    import shutil
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    shutil.copy(trained / "linucb.zip", out / "linucb.zip")
+    before = (out / "linucb.zip").read_bytes()
+    assert main(_train_argv(trace_path, out)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a serve-train folder" in err, err
+    assert (out / "linucb.zip").read_bytes() == before and sorted(p.name for p in out.iterdir()) == [
+        "linucb.zip"
+    ]
+
+
+def test_evaluate_serve_refuses_a_serve_train_folder(trained, tmp_path, capsys):
+    """``evaluate --serve --out`` a serve-train folder replaced its settings.json, and serve-train no longer resumed
+    there."""
+    settings = (trained / "settings.json").read_bytes()
+    assert main(["evaluate", "--serve", "--no-live", "--batch-cost", COST, "--out", str(trained),
+                 str(trained / "linucb.zip")]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is draftgym serve-train's folder" in err, err
+    assert (trained / "settings.json").read_bytes() == settings

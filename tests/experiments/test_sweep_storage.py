@@ -59,7 +59,11 @@ def test_a_sweep_folder_from_before_the_record_resumes(tmp_path, config, capsys)
     (out / "settings.json").unlink(missing_ok=True)  # as a folder written before the storage was recorded
     assert main(["sweep", str(config), "--out", str(out), "--set", "sweep.n_trials=5", "--json"]) == 0
     assert sorted(_trials(out)) == list(range(5))
-    assert json.loads((out / "settings.json").read_text()) == {"storage": "study.db", "study": "s1"}
+    assert json.loads((out / "settings.json").read_text()) == {
+        "storage": "study.db",
+        "study": "s1",
+        "command": "sweep",
+    }
 
 
 @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file:m?mode=memory&uri=true"])
