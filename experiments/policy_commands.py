@@ -342,6 +342,18 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _named_inputs(paths: list[Path]) -> list[str]:
+    """The trace and cost model files the policy files at ``paths`` name (their training's), which evaluate reads
+    where no --trace or --cost-model is given."""
+    from policies.base import read_policy
+
+    named = []
+    for p in paths:
+        meta = read_policy(p)[0].meta
+        named += [v for v in (meta.get("trace"), meta.get("cost_model")) if isinstance(v, str) and v]
+    return named
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from env.model import load_model
 
@@ -352,10 +364,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in args.policies] or shipped_policy_paths()
     if args.limit is not None and args.limit < 1:
         raise _user_error(f"--limit must be >= 1, got {args.limit}")
-    if args.json:
-        output_file(
-            args.json, flag="--json", inputs=(*args.policies, args.trace, args.cost_model, args.workload)
-        )
+    if args.json:  # (nor the trace and cost model a policy file names: its defaults)
+        output_file(args.json, flag="--json", inputs=(*args.policies, args.trace, args.cost_model, args.workload,
+                                                      *_named_inputs(paths)))  # fmt: skip
     if args.out:
         output_dir(args.out, exclusive=True)
 

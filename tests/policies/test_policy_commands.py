@@ -245,3 +245,21 @@ def test_train_refuses_to_train_over_the_state_a_run_learned_online(files, tmp_p
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "learned online" in err and "ucb.zip" in err, err
     assert (run / "policies" / "ucb.zip").read_bytes() == before
+
+
+def test_evaluate_json_never_replaces_the_trace_or_cost_model_a_policy_file_names(files, tmp_path, capsys):
+    """Without --trace or --cost-model, evaluate reads the files the policy names; ``--json`` naming its cost model
+    (a JSON file, as results are) replaced it with the result rows."""
+    import shutil
+
+    from policies.bandits import UCB1
+
+    cost = shutil.copy(files / "cost.json", tmp_path / "cost.json")
+    p = UCB1(json.loads(ARMS))
+    p.meta = {"trace": str(files / "trace.npz"), "cost_model": str(cost)}
+    p.save(tmp_path / "u.zip")
+    before = (tmp_path / "cost.json").read_bytes()
+    assert main(["evaluate", "--no-live", str(tmp_path / "u.zip"), "--json", str(cost)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cost.json" in err, err
+    assert (tmp_path / "cost.json").read_bytes() == before
