@@ -197,6 +197,11 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
                     done.add((m, p.prompt_id))
                     bar.update(1)
         bar.close()
+    problems = check_results(records, prompts, methods)  # before the summary is rewritten from them
+    if problems:
+        from experiments.errors import UserError
+
+        raise UserError(f"run {out} is inconsistent: {'; '.join(problems[:5])}")
     return finish(cfg, out, records, prompts)
 
 

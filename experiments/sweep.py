@@ -438,6 +438,21 @@ def export(config: str, sets: list[str], url: str, out: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ command line
 
 
+def _study_of_results(out: Path, storage: Any, name: str, url: str) -> None:
+    """A folder holding a sweep's results (``trials.jsonl``, ``sweep.json``) resumes only from a storage that holds
+    its study: a deleted or emptied ``study.db`` started a new study whose trials were appended to the old ones' and
+    whose best replaced the old best."""
+    import optuna
+
+    held = [n for n in ("trials.jsonl", "sweep.json") if (out / n).is_file() and (out / n).stat().st_size]
+    if held and name not in optuna.study.get_all_study_names(storage=storage):
+        raise StorageError(
+            f"{out} holds the results of study {name!r} ({', '.join(held)}), but the storage {mask(url)} has no such "
+            "study (a deleted or emptied study.db?): a new one would be mixed with them; restore the storage or "
+            "use another --out"
+        )
+
+
 def cmd_sweep(args: Any) -> int:
     import optuna
 
@@ -466,13 +481,14 @@ def cmd_sweep(args: Any) -> int:
     if args.worker_id is not None:  # a worker started by --workers: run trials, nothing else
         work(args.config, sets, url, out, worker=args.worker_id, progress=False)
         return 0
-    if not args.storage:
-        open_storage(url, base)  # the run directory's own SQLite file, before the run directory is written
+    # the run directory's own SQLite file, before the run directory is written (a --storage was opened above)
+    storage = open_storage(url, base)
     ignore = ("sweep.n_trials", "sweep.seed")
     check_run_dir(base, out, ignore=ignore)  # another config is refused first, before the storage is recorded
     # the folder's trials.jsonl and results belong to one study: a rerun on other storage would mix two
     study = {"storage": storage_identity(url, out), "study": base.sweep.study_name or base.name}
     same_settings(out, study, started=(out / "config.toml").is_file(), command="sweep")
+    _study_of_results(out, storage, study["study"], url)
     prepare_run_dir(base, out, ignore=ignore)
     if args.workers == 1:
         work(args.config, sets, url, out, progress=progress)

@@ -270,3 +270,20 @@ def test_calibrate_out_never_overwrites_a_file_that_is_not_a_cost_model(tmp_path
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "exists and is not a JSON file; not overwritten" in err, err
     assert policy.read_bytes() == b"PK\x03\x04 a policy"
+
+
+def test_a_duplicate_record_is_refused_before_the_summary_is_rewritten(tmp_path, tiny):
+    """A record appended twice was counted twice in a rewritten summary.json, then the run was refused."""
+    from experiments.errors import UserError
+
+    w = _workload(tmp_path / "w.jsonl")
+    cfg = load_config(None, text=_config(str(w), ["ar", "ngram-d4"]))
+    out = tmp_path / "run"
+    run(cfg, out, progress=False, loaded=tiny)
+    summary = (out / "summary.json").read_bytes()
+    first = (out / "records.jsonl").read_text().splitlines(keepends=True)[0]
+    with open(out / "records.jsonl", "a") as f:
+        f.write(first)
+    with pytest.raises(UserError, match="inconsistent: duplicate"):
+        run(cfg, out, progress=False, loaded=tiny)
+    assert (out / "summary.json").read_bytes() == summary

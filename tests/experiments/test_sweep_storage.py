@@ -87,3 +87,18 @@ def test_replay_cost_model_of_another_model_is_refused_before_the_folder(tmp_pat
     rc = main(["sweep", str(path), "--out", str(out)])
     _one_line_error(capsys, rc, "calibrated for", "not toy")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("damage", ["deleted", "emptied"])
+def test_a_sweep_folder_whose_study_db_is_gone_is_refused_and_its_results_stay(
+    tmp_path, config, capsys, damage
+):
+    """A new study started in its place: its trials were appended to the old ones' and its best replaced theirs."""
+    out = tmp_path / "gone"
+    assert main(["sweep", str(config), "--out", str(out), "--json"]) == 0
+    kept = {n: (out / n).read_bytes() for n in ("trials.jsonl", "sweep.json", "best.toml")}
+    (out / "study.db").unlink() if damage == "deleted" else (out / "study.db").write_bytes(b"")
+    capsys.readouterr()
+    rc = main(["sweep", str(config), "--out", str(out), "--set", "sweep.n_trials=6", "--json"])
+    _one_line_error(capsys, rc, str(out), "no such study", "'s1'")
+    assert {n: (out / n).read_bytes() for n in kept} == kept
