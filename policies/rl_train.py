@@ -243,7 +243,7 @@ def _best_speedup(out: Path, rows: list[dict[str, Any]]) -> float:
 def resume_model(policy: SB3Policy, model: Any, folder: Path) -> None:
     """Load the latest readable checkpoint of ``folder`` into ``model`` (a torn one: the one before; none: as built).
     A checkpoint that is not a regular file (a FIFO would block the read) is refused."""
-    for _, path in reversed(checkpoint_files(folder)):
+    for step, path in reversed(checkpoint_files(folder)):
         if not path.is_file():
             raise PolicyError(
                 f"checkpoint {path} is not a regular file; delete it to resume from the one before"
@@ -257,6 +257,14 @@ def resume_model(policy: SB3Policy, model: Any, folder: Path) -> None:
                     f"delete {folder} to train afresh"
                 ) from None
             continue  # torn by a kill: try the one before
+        done = ckpt.counters.get("num_timesteps")
+        if (
+            done != step
+        ):  # (a counter past the budget skipped the training, and the policy was saved as trained)
+            raise PolicyError(
+                f"checkpoint {path} counts {str(done)[:40]} steps, not the {step} of its name: it is corrupted; "
+                "delete it to resume from the one before"
+            )
         apply_checkpoint(model, ckpt, policy.network(), str(path))
         return
 

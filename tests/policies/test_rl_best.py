@@ -120,3 +120,20 @@ def test_a_damaged_best_zip_of_a_run_without_history_is_named(synth_trace, synth
     with pytest.raises(PolicyError, match=f"{run / 'best.zip'} is not a saved model"):
         train(128)
     assert not any((run / "best_history").iterdir())
+
+
+def test_a_checkpoint_whose_step_counter_differs_from_its_name_is_refused(synth_trace, synth_env, tmp_path):
+    """A counter of 10^15 steps in the latest checkpoint skipped the rest of the training, and the policy was saved
+    as trained to its budget."""
+    from policies.base import PolicyError, read_archive, write_archive
+    from policies.sb3_checkpoints import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
+
+    run = tmp_path / "run"
+    train = _trainer(synth_trace, synth_env, run)
+    train(128)
+    path = run / "checkpoints" / "model_128_steps.zip"
+    meta, files = read_archive(path, "state.json", CHECKPOINT_FORMAT, CHECKPOINT_VERSION, "checkpoint")
+    meta["counters"]["num_timesteps"] = 10**15
+    write_archive(path, "state.json", {k: v for k, v in meta.items() if k != "payload"}, files)
+    with pytest.raises(PolicyError, match="counts 1000000000000000 steps, not the 128 of its name"):
+        train(256)
