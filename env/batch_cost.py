@@ -33,7 +33,7 @@ import numpy as np
 
 from drafters.base import shown
 from env.cost import CostModelError, Curve
-from env.file_checks import not_a_file, one_line
+from env.file_checks import MAX_SECONDS, not_a_file, one_line
 
 FORMAT = "draftgym-batch-cost-model"
 ROOFLINE_FORMAT = "draftgym-roofline-cost-model"
@@ -325,11 +325,13 @@ class FittedBatchCost:
             for key, valid in (("dtype", DTYPES), ("weights", WEIGHTS)):
                 if key in d and d[key] not in valid:
                     raise ValueError(f"{key} must be one of {', '.join(valid)}, got {str(d[key])[:40]!r}")
-            base = np.asarray(d["base_s"], dtype=np.float64)
-            slope = np.asarray(d["slope_s_per_token"], dtype=np.float64)
+            base = np.asarray(_numbers(d["base_s"], "base_s", 2), dtype=np.float64)
+            slope = np.asarray(_numbers(d["slope_s_per_token"], "slope_s_per_token", 2), dtype=np.float64)
             pf = d["prefill"]
-            prefill = Curve(tuple(int(t) for t in pf["tokens"]), tuple(float(s) for s in pf["seconds"]))
-            drafters = {str(k): float(v) for k, v in dict(d.get("drafters_s_per_row", {})).items()}
+            prefill = Curve(_counts(pf["tokens"], "prefill.tokens"),
+                            tuple(float(s) for s in _numbers(pf["seconds"], "prefill.seconds", 1)))  # fmt: skip
+            drafters = {str(k): float(_numbers(v, f"drafters_s_per_row.{str(k)[:40]}", 0))
+                        for k, v in dict(d.get("drafters_s_per_row", {})).items()}  # fmt: skip
             batched = {  # files before it: every drafter priced per row
                 str(k): BatchedDraft.from_json(v, f"{source}: drafters_batched.{str(k)[:60]}")
                 for k, v in dict(d.get("drafters_batched", {})).items()
@@ -363,8 +365,11 @@ class FittedBatchCost:
             or (base <= 0).any()
             or (np.asarray(prefill.seconds) <= 0).any()
             or any((v < 0).any() for v in values)
+            or any((v > MAX_SECONDS).any() for v in values)
         ):
-            raise CostModelError(f"{source}: costs must be finite and positive")
+            raise CostModelError(
+                f"{source}: costs must be finite and positive seconds, at most {MAX_SECONDS:g}"
+            )
         # calibrate --batch fits them monotone: more rows, more nodes or a longer prompt never cost less (a
         # falling grid extrapolates past its last point to a step that costs nothing)
         if (
@@ -396,6 +401,19 @@ MAX_GRID = 1 << 20  # rows or nodes per row a grid may name
 
 def _is_count(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= MAX_GRID
+
+
+def _numbers(v: Any, name: str, depth: int) -> Any:
+    """``v`` when it is a JSON number (``depth`` 0), a list of them (1) or a list of such lists (2): a string "0.1"
+    was read as a number, and a boolean as 0 or 1."""
+    ok = (
+        isinstance(v, (int, float)) and not isinstance(v, bool)
+        if depth == 0
+        else isinstance(v, list) and all(_numbers(x, name, depth - 1) is x for x in v)
+    )
+    if not ok:
+        raise ValueError(f"{name} must be {('a number', 'a list of numbers', 'a grid of numbers')[depth]}")
+    return v
 
 
 def _counts(xs: Any, name: str) -> tuple[int, ...]:

@@ -260,6 +260,10 @@ class RooflineCost:
             except OverflowError:
                 raise CostModelError(f"{source}: {name} must be a number in range, got {shown(v)}") from None
 
+        if d.get("version", 1) != 1 or isinstance(d.get("version"), bool):  # (as the fitted model's)
+            raise CostModelError(
+                f"{source}: version {shown(d.get('version'))} is not one this draftgym reads (1)"
+            )
         try:
             acc = {k: (str(v) if k == "name" else number(v, f"acc.{k}")) for k, v in dict(d["acc"]).items()}
             shape = {k: number(v, f"shape.{k}") for k, v in dict(d["shape"]).items()}

@@ -243,6 +243,15 @@ BAD_FITTED = {
     "inf-slope": _set(("slope_s_per_token", 2), [0.0, 0.0, float("inf")]),
     "nan-drafter": _set(("drafters_s_per_row",), {"ngram": float("nan")}),
     "zero-prefill": _set(("prefill", "seconds"), [0.0, 0.03, 0.1]),
+    # numbers past any machine (trained on, every policy scored 0 tok/s), and numbers written as text
+    "huge-base": _set(("base_s",), [[1e300] * 3] * 3),
+    "huge-slope": _set(("slope_s_per_token",), [[1e300] * 3] * 3),
+    "huge-prefill": _set(("prefill", "seconds"), [1e300, 1e300, 1e300]),
+    "huge-drafter": _set(("drafters_s_per_row",), {"ngram": 1e300}),
+    "text-base": _set(("base_s", 0), ["0.01", 0.02, 0.03]),
+    "text-drafter-seconds": _set(("drafters_s_per_row",), {"ngram": "1e-4"}),
+    "negative-prefill-tokens": _set(("prefill", "tokens", 0), -16),
+    "fractional-prefill-tokens": _set(("prefill", "tokens", 0), 16.5),
     "unsorted-prefill": _set(("prefill", "tokens"), [64, 16, 256]),
     "empty-prefill": _set(("prefill",), {"tokens": [], "seconds": []}),
     "grid-too-small": _set(("base_s",), [[0.01, 0.02], [0.02, 0.03]]),
@@ -354,6 +363,7 @@ BAD_ROOFLINE = {
     "nan-draft-cost": _set(("draft_per_row_s",), {"ngram": float("nan")}),
     "negative-draft-cost": _set(("draft_per_row_s",), {"ngram": -1.0}),
     "zero-params": _set(("shape", "params"), 0.0),
+    "version-99": _set(("version",), 99),
 }
 
 
