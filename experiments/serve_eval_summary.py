@@ -37,13 +37,25 @@ def fidelity(rows: list[dict[str, Any]], probes: dict[str, dict[str, Any]]) -> d
     return out
 
 
+def goodput_of(v: Any) -> float:
+    """A live goodput as ``live.jsonl`` keeps it: a finite number of tokens/s >= 0 (a NaN or negative one, resumed,
+    was shown in the table and written to --json)."""
+    if type(v) not in (int, float) or not np.isfinite(v) or v < 0:
+        raise ValueError(f"a live goodput must be a finite number >= 0, got {str(v)[:40]}")
+    return float(v)
+
+
 def kept_runs(v: Any, goodput: float) -> list[float]:
     """A finished live cell's runs as kept in ``live.jsonl``: finite numbers whose median is the cell's goodput
     (none in older files)."""
     if v is None:
         return []
-    if not isinstance(v, list) or not v or not all(type(x) in (int, float) and np.isfinite(x) for x in v):
-        raise ValueError("live runs must be a non-empty list of finite numbers")
+    if (
+        not isinstance(v, list)
+        or not v
+        or not all(type(x) in (int, float) and np.isfinite(x) and x >= 0 for x in v)
+    ):
+        raise ValueError("live runs must be a non-empty list of finite numbers >= 0")
     if not np.isclose(statistics.median(v), goodput, rtol=1e-9, atol=0.0):
         raise ValueError("live runs do not give the cell's median")
     return [float(x) for x in v]

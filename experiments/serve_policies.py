@@ -45,7 +45,15 @@ from typing import Any
 import numpy as np
 
 from env.files import atomic_write_text, file_digest, jsonl_lines
-from experiments.serve_eval_summary import LEGACY, fidelity, format_table, kept_passes, kept_runs, paired
+from experiments.serve_eval_summary import (
+    LEGACY,
+    fidelity,
+    format_table,
+    goodput_of,
+    kept_passes,
+    kept_runs,
+    paired,
+)
 from experiments.serve_live import _live, add_rows, arm_rows, repeated_prompts, warm_up
 
 EVAL_LOADS = ("1", "2", "4", "8", "16", "mixed", "bursty")
@@ -212,11 +220,11 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                     tag = c.get("pass", f"{LEGACY}/{len(partial.get(key, []))}")
                     if type(tag) is not str:
                         raise ValueError("a run's pass must be a string")  # the line is skipped: served again
-                    partial.setdefault(key, []).append(float(c["run"]))
+                    partial.setdefault(key, []).append(goodput_of(c["run"]))
                     partial_passes.setdefault(key, []).append(tag)
                     partial_arms.setdefault(key, []).append(arm_rows(c.get("arm_rows"), arms))
                     continue
-                g = float(c["live_goodput"])
+                g = goodput_of(c["live_goodput"])
                 kept = kept_runs(c.get("runs"), g)  # checked first: a bad cell is skipped whole
                 tags = kept_passes(c.get("passes"), kept)
                 key = (c["policy"], c["load"])

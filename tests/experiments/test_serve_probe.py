@@ -417,3 +417,22 @@ def test_a_static_arm_is_served_live_without_a_serving_policy(fp32_model):
     from policies.static import StaticPolicy
 
     assert StaticPolicy(names, arm="ngram-d1").static_arm == 1  # a static policy file is served the same way
+
+
+def test_a_kept_cell_whose_goodput_is_nan_or_negative_is_served_again(tmp_path, monkeypatch):
+    """A finished cell's ``live_goodput`` of NaN or -5 (its runs removed, as an older file has none) was shown in
+    the table and written to --json on the resume."""
+    sp, trace, cost, pol, arms, split, calls = _killed_live_setup(monkeypatch, kill_at=-1)
+    kw = dict(loads=["1"], episodes=2, max_new=6, requests=2, max_batch=16, seed=0, loaded=object(),
+              repeats=3, live_policies={"bucket-ucb"}, out=tmp_path, probe=False)  # fmt: skip
+    sp.evaluate_serve([("bucket-ucb", pol)], trace, cost, arms, split, **kw)
+    lines = [json.loads(x) for x in (tmp_path / "live.jsonl").read_text().splitlines()]
+    cells = [x for x in lines if "live_goodput" in x]
+    for cell, bad in zip(cells, (float("nan"), -5.0, "7")):
+        cell["live_goodput"] = bad
+        del cell["runs"], cell["passes"]
+    (tmp_path / "live.jsonl").write_text("".join(json.dumps(x) + "\n" for x in cells))
+    calls["n"] = 1000
+    again = sp.evaluate_serve([("bucket-ucb", pol)], trace, cost, arms, split, **kw)
+    assert calls["n"] - 1000 == 3 * min(3, len(cells))  # each bad cell served again, three runs
+    assert all(r["live_goodput"] is None or r["live_goodput"] >= 0 for r in again["rows"])
