@@ -267,6 +267,10 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
     check_streams(max(64, args.predictor_episodes), args.requests, "--predictor-episodes x --requests")
     row_timesteps = _row_timesteps(arms, args.timesteps, args.row_timesteps)
     split = _split(trace, args.test_per_category, args.seed)
+    from env.serve_env import feature_names, obs_size
+    from policies.linucb import LinUCB
+
+    LinUCB(arms, obs_size(args.max_batch), feature_names(args.max_batch))  # its matrices fit: before any work
     out = output_dir(args.out, exclusive=True)
     from env.files import file_digest
     from experiments.args import same_settings

@@ -366,3 +366,13 @@ def test_evaluate_serve_refuses_a_serve_train_folder(trained, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is draftgym serve-train's folder" in err, err
     assert (trained / "settings.json").read_bytes() == settings
+
+
+def test_serve_train_refuses_a_max_batch_whose_linucb_would_not_fit_before_any_work(
+    trace_path, tmp_path, capsys
+):
+    """--max-batch 4096 ran 30 s and grew to 5 GB before LinUCB asked numpy for 27 GiB."""
+    assert main(_train_argv(trace_path, tmp_path / "big", "--max-batch", "4096")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "LinUCB" in err, err
+    assert not (tmp_path / "big").exists()
