@@ -220,13 +220,22 @@ def stored_records(data: bytes, source: str) -> None:
 def read_torch_tensors(data: bytes, source: str) -> Any:
     """``torch.load(weights_only=True)``: tensors and plain containers only, never arbitrary objects; its records
     checked first (``stored_records``: what torch unpacks is at most the file's size)."""
+    import warnings
+
     import torch
 
     stored_records(data, source)
     try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as err:  # UnpicklingError for a pickle of anything but tensors, RuntimeError for garbage
-        raise PolicyError(f"{source} is not a plain tensor file ({one_line(err)})") from err
+        with warnings.catch_warnings():  # (torch warns of a pickle's protocol on stderr: not ours to print)
+            warnings.simplefilter("ignore")
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError for objects other than tensors, RuntimeError for garbage
+        if type(err).__name__ == "UnpicklingError":  # (torch's text goes on to suggest turning its check off)
+            raise PolicyError(
+                f"{source} is not a plain tensor file: it holds objects other than tensors, which draftgym never "
+                "loads (that would run code from the file)"
+            ) from None
+        raise PolicyError(f"{source} is not a plain tensor file ({one_line(err)[:200]})") from err
 
 
 def torch_bytes(obj: Any) -> bytes:

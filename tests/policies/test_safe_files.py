@@ -194,14 +194,15 @@ def test_serialized_entries_of_a_hostile_sb3_zip_are_never_unpickled(plain, defa
     assert not marker.exists()
 
 
-@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch's, on the way to refusing it
+@pytest.mark.filterwarnings("error")  # torch's warning of the pickle's protocol is not printed either
 @pytest.mark.parametrize("payload", [pickled, torch_pickled], ids=["pickle", "torch-save"])
 def test_a_pickled_policy_pth_is_refused(plain, tmp_path, payload):
+    """In one line of ours: torch's own text went on to suggest loading the file with ``weights_only=False``."""
     marker = tmp_path / "pwned"
     bad = hostile_sb3_zip(plain["ppo"][0], tmp_path / "hostile.zip", marker, policy_pth=payload(marker))
     with pytest.raises(PolicyError, match="policy.pth is not a plain tensor file") as err:
         load_policy(bad)
-    assert "\n" not in str(err.value) and not marker.exists()
+    assert "\n" not in str(err.value) and "weights_only" not in str(err.value) and not marker.exists()
 
 
 # ---- draftgym sb3 policy files -----------------------------------------------------------------------------------
@@ -403,3 +404,21 @@ def test_generate_runs_a_plain_sb3_zip_with_the_default_menu(plain, default_env,
         == SpeculativeDecoder(fp32_model, [NO_DRAFT]).generate(prompt, max_new_tokens=16).token_ids
     )
     assert set(g.arms) <= set(u.arm_names)
+
+
+def test_a_pickled_tensor_file_is_refused_in_our_words_and_without_torchs_warning(tmp_path):
+    """torch warned of the pickle's protocol on stderr (a second line at the command line), and its message, cut
+    to a line, ended by suggesting ``torch.load`` with its check turned off."""
+    import warnings
+
+    from policies.sb3_files import read_torch_tensors
+
+    marker = tmp_path / "pwned"
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(
+            PolicyError, match="holds objects other than tensors, which draftgym never"
+        ) as err:
+            read_torch_tensors(torch_pickled(marker), "policy.pth")
+    assert not seen, [str(w.message) for w in seen]
+    assert "weights_only" not in str(err.value) and "\n" not in str(err.value) and not marker.exists()
