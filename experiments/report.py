@@ -12,12 +12,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 from env.files import atomic_write_text
 from experiments.args import output_file, same_file
 from experiments.runner import machine_label, settings_line
+
+# the most the report reads of a file (a sparse or runaway file would be read whole, or for ever): far above any
+# run's summary, sweep, config or provenance, and any run's records
+MAX_JSON_BYTES = 64 << 20
+MAX_RECORDS_BYTES = 1 << 30
 
 
 class ReportError(ValueError):
@@ -31,11 +37,20 @@ def load_run(path: Path) -> dict[str, Any]:
 
     if not path.is_dir():
         raise ReportError(f"{path} is not a directory")
+    for name in READ_FILES:  # a FIFO blocks the read, a device (a link to /dev/zero) never ends it
+        if (path / name).exists() and not (path / name).is_file():
+            raise ReportError(
+                f"{path / name} is not a regular file (a folder, FIFO, device or socket); not read"
+            )
     prov = _provenance(path)
     if (path / "sweep.json").is_file():
         data = _read(path / "sweep.json", {"study": str})
+        _check_sweep(data, path / "sweep.json")
         return {"kind": "sweep", "path": path, "name": _name(data["study"]), "data": data, "provenance": prov}
     has_records = (path / "config.toml").is_file() and (path / "records.jsonl").is_file()
+    if has_records:  # read whole by the modules that summarize them
+        _check_size(path / "records.jsonl", MAX_RECORDS_BYTES)
+        _check_size(path / "config.toml", MAX_JSON_BYTES)
     stale, data = None, None
     if not (path / "summary.json").is_file():
         if not has_records:
@@ -90,15 +105,48 @@ def _made_from(path: Path) -> Any:
     """The lines of ``records.jsonl`` the run's ``summary.json`` says it was made from (None: it says not;
     ``_UNREADABLE``: no readable summary, which ``_read`` reports in one line)."""
     try:
-        return json.loads((path / "summary.json").read_text(encoding="utf-8")).get("records_lines")
+        return json.loads(_read_bytes(path / "summary.json", MAX_JSON_BYTES)).get("records_lines")
     except (OSError, ValueError, RecursionError, AttributeError):
         return _UNREADABLE
+
+
+def _too_large(file: Path, cap: int) -> ReportError:
+    return ReportError(f"{file} is over {cap >> 20} MiB, more than the report reads of it; not read")
+
+
+def _check_size(file: Path, cap: int) -> None:
+    """``ReportError`` when ``file`` holds more than ``cap`` bytes (a sparse file of 20 GB reads as zeros), before
+    another module reads it whole."""
+    try:
+        size = file.stat().st_size
+    except OSError:
+        return  # the read that follows names it
+    if size > cap:
+        raise _too_large(file, cap)
+
+
+def _read_bytes(file: Path, cap: int) -> bytes:
+    """The bytes of the regular file ``file``, ``cap`` at most (``ReportError`` for more, or for a FIFO or device:
+    opened without blocking, and checked before a byte is read)."""
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ReportError(f"{file} is not a regular file (a folder, FIFO, device or socket); not read")
+        if st.st_size > cap:
+            raise _too_large(file, cap)
+        data = fh.read(cap + 1)
+    if len(data) > cap:  # grown since
+        raise _too_large(file, cap)
+    return data
 
 
 def _read(file: Path, fields: dict[str, type]) -> dict[str, Any]:
     """A result file as the report reads it: a JSON object with ``fields`` of their types (``ReportError`` else)."""
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = json.loads(_read_bytes(file, MAX_JSON_BYTES).decode("utf-8"))
+    except ReportError:
+        raise
     except (OSError, ValueError, RecursionError) as err:
         raise ReportError(f"{file} is not readable JSON ({err})") from None
     bad = [k for k, t in fields.items() if not isinstance(data, dict) or not isinstance(data.get(k), t)]
@@ -143,7 +191,13 @@ def _provenance(path: Path) -> dict[str, Any]:
     file = path / "provenance.jsonl"
     if not file.is_file():
         return {}
-    lines = [ln for ln in file.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    try:
+        text = _read_bytes(file, MAX_JSON_BYTES).decode("utf-8", errors="replace")
+    except (OSError, ReportError) as err:  # context, not a result: the report says so and goes on
+        from experiments.errors import one_line
+
+        return {"note": f"{file.name} not read: {one_line(err)}"}
+    lines = [ln for ln in text.splitlines() if ln.strip()]
     try:
         first = json.loads(lines[0]) if lines else {}
     except (ValueError, RecursionError):
@@ -172,19 +226,52 @@ def _check_rows(rows: list[Any], file: Path) -> None:
         for k in ROW_COUNTS:
             v = row.get(k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ReportError(f"{where}: {k} is not a count ({v!r})")
+                raise ReportError(f"{where}: {k} is not a count ({_shown(v)})")
         for k in ROW_RATES:
             v = row.get(k)
-            if v is not None and (
-                isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf
-            ):
-                raise ReportError(f"{where}: {k} is not a finite number >= 0 ({v!r})")
+            if v is not None and (not _finite(v) or v < 0):
+                raise ReportError(f"{where}: {k} is not a finite number >= 0 ({_shown(v)})")
+
+
+def _check_sweep(data: dict[str, Any], file: Path) -> None:
+    """``ReportError`` naming a sweep's best value the report cannot show as a number (other shapes are named when
+    the section is made)."""
+    best = data.get("best")
+    if isinstance(best, dict) and not _finite(best.get("value")):
+        raise ReportError(f"{file}: best.value is not a finite number ({_shown(best.get('value'))})")
+
+
+def _finite(v: Any) -> bool:
+    """Whether ``v`` is a number that is finite as a float: an integer past a float's range (a 401-digit one) is
+    not, though ``10**400 < math.inf``."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def _shown(v: Any) -> str:
+    """``v`` as a message shows it: a long value cut."""
+    text = repr(v)
+    return text if len(text) <= 40 else f"{text[:24]}... ({len(text)} characters)"
+
+
+def _line(x: Any) -> str:
+    """``x`` as one line of Markdown text: line breaks folded (a value read from a file cannot start a heading)."""
+    return " ".join(str(x).split())
+
+
+def _code(x: Any) -> str:
+    """``x`` as the text of a code span outside a table: one line, no backtick."""
+    return _line(x).replace("`", "'")
 
 
 def _text(x: Any) -> str:
     """``x`` as one line of Markdown table text: line breaks folded, ``|`` escaped (a name read from a file
     cannot split the table or start a heading)."""
-    return " ".join(str(x).split()).replace("|", "\\|")
+    return _line(x).replace("|", "\\|")
 
 
 def _name(x: str) -> str:
@@ -203,7 +290,7 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _img(title: str, png: Path, report_dir: Path) -> str:
-    return f"![{title}]({os.path.relpath(png, report_dir)})"
+    return f"![{_line(title)}]({os.path.relpath(png, report_dir)})"
 
 
 def _ratio(row: dict[str, Any], key: str, base: str) -> str:
@@ -263,7 +350,7 @@ def run_section(r: dict[str, Any], report_dir: Path) -> list[str]:
             f" (partial: some prompts have no record yet; {note['common']} of {note['prompts']} prompts "
             "finished by every method)"
         )
-        notes = [f"- partial: {note['text']}"]
+        notes = [f"- partial: {_line(note['text'])}"]
     else:  # a summary from before summaries said so: any method short of a prompt, or without a record at all
         done = {x["method"]: x["prompts"] for x in d["summary"] if x["category"] == "overall"}
         short = any(done.get(m, 0) < s["prompts"] for m in s["methods"])
@@ -271,18 +358,20 @@ def run_section(r: dict[str, Any], report_dir: Path) -> list[str]:
         notes = []
     if r.get("stale"):
         notes.append(f"- stale: {r['stale']}")
+    if isinstance(p.get("note"), str):  # a provenance file not read
+        notes.append(f"- provenance: {_line(p['note'])}")
     # the summary's own notes: the timing sessions its records come from, greedy output unequal to AR's
-    notes += [f"- {n}" for n in d.get("notes") or [] if isinstance(n, str)]
+    notes += [f"- {_line(n)}" for n in d.get("notes") or [] if isinstance(n, str)]
     lines = [
         f"## Run `{r.get('label', r['name'])}`{partial}",
         "",
         *notes,
-        f"- directory: `{r['path']}`; command: `{p.get('command', '?')}` ({p.get('starts', 0)} start(s), "
-        f"first at {p.get('time', '?')})",
-        f"- {settings_line(s)}",
-        f"- machine: {_machine_text(s, machine)}; "
+        f"- directory: `{r['path']}`; command: `{_code(p.get('command', '?'))}` ({p.get('starts', 0)} start(s), "
+        f"first at {_line(p.get('time', '?'))})",
+        f"- {_line(settings_line(s))}",
+        f"- machine: {_line(_machine_text(s, machine))}; "
         + ", ".join(
-            f"{k} {v}" for k, v in versions.items() if v and k in ("torch", "transformers", "optuna")
+            f"{k} {_line(v)}" for k, v in versions.items() if v and k in ("torch", "transformers", "optuna")
         ),
         "",
     ]
@@ -334,16 +423,19 @@ def _machine_text(s: dict[str, Any], machine: dict[str, Any]) -> str:
 def sweep_section(r: dict[str, Any], report_dir: Path) -> list[str]:
     d = r["data"]
     best = d["best"]
+    states = ", ".join(f"{_line(k)} {_line(v)}" for k, v in sorted(d["states"].items()))
+    table = r["path"] / "sweep.md"
     lines = [
         f"## Sweep `{r.get('label', r['name'])}`",
         "",
-        f"- directory: `{r['path']}`; storage `{d['storage']}`; objective {d['objective']} ({d['backend']} backend); "
-        f"trials by state: {', '.join(f'{k} {v}' for k, v in sorted(d['states'].items()))}",
-        f"- best: trial {best['number']}, {best['method']}, value {best['value']:.4f}; config `{r['path'] / 'best.toml'}`",
+        f"- directory: `{r['path']}`; storage `{_code(d['storage'])}`; objective {_line(d['objective'])} "
+        f"({_line(d['backend'])} backend); trials by state: {states}",
+        f"- best: trial {_line(best['number'])}, {_line(best['method'])}, value {best['value']:.4f}; config "
+        f"`{r['path'] / 'best.toml'}`",
         "",
         "```",
-        (r["path"] / "sweep.md").read_text().split("```")[1].strip("\n")
-        if (r["path"] / "sweep.md").is_file()
+        _read_bytes(table, MAX_JSON_BYTES).decode("utf-8", errors="replace").split("```")[1].strip("\n")
+        if table.is_file()
         else "",
         "```",
         "",
@@ -354,7 +446,9 @@ def sweep_section(r: dict[str, Any], report_dir: Path) -> list[str]:
 
 
 def write_report(paths: list[Path], out: Path) -> Path:
-    items = [load_run(Path(p)) for p in paths]
+    paths = [Path(p) for p in paths]
+    check_outputs(paths, out)  # before anything is read, or a stale summary made again
+    items = [load_run(p) for p in paths]
     label_items(items)
     runs = [r for r in items if r["kind"] == "run"]
     report_dir = out.parent
@@ -363,7 +457,14 @@ def write_report(paths: list[Path], out: Path) -> Path:
     lines += [f"- {r['kind']} `{r['label']}`: `{r['path']}`" for r in items] + [""]
     try:
         lines += _sections(items, runs, out, report_dir)
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:  # a file of another shape
+    except (
+        KeyError,
+        IndexError,
+        TypeError,
+        ValueError,
+        AttributeError,
+        OverflowError,
+    ) as err:  # another shape
         where = ", ".join(str(r["path"]) for r in items)
         from drafters.base import reason
 
@@ -391,7 +492,7 @@ def _sections(
         )
         png = plots.compare_runs(
             [(r["label"], r["data"]["summary"], r["data"]["settings"]["methods"]) for r in runs],
-            out.with_name(out.stem + "_compare.png"),
+            compare_png(out),
             note=note,
         )
         lines += (
@@ -422,16 +523,65 @@ def _is_report(path: Path) -> bool:
     return not head or head == REPORT_HEAD.encode()
 
 
+def compare_png(out: Path) -> Path:
+    """The comparison plot of the runs, written beside the report ``out``."""
+    return out.with_name(out.stem + "_compare.png")
+
+
+def _earlier_plot(png: Path, out: Path) -> bool:
+    """``png`` is empty or the comparison plot of the earlier report ``out`` (which links it), not a file of
+    someone else's that writing the report would replace."""
+    try:
+        if not png.stat().st_size:
+            return True
+        text = _read_bytes(out, MAX_JSON_BYTES).decode("utf-8", errors="replace")
+    except (OSError, ReportError):
+        return False  # no earlier report there, or not readable: cannot tell, so not overwritten
+    return text.startswith(REPORT_HEAD) and f"]({os.path.relpath(png, out.parent)})" in text
+
+
+def check_outputs(paths: list[Path], out: Path) -> None:
+    """Check, before anything of ``paths`` is read (or a stale summary there made again), every file the report
+    writes: ``out`` and, for two runs or more, its comparison plot. Each is no folder, device or FIFO, none of the
+    files the report reads in a run or sweep directory, no PNG in one's ``plots`` (the report shows every PNG there
+    as the run's), and replaces nothing but an earlier report of its own (``ReportError`` or ``UserError``, one line).
+    The folders of ``paths`` are checked to be folders, each named once."""
+    from env.cli import check_output_kind
+
+    for i, p in enumerate(paths):
+        if not p.is_dir():
+            raise ReportError(f"{p} is not a directory")
+        twin = next((q for q in paths[:i] if same_file(p, q)), None)
+        if twin is not None:  # its runs would be reported, and compared, twice
+            raise ReportError(f"{twin} and {p} are the same directory; name each run or sweep once")
+    runs = sum(not (p / "sweep.json").is_file() for p in paths)
+    png = compare_png(out)
+    written = [("--out", out, _is_report, "a draftgym report")]
+    if runs > 1:
+        written.append((f"--out {out}: its comparison plot", png, lambda f: _earlier_plot(f, out),
+                        f"the plot of an earlier report {out} (name another --out)"))  # fmt: skip
+    for what, file, earlier, kind in written:
+        check_output_kind(file, what)
+        if file.is_file() and not earlier(file):
+            raise ReportError(f"{what} {file} exists and is not {kind}; not overwritten")
+        if file.name in READ_FILES and any(same_file(file.parent, p) for p in paths):  # one not written yet
+            raise ReportError(
+                f"{what} {file} is a result file of the run directory {file.parent}; name another file"
+            )
+        real = Path(os.path.realpath(file))  # a link loop stays a path, not an error
+        inside = next((p for p in paths if real.is_relative_to(os.path.realpath(p / "plots"))), None)
+        if inside is not None and file.name.endswith(".png"):
+            raise ReportError(
+                f"{what} {file} is in the plots folder of {inside}, which the report shows as that run's; "
+                "name another file"
+            )
+    output_file(out)  # its folder made and writable
+
+
 def cmd_report(args: Any) -> int:
     paths = [Path(p) for p in args.run_dirs]
-    for p in paths:  # read before anything is written
-        load_run(p)
     out = Path(args.out) if args.out else (paths[0] / "report.md" if len(paths) == 1 else Path("report.md"))
-    # a run's records, summary, study or config named by a misplaced --out
-    output_file(out, earlier=(_is_report, "a draftgym report"))
-    if out.name in READ_FILES and any(same_file(out.parent, p) for p in paths):  # one not written yet
-        raise ReportError(f"{out} is a result file of the run directory {out.parent}; name another file")
-    path = write_report(paths, out)
+    path = write_report(paths, out)  # every file it writes checked before anything is read
     if args.json:
         print(json.dumps({"report": str(path)}))
     else:

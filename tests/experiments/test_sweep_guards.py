@@ -264,10 +264,10 @@ def test_report_refuses_an_out_that_is_a_run_s_records(tmp_path, capsys):
         rc = main(["report", str(run), "--out", str(run / name)])
         _one_line_error(capsys, rc, str(run / name))
         assert (run / name).read_bytes() == before
-    (run / "summary.json").unlink()  # a killed run: the report makes it, and must not then write over it
+    (run / "summary.json").unlink()  # a killed run: refused before the report would make it (nothing written)
     rc = main(["report", str(run), "--out", str(run / "summary.json")])
     _one_line_error(capsys, rc, str(run / "summary.json"))
-    assert json.loads((run / "summary.json").read_text())["name"] == "r"
+    assert not (run / "summary.json").exists()
     (run / "notes.md").write_text("my notes\n")
     _one_line_error(capsys, main(["report", str(run), "--out", str(run / "notes.md")]), "not overwritten")
     # an earlier report (the default out, or one named by --out) is written over
