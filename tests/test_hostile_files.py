@@ -215,7 +215,8 @@ def test_bench_records_of_the_wrong_types_are_run_again(tmp_path):
 
     good = Record("ar", "p1", "qa", 3, 2, 0.1, 2, 1.0, [5, 6])
     bad = [{**good.__dict__, "new_tokens": "x"}, {**good.__dict__, "wall_s": float("nan")},
-           {**good.__dict__, "token_ids": [5, -1]}, {**good.__dict__, "tau": True}]  # fmt: skip
+           {**good.__dict__, "token_ids": [5, -1]}, {**good.__dict__, "tau": True},
+           {**good.__dict__, "new_tokens": 10**6}]  # (two ids: 10^6 tokens gave 10^12 tokens/s)  # fmt: skip
     path = tmp_path / "records.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in [good.__dict__, *bad]))
     assert load_done(path) == [good]

@@ -106,7 +106,9 @@ def test_one_session_has_no_note_and_older_records_count_as_one_unknown_session(
 def test_records_of_two_old_sessions_are_one_unknown_session():
     from experiments.bench_summary import session_notes, summarize
 
-    recs = [Record(m, f"p{i}", "qa", 4, 3, 0.1, 3, 1.0, [5]) for m in ("ar", "ngram-d8") for i in range(2)]
+    recs = [
+        Record(m, f"p{i}", "qa", 4, 3, 0.1, 3, 1.0, [5, 6, 7]) for m in ("ar", "ngram-d8") for i in range(2)
+    ]
     rows = summarize(recs, ["ar", "ngram-d8"])
     assert session_notes(recs, rows) == []
     assert all(r["cross_session"] in ({}, {"ar": 0}) for r in rows)
@@ -114,4 +116,4 @@ def test_records_of_two_old_sessions_are_one_unknown_session():
 
 def test_a_session_that_is_not_a_string_is_not_a_record():
     with pytest.raises(TypeError):
-        Record("ar", "p1", "qa", 4, 3, 0.1, 3, 1.0, [5], [], 7)
+        Record("ar", "p1", "qa", 4, 3, 0.1, 3, 1.0, [5, 6, 7], [], 7)

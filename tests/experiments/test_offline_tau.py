@@ -112,7 +112,7 @@ def test_an_answer_holding_an_id_outside_the_vocabulary_is_one_line(tmp_path, ca
     ids = [p.prompt_id for p in load_workload(None)]
     _run(tmp_path, {"model": "m", "workload": "builtin", "per_category": None}, ids)
     recs = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
-    recs[1]["token_ids"] = [5, 2**63]
+    recs[1]["token_ids"] = [5, 2**63, 5]  # (as many as its new_tokens)
     (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert main([str(tmp_path), "builtin"]) == 2
     err = capsys.readouterr().err
