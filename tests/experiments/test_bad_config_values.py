@@ -99,6 +99,12 @@ def test_a_policy_parameter_it_refuses(params, needle):
     assert msg.startswith("cfg.toml:10: policies.u.params") and needle in msg
 
 
+def test_parameters_beside_a_saved_policy_are_refused_as_not_read():
+    """``path`` loads a saved policy, whose parameters are its own: ``params`` beside it were dropped silently."""
+    msg = _err(POLICY + 'path = "u.zip"\nparams = { scale = 5.0 }\n', sets=("methods=['policy:u']",))
+    assert "policies.u.params is not read: policies.u.path loads a saved policy" in msg, msg
+
+
 def test_good_policy_and_drafter_values_load():
     cfg = load_config(
         None,
