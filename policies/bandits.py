@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import BasePolicy, PolicyError, json_bytes, real
+from policies.base import MAX_PARAM, MAX_STEPS, BasePolicy, PolicyError, json_bytes, real
 
 
 class ArmStats:
@@ -123,10 +123,10 @@ class Bandit(BasePolicy):
         seed: int = 0,
     ) -> None:
         super().__init__(arms, obs_size, features)
-        real("reward scale", scale, lo=0, lo_open=True)
+        real("reward scale", scale, lo=0, lo_open=True, hi=MAX_PARAM)
         real("discount", discount, lo=0, hi=1, lo_open=True)
-        real("window", window, lo=0, integer=True)
-        real("seed", seed, lo=0, integer=True)
+        real("window", window, lo=0, hi=MAX_STEPS, integer=True)
+        real("seed", seed, lo=0, hi=2**63 - 1, integer=True)
         self.scale, self.seed = float(scale), int(seed)
         self.stats = ArmStats(self.num_arms, discount, window)
         self.rng = np.random.default_rng(seed)
@@ -186,7 +186,7 @@ class UCB1(Bandit):
 
     def __init__(self, *args: Any, c: float = 1.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.c = float(real("ucb1 c", c, lo=0))
+        self.c = float(real("ucb1 c", c, lo=0, hi=MAX_PARAM))
 
     def params(self) -> dict[str, Any]:
         return {**super().params(), "c": self.c}
@@ -227,7 +227,7 @@ class EXP3(Bandit):
     ) -> None:
         super().__init__(*args, **kwargs)
         k = self.num_arms
-        real("exp3 horizon", horizon, lo=1, integer=True)
+        real("exp3 horizon", horizon, lo=1, hi=MAX_STEPS, integer=True)
         real("exp3 share", share, lo=0, hi=1)
         if gamma is not None:
             real("exp3 gamma", gamma, lo=0, hi=1, lo_open=True)

@@ -247,6 +247,10 @@ class BasePolicy:
 
 
 MAX_OBS = 1 << 20  # observation entries (as a policy file's header may hold)
+MAX_PARAM = (
+    1e6  # a bandit's exploration constant or reward scale: far past any use (1e308 made every arm alike)
+)
+MAX_STEPS = 1 << 40  # a window or horizon of steps
 
 
 def _names(value: object, what: str) -> tuple[str, ...]:

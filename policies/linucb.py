@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import BasePolicy, PolicyError, npz_bytes, read_npz, real
+from policies.base import MAX_PARAM, BasePolicy, PolicyError, npz_bytes, read_npz, real
 
 MAX_FLOATS = 1 << 27  # the matrices of all arms: 1 GiB of float64
 
@@ -42,9 +42,9 @@ class LinUCB(BasePolicy):
                 f"LinUCB keeps arms x (obs_size + 1)^2 = {self.num_arms * (self.obs_size + 1) ** 2:,} floats; "
                 f"at most {MAX_FLOATS:,} (fewer arms or observation entries)"
             )
-        real("LinUCB alpha", alpha, lo=0)
-        real("LinUCB lam", lam, lo=0, lo_open=True)
-        real("LinUCB scale", scale, lo=0, lo_open=True)
+        real("LinUCB alpha", alpha, lo=0, hi=MAX_PARAM)
+        real("LinUCB lam", lam, lo=0, lo_open=True, hi=MAX_PARAM)
+        real("LinUCB scale", scale, lo=0, lo_open=True, hi=MAX_PARAM)
         real("discount", discount, lo=0, hi=1, lo_open=True)
         self.alpha, self.lam, self.scale, self.discount = (
             float(alpha),

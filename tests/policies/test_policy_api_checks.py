@@ -134,3 +134,18 @@ def test_a_predictor_refuses_inputs_of_another_width_or_nan_and_an_untrained_one
     with pytest.raises(PolicyError, match="untrained"):
         p.save(tmp_path / "p.zip")
     assert not (tmp_path / "p.zip").exists()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: UCB1(ARMS, c=1e308),  # every arm's bound alike: trained to the worst static arm
+        lambda: UCB1(ARMS, scale=1e308),
+        lambda: UCB1(ARMS, window=10**18),
+        lambda: EXP3(ARMS, horizon=10**18),
+        lambda: LinUCB(ARMS, 3, alpha=1e300),
+    ],
+)
+def test_parameters_far_past_any_use_are_refused(make):
+    with pytest.raises(PolicyError, match=r"must be .* in [[(]"):
+        make()
