@@ -292,6 +292,12 @@ def write_policy(path: str | Path, header: Header, files: dict[str, bytes]) -> N
         "meta": header.meta,
     }
     path = Path(path)
+    if (
+        not path.name or path.is_dir() or (path.exists() and not path.is_file())
+    ):  # (a bare OS error, a .tmp left)
+        raise PolicyError(
+            f"cannot save a policy to {str(path) or repr('')}: give a file name (a folder or device is no file)"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     write_archive(path, "header.json", meta, files, check=_loadable)
 
@@ -517,6 +523,8 @@ def check_compatible(
 
 def is_policy_zip(path: str | Path) -> bool:
     """A zip holding a draftgym policy's ``header.json`` (what ``save`` writes): a file a policy may replace."""
+    if not Path(path).is_file():  # (a FIFO would block the read)
+        return False
     try:
         with zipfile.ZipFile(path) as zf:
             return "header.json" in zf.namelist()
@@ -526,6 +534,8 @@ def is_policy_zip(path: str | Path) -> bool:
 
 def is_sb3_zip(path: str | Path) -> bool:
     """A zip with stable-baselines3's ``policy.pth`` and no draftgym ``header.json`` (a ``model.save`` file)."""
+    if not Path(path).is_file():  # (a FIFO would block the read)
+        return False
     try:
         with zipfile.ZipFile(path) as zf:
             names = set(zf.namelist())

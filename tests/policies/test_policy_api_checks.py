@@ -149,3 +149,18 @@ def test_a_predictor_refuses_inputs_of_another_width_or_nan_and_an_untrained_one
 def test_parameters_far_past_any_use_are_refused(make):
     with pytest.raises(PolicyError, match=r"must be .* in [[(]"):
         make()
+
+
+def test_a_policy_is_not_saved_to_a_folder_or_an_empty_name_and_the_zip_checks_skip_a_fifo(tmp_path):
+    import os
+
+    from policies.base import is_policy_zip, is_sb3_zip
+
+    (tmp_path / "dir.zip").mkdir()
+    for target in (tmp_path / "dir.zip", ""):
+        with pytest.raises(PolicyError, match="cannot save a policy to"):
+            UCB1(ARMS).save(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.zip"]  # no .tmp left
+    os.mkfifo(tmp_path / "fifo.zip")
+    fifo = tmp_path / "fifo.zip"
+    assert not is_policy_zip(fifo) and not is_sb3_zip(fifo)  # (they blocked)
