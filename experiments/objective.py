@@ -43,6 +43,36 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+def replay_prompts(cfg: Config, trace: Any, pids: list[str]) -> list[str]:
+    """The prompts of ``pids`` (the trace's) a replay sweep scores: ``workload.categories``, then the first
+    ``workload.per_category`` of each category in the trace's order, then the first ``workload.limit`` (the
+    categories were ignored: every prompt was scored). An unknown category, or none left, is a ``ConfigError``."""
+    w = cfg.workload
+    cats = dict(
+        zip((str(p) for p in trace.prompt_ids), (str(c) for c in trace.header["prompts"]["categories"]))
+    )
+    if w.categories:
+        unknown = sorted(set(w.categories) - set(cats.values()))
+        if unknown:
+            raise ConfigError(
+                f"workload.categories {unknown}: the replay trace holds {sorted(set(cats.values()))}"
+            )
+        pids = [p for p in pids if cats.get(p) in w.categories]
+    if w.per_category:
+        counts: dict[str, int] = {}
+        kept = []
+        for p in pids:
+            c = cats.get(p, "")
+            counts[c] = counts.get(c, 0) + 1
+            if counts[c] <= w.per_category:
+                kept.append(p)
+        pids = kept
+    pids = pids[: w.limit] if w.limit else pids
+    if not pids:
+        raise ConfigError("the replay trace holds no prompt the workload selection keeps")
+    return pids
+
+
 class AnalyticEvaluator:
     def __call__(self, cfg: Config, params: dict[str, Any], report: Report) -> dict[str, Any]:
         from env.engine import parse_arm
@@ -176,9 +206,7 @@ class ReplayEvaluator:
             policy = build_policy(name, cfg.policies[name], seed=cfg.seed, obs_size=env.observation_space.shape[0],
                                   features=env.feature_names)  # fmt: skip
         to_env = [env.arm_names.index(parse_arm(a).name) for a in arms]  # the env puts "none" first
-        pids = [env.prompt_ids[int(i)] for i in env.tables.startable]
-        if cfg.workload.limit:
-            pids = pids[: cfg.workload.limit]
+        pids = replay_prompts(cfg, self.trace, [env.prompt_ids[int(i)] for i in env.tables.startable])
         values = []
         for i, pid in enumerate(pids):
             obs, _ = env.reset(seed=cfg.seed + i, options={"prompt_id": pid})

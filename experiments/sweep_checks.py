@@ -32,8 +32,11 @@ def check_inputs(cfg: Config, sets: list[str] | tuple[str, ...] = ()) -> None:
     if cfg.sweep.backend == "replay":
         from env.cost import load_cost_model
         from env.trace import load_trace
+        from experiments.objective import replay_prompts
 
-        model = load_trace(cfg.sweep.trace or None).header["model"]
+        trace = load_trace(cfg.sweep.trace or None)
+        replay_prompts(cfg, trace, list(trace.prompt_ids))  # the workload's selection of its prompts
+        model = trace.header["model"]
         # as the replay env checks it (``SpecDecodeEnv``): a cost model of another model fails here, not in trial 0
         load_cost_model(cfg.sweep.cost_model or None).check_model(model["model_id"], model["dtype"])
     elif cfg.sweep.backend == "live":

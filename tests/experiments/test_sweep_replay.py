@@ -52,3 +52,20 @@ def test_policy_sweep_on_replay(tmp_path, trace_files, capsys):
     result = json.loads(capsys.readouterr().out)
     assert [t["params"] for t in result["trials"] if t["default"]] == [{"c": 0.5}]
     assert "c = " in (tmp_path / "out" / "best.toml").read_text()
+
+
+def test_a_replay_sweep_scores_the_workloads_categories_only(tmp_path, trace_files, capsys):
+    """``workload.categories`` (and ``per_category``) were ignored on the replay backend: every prompt was scored."""
+    cfg = _config(tmp_path, trace_files, 'methods = ["ar", "ngram-d2"]\n[workload]\ncategories = ["copy"]\n')
+    assert (
+        main(["sweep", str(cfg), "--out", str(tmp_path / "out"), "--json", "--set", "sweep.n_trials=1"]) == 0
+    )
+    trial = json.loads(capsys.readouterr().out)["trials"][0]
+    assert len(trial["intermediate"]) == 3  # the three "copy" prompts of six
+    assert main(["sweep", str(cfg), "--out", str(tmp_path / "o2"), "--json", "--set", "sweep.n_trials=1",
+                 "--set", "workload.per_category=2", "--set", "workload.categories=[]"]) == 0  # fmt: skip
+    assert len(json.loads(capsys.readouterr().out)["trials"][0]["intermediate"]) == 4  # two of each
+    rc = main(["sweep", str(cfg), "--out", str(tmp_path / "o3"), "--set", "workload.categories=['qa']"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "workload.categories ['qa']" in err and "copy" in err, err
+    assert not (tmp_path / "o3").exists()
