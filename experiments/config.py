@@ -145,7 +145,7 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class SweepConfig:
-    n_trials: int = _f(20, min=1)
+    n_trials: int = _f(20, min=1, max=1_000_000)
     """Finished (complete + pruned) trials the study aims at, over all workers together."""
     method: str = ""
     """The entry of ``methods`` to tune: an arm (its tree shape) or ``policy:NAME`` (its hyper-parameters).
@@ -265,9 +265,11 @@ def validate(cfg: Config, where: Origin | None = None) -> None:
     def fail(path: tuple[str, ...], msg: str) -> None:
         raise ConfigError(f"{where(path)}: {dotted(path)} {msg}")
 
-    if cfg.name in ("", ".", "..") or any(c in cfg.name for c in "/\\\x00"):  # runs/<name> stays in runs/
+    if (
+        cfg.name in ("", ".", "..") or any(c in cfg.name for c in "/\\\x00") or not cfg.name.isprintable()
+    ):  # runs/<name> stays in runs/, and is a name a shell and a table show (no line break)
         fail(("name",), f"is {cfg.name!r}; it names a folder under runs/: one non-empty name, no / or \\ or NUL, "
-                        "not . or ..")  # fmt: skip
+                        "no line break or other unprintable character, not . or ..")  # fmt: skip
     if 0 < cfg.decode.temperature < MIN_TEMPERATURE:
         fail(
             ("decode", "temperature"),

@@ -28,7 +28,7 @@ def check_net_params(
     ``seed`` None: not checked here)."""
     if model not in MODELS:
         raise PolicyError(f"unknown {what} model {model!r}; valid: {', '.join(MODELS)}")
-    real(f"{what} hidden", hidden, lo=1, hi=1 << 16, integer=True)
+    real(f"{what} hidden", hidden, lo=1, hi=1 << 12, integer=True)  # (65,536 asked for 32 GiB a layer)
     real(f"{what} layers", layers, lo=1, hi=64, integer=True)
     real(f"{what} alpha", alpha, lo=0.0, hi=1e6)
     real(f"{what} max_iter", max_iter, lo=1, hi=1 << 24, integer=True)

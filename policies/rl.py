@@ -39,6 +39,8 @@ from policies.sb3_files import (
     tensor_bytes,
 )
 
+MAX_LAYER = 1 << 12  # units of a hidden layer ("100000000,100000000" asked for 4e16 bytes)
+
 ALGOS = ("ppo", "dqn", "a2c")
 REWARDS = ("time_saved", "speedup")
 # Hyper-parameters each algorithm takes (None: stable-baselines3's default).
@@ -193,7 +195,7 @@ class SB3Policy(BasePolicy):
         wrong = [k for k, v in given.items() if v is not None and k not in HYPER[algo]]
         if wrong:
             raise PolicyError(f"{algo} does not take {wrong}; it takes {list(HYPER[algo])}")
-        real("seed", seed, lo=0, integer=True)
+        real("seed", seed, lo=0, hi=2**32 - 1, integer=True)  # (numpy's seed range, which the build uses)
         for k, v in given.items():
             if v is not None:
                 lo, hi, lo_open, integer = HYPER_RANGES[k]
@@ -362,8 +364,10 @@ def _layer_sizes(name: str, value: Any) -> list[int]:
         sizes = [int(x) for x in str(value).split(",") if x.strip()]
     except ValueError as err:
         raise PolicyError(f"{name} must be comma-separated layer sizes like '64,64', got {value!r}") from err
-    if any(n < 1 for n in sizes):
-        raise PolicyError(f"{name} must list positive layer sizes, got {value!r}")
+    if any(n < 1 for n in sizes) or any(n > MAX_LAYER for n in sizes) or len(sizes) > 64:
+        raise PolicyError(
+            f"{name} must list at most 64 positive layer sizes of at most {MAX_LAYER}, got {str(value)[:60]!r}"
+        )
     return sizes
 
 

@@ -308,3 +308,22 @@ def test_a_policy_arm_is_written_as_the_decoder_names_it(arm, needle):
     was accepted here and refused only after the model had loaded."""
     assert needle in _err(POLICY.replace('"ngram-d2"', f'"{arm}"'))
     assert list(load_config("cfg.toml", text=POLICY).policies["u"].arms) == ["none", "ngram-d2", "ngram-d4"]
+
+
+@pytest.mark.parametrize(
+    "kind, params, needle",
+    [
+        ("sb3", '{ algo = "ppo", net_arch = "100000000,100000000" }', "layer sizes of at most 4096"),
+        ("sb3", '{ algo = "ppo", seed = 1099511627776 }', "seed must be an integer in [0, 4294967295]"),
+        ("predictor", "{ hidden = 65536 }", "predictor hidden must be an integer in [1, 4096]"),
+    ],
+)
+def test_network_sizes_past_any_machine_are_refused(kind, params, needle):
+    """They passed the config's checks and failed when the network was built (4e16 bytes asked, or 32 GiB a
+    layer), or numpy refused the seed at the build."""
+    text = OK + f'\n[policies.p]\nkind = "{kind}"\narms = ["none", "ngram-d2"]\nparams = {params}\n'
+    assert needle in _err(text, sets=("methods=['policy:p']",))
+
+
+def test_a_sweep_of_a_billion_billion_trials_is_refused():
+    assert "sweep.n_trials must be <= 1000000" in _err(OK, sets=("sweep.n_trials=1000000000000000000",))

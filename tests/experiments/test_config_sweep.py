@@ -69,13 +69,15 @@ def test_every_control_character_survives_the_trip_through_toml(char):
     assert tomllib.loads(f"{_toml_value(s)} = 1") == {s: 1}  # as a key too
     if char == "\x00":
         return  # no config string may hold NUL (load_config refuses it)
-    name = s.replace("\\", "")  # a run's name is a folder under runs/: no path separator
+    name = s.replace("\\", "")  # a run's name is a folder under runs/: no path separator, nothing unprintable
     text = (
-        f'name = {_toml_value(name)}\nmethods = ["ar", "ngram-d8"]\n[sweep]\nstudy_name = {_toml_value(s)}\n'
+        f'name = "ab"\nmethods = ["ar", "ngram-d8"]\n[sweep]\nstudy_name = {_toml_value(s)}\n'
         f"[workload]\ncategories = [{_toml_value(s)}]\n"
     )
     cfg = load_config(None, text=text)
-    assert cfg.name == name and cfg.sweep.study_name == s and cfg.workload.categories == (s,)
+    assert cfg.sweep.study_name == s and cfg.workload.categories == (s,)
+    with pytest.raises(ConfigError, match="no line break or other unprintable character"):
+        load_config(None, text=text.replace('"ab"', _toml_value(name)))
     written = to_toml(cfg, header=f"Exported by: draftgym sweep conf{char}ig.toml\nsecond line")
     assert load_config(None, text=written) == cfg
 
@@ -86,7 +88,9 @@ def test_a_study_whose_config_holds_a_control_character_resumes(tmp_path):
     from experiments.sweep import open_study
 
     cfg = load_config(
-        None, text='name = "tab\\there\\u0001"\nmethods = ["ar", "ngram-d8"]\n[sweep]\nbackend = "analytic"\n'
+        None,
+        text='name = "plain"\nmethods = ["ar", "ngram-d8"]\n[sweep]\nbackend = "analytic"\n'
+        'study_name = "tab\\there\\u0001"\n',  # (a run's name, a folder, holds no control character)
     )
     url = f"sqlite:///{tmp_path / 's.db'}"
     open_study(cfg, url)
