@@ -412,8 +412,6 @@ def _check_policy(name: str, p: PolicyConfig, fail: Any, seed: int = 0) -> None:
     for opt in p.params:
         if opt not in valid:
             fail((*key, "params", opt), f"is not a parameter of {p.kind}; valid: {', '.join(valid)}")
-    if p.path and p.params:  # (they were dropped without a word)
-        fail((*key, "params"), f"is not read: policies.{name}.path loads a saved policy, which keeps its own")
     _try_policy(name, p, cls, fail, seed)
 
 

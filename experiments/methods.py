@@ -38,6 +38,18 @@ def sampling_of(cfg: Config) -> Sampling:
     return Sampling(temperature=d.temperature, top_k=d.top_k, top_p=d.top_p)
 
 
+def _say_unapplied(name: str, p: PolicyConfig, loaded: Any) -> None:
+    """A note on stderr for each ``params`` entry beside ``path`` that the saved policy does not have (a saved
+    policy keeps its own; they were dropped without a word). ``draftgym train`` reads them: they are no error."""
+    import sys
+
+    saved = loaded.params() if hasattr(loaded, "params") else {}
+    for k, v in p.params.items():
+        if saved.get(k, object()) != v:
+            print(f"note: policies.{name}.params.{k} = {str(v)[:40]} is not applied: {p.path} is a saved policy, "
+                  f"whose {k} is {str(saved.get(k, 'not a parameter'))[:40]}", file=sys.stderr)  # fmt: skip
+
+
 def build_policy(
     name: str,
     p: PolicyConfig,
@@ -58,7 +70,9 @@ def build_policy(
     if state is not None and state.is_file():
         return load_policy(state, arms=p.arms)
     if p.path:
-        return load_policy(p.path, arms=p.arms)
+        loaded = load_policy(p.path, arms=p.arms)
+        _say_unapplied(name, p, loaded)
+        return loaded
     cls = policy_class(p.kind)
     if getattr(cls, "kind", "") in ("rl", "predictor"):
         raise MethodError(

@@ -224,8 +224,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     inputs = (args.config, *(p.train.trace or None for p in cfg.policies.values()),
               *(p.train.cost_model or None for p in cfg.policies.values()))  # fmt: skip
-    for name in names:  # a policy a run learned online is that run's result, not a file to train over
-        _not_run_state(policy_path(name, cfg.policies[name], run_dir), name)
+    for name in names:  # a policy a run learned online is that run's result, not a file to train over (one
+        if (
+            kept_summary(name, cfg.policies[name], cfg.seed, run_dir) is None
+        ):  # trained with these settings: kept)
+            _not_run_state(policy_path(name, cfg.policies[name], run_dir), name)
     for name in names:  # a train.out that cannot be written fails now, not after the training
         if cfg.policies[name].train.out:  # (nor one that is an input, or a file other than an earlier policy)
             output_file(cfg.policies[name].train.out, flag=f"policies.{name}.train.out", inputs=inputs,

@@ -99,10 +99,20 @@ def test_a_policy_parameter_it_refuses(params, needle):
     assert msg.startswith("cfg.toml:10: policies.u.params") and needle in msg
 
 
-def test_parameters_beside_a_saved_policy_are_refused_as_not_read():
-    """``path`` loads a saved policy, whose parameters are its own: ``params`` beside it were dropped silently."""
-    msg = _err(POLICY + 'path = "u.zip"\nparams = { scale = 5.0 }\n', sets=("methods=['policy:u']",))
-    assert "policies.u.params is not read: policies.u.path loads a saved policy" in msg, msg
+def test_parameters_beside_a_saved_policy_that_it_does_not_have_are_said_not_applied(tmp_path, capsys):
+    """``path`` loads a saved policy, whose parameters are its own: ``params`` beside it that differ were dropped
+    without a word (``train`` reads them, so they are no error)."""
+    from experiments.methods import build_policy
+    from policies.bandits import UCB1
+
+    UCB1(["none", "ngram-d2", "ngram-d4"], scale=13.0).save(tmp_path / "u.zip")
+    text = POLICY + f'path = "{tmp_path / "u.zip"}"\nparams = {{ scale = 5.0, c = 1.0 }}\n'
+    cfg = load_config(None, text=text, sets=["methods=['policy:u']"])
+    assert build_policy("u", cfg.policies["u"]).params()["scale"] == 13.0
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and "policies.u.params.scale = 5.0 is not applied" in err and "is 13.0" in err
+    ), err
 
 
 def test_good_policy_and_drafter_values_load():

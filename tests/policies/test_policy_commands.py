@@ -263,3 +263,19 @@ def test_evaluate_json_never_replaces_the_trace_or_cost_model_a_policy_file_name
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cost.json" in err, err
     assert (tmp_path / "cost.json").read_bytes() == before
+
+
+def test_train_again_after_a_run_keeps_the_state_the_run_learned(files, tmp_path, capsys):
+    """A policy trained with these settings is kept by a rerun of train (nothing written), the state a run learned
+    from it included: train, run, train again is no error."""
+    from policies.base import load_policy
+
+    run = tmp_path / "run"
+    assert main(["train", str(files / "cfg.toml"), "--policy", "ucb", "--out", str(run), "--json"]) == 0
+    path = run / "policies" / "ucb.zip"
+    p = load_policy(path)
+    p.meta = {**p.meta, "run_learned": ["1"]}  # as run saves the state it learned back
+    p.save(path)
+    before = path.read_bytes()
+    assert main(["train", str(files / "cfg.toml"), "--policy", "ucb", "--out", str(run), "--json"]) == 0
+    assert path.read_bytes() == before
