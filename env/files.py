@@ -76,7 +76,11 @@ def other_command(folder: str | Path, before: object, command: str | None) -> st
         return None
     from drafters.base import shown
 
-    said = other if isinstance(other, str) and other.replace("-", "").isalnum() else shown(other, 40)
+    said = (
+        other
+        if isinstance(other, str) and other.replace("-", "").replace(" ", "").isalnum()
+        else shown(other, 40)
+    )
     return (f"{folder} is draftgym {said[:40]}'s folder; draftgym {command} writes one of its own: use another "
             "output folder")  # fmt: skip
 

@@ -181,6 +181,7 @@ def run_bench(
     drafter_options: dict[str, dict[str, Any]] | None = None,
     identity: dict[str, Any] | None = None,
     start_note: str | None = None,
+    command: str = "bench",
 ) -> dict[str, Any]:
     """``decoders``: ready decoders by method name (e.g. ``policy:NAME`` -> a decoder driven by a policy).
     ``start_note``: one line for stderr once the inputs are checked, before any work (where the results go, how to
@@ -210,7 +211,7 @@ def run_bench(
     records = load_done(rec_path, unique=True)  # a record twice would count its prompt twice in every table
     machine = machine_identity(loaded.device)
     same_settings(out_dir, {**run_identity(loaded, max_new_tokens, drafter_options), **machine, **(identity or {})},
-                  started=bool(records), command="bench")  # fmt: skip
+                  started=bool(records), command=command)  # fmt: skip
     settings = {**settings, "machine": machine}
     if start_note:
         import sys

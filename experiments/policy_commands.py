@@ -296,7 +296,7 @@ def _live(policy_paths, policies, best_name, trace, test, *, loaded, workload, m
                 "policies": {m: file_digest(p) for m, p in zip(decoders, policy_paths)}}  # fmt: skip
     result = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, out_dir=out, settings=settings,
                        progress=progress, decoders=decoders, identity=identity, drafter_options=options,
-                       start_note=resume_note("evaluate", out))  # fmt: skip
+                       start_note=resume_note("evaluate", out), command="evaluate")  # fmt: skip
     overall = {r["method"]: r["speedup_vs_hf"] for r in result["summary"] if r["category"] == "overall"}
     speedups = {f"static:{best_name}": overall.get(best_name)}
     for m in decoders:

@@ -438,9 +438,8 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
     out = output_dir(args.out or "runs/evaluate-serve", exclusive=True)
     from env.files import other_command
 
-    why = other_command(
-        out, None, "evaluate"
-    )  # (replay alone writes there too: evaluate.json, policy_act.json)
+    # (replay alone writes there too: evaluate.json, policy_act.json)
+    why = other_command(out, None, "evaluate --serve")
     if why:
         raise UserError(why)
     loaded = None
@@ -460,7 +459,7 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
             "requests": args.requests, "max_batch": max_batch, "seed": args.seed, "repeats": args.repeats,
             "probe": not args.no_probe, "policies": {name: file_digest(p) for (name, _), p in zip(policies, paths)},
             **({"drafter_options": options} if options else {}),  # (runs before it served the drafters' defaults)
-        }, started=bool(jsonl_lines(out / "live.jsonl")), command="evaluate")  # fmt: skip
+        }, started=bool(jsonl_lines(out / "live.jsonl")), command="evaluate --serve")  # fmt: skip
     res = evaluate_serve(policies, trace, cost, arms, split, loads=loads, episodes=args.episodes, max_new=max_new,
                          requests=args.requests, max_batch=max_batch, seed=args.seed, loaded=loaded,
                          repeats=args.repeats, live_policies=live_names, out=out,

@@ -329,9 +329,10 @@ def train_sb3(
             **(settings or {}),
         }
         started = bool(checkpoint_files(out / "checkpoints")) or bool(eval_rows(out / "eval.jsonl"))
-        why = settings_conflict(out, ident, started)
+        why = settings_conflict(out, ident, started, command="train")  # (an RL training's folder)
         if why:
-            raise PolicyError(f"{why}: use another output folder, or the same settings to resume")
+            raise PolicyError(f"{why}: use another output folder, or the same settings to resume" if "holds" in why
+                              else why)  # fmt: skip
         if policy.reward == "time_saved":
             venv = time_saved_wrapper(venv)
         model = policy.build(venv, tensorboard_log=str(out / "tb"))
