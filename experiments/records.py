@@ -55,9 +55,11 @@ class Record:
         )
         # ... and consistent: its tokens are the ids it lists (10^6 of them with 16 ids gave 10^12 tokens/s; a wall
         # of 0 s compares nothing in the tables, ``experiments.bench.summarize``)
-        ok = ok and self.new_tokens == len(self.token_ids)
         if not ok:
             raise TypeError(f"not a result record: {self.method!r} on prompt {self.prompt_id!r}")
+        if self.new_tokens != len(self.token_ids):
+            raise TypeError(f"not a result record: {self.method!r} on prompt {self.prompt_id!r} counts "
+                            f"{self.new_tokens} new tokens and lists {len(self.token_ids)} ids")  # fmt: skip
 
 
 def new_session() -> str:

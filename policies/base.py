@@ -143,6 +143,10 @@ class BasePolicy:
             raise PolicyError("a policy needs at least one arm")
         if len(set(self.arm_names)) != len(self.arm_names):
             raise PolicyError(f"the arm menu lists an arm twice: {list(self.arm_names)}")
+        from numbers import Integral
+
+        if isinstance(obs_size, Integral) and not isinstance(obs_size, (bool, np.bool_)):
+            obs_size = int(obs_size)  # (a numpy integer)
         self.obs_size = int(real("obs_size", obs_size, lo=0, hi=MAX_OBS, integer=True))
         self.features = _names(features, "features") if features is not None else None
         if self.features is not None and len(self.features) != self.obs_size:
@@ -196,6 +200,9 @@ class BasePolicy:
         turn the statistics NaN, after which every policy picks arm 0 for ever; -1 credited the last arm)."""
         from numbers import Integral, Real
 
+        # a 0-d array or tensor (what predict returns for one observation) is its one value
+        action, reward = (x.item() if getattr(x, "ndim", None) == 0 and hasattr(x, "item") else x
+                          for x in (action, reward))  # fmt: skip
         if (
             isinstance(action, (bool, np.bool_))
             or not isinstance(action, Integral)
@@ -261,7 +268,7 @@ def _names(value: object, what: str) -> tuple[str, ...]:
     if len(names) > MAX_OBS or not all(isinstance(n, str) and n for n in names):
         bad = next((n for n in names if not (isinstance(n, str) and n)), f"{len(names)} names")
         raise PolicyError(f"{what} must be a list of non-empty strings, got {repr(bad)[:60]}")
-    return names
+    return tuple(str(n) for n in names)  # (numpy's strings too)
 
 
 def library_versions() -> dict[str, str | None]:

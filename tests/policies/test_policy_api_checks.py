@@ -164,3 +164,16 @@ def test_a_policy_is_not_saved_to_a_folder_or_an_empty_name_and_the_zip_checks_s
     os.mkfifo(tmp_path / "fifo.zip")
     fifo = tmp_path / "fifo.zip"
     assert not is_policy_zip(fifo) and not is_sb3_zip(fifo)  # (they blocked)
+
+
+def test_numpy_and_zero_dimensional_values_are_taken():
+    """What numpy and SB3 hand over: an integer obs_size, string arms, and the 0-d arrays ``predict`` returns for
+    one observation."""
+    import torch
+
+    p = LinUCB(np.array(ARMS), np.int64(3))
+    assert p.obs_size == 3 and all(type(a) is str for a in p.arm_names)
+    obs = np.full(3, 0.5)
+    p.update(obs, np.array(1), np.array(2.0), {})
+    p.update(obs, torch.tensor(2), torch.tensor(1.5), {})
+    assert p.pulls.tolist() == [0, 1, 1]
