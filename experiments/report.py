@@ -449,6 +449,7 @@ def write_report(paths: list[Path], out: Path) -> Path:
     paths = [Path(p) for p in paths]
     check_outputs(paths, out)  # before anything is read, or a stale summary made again
     items = [load_run(p) for p in paths]
+    output_file(out)  # its folder made and writable, once the inputs read (a refused report makes no folder)
     label_items(items)
     runs = [r for r in items if r["kind"] == "run"]
     report_dir = out.parent
@@ -575,7 +576,6 @@ def check_outputs(paths: list[Path], out: Path) -> None:
                 f"{what} {file} is in the plots folder of {inside}, which the report shows as that run's; "
                 "name another file"
             )
-    output_file(out)  # its folder made and writable
 
 
 def cmd_report(args: Any) -> int:

@@ -220,3 +220,13 @@ def test_values_from_a_sweep_cannot_start_a_heading(tmp_path):
     text = (sweep / "report.md").read_text()
     assert "\n# storage" not in text and "\n## method" not in text
     assert "storage `sqlite:///a'b # storage`" in text and "ngram ## method, value 1.5000" in text
+
+
+def test_a_refused_report_makes_no_output_folder(tmp_path, capsys):
+    from experiments.cli import main
+
+    (tmp_path / "empty").mkdir()  # no run or sweep in it: refused once read
+    out = tmp_path / "new" / "sub" / "r.md"
+    assert main(["report", str(tmp_path / "empty"), "--out", str(out)]) == 2
+    capsys.readouterr()
+    assert not (tmp_path / "new").exists()
