@@ -267,10 +267,16 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
     check_streams(max(64, args.predictor_episodes), args.requests, "--predictor-episodes x --requests")
     row_timesteps = _row_timesteps(arms, args.timesteps, args.row_timesteps)
     split = _split(trace, args.test_per_category, args.seed)
-    from env.serve_env import feature_names, obs_size
-    from policies.linucb import LinUCB
+    from env.serve_env import obs_size
+    from policies.linucb import MAX_FLOATS
 
-    LinUCB(arms, obs_size(args.max_batch), feature_names(args.max_batch))  # its matrices fit: before any work
+    if len(arms) * (obs_size(args.max_batch) + 1) ** 2 > MAX_FLOATS:  # LinUCB's matrices: before any work
+        most = max(m for m in range(1, args.max_batch) if len(arms) * (obs_size(m) + 1) ** 2 <= MAX_FLOATS)
+        raise UserError(
+            f"--max-batch {args.max_batch}: the LinUCB policy over {len(arms)} arms keeps a matrix per arm of the "
+            f"observation's size squared, {len(arms) * (obs_size(args.max_batch) + 1) ** 2:,} floats; at most "
+            f"--max-batch {most} with this menu"
+        )
     out = output_dir(args.out, exclusive=True)
     from env.files import file_digest
     from experiments.args import same_settings

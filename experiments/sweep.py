@@ -443,9 +443,14 @@ def _study_of_results(out: Path, storage: Any, name: str, url: str) -> None:
     its study: a deleted or emptied ``study.db`` started a new study whose trials were appended to the old ones' and
     whose best replaced the old best."""
     import optuna
+    import sqlalchemy.exc
 
     held = [n for n in ("trials.jsonl", "sweep.json") if (out / n).is_file() and (out / n).stat().st_size]
-    if held and name not in optuna.study.get_all_study_names(storage=storage):
+    try:
+        known = optuna.study.get_all_study_names(storage=storage) if held else []
+    except sqlalchemy.exc.SQLAlchemyError as err:  # (a connection lost since it opened)
+        raise StorageError(f"storage {mask(url)} cannot be read ({type(err).__name__})") from None
+    if held and name not in known:
         raise StorageError(
             f"{out} holds the results of study {name!r} ({', '.join(held)}), but the storage {mask(url)} has no such "
             "study (a deleted or emptied study.db?): a new one would be mixed with them; restore the storage or "

@@ -374,5 +374,5 @@ def test_serve_train_refuses_a_max_batch_whose_linucb_would_not_fit_before_any_w
     """--max-batch 4096 ran 30 s and grew to 5 GB before LinUCB asked numpy for 27 GiB."""
     assert main(_train_argv(trace_path, tmp_path / "big", "--max-batch", "4096")) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "LinUCB" in err, err
+    assert err.count("\n") == 1 and "LinUCB" in err and "at most --max-batch" in err, err
     assert not (tmp_path / "big").exists()
