@@ -137,13 +137,20 @@ def serving_max_batch(policy: Any, path: Any) -> int:
     """The max batch a serving policy (``draftgym serve-train``) was trained for, its observation's size checked
     against it: a per-sequence policy (``draftgym train``) is refused in one line, not served a batch it reads
     nothing of."""
+    from drafters.base import shown
     from env.serve_env import obs_size
+    from env.serve_sim import MAX_BATCH
     from policies.base import PolicyError
 
-    m = int(policy.meta.get("max_batch", 16))
+    m = policy.meta.get("max_batch", 16)
+    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= MAX_BATCH:
+        raise PolicyError(
+            f"{path}: its meta.max_batch must be an integer in [1, {MAX_BATCH}], got {shown(m, 40)}"
+        )
     if policy.obs_size != obs_size(m):
         raise PolicyError(f"{path} is not a serving policy (draftgym serve-train makes them): it observes "
-                          f"{policy.obs_size} values, a serving policy for a max batch of {m} {obs_size(m)}")  # fmt: skip
+                          f"{policy.obs_size} values, where a serving policy for a max batch of {m} observes "
+                          f"{obs_size(m)}")  # fmt: skip
     return m
 
 

@@ -335,8 +335,29 @@ def test_a_per_sequence_policy_is_not_served_a_batch(tmp_path, capsys, command):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [f"draftgym {command}: error: {path} is not a serving policy (draftgym "
-                                        "serve-train makes them): it observes 23 values, a serving policy for a "
-                                        "max batch of 16 105"]  # fmt: skip
+                                        "serve-train makes them): it observes 23 values, where a serving policy "
+                                        "for a max batch of 16 observes 105"]  # fmt: skip
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["evaluate", "serve-bench"])
+def test_a_serving_policy_whose_max_batch_is_out_of_range_is_named(trained, tmp_path, capsys, command):
+    """Its meta's max batch of 5000 was refused by evaluate without naming the file, and served by serve-bench."""
+    from policies.base import load_policy
+
+    pol = load_policy(trained / "linucb.zip")
+    pol.meta = {**pol.meta, "max_batch": 5000}
+    pol.save(tmp_path / "p.zip")
+    out = tmp_path / "o"
+    if command == "evaluate":
+        argv = ["evaluate", "--serve", str(tmp_path / "p.zip"), "--loads", "1", "--out", str(out)]
+    else:
+        argv = ["serve-bench", "--policy", str(tmp_path / "p.zip"), "--concurrency", "1", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and "p.zip: its meta.max_batch must be an integer in [1, 4096], got 5000" in err
+    ), err
     assert not out.exists()
 
 
