@@ -361,8 +361,33 @@ def _named_inputs(paths: list[Path]) -> list[str]:
     return named
 
 
+# options one mode of evaluate reads and the other does not (given there, they were ignored without a word)
+SERVE_ONLY = (
+    "batch_cost",
+    "loads",
+    "episodes",
+    "requests",
+    "repeats",
+    "live_policies",
+    "no_policy_cost",
+    "no_probe",
+)
+SEQUENCE_ONLY = ("cost_model", "workload", "limit")
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from env.model import load_model
+
+    defaults = getattr(args, "mode_defaults", {})
+    given = [
+        d
+        for d in (SEQUENCE_ONLY if args.serve else SERVE_ONLY)
+        if d in defaults and getattr(args, d) != defaults[d]
+    ]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise _user_error(f"{flag} is not read by evaluate --serve (its batch cost model is --batch-cost)"
+                          if args.serve else f"{flag} is read by evaluate --serve only")  # fmt: skip
 
     if args.serve:
         from experiments.serve_policies import cmd_evaluate_serve
@@ -446,4 +471,5 @@ def register(sub: Any) -> None:
     from experiments.serve_policies import add_serve_args
 
     add_serve_args(e)
+    e.set_defaults(mode_defaults={d: e.get_default(d) for d in (*SERVE_ONLY, *SEQUENCE_ONLY)})
     e.set_defaults(func=cmd_evaluate)

@@ -279,3 +279,20 @@ def test_train_again_after_a_run_keeps_the_state_the_run_learned(files, tmp_path
     before = path.read_bytes()
     assert main(["train", str(files / "cfg.toml"), "--policy", "ucb", "--out", str(run), "--json"]) == 0
     assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--serve", "--cost-model", "x.json"], "--cost-model is not read by evaluate --serve"),
+        (["--serve", "--limit", "5"], "--limit is not read by evaluate --serve"),
+        (["--no-live", "--batch-cost", "x.json"], "--batch-cost is read by evaluate --serve only"),
+        (["--no-live", "--loads", "abc"], "--loads is read by evaluate --serve only"),
+        (["--no-live", "--episodes", "5"], "--episodes is read by evaluate --serve only"),
+    ],
+)
+def test_an_option_of_the_other_mode_of_evaluate_is_refused(argv, says, capsys):
+    """Each was ignored without a word (the run went on with the defaults)."""
+    assert main(["evaluate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
