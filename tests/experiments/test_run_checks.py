@@ -179,11 +179,17 @@ def test_prompts_digest_covers_ids_and_text_of_workloads_without_a_file(monkeypa
     assert digest("some/file.jsonl", a) is None  # a file's bytes are hashed instead (workload_sha256)
 
 
-def test_a_finished_run_is_rechecked_and_an_older_folder_still_reruns(tmp_path, tiny):
+def _finished(tmp_path: Path, tiny) -> tuple[Path, object, Path]:
+    """A finished run of ar and ngram-d4 on two prompts: (its workload file, config, folder)."""
     w = _workload(tmp_path / "w.jsonl")
     cfg = load_config(None, text=_config(str(w), ["ar", "ngram-d4"]))
     out = tmp_path / "run"
     run(cfg, out, progress=False, loaded=tiny)
+    return w, cfg, out
+
+
+def test_a_finished_run_is_rechecked_and_an_older_folder_still_reruns(tmp_path, tiny):
+    w, cfg, out = _finished(tmp_path, tiny)
     summary = (out / "summary.json").read_text()
     settings = json.loads((out / "settings.json").read_text())
 
@@ -276,10 +282,7 @@ def test_a_duplicate_record_is_refused_before_the_summary_is_rewritten(tmp_path,
     """A record appended twice was counted twice in a rewritten summary.json, then the run was refused."""
     from experiments.errors import UserError
 
-    w = _workload(tmp_path / "w.jsonl")
-    cfg = load_config(None, text=_config(str(w), ["ar", "ngram-d4"]))
-    out = tmp_path / "run"
-    run(cfg, out, progress=False, loaded=tiny)
+    _, cfg, out = _finished(tmp_path, tiny)
     summary = (out / "summary.json").read_bytes()
     first = (out / "records.jsonl").read_text().splitlines(keepends=True)[0]
     with open(out / "records.jsonl", "a") as f:

@@ -187,14 +187,17 @@ def test_an_rl_run_does_not_resume_from_checkpoints_of_another_menu(files, tmp_p
     assert "other settings" in err and "arms" in err and err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("field", ["trace", "cost_model"])
+@pytest.mark.parametrize("field", ["trace", "cost_model", "arms"])
 def test_every_policys_inputs_are_read_before_any_trains(field, tmp_path, capsys, monkeypatch):
-    """A second policy's bad trace or cost model failed the run after the first policy's training."""
+    """A second policy's bad trace or cost model, or arms its trace did not record, failed the run after the first
+    policy's training."""
     import experiments.policy_train as pt
 
     (tmp_path / "bad.npz").write_text("not a trace")
     (tmp_path / "bad.json").write_text("[" * 100_000)
     bad = tmp_path / ("bad.npz" if field == "trace" else "bad.json")
+    b = ('arms = ["none", "ngram-d2", "suffix-d3"]' if field == "arms"
+         else f'arms = ["none", "ngram-d2"]\ntrain = {{ {field} = "{bad}" }}')  # fmt: skip
     (tmp_path / "c.toml").write_text(f"""
 name = "two"
 [policies.a]
@@ -202,32 +205,12 @@ kind = "ucb1"
 arms = ["none", "ngram-d2"]
 [policies.b]
 kind = "ucb1"
-arms = ["none", "ngram-d2"]
-train = {{ {field} = "{bad}" }}
+{b}
 """)
     monkeypatch.setattr(pt, "train_policy", lambda *a, **k: pytest.fail("a policy trained first"))
     assert main(["train", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and str(bad) in err, err
-
-
-def test_every_policys_arms_are_checked_before_any_trains(tmp_path, capsys, monkeypatch):
-    """A second policy's arms that its trace did not record failed the run after the first policy's training."""
-    import experiments.policy_train as pt
-
-    (tmp_path / "c.toml").write_text("""
-name = "two"
-[policies.a]
-kind = "ucb1"
-arms = ["none", "ngram-d2"]
-[policies.b]
-kind = "ucb1"
-arms = ["none", "ngram-d2", "suffix-d3"]
-""")
-    monkeypatch.setattr(pt, "train_policy", lambda *a, **k: pytest.fail("a policy trained first"))
-    assert main(["train", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "suffix" in err, err
+    assert err.count("\n") == 1 and ("suffix" if field == "arms" else str(bad)) in err, err
 
 
 def test_train_refuses_to_train_over_the_state_a_run_learned_online(files, tmp_path, capsys):
