@@ -352,11 +352,14 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 def _named_inputs(paths: list[Path]) -> list[str]:
     """The trace and cost model files the policy files at ``paths`` name (their training's), which evaluate reads
     where no --trace or --cost-model is given."""
-    from policies.base import read_policy
+    from policies.base import PolicyError, read_policy
 
     named = []
     for p in paths:
-        meta = read_policy(p)[0].meta
+        try:
+            meta = read_policy(p)[0].meta
+        except PolicyError:
+            continue  # not readable: evaluate says so when it loads the policies
         named += [v for v in (meta.get("trace"), meta.get("cost_model")) if isinstance(v, str) and v]
     return named
 

@@ -202,6 +202,22 @@ def build(cls: type, raw: dict[str, Any], path: tuple[str, ...], where: Origin) 
 # ---------------------------------------------------------------------------------------------- overrides
 
 
+MAX_DEPTH = 64  # tables and arrays in one --set or --drafter-option value
+
+
+def _depth(value: Any) -> int:
+    """How deep tables and arrays nest in ``value`` (a scalar: 0), without recursion."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, dict):
+            todo += [(x, d + 1) for x in v.values()]
+        elif isinstance(v, list):
+            todo += [(x, d + 1) for x in v]
+        deepest = max(deepest, d)
+    return deepest
+
+
 def parse_set(item: str, flag: str = "--set") -> tuple[tuple[str, ...], Any]:
     """``a.b=v`` -> (("a", "b"), v); v is read as a TOML value (``3e-4``, ``true``, ``["ar"]``), else a string.
     ``flag`` names the option in messages."""
@@ -217,6 +233,10 @@ def parse_set(item: str, flag: str = "--set") -> tuple[tuple[str, ...], Any]:
         doc = {"v": raw.strip()}
     except RecursionError:  # tables or arrays nested deeper than the parser recurses
         raise ConfigError(f"{flag} {key[:80]}: the value nests too deep to read") from None
+    if _depth(doc) > MAX_DEPTH:  # (whether the parser recursed that deep depends on the stack and its limit)
+        raise ConfigError(
+            f"{flag} {key[:80]}: the value nests too deep to read (more than {MAX_DEPTH} levels)"
+        )
     if len(doc) != 1:  # "1\nmax_ngram=2": a second key past a line break would be dropped unread
         raise ConfigError(f"{flag} {key[:80]}: the value is more than one TOML value (a line break in it?)")
     return tuple(key.split(".")), doc["v"]

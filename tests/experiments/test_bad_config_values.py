@@ -337,3 +337,20 @@ def test_network_sizes_past_any_machine_are_refused(kind, params, needle):
 
 def test_a_sweep_of_a_billion_billion_trials_is_refused():
     assert "sweep.n_trials must be <= 1000000" in _err(OK, sets=("sweep.n_trials=1000000000000000000",))
+
+
+def test_a_value_nested_too_deep_is_refused_whatever_the_recursion_limit():
+    """It was refused only when the TOML parser ran out of stack, which a raised recursion limit (some library in
+    the same process raised it) let it not do."""
+    import sys
+
+    from experiments.strict_toml import parse_set
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)
+    try:
+        with pytest.raises(ConfigError, match="nests too deep"):
+            parse_set("a.b=" + "{a=" * 400 + "1" + "}" * 400)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert parse_set("a.b={x=[1,{y=2}]}") == (("a", "b"), {"x": [1, {"y": 2}]})
