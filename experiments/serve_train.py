@@ -260,7 +260,13 @@ def cmd_serve_train(args: argparse.Namespace) -> int:
     if not arms:
         raise UserError(f"--arms names no arm (got {args.arms!r}); e.g. --arms none,ngram-d2,ngram-d5")
     for a in arms:  # before the run folder is touched
-        parse_arm(a)
+        arm = parse_arm(a)
+        if arm.drafter is not None and arm.shape.topk != 1:  # (refused once settings.json was written)
+            raise UserError(f"--arms: {a} is a tree, and the SmartSpec and TurboSpec policies serve-train fits price "
+                            "chains only")  # fmt: skip
+    if not 2 <= args.max_new_tokens <= trace.max_new_tokens:
+        raise UserError(f"--max-new-tokens must be in 2..{trace.max_new_tokens} (what the trace recorded), "
+                        f"got {args.max_new_tokens}")  # fmt: skip
     twice = sorted({a for a in arms if arms.count(a) > 1})
     if twice:
         raise UserError(f"--arms lists {', '.join(twice)} more than once")

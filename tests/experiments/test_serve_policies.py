@@ -397,3 +397,17 @@ def test_serve_train_refuses_a_max_batch_whose_linucb_would_not_fit_before_any_w
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "LinUCB" in err and "at most --max-batch" in err, err
     assert not (tmp_path / "big").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [(["--arms", "none,ngram-d3-k2-b4"], "is a tree"), (["--max-new-tokens", "1000"], "must be in 2..40")],
+)
+def test_serve_train_refuses_a_tree_arm_or_too_many_new_tokens_before_its_folder(
+    trace_path, tmp_path, capsys, extra, says
+):
+    """Both were refused once settings.json was written: a folder holding only that file was left."""
+    assert main([*_train_argv(trace_path, tmp_path / "o"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+    assert not (tmp_path / "o").exists()
