@@ -288,7 +288,7 @@ def _record_held(loaded: Any, engine: Any, prompts: list[Any], probes: dict[str,
             if not np.array_equal(parts[i]["prompt"], chat_prompt(loaded.tokenizer, prompts[i].text)):
                 raise TraceError(  # a part copied or moved into another's place: the trace would mislabel it
                     f"{parts_dir / f'{i:05d}.npz'} records another prompt than prompt {prompts[i].prompt_id}, "
-                    f"the {i + 1}th of the workload; delete it to record that prompt again"
+                    f"number {i + 1} of the workload; delete it to record that prompt again"
                 )
     if parts and progress:
         print(f"resuming: {len(parts)} of {len(prompts)} prompts already recorded", file=sys.stderr)

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any
 
 import numpy as np
 
 from env.features import history_init
 from env.replay import ReplayTables, replay_observe, replay_step
+from policies.base import PolicyError
 
 
 @dataclass
@@ -61,9 +63,11 @@ def prompt_indices(env: Any, prompt_ids: Sequence[str] | None) -> np.ndarray:
     tb: ReplayTables = env.tables
     if prompt_ids is None:
         return np.asarray(tb.startable, dtype=np.int64)
+    if isinstance(prompt_ids, str):  # ("12" was prompts 1 and 2)
+        raise PolicyError(f"prompt_ids must be a list of prompt ids, got the string {prompt_ids[:40]!r}")
     missing = [p for p in prompt_ids if p not in ids]
     if missing:
-        raise KeyError(f"prompts {missing[:5]} are not in the trace")
+        raise PolicyError(f"prompts {missing[:5]} are not in the trace")
     idx = np.array([ids.index(str(p)) for p in prompt_ids], dtype=np.int64)
     return idx[tb.length[idx] >= 2]
 
@@ -106,6 +110,10 @@ def score_batch(
 
 
 def score_static(env: Any, arm: int, prompt_ids: Sequence[str] | None = None) -> ReplayScore:
+    if (
+        isinstance(arm, bool) or not isinstance(arm, Integral) or not 0 <= arm < len(env.arm_names)
+    ):  # (-1: the last)
+        raise PolicyError(f"arm must be an index in 0..{len(env.arm_names) - 1}, got {str(arm)[:40]}")
     tb, idx = env.tables, prompt_indices(env, prompt_ids)
     res = rollout_actions(tb, idx, lambda obs, p, pos: np.full(p.shape[0], arm))
     return ReplayScore(env.arm_names[arm], "static", [env.prompt_ids[i] for i in idx], *res)

@@ -177,3 +177,18 @@ def test_numpy_and_zero_dimensional_values_are_taken():
     p.update(obs, np.array(1), np.array(2.0), {})
     p.update(obs, torch.tensor(2), torch.tensor(1.5), {})
     assert p.pulls.tolist() == [0, 1, 1]
+
+
+def test_the_replay_scores_refuse_an_arm_or_prompts_the_trace_lacks(synth_env):
+    """``score_static(env, -1)`` scored the last arm; unknown prompts were a bare ``KeyError``; a string of ids was
+    read character by character."""
+    from policies.oracle import score_static
+
+    for arm in (-1, len(synth_env.arm_names), 1.0, True):
+        with pytest.raises(PolicyError, match="arm must be an index"):
+            score_static(synth_env, arm)
+    with pytest.raises(PolicyError, match="not in the trace"):
+        score_static(synth_env, 0, ["nope"])
+    with pytest.raises(PolicyError, match="a list of prompt ids"):
+        score_static(synth_env, 0, "01")
+    assert score_static(synth_env, 0, [synth_env.prompt_ids[0]]).prompts == [synth_env.prompt_ids[0]]
