@@ -26,7 +26,7 @@ USER_ERROR_TYPES: frozenset[str] = frozenset(
         "env.serving:ServeError",
         "env.serve_obs:ServeEnvError",
         "env.folder_lock:FolderBusy",
-        "policies.base:PolicyError",
+        "policies.errors:PolicyError",
         "experiments.strict_toml:ConfigError",
         "experiments.methods:MethodError",
         "experiments.runner:RunDirError",

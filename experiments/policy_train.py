@@ -220,7 +220,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise _user_error(f"policies {other} and {name} would both be saved to "
                               f"{policy_path(name, cfg.policies[name], planned)}; give each its own train.out")  # fmt: skip
     run_dir = output_dir(args.out or f"runs/{cfg.name}", exclusive=True)
-    from policies.base import is_policy_zip
+    from policies.archive import is_policy_zip
 
     inputs = (args.config, *(p.train.trace or None for p in cfg.policies.values()),
               *(p.train.cost_model or None for p in cfg.policies.values()))  # fmt: skip

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import MAX_PARAM, MAX_STEPS, BasePolicy, PolicyError, json_bytes, real
+from policies.archive import json_bytes
+from policies.base import MAX_PARAM, MAX_STEPS, BasePolicy, PolicyError, real
 
 
 class ArmStats:

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import BasePolicy, PolicyError, json_bytes, real
+from policies.archive import json_bytes
+from policies.base import BasePolicy, PolicyError, real
 
 
 def chain_arms(arm_names: Sequence[str], drafter: str | None = None) -> tuple[str, dict[int, int]]:

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import MAX_PARAM, BasePolicy, PolicyError, npz_bytes, read_npz, real
+from policies.archive import npz_bytes, read_npz
+from policies.base import MAX_PARAM, BasePolicy, PolicyError, real
 
 MAX_FLOATS = 1 << 27  # the matrices of all arms: 1 GiB of float64
 

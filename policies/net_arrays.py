@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import PolicyError, npz_bytes, read_npz, real
+from policies.archive import npz_bytes, read_npz
+from policies.base import PolicyError, real
 
 MODELS = ("mlp", "ridge")
 SCALE_FLOOR = 1e-6  # the smallest standard deviation a standardization divides by

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import BasePolicy, PolicyError, json_bytes, real
+from policies.archive import json_bytes
+from policies.base import BasePolicy, PolicyError, real
 from policies.sb3_files import (
     DEFAULT_ACTIVATION,
     SpacesEnv,

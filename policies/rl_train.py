@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from env.files import atomic_write_bytes, atomic_write_text, jsonl_lines, settings_conflict
-from policies.base import PolicyError, is_policy_zip, is_sb3_zip, load_policy
+from policies.archive import is_policy_zip, is_sb3_zip
+from policies.base import PolicyError, load_policy
 from policies.rl import SB3Policy
 from policies.sb3_checkpoints import apply_checkpoint, read_checkpoint, save_checkpoint
 

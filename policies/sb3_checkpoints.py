@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import PolicyError, npz_bytes, one_line, read_archive, read_npz, write_archive
+from policies.archive import npz_bytes, one_line, read_archive, read_npz, write_archive
+from policies.base import PolicyError
 from policies.sb3_files import (
     read_tensors,
     read_torch_tensors,

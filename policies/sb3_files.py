@@ -30,11 +30,8 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from policies.base import (
-    ARCHIVE_BYTES,
-    PolicyError,
-    one_line,
-)
+from policies.archive import ARCHIVE_BYTES, one_line
+from policies.base import PolicyError
 
 # activation name in our files -> torch.nn class name (what stable-baselines3's ``activation_fn`` holds)
 ACTIVATIONS = {

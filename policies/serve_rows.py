@@ -10,7 +10,7 @@ the training prompts in replay (``fit_table_first``: coordinate search over the 
 of the table drafter its start). The batch then verifies one tree per row, padded to the deepest (the batch cost
 model prices the step so).
 
-The file is the rule table (JSON), never code (``policies.base``).
+The file is the rule table (JSON), never code (``policies.archive``).
 """
 
 from __future__ import annotations

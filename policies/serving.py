@@ -17,7 +17,7 @@ Baselines as the engines ship them:
 
 Learned ones use the policies of the single-sequence env on this observation: ``policies.rl.SB3Policy`` (PPO on
 the vectorized serving env, ``train_serve_ppo``) and ``policies.linucb.LinUCB`` (a contextual bandit on the whole
-serving observation: load, pooled and per-row features). Every file is JSON and arrays (``policies.base``), never code.
+serving observation: load, pooled and per-row features). Every file is JSON and arrays (``policies.archive``), never code.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from drafters.base import shown
-from policies.base import BasePolicy, PolicyError, npz_bytes, read_npz, real
+from policies.archive import npz_bytes, read_npz
+from policies.base import BasePolicy, PolicyError, real
 
 # indices into the serving observation (env.serve_env.feature_names); checked against the feature names at load
 ROWS_AT, MATCH_ROWS_AT, CTX_AT, ROW_BLOCK_AT, ROW_WIDTH = 0, 4, 2, 9, 6

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import PolicyError, npz_bytes, read_npz, real
+from policies.archive import npz_bytes, read_npz
+from policies.base import PolicyError, real
 from policies.serving import SmartSpecPolicy
 
 LOG_CLIP = (

@@ -19,7 +19,7 @@ from env.safe_zip import ArchiveProblem, npy_array, read_npz, unpacked_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1 << 20
-BOMB = 272 * MB  # past a policy's bound (policies.base.POLICY_BYTES: 256 MB)
+BOMB = 272 * MB  # past a policy's bound (policies.archive.POLICY_BYTES: 256 MB)
 
 
 def zeros_member(zf: zipfile.ZipFile, name: str, size: int, head: bytes = b"") -> None:
@@ -98,7 +98,8 @@ def _warm():
 
 
 def test_a_member_the_payload_does_not_name_is_refused_unread(tmp_path):
-    from policies.base import POLICY_BYTES, PolicyError, load_policy
+    from policies.archive import POLICY_BYTES
+    from policies.base import PolicyError, load_policy
 
     path = write_zip(tmp_path / "junk.zip", shipped("ucb1.zip"), big={"junk.bin": 1000})
     with pytest.raises(PolicyError, match="member 'junk.bin' is not in header.json's payload") as err:
@@ -112,7 +113,8 @@ def test_a_member_the_payload_does_not_name_is_refused_unread(tmp_path):
 
 
 def test_a_named_member_past_the_policy_bound_is_refused_before_unpacking(tmp_path):
-    from policies.base import POLICY_BYTES, PolicyError, load_policy
+    from policies.archive import POLICY_BYTES
+    from policies.base import PolicyError, load_policy
 
     members = with_payload(shipped("ucb1.zip"), **{"state.json": bytes(BOMB)})
     path = write_zip(tmp_path / "big.zip", members)

@@ -154,7 +154,7 @@ def test_parameters_far_past_any_use_are_refused(make):
 def test_a_policy_is_not_saved_to_a_folder_or_an_empty_name_and_the_zip_checks_skip_a_fifo(tmp_path):
     import os
 
-    from policies.base import is_policy_zip, is_sb3_zip
+    from policies.archive import is_policy_zip, is_sb3_zip
 
     (tmp_path / "dir.zip").mkdir()
     for target in (tmp_path / "dir.zip", ""):

@@ -168,7 +168,7 @@ def test_a_train_out_never_replaces_an_input_or_another_file(files, tmp_path, ca
     for _ in range(2):  # the second run finds its own earlier policy there
         assert main(["train", str(cfg), "--out", str(tmp_path / "run"), "--policy", "ucb", "--json"]) == 0
         capsys.readouterr()
-    from policies.base import is_policy_zip
+    from policies.archive import is_policy_zip
 
     assert is_policy_zip(mine)
 

@@ -125,7 +125,8 @@ def test_a_damaged_best_zip_of_a_run_without_history_is_named(synth_trace, synth
 def test_a_checkpoint_whose_step_counter_differs_from_its_name_is_refused(synth_trace, synth_env, tmp_path):
     """A counter of 10^15 steps in the latest checkpoint skipped the rest of the training, and the policy was saved
     as trained to its budget."""
-    from policies.base import PolicyError, read_archive, write_archive
+    from policies.archive import read_archive, write_archive
+    from policies.base import PolicyError
     from policies.sb3_checkpoints import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
 
     run = tmp_path / "run"

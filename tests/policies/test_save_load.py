@@ -267,10 +267,10 @@ def test_a_linucb_state_of_non_finite_values_is_refused(tmp_path):
 
 
 def test_an_archive_declaring_more_than_a_policy_could_hold_is_not_unpacked(saved, monkeypatch):
-    import policies.base as base
+    import policies.archive as archive
 
     monkeypatch.setattr(
-        base, "ARCHIVE_BYTES", 10_000
+        archive, "ARCHIVE_BYTES", 10_000
     )  # a zip bomb, scaled down: declared sizes are checked first
     rewrite(saved, members={"extra.bin": b"\0" * 20_000})
     with pytest.raises(PolicyError, match="unpacked"):
@@ -309,7 +309,8 @@ def test_a_linucb_header_alone_does_not_allocate_its_matrices(saved, tmp_path):
     allocates arms x (obs_size + 1)^2 floats (2,000 features: 256 MB)."""
     import tracemalloc
 
-    from policies.base import npz_bytes, write_policy
+    from policies.archive import npz_bytes
+    from policies.base import write_policy
 
     header, _ = read_policy(saved)
     lin = LinUCB(ARMS, len(FEATURES), FEATURES)

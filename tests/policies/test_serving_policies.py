@@ -14,7 +14,8 @@ import pytest
 
 from env.roofline import roofline
 from env.serve_env import DEFAULT_ARMS, ROW_FEATURES, ServeSim, feature_names, obs_size
-from policies.base import PolicyError, load_policy, npz_bytes
+from policies.archive import npz_bytes
+from policies.base import PolicyError, load_policy
 from policies.serving import (
     BatchTablePolicy,
     BucketUCB,

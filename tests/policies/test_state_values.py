@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from policies.archive import npz_bytes, read_npz
 from policies.bandits import EXP3, ThompsonSampling
-from policies.base import PolicyError, load_policy, npz_bytes, read_npz, read_policy, write_policy
+from policies.base import PolicyError, load_policy, read_policy, write_policy
 from policies.linucb import LinUCB
 
 ARMS = ["none", "ngram-d2", "ngram-d4", "ngram-d8"]

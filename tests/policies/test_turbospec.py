@@ -10,7 +10,8 @@ import pytest
 
 from env.batch_cost import load_batch_cost
 from env.serve_env import feature_names, obs_size
-from policies.base import PolicyError, load_policy, npz_bytes
+from policies.archive import npz_bytes
+from policies.base import PolicyError, load_policy
 from policies.serving import SmartSpecPolicy
 from policies.turbospec import TurboSpecPolicy
 from tests.policies.test_serving_policies import ARMS, _with_state, make_sim, obs_with, trace  # noqa: F401
