@@ -227,6 +227,11 @@ class TargetModel(Protocol):
     def vocab_size(self) -> int: ...
 
 
+MAX_VOCAB = (
+    1 << 31
+)  # token ids without a target to bound them (no vocabulary is larger; ids are int32 on GPU)
+
+
 @dataclass
 class DraftContext:
     """What the engine hands a drafter each step. ``tokens`` is every committed token, prompt included; its last
@@ -246,6 +251,32 @@ class DraftContext:
     last_aux: torch.Tensor | None = None
     prompt_aux: torch.Tensor | None = None
     aux_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        """The history a drafter reads, checked once where a sequence starts (the engine then appends the ids it
+        commits to the same list): a non-empty list of token ids, within the target's vocabulary when there is a
+        target; numpy integers become ints in place. A tensor or array is refused (it was read as no match)."""
+        toks = self.tokens
+        if not isinstance(toks, list):
+            raise DrafterError(f"DraftContext.tokens must be a list of token ids, got {type(toks).__name__}")
+        if not toks:
+            raise DrafterError("DraftContext.tokens is empty: a drafter needs at least the root token")
+        if not all(type(t) is int for t in toks):
+            bad = next((t for t in toks if isinstance(t, bool) or not isinstance(t, Integral)), None)
+            if bad is not None:
+                raise DrafterError(f"DraftContext.tokens must be integer token ids, got {bad!r:.40}")
+            toks[:] = [int(t) for t in toks]
+        vocab = self.target.vocab_size if self.target is not None else MAX_VOCAB
+        lo, hi = min(toks), max(toks)
+        if lo < 0 or hi >= vocab:
+            raise DrafterError(
+                f"DraftContext.tokens holds id {lo if lo < 0 else hi}, outside the vocabulary (0..{vocab - 1})"
+            )
+        pl = self.prompt_len
+        if isinstance(pl, bool) or not isinstance(pl, Integral) or not 0 <= pl <= len(toks):
+            raise DrafterError(
+                f"DraftContext.prompt_len must be an integer in 0..{len(toks)}, got {pl!r:.40}"
+            )
 
 
 @dataclass(frozen=True)

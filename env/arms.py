@@ -28,7 +28,7 @@ DEFAULT_ARMS = (
 )
 
 
-def _arm(entry: Any) -> Arm:
+def _arm(entry: Any, known: set[str]) -> Arm:
     if isinstance(entry, Arm):
         return as_arm(entry)
     if isinstance(entry, str):
@@ -40,14 +40,21 @@ def _arm(entry: Any) -> Arm:
                 f"arm entry {dict(entry)} has unknown keys {sorted(unknown)}; valid: drafter, depth, topk, budget"
             )
         drafter = entry.get("drafter")
-        if drafter in (None, "none") or _int_field(entry, "depth", 1) == 0:
+        if drafter is not None and not (isinstance(drafter, str) and drafter.strip()):
+            raise DrafterError(
+                f"arm entry {dict(entry)}: drafter must be a drafter's name, got {drafter!r:.40}"
+            )
+        depth, topk, budget = (_int_field(entry, k, d) for k, d in (("depth", 1), ("topk", 1), ("budget", 0)))
+        if drafter in (None, "none") or depth == 0:  # (a drafter's depth 0 is no draft: checked as one below)
+            if drafter not in (None, "none") and drafter not in known:
+                raise DrafterError(
+                    f"arm entry {dict(entry)} uses unknown drafter {drafter!r}; "
+                    f"known drafters: {', '.join(sorted([*known, 'none']))}"
+                )
             return NO_DRAFT
         if "depth" not in entry:
             raise DrafterError(f"arm entry {dict(entry)} has no depth")
-        shape = TreeShape(
-            _int_field(entry, "depth", 1), _int_field(entry, "topk", 1), _int_field(entry, "budget", 0)
-        )
-        return Arm(str(drafter), shape.arm_shape())
+        return Arm(drafter, TreeShape(depth, topk, budget).arm_shape())
     raise DrafterError(f"cannot read arm {entry!r}; expected a name like ngram-d8, a mapping or an Arm")
 
 
@@ -87,10 +94,10 @@ def make_arms(
         entries = [e for e in entries.split(",") if e.strip()]
     if entries is not None and not isinstance(entries, Iterable):
         raise DrafterError(f"an arm menu is a list of arms or a comma list of names, got {entries!r:.60}")
-    arms = [_arm(e) for e in (DEFAULT_ARMS if entries is None else entries)]
+    known = set(DRAFTERS if known_drafters is None else known_drafters)
+    arms = [_arm(e, known) for e in (DEFAULT_ARMS if entries is None else entries)]
     if not arms:
         raise DrafterError("the arm menu is empty")
-    known = set(DRAFTERS if known_drafters is None else known_drafters)
     for a in arms:
         if a.drafter is not None and a.drafter not in known:
             raise DrafterError(
@@ -99,7 +106,8 @@ def make_arms(
     names = [a.name for a in arms]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise DrafterError(f"the arm menu lists {dup} more than once")
+        also = " (an entry of depth 0 is the arm none)" if NO_DRAFT.name in dup else ""
+        raise DrafterError(f"the arm menu lists {dup} more than once{also}")
     if NO_DRAFT.name in names:
         arms.remove(next(a for a in arms if a.name == NO_DRAFT.name))
     return (NO_DRAFT, *arms)

@@ -6,6 +6,7 @@ pure functions of ``env.replay`` (which the vector env shares); observations com
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from numbers import Integral
@@ -229,13 +230,25 @@ class SpecDecodeEnv(gym.Env):
         from env.batch import BatchEngine
         from env.model import LoadedModel, load_model
         from env.step import StepCosts, Stepper
-        from env.workloads import Prompt, load_workload
+        from env.workloads import Prompt, check_prompts, load_workload
 
         opts = drafter_options or {}
         if not isinstance(opts, dict) or not all(isinstance(v, dict) for v in opts.values()):
             raise EnvError(f"drafter_options must map drafter names to dicts of options, got {opts!r}")
         for name, kw in opts.items():  # every drafter and option named, those the menu does not use too
             make_drafter(name, **kw)  # (before the model loads; a head's weights load on first use)
+        if self.cost == "model" or spec.draft_features:  # (a step priced by it would fail once it was taken)
+            for arm in self.arms:
+                self.cost_model.draft_cost(arm)
+        if isinstance(workload, (list, tuple)):  # (before the model loads, as a workload file is read)
+            prompts = check_prompts(workload)
+        elif workload is None or isinstance(workload, (str, os.PathLike)):
+            prompts = load_workload(workload)
+        elif not isinstance(workload, Trace):
+            raise EnvError(
+                "workload must be a Spec-Bench JSONL path, 'builtin', a list of Prompt or a Trace, "
+                f"got {type(workload).__name__}"
+            )
         self.loaded = (
             model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype, device=device)
         )
@@ -249,7 +262,7 @@ class SpecDecodeEnv(gym.Env):
             self.prompts = [Prompt(pid, c, "") for pid, c in zip(workload.prompt_ids, cats)]
             self._token_cache = {i: workload.prompt(i) for i in range(workload.num_prompts)}
         else:
-            self.prompts = list(workload) if isinstance(workload, (list, tuple)) else load_workload(workload)
+            self.prompts = prompts
         self.prompt_ids = [str(p.prompt_id) for p in self.prompts]
         self.max_new_tokens = count_of("max_new_tokens", max_new_tokens, 128)
         if self.max_new_tokens < 2:
@@ -264,6 +277,7 @@ class SpecDecodeEnv(gym.Env):
 
     # ---- Gymnasium API ----
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self._check_open()
         options = check_options(options, ("prompt_id",), EnvError)
         super().reset(seed=None if seed is None else seed_value(seed, EnvError))
         if "prompt_id" in options:
@@ -291,12 +305,17 @@ class SpecDecodeEnv(gym.Env):
         return out
 
     def step(self, action: Any):
+        self._check_open()
         a = self._check_action(action)
         if self._done:
             raise EnvError("the episode has ended: call reset() before step()")
         if self.backend == "replay":
             return self._step_replay(a)
         return self._step_live(a)
+
+    def _check_open(self) -> None:
+        if self.backend == "live" and not hasattr(self, "stepper"):
+            raise EnvError("this env is closed (its model was released): make a new one")
 
     def _check_action(self, action: Any) -> int:
         try:

@@ -9,9 +9,11 @@ import functools
 import json
 import sysconfig
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from env.file_checks import not_a_file
 
@@ -124,6 +126,24 @@ def load_workload(
         out.extend(_round_robin(rows)[:per_category] if per_category else [p for _, p in rows])
     if not out:
         raise WorkloadError(f"workload {file} has no prompts")
+    return out
+
+
+def check_prompts(prompts: Sequence[Any], what: str = "workload") -> list[Prompt]:
+    """A workload given as a list of ``Prompt`` (the Python API's): not empty, each a ``Prompt`` of text, ids
+    unique (a second prompt under one id could never be chosen by it, and results are kept by id)."""
+    out = list(prompts)
+    if not out:
+        raise WorkloadError(f"the {what} has no prompts")
+    seen: set[str] = set()
+    for i, p in enumerate(out):
+        if not isinstance(p, Prompt):
+            raise WorkloadError(f"{what} entry {i} is a {type(p).__name__}, not a Prompt")
+        if not isinstance(p.text, str) or not isinstance(p.category, str):
+            raise WorkloadError(f"{what} entry {i} ({p.prompt_id!r}): its text and category must be strings")
+        if str(p.prompt_id) in seen:
+            raise WorkloadError(f"{what} entry {i}: prompt_id {p.prompt_id!r} is used twice")
+        seen.add(str(p.prompt_id))
     return out
 
 

@@ -154,6 +154,7 @@ def test_ids_outside_the_vocabulary_never_reach_the_table():
     with pytest.raises(DrafterError, match="holds torch.float32 values"):
         d.update(torch.tensor([3.0]), _logits([1, 2])[None])
     assert (d.ids == -1).all()  # nothing written
-    assert (
-        d.propose(DraftContext(tokens=[4, -2], prompt_len=1), TreeShape(depth=3)).num_nodes == 1
-    )  # root only
+    with pytest.raises(
+        DrafterError, match="holds id -2, outside the vocabulary"
+    ):  # (a root of -2 proposed it)
+        DraftContext(tokens=[4, -2], prompt_len=1)
