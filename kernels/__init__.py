@@ -25,12 +25,20 @@ from kernels.common import (
     VerifyBuffers,
     check_parents,
     check_sampling_inputs,
+    check_sampling_settings,
     check_trees,
     draw_coins,
+    is_greedy,
 )
-from kernels.lookup import prompt_lookup_reference
+from kernels.lookup import check_lookup_args, prompt_lookup_reference
 from kernels.reference import argmax_lastdim, inverse_cdf, process_logits, verify_reference
-from kernels.reference_tree import compact_kv_reference, tree_attention_reference, tree_buffers_reference
+from kernels.reference_tree import (
+    check_compact_args,
+    check_mask,
+    compact_kv_reference,
+    tree_attention_reference,
+    tree_buffers_reference,
+)
 
 __all__ = [
     "TreeBuffers",
@@ -81,16 +89,32 @@ def verify(
     """Verify a batch of padded draft trees against the target logits (DESIGN.md "Verification semantics").
 
     tokens, parents: int64 [B, N]; logits: [B, N, V] fp32 or bf16 (row i = target logits after node i);
-    num_nodes: int64 [B] (padding nodes are never accepted); temperature <= 0 is greedy; draft_probs: [B, N, V]
-    or None for deterministic drafts; coins: [B, N] and final_coins: [B] uniforms in [0, 1), drawn from
-    `generator` (coins first) when not given. Returns a Verdict (path, accept_len, next_token, accepted,
-    node_prob). ``out``: a `VerifyBuffers` of this (B, N, V) and device, written in place and returned as the
-    Verdict's tensors (path [B, N], -1 padded): no allocation and no host synchronization per call on CUDA.
+    num_nodes: int64 [B] (padding nodes are never accepted); temperature: finite, >= 0, 0 (and anything below
+    ``kernels.common.MIN_TEMPERATURE`` = 2**-100, where logits / T leaves float32) is greedy; top_k >= 0 (0: off),
+    top_p in [0, 1] (1: off); draft_probs: [B, N, V] or None for deterministic drafts; coins: [B, N] and
+    final_coins: [B] uniforms in [0, 1), drawn from `generator` (coins first) when not given. Returns a Verdict
+    (path, accept_len, next_token, accepted, node_prob). ``out``: a `VerifyBuffers` of this (B, N, V) and device,
+    written in place and returned as the Verdict's tensors (path [B, N], -1 padded): no allocation and no host
+    synchronization per call on CUDA.
     Trees outside the contract raise ``TreeError`` (``check_trees``: shapes always; the values of trees on the
     CPU when ``out`` is None — a call into buffers is a device-resident step's, which reads nothing back).
+    Wrong types and dtypes raise TypeError, settings out of range ValueError. Values, on the CPU only: sampling
+    coins outside [0, 1) and draft_probs outside [0, 1] raise ValueError when ``out`` is None; logits rows the
+    verification reads (greedy: every real node's; sampling: the rows the walk processes) must have a finite
+    maximum and no NaN (-inf marks an impossible token), else ValueError — folded into the work (the greedy row
+    maximum, the processed distribution), not a pass of its own; greedy into ``out`` reads nothing back, so checks
+    no logits. The Triton path (GPU) checks no values.
     """
     check_trees(tokens, parents, logits, num_nodes, values=out is None)
-    check_sampling_inputs(tokens, logits, draft_probs, coins, final_coins)
+    check_sampling_settings(temperature, top_k, top_p)
+    sampling = not is_greedy(temperature)
+    check_sampling_inputs(
+        tokens, logits, draft_probs, coins, final_coins, num_nodes, values=sampling and out is None
+    )
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if out is not None and not isinstance(out, VerifyBuffers):
+        raise TypeError(f"out must be kernels.VerifyBuffers or None, got {type(out).__name__}")
     kwargs = dict(
         num_nodes=num_nodes,
         temperature=temperature,
@@ -124,7 +148,10 @@ def tree_buffers(parents: Tensor, num_nodes: Tensor | None = None) -> TreeBuffer
 def prompt_lookup(hist: Tensor, cur_len: Tensor, depth: int, ngram: int) -> Tensor:
     """[B, depth] prompt-lookup drafts of each row (``kernels.lookup``): hist int64 [B, L], cur_len int64 [B] (the
     row's real tokens, the last the root). One Triton program per row where Triton runs (ngram up to 4), the torch
-    reference otherwise; neither reads back to the host."""
+    reference otherwise; neither reads back to the host. TypeError / ValueError for arguments outside that
+    (``kernels.lookup.check_lookup_args``: types, shapes, depth >= 0, ngram >= 1; not cur_len's values, which
+    would be a read back — ``check_lookup_args(..., values=True)`` checks them for a caller that may read)."""
+    check_lookup_args(hist, cur_len, depth, ngram)
     if triton_enabled(hist) and 1 <= ngram <= 4:
         from kernels.triton_lookup import prompt_lookup_triton
 
@@ -136,7 +163,9 @@ def tree_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) 
     """Attention of a few nodes per row over a KV cache under a mask (a decoding or verify step): q [B, H, Q, D],
     k and v [B, Hkv, S, D] (a view of the cache: any strides), mask bool [B, 1, Q, S]; returns [B, Q, H, D]. The
     split-key Triton kernel where it takes the shapes (``kernels.triton_attention.supported``: the ones verified on a
-    GPU), SDPA otherwise; in bf16 the two agree within bf16 rounding, not within 1e-6."""
+    GPU), SDPA otherwise; in bf16 the two agree within bf16 rounding, not within 1e-6. TypeError for a mask that
+    is not boolean."""
+    check_mask(mask)
     if triton_enabled(q):
         from kernels.triton_attention import supported, tree_attention_triton
 
@@ -147,7 +176,10 @@ def tree_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) 
 
 def compact_kv_(kv: Tensor, start: int, path: Tensor) -> int:
     """In place: kv[:, :, start + k] = kv[:, :, start + path[k]] for k < S; returns start + S.
-    kv: [B, H, L, D]; path: int64 [S], increasing node indices relative to `start`."""
+    kv: [B, H, L, D]; path: int64 [S], strictly increasing node indices relative to `start`, start + path[-1] < L.
+    TypeError / ValueError otherwise (``kernels.reference_tree.check_compact_args``: the path's values where it
+    lies on the CPU, only its shape on a GPU)."""
+    check_compact_args(kv, start, path)
     if triton_enabled(kv):
         from kernels.triton_kv import compact_kv_triton
 

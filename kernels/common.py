@@ -8,8 +8,10 @@ Trees follow DESIGN.md "Trees": node 0 is the root (the last committed token), `
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 
 import torch
 from torch import Tensor
@@ -127,22 +129,133 @@ class TreeError(ValueError):
     """A draft tree outside the contract (DESIGN.md "Trees"): the message names the row, the node and the rule."""
 
 
+# Temperatures in (0, MIN_TEMPERATURE) sample greedily, the T -> 0 limit of softmax(logits / T). Below it z = logits *
+# fp32(1/T) leaves float32 (1/T itself overflows below 2**-128, and z does for |logits| >= 2**28 at 2**-100), and the
+# distribution is already one-hot on the argmax in float32 for any two logits that differ by more than ~100 T
+# (1e-28; fp32 logits of magnitude >= 2**-70 differ by more than that or are equal): the only difference is that
+# exact ties go to the first maximum instead of a draw among them, and no coins are drawn. At and above it the
+# sampling is softmax(logits * fp32(1/T)), bit for bit as before.
+MIN_TEMPERATURE = 2.0**-100
+
+
+def is_greedy(temperature: float) -> bool:
+    """Whether ``temperature`` (checked by ``check_sampling_settings``) means greedy decoding."""
+    return temperature < MIN_TEMPERATURE
+
+
+def check_sampling_settings(temperature: float, top_k: int, top_p: float) -> None:
+    """Raise TypeError / ValueError unless temperature is a finite real >= 0 (0 greedy), top_k an integer in
+    [0, 2**31 - 1] (0: no top-k) and top_p a finite real in [0, 1] (1: no top-p; 0 keeps only the tokens tied for
+    the largest logit). The ranges of ``env.engine.Sampling``, which refuses top_p = 0 as a setting."""
+    for name, v in (("temperature", temperature), ("top_p", top_p)):
+        if not isinstance(v, Real) or isinstance(v, bool):
+            raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
+        try:
+            finite = math.isfinite(v)
+        except OverflowError:  # an integer too large for a float
+            finite = False
+        if not finite:
+            raise ValueError(f"{name} must be finite, got {v!r}"[:200])
+    if not isinstance(top_k, Integral) or isinstance(top_k, bool):
+        raise TypeError(f"top_k must be an integer, got {top_k!r} ({type(top_k).__name__})"[:200])
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature!r}")
+    if not 0 <= top_k <= (1 << 31) - 1:
+        raise ValueError(f"top_k must be in [0, 2**31 - 1] (0: no top-k), got {top_k!r}"[:200])
+    if not 0 <= top_p <= 1:
+        raise ValueError(f"top_p must be in [0, 1] (1: no top-p), got {top_p!r}")
+
+
+_KINDS = {"integer": "integers", "floating": "real floating-point numbers", "bool": "booleans"}
+
+
+def check_tensor(name: str, t: object, kind: str, optional: bool = False) -> None:
+    """Raise TypeError unless ``t`` is a torch.Tensor of ``kind`` ("integer": any integer dtype but bool,
+    "floating": a real floating dtype, "bool"), or None where ``optional``; ValueError for a meta tensor (it holds
+    no values to compute with)."""
+    if t is None and optional:
+        return
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of {_KINDS[kind]}, got {type(t).__name__}")
+    dt = t.dtype
+    if kind == "floating":
+        ok = dt.is_floating_point
+    elif kind == "bool":
+        ok = dt == torch.bool
+    else:
+        ok = not dt.is_floating_point and not dt.is_complex and dt != torch.bool
+    if not ok:
+        raise TypeError(f"{name} must hold {_KINDS[kind]}, got a {dt} tensor")
+    if t.is_meta:
+        raise ValueError(f"{name} is a meta tensor: it holds no values to compute with")
+
+
+def check_uniforms(name: str, u: Tensor, valid: Tensor | None = None) -> None:
+    """Raise ValueError unless every entry of ``u`` (where ``valid``, if given) lies in [0, 1): NaN, a negative
+    coin or one >= 1 would accept or reject regardless of the probabilities. One small reduction (B x N)."""
+    if u.numel() == 0:
+        return
+    x = u if valid is None else torch.where(valid, u, 0.0)
+    lo, hi = torch.aminmax(x)
+    if bool(lo >= 0) and bool(hi < 1):  # NaN propagates into both and fails them
+        return
+    at = [int(i) for i in (~((x >= 0) & (x < 1))).nonzero()[0]]
+    raise ValueError(f"{name}{at} = {float(x[tuple(at)])!r} is not a uniform in [0, 1)")
+
+
+def raise_bad_logits(row: Tensor, where: str, temperature: float) -> None:
+    """Raise ValueError naming why the logits ``row`` [V] give no distribution: a NaN, a +inf, no finite value
+    (all -inf), or, at a tiny temperature, z = logits * fp32(1/T) overflowing float32."""
+    if bool(row.isnan().any()):
+        why = "holds NaN"
+    elif bool((row == float("inf")).any()):
+        why = "holds +inf"
+    elif bool((row == float("-inf")).all()):
+        why = "is all -inf (no token is possible)"
+    else:
+        big = float(row.abs().max())
+        why = (f"times 1/temperature overflows float32 (|logit| up to {big:.3g} at temperature {temperature!r}: "
+               f"use temperature 0 for greedy)")  # fmt: skip
+    raise ValueError(f"logits{where} {why}: logits must be finite (-inf marks an impossible token)")
+
+
 def check_sampling_inputs(
     tokens: Tensor,
     logits: Tensor,
     draft_probs: Tensor | None,
     coins: Tensor | None,
     final_coins: Tensor | None,
+    num_nodes: Tensor | None = None,
+    values: bool = False,
 ) -> None:
     """Raise ``TreeError`` unless the sampling inputs given have their documented shapes (draft_probs [B, N, V],
     coins [B, N], final_coins [B]): one row's coins broadcast to every row would tie the rows' draws together
-    (no longer independent samples), and the Triton kernel would read past a short buffer."""
+    (no longer independent samples), and the Triton kernel would read past a short buffer. TypeError unless they
+    are floating-point tensors. With ``values`` (a sampling call; what lies on the CPU: reading a GPU tensor would
+    synchronize the step), ValueError unless the real nodes' coins and the final coins are in [0, 1) and
+    draft_probs in [0, 1] (one reduction over [B, N, V]: about 1-4 % of a CPU verify with draft_probs)."""
+    for name, t in (("draft_probs", draft_probs), ("coins", coins), ("final_coins", final_coins)):
+        check_tensor(name, t, "floating", optional=True)
     B, N = tokens.shape
     V = logits.shape[-1]
     for name, t, want in (("draft_probs", draft_probs, (B, N, V)), ("coins", coins, (B, N)),
                           ("final_coins", final_coins, (B,))):  # fmt: skip
         if t is not None and tuple(t.shape) != want:
             raise TreeError(f"{name} {tuple(t.shape)} must be {list(want)} for B, N, V = {B}, {N}, {V}")
+    if not values:
+        return
+    if coins is not None and coins.device.type == "cpu":  # the padding's coins are never read
+        on_cpu = num_nodes is None or num_nodes.device.type == "cpu"
+        check_uniforms("coins", coins, valid_mask(num_nodes, B, N, coins.device) if on_cpu else None)
+    if final_coins is not None and final_coins.device.type == "cpu":
+        check_uniforms("final_coins", final_coins)
+    if draft_probs is not None and draft_probs.device.type == "cpu" and draft_probs.numel():
+        lo, hi = torch.aminmax(draft_probs)
+        if not (bool(lo >= 0) and bool(hi <= 1)):  # NaN fails both
+            at = [int(i) for i in (~((draft_probs >= 0) & (draft_probs <= 1))).nonzero()[0]]
+            raise ValueError(
+                f"draft_probs{at} = {float(draft_probs[tuple(at)])!r} is not a probability (finite, in [0, 1])"
+            )
 
 
 def check_trees(
@@ -151,7 +264,12 @@ def check_trees(
     """Raise ``TreeError`` for trees ``kernels.verify`` cannot verify: shapes always (tokens and parents [B, N],
     logits [B, N, V], num_nodes [B]); with ``values``, when the trees lie on the CPU (reading them from a GPU would
     synchronize the step), also 1 <= num_nodes <= N, the root's parent -1, every other real node's parent an
-    earlier node, every real node's token within the vocabulary."""
+    earlier node, every real node's token within the vocabulary. TypeError unless tokens, parents and num_nodes
+    are integer tensors and logits a real floating-point one."""
+    check_tensor("tokens", tokens, "integer")
+    check_tensor("parents", parents, "integer")
+    check_tensor("logits", logits, "floating")
+    check_tensor("num_nodes", num_nodes, "integer", optional=True)
     if tokens.dim() != 2 or parents.shape != tokens.shape:
         raise TreeError(
             f"tokens {tuple(tokens.shape)} and parents {tuple(parents.shape)} must both be [B, N]"
@@ -159,8 +277,8 @@ def check_trees(
     B, N = tokens.shape
     if N < 1:
         raise TreeError("trees of no nodes: every tree holds at least its root (node 0)")
-    if logits.dim() != 3 or tuple(logits.shape[:2]) != (B, N):
-        raise TreeError(f"logits {tuple(logits.shape)} must be [B, N, V] with B, N = {B}, {N}")
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != (B, N) or logits.shape[2] < 1:
+        raise TreeError(f"logits {tuple(logits.shape)} must be [B, N, V] with B, N = {B}, {N} and V >= 1")
     if num_nodes is not None and tuple(num_nodes.shape) != (B,):
         raise TreeError(f"num_nodes {tuple(num_nodes.shape)} must be [B] with B = {B}")
     held = (tokens, parents) + ((num_nodes,) if num_nodes is not None else ())
@@ -179,7 +297,10 @@ def check_trees(
 def check_parents(parents: Tensor, num_nodes: Tensor | None) -> Tensor:
     """Raise ``TreeError`` for padded trees whose links are not trees: parents not [B, N], num_nodes not [B], and,
     when they lie on the CPU, num_nodes outside 1..N, a root whose parent is not -1, a real node whose parent is not
-    an earlier node. Returns the mask of real nodes [B, N] (``valid_mask``)."""
+    an earlier node. TypeError unless both are integer tensors. Returns the mask of real nodes [B, N]
+    (``valid_mask``)."""
+    check_tensor("parents", parents, "integer")
+    check_tensor("num_nodes", num_nodes, "integer", optional=True)
     if parents.dim() != 2 or parents.shape[1] < 1:
         raise TreeError(
             f"parents {tuple(parents.shape)} must be [B, N] with N >= 1 (every tree holds its root)"

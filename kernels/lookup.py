@@ -6,8 +6,40 @@ read nothing back to the host (a device-resident step's draft, ``env.device_loop
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import torch
 from torch import Tensor
+
+from kernels.common import check_tensor
+
+
+def check_lookup_args(hist: Tensor, cur_len: Tensor, depth: int, ngram: int, values: bool = False) -> None:
+    """Raise TypeError / ValueError unless ``prompt_lookup`` can read them: hist an integer tensor [B, L] with
+    L >= 1, cur_len an integer tensor [B] on hist's device, depth an integer >= 0, ngram an integer >= 1. With
+    ``values`` (cur_len on the CPU) also 1 <= cur_len <= L: ``prompt_lookup`` itself does not ask for that, as
+    reading cur_len back is what a device-resident step must not do, on any device (``env.device_loop``)."""
+    check_tensor("hist", hist, "integer")
+    check_tensor("cur_len", cur_len, "integer")
+    if hist.dim() != 2 or hist.shape[1] < 1:
+        raise ValueError(f"hist {tuple(hist.shape)} must be [B, L] with L >= 1")
+    B, L = hist.shape
+    if tuple(cur_len.shape) != (B,):
+        raise ValueError(f"cur_len {tuple(cur_len.shape)} must be [B] with B = {B}")
+    if cur_len.device != hist.device:
+        raise ValueError(f"cur_len is on {cur_len.device}, hist on {hist.device}: they must share a device")
+    for name, v, least in (("depth", depth, 0), ("ngram", ngram, 1)):
+        if not isinstance(v, Integral) or isinstance(v, bool):
+            raise TypeError(f"{name} must be an integer, got {v!r} ({type(v).__name__})"[:200])
+        if v < least:
+            raise ValueError(f"{name} must be >= {least}, got {v}")
+    if values and cur_len.device.type == "cpu" and B > 0:
+        bad = ((cur_len < 1) | (cur_len > L)).nonzero()
+        if len(bad):
+            b = int(bad[0, 0])
+            raise ValueError(
+                f"row {b}: cur_len {int(cur_len[b])} is not within 1..{L} (the root is a real token)"
+            )
 
 
 def prompt_lookup_reference(hist: Tensor, cur_len: Tensor, depth: int, ngram: int) -> Tensor:

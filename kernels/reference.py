@@ -17,7 +17,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernels.common import Verdict, VerifyBuffers, draw_coins, valid_mask, verdict_from_accepted
+from kernels.common import (
+    Verdict,
+    VerifyBuffers,
+    check_sampling_settings,
+    check_tensor,
+    draw_coins,
+    is_greedy,
+    raise_bad_logits,
+    valid_mask,
+    verdict_from_accepted,
+)
 
 _ARGMAX_CHUNK = 1024
 _SMALL_WALK = 2048  # B * N up to which the greedy walk runs in plain Python on CPU
@@ -26,12 +36,42 @@ _SMALL_WALK = 2048  # B * N up to which the greedy walk runs in plain Python on 
 def process_logits(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """Processed target distribution: softmax(top_p(top_k(logits / T))) in fp32, over the last dim.
 
-    logits: [..., V] (any float dtype); returns float32 [..., V]. temperature <= 0 means greedy: the one-hot
-    of the (first) argmax. Also the sampler for plain autoregressive steps.
+    logits: [..., V] (any float dtype); returns float32 [..., V]. temperature 0 (or below
+    ``kernels.common.MIN_TEMPERATURE``) means greedy: the one-hot of the (first) argmax. Also the sampler for plain
+    autoregressive steps. Settings out of range raise TypeError / ValueError (``check_sampling_settings``); on the
+    CPU a row with a NaN, a +inf, no finite logit, or logits * fp32(1/T) overflowing float32 raises ValueError
+    (found from the result: such a row's softmax is NaN throughout, so one element per row tells; on a GPU the
+    check would read a flag back, and is not made).
     """
+    check_sampling_settings(temperature, top_k, top_p)
+    check_tensor("logits", logits, "floating")
+    if logits.dim() == 0 or logits.shape[-1] < 1:
+        raise ValueError(f"logits {tuple(logits.shape)} must be [..., V] with V >= 1")
+    cpu = logits.device.type == "cpu"
+    if is_greedy(temperature):
+        am = argmax_lastdim(logits)  # a NaN anywhere in a row is its argmax (as torch.argmax)
+        if cpu:
+            _check_rows(logits, ~torch.isfinite(logits.gather(-1, am[..., None])[..., 0]), temperature)
+        return torch.nn.functional.one_hot(am, logits.shape[-1]).to(torch.float32)
+    p = sampling_distribution(logits, temperature, top_k, top_p)
+    if cpu:
+        _check_rows(logits, p[..., 0].isnan(), temperature)
+    return p
+
+
+def _check_rows(logits: Tensor, bad: Tensor, temperature: float, suffix: str = "") -> None:
+    """Raise ValueError for the first row of ``logits`` [..., V] flagged in ``bad`` [...] (``raise_bad_logits``;
+    ``suffix``: more index of the row, after the flag's)."""
+    if bool(bad.any()):
+        at = tuple(int(i) for i in bad.nonzero()[0])
+        where = f"[{', '.join(map(str, at))}{suffix}]" if at or suffix else ""  # a single row: no index
+        raise_bad_logits(logits[at], where, temperature)
+
+
+def sampling_distribution(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """``process_logits`` at a sampling temperature (>= ``MIN_TEMPERATURE``), unchecked: the walk's inner step.
+    A row with a NaN, a +inf, no finite logit, or an overflowing logits * fp32(1/T) comes out NaN throughout."""
     V = logits.shape[-1]
-    if temperature <= 0:
-        return torch.nn.functional.one_hot(argmax_lastdim(logits), V).to(torch.float32)
     z = logits.float() * (1.0 / temperature)  # z: [..., V]; times fp32(1/T), exactly as the Triton kernel
     if 0 < top_k < V:
         kth = torch.topk(z, top_k, dim=-1).values[..., -1:]  # [..., 1]
@@ -67,7 +107,8 @@ def argmax_lastdim(x: Tensor) -> Tensor:
     rmax = bmax.amax(-1)
     if tail.shape[-1] > 0:
         rmax = torch.maximum(rmax, tail.amax(-1))
-    hit = bmax == rmax[:, None]  # [R, nb]
+    # [R, nb]; a NaN block maximum counts as a hit: NaN is the row maximum then (amax and torch.argmax propagate it)
+    hit = (bmax == rmax[:, None]) | bmax.isnan()
     in_blocks = hit.any(-1)
     b = hit.to(torch.uint8).argmax(-1)  # first block holding the maximum
     r = torch.arange(R, device=x.device)
@@ -108,7 +149,7 @@ def verify_reference(
             num_nodes = out.all_nodes
     valid = valid_mask(num_nodes, B, N, device)  # [B, N]
     par = torch.where(valid, parents, 0).clamp(min=0)  # [B, N]; root and padding point at the root
-    if temperature <= 0:
+    if is_greedy(temperature):
         v = _verify_greedy(tokens, par, logits, valid, lists=out is None)
     else:
         coins, final_coins = draw_coins(B, N, device, coins, final_coins, generator)
@@ -132,7 +173,11 @@ def _into(v: Verdict, out: VerifyBuffers) -> Verdict:
 
 def _verify_greedy(tokens: Tensor, par: Tensor, logits: Tensor, valid: Tensor, lists: bool = True) -> Verdict:
     B, N, V = logits.shape
-    am = argmax_lastdim(logits)  # am: [B, N], argmax of each row
+    am = argmax_lastdim(logits)  # am: [B, N], argmax of each row (a NaN where the row holds one)
+    if (
+        lists and logits.device.type == "cpu"
+    ):  # each real row's maximum finite (not into buffers: a read back)
+        _check_rows(logits, valid & ~torch.isfinite(logits.gather(-1, am[..., None])[..., 0]), 0.0)
     small = lists and logits.device.type == "cpu" and B * N <= _SMALL_WALK
     if small:
         path, accept_len, next_token, accepted = greedy_walk_lists(tokens, par, am, valid)
@@ -225,7 +270,7 @@ def _verify_sampling(
     rows = torch.arange(B, device=device)
 
     def node_prob() -> Tensor:  # computed on first access: it needs every row processed
-        probs = process_logits(logits, temperature, top_k, top_p)  # p: [B, N, V]
+        probs = sampling_distribution(logits, temperature, top_k, top_p)  # p: [B, N, V]
         p = probs[rows[:, None], par, tokens.clamp(0, V - 1)]  # [B, N]
         p[:, 0] = 1.0
         return torch.where(valid, p, 0.0)
@@ -233,8 +278,13 @@ def _verify_sampling(
     # Scan nodes in index order: node i is tried iff its parent is the current node (children of the current
     # node come in increasing index, and every child of an accepted node has a larger index than it). Rows are
     # processed only when the walk descends into them.
+    def processed(i: int, used: Tensor) -> Tensor:  # p of rows i [B, V]; the rows ``used`` must be defined
+        p = sampling_distribution(logits[:, i], temperature, top_k, top_p)
+        _check_rows(logits[:, i], used & p[:, 0].isnan(), temperature, suffix=f", {i}")
+        return p
+
     cur = torch.zeros(B, dtype=torch.int64, device=device)
-    r = process_logits(logits[:, 0], temperature, top_k, top_p)  # residual at the current node: [B, V]
+    r = processed(0, valid[:, 0])  # residual at the current node: [B, V]
     accepted = torch.zeros(B, N, dtype=torch.bool, device=device)
     accepted[:, 0] = True
     for i in range(1, N):
@@ -249,6 +299,12 @@ def _verify_sampling(
         else:  # accept iff coin <= p[x] / q[x]; residual max(p - q, 0)
             q = draft_probs[:, i].float()  # q: [B, V]
             qx = q.gather(1, x)[:, 0]
+            if bool((tried & ~(qx > 0)).any()):  # p / 0 would accept always
+                b = int((tried & ~(qx > 0)).nonzero()[0, 0])
+                raise ValueError(
+                    f"draft_probs[{b}, {i}, {int(x[b, 0])}] = {float(qx[b])!r}: node {i} was drawn from it, so its "
+                    "token's probability must be > 0"
+                )
             acc = tried & (coins[:, i] <= rx / qx) & (rx > 0)
             nr = (r - q).clamp(min=0.0)
         rej = tried & ~acc
@@ -258,7 +314,7 @@ def _verify_sampling(
             r = torch.where(upd, nr / s, r)
         if bool(acc.any()):
             cur = torch.where(acc, i, cur)
-            r = torch.where(acc[:, None], process_logits(logits[:, i], temperature, top_k, top_p), r)
+            r = torch.where(acc[:, None], processed(i, acc), r)
             accepted[:, i] = acc
     next_token = inverse_cdf(r, final_coins)
     return verdict_from_accepted(accepted, next_token, node_prob)

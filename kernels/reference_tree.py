@@ -7,10 +7,12 @@ node i attends to the committed prefix and to its ancestors including itself, at
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import torch
 from torch import Tensor
 
-from kernels.common import TreeBuffers, valid_mask
+from kernels.common import TreeBuffers, check_tensor, valid_mask
 
 
 def tree_buffers_reference(parents: Tensor, num_nodes: Tensor | None = None) -> TreeBuffers:
@@ -86,11 +88,47 @@ def compact_kv_reference(kv: Tensor, start: int, path: Tensor) -> int:
     return start + S
 
 
+def check_compact_args(kv: Tensor, start: int, path: Tensor) -> None:
+    """Raise TypeError / ValueError unless ``compact_kv_`` can move ``path`` in ``kv``: kv [B, H, L, D]; start an
+    integer in [0, L]; path a 1-D integer tensor of S <= L - start node indices relative to ``start``. Where path
+    lies on the CPU also its values: non-negative, strictly increasing (what makes the in-place copy race free),
+    start + path[-1] < L. On a GPU only its shape (reading the values back would synchronize the step)."""
+    if not isinstance(kv, Tensor):  # any dtype: the move is a bit copy
+        raise TypeError(f"kv must be a torch.Tensor, got {type(kv).__name__}")
+    if kv.dim() != 4:
+        raise ValueError(f"kv {tuple(kv.shape)} must be [B, H, L, D]")
+    L = kv.shape[2]
+    if not isinstance(start, Integral) or isinstance(start, bool):
+        raise TypeError(f"start must be an integer, got {start!r} ({type(start).__name__})"[:200])
+    if not 0 <= start <= L:
+        raise ValueError(f"start {start} is not a position of the cache (0..{L})")
+    check_tensor("path", path, "integer")
+    if path.dim() != 1 or path.numel() > L - start:
+        raise ValueError(f"path {tuple(path.shape)} must be [S] with S <= L - start = {L - start}")
+    if path.device.type != "cpu" or path.numel() == 0:
+        return
+    steps = path[1:] - path[:-1]
+    if int(path[0]) < 0 or bool((steps <= 0).any()):
+        raise ValueError(f"path {path.tolist()[:32]} must be non-negative and strictly increasing")
+    if start + int(path[-1]) >= L:
+        raise ValueError(
+            f"path's last node {int(path[-1])} lies past the cache: start {start} + it >= L = {L}"
+        )
+
+
+def check_mask(mask: Tensor) -> None:
+    """TypeError unless the attention mask is boolean: SDPA reads a float mask as an additive bias (0 and 1 would
+    mask nothing)."""
+    check_tensor("mask", mask, "bool")
+
+
 def tree_attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
     """Attention of Q nodes per row over S keys under a mask: q [B, H, Q, D], k and v [B, Hkv, S, D] (query head h
     reads KV head h // (H / Hkv), as transformers' grouped-query attention), mask bool [B, 1, Q, S] (True: the node
     sees the key); returns [B, Q, H, D] (the layout the output projection reads)."""
     import torch.nn.functional as F
+
+    check_mask(mask)
 
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]

@@ -292,7 +292,7 @@ def verify_triton(
     logits = logits.contiguous()
     tokens = tokens.to(device=device, dtype=torch.int64).contiguous()
     parents = parents.to(device=device, dtype=torch.int64).contiguous()
-    greedy = temperature <= 0
+    greedy = common.is_greedy(temperature)
     mode = _GREEDY if greedy else (_DETERMINISTIC if draft_probs is None else _DRAFT_PROBS)
     if out is not None:
         out.check(B, N, V, device, mode == _DRAFT_PROBS)
