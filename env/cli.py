@@ -15,7 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kernels.timing import holds_other_than_json  # (kernels.bench checks --json with it too)
+from kernels.timing import (  # (kernels.bench checks --json with it too)
+    format_of,
+    holds_other_than,
+    holds_other_than_json,
+)
 
 EXIT_USAGE = 2
 
@@ -179,18 +183,24 @@ def output_file(
     flag: str = "--json",
     inputs: tuple[object, ...] = (),
     folders: tuple[object, ...] = (),
+    formats: tuple[str, ...] = (),
 ) -> Path | None:
     """Check, before any work, that ``path`` can be written: not a directory, none of the command's ``inputs``
     (as ``check_not_input``), in none of the folders it reads (``folders``, as ``check_not_inside``), for
-    ``--json`` no file but an earlier JSON result, its folder made and writable (``ProgramError`` naming ``flag``
+    ``--json`` no file but an earlier JSON result, with ``formats`` no file but a JSON object of one of them (a
+    cost model replaces only a cost model), its folder made and writable (``ProgramError`` naming ``flag``
     otherwise). None stays None (nothing to write)."""
     if path is None:
         return None
     out = check_output_kind(path, flag)
     check_not_input(out, flag, inputs)
     check_not_inside(out, flag, folders)
-    if flag == "--json" and holds_other_than_json(out):
-        raise ProgramError(f"{flag} {path} exists and is not a JSON file; not overwritten")
+    if formats and holds_other_than(out, formats):
+        raise ProgramError(f"{flag} {path} exists and is not a {' or '.join(formats)} file; not overwritten")
+    if not formats and flag == "--json" and holds_other_than_json(out):
+        kind = format_of(out)
+        what = "a JSON file" if kind is None else f"a JSON result but a {kind} file"
+        raise ProgramError(f"{flag} {path} exists and is not {what}; not overwritten")
     folder = out.parent
     if folder.exists() and not folder.is_dir():
         raise ProgramError(f"{flag} {path}: {folder} is a file, not a folder")

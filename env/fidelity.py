@@ -138,6 +138,7 @@ def _main(argv: list[str] | None) -> int:
         p.error("argument --save-cost-model: only with --calibrate (it saves the cost model calibrated here)")
     if args.calibrate and args.cost_model:
         p.error("argument --cost-model: not with --calibrate (that calibrates the cost model used)")
+    from env.cost import FORMAT as COST_FORMAT
     from env.cost import default_cost_model_path, load_cost_model
     from env.trace import default_trace_path, load_trace
 
@@ -148,7 +149,8 @@ def _main(argv: list[str] | None) -> int:
     out = output_file(
         args.json, inputs=(trace_file, args.cost_model or default_cost_model_path()), folders=read
     )
-    save_to = output_file(args.save_cost_model, "--save-cost-model", inputs=(trace_file,), folders=read)
+    save_to = output_file(args.save_cost_model, "--save-cost-model", inputs=(trace_file,), folders=read,
+                          formats=(COST_FORMAT,))  # fmt: skip
     if out is not None and save_to is not None and out.resolve() == save_to.resolve():
         raise ProgramError(
             f"--json and --save-cost-model both name {out}; the rows would overwrite the cost model"

@@ -19,7 +19,7 @@ import torch
 
 from env.allocator import settle_allocator
 from env.machine import cache_dir, cpu_has_bf16, settle_packed, settle_wide
-from env.model_checks import check_config, check_eos, check_weights
+from env.model_checks import check_config, check_eos, check_no_code, check_weights
 from env.tokenizer import folder_tokenizer, tokenizer_of
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -234,8 +234,10 @@ def embedded_model_folder() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        src = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False
+        )
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
         config = src.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config
@@ -373,6 +375,7 @@ def load_model(
             raise ValueError("not a JSON object")
     except (OSError, ValueError, RecursionError) as err:
         raise ModelError(f"cannot read {folder / 'config.json'}: {str(err).splitlines()[0]}") from err
+    check_no_code(folder, values)
     check_config(values, folder / "config.json")
     folder_eos(
         folder, values.get("eos_token_id")
@@ -464,8 +467,9 @@ def _hf_model(folder: Path, dtype: torch.dtype, device: torch.device) -> torch.n
     hf_logging.set_verbosity_error()  # its load report is ours to give, as one line
     try:
         net, info = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, attn_implementation="sdpa", output_loading_info=True, use_safetensors=True
-        )
+            folder, dtype=dtype, attn_implementation="sdpa", output_loading_info=True, use_safetensors=True,
+            trust_remote_code=False,
+        )  # fmt: skip
     except Exception as err:  # noqa: BLE001  (a config or weights transformers refuses fails in many ways: one line)
         from drafters.base import reason
 

@@ -22,6 +22,30 @@ def _error(message: str) -> Exception:
     return ModelError(message)
 
 
+CODE_BYTES = (
+    64 << 20
+)  # a tokenizer_config.json read for ``auto_map`` (far past any real one; transformers reads it too)
+
+
+def check_no_code(folder: Path, values: dict[str, Any]) -> None:
+    """A folder whose ``config.json`` or ``tokenizer_config.json`` names code of its own (``auto_map``: transformers
+    would import Python files from the folder, after asking on a terminal) is refused: draftgym runs no code from a
+    file. (transformers is also always called with ``trust_remote_code=False``.)"""
+    tok = folder / "tokenizer_config.json"
+    found = {"config.json": values}
+    try:
+        if tok.is_file() and tok.stat().st_size <= CODE_BYTES:
+            found["tokenizer_config.json"] = json.loads(tok.read_bytes())
+    except (OSError, ValueError, RecursionError):  # (a damaged one is the tokenizer's error, named there)
+        pass
+    for name, v in found.items():
+        if isinstance(v, dict) and "auto_map" in v:
+            raise _error(
+                f"{folder / name} names custom code (auto_map): draftgym runs no code from a model folder; "
+                "use a model of a transformers architecture"
+            )
+
+
 def check_config(values: dict[str, Any], where: Path) -> None:
     """The sizes a decoder-only model's ``config.json`` gives, as the engines read them: positive integers (within
     what a model could be), heads that divide, a positive epsilon; ``ModelError`` naming the field otherwise."""

@@ -115,7 +115,7 @@ def folder_tokenizer(folder: Path) -> Any:
     try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(folder)
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)  # (never code from a file)
     except Exception as err:  # noqa: BLE001  (a damaged tokenizer fails in many ways, a KeyError among them: one line)
         raise ModelError(f"cannot load the tokenizer of {folder} ({reason(err, kind=True)})") from None
 

@@ -307,6 +307,10 @@ def output_file(
     if out.exists():
         check_not_input(out, flag, inputs)
         if earlier is not None and out.is_file() and not earlier[0](out):
-            raise UserError(f"{flag} {out} exists and is not {earlier[1]}; not overwritten")
+            from kernels.timing import format_of
+
+            kind = format_of(out)
+            what = earlier[1] if kind is None else f"{earlier[1]} but a {kind} file"
+            raise UserError(f"{flag} {out} exists and is not {what}; not overwritten")
     output_dir(out.parent if str(out.parent) else ".", flag=f"{flag} {out}: folder")
     return out

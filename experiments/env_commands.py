@@ -46,14 +46,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     names = _drafter_list(args.drafters)
     options = _options_of(names, args.drafter_option, "time")
-    # an existing file there must be an earlier cost model (one JSON object), not a policy or a trace named by a
-    # misplaced flag
-    from env.cli import check_not_inside, holds_other_than_json
+    # an existing file there must be an earlier cost model of the kind written, not a policy, a trace or another
+    # command's results named by a misplaced flag
+    from env.batch_cost import FORMAT as BATCH_FORMAT
+    from env.cli import check_not_inside, holds_other_than
+    from env.cost import FORMAT as COST_FORMAT
     from env.model import model_folder
 
     out = args.out or ("runs/batch_cost.json" if args.batch else "runs/cost_model.json")
     check_not_inside(out, "--out", (model_folder(args.model),))  # (a model's config.json is JSON too)
-    out = output_file(out, earlier=(lambda p: not holds_other_than_json(p), "a JSON file"))
+    kind = BATCH_FORMAT if args.batch else COST_FORMAT
+    out = output_file(out, earlier=(lambda p: not holds_other_than(p, (kind,)), f"a {kind} file"))
     if args.batch:  # one calibration at a time writes OUT.partial (released as the command returns)
         from env.batch_calibrate_state import CalibrationState
         from env.folder_lock import claim_file

@@ -201,3 +201,26 @@ def test_output_file_refuses_a_path_inside_a_folder_read(tmp_path):
     (tmp_path / "link").symlink_to(read)
     with pytest.raises(ProgramError, match="which this command reads"):
         output_file(tmp_path / "link" / "x.json", folders=(read,))
+
+
+def test_a_file_of_a_draftgym_format_is_no_earlier_json_result(tmp_path):
+    """A cost model is one JSON object too: a benchmark's ``--json`` replaced it, as ``calibrate --out`` replaced a
+    bench run's ``bench.json``. A JSON object with a ``format`` is another kind of file; an output of a format
+    replaces only a file of that format (or an empty one)."""
+    from env.cli import ProgramError, output_file
+    from env.cost import FORMAT
+
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"format": FORMAT, "version": 1}))
+    before = cost.read_bytes()
+    with pytest.raises(ProgramError, match=f"is not a JSON result but a {FORMAT} file; not overwritten"):
+        output_file(cost)
+    assert output_file(cost, "--save-cost-model", formats=(FORMAT,)) == cost
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"rows": [1, 2]}))
+    with pytest.raises(ProgramError, match=f"is not a {FORMAT} file; not overwritten"):
+        output_file(bench, "--save-cost-model", formats=(FORMAT,))
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    assert output_file(empty, "--save-cost-model", formats=(FORMAT,)) == empty
+    assert cost.read_bytes() == before and json.loads(bench.read_text()) == {"rows": [1, 2]}

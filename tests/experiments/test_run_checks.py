@@ -267,15 +267,25 @@ def test_the_shipped_configs_names_are_accepted(path):
 
 @pytest.mark.parametrize("batch", [[], ["--batch"]])
 def test_calibrate_out_never_overwrites_a_file_that_is_not_a_cost_model(tmp_path, capsys, batch):
-    """``calibrate --out`` replaced whatever it named (a policy zip, a trace) with a cost model's JSON."""
+    """``calibrate --out`` replaced whatever it named (a policy zip, a trace, another command's JSON results, the
+    other calibration's cost model) with a cost model's JSON."""
+    from env.batch_cost import FORMAT as BATCH
+    from env.cost import FORMAT as COST
     from experiments.cli import main
 
+    kind = BATCH if batch else COST
     policy = tmp_path / "p.zip"
     policy.write_bytes(b"PK\x03\x04 a policy")
-    assert main(["calibrate", *batch, "--model", "random:llama-tiny", "--out", str(policy)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "exists and is not a JSON file; not overwritten" in err, err
-    assert policy.read_bytes() == b"PK\x03\x04 a policy"
+    bench = tmp_path / "bench.json"
+    bench.write_text('{"settings": {}, "rows": []}')
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"format": COST if batch else BATCH}))
+    for victim in (policy, bench, other):
+        before = victim.read_bytes()
+        assert main(["calibrate", *batch, "--model", "random:llama-tiny", "--out", str(victim)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"exists and is not a {kind} file" in err, err
+        assert "not overwritten" in err and victim.read_bytes() == before
 
 
 def test_a_duplicate_record_is_refused_before_the_summary_is_rewritten(tmp_path, tiny):
