@@ -46,7 +46,12 @@ def agreement(run_dir: Path, eps: float) -> dict:
                 raise TypeError(f"settings.{key} is not a string")
     except (OSError, ValueError, RecursionError, KeyError, TypeError) as err:
         raise UserError(f"{run_dir / 'bench.json'} is not a bench result ({err})") from None
-    records = load_done(run_dir / "records.jsonl", repair=False, strict=True)  # not one silently left out
+    rec_file = run_dir / "records.jsonl"
+    if not rec_file.is_file():  # (a missing one read as no records, a FIFO blocked)
+        from env.file_checks import not_a_file
+
+        raise UserError(f"{rec_file} {not_a_file(rec_file)}: the bench run's records are read from it")
+    records = load_done(rec_file, repair=False, strict=True)  # not one silently left out
     ref = {r.prompt_id: r for r in records if r.method == "hf_greedy"}
     if not ref:
         raise UserError(f"{run_dir} has no hf_greedy records to compare with")

@@ -257,6 +257,8 @@ def output_dir(path: str | Path, flag: str = "--out", exclusive: bool = False) -
     from env.folder_lock import claim_folder
     from experiments.errors import UserError
 
+    if not str(path).strip():  # (Path("") is the current folder: a shell variable left empty wrote there)
+        raise UserError(f"{flag} is given an empty value; name a folder")
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise UserError(f"{flag} {out} is a file, not a directory")

@@ -20,7 +20,12 @@ def read_text_file(path: str | Path, what: str) -> str:
             raise UserError(f"{what} {path} is a directory, not a file")
         if not path.is_file():
             raise UserError(f"{what} {path} does not exist")
-        return path.read_text(encoding="utf-8")
+        from env.decoder import MAX_PROMPT_CHARS
+
+        with path.open(
+            encoding="utf-8"
+        ) as fh:  # (one character past the bound: refused by its length, unread)
+            return fh.read(MAX_PROMPT_CHARS + 1)
     except UnicodeDecodeError as err:
         raise UserError(f"{what} {path} is not UTF-8 text (byte {err.start})") from err
     except OSError as err:  # e.g. a name too long, no permission
@@ -35,8 +40,10 @@ def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is None or args.prompt == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise UserError("no prompt given: pass it as an argument, with --prompt-file, or on stdin")
+        from env.decoder import MAX_PROMPT_CHARS
+
         try:
-            return sys.stdin.read()
+            return sys.stdin.read(MAX_PROMPT_CHARS + 1)  # (past the bound: refused by its length, unread)
         except UnicodeDecodeError as err:
             raise UserError(f"the prompt on stdin is not UTF-8 text (byte {err.start})") from err
     return args.prompt
@@ -47,8 +54,8 @@ def arm_from_args(args: argparse.Namespace) -> Any:
     from env.decoder import default_arm
     from env.engine import NO_DRAFT, Arm
 
-    if args.drafter is None and args.depth is None:
-        return default_arm()
+    if args.drafter is None and args.depth is None and args.topk == 1 and args.budget == 0:
+        return default_arm()  # (--topk or --budget alone shape the default drafter's tree)
     name = args.drafter or default_arm().drafter
     if name == "none":
         shaped = [f for f, v, d in (("--depth", args.depth, None), ("--topk", args.topk, 1),

@@ -101,6 +101,8 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--rows", type=positive_int, default=16)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     args = p.parse_args(argv)
+    if not Path(args.head).name:  # ("" and "/": no file name to give a suffix)
+        raise DrafterError(f"{args.head!r} names no head file (a head is a .safetensors with its .json)")
     path = Path(args.head).with_suffix(".safetensors")
     for part in (path, path.with_suffix(".json")):  # checked before the model loads
         if not part.is_file():

@@ -33,6 +33,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     write = {
         "bin": b"\xff\xfe\x00\x81 not utf-8",
         "empty": b"",
+        "long_prompt": b"ab " * 400_000,  # past env.decoder.MAX_PROMPT_CHARS: refused before it is tokenized
         "blocker": b"a file where a folder is expected",
         "long": ("word " * 9000).encode(),
         "garbage": b"{{{ this is no format at all\n",
@@ -86,7 +87,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
                             ("sweep_garbage", "sweep.json", b"\xff\xfe"),
                             ("sweep_nobest", "sweep.json", b'{"study": "x"}'),
                             ("bench_garbage", "bench.json", b"{{{"),
-                            ("bench_nosettings", "bench.json", b'{"summary": []}')]:  # fmt: skip
+                            ("bench_nosettings", "bench.json", b'{"summary": []}'),
+                            ("bench_norecords", "bench.json",
+                             b'{"settings": {"model": "embedded", "dtype": "fp32", "workload": "builtin"}}')]:  # fmt: skip
         f[key] = d / key
         f[key].mkdir()
         (f[key] / name).write_bytes(data)
@@ -169,6 +172,14 @@ GENERATE = [
     ("prompt-file-empty", ["generate", "--prompt-file", "{empty}"], "prompt is empty"),
     ("prompt-file-not-utf8", ["generate", "--prompt-file", "{bin}"], "not UTF-8"),
     ("prompt-file-directory", ["generate", "--prompt-file", "{dir}"], "is a directory"),
+    (
+        "prompt-file-too-long",
+        ["generate", "--prompt-file", "{long_prompt}"],
+        "is 1,048,577 characters or more",
+    ),
+    # --topk or --budget alone shape the default drafter's tree: they were dropped unchecked
+    ("topk-alone-huge", ["generate", "hi", "--topk", "100000"], "tree topk must be <= 64"),
+    ("budget-alone-huge", ["generate", "hi", "--budget", "99999999999"], "tree budget must be <= 4096"),
     ("prompt-file-name-too-long", ["generate", "--prompt-file", "x" * 5000], "File name too long"),
     ("model-missing", ["generate", "hi", "--model", "{tmp}/no-model"], "does not exist"),
     ("model-not-a-model", ["generate", "hi", "--model", "{dir}"], "config.json"),
@@ -450,6 +461,8 @@ READERS = [
     ("report-sweep-no-best", ["report", "{sweep_nobest}"], "not a draftgym result this report can read"),
     ("agreement-bench-garbage", ["agreement", "{bench_garbage}"], "is not a bench result"),
     ("agreement-bench-no-settings", ["agreement", "{bench_nosettings}"], "is not a bench result"),
+    # it said "has no hf_greedy records to compare with"
+    ("agreement-no-records", ["agreement", "{bench_norecords}"], "records.jsonl does not exist"),
 ]
 POLICY_FILES = [
     ("evaluate-policy-missing", ["evaluate", "{tmp}/p.zip", "--no-live"], "does not exist"),

@@ -70,6 +70,8 @@ def no_model(monkeypatch):
         ("bench_allocator", ["--json", "{tmp}"], "is a directory, not a file"),
         ("vocab_order", ["{tmp}/head.safetensors", "--rows", "0"], "must be >= 1"),
         ("vocab_order", ["{tmp}/head.safetensors"], "no head file"),
+        ("vocab_order", [""], "'' names no head file"),  # a traceback (Path("").with_suffix)
+        ("vocab_order", ["/"], "'/' names no head file"),
         ("vocab_order", ["{tmp}/head.safetensors", "--exclude-per-category", "-1"], "must be >= 0"),
     ],
 )
@@ -127,6 +129,20 @@ def test_a_fifo_input_is_refused_not_read_for_ever(program, no_model, tmp_path, 
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert f"{fifo} is not a regular file (a FIFO, a device or a socket)" in err, err
+
+
+def test_suffix_turns_refuses_an_empty_out(no_model, tmp_path, capsys, monkeypatch):
+    """``Path("")`` is the current folder: answers.json and turns.json were written there."""
+    from experiments.suffix_turns import main
+
+    monkeypatch.chdir(tmp_path)
+    w = tmp_path / "w.jsonl"
+    w.write_text("".join(json.dumps({"question_id": i, "category": "writing", "turns": [f"Say hi {i}.", "Now bye."]})
+                         + "\n" for i in (1, 2)))  # fmt: skip
+    assert main(["--workload", str(w), "--out", ""]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out is given an empty value" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.jsonl"]
 
 
 def test_suffix_turns_checks_its_result_file_before_answering(no_model, tmp_path, capsys):
