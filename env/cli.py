@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -223,11 +224,20 @@ def check_context(loaded: Any, positions: int, what: str) -> None:
         )
 
 
+def decimal_int(text: str) -> int:
+    """``int(text)`` for plain decimal digits only (a sign and surrounding spaces allowed): Python's ``int`` also
+    reads ``4_0`` as 40 and other scripts' digits (``٤`` as 4), which an option's value is not meant to be;
+    ``ValueError`` otherwise."""
+    if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", text):
+        raise ValueError(f"not a decimal integer: {text[:40]!r}")
+    return int(text)
+
+
 def int_list(text: str, flag: str, low: int = 1) -> list[int]:
     """A comma list of integers >= ``low`` (``ProgramError`` naming ``flag`` otherwise)."""
     items = [x.strip() for x in text.split(",") if x.strip()]
     try:
-        values = [int(x) for x in items]
+        values = [decimal_int(x) for x in items]
     except ValueError:
         values = []
     if not values or any(v < low for v in values):
@@ -246,7 +256,7 @@ def int_at_least(low: int, high: int | None = None, *, most: int = INT64_MAX) ->
     def parse(text: str) -> int:
         digits = text.strip().lstrip("+-")
         try:
-            value = int(text)
+            value = decimal_int(text)
         except ValueError:
             # past the 4300 digits int() reads
             if len(digits) > 4000 and digits.isascii() and digits.isdigit():
@@ -282,9 +292,9 @@ def seed_int(text: str) -> int:
     """An argparse type: a seed, an integer in [0, 2**32 - 1] (numpy refuses negative seeds; numpy's legacy seeding,
     which stable-baselines3 and scikit-learn use, larger ones)."""
     try:
-        value = int(text)
+        value = decimal_int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
     if not 0 <= value <= SEED_MAX:
         raise argparse.ArgumentTypeError(f"must be in [0, 2**32 - 1], got {text}")
     return value

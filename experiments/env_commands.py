@@ -17,6 +17,8 @@ def _drafter_list(text: str) -> list[str]:
     from drafters import DRAFTERS, DrafterError
 
     names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:  # (", ," ran as none)
+        raise DrafterError(f"--drafters names no drafter, got {text!r:.40}; give a comma list, or none")
     for n in names:
         if n != "none" and n not in DRAFTERS:
             raise DrafterError(

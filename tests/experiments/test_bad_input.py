@@ -132,6 +132,10 @@ GENERATE = [
     ("top-p-above-one", ["generate", "hi", "--top-p", "1.5"], "--top-p: must be in (0, 1]"),
     ("top-k-negative", ["generate", "hi", "--top-k", "-2"], "--top-k: must be >= 0"),
     ("depth-zero", ["generate", "hi", "--depth", "0"], "--depth: must be >= 1"),
+    # Python's int() reads "4_0" as 40 and other scripts' digits as digits
+    ("max-new-underscore", ["generate", "hi", "--max-new-tokens", "4_0"], "expected an integer, got '4_0'"),
+    ("max-new-arabic-indic", ["generate", "hi", "--max-new-tokens", "\u0664"], "expected an integer"),
+    ("seed-underscore", ["generate", "hi", "--seed", "1_000"], "expected an integer, got '1_000'"),
     ("depth-negative", ["generate", "hi", "--depth", "-5"], "--depth: must be >= 1"),
     ("depth-garbage", ["generate", "hi", "--depth", "deep"], "expected an integer"),
     ("topk-zero", ["generate", "hi", "--topk", "0"], "--topk: must be >= 1"),
@@ -298,6 +302,7 @@ CALIBRATE = [
     ("out-in-the-model", ["calibrate", "--model", "{tmp}/m", "--out", "{tmp}/m/config.json"], "is inside"),
     ("reps-huge-garbage", ["calibrate", "--reps", "1e99"], "expected an integer"),
     ("unknown-drafter", ["calibrate", "--drafters", "ngram,nope"], "unknown drafter 'nope'"),
+    ("drafters-blank", ["calibrate", "--drafters", ", ,"], "--drafters names no drafter"),  # ran as none
     ("drafter-twice", ["calibrate", "--batch", "--drafters", "ngram,ngram"], "lists ngram more than once"),
     ("out-under-a-file", ["calibrate", "--out", "{blocker}/c.json"], "not a directory"),
     ("out-directory", ["calibrate", "--out", "{dir}"], "is a directory"),
