@@ -166,11 +166,11 @@ class FittedCostModel:
         }
 
     def save(self, path: str | Path) -> Path:
+        from env.files import atomic_write_text  # (a temporary name of its own: two savers share none)
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        tmp.replace(path)
+        atomic_write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
         return path
 
     @classmethod
