@@ -18,8 +18,10 @@ def read_text_file(path: str | Path, what: str) -> str:
     try:
         if path.is_dir():
             raise UserError(f"{what} {path} is a directory, not a file")
-        if not path.is_file():
-            raise UserError(f"{what} {path} does not exist")
+        if not path.is_file():  # (a FIFO or a device said "does not exist")
+            from env.file_checks import not_a_file
+
+            raise UserError(f"{what} {path} {not_a_file(path)}")
         from env.decoder import MAX_PROMPT_CHARS
 
         with path.open(

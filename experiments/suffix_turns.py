@@ -79,9 +79,10 @@ def prompt_digest(ids: list[int]) -> str:
 class AnswerCache:
     """``OUT/answers.json``: ``{"settings": ..., "answers": {key: {"prompt": digest, "ids": [...]}}}``, written
     atomically each time an answer finishes (a kill keeps every finished answer). An answer holding an id outside
-    the target's vocabulary of ``vocab`` tokens (a hand-edited file) is no answer: it is generated again."""
+    the target's vocabulary of ``vocab`` tokens, or longer than the ``most`` new tokens answers are given (a
+    hand-edited file), is no answer: it is generated again."""
 
-    def __init__(self, path: Path, settings: dict[str, Any], vocab: int) -> None:
+    def __init__(self, path: Path, settings: dict[str, Any], vocab: int, most: int) -> None:
         from drafters.base import shown
         from experiments.errors import UserError
 
@@ -106,8 +107,10 @@ class AnswerCache:
                             "settings to resume")  # fmt: skip
         for key, a in (answers if isinstance(answers, dict) and not keys else {}).items():
             ok = isinstance(a, dict) and isinstance(a.get("prompt"), str) and isinstance(a.get("ids"), list)
-            if ok and all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in a["ids"]
+            if (
+                ok
+                and len(a["ids"]) <= most
+                and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in a["ids"])
             ):
                 self.answers[key] = a  # anything else is answered again
 
@@ -196,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     tok = loaded.tokenizer
     ident = run_identity(loaded, args.max_new_tokens)  # model, dtype, device, weights, forward, new tokens
     settings = {k: v for k, v in ident.items() if k != "drafter_options"}
-    cache = AnswerCache(out / "answers.json", settings, int(loaded.config.vocab_size))
+    cache = AnswerCache(out / "answers.json", settings, int(loaded.config.vocab_size), args.max_new_tokens)
     t0 = time.time()
     first = {f"{q}/1": chat_prompt(tok, t1) for q, t1, _ in turns}
     _answer(loaded, first, args.max_new_tokens, args.batch, cache, "turn 1")

@@ -177,6 +177,11 @@ GENERATE = [
     ("prompt-file-not-utf8", ["generate", "--prompt-file", "{bin}"], "not UTF-8"),
     ("prompt-file-directory", ["generate", "--prompt-file", "{dir}"], "is a directory"),
     (
+        "prompt-file-fifo",
+        ["generate", "--prompt-file", "{fifo}"],
+        "is not a regular file",
+    ),  # "does not exist"
+    (
         "prompt-file-too-long",
         ["generate", "--prompt-file", "{long_prompt}"],
         "is 1,048,577 characters or more",

@@ -41,32 +41,32 @@ def test_answers_are_saved_as_they_finish_and_a_rerun_makes_only_the_rest(fake_s
     prompts = {"q1/1": [1, 2], "q2/1": [3, 4], "q3/1": [5, 6]}
     fake_serve["kill_after"] = 2
     with pytest.raises(KeyboardInterrupt):
-        _answer(None, prompts, 8, 2, AnswerCache(path, SETTINGS, VOCAB), "turn 1")
+        _answer(None, prompts, 8, 2, AnswerCache(path, SETTINGS, VOCAB, 8), "turn 1")
     doc = json.loads(path.read_text())
     assert doc["settings"] == SETTINGS and sorted(doc["answers"]) == ["q1/1", "q2/1"]
     fake_serve["kill_after"], fake_serve["served"] = None, []
-    cache = AnswerCache(path, SETTINGS, VOCAB)
+    cache = AnswerCache(path, SETTINGS, VOCAB, 8)
     _answer(None, prompts, 8, 2, cache, "turn 1")
     assert fake_serve["served"] == ["q3/1"]
     assert [cache.get(k, v) for k, v in prompts.items()] == [[2, 1], [4, 3], [6, 5]]
     # an answer to another prompt under the same key is made again
     fake_serve["served"] = []
-    _answer(None, {**prompts, "q2/1": [3, 4, 7]}, 8, 2, AnswerCache(path, SETTINGS, VOCAB), "turn 1")
+    _answer(None, {**prompts, "q2/1": [3, 4, 7]}, 8, 2, AnswerCache(path, SETTINGS, VOCAB, 8), "turn 1")
     assert fake_serve["served"] == ["q2/1"]
 
 
 def test_answers_of_other_settings_are_refused_in_one_line(tmp_path):
     path = tmp_path / "answers.json"
-    AnswerCache(path, SETTINGS, VOCAB).put("q1/1", [1], [2])
+    AnswerCache(path, SETTINGS, VOCAB, 8).put("q1/1", [1], [2])
     for change in ({"dtype": "float32"}, {"max_new_tokens": 16}, {"model": "other"}, {"weights": "int4"}):
         key = next(iter(change))
         with pytest.raises(UserError, match=f"other settings \\({key}: .* there, .* now\\)") as err:
-            AnswerCache(path, {**SETTINGS, **change}, VOCAB)
+            AnswerCache(path, {**SETTINGS, **change}, VOCAB, 8)
         assert "\n" not in str(err.value)
-    assert AnswerCache(path, SETTINGS, VOCAB).get("q1/1", [1]) == [2]
+    assert AnswerCache(path, SETTINGS, VOCAB, 8).get("q1/1", [1]) == [2]
     path.write_text(json.dumps({"q1/1": [2]}))  # a cache of an earlier version: no settings to compare
     with pytest.raises(UserError, match="without the settings"):
-        AnswerCache(path, SETTINGS, VOCAB)
+        AnswerCache(path, SETTINGS, VOCAB, 8)
 
 
 def test_question_lines_are_checked_as_the_workload_loader_checks_them(tmp_path):
@@ -104,15 +104,25 @@ def test_an_answer_holding_an_id_outside_the_vocabulary_is_made_again(fake_serve
     """A hand-edited ``answers.json`` with an id >= the target's vocabulary (which ``tok.decode`` cannot take: an
     OverflowError for 10**20) is no answer: it is generated again, as an answer with a negative id is."""
     path = tmp_path / "answers.json"
-    cache = AnswerCache(path, SETTINGS, VOCAB)
+    cache = AnswerCache(path, SETTINGS, VOCAB, 8)
     prompts = {"q1/1": [1, 2], "q2/1": [3, 4], "q3/1": [5, 6], "q4/1": [7, 8]}
     for key, ids in zip(prompts, ([VOCAB - 1, 0], [5, VOCAB], [10**20], [-1])):
         cache.put(key, prompts[key], ids)
-    cache = AnswerCache(path, SETTINGS, VOCAB)
+    cache = AnswerCache(path, SETTINGS, VOCAB, 8)
     assert [cache.get(k, v) for k, v in prompts.items()] == [[VOCAB - 1, 0], None, None, None]
     _answer(None, prompts, 8, 2, cache, "turn 1")
     assert fake_serve["served"] == ["q2/1", "q3/1", "q4/1"]
     assert [cache.get(k, v) for k, v in prompts.items()] == [[VOCAB - 1, 0], [4, 3], [6, 5], [8, 7]]
+
+
+def test_an_answer_longer_than_the_new_tokens_is_made_again(tmp_path):
+    """A hand-edited answer of 9,000 ids was used with --max-new-tokens 4: the turns were scored on it."""
+    path = tmp_path / "answers.json"
+    first = AnswerCache(path, SETTINGS, VOCAB, 8)
+    first.put("q1/1", [1], [2] * 9)
+    first.put("q2/1", [1], [2] * 8)
+    cache = AnswerCache(path, SETTINGS, VOCAB, 8)
+    assert cache.get("q1/1", [1]) is None and cache.get("q2/1", [1]) == [2] * 8
 
 
 def test_a_category_that_is_not_a_name_is_refused_in_one_line(tmp_path):
