@@ -192,6 +192,10 @@ def run(args: argparse.Namespace) -> int:
     arms = [parse_arm(a.strip()) for a in args.arms.split(",") if a.strip()]
     if not arms or any(a.drafter not in ("ngram", "suffix") for a in arms):
         raise UserError("--arms takes n-gram and suffix arms (drafters scored offline)")
+    names = [a.name for a in arms]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # (each was scored and printed twice)
+        raise UserError(f"--arms lists {', '.join(twice)} more than once")
     turns = _turns(args.workload)[: args.questions]
     out = output_dir(args.out, exclusive=True)
     run_folder_outputs(out, ("answers.json", "turns.json"))  # (turns.json a folder failed after every answer)
