@@ -32,7 +32,7 @@ def no_model(monkeypatch):
         ("suffix_turns", ["--workload", "x.jsonl", "--out", "{tmp}/o", "--batch", "0"], "must be >= 1"),
         (
             "suffix_turns",
-            ["--arms", "ngram-d3,suffix-d3,ngram-d3", "--out", "{tmp}/o"],
+            ["--workload", "x.jsonl", "--arms", "ngram-d3,suffix-d3,ngram-d3", "--out", "{tmp}/o"],
             "lists ngram-d3 more than once",
         ),
         ("head_eval", ["--data", "{tmp}/none"], "no distillation data"),
