@@ -308,9 +308,11 @@ class BatchTarget:
         path_cpu = path.cpu()
         if not torch.equal(path_cpu, torch.arange(s)):
             idx = path.to(self.device)
+            first = True  # the path and slot checked once: every layer's K and V has one shape
             for store in (self.cache.k, self.cache.v):
                 for t in store:
-                    kernels.compact_kv_(t[row.slot : row.slot + 1], base, idx)
+                    kernels.compact_kv_(t[row.slot : row.slot + 1], base, idx, check=first)
+                    first = False
         self.cache.lens[row.slot] = base + s
         committed = [int(x) for x in tree.tokens[path_cpu[1:]].tolist()] + [int(next_token)]
         row.tokens.extend(committed)
@@ -383,13 +385,13 @@ class BatchEngine:
         )
         first = int(v.next_token[0])
         row.tokens.append(first)
-        row.ctx = DraftContext(
-            tokens=row.tokens, prompt_len=row.prompt_len, target=self.target, last_hidden=row.last_hidden,
-            prompt_hidden=hidden, target_kv=RowKV(self.target.cache, row), last_aux=row.last_aux,
-            prompt_aux=prompt_aux, aux_layers=self.target.aux_layers,
-        )  # fmt: skip
         row.drafters = dict(drafters)
         try:
+            row.ctx = DraftContext(
+                tokens=row.tokens, prompt_len=row.prompt_len, target=self.target, last_hidden=row.last_hidden,
+                prompt_hidden=hidden, target_kv=RowKV(self.target.cache, row), last_aux=row.last_aux,
+                prompt_aux=prompt_aux, aux_layers=self.target.aux_layers,
+            )  # fmt: skip
             for d in row.drafters.values():
                 d.reset(row.ctx)
         except BaseException:

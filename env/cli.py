@@ -200,7 +200,7 @@ def output_file(
         raise ProgramError(f"{flag} {path} exists and is not a {' or '.join(formats)} file; not overwritten")
     if not formats and flag == "--json" and holds_other_than_json(out):
         kind = format_of(out)
-        what = "a JSON file" if kind is None else f"a JSON result but a {kind} file"
+        what = "a JSON file" if kind is None else f"a JSON result (a {kind} file)"
         raise ProgramError(f"{flag} {path} exists and is not {what}; not overwritten")
     folder = out.parent
     if folder.exists() and not folder.is_dir():

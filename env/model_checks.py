@@ -22,28 +22,21 @@ def _error(message: str) -> Exception:
     return ModelError(message)
 
 
-CODE_BYTES = (
-    64 << 20
-)  # a tokenizer_config.json read for ``auto_map`` (far past any real one; transformers reads it too)
-
-
 def check_no_code(folder: Path, values: dict[str, Any]) -> None:
-    """A folder whose ``config.json`` or ``tokenizer_config.json`` names code of its own (``auto_map``: transformers
-    would import Python files from the folder, after asking on a terminal) is refused: draftgym runs no code from a
-    file. (transformers is also always called with ``trust_remote_code=False``.)"""
-    tok = folder / "tokenizer_config.json"
-    found = {"config.json": values}
-    try:
-        if tok.is_file() and tok.stat().st_size <= CODE_BYTES:
-            found["tokenizer_config.json"] = json.loads(tok.read_bytes())
-    except (OSError, ValueError, RecursionError):  # (a damaged one is the tokenizer's error, named there)
-        pass
-    for name, v in found.items():
-        if isinstance(v, dict) and "auto_map" in v:
-            raise _error(
-                f"{folder / name} names custom code (auto_map): draftgym runs no code from a model folder; "
-                "use a model of a transformers architecture"
-            )
+    """A folder whose ``config.json`` names code of its own (``auto_map``) for a model type transformers does not
+    know is refused in one line: transformers would import a Python file from the folder, after asking on a terminal
+    (draftgym runs no code from a file, and calls transformers with ``trust_remote_code=False``, which refuses it
+    in a paragraph). A known type with an ``auto_map`` loads as that type, the folder's code unused."""
+    if "auto_map" not in values:
+        return
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    kind = values.get("model_type")
+    if not isinstance(kind, str) or kind not in CONFIG_MAPPING_NAMES:
+        raise _error(
+            f"{folder / 'config.json'} names custom code (auto_map) for model type {str(kind)[:40]!r}, which "
+            "transformers does not know: draftgym runs no code from a model folder"
+        )
 
 
 def check_config(values: dict[str, Any], where: Path) -> None:

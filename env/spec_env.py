@@ -237,7 +237,9 @@ class SpecDecodeEnv(gym.Env):
             raise EnvError(f"drafter_options must map drafter names to dicts of options, got {opts!r}")
         for name, kw in opts.items():  # every drafter and option named, those the menu does not use too
             make_drafter(name, **kw)  # (before the model loads; a head's weights load on first use)
-        if self.cost == "model" or spec.draft_features:  # (a step priced by it would fail once it was taken)
+        if (
+            self.cost == "model"
+        ):  # (a step priced by it would fail once it was taken; "measured" prices no draft)
             for arm in self.arms:
                 self.cost_model.draft_cost(arm)
         if isinstance(workload, (list, tuple)):  # (before the model loads, as a workload file is read)

@@ -312,7 +312,8 @@ def output_file(
             from kernels.timing import format_of
 
             kind = format_of(out)
-            what = earlier[1] if kind is None else f"{earlier[1]} but a {kind} file"
+            shown = "a JSON result" if earlier[1] == "a JSON file" else earlier[1]
+            what = earlier[1] if kind is None else f"{shown} (a {kind} file)"
             raise UserError(f"{flag} {out} exists and is not {what}; not overwritten")
     output_dir(out.parent if str(out.parent) else ".", flag=f"{flag} {out}: folder")
     return out

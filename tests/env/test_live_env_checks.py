@@ -33,20 +33,20 @@ def no_model(monkeypatch):
 def test_an_arm_the_cost_model_cannot_price_is_refused_before_the_model_loads(no_model):
     with pytest.raises(CostModelError, match="no calibration for drafter 'suffix'"):
         SpecDecodeEnv("live", arms=["ngram-d2", "suffix-d3"], max_new_tokens=8)
-    with pytest.raises(
-        CostModelError, match="no calibration for drafter 'suffix'"
-    ):  # draft features price it
-        SpecDecodeEnv("live", arms=["suffix-d3"], cost="measured", features={"draft_features": True})
 
 
-def test_a_measured_env_without_draft_features_takes_an_arm_the_cost_model_lacks():
+@pytest.mark.parametrize("draft_features", [False, True])
+def test_a_measured_env_takes_an_arm_the_cost_model_lacks(draft_features):
+    """Measured costs price no draft from the cost model (only the autoregressive unit), draft features or not."""
     tiny = tiny_words()
     prompts = [Prompt("p0", "toy", " ".join(map(str, motif_prompts(1)[0])))]
     e = SpecDecodeEnv("live", model=tiny, workload=prompts, arms=["suffix-d3"], max_new_tokens=6, cost="measured",
-                      cost_model=toy_cost_model("tiny-llama", "float32"))  # fmt: skip
+                      cost_model=toy_cost_model("tiny-llama", "float32"),
+                      features={"draft_features": draft_features})  # fmt: skip
     e.reset(seed=0)
-    _, reward, *_ = e.step(1)
-    assert np.isfinite(reward)
+    for a in (1, 0, 1):
+        _, reward, *_ = e.step(a)
+        assert np.isfinite(reward)
 
 
 @pytest.mark.parametrize(

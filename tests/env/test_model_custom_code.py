@@ -66,3 +66,19 @@ def test_a_tokenizer_naming_custom_code_runs_none_of_it(tmp_path):
     assert r.stdout.startswith("ModelError"), r.stdout[-2000:]
     assert "[y/N]" not in r.stdout
     assert not marker.exists()
+
+
+def test_a_known_model_type_naming_code_loads_as_that_type(tmp_path):
+    """transformers loads a type it knows as that type, its ``auto_map`` unused (with trust_remote_code=False):
+    such a folder is no custom code to refuse; an unknown type, or none, is."""
+    import pytest
+
+    from env.model import ModelError
+    from env.model_checks import check_no_code
+
+    auto = {"AutoModelForCausalLM": "evil.EvilForCausalLM"}
+    check_no_code(tmp_path, {"model_type": "llama", "auto_map": auto})
+    check_no_code(tmp_path, {"model_type": "evil"})
+    for kind in ("evil", None, ["llama"]):
+        with pytest.raises(ModelError, match="names custom code"):
+            check_no_code(tmp_path, {"model_type": kind, "auto_map": auto})

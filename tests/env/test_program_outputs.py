@@ -213,7 +213,7 @@ def test_a_file_of_a_draftgym_format_is_no_earlier_json_result(tmp_path):
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps({"format": FORMAT, "version": 1}))
     before = cost.read_bytes()
-    with pytest.raises(ProgramError, match=f"is not a JSON result but a {FORMAT} file; not overwritten"):
+    with pytest.raises(ProgramError, match=rf"is not a JSON result \(a {FORMAT} file\); not overwritten"):
         output_file(cost)
     assert output_file(cost, "--save-cost-model", formats=(FORMAT,)) == cost
     bench = tmp_path / "bench.json"
