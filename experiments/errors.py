@@ -30,7 +30,7 @@ USER_ERROR_TYPES: frozenset[str] = frozenset(
         "experiments.strict_toml:ConfigError",
         "experiments.methods:MethodError",
         "experiments.runner:RunDirError",
-        "experiments.report:ReportError",
+        "experiments.report_inputs:ReportError",
         "experiments.sweep:StorageError",
         "experiments.oracle_gap:OracleGapError",
     }

@@ -10,273 +10,23 @@ methods are compared on the prompts every method has finished only (``experiment
 from __future__ import annotations
 
 import json
-import math
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
 from env.files import atomic_write_text
 from experiments.args import output_file, same_file
+from experiments.report_inputs import (
+    MAX_JSON_BYTES,
+    READ_FILES,
+    ReportError,
+    load_run,
+    md_code,
+    md_line,
+    md_text,
+    read_bytes,
+)
 from experiments.runner import machine_label, settings_line
-
-# the most the report reads of a file (a sparse or runaway file would be read whole, or for ever): far above any
-# run's summary, sweep, config or provenance, and any run's records
-MAX_JSON_BYTES = 64 << 20
-MAX_RECORDS_BYTES = 1 << 30
-
-
-class ReportError(ValueError):
-    """A path that is not a run or sweep directory; meant for the user."""
-
-
-def load_run(path: Path) -> dict[str, Any]:
-    """What the report needs of one directory: kind (run | sweep), name, summary or trials, provenance."""
-    from env.folder_lock import FolderBusy
-    from experiments.errors import is_user_error, one_line
-
-    if not path.is_dir():
-        raise ReportError(f"{path} is not a directory")
-    for name in READ_FILES:  # a FIFO blocks the read, a device (a link to /dev/zero) never ends it
-        if (path / name).exists() and not (path / name).is_file():
-            raise ReportError(
-                f"{path / name} is not a regular file (a folder, FIFO, device or socket); not read"
-            )
-    prov = _provenance(path)
-    if (path / "sweep.json").is_file():
-        data = _read(path / "sweep.json", {"study": str})
-        _check_sweep(data, path / "sweep.json")
-        return {"kind": "sweep", "path": path, "name": _name(data["study"]), "data": data, "provenance": prov}
-    has_records = (path / "config.toml").is_file() and (path / "records.jsonl").is_file()
-    if has_records:  # read whole by the modules that summarize them
-        _check_size(path / "records.jsonl", MAX_RECORDS_BYTES)
-        _check_size(path / "config.toml", MAX_JSON_BYTES)
-    stale, data = None, None
-    if not (path / "summary.json").is_file():
-        if not has_records:
-            raise ReportError(
-                f"{path} is not a run directory (no summary.json or sweep.json, and no config.toml with records.jsonl; "
-                "a bench folder's table is its bench.json)"
-            )
-        try:
-            _summarize_partial(path)
-        except FolderBusy as err:  # a run's first session, still writing: its records so far, in memory
-            data = _summarize_partial(path, write=False)
-            stale = (
-                f"no summary.json yet: {one_line(err)}; its records so far are summarized here, not written"
-            )
-    elif has_records and _stale(path):
-        try:  # the records changed since the summary was made (a resumed run): summarize them again
-            _summarize_partial(path)
-        except Exception as err:
-            if not is_user_error(err) and not isinstance(
-                err, OSError
-            ):  # a read-only folder: report what is there
-                raise
-            stale = f"summary.json is older than records.jsonl and could not be made again ({one_line(err)})"
-    if data is None:
-        data = _read(path / "summary.json", {"name": str, "settings": dict, "summary": list})
-    if not isinstance(data["settings"].get("methods"), list):
-        raise ReportError(f"{path / 'summary.json'} is not a run summary (settings.methods is not a list)")
-    _check_rows(data["summary"], path / "summary.json")
-    return {
-        "kind": "run",
-        "path": path,
-        "name": _name(data["name"]),
-        "data": data,
-        "provenance": prov,
-        "stale": stale,
-    }
-
-
-def _stale(path: Path) -> bool:
-    """Whether ``summary.json`` was made from another ``records.jsonl`` than the one there now (or says not which:
-    one written before summaries named their records)."""
-    from experiments.runner import records_stamp
-
-    made_from = _made_from(path)
-    return made_from is not _UNREADABLE and made_from != records_stamp(path / "records.jsonl")
-
-
-_UNREADABLE = object()
-
-
-def _made_from(path: Path) -> Any:
-    """The lines of ``records.jsonl`` the run's ``summary.json`` says it was made from (None: it says not;
-    ``_UNREADABLE``: no readable summary, which ``_read`` reports in one line)."""
-    try:
-        return json.loads(_read_bytes(path / "summary.json", MAX_JSON_BYTES)).get("records_lines")
-    except (OSError, ValueError, RecursionError, AttributeError):
-        return _UNREADABLE
-
-
-def _too_large(file: Path, cap: int) -> ReportError:
-    return ReportError(f"{file} is over {cap >> 20} MiB, more than the report reads of it; not read")
-
-
-def _check_size(file: Path, cap: int) -> None:
-    """``ReportError`` when ``file`` holds more than ``cap`` bytes (a sparse file of 20 GB reads as zeros), before
-    another module reads it whole."""
-    try:
-        size = file.stat().st_size
-    except OSError:
-        return  # the read that follows names it
-    if size > cap:
-        raise _too_large(file, cap)
-
-
-def _read_bytes(file: Path, cap: int) -> bytes:
-    """The bytes of the regular file ``file``, ``cap`` at most (``ReportError`` for more, or for a FIFO or device:
-    opened without blocking, and checked before a byte is read)."""
-    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ReportError(f"{file} is not a regular file (a folder, FIFO, device or socket); not read")
-        if st.st_size > cap:
-            raise _too_large(file, cap)
-        data = fh.read(cap + 1)
-    if len(data) > cap:  # grown since
-        raise _too_large(file, cap)
-    return data
-
-
-def _read(file: Path, fields: dict[str, type]) -> dict[str, Any]:
-    """A result file as the report reads it: a JSON object with ``fields`` of their types (``ReportError`` else)."""
-    try:
-        data = json.loads(_read_bytes(file, MAX_JSON_BYTES).decode("utf-8"))
-    except ReportError:
-        raise
-    except (OSError, ValueError, RecursionError) as err:
-        raise ReportError(f"{file} is not readable JSON ({err})") from None
-    bad = [k for k, t in fields.items() if not isinstance(data, dict) or not isinstance(data.get(k), t)]
-    if bad:
-        raise ReportError(f"{file} is not a draftgym result (no valid {', '.join(bad)})")
-    return data
-
-
-def _summarize_partial(path: Path, write: bool = True) -> dict[str, Any]:
-    """Make ``summary.json`` again from ``records.jsonl``; ``ReportError`` (the summary left as it is) when a
-    complete line of the records is no record, or when they hold fewer lines than the summary was made from: a
-    cut or replaced file, which a run never writes (it only appends), would otherwise replace good results.
-    ``FolderBusy`` while a run is writing the folder (``env.folder_lock``): two writers of one summary;
-    ``write=False`` holds nothing and writes nothing. Returns the summary."""
-    from env.folder_lock import claim_folder, held_folders, release_folder
-    from experiments.config import load_config
-    from experiments.records import load_done
-    from experiments.runner import finish, records_stamp, select_prompts
-
-    mine = not write or path.resolve() in held_folders()
-    if write:
-        claim_folder(
-            path, f"run folder {path}"
-        )  # FolderBusy while a run writes it: that run makes its summary
-    try:
-        file = path / "records.jsonl"
-        records = load_done(file, repair=False, strict=True)  # a bad line named, not summarized away
-        made_from = _made_from(path)
-        if type(made_from) is int and (records_stamp(file) or 0) < made_from:
-            raise ReportError(
-                f"{file} holds fewer lines than the {made_from} summary.json was made from (cut or replaced?); "
-                "summary.json left as it is"
-            )
-        cfg = load_config(path / "config.toml")
-        return finish(cfg, path, records, select_prompts(cfg), write=write)
-    finally:
-        if not mine:
-            release_folder(path)
-
-
-def _provenance(path: Path) -> dict[str, Any]:
-    file = path / "provenance.jsonl"
-    if not file.is_file():
-        return {}
-    try:
-        text = _read_bytes(file, MAX_JSON_BYTES).decode("utf-8", errors="replace")
-    except (OSError, ReportError) as err:  # context, not a result: the report says so and goes on
-        from experiments.errors import one_line
-
-        return {"note": f"{file.name} not read: {one_line(err)}"}
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    try:
-        first = json.loads(lines[0]) if lines else {}
-    except (ValueError, RecursionError):
-        first = None
-    if not isinstance(first, dict):  # provenance is context, not a result: a damaged file is reported as such
-        first = {"note": f"{file.name} is not readable"}
-    first["starts"] = len(lines)
-    return first
-
-
-ROW_TEXT = ("category", "method")
-ROW_COUNTS = ("prompts", "tokens")
-ROW_RATES = ("tokens_per_s", "tau", "speedup_vs_ar", "speedup_vs_hf")  # None: not measured
-
-
-def _check_rows(rows: list[Any], file: Path) -> None:
-    """``ReportError`` naming the first row of a run summary the report cannot show as measured: not an object,
-    a name that is not text, a count that is not one, a rate that is negative, NaN or infinite."""
-    for i, row in enumerate(rows):
-        where = f"{file}: summary row {i}"
-        if not isinstance(row, dict):
-            raise ReportError(f"{where} is not an object")
-        for k in ROW_TEXT:
-            if not isinstance(row.get(k), str):
-                raise ReportError(f"{where}: {k} is not text")
-        for k in ROW_COUNTS:
-            v = row.get(k)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ReportError(f"{where}: {k} is not a count ({_shown(v)})")
-        for k in ROW_RATES:
-            v = row.get(k)
-            if v is not None and (not _finite(v) or v < 0):
-                raise ReportError(f"{where}: {k} is not a finite number >= 0 ({_shown(v)})")
-
-
-def _check_sweep(data: dict[str, Any], file: Path) -> None:
-    """``ReportError`` naming a sweep's best value the report cannot show as a number (other shapes are named when
-    the section is made)."""
-    best = data.get("best")
-    if isinstance(best, dict) and not _finite(best.get("value")):
-        raise ReportError(f"{file}: best.value is not a finite number ({_shown(best.get('value'))})")
-
-
-def _finite(v: Any) -> bool:
-    """Whether ``v`` is a number that is finite as a float: an integer past a float's range (a 401-digit one) is
-    not, though ``10**400 < math.inf``."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(v))
-    except OverflowError:
-        return False
-
-
-def _shown(v: Any) -> str:
-    """``v`` as a message shows it: a long value cut."""
-    text = repr(v)
-    return text if len(text) <= 40 else f"{text[:24]}... ({len(text)} characters)"
-
-
-def _line(x: Any) -> str:
-    """``x`` as one line of Markdown text: line breaks folded (a value read from a file cannot start a heading)."""
-    return " ".join(str(x).split())
-
-
-def _code(x: Any) -> str:
-    """``x`` as the text of a code span outside a table: one line, no backtick."""
-    return _line(x).replace("`", "'")
-
-
-def _text(x: Any) -> str:
-    """``x`` as one line of Markdown table text: line breaks folded, ``|`` escaped (a name read from a file
-    cannot split the table or start a heading)."""
-    return _line(x).replace("|", "\\|")
-
-
-def _name(x: str) -> str:
-    """A run's or sweep's name as the report shows it, in code spans and tables: one line, no backtick."""
-    return _text(x).replace("`", "'")
 
 
 def _cell(x: Any, spec: str = ".2f") -> str:
@@ -284,13 +34,13 @@ def _cell(x: Any, spec: str = ".2f") -> str:
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(map(_text, header)) + " |", "|" + "---|" * len(header)] + [
-        "| " + " | ".join(map(_text, r)) + " |" for r in rows
+    return ["| " + " | ".join(map(md_text, header)) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(map(md_text, r)) + " |" for r in rows
     ]
 
 
 def _img(title: str, png: Path, report_dir: Path) -> str:
-    return f"![{_line(title)}]({os.path.relpath(png, report_dir)})"
+    return f"![{md_line(title)}]({os.path.relpath(png, report_dir)})"
 
 
 def _ratio(row: dict[str, Any], key: str, base: str) -> str:
@@ -350,7 +100,7 @@ def run_section(r: dict[str, Any], report_dir: Path) -> list[str]:
             f" (partial: some prompts have no record yet; {note['common']} of {note['prompts']} prompts "
             "finished by every method)"
         )
-        notes = [f"- partial: {_line(note['text'])}"]
+        notes = [f"- partial: {md_line(note['text'])}"]
     else:  # a summary from before summaries said so: any method short of a prompt, or without a record at all
         done = {x["method"]: x["prompts"] for x in d["summary"] if x["category"] == "overall"}
         short = any(done.get(m, 0) < s["prompts"] for m in s["methods"])
@@ -359,19 +109,19 @@ def run_section(r: dict[str, Any], report_dir: Path) -> list[str]:
     if r.get("stale"):
         notes.append(f"- stale: {r['stale']}")
     if isinstance(p.get("note"), str):  # a provenance file not read
-        notes.append(f"- provenance: {_line(p['note'])}")
+        notes.append(f"- provenance: {md_line(p['note'])}")
     # the summary's own notes: the timing sessions its records come from, greedy output unequal to AR's
-    notes += [f"- {_line(n)}" for n in d.get("notes") or [] if isinstance(n, str)]
+    notes += [f"- {md_line(n)}" for n in d.get("notes") or [] if isinstance(n, str)]
     lines = [
         f"## Run `{r.get('label', r['name'])}`{partial}",
         "",
         *notes,
-        f"- directory: `{r['path']}`; command: `{_code(p.get('command', '?'))}` ({p.get('starts', 0)} start(s), "
-        f"first at {_line(p.get('time', '?'))})",
-        f"- {_line(settings_line(s))}",
-        f"- machine: {_line(_machine_text(s, machine))}; "
+        f"- directory: `{r['path']}`; command: `{md_code(p.get('command', '?'))}` ({p.get('starts', 0)} start(s), "
+        f"first at {md_line(p.get('time', '?'))})",
+        f"- {md_line(settings_line(s))}",
+        f"- machine: {md_line(_machine_text(s, machine))}; "
         + ", ".join(
-            f"{k} {_line(v)}" for k, v in versions.items() if v and k in ("torch", "transformers", "optuna")
+            f"{k} {md_line(v)}" for k, v in versions.items() if v and k in ("torch", "transformers", "optuna")
         ),
         "",
     ]
@@ -423,18 +173,18 @@ def _machine_text(s: dict[str, Any], machine: dict[str, Any]) -> str:
 def sweep_section(r: dict[str, Any], report_dir: Path) -> list[str]:
     d = r["data"]
     best = d["best"]
-    states = ", ".join(f"{_line(k)} {_line(v)}" for k, v in sorted(d["states"].items()))
+    states = ", ".join(f"{md_line(k)} {md_line(v)}" for k, v in sorted(d["states"].items()))
     table = r["path"] / "sweep.md"
     lines = [
         f"## Sweep `{r.get('label', r['name'])}`",
         "",
-        f"- directory: `{r['path']}`; storage `{_code(d['storage'])}`; objective {_line(d['objective'])} "
-        f"({_line(d['backend'])} backend); trials by state: {states}",
-        f"- best: trial {_line(best['number'])}, {_line(best['method'])}, value {best['value']:.4f}; config "
+        f"- directory: `{r['path']}`; storage `{md_code(d['storage'])}`; objective {md_line(d['objective'])} "
+        f"({md_line(d['backend'])} backend); trials by state: {states}",
+        f"- best: trial {md_line(best['number'])}, {md_line(best['method'])}, value {best['value']:.4f}; config "
         f"`{r['path'] / 'best.toml'}`",
         "",
         "```",
-        _read_bytes(table, MAX_JSON_BYTES).decode("utf-8", errors="replace").split("```")[1].strip("\n")
+        read_bytes(table, MAX_JSON_BYTES).decode("utf-8", errors="replace").split("```")[1].strip("\n")
         if table.is_file()
         else "",
         "```",
@@ -509,10 +259,6 @@ def _sections(
 REPORT_HEAD = "# draftgym report"
 
 
-# what the report reads of a run or sweep directory: a report there of one of these names would be taken for it
-READ_FILES = ("summary.json", "sweep.json", "config.toml", "records.jsonl", "sweep.md", "provenance.jsonl")
-
-
 def _is_report(path: Path) -> bool:
     """``path`` is empty or an earlier report (it starts with ``REPORT_HEAD``), not a result file of a run or a
     sweep (``records.jsonl``, ``summary.json``, ``study.db``, ...) that writing the report would destroy."""
@@ -535,7 +281,7 @@ def _earlier_plot(png: Path, out: Path) -> bool:
     try:
         if not png.stat().st_size:
             return True
-        text = _read_bytes(out, MAX_JSON_BYTES).decode("utf-8", errors="replace")
+        text = read_bytes(out, MAX_JSON_BYTES).decode("utf-8", errors="replace")
     except (OSError, ReportError):
         return False  # no earlier report there, or not readable: cannot tell, so not overwritten
     return text.startswith(REPORT_HEAD) and f"]({os.path.relpath(png, out.parent)})" in text

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import report
+from experiments import report, report_inputs
 from experiments.cli import main
 from tests.experiments.test_report import _fake_run
 
@@ -180,7 +180,7 @@ def test_a_summary_that_links_to_a_device_is_refused_unread(tmp_path, capsys):
     (run / "summary.json").symlink_to("/dev/zero")
     _one_line_error(capsys, main(["report", str(run)]), str(run / "summary.json"), "not a regular file")
     with pytest.raises(report.ReportError, match="not a regular file"):  # checked before a byte is read
-        report._read_bytes(run / "summary.json", 1 << 20)
+        report_inputs.read_bytes(run / "summary.json", 1 << 20)
 
 
 def _sparse(file: Path, size: int) -> None:
@@ -195,7 +195,7 @@ def test_files_too_large_to_read_are_refused_by_their_size(tmp_path, capsys, mon
     _one_line_error(capsys, main(["report", str(run)]), str(run / "summary.json"), "over 64 MiB")
 
     run = _fake_run(tmp_path, "r", 20.0)  # records are read whole by the summary's modules: their size first
-    monkeypatch.setattr(report, "MAX_RECORDS_BYTES", 1 << 20)
+    monkeypatch.setattr(report_inputs, "MAX_RECORDS_BYTES", 1 << 20)
     _sparse(run / "records.jsonl", 2 << 20)
     before = _tree(run)
     _one_line_error(capsys, main(["report", str(run)]), str(run / "records.jsonl"), "over 1 MiB")
