@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from drafters import TreeShape
+from kernels.common import MIN_TEMPERATURE
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,8 @@ NO_DRAFT = Arm(drafter=None)
 
 @dataclass(frozen=True)
 class Sampling:
-    """Greedy when ``temperature == 0``; else temperature, then top-k, then top-p (Hugging Face order)."""
+    """Greedy when ``temperature == 0`` (0 < T < 2**-100 is refused); else temperature, then top-k, then top-p
+    (Hugging Face order)."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -58,6 +60,10 @@ class Sampling:
                 raise ValueError(f"{name} must be {kind}, got {v!r}"[:200])
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:  # the kernels verify greedily there: one rule, not two
+            raise ValueError(
+                f"temperature {self.temperature!r} is below 2**-100, where logits / T leaves float32: use 0 (greedy)"
+            )
         if not 0 <= self.top_k <= (1 << 31) - 1:  # far above any vocabulary (experiments.args.MAX_TOP_K)
             raise ValueError(f"top_k must be in [0, 2**31 - 1], got {self.top_k}"[:200])
         if not 0 < self.top_p <= 1:

@@ -239,6 +239,16 @@ def test_sampling_refuses_a_huge_integer_with_a_value_error(kwargs, needle):
     assert needle in str(info.value) and len(str(info.value)) <= 200
 
 
+def test_sampling_refuses_a_temperature_the_kernels_would_verify_greedily():
+    """Below 2**-100 (logits / T leaves float32) ``kernels.verify`` is greedy; the engine drew coins for a sample."""
+    from env.engine import Sampling
+    from kernels.common import MIN_TEMPERATURE
+
+    with pytest.raises(ValueError, match="below 2\\*\\*-100"):
+        Sampling(temperature=MIN_TEMPERATURE / 2)
+    assert Sampling(temperature=MIN_TEMPERATURE).temperature == MIN_TEMPERATURE
+
+
 @pytest.mark.parametrize("key", ["temperature", "top_k", "top_p"])
 def test_run_refuses_a_huge_integer_in_one_line_and_leaves_no_run_folder(key, tmp_path, capsys, monkeypatch):
     import env.model
