@@ -5,15 +5,13 @@ step gives back. The step itself (propose -> tree forward -> verify -> commit ->
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from numbers import Integral, Real
 from typing import Any
 
 import torch
 
 from drafters import TreeShape
-from kernels.common import MIN_TEMPERATURE
+from kernels.common import MIN_TEMPERATURE, check_sampling_settings
 
 
 @dataclass(frozen=True)
@@ -46,28 +44,16 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("temperature", "top_k", "top_p"):
-            v = getattr(self, name)
-            if name == "top_k":  # an integer is finite; math.isfinite would overflow on a huge one
-                ok = isinstance(v, Integral) and not isinstance(v, bool)
-            else:
-                try:
-                    ok = isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v)
-                except OverflowError:  # an integer too large for a float
-                    ok = False
-            if not ok:
-                kind = "an integer" if name == "top_k" else "a finite number"
-                raise ValueError(f"{name} must be {kind}, got {v!r}"[:200])
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        """The kernels' settings check (``kernels.common.check_sampling_settings``: types, finite, ranges; a wrong
+        type is a ``ValueError`` here too, as a setting read from a config is), and a rule of the engine's own."""
+        try:
+            check_sampling_settings(self.temperature, self.top_k, self.top_p, top_p_zero=False)
+        except TypeError as err:
+            raise ValueError(str(err)) from None
         if 0 < self.temperature < MIN_TEMPERATURE:  # the kernels verify greedily there: one rule, not two
             raise ValueError(
                 f"temperature {self.temperature!r} is below 2**-100, where logits / T leaves float32: use 0 (greedy)"
             )
-        if not 0 <= self.top_k <= (1 << 31) - 1:  # far above any vocabulary (experiments.args.MAX_TOP_K)
-            raise ValueError(f"top_k must be in [0, 2**31 - 1], got {self.top_k}"[:200])
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,7 @@ def compact_kv_(kv: Tensor, start: int, path: Tensor, *, check: bool = True) -> 
     kv: [B, H, L, D]; path: int64 [S], strictly increasing node indices relative to `start`, start + path[-1] < L.
     TypeError / ValueError otherwise (``kernels.reference_tree.check_compact_args``: the path's values where it
     lies on the CPU, only its shape on a GPU). ``check=False``: the caller checked these arguments already (one
-    path moved in every layer's K and V of one shape: checked for the first, ~12 us a call on a CPU)."""
+    path moved in every layer's K and V of one shape: checked for the first: the check cost about as much as the copy on a 2-core AMD EPYC family 25 model 17)."""
     if check:
         check_compact_args(kv, start, path)
     if triton_enabled(kv):

@@ -70,13 +70,13 @@ def test_overflowing_logits_over_temperature_are_refused() -> None:
 @pytest.mark.parametrize(
     "kw,error,message",
     [
-        (dict(temperature=float("nan")), ValueError, "temperature must be finite, got nan"),
-        (dict(temperature=float("inf")), ValueError, "temperature must be finite, got inf"),
+        (dict(temperature=float("nan")), ValueError, "temperature must be a finite number, got nan"),
+        (dict(temperature=float("inf")), ValueError, "temperature must be a finite number, got inf"),
         (dict(temperature=-1.0), ValueError, "temperature must be >= 0"),
-        (dict(temperature="1"), TypeError, "temperature must be a real number, got str"),
+        (dict(temperature="1"), TypeError, "temperature must be a finite number, got '1' \\(str\\)"),
         (dict(temperature=1.0, top_p=-0.5), ValueError, r"top_p must be in \[0, 1\]"),
         (dict(temperature=1.0, top_p=1.5), ValueError, r"top_p must be in \[0, 1\]"),
-        (dict(temperature=1.0, top_p=float("nan")), ValueError, "top_p must be finite"),
+        (dict(temperature=1.0, top_p=float("nan")), ValueError, "top_p must be a finite number"),
         (dict(temperature=1.0, top_k=-1), ValueError, r"top_k must be in \[0, 2\*\*31 - 1\]"),
         (dict(temperature=1.0, top_k=1.5), TypeError, "top_k must be an integer, got 1.5"),
         (
