@@ -145,6 +145,10 @@ class SpecDecodeVectorEnv(VectorEnv):
         if seed is not None and not isinstance(seed, Integral):  # one seed per env: the first seeds them all
             if not isinstance(seed, (Sequence, np.ndarray)) or isinstance(seed, str) or len(seed) == 0:
                 raise EnvError(f"seed must be an integer, a sequence of them or None, got {seed!r}")
+            if len(seed) != self.num_envs:  # Gymnasium's rule: one seed per env, no more and no fewer
+                raise EnvError(
+                    f"seed lists {len(seed)} seeds for {self.num_envs} envs: give one per env or one integer"
+                )
             s = seed[0]
         if s is not None:
             self._np_random, self._np_random_seed = seeding.np_random(seed_value(s, EnvError))

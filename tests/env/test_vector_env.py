@@ -174,6 +174,9 @@ def test_seeds_of_every_integer_kind(toy_trace, toy_cost):
     for bad in (1.5, "3", [], -1, True):
         with pytest.raises(EnvError, match="seed must be"):
             v.reset(seed=bad)
+    for wrong in ([3, 4], [3, 4, 5, 6], np.array([3, 4, 5, 6])):  # took the first and dropped the rest
+        with pytest.raises(EnvError, match=f"{len(wrong)} seeds for 3 envs"):
+            v.reset(seed=wrong)
 
 
 @pytest.mark.parametrize("device", [None, "cpu"])
