@@ -185,26 +185,31 @@ def output_file(
     inputs: tuple[object, ...] = (),
     folders: tuple[object, ...] = (),
     formats: tuple[str, ...] = (),
+    earlier: tuple[Callable[[Path], bool], str] | None = None,
 ) -> Path | None:
     """Check, before any work, that ``path`` can be written: not a directory, none of the command's ``inputs``
-    (as ``check_not_input``), in none of the folders it reads (``folders``, as ``check_not_inside``), for
-    ``--json`` no file but an earlier JSON result, with ``formats`` no file but a JSON object of one of them (a
-    cost model replaces only a cost model), its folder made and writable (``ProgramError`` naming ``flag``
-    otherwise). None stays None (nothing to write)."""
+    (as ``check_not_input``), in none of the folders it reads (``folders``, as ``check_not_inside``), and that
+    an existing file there is an earlier output of the command, not something else a misplaced flag would
+    destroy: with ``formats`` a JSON object of one of them (a cost model replaces only a cost model), with
+    ``earlier`` what its test (and name) accepts, for ``--json`` by default an earlier JSON result; its folder
+    made and writable (``ProgramError`` naming ``flag`` otherwise). None stays None (nothing to write)."""
     if path is None:
         return None
     out = check_output_kind(path, flag)
     check_not_input(out, flag, inputs)
     check_not_inside(out, flag, folders)
-    if formats and holds_other_than(out, formats):
-        raise ProgramError(f"{flag} {path} exists and is not a {' or '.join(formats)} file; not overwritten")
-    if not formats and flag == "--json" and holds_other_than_json(out):
+    if formats:
+        earlier = (lambda p: not holds_other_than(p, formats), f"a {' or '.join(formats)} file")
+    elif earlier is None and flag == "--json":
+        earlier = (lambda p: not holds_other_than_json(p), "a JSON file")
+    if earlier is not None and out.is_file() and not earlier[0](out):
         kind = format_of(out)
-        what = "a JSON file" if kind is None else f"a JSON result (a {kind} file)"
+        shown = "a JSON result" if earlier[1] == "a JSON file" else earlier[1]
+        what = earlier[1] if kind is None else f"{shown} (a {kind} file)"
         raise ProgramError(f"{flag} {path} exists and is not {what}; not overwritten")
     folder = out.parent
     if folder.exists() and not folder.is_dir():
-        raise ProgramError(f"{flag} {path}: {folder} is a file, not a folder")
+        raise ProgramError(f"{flag} {path}: {folder} is a file, not a directory")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".write-test-{os.getpid()}"

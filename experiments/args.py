@@ -9,11 +9,11 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from env.cli import check_not_input, int_at_least, seed_int
+from env.cli import int_at_least, seed_int
+from env.cli import output_file as output_file  # the commands read it here
 from env.cli import positive_int as positive_int  # the commands read it here
 from env.cli import same_file as same_file  # experiments.report reads it here
 
@@ -288,32 +288,3 @@ def run_folder_outputs(out: Path, files: tuple[str, ...], folders: tuple[str, ..
         p = out / name
         if p.exists() and not p.is_dir():
             raise UserError(f"{p} is not a folder, and the run writes its {name} there: move it away")
-
-
-def output_file(
-    path: str | Path,
-    flag: str = "--out",
-    inputs: tuple[object, ...] = (),
-    earlier: tuple[Callable[[Path], bool], str] | None = None,
-) -> Path:
-    """Check, before any work, that ``path`` can be written (its folder made and writable, not a directory), that it
-    is none of the command's ``inputs`` (paths, None for an input not given), and that an existing file there is
-    an earlier output of the command, not something else a misplaced flag would destroy: ``earlier`` (a test of
-    the file, what it names), JSON for a ``--json`` output by default."""
-    from env.cli import check_output_kind, holds_other_than_json
-    from experiments.errors import UserError
-
-    out = check_output_kind(path, flag)
-    if earlier is None and flag == "--json":
-        earlier = (lambda p: not holds_other_than_json(p), "a JSON file")
-    if out.exists():
-        check_not_input(out, flag, inputs)
-        if earlier is not None and out.is_file() and not earlier[0](out):
-            from kernels.timing import format_of
-
-            kind = format_of(out)
-            shown = "a JSON result" if earlier[1] == "a JSON file" else earlier[1]
-            what = earlier[1] if kind is None else f"{shown} (a {kind} file)"
-            raise UserError(f"{flag} {out} exists and is not {what}; not overwritten")
-    output_dir(out.parent if str(out.parent) else ".", flag=f"{flag} {out}: folder")
-    return out

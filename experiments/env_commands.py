@@ -51,14 +51,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     # an existing file there must be an earlier cost model of the kind written, not a policy, a trace or another
     # command's results named by a misplaced flag
     from env.batch_cost import FORMAT as BATCH_FORMAT
-    from env.cli import check_not_inside, holds_other_than
     from env.cost import FORMAT as COST_FORMAT
     from env.model import model_folder
 
     out = args.out or ("runs/batch_cost.json" if args.batch else "runs/cost_model.json")
-    check_not_inside(out, "--out", (model_folder(args.model),))  # (a model's config.json is JSON too)
     kind = BATCH_FORMAT if args.batch else COST_FORMAT
-    out = output_file(out, earlier=(lambda p: not holds_other_than(p, (kind,)), f"a {kind} file"))
+    # (in no model folder: a model's config.json is JSON too)
+    out = output_file(out, flag="--out", folders=(model_folder(args.model),), formats=(kind,))
     if args.batch:  # one calibration at a time writes OUT.partial (released as the command returns)
         from env.batch_calibrate_state import CalibrationState
         from env.folder_lock import claim_file
@@ -116,7 +115,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     from env.workloads import load_workload
     from experiments.errors import UserError
 
-    out = output_file(args.out)
+    out = output_file(args.out, flag="--out")
     check_parts_folders(out)  # (what they hold is checked once record() holds them)
     # a finished trace is fine: record() returns it when its settings are these (a rerun), else refuses it
     if out.exists() and not args.overwrite and not zipfile.is_zipfile(out):

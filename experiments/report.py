@@ -199,7 +199,8 @@ def write_report(paths: list[Path], out: Path) -> Path:
     paths = [Path(p) for p in paths]
     check_outputs(paths, out)  # before anything is read, or a stale summary made again
     items = [load_run(p) for p in paths]
-    output_file(out)  # its folder made and writable, once the inputs read (a refused report makes no folder)
+    # its folder made and writable, once the inputs read (a refused report makes no folder)
+    output_file(out, flag="--out")
     label_items(items)
     runs = [r for r in items if r["kind"] == "run"]
     report_dir = out.parent

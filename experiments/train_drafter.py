@@ -478,7 +478,7 @@ def _outputs_and_threads(args: argparse.Namespace) -> None:
             )
         # a head's two files replace only a head's (a misplaced --out must not destroy someone's file)
         head = (_is_head, "a draftgym head (a .safetensors whose .json beside it describes a head)")
-        output_file(out.with_suffix(".safetensors"), earlier=head)
+        output_file(out.with_suffix(".safetensors"), flag="--out", earlier=head)
         output_file(out.with_suffix(".json"), flag="--out", earlier=head)
     if args.work:
         output_dir(args.work, flag="--work", exclusive=True)

@@ -18,7 +18,7 @@ def test_output_file_checks(tmp_path):
     assert output_file(None) is None
     assert output_file(tmp_path / "new" / "x.json") == tmp_path / "new" / "x.json"
     (tmp_path / "f").write_text("")
-    with pytest.raises(ProgramError, match="is a file, not a folder"):
+    with pytest.raises(ProgramError, match="is a file, not a directory"):
         output_file(tmp_path / "f" / "x.json")
     with pytest.raises(ProgramError, match="--out .* is a directory"):
         output_file(tmp_path, "--out")
