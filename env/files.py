@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
+
+_TEMPORARY = re.compile(r"\..+\.([0-9]{1,9})\.tmp")  # ``atomic_write_bytes``'s temporary: .NAME.PID.tmp
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
@@ -20,6 +23,42 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def remove_stale_temporaries(folder: str | Path, depth: int = 1) -> int:
+    """Remove the temporaries (``.NAME.PID.tmp``) that writers killed mid-write left in ``folder`` and in its
+    subfolders up to ``depth`` levels down, those of processes no longer running (a live writer's stays; a pid
+    reused since is left alone too); how many were removed. Called once as a command takes its folder
+    (``env.folder_lock.claim_folder``): one listing per run, not one per write."""
+    removed = 0
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0
+    for entry in entries:
+        m = _TEMPORARY.fullmatch(entry.name)
+        try:
+            if m and entry.is_file(follow_symlinks=False) and not _running(int(m.group(1))):
+                os.unlink(entry.path)
+                removed += 1
+            elif depth > 0 and entry.is_dir(follow_symlinks=False):
+                removed += remove_stale_temporaries(entry.path, depth - 1)
+        except OSError:
+            continue
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists (this one, or one we may not signal, counts; so does 0, a group)."""
+    if pid <= 0 or pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:

@@ -8,7 +8,8 @@ the process ends — however it ends: the kernel drops the lock of a process kil
 never a stale lock to delete (``claim_file`` holds a file replaced by renaming through a lock file beside it, which
 a killed holder leaves behind unlocked). Another process holding it: ``FolderBusy``, one line naming the folder
 and, where ``/proc/locks`` shows it, that process. A file system that cannot lock (``flock`` refused for another
-reason than the lock being held) is used unlocked, as before.
+reason than the lock being held) is used unlocked, as before. Taking a folder removes the temporaries that
+writers killed mid-write left in it (``env.files.remove_stale_temporaries``): no other run writes there now.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import fcntl
 import os
 from collections.abc import Collection
 from pathlib import Path
+
+from env.files import remove_stale_temporaries
 
 _HELD: dict[Path, int] = {}  # folder (resolved) -> its open descriptor, while this process holds it
 
@@ -35,6 +38,7 @@ def claim_folder(folder: str | Path, what: str) -> None:
     fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     if _locked(fd, what, "folder"):
         _HELD[key] = fd
+        remove_stale_temporaries(key)  # held: no other run writes here; what killed writers left is rubbish
 
 
 def _locked(fd: int, what: str, kind: str) -> bool:
