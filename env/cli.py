@@ -104,6 +104,18 @@ def run_program(
 ) -> int:
     """``body(argv)``'s exit code; a user's error ends as one line on stderr and exit code 2 (``--help`` and an
     argument argparse refused return their own code). ``user_types``: as ``user_message``."""
+    from env.process import check_cwd, interrupted, prepare_streams, sigterm_as_interrupt
+
+    code = check_cwd(prog)
+    if code is not None:
+        return code
+    prepare_streams()
+    with sigterm_as_interrupt():
+        return _run(prog, body, argv, user_types, interrupted)
+
+
+def _run(prog: str, body: Callable[[list[str] | None], int | None], argv: list[str] | None,
+         user_types: frozenset[str], interrupted: Callable[[str, KeyboardInterrupt], int]) -> int:  # fmt: skip
     from env.folder_lock import held_folders, release_folders
 
     held = held_folders()
@@ -114,9 +126,8 @@ def run_program(
             sys.stderr.write(f"{prog}: error: {one_line(exit_.code)}\n")
             return EXIT_USAGE
         return int(exit_.code or 0)
-    except KeyboardInterrupt:
-        sys.stderr.write(f"{prog}: interrupted\n")
-        return 130
+    except KeyboardInterrupt as err:
+        return interrupted(prog, err)
     except Exception as err:
         message = user_message(err, user_types)
         if message is None:
@@ -164,10 +175,10 @@ def check_output_kind(path: str | Path, flag: str) -> Path:
     result is written under a temporary name and renamed: it would replace a device, FIFO or socket)."""
     out = Path(path)
     if (
-        len(out.name.encode()) > NAME_MAX - NAME_MARGIN
+        len(os.fsencode(out.name)) > NAME_MAX - NAME_MARGIN
     ):  # refused at the end, with the work done, or a traceback
         raise ProgramError(
-            f"{flag}: its file name is {len(out.name.encode())} bytes; at most {NAME_MAX - NAME_MARGIN} (the "
+            f"{flag}: its file name is {len(os.fsencode(out.name))} bytes; at most {NAME_MAX - NAME_MARGIN} (the "
             f"temporary file written first adds to it, within the file system's {NAME_MAX})"
         )
     if out.is_dir():

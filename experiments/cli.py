@@ -138,8 +138,26 @@ def _command_of(argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; returns its exit code (2: bad input, reported in one line on stderr)."""
+    """Run one command; returns its exit code (2: bad input, reported in one line on stderr; 130 and 143: Ctrl-C
+    and SIGTERM, in one line too, at any point, the imports included). The process is set up first
+    (``env.process``: the current folder, the standard streams, SIGTERM)."""
+    from env.process import check_cwd, interrupted, prepare_streams, sigterm_as_interrupt
+
     argv = sys.argv[1:] if argv is None else list(argv)
+    code = check_cwd("draftgym")
+    if code is not None:
+        return code
+    prepare_streams()
+    with sigterm_as_interrupt():
+        try:
+            return _main(argv)
+        except KeyboardInterrupt as err:  # during the imports (the command's own is caught in _main)
+            return interrupted("draftgym", err)
+
+
+def _main(argv: list[str]) -> int:
+    from env.process import interrupted
+
     try:
         args = build_parser(_command_of(argv)).parse_args(argv)
     except SystemExit as exit_:  # --help (0), or an argument argparse refused (2, already reported)
@@ -149,9 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     held = held_folders()
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        sys.stderr.write("draftgym: interrupted\n")
-        return 130
+    except KeyboardInterrupt as err:
+        return interrupted("draftgym", err)
     except Exception as err:
         message = user_message(err)
         if message is None:

@@ -6,6 +6,7 @@ not crash the worker."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -157,3 +158,43 @@ def test_workers_of_machines_given_adjacent_seeds_draw_different_points():
     assert draws(0, 1) == draws(0, 1)
     assert draws(0, 1) != draws(1, 0)
     assert len({tuple(draws(s, w)) for s in range(3) for w in range(3)}) == 9
+
+
+def test_sigterm_to_a_sweep_stops_its_workers(tmp_path):
+    """SIGTERM (``timeout``, a scheduler) ended the parent on the spot, and its workers ran on without it,
+    finishing trials into the study for minutes; it stops them as Ctrl-C does, in one line, exit 143."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "sw.toml").write_text(TOML + "n_trials = 100000\n")
+    out = tmp_path / "run"
+    parent = subprocess.Popen([sys.executable, "-m", "experiments", "sweep", str(tmp_path / "sw.toml"), "--out",
+                               str(out), "--workers", "2"], stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        for _ in range(600):
+            if (out / "workers.json").is_file():
+                break
+            time.sleep(0.1)
+        pids = json.loads((out / "workers.json").read_text())["pids"]
+        parent.send_signal(signal.SIGTERM)
+        _, err = parent.communicate(timeout=60)
+        assert parent.returncode == 143 and err.endswith("draftgym: terminated\n"), (
+            parent.returncode,
+            err[-300:],
+        )
+        for _ in range(100):  # terminated by the parent, reaped by it
+            alive = [p for p in pids if Path(f"/proc/{p}").exists()]
+            if not alive:
+                break
+            time.sleep(0.1)
+        assert not alive, alive
+    finally:
+        parent.kill()
+        for p in (
+            json.loads((out / "workers.json").read_text())["pids"] if (out / "workers.json").is_file() else []
+        ):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
