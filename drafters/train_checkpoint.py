@@ -6,6 +6,7 @@ mid-training nor a NaN head saved at its end; a diverged run saves nothing (``sa
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from pathlib import Path
@@ -156,8 +157,16 @@ def save_train_state(path: Path, state: dict[str, Any], loss: torch.Tensor | Non
             f"training diverged by step {state['step']}: the loss or the head's weights are NaN or infinite (try a "
             "lower --lr); nothing saved, the head already there and the last training checkpoint kept"
         )
-    torch.save(state, _tmp(path))
-    os.replace(_tmp(path), path)
+    buffer = io.BytesIO()  # (torch's own file writer fails a full disk with a RuntimeError, and no file name)
+    torch.save(state, buffer)
+    try:
+        _tmp(path).write_bytes(buffer.getbuffer())
+        os.replace(_tmp(path), path)
+    except BaseException as err:
+        _tmp(path).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None and err.errno is not None:
+            raise OSError(err.errno, err.strerror, str(path)) from err  # (a write's error names no file)
+        raise
 
 
 def _tmp(path: Path) -> Path:

@@ -246,15 +246,15 @@ def calibrate(
     # drafter's proposals at each position of each prompt
     verify = sum(len(contexts) * sum(not (n > LARGE and r % 2) for n, _ in grid) for r in range(reps))
     bar = progress_bar(verify + len(names) * len(prompts) * draft_positions, "calibrate", progress)
-    if progress:  # through the bar (which it would break otherwise)
+    if progress:  # through the bar (else broken); on stderr: `| head` kept no result
         bar.write(f"calibrate: verify phase, {len(grid)} tree sizes x contexts {list(contexts)} x {reps}",
-                  file=sys.stdout)  # fmt: skip
+                  file=sys.stderr)  # fmt: skip
     ids = [_context_ids(loaded.tokenizer, c) for c in contexts]
     rows = _time_verify(loaded, fixed, ids, grid, reps, tick=lambda: bar.update(1))
     context_ref = int(contexts[0])
     chain, tree, a, b = _fit_verify(rows, context_ref)
     if progress:
-        bar.write(f"calibrate: drafters {', '.join(drafter_names) or '(none)'}", file=sys.stdout)
+        bar.write(f"calibrate: drafters {', '.join(drafter_names) or '(none)'}", file=sys.stderr)
     drafters = _time_drafters(
         loaded, names, drafter_options or {}, prompts, shapes, draft_positions, tick=lambda: bar.update(1)
     )

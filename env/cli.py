@@ -42,6 +42,7 @@ USER_ERROR_TYPES: frozenset[str] = frozenset(
         "env.serving:ServeError",
         "env.serve_obs:ServeEnvError",
         "env.folder_lock:FolderBusy",
+        "env.decoder:PolicyMismatch",
     }
 )
 
@@ -116,9 +117,11 @@ def run_program(
 
 def _run(prog: str, body: Callable[[list[str] | None], int | None], argv: list[str] | None,
          user_types: frozenset[str], interrupted: Callable[[str, KeyboardInterrupt], int]) -> int:  # fmt: skip
+    from env.files import forget_made_folders, remove_made_folders
     from env.folder_lock import held_folders, release_folders
 
     held = held_folders()
+    forget_made_folders()  # (only what this command makes counts)
     try:
         return int(body(argv) or 0)
     except SystemExit as exit_:
@@ -127,15 +130,18 @@ def _run(prog: str, body: Callable[[list[str] | None], int | None], argv: list[s
             return EXIT_USAGE
         return int(exit_.code or 0)
     except KeyboardInterrupt as err:
+        remove_made_folders()
         return interrupted(prog, err)
     except Exception as err:
         message = user_message(err, user_types)
         if message is None:
             raise
+        remove_made_folders()  # an output folder made before the refusal, still empty
         sys.stderr.write(f"{prog}: error: {message}\n")
         return EXIT_USAGE
     finally:
         release_folders(keep=held)  # the folders its command claimed (``env.folder_lock``)
+        forget_made_folders()
 
 
 def same_file(a: object, b: object) -> bool:
@@ -222,7 +228,9 @@ def output_file(
     if folder.exists() and not folder.is_dir():
         raise ProgramError(f"{flag} {path}: {folder} is a file, not a directory")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        from env.files import make_folder
+
+        make_folder(folder)
         probe = folder / f".write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()

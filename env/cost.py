@@ -51,6 +51,9 @@ FORMAT = "draftgym-cost-model"
 VERSION = 1
 
 
+_FLAG = {"float32": "fp32", "bfloat16": "bf16"}  # a torch dtype's name -> the --dtype option's spelling
+
+
 class CostModelError(ValueError):
     """A cost model file that cannot be used; the message is meant for the user."""
 
@@ -138,7 +141,8 @@ class FittedCostModel:
         if (self.model_id, self.dtype) != (model_id, dtype):
             raise CostModelError(
                 f"the cost model was calibrated for {self.model_id} ({self.dtype}), not {model_id} ({dtype}); "
-                f"run: draftgym calibrate --model ... --dtype {dtype} --out FILE and pass it as cost_model"
+                f"run: draftgym calibrate --model ... --dtype {_FLAG.get(dtype, dtype)} --out FILE and pass it as "
+                "cost_model"
             )
         built = self.meta.get("weights", "dense") if isinstance(self.meta, dict) else "dense"
         if weights is not None and built != weights:

@@ -131,6 +131,27 @@ def chat_prompt(tokenizer: Any, text: str) -> list[int]:
     return [int(i) for i in ids]
 
 
+class PolicyMismatch(ValueError):
+    """A policy trained for another arm menu or observation than the decoder's (one line for the user)."""
+
+
+def _check_chooser(policy: Any, arms: list[str], features: list[str]) -> None:
+    """A policy that says which arms and observation it was trained for (``policies.BasePolicy``'s ``arm_names``
+    and ``obs_size``) checked against the decoder's before any work: a mismatch failed at the first step, with a
+    message from inside the policy."""
+    names = getattr(policy, "arm_names", None)
+    if names is not None and list(names) != arms:
+        raise PolicyMismatch(
+            f"the policy was trained for arms {list(names)}, but the decoder has {arms}: pass its arms"
+        )
+    size = getattr(policy, "obs_size", None)
+    if isinstance(size, int) and size > 0 and size != len(features):
+        raise PolicyMismatch(
+            f"the policy expects observations of size {size}, but this decoder gives {len(features)}: pass "
+            "features= the FeatureSpec it was trained with (its meta['feature_spec'])"
+        )
+
+
 class SpeculativeDecoder:
     """Greedy or sampled speculative decoding of one target with a menu of arms: a batch of one on the
     batch-native engine (``env.step.Stepper`` over ``env.batch.BatchEngine``, the step the live env, the trace
@@ -158,6 +179,9 @@ class SpeculativeDecoder:
     ) -> None:
         self.position_horizon = position_horizon_of(position_horizon)  # checked before any work
         self.loaded = loaded
+        meta = getattr(policy, "meta", None)  # a policy file names the observation it was trained on
+        if features is None and isinstance(meta, dict) and isinstance(meta.get("feature_spec"), dict):
+            features = FeatureSpec.from_dict(meta["feature_spec"], source="the policy's feature_spec")
         self.feature_spec = features or FeatureSpec()
         self.arms = [as_arm(a) for a in (arms or [default_arm()])]
         self.policy = policy
@@ -165,6 +189,7 @@ class SpeculativeDecoder:
         if policy is None and len(self.arms) != 1:
             raise ValueError("several arms need a policy to choose between them")
         self.engine = BatchEngine(loaded, max_rows=1)
+        _check_chooser(policy, [a.name for a in self.arms], self.feature_names)
         self.eos_ids = eos_ids(loaded)
         # Drafters are built once and kept across calls: trained heads load once, and stateful drafters (Token
         # Recycling's adjacency table) carry what they learned from one prompt to the next, as in their papers.

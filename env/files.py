@@ -6,7 +6,10 @@ from __future__ import annotations
 import errno
 import os
 import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from types import TracebackType
 
 _TEMPORARY = re.compile(r"\..+\.([0-9]{1,9})\.tmp")  # ``atomic_write_bytes``'s temporary: .NAME.PID.tmp
 
@@ -16,13 +19,97 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     if path.is_dir():  # named as the error's file (not the temporary the replace would fail on)
         raise IsADirectoryError(errno.EISDIR, "a directory, not a file", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    with writing_temporary(path, path.with_name(f".{path.name}.{os.getpid()}.tmp")) as tmp:
         tmp.write_bytes(data)
         os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
+
+
+@contextmanager
+def writing_temporary(path: str | Path, tmp: str | Path) -> Iterator[Path]:
+    """Around writing ``tmp``, the temporary that then replaces ``path``: on any error (a full disk, a file size
+    limit, Ctrl-C) the temporary is removed, and an OS error without a file name (a write's own carries none:
+    "File too large", and no word of which) names ``path``."""
+    try:
+        yield Path(tmp)
+    except BaseException as err:
+        Path(tmp).unlink(missing_ok=True)
+        renamed = named(err, path)
+        if renamed is err:
+            raise
+        raise renamed from err
+    Path(tmp).unlink(missing_ok=True)  # (replaced: nothing left to remove)
+
+
+def named(err: BaseException, path: str | Path) -> BaseException:
+    """``err`` naming ``path`` when it is an OS error that names no file (a write's, a flush's); else ``err``."""
+    if isinstance(err, OSError) and err.filename is None and err.errno is not None:
+        return OSError(err.errno, err.strerror, str(path))  # (of the errno's own subclass: EPIPE, ...)
+    return err
+
+
+class Appending:
+    """An append-only text file (a JSONL log of results) whose lines go to the OS as they are written (no buffer
+    for a kill to lose), and whose write errors name the file (``named``): ``with Appending(path) as fh:
+    fh.write(line)``. Text is UTF-8 (a file name's undecodable bytes written back as those bytes)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._fh = open(self.path, "ab", buffering=0)  # noqa: SIM115 (closed by __exit__)
+
+    def write(self, text: str) -> int:
+        view = memoryview(text.encode("utf-8", errors="surrogateescape"))
+        try:
+            while view:
+                n = self._fh.write(view)
+                if not n:  # (a regular file takes a part or fails)
+                    raise OSError(errno.EIO, "the file took none of a write")
+                view = view[n:]
+        except OSError as err:
+            raise named(err, self.path) from err
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:  # (nothing is buffered)
+        return None
+
+    def __enter__(self) -> Appending:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._fh.close()
+
+
+_MADE: list[Path] = []  # the folders ``make_folder`` made in this process, outermost first per call
+
+
+def make_folder(folder: str | Path) -> Path:
+    """``folder`` made with its missing parents (as ``mkdir -p``), each folder it made remembered, so that a
+    command refused after making its output folder leaves none behind empty (``remove_made_folders``)."""
+    folder = Path(folder)
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    _MADE.extend(reversed(missing))
+    return folder
+
+
+def remove_made_folders() -> None:
+    """Remove the folders ``make_folder`` made that are still empty, innermost first (a command refused in one
+    line after making its output folder: an empty folder stayed behind); a folder with anything in it stays."""
+    for folder in reversed(_MADE):
+        with suppress(OSError):
+            folder.rmdir()
+    _MADE.clear()
+
+
+def forget_made_folders() -> None:
+    """Keep the folders made so far (a command that ended well: an empty output folder is its result)."""
+    _MADE.clear()
 
 
 def remove_stale_temporaries(folder: str | Path, depth: int = 1) -> int:

@@ -164,9 +164,11 @@ class Trace:
             arrays[f"tree/{name}/tokens"] = t.tokens.astype(np.int32)
             arrays[f"tree/{name}/parents"] = t.parents.astype(np.int16)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez_compressed(tmp, **arrays)
-        tmp.replace(path)
+        from env.files import writing_temporary
+
+        with writing_temporary(path, path.with_name(path.name + ".tmp.npz")) as tmp:
+            np.savez_compressed(tmp, **arrays)
+            tmp.replace(path)
         return path
 
 

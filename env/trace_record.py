@@ -23,7 +23,7 @@ from drafters import Carries, Drafter, DrafterError, DraftTree, make_drafter
 from drafters.base import carried_state, restore_state
 from env.features import FeatureSpec, position_feature_names, position_features, projection
 from env.file_checks import int64_problem, one_line
-from env.files import atomic_write_text, file_digest
+from env.files import atomic_write_text, file_digest, writing_temporary
 from env.folder_lock import claim_folder, release_folder
 from env.safe_zip import ArchiveProblem, parse_json, read_npz
 from env.step import Stepper, largest_shape
@@ -301,15 +301,16 @@ def _record_held(loaded: Any, engine: Any, prompts: list[Any], probes: dict[str,
             arrays = record_prompt(
                 stepper, probes, chat_prompt(loaded.tokenizer, p.text), max_new_tokens, spec, proj
             )
-            tmp = parts_dir / f"{i:05d}.tmp.npz"
-            np.savez(tmp, **arrays)
-            tmp.replace(part_file)
+            with writing_temporary(part_file, parts_dir / f"{i:05d}.tmp.npz") as tmp:
+                np.savez(tmp, **arrays)
+                tmp.replace(part_file)
             if (
                 carriers
             ):  # after the part: a kill in between leaves the state one part behind (that part redone)
                 state = carried_state(carriers)
-                np.savez(parts_dir / "probes.tmp.npz", part=np.int64(i + 1), **state)
-                (parts_dir / "probes.tmp.npz").replace(parts_dir / PROBES_FILE)
+                with writing_temporary(parts_dir / PROBES_FILE, parts_dir / "probes.tmp.npz") as tmp:
+                    np.savez(tmp, part=np.int64(i + 1), **state)
+                    tmp.replace(parts_dir / PROBES_FILE)
             parts[i] = _read_part(part_file, header, i)
     header = dict(header)
     header["created"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

@@ -254,6 +254,7 @@ def output_dir(path: str | Path, flag: str = "--out", exclusive: bool = False) -
     """Make the run directory (or find it) and check that files can be created in it, before any work, so that
     a bad path fails in one line instead of after the results were computed. ``exclusive``: a folder the command
     writes and resumes from, held for it (``env.folder_lock``: another process writing it is one line)."""
+    from env.files import make_folder
     from env.folder_lock import claim_folder
     from experiments.errors import UserError
 
@@ -263,7 +264,7 @@ def output_dir(path: str | Path, flag: str = "--out", exclusive: bool = False) -
     if out.exists() and not out.is_dir():
         raise UserError(f"{flag} {out} is a file, not a directory")
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        make_folder(out)
         probe = out / f".write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()

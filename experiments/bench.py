@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from env.decoder import chat_prompt
 from env.engine import Sampling, parse_arm, split_weights
-from env.files import atomic_write_text, file_digest
+from env.files import Appending, atomic_write_text, file_digest
 from env.model import LoadedModel
 from env.target import check_prompt
 from env.workloads import Prompt
@@ -254,7 +254,7 @@ def run_bench(
     finished = sum((m, p.prompt_id) in done for p in prompts for m in methods)  # of this run's selection only
     bar = tqdm(total=len(prompts) * len(methods), initial=finished, desc="bench", disable=not progress)
     try:
-        with rec_path.open("a") as fh:
+        with Appending(rec_path) as fh:
             for _, p, order in interleaved(todo, methods, done):
                 prompt_ids = chat_prompt(loaded.tokenizer, p.text)
                 for m in order:

@@ -162,21 +162,26 @@ def _main(argv: list[str]) -> int:
         args = build_parser(_command_of(argv)).parse_args(argv)
     except SystemExit as exit_:  # --help (0), or an argument argparse refused (2, already reported)
         return int(exit_.code or 0)
+    from env.files import forget_made_folders, remove_made_folders
     from env.folder_lock import held_folders, release_folders
 
     held = held_folders()
+    forget_made_folders()  # (only what this command makes counts)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as err:
+        remove_made_folders()
         return interrupted("draftgym", err)
     except Exception as err:
         message = user_message(err)
         if message is None:
             raise
+        remove_made_folders()  # an output folder made before the refusal, still empty
         sys.stderr.write(f"draftgym {args.command}: error: {message}\n")
         return EXIT_USAGE
     finally:
         release_folders(keep=held)  # the folders the command claimed (``env.folder_lock``)
+        forget_made_folders()
 
 
 def user_message(err: Exception) -> str | None:

@@ -28,6 +28,7 @@ import numpy as np
 
 from drafters import Carries, DrafterError
 from drafters.base import carried_state, restore_state
+from env.files import Appending
 from env.safe_zip import ArchiveProblem, read_npz
 from experiments.records import RUN_RECORD, Record, check_learned, learns_online
 
@@ -145,7 +146,7 @@ def resume_drafters(
         restore_drafters({m: dec}, {m: arrays}, state_dir, vocab)  # checked before its record is appended
         pending[m] = arrays
         if (rec.method, rec.prompt_id) not in done:
-            with rec_path.open("a") as fh:
+            with Appending(rec_path) as fh:
                 fh.write(json.dumps(asdict(rec)) + "\n")
             records.append(rec)
             done.add((rec.method, rec.prompt_id))

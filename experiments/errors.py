@@ -26,6 +26,7 @@ USER_ERROR_TYPES: frozenset[str] = frozenset(
         "env.serving:ServeError",
         "env.serve_obs:ServeEnvError",
         "env.folder_lock:FolderBusy",
+        "env.decoder:PolicyMismatch",
         "policies.errors:PolicyError",
         "experiments.strict_toml:ConfigError",
         "experiments.methods:MethodError",

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from env.files import file_digest, jsonl_lines
+from env.files import Appending, file_digest, jsonl_lines
 from env.model import LoadedModel
 
 
@@ -119,7 +119,7 @@ def resume_learners(decoders: dict[str, Any], state_dir: Path, rec_path: Path, r
             path, m, dec.policy.meta.get(RUN_LEARNED), None if rec is None else rec.prompt_id, records
         )
         if rec is not None and (rec.method, rec.prompt_id) not in done:
-            with rec_path.open("a") as fh:
+            with Appending(rec_path) as fh:
                 fh.write(json.dumps(asdict(rec)) + "\n")
             records.append(rec)
 

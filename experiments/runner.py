@@ -28,7 +28,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from env.files import atomic_write_text
+from env.files import Appending, atomic_write_text
 from env.workloads import Prompt, load_workload, prompts_digest
 from experiments.bench import interleaved, run_method, warm_up
 from experiments.bench_summary import format_table, summarize, summary_notes
@@ -106,7 +106,7 @@ def check_run_dir(cfg: Config, out: Path, ignore: tuple[str, ...] = ("sweep.",))
 
 def append_provenance(out: Path) -> None:
     """One line of ``provenance.jsonl``: written once the model is loaded (the products it settled are named)."""
-    with (out / "provenance.jsonl").open("a") as fh:
+    with Appending(out / "provenance.jsonl") as fh:
         fh.write(json.dumps(provenance()) + "\n")
 
 
@@ -167,7 +167,7 @@ def run(cfg: Config, out: Path, *, progress: bool = True, loaded: Any = None) ->
         bar = tqdm(
             total=len(prompts) * len(methods), initial=len(done), desc=f"run {cfg.name}", disable=not progress
         )
-        with rec_path.open("a") as fh:
+        with Appending(rec_path) as fh:
             for i, p, order in interleaved(todo, methods, done):
                 given = prompt_ids[p.prompt_id]
                 for m in order:
@@ -320,7 +320,7 @@ def recover_policy_records(
         if rec is not None and (rec.method, rec.prompt_id) not in done:
             found.append(rec)
     if found:
-        with rec_path.open("a") as fh:
+        with Appending(rec_path) as fh:
             fh.writelines(json.dumps(asdict(r)) + "\n" for r in found)
     return found
 

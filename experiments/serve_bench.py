@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from env.cli import seed_int
-from env.files import atomic_write_text, jsonl_lines
+from env.files import Appending, atomic_write_text, jsonl_lines
 from experiments.serve_summary import (
     format_rows,
     request_rows,
@@ -73,6 +73,25 @@ def method_arms(method: str) -> list[Any]:
     if "(" in method or ")" in method:
         raise DrafterError(f"cannot read method {method!r}; a mix is written mix(ARM,ARM,...)")
     return [parse_arm(method)]
+
+
+def prepare_served_drafters(loaded: Any, methods: list[str], policies: dict[str, Any],
+                            options: dict[str, dict[str, Any]]) -> None:  # fmt: skip
+    """Load the files of every drafter the methods and serving policies serve (trained heads), so that a bad head
+    file is one line before the run folder holds anything (as ``bench``'s ``prepare_decoders``); it failed after
+    the folder's settings were written."""
+    from drafters import make_drafter
+    from drafters.base import prepare_drafter
+    from env.batch import BatchEngine
+    from env.engine import parse_arm
+
+    arms = [a for m in methods for a in method_arms(m)]
+    arms += [parse_arm(a) for pol in policies.values() for a in getattr(pol, "arm_names", ())]
+    names = sorted({a.drafter for a in arms if a.drafter is not None})
+    if names:
+        target = BatchEngine(loaded, max_rows=1).target
+        for name in names:
+            prepare_drafter(make_drafter(name, **options.get(name, {})), target)
 
 
 def run_hf_batch(
@@ -255,10 +274,15 @@ def cmd_serve_bench(args: Any) -> int:
             HF_BATCH
         )  # the default methods under an open loop: the static-batching peer cannot run
     out = output_dir(args.out or "runs/serve-bench", exclusive=True)
-    same_drafter_options(out, args.drafter_options, started=bool(load_cells(out / "cells.jsonl")))
+    started = bool(load_cells(out / "cells.jsonl"))
+    same_drafter_options(
+        out, args.drafter_options, started=started, write=False
+    )  # other options: before the model
     loaded = load_model(
         args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
     )
+    prepare_served_drafters(loaded, methods, args.policy_objects, args.drafter_options)
+    same_drafter_options(out, args.drafter_options, started=started)
     ids = [chat_prompt(loaded.tokenizer, p.text) for p in prompts]
     rids = [p.prompt_id for p in prompts]
     for p, i in zip(prompts, ids):
@@ -307,7 +331,7 @@ def cmd_serve_bench(args: Any) -> int:
     )
     longest = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     warmed: set[int] = set()
-    with cells_path.open("a") as fh:
+    with Appending(cells_path) as fh:
         for m, c in todo:
             # untimed, once per level: every method on this level's engine with its longest prompts (the lazy
             # set-up of each method, and the first touches of this batch size's buffers)

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from env.files import atomic_write_text, file_digest, jsonl_lines
+from env.files import Appending, atomic_write_text, file_digest, jsonl_lines
 from experiments.serve_eval_summary import (
     LEGACY,
     fidelity,
@@ -303,7 +303,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
                 passes[name].append(f"{session}/{r}")
                 counts[name].append(dict(log.arm_rows))
                 if live_path is not None:  # each run as it finishes: a kill loses at most the one running
-                    with live_path.open("a") as fh:
+                    with Appending(live_path) as fh:
                         fh.write(json.dumps({"policy": name, "load": load, "run": runs[name][-1],
                                              "pass": passes[name][-1], "arm_rows": counts[name][-1]}) + "\n")  # fmt: skip
                 if bar is not None:
@@ -323,7 +323,7 @@ def evaluate_serve(policies: list[tuple[str, Any]], trace: Any, cost: Any, arms:
             live_runs[key], live_passes[key] = runs[name], passes[name]
             live_arms[key] = functools.reduce(add_rows, counts[name], {})
             if live_path is not None:
-                with live_path.open("a") as fh:
+                with Appending(live_path) as fh:
                     fh.write(json.dumps({"policy": name, "load": load, "live_goodput": live[key], "runs": runs[name],
                                          "passes": passes[name], "probe": probes.get(load),
                                          "arm_rows": live_arms[key]}) + "\n")  # fmt: skip

@@ -36,7 +36,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from env.files import atomic_write_text, jsonl_lines
+from env.files import Appending, atomic_write_text, jsonl_lines
 from experiments.args import output_dir
 from experiments.config import Config, ConfigError, load_config, to_toml
 from experiments.space import default_params, sample, to_overrides, tuned_method
@@ -290,7 +290,7 @@ def work(
                 "method": t.user_attrs.get("method"),
                 "worker": me,
             }
-            with recovery_lock(lock), log.open("a") as fh:  # one writer at a time: no line torn by another
+            with recovery_lock(lock), Appending(log) as fh:  # one writer at a time: no line torn by another
                 fh.write(json.dumps(line) + "\n")
 
     out.mkdir(parents=True, exist_ok=True)
@@ -461,7 +461,9 @@ def _study_of_results(out: Path, storage: Any, name: str, url: str) -> None:
 def cmd_sweep(args: Any) -> int:
     import optuna
 
+    from env.files import other_command
     from experiments.args import same_settings
+    from experiments.errors import UserError
     from experiments.runner import check_run_dir, prepare_run_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -486,10 +488,15 @@ def cmd_sweep(args: Any) -> int:
     if args.worker_id is not None:  # a worker started by --workers: run trials, nothing else
         work(args.config, sets, url, out, worker=args.worker_id, progress=False)
         return 0
-    # the run directory's own SQLite file, before the run directory is written (a --storage was opened above)
-    storage = open_storage(url, base)
     ignore = ("sweep.n_trials", "sweep.seed")
     check_run_dir(base, out, ignore=ignore)  # another config is refused first, before the storage is recorded
+    other = other_command(
+        out, None, "sweep"
+    )  # another command's folder: before the study's SQLite file is made
+    if other:
+        raise UserError(other)
+    # the run directory's own SQLite file, before the run directory is written (a --storage was opened above)
+    storage = open_storage(url, base)
     # the folder's trials.jsonl and results belong to one study: a rerun on other storage would mix two
     study = {"storage": storage_identity(url, out), "study": base.sweep.study_name or base.name}
     same_settings(out, study, started=(out / "config.toml").is_file(), command="sweep")

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from env.files import writing_temporary
 from policies.errors import PolicyError
 
 
@@ -31,18 +32,14 @@ def write_archive(
 ) -> None:
     """A zip of the JSON member ``head`` (``meta``) and data members, written atomically (temporary name, rename);
     ``check(tmp)`` may refuse it before it takes ``path``'s place (``path`` is then left as it was)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=compression) as zf:
-        zf.writestr(head, json.dumps(meta, indent=2))
-        for name, data in sorted(files.items()):
-            zf.writestr(name, data)
-    if check is not None:
-        try:
+    with writing_temporary(path, path.with_name(path.name + ".tmp")) as tmp:  # (removed if anything fails)
+        with zipfile.ZipFile(tmp, "w", compression=compression) as zf:
+            zf.writestr(head, json.dumps(meta, indent=2))
+            for name, data in sorted(files.items()):
+                zf.writestr(name, data)
+        if check is not None:
             check(tmp)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    tmp.replace(path)
+        tmp.replace(path)
 
 
 # A policy file unpacks to at most POLICY_BYTES, counting the archives inside it (a bandit's state.npz, an old

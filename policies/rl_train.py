@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from env.files import atomic_write_bytes, atomic_write_text, jsonl_lines, settings_conflict
+from env.files import Appending, atomic_write_bytes, atomic_write_text, jsonl_lines, settings_conflict
 from policies.archive import is_policy_zip, is_sb3_zip
 from policies.base import PolicyError, load_policy
 from policies.rl import SB3Policy
@@ -89,7 +89,7 @@ def _callbacks(policy: SB3Policy, out: Path, eval_fn, eval_freq: int, checkpoint
             if speedup > self.best:  # saved before its row: a row that says best always has its file
                 self.best = speedup
                 _save_best(policy, out, int(self.num_timesteps), speedup)
-            with log.open("a") as fh:
+            with Appending(log) as fh:
                 fh.write(json.dumps(row) + "\n")
             self.logger.record("eval/replay_speedup", speedup)
 

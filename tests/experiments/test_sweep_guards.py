@@ -296,3 +296,15 @@ def test_only_a_plain_arm_or_a_policy_is_tuned(tmp_path, capsys):
     )
     rc = main(["sweep", str(_write(tmp_path, text, "w.toml")), "--out", str(tmp_path / "run2")])
     _one_line_error(capsys, rc, "sweep.method 'ngram-d4@int8' is not a method a sweep tunes")
+
+
+def test_another_commands_folder_is_refused_before_the_study_is_made_in_it(tmp_path, capsys):
+    """The refusal came after the study's SQLite file was made: a 112 KB ``study.db`` stayed in a bench folder,
+    or in a run's folder while the run wrote it."""
+    folder = tmp_path / "bench"
+    folder.mkdir()
+    settings = json.dumps({"command": "bench", "model": "m", "new_tokens": 8})
+    (folder / "settings.json").write_text(settings)
+    rc = main(["sweep", str(_write(tmp_path, TREE)), "--out", str(folder)])
+    _one_line_error(capsys, rc, "is draftgym bench's folder; draftgym sweep writes one of its own")
+    assert sorted(p.name for p in folder.iterdir()) == ["settings.json"]

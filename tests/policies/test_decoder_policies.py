@@ -167,3 +167,32 @@ def test_a_policys_choice_that_is_no_arm_index_is_refused_not_truncated(fp32_mod
     dec = SpeculativeDecoder(fp32_model, [parse_arm(a) for a in ARMS], policy=Picks())
     with pytest.raises(ValueError, match="the policy's choice: action .* arm index"):
         dec.generate(prompt_ids, max_new_tokens=4)
+
+
+def test_a_shipped_policy_plugs_in_as_the_readme_says_and_a_mismatch_is_refused_at_once(
+    fp32_model, prompt_ids
+):
+    """``SpeculativeDecoder(loaded, arms=list(env.unwrapped.arms), policy=load_policy(shipped))`` failed at its
+    first step ("expects an observation of size 23, got 21"): the shipped policies were trained with draft
+    features, which the decoder's default observation lacks. The decoder now takes the policy's own feature spec,
+    and a policy of another observation size or arm menu is refused as the decoder is built."""
+    from pathlib import Path
+
+    import gymnasium
+
+    import env  # noqa: F401 (registers the env ids)
+    from env.features import FeatureSpec
+    from policies import load_policy
+
+    pol = load_policy(Path(__file__).resolve().parents[2] / "policies" / "data" / "predictor.zip")
+    arms = list(gymnasium.make("draftgym/SpecDecode-v0").unwrapped.arms)
+    assert pol.obs_size != len(SpeculativeDecoder(fp32_model, [NO_DRAFT]).feature_names)  # the case in point
+    dec = SpeculativeDecoder(fp32_model, arms=arms, policy=pol)
+    ar = SpeculativeDecoder(fp32_model, [NO_DRAFT]).generate(prompt_ids, max_new_tokens=12)
+    assert dec.generate(prompt_ids, max_new_tokens=12).token_ids == ar.token_ids
+    with pytest.raises(
+        ValueError, match=f"expects observations of size {pol.obs_size}, but this decoder gives"
+    ):
+        SpeculativeDecoder(fp32_model, arms=arms, policy=pol, features=FeatureSpec())
+    with pytest.raises(ValueError, match="trained for arms"):
+        SpeculativeDecoder(fp32_model, arms=arms[:2], policy=pol)
