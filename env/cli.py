@@ -107,12 +107,15 @@ def run_program(
     argument argparse refused return their own code). ``user_types``: as ``user_message``."""
     from env.process import check_cwd, interrupted, prepare_streams, sigterm_as_interrupt
 
+    prepare_streams()  # (first: a closed stderr is where check_cwd would write)
     code = check_cwd(prog)
     if code is not None:
         return code
-    prepare_streams()
     with sigterm_as_interrupt():
-        return _run(prog, body, argv, user_types, interrupted)
+        try:
+            return _run(prog, body, argv, user_types, interrupted)
+        except KeyboardInterrupt as err:  # before _run's own handler is in place
+            return interrupted(prog, err)
 
 
 def _run(prog: str, body: Callable[[list[str] | None], int | None], argv: list[str] | None,
@@ -122,26 +125,29 @@ def _run(prog: str, body: Callable[[list[str] | None], int | None], argv: list[s
 
     held = held_folders()
     forget_made_folders()  # (only what this command makes counts)
+    code = 1  # (a bug's traceback)
     try:
-        return int(body(argv) or 0)
+        code = int(body(argv) or 0)
     except SystemExit as exit_:
         if isinstance(exit_.code, str):
             sys.stderr.write(f"{prog}: error: {one_line(exit_.code)}\n")
-            return EXIT_USAGE
-        return int(exit_.code or 0)
+            code = EXIT_USAGE
+        else:
+            code = int(exit_.code or 0)
     except KeyboardInterrupt as err:
-        remove_made_folders()
-        return interrupted(prog, err)
+        code = interrupted(prog, err)
     except Exception as err:
         message = user_message(err, user_types)
         if message is None:
             raise
-        remove_made_folders()  # an output folder made before the refusal, still empty
         sys.stderr.write(f"{prog}: error: {message}\n")
-        return EXIT_USAGE
+        code = EXIT_USAGE
     finally:
         release_folders(keep=held)  # the folders its command claimed (``env.folder_lock``)
+        if code != 0:
+            remove_made_folders()  # an output folder made before the refusal, still empty (once released)
         forget_made_folders()
+    return code
 
 
 def same_file(a: object, b: object) -> bool:
@@ -172,7 +178,7 @@ def check_not_inside(path: str | Path, flag: str, folders: tuple[object, ...]) -
 
 
 NAME_MAX = 255  # bytes of a file name on Linux file systems (ext4, xfs, btrfs, tmpfs)
-NAME_MARGIN = 16  # what a temporary or lock name adds: ".NAME.PID.tmp" (13), "NAME.partial.lock" (13)
+NAME_MARGIN = 16  # what a temporary or lock name adds: ".NAME.PID.dg.tmp" (16), "NAME.partial.lock" (13)
 
 
 def check_output_kind(path: str | Path, flag: str) -> Path:
@@ -225,6 +231,10 @@ def output_file(
         what = earlier[1] if kind is None else f"{shown} (a {kind} file)"
         raise ProgramError(f"{flag} {path} exists and is not {what}; not overwritten")
     folder = out.parent
+    if folder.is_symlink() and not folder.exists():  # (mkdir said "File exists")
+        raise ProgramError(
+            f"{flag} {path}: {folder} is a symbolic link to {os.readlink(folder)}, which does not exist"
+        )
     if folder.exists() and not folder.is_dir():
         raise ProgramError(f"{flag} {path}: {folder} is a file, not a directory")
     try:

@@ -139,16 +139,23 @@ def _check_chooser(policy: Any, arms: list[str], features: list[str]) -> None:
     """A policy that says which arms and observation it was trained for (``policies.BasePolicy``'s ``arm_names``
     and ``obs_size``) checked against the decoder's before any work: a mismatch failed at the first step, with a
     message from inside the policy."""
+    source = getattr(policy, "source", None) or getattr(policy, "name", None)
+    who = f"policy {source}" if source else "the policy"
     names = getattr(policy, "arm_names", None)
-    if names is not None and list(names) != arms:
-        raise PolicyMismatch(
-            f"the policy was trained for arms {list(names)}, but the decoder has {arms}: pass its arms"
-        )
+    if names is not None:
+        try:
+            canonical = [as_arm(n).name for n in names]  # ("ar" is "none", "ngram-d4-k1" is "ngram-d4")
+        except (ValueError, TypeError):
+            canonical = list(names)
+        if canonical != arms:
+            raise PolicyMismatch(
+                f"{who} was trained for arms {list(names)}, but the decoder has {arms}: pass its arms"
+            )
     size = getattr(policy, "obs_size", None)
     if isinstance(size, int) and size > 0 and size != len(features):
         raise PolicyMismatch(
-            f"the policy expects observations of size {size}, but this decoder gives {len(features)}: pass "
-            "features= the FeatureSpec it was trained with (its meta['feature_spec'])"
+            f"{who} expects observations of size {size}, but this decoder gives {len(features)}: "
+            "pass features= the FeatureSpec it was trained with (its meta['feature_spec'])"
         )
 
 

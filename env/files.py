@@ -11,7 +11,9 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
 
-_TEMPORARY = re.compile(r"\..+\.([0-9]{1,9})\.tmp")  # ``atomic_write_bytes``'s temporary: .NAME.PID.tmp
+# ``atomic_write_bytes``'s temporary, .NAME.PID.dg.tmp: its own suffix, so that a folder's clean-up
+# (``remove_stale_temporaries``) takes no other program's file
+_TEMPORARY = re.compile(r"\..+\.([0-9]{1,9})\.dg\.tmp")
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
@@ -19,7 +21,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     if path.is_dir():  # named as the error's file (not the temporary the replace would fail on)
         raise IsADirectoryError(errno.EISDIR, "a directory, not a file", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    with writing_temporary(path, path.with_name(f".{path.name}.{os.getpid()}.tmp")) as tmp:
+    with writing_temporary(path, path.with_name(f".{path.name}.{os.getpid()}.dg.tmp")) as tmp:
         tmp.write_bytes(data)
         os.replace(tmp, path)
     return path
@@ -38,7 +40,6 @@ def writing_temporary(path: str | Path, tmp: str | Path) -> Iterator[Path]:
         if renamed is err:
             raise
         raise renamed from err
-    Path(tmp).unlink(missing_ok=True)  # (replaced: nothing left to remove)
 
 
 def named(err: BaseException, path: str | Path) -> BaseException:
@@ -92,19 +93,45 @@ def make_folder(folder: str | Path) -> Path:
     """``folder`` made with its missing parents (as ``mkdir -p``), each folder it made remembered, so that a
     command refused after making its output folder leaves none behind empty (``remove_made_folders``)."""
     folder = Path(folder)
-    missing = [p for p in (folder, *folder.parents) if not p.exists()]
-    folder.mkdir(parents=True, exist_ok=True)
-    _MADE.extend(reversed(missing))
+    for level in [*reversed(folder.parents), folder]:
+        if level.exists():
+            continue
+        try:
+            level.mkdir()
+        except FileExistsError:  # made by another process meanwhile: not ours to remove
+            continue
+        _MADE.append(level)
+    if not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)  # (the error it raises: a file in the way, permissions)
     return folder
 
 
 def remove_made_folders() -> None:
     """Remove the folders ``make_folder`` made that are still empty, innermost first (a command refused in one
-    line after making its output folder: an empty folder stayed behind); a folder with anything in it stays."""
+    line after making its output folder: an empty folder stayed behind); a folder with anything in it stays, and so
+    does one another process holds. Called once the command has released its own folders."""
     for folder in reversed(_MADE):
-        with suppress(OSError):
-            folder.rmdir()
+        if not _held_elsewhere(folder):  # (another run that took the folder meanwhile keeps it)
+            with suppress(OSError):
+                folder.rmdir()
     _MADE.clear()
+
+
+def _held_elsewhere(folder: Path) -> bool:
+    """Whether a process holds ``folder`` (``env.folder_lock``); the caller has released its own."""
+    import fcntl
+
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # (drops the lock just taken)
+    return False
 
 
 def forget_made_folders() -> None:
@@ -113,7 +140,7 @@ def forget_made_folders() -> None:
 
 
 def remove_stale_temporaries(folder: str | Path, depth: int = 1) -> int:
-    """Remove the temporaries (``.NAME.PID.tmp``) that writers killed mid-write left in ``folder`` and in its
+    """Remove the temporaries (``.NAME.PID.dg.tmp``) that writers killed mid-write left in ``folder`` and in its
     subfolders up to ``depth`` levels down, those of processes no longer running (a live writer's stays; a pid
     reused since is left alone too); how many were removed. Called once as a command takes its folder
     (``env.folder_lock.claim_folder``): one listing per run, not one per write."""

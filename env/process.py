@@ -6,19 +6,22 @@ imports nothing heavy, so that it runs before torch loads:
 - ``check_cwd``: a current folder removed under the shell is one line (torch's import failed in it with an MKL
   message that named a library, not the folder).
 - ``prepare_streams``: stdout or stderr closed by the caller (``>&-``) writes to the null device (a command's
-  results are its files; a progress bar on a closed stderr stopped the work); what the stream's encoding cannot
+  results are its files; a progress bar on a closed stderr stopped the work), which holds the closed number too
+  (else the first file the command opened took it); what the stream's encoding cannot
   carry is escaped, never an error after the work is done (a file name's undecodable bytes are written back as
   those bytes, other characters as backslash escapes: ``PYTHONIOENCODING=ascii`` with a French prompt); stdin is
   read as UTF-8 whatever the locale says, as every file the commands read.
 - ``sigterm_as_interrupt``: SIGTERM (what ``timeout``, job schedulers and systemd send) is raised as
   ``Terminated``, a ``KeyboardInterrupt``, where the program is, so that what runs on Ctrl-C runs on it too (a
   sweep stops its workers; a trial is marked for retry); before, the process ended on the spot without a word and
-  a sweep's workers ran on.
+  a sweep's workers ran on. Python runs the handler between its own instructions: a long torch operation
+  finishes first (``timeout -k`` sends SIGKILL after a grace period).
 """
 
 from __future__ import annotations
 
 import codecs
+import fcntl
 import io
 import os
 import signal
@@ -36,8 +39,8 @@ class Terminated(KeyboardInterrupt):
 
 
 def _escape(err: UnicodeError) -> tuple[str | bytes, int]:
-    if not isinstance(err, UnicodeEncodeError):
-        raise err
+    if not isinstance(err, UnicodeEncodeError):  # (a stream read with this handler: as "replace" reads)
+        return codecs.replace_errors(err)
     text = err.object[err.start : err.end]
     if all(0xDC80 <= ord(c) <= 0xDCFF for c in text):  # bytes a file name held that were no UTF-8
         return bytes(ord(c) - 0xDC00 for c in text), err.end
@@ -59,20 +62,49 @@ def check_cwd(prog: str) -> int | None:
     return None
 
 
+def _usable(fd: int, write: bool) -> bool:
+    """Whether ``fd`` is open for writing (or, not ``write``, for reading)."""
+    try:
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+    except OSError:
+        return False
+    return mode != (os.O_RDONLY if write else os.O_WRONLY)
+
+
 def prepare_streams() -> None:
-    """Set up stdin, stdout and stderr as the module docstring says (a stream of another kind, as a test's
-    capture, is left as it is)."""
+    """Set up stdin, stdout and stderr as the module docstring says (only the process's own: a stream put in their
+    place, as a test's capture, is left as it is)."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        # closed by the caller (`2>&-`): the null device takes the number, or the next file the command opens (its
+        # results) would, and what is written to the terminal would go into that file (a launcher script may
+        # hold the number already, read-only: pyenv's shim did)
+        if not _usable(fd, write=fd > 0):
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            mode = "r" if fd == 0 else "w"
+            setattr(sys, name, open(fd, mode, encoding="utf-8", errors=ESCAPE, closefd=False))  # noqa: SIM115
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is None:  # closed by the caller: Python made it None
             setattr(sys, name, open(os.devnull, "w", encoding="utf-8", errors=ESCAPE))  # noqa: SIM115
-        elif isinstance(stream, io.TextIOWrapper) and stream.errors != ESCAPE:
+        elif (
+            stream is getattr(sys, f"__{name}__")
+            and isinstance(stream, io.TextIOWrapper)
+            and stream.errors != ESCAPE
+        ):
             with suppress(ValueError, OSError):
                 stream.reconfigure(errors=ESCAPE)
     stdin = sys.stdin
-    if isinstance(stdin, io.TextIOWrapper) and stdin.encoding.replace("_", "-").lower() not in (
-        "utf-8",
-        "utf8",
+    if (
+        stdin is sys.__stdin__
+        and isinstance(stdin, io.TextIOWrapper)
+        and stdin.encoding.replace("_", "-").lower()
+        not in (
+            "utf-8",
+            "utf8",
+        )
     ):
         with suppress(ValueError, OSError):  # (refused once something was read: then left as it is)
             stdin.reconfigure(encoding="utf-8")

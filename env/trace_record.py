@@ -432,7 +432,7 @@ def _resume_carriers(parts_dir: Path, n_prompts: int, carriers: dict[str, Any], 
 
 # what a recording writes in its parts folder: the header, a part per prompt (five digits or more), the probes'
 # state (each also as the temporary file it is renamed from), and ``env.files``' temporary files
-_PARTS_FILE = re.compile(r"header\.json|\d{5,}(\.tmp)?\.npz|probes(\.tmp)?\.npz|\..+\.\d+\.tmp")
+_PARTS_FILE = re.compile(r"header\.json|\d{5,}(\.tmp)?\.npz|probes(\.tmp)?\.npz|\..+\.\d+(\.dg)?\.tmp")
 
 
 def _parts_folders(out: Path) -> tuple[Path, Path]:

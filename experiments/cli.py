@@ -144,10 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     from env.process import check_cwd, interrupted, prepare_streams, sigterm_as_interrupt
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    prepare_streams()  # (first: a closed stderr is where check_cwd would write)
     code = check_cwd("draftgym")
     if code is not None:
         return code
-    prepare_streams()
     with sigterm_as_interrupt():
         try:
             return _main(argv)
@@ -167,20 +167,24 @@ def _main(argv: list[str]) -> int:
 
     held = held_folders()
     forget_made_folders()  # (only what this command makes counts)
+    code = 1  # (a bug's traceback)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        return code
     except KeyboardInterrupt as err:
-        remove_made_folders()
-        return interrupted("draftgym", err)
+        code = interrupted("draftgym", err)
+        return code
     except Exception as err:
         message = user_message(err)
         if message is None:
             raise
-        remove_made_folders()  # an output folder made before the refusal, still empty
         sys.stderr.write(f"draftgym {args.command}: error: {message}\n")
-        return EXIT_USAGE
+        code = EXIT_USAGE
+        return code
     finally:
         release_folders(keep=held)  # the folders the command claimed (``env.folder_lock``)
+        if code != 0:
+            remove_made_folders()  # an output folder made before the refusal, still empty (once released)
         forget_made_folders()
 
 

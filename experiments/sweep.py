@@ -338,44 +338,43 @@ def spawn(args: Any, url: str, out: Path, n_workers: int, progress: bool) -> Non
     study = open_study(base, url)
     logs = out / "workers"
     logs.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for i in range(n_workers):
-        cmd = [
-            sys.executable,
-            "-m",
-            "experiments",
-            "sweep",
-            args.config,
-            "--storage",
-            url,
-            "--out",
-            str(out),
-            "--worker-id",
-            str(i),
-        ]
-        for s in args.set or []:
-            cmd += ["--set", s]
-        with (logs / f"worker-{i}.log").open("a") as fh:
-            procs.append(subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT))
-    atomic_write_text(
-        out / "workers.json", json.dumps({"pids": [p.pid for p in procs], "storage": mask(url)})
-    )
-    bar = tqdm(
-        total=base.sweep.n_trials,
-        desc=f"sweep {study.study_name} ({n_workers} workers)",
-        disable=not progress,
-    )
-    try:
+    procs: list[subprocess.Popen] = []
+    bar = None
+    try:  # from the first worker on: Ctrl-C or SIGTERM at any point stops the workers started so far
+        for i in range(n_workers):
+            cmd = [sys.executable, "-m", "experiments", "sweep", args.config, "--storage", url, "--out", str(out),
+                   "--worker-id", str(i)]  # fmt: skip
+            for s in args.set or []:
+                cmd += ["--set", s]
+            with (logs / f"worker-{i}.log").open("a") as fh:
+                procs.append(subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT))
+        atomic_write_text(
+            out / "workers.json", json.dumps({"pids": [p.pid for p in procs], "storage": mask(url)})
+        )
+        bar = tqdm(
+            total=base.sweep.n_trials,
+            desc=f"sweep {study.study_name} ({n_workers} workers)",
+            disable=not progress,
+        )
         while any(p.poll() is None for p in procs):
             bar.n = min(base.sweep.n_trials, finished(study))
             bar.refresh()
             time.sleep(1.0)
-    except KeyboardInterrupt:
+    except (
+        BaseException
+    ):  # Ctrl-C, SIGTERM, a worker that could not start: the others stop, and are waited for
         for p in procs:
             p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
         raise
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
     bad = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
     if bad and finished(study) < base.sweep.n_trials:
         i, rc = bad[0]

@@ -49,18 +49,21 @@ def _killed_writer(path):
     assert proc.stdout is not None and proc.stdout.readline().strip() == "written"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    (tmp,) = [p for p in path.parent.iterdir() if p.name.endswith(f".{proc.pid}.tmp")]
+    (tmp,) = [p for p in path.parent.iterdir() if p.name.endswith(f".{proc.pid}.dg.tmp")]
     return tmp
 
 
 def test_taking_a_folder_removes_what_killed_writers_left_and_nothing_else(tmp_path):
-    """A run killed mid-write left ``.NAME.PID.tmp`` beside its results, and every resume kept it; the next run to
+    """A run killed mid-write left ``.NAME.PID.dg.tmp`` beside its results, and every resume kept it; the next run to
     take the folder removes those of dead processes, in the folder and its subfolders -- not a live writer's
     temporary, nor a file of another name."""
     (tmp_path / "plots").mkdir()
     dead = [_killed_writer(tmp_path / "bench.json"), _killed_writer(tmp_path / "plots" / "tau.png")]
-    live = tmp_path / f".report.md.{os.getppid()}.tmp"  # a process that runs (pytest's parent)
-    kept = [live, tmp_path / "notes.tmp", tmp_path / ".x.tmp", tmp_path / "records.jsonl"]
+    live = tmp_path / f".report.md.{os.getppid()}.dg.tmp"  # a process that runs (pytest's parent)
+    other = (
+        tmp_path / f".{dead[0].name.split('.')[1]}.{dead[0].name.split('.')[3]}.tmp"
+    )  # another program's name
+    kept = [live, other, tmp_path / "notes.tmp", tmp_path / ".x.tmp", tmp_path / "records.jsonl"]
     for p in kept:
         p.write_text("keep")
     claim_folder(tmp_path, "--out run")

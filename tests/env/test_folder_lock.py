@@ -215,3 +215,27 @@ def test_calibrate_batch_releases_its_partial_when_it_returns(tmp_path, monkeypa
     assert "measuring failed" in capsys.readouterr().err
     assert not (tmp_path / "bc.json.partial.lock").exists()
     release_folder(claim_file(tmp_path / "bc.json.partial", "x"))  # free for the next calibration
+
+
+def test_a_refused_command_removes_only_the_empty_folders_it_made_and_none_another_process_holds(tmp_path):
+    """A refusal removes the output folders the command made while empty; not a folder that was there, one with
+    something in it, or one that another run, started at the same moment, took meanwhile (it lost its lock's
+    folder)."""
+    from env.files import forget_made_folders, make_folder, remove_made_folders
+
+    (tmp_path / "was").mkdir()
+    forget_made_folders()
+    make_folder(tmp_path / "was" / "a" / "b")
+    make_folder(tmp_path / "full")
+    (tmp_path / "full" / "r.json").write_text("{}")
+    make_folder(tmp_path / "taken")
+    holder = Holder(tmp_path / "taken")
+    try:
+        remove_made_folders()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "taken", "was"]
+        assert list((tmp_path / "was").iterdir()) == []
+    finally:
+        holder.kill()
+    make_folder(tmp_path / "was")  # there already: not this process's to remove
+    remove_made_folders()
+    assert (tmp_path / "was").is_dir()

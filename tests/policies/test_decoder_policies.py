@@ -196,3 +196,5 @@ def test_a_shipped_policy_plugs_in_as_the_readme_says_and_a_mismatch_is_refused_
         SpeculativeDecoder(fp32_model, arms=arms, policy=pol, features=FeatureSpec())
     with pytest.raises(ValueError, match="trained for arms"):
         SpeculativeDecoder(fp32_model, arms=arms[:2], policy=pol)
+    other_spelling = ["ar", "ngram-d4-k1"]  # the menu ["none", "ngram-d4"] as a user may write it
+    SpeculativeDecoder(fp32_model, arms=other_spelling, policy=UCB1(other_spelling))
