@@ -135,10 +135,10 @@ def cmd_agreement(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from experiments.args import float_in
+    from experiments.args import float_in, path_arg
 
     p = sub.add_parser("agreement", help="token agreement of a bench run with HF greedy; near-tie analysis")
-    p.add_argument("run_dir", help="a directory written by draftgym bench")
+    p.add_argument("run_dir", type=path_arg, help="a directory written by draftgym bench")
     p.add_argument(
         "--eps",
         type=float_in(0.0, 1e9),

@@ -223,6 +223,14 @@ def served_drafter_options(
     return out
 
 
+def path_arg(text: str) -> str:
+    """A path given as an argument, refused when empty (``Path("")`` is the current folder: an empty shell
+    variable was reported as the folder ``.``)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path: name a file or folder")
+    return text
+
+
 def same_settings(out: Path, settings: dict[str, object], started: bool, command: str) -> None:
     """A run folder remembers the settings its results depend on (``settings.json``: model, dtype, new tokens,
     workload, ... -- not the list of methods or levels, which a resume may extend): a resumed run (``started``:
@@ -261,6 +269,8 @@ def output_dir(path: str | Path, flag: str = "--out", exclusive: bool = False) -
     if not str(path).strip():  # (Path("") is the current folder: a shell variable left empty wrote there)
         raise UserError(f"{flag} is given an empty value; name a folder")
     out = Path(path)
+    if out.is_symlink() and not out.exists():  # (mkdir said "File exists")
+        raise UserError(f"{flag} {out} is a symbolic link to {os.readlink(out)}, which does not exist")
     if out.exists() and not out.is_dir():
         raise UserError(f"{flag} {out} is a file, not a directory")
     try:

@@ -428,8 +428,11 @@ def cmd_bench(args: Any) -> int:
 
 
 def resume_note(command: str, out: Path) -> str:
-    """The line a long run prints before its work: where its results go, and how to resume it after a kill."""
-    return f"draftgym {command}: results in {out}/ (if it stops, rerun with --out {out} to resume)"
+    """The line a long run prints before its work: where its results go, and how to resume it after a kill (the
+    folder quoted for the shell where it needs to be: ``--out with space`` pasted back named another folder)."""
+    import shlex
+
+    return f"draftgym {command}: results in {out}/ (if it stops, rerun with --out {shlex.quote(str(out))} to resume)"
 
 
 def register(sub: Any) -> None:

@@ -389,7 +389,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     ]
     if given:
         flag = "--" + given[0].replace("_", "-")
-        raise _user_error(f"{flag} is not read by evaluate --serve (its batch cost model is --batch-cost)"
+        why = " (its batch cost model is --batch-cost)" if flag == "--cost-model" else ""
+        raise _user_error(f"{flag} is not read by evaluate --serve{why}"
                           if args.serve else f"{flag} is read by evaluate --serve only")  # fmt: skip
 
     if args.serve:
@@ -441,11 +442,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     from experiments.args import model_args as _model_args
-    from experiments.args import new_tokens, positive_int
+    from experiments.args import new_tokens, path_arg, positive_int
 
     e = sub.add_parser("evaluate", help="policies vs the best static arm and the oracles, replay and live")
     e.add_argument(
-        "policies", nargs="*", help="saved policy files (default: the policies shipped with draftgym)"
+        "policies",
+        nargs="*",
+        type=path_arg,
+        help="saved policy files (default: the policies shipped with draftgym)",
     )
     e.add_argument(
         "--trace", default=None, help="replay trace (default: the one the first policy was trained on)"

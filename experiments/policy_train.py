@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from experiments.args import output_dir, output_file
+from experiments.args import output_dir, output_file, path_arg
 from experiments.policy_commands import _user_error, replay_env
 
 TRAINABLE = ("static", "hf_schedule", "confidence", "ucb1", "thompson", "exp3", "linucb", "predictor", "sb3")
@@ -279,7 +279,7 @@ def register(sub: Any) -> None:
     t = sub.add_parser(
         "train", help="train the policies of a config on the replay env (bandits, RL, predictors)"
     )
-    t.add_argument("config", help="TOML config with [policies.NAME] tables")
+    t.add_argument("config", type=path_arg, help="TOML config with [policies.NAME] tables")
     t.add_argument("--policy", action="append", default=None, help="train only this policy (repeatable)")
     t.add_argument("--set", action="append", default=None, metavar="KEY=VALUE", help="override a config key")
     t.add_argument(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from env.files import atomic_write_text
-from experiments.args import output_file, same_file
+from experiments.args import output_file, path_arg, same_file
 from experiments.report_inputs import (
     MAX_JSON_BYTES,
     READ_FILES,
@@ -339,7 +339,11 @@ def cmd_report(args: Any) -> int:
 def register(sub: Any) -> None:
     p = sub.add_parser("report", help="a Markdown report of run and sweep directories, side by side")
     p.add_argument(
-        "run_dirs", nargs="+", metavar="RUN_DIR", help="directories written by draftgym run / sweep"
+        "run_dirs",
+        nargs="+",
+        type=path_arg,
+        metavar="RUN_DIR",
+        help="directories written by draftgym run / sweep",
     )
     p.add_argument(
         "--out", default=None, help="report file (default: RUN_DIR/report.md for one run, else report.md)"

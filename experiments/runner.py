@@ -477,7 +477,9 @@ def cmd_run(args: Any) -> int:
 
 
 def add_config_args(p: Any, out_default: str = "runs/<name>") -> None:
-    p.add_argument("config", help="a TOML config (see experiments/configs/)")
+    from experiments.args import path_arg
+
+    p.add_argument("config", type=path_arg, help="a TOML config (see experiments/configs/)")
     p.add_argument(
         "--set",
         action="append",

@@ -230,3 +230,13 @@ def test_a_resume_on_records_holding_a_prompt_twice_is_refused(tmp_path, killed_
         rec.write_text(rec.read_text() * 2)
 
     killed_bench([], duplicate, "records ar on 1 a second time")
+
+
+def test_the_resume_line_quotes_a_folder_the_shell_would_split():
+    """``rerun with --out with space`` pasted back named the folder ``with`` and an argument ``space``."""
+    from experiments.bench import resume_note
+
+    assert resume_note("bench", Path("runs/with space")).endswith(
+        "rerun with --out 'runs/with space' to resume)"
+    )
+    assert resume_note("bench", Path("runs/plain")).endswith("rerun with --out runs/plain to resume)")

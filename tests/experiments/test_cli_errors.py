@@ -59,3 +59,28 @@ def test_the_top_level_help_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "False"
     assert "generate" in out.stdout and "serve-bench" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["run", ""], ["train", " "], ["evaluate", "--no-live", ""], ["report", ""], ["agreement", ""]],
+    ids=["run", "train", "evaluate", "report", "agreement"],
+)
+def test_an_empty_path_argument_is_named_as_empty(argv, capsys):
+    """An empty shell variable as the config, policy or folder was reported as the folder ``.`` ("config . is a
+    directory")."""
+    from experiments.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "an empty path" in err and err.count("\n") == 1 and " . " not in err, err
+
+
+def test_a_dangling_link_as_the_output_folder_is_named_as_one(tmp_path):
+    """It was refused as "cannot write there (File exists)"."""
+    from experiments.args import output_dir
+    from experiments.errors import UserError
+
+    (tmp_path / "out").symlink_to(tmp_path / "gone")
+    with pytest.raises(UserError, match=r"is a symbolic link to .*gone, which does not exist"):
+        output_dir(tmp_path / "out")

@@ -267,8 +267,14 @@ def test_train_again_after_a_run_keeps_the_state_the_run_learned(files, tmp_path
 @pytest.mark.parametrize(
     "argv, says",
     [
-        (["--serve", "--cost-model", "x.json"], "--cost-model is not read by evaluate --serve"),
-        (["--serve", "--limit", "5"], "--limit is not read by evaluate --serve"),
+        (
+            ["--serve", "--cost-model", "x.json"],
+            "--cost-model is not read by evaluate --serve (its batch cost",
+        ),
+        (
+            ["--serve", "--limit", "5"],
+            "--limit is not read by evaluate --serve\n",
+        ),  # (no word of a cost model)
         (["--no-live", "--batch-cost", "x.json"], "--batch-cost is read by evaluate --serve only"),
         (["--no-live", "--loads", "abc"], "--loads is read by evaluate --serve only"),
         (["--no-live", "--episodes", "5"], "--episodes is read by evaluate --serve only"),
