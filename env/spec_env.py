@@ -59,6 +59,12 @@ class EnvError(ValueError):
     """A bad env argument or action; the message is meant for the user."""
 
 
+class RenderModeError(EnvError, TypeError):
+    """A render mode this env does not have: a ``TypeError`` too, as an unknown keyword is, so that a builder that
+    asks for one and retries without it on ``TypeError`` (stable-baselines3's ``make_vec_env`` asks for
+    ``rgb_array``) builds the env."""
+
+
 class SpecDecodeEnv(gym.Env):
     """
     ## Description
@@ -144,7 +150,7 @@ class SpecDecodeEnv(gym.Env):
         if cost not in COSTS:
             raise EnvError(f"unknown cost {cost!r}; valid: {', '.join(COSTS)}")
         if render_mode is not None:
-            raise EnvError(f"render_mode {render_mode!r} is not supported (this env does not render)")
+            raise RenderModeError(f"render_mode {render_mode!r} is not supported (this env does not render)")
         self.backend, self.cost = backend, cost
         self.render_mode = None
         self.arms: tuple[Arm, ...] = make_arms(arms)

@@ -149,6 +149,9 @@ class SpecDecodeVectorEnv(VectorEnv):
                 raise EnvError(
                     f"seed lists {len(seed)} seeds for {self.num_envs} envs: give one per env or one integer"
                 )
+            for other in seed[1:]:  # checked as the first is (a -1 after it passed unread)
+                if other is not None:
+                    seed_value(other, EnvError)
             s = seed[0]
         if s is not None:
             self._np_random, self._np_random_seed = seeding.np_random(seed_value(s, EnvError))

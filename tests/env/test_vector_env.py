@@ -177,6 +177,26 @@ def test_seeds_of_every_integer_kind(toy_trace, toy_cost):
     for wrong in ([3, 4], [3, 4, 5, 6], np.array([3, 4, 5, 6])):  # took the first and dropped the rest
         with pytest.raises(EnvError, match=f"{len(wrong)} seeds for 3 envs"):
             v.reset(seed=wrong)
+    with pytest.raises(EnvError, match="got -1"):  # a seed after the first is checked as it is
+        v.reset(seed=[3, 4, -1])
+
+
+def test_stable_baselines3s_make_vec_env_builds_the_env():
+    """``make_vec_env("draftgym/SpecDecode-v0")`` failed: it asks for ``render_mode="rgb_array"`` and retries
+    without it only on a ``TypeError``, and the env refused it with a ``ValueError``."""
+    import warnings
+
+    from stable_baselines3.common.env_util import make_vec_env
+
+    import env  # noqa: F401 (registers the ids)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (gymnasium warns of the render mode asked for)
+        venv = make_vec_env("draftgym/SpecDecode-v0", n_envs=2, seed=0)
+    obs = venv.reset()
+    assert obs.shape[0] == 2 and np.isfinite(obs).all()
+    venv.step(np.array([0, 1]))
+    venv.close()
 
 
 @pytest.mark.parametrize("device", [None, "cpu"])
