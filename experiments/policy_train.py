@@ -22,6 +22,39 @@ from experiments.policy_commands import _user_error, replay_env
 TRAINABLE = ("static", "hf_schedule", "confidence", "ucb1", "thompson", "exp3", "linucb", "predictor", "sb3")
 
 
+def sb3_inputs(t: Any) -> dict[str, Any]:
+    """What an SB3 training's folder records of its inputs (with its parameters and prompts): the trace's and
+    cost model's sha256, and whether the observation holds draft features."""
+    from env.files import file_digest
+
+    cost = t.cost_model
+    return {"trace": file_digest(t.trace) if t.trace else "bundled",
+            "cost_model": file_digest(cost) if cost and Path(cost).is_file() else cost or "default",
+            "draft_features": t.draft_features}  # fmt: skip
+
+
+def sb3_inputs_changed(name: str, pcfg: Any, run_dir: Path) -> str | None:
+    """The one line when ``[policies.NAME]``'s SB3 training folder holds a started run on other inputs (a trace
+    recorded again under the same name): checked before any policy trains, so that a refused ``train`` leaves the
+    folder's other policies as they were (they were retrained on the new trace first, and then this one refused)."""
+    from policies.rl_train import checkpoint_files, eval_rows
+
+    out = run_dir / "train" / name
+    try:
+        before = json.loads((out / "settings.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None  # none, or damaged: the training's own check says so
+    started = bool(checkpoint_files(out / "checkpoints")) or bool(eval_rows(out / "eval.jsonl"))
+    if not started or not isinstance(before, dict):
+        return None
+    now = sb3_inputs(pcfg.train)
+    for key, value in now.items():
+        if key in before and before[key] != value:
+            return (f"{out} holds results run with other settings ({key}: {before[key]!r} there, {value!r} now): "
+                    "use another output folder, or the same settings to resume")  # fmt: skip
+    return None
+
+
 def train_policy(
     name: str, pcfg: Any, *, seed: int, run_dir: Path, progress: bool = False
 ) -> tuple[Any, Path, dict[str, Any]]:
@@ -58,7 +91,6 @@ def train_policy(
 
         policy = train_predictor(env, **params)
     elif pcfg.kind == "sb3":
-        from env.files import file_digest
         from env.vector_env import make_sb3_vec_env
         from policies.rl_train import plateau, train_sb3
 
@@ -80,11 +112,7 @@ def train_policy(
         policy = train_sb3(
             policy, venv, out, total_timesteps=t.total_timesteps, eval_fn=eval_fn, eval_freq=t.eval_freq,
             checkpoint_freq=t.checkpoint_freq, progress=progress,
-            settings={"trace": file_digest(t.trace) if t.trace else "bundled",
-                      "cost_model": file_digest(t.cost_model) if t.cost_model and Path(t.cost_model).is_file()
-                      else t.cost_model or "default",
-                      "fit_prompts": list(val.train), "validation_prompts": list(val.test),
-                      "draft_features": t.draft_features},
+            settings={**sb3_inputs(t), "fit_prompts": list(val.train), "validation_prompts": list(val.test)},
         )  # fmt: skip
         summary["run_dir"] = str(out)
         summary["plateau"] = plateau(out)
@@ -250,6 +278,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         pcfg = cfg.policies[name]
         if kept_summary(name, pcfg, cfg.seed, run_dir) is None:
             train_env(name, pcfg, cfg.seed, traces[pcfg.train.trace], costs[pcfg.train.cost_model])
+            why = sb3_inputs_changed(name, pcfg, run_dir) if pcfg.kind == "sb3" else None
+            if why:
+                raise _user_error(why)
     del traces, costs
     rows = []
     for name in names:

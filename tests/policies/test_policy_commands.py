@@ -285,3 +285,28 @@ def test_an_option_of_the_other_mode_of_evaluate_is_refused(argv, says, capsys):
     assert main(["evaluate", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err, err
+
+
+def test_a_trace_recorded_again_is_refused_before_any_policy_is_retrained(files, tmp_path, capsys):
+    """A trace recorded again under the same name: ``train`` retrained ucb on it and wrote its file, then refused
+    ppo's folder (started on the old trace), leaving one folder with policies of two traces."""
+    import shutil
+
+    from tests.policies.synthetic import synthetic_trace
+
+    for name in ("trace.npz", "cost.json"):
+        shutil.copy(files / name, tmp_path / name)
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text((files / "cfg.toml").read_text().replace(str(files), str(tmp_path)))
+    out = tmp_path / "run"
+    argv = ["train", str(cfg), "--out", str(out), "--policy", "ucb", "--policy", "ppo", "--json",
+            "--set", "policies.ppo.train.total_timesteps=512"]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    ucb = out / "policies" / "ucb.zip"
+    before = ucb.read_bytes()
+    synthetic_trace(seed=1).save(tmp_path / "trace.npz")  # recorded again: other contents, same name
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "train/ppo holds results run with other settings (trace:" in err and err.count("\n") == 1, err
+    assert ucb.read_bytes() == before
