@@ -150,6 +150,21 @@ def prepare_decoders(decoders: Any) -> None:
             prepare_drafter(d, target)
 
 
+def prepare_arm_drafters(loaded: LoadedModel, arms: list[Any], options: dict[str, dict[str, Any]]) -> None:
+    """``prepare_decoders`` for a command that builds its drafters per engine later (``serve-bench``): each drafter
+    ``arms`` name, made with its ``options`` and loaded for the target now (it failed after the folder's settings
+    were written)."""
+    from drafters import make_drafter
+    from drafters.base import prepare_drafter
+    from env.batch import BatchEngine
+
+    names = sorted({a.drafter for a in arms if a.drafter is not None})
+    if names:
+        target = BatchEngine(loaded, max_rows=1).target
+        for name in names:
+            prepare_drafter(make_drafter(name, **options.get(name, {})), target)
+
+
 def policy_decoder(loaded: LoadedModel, policy: Any, arms: list[Any], options: dict[str, Any]) -> Any:
     """A decoder driven by ``policy``; through ``experiments.policy_commands.policy_decoder`` when present (it
     gives the policy the observation of its training feature spec and checks the two agree)."""

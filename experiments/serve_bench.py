@@ -75,25 +75,6 @@ def method_arms(method: str) -> list[Any]:
     return [parse_arm(method)]
 
 
-def prepare_served_drafters(loaded: Any, methods: list[str], policies: dict[str, Any],
-                            options: dict[str, dict[str, Any]]) -> None:  # fmt: skip
-    """Load the files of every drafter the methods and serving policies serve (trained heads), so that a bad head
-    file is one line before the run folder holds anything (as ``bench``'s ``prepare_decoders``); it failed after
-    the folder's settings were written."""
-    from drafters import make_drafter
-    from drafters.base import prepare_drafter
-    from env.batch import BatchEngine
-    from env.engine import parse_arm
-
-    arms = [a for m in methods for a in method_arms(m)]
-    arms += [parse_arm(a) for pol in policies.values() for a in getattr(pol, "arm_names", ())]
-    names = sorted({a.drafter for a in arms if a.drafter is not None})
-    if names:
-        target = BatchEngine(loaded, max_rows=1).target
-        for name in names:
-            prepare_drafter(make_drafter(name, **options.get(name, {})), target)
-
-
 def run_hf_batch(
     loaded: Any, prompts: list[list[int]], rids: list[str], level: int, max_new: int
 ) -> list[dict]:
@@ -281,7 +262,14 @@ def cmd_serve_bench(args: Any) -> int:
     loaded = load_model(
         args.model, dtype=args.dtype, device=args.device, weights=args.weights, forward=args.forward
     )
-    prepare_served_drafters(loaded, methods, args.policy_objects, args.drafter_options)
+    from env.engine import parse_arm
+    from experiments.methods import prepare_arm_drafters
+
+    served = [a for m in methods for a in method_arms(m)]  # and the serving policies' menus
+    served += [parse_arm(a) for pol in args.policy_objects.values() for a in getattr(pol, "arm_names", ())]
+    prepare_arm_drafters(
+        loaded, served, args.drafter_options
+    )  # a bad head file: before the folder holds anything
     same_drafter_options(out, args.drafter_options, started=started)
     ids = [chat_prompt(loaded.tokenizer, p.text) for p in prompts]
     rids = [p.prompt_id for p in prompts]
