@@ -155,6 +155,7 @@ def calibrate_batch(
     nodes: Sequence[int] = NODES,
     contexts: Sequence[int] = CONTEXTS,
     reps: int = 5,
+    prefill_tokens: Sequence[int] = PREFILL_TOKENS,
     progress: bool = False,
     drafter_options: dict[str, dict[str, Any]] | None = None,
     work: str | Path | None = None,
@@ -167,7 +168,10 @@ def calibrate_batch(
     ``work``: a JSON file the measurements so far are written to, atomically, after every pass over the grid and
     every later phase; a rerun with the same settings on the same CPU resumes from it (a kill loses at most one
     pass), one with other settings refuses it (``env.batch_calibrate_state``). The caller removes it once the cost
-    model is saved."""
+    model is saved.
+
+    ``prefill_tokens``: the prompt lengths the prefill is timed at (those below the model's context); the cost
+    model's prefill curve goes on in a straight line past the longest."""
     from env.calibrate import _time_drafters
     from env.decoder import chat_prompt
     from env.machine import machine_info
@@ -180,7 +184,9 @@ def calibrate_batch(
     t_start = time.perf_counter()
     names = [n for n in drafter_names if n != "none"]
     options = drafter_options or {}
-    lengths = [n for n in PREFILL_TOKENS if n < loaded.max_context] or [min(16, loaded.max_context - 1)]
+    lengths = sorted({int(n) for n in prefill_tokens if n < loaded.max_context}) or [
+        min(16, loaded.max_context - 1)
+    ]
     state = CalibrationState.open(work, loaded, names, options, rows, nodes, contexts, reps,
                                   batching=[n for n in names if _batches(n)], prefill_lengths=lengths,
                                   run_steps=RUN_STEPS, batched_timing=BATCHED_TIMING)  # fmt: skip

@@ -15,7 +15,7 @@ import env.batch_calibrate as bc
 from env.batch_calibrate_state import STATE_FORMAT, CalibrationState
 from env.cost import CostModelError
 
-GRID = dict(rows=(1, 2), nodes=(1, 2), contexts=(16, 32), reps=3)
+GRID = dict(rows=(1, 2), nodes=(1, 2), contexts=(16, 32), reps=3, prefill_tokens=(16, 64))
 
 
 class Killed(Exception):
