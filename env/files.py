@@ -110,28 +110,13 @@ def remove_made_folders() -> None:
     """Remove the folders ``make_folder`` made that are still empty, innermost first (a command refused in one
     line after making its output folder: an empty folder stayed behind); a folder with anything in it stays, and so
     does one another process holds. Called once the command has released its own folders."""
+    from env.folder_lock import held_elsewhere  # (folder_lock imports this module)
+
     for folder in reversed(_MADE):
-        if not _held_elsewhere(folder):  # (another run that took the folder meanwhile keeps it)
+        if not held_elsewhere(folder):  # (another run that took the folder meanwhile keeps it)
             with suppress(OSError):
                 folder.rmdir()
     _MADE.clear()
-
-
-def _held_elsewhere(folder: Path) -> bool:
-    """Whether a process holds ``folder`` (``env.folder_lock``); the caller has released its own."""
-    import fcntl
-
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)  # (drops the lock just taken)
-    return False
 
 
 def forget_made_folders() -> None:

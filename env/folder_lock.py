@@ -59,6 +59,22 @@ def _locked(fd: int, what: str, kind: str) -> bool:
         ) from None
 
 
+def held_elsewhere(folder: str | Path) -> bool:
+    """Whether another process holds ``folder`` (``claim_folder``). Asked once this process released its own: a
+    lock is held by an open of the folder, so one this process still holds answers True too. False on a file
+    system without locks."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        if _locked(fd, str(folder), "folder"):
+            os.close(fd)  # (drops the lock just taken)
+    except FolderBusy:
+        return True
+    return False
+
+
 def _holder(where: str) -> int | None:
     """The pid ``/proc/locks`` shows holding a ``flock`` on ``where`` (``MAJOR:MINOR:INODE``, the device in hex), or
     None (none shown, or no such file). Its lines read ``1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF``."""
@@ -124,4 +140,12 @@ def release_folders(keep: Collection[Path] = ()) -> None:
         release_folder(folder)
 
 
-__all__ = ["FolderBusy", "claim_file", "claim_folder", "held_folders", "release_folder", "release_folders"]
+__all__ = [
+    "FolderBusy",
+    "claim_file",
+    "claim_folder",
+    "held_elsewhere",
+    "held_folders",
+    "release_folder",
+    "release_folders",
+]
