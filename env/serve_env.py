@@ -18,6 +18,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from env.render import RENDER_FPS, RENDER_MODES, check_render_mode, no_render_mode, serve_line
 from env.reset_checks import check_options, reset_mask, seed_value
 from env.serve_sim import *  # noqa: F403  (the simulator's names, re-exported)
 from env.serve_sim import ACTIONS, ServeEnvError, ServeSim, feature_names, obs_bounds
@@ -26,6 +27,10 @@ from env.serve_sim import __all__ as _sim_names
 _DOC_ARGS = """trace, arms, cost, max_batch, loads, requests, max_new_tokens, prompt_ids, reward, seed: as ``ServeSim``;
     ``action``: ``"batch"`` (``Discrete(K)``, one arm for every row) or ``"row"`` (``MultiDiscrete([K] * M)``,
     one arm per row slot; ``info["row_mask"]`` marks the slots that hold a request, the others are ignored)."""
+
+
+class ServeRenderModeError(ServeEnvError, TypeError):
+    """A render mode this env does not have: a ``TypeError`` too (``env.spec_env.RenderModeError``)."""
 
 
 class SpecServeEnv(gym.Env):
@@ -85,11 +90,13 @@ class SpecServeEnv(gym.Env):
     """
     )
 
-    metadata = {"render_modes": []}
+    metadata = {"render_modes": RENDER_MODES, "render_fps": RENDER_FPS}
 
-    def __init__(self, *, action: str = "batch", **kwargs: Any) -> None:
+    def __init__(self, *, action: str = "batch", render_mode: str | None = None, **kwargs: Any) -> None:
         if action not in ACTIONS:
             raise ServeEnvError(f"unknown action mode {action!r}; valid: {', '.join(ACTIONS)}")
+        self.render_mode = check_render_mode(render_mode, ServeRenderModeError)
+        self._render: str | None = None
         self.sim = ServeSim(1, **kwargs)
         self.action_mode = action
         self.arms, self.arm_names = self.sim.arms, self.sim.arm_names
@@ -108,7 +115,19 @@ class SpecServeEnv(gym.Env):
         if seed is not None:
             self.sim.seed(seed)
         self.sim.reset(load=options.get("load"))
-        return self.sim.observe()[0].copy(), self._info(None)
+        info = self._info(None)
+        self._steps, self._return = 0, 0.0
+        if self.render_mode is not None:
+            self._render = serve_line(0, info, None, 0.0)
+        return self.sim.observe()[0].copy(), info
+
+    def render(self) -> str | None:
+        """``render_mode="ansi"``: the last reset's or step's line (``env.render.serve_line``); without a render
+        mode a warning and ``None``, as Gymnasium's envs do."""
+        if self.render_mode is None:
+            no_render_mode(self)
+            return None
+        return self._render or "no episode yet: call reset()"
 
     def _info(
         self, o: dict[str, np.ndarray] | None, a: np.ndarray | None = None, rows: np.ndarray | None = None
@@ -145,7 +164,11 @@ class SpecServeEnv(gym.Env):
         served = self.sim.active[0].copy()
         reward, o = self.sim.step(a)
         terminated = bool(self.sim.done()[0])
-        return self.sim.observe()[0].copy(), float(reward[0]), terminated, False, self._info(o, a, served)
+        info = self._info(o, a, served)
+        if self.render_mode is not None:
+            self._steps, self._return = self._steps + 1, self._return + float(reward[0])
+            self._render = serve_line(self._steps, info, float(reward[0]), self._return)
+        return self.sim.observe()[0].copy(), float(reward[0]), terminated, False, info
 
 
 class SpecServeVectorEnv(VectorEnv):
@@ -288,4 +311,4 @@ def make_sb3_serve_env(num_envs: int = 64, **kwargs: Any):
     return SB3ServeVecEnv()
 
 
-__all__ = [*_sim_names, "SpecServeEnv", "SpecServeVectorEnv", "make_sb3_serve_env"]
+__all__ = [*_sim_names, "ServeRenderModeError", "SpecServeEnv", "SpecServeVectorEnv", "make_sb3_serve_env"]

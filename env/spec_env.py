@@ -20,6 +20,7 @@ from env.arms import arm_depths, arm_index, drafter_names, make_arms
 from env.cost import CostModelError, load_cost_model
 from env.engine import Arm, Sampling
 from env.features import FeatureSpec, feature_names, observation_bounds
+from env.render import RENDER_FPS, RENDER_MODES, check_render_mode, decode_line, no_render_mode
 from env.replay import build_tables, replay_observe, replay_step
 from env.reset_checks import check_options, seed_value
 from env.trace import Trace, TraceError, load_trace, model_fingerprint
@@ -125,7 +126,7 @@ class SpecDecodeEnv(gym.Env):
     - ``features``: a ``FeatureSpec`` or dict (replay: must equal the trace's).
     """
 
-    metadata = {"render_modes": []}
+    metadata = {"render_modes": RENDER_MODES, "render_fps": RENDER_FPS}
 
     def __init__(
         self,
@@ -149,10 +150,9 @@ class SpecDecodeEnv(gym.Env):
             raise EnvError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
         if cost not in COSTS:
             raise EnvError(f"unknown cost {cost!r}; valid: {', '.join(COSTS)}")
-        if render_mode is not None:
-            raise RenderModeError(f"render_mode {render_mode!r} is not supported (this env does not render)")
+        self.render_mode = check_render_mode(render_mode, RenderModeError)
+        self._render: str | None = None
         self.backend, self.cost = backend, cost
-        self.render_mode = None
         self.arms: tuple[Arm, ...] = make_arms(arms)
         self.arm_names = tuple(a.name for a in self.arms)
         self.cost_model = load_cost_model(cost_model)
@@ -298,10 +298,11 @@ class SpecDecodeEnv(gym.Env):
         else:
             p = None
         self._done = True  # until the backend's reset succeeds: a failed reset leaves no episode to step
+        self._return, self._generated = 0.0, 1  # (the prefill's first token)
         if self.backend == "replay":
             out = self._reset_replay(p)
             self._done = False
-            return out
+            return self._rendered(out, None, 0.0)
         if seed is not None:  # a seeded episode repeats: drafters that learn across requests start afresh
             from drafters import make_drafter
 
@@ -310,16 +311,36 @@ class SpecDecodeEnv(gym.Env):
                 self.drafters[n] = make_drafter(n, **self._drafter_options.get(n, {}))
         out = self._reset_live(p)
         self._done = False
-        return out
+        return self._rendered(out, None, 0.0)
 
     def step(self, action: Any):
         self._check_open()
         a = self._check_action(action)
         if self._done:
             raise EnvError("the episode has ended: call reset() before step()")
-        if self.backend == "replay":
-            return self._step_replay(a)
-        return self._step_live(a)
+        out = self._step_replay(a) if self.backend == "replay" else self._step_live(a)
+        return self._rendered(out, out[4], out[1])
+
+    def render(self) -> str | None:
+        """``render_mode="ansi"``: the last reset's or step's line (``env.render.decode_line``; live, with the
+        last generated text); without a render mode a warning and ``None``, as Gymnasium's envs do."""
+        if self.render_mode is None:
+            no_render_mode(self)
+            return None
+        return self._render or "no episode yet: call reset()"
+
+    def _rendered(self, out: tuple, info: dict[str, Any] | None, reward: float) -> tuple:
+        """``out`` unchanged; with a render mode, its line kept for ``render()``."""
+        if self.render_mode is not None:
+            self._return += reward
+            self._generated += 0 if info is None else int(info["tokens"])
+            tail = None
+            if self.backend == "live":
+                self._generated = len(self._seq.tokens)
+                tail = self.loaded.tokenizer.decode(self._seq.tokens[-16:])[-60:]
+            self._render = decode_line(self.prompt_ids[self._p], self._generated, self.max_new_tokens, info,
+                                       reward, self._return, self._done, tail)  # fmt: skip
+        return out
 
     def _check_open(self) -> None:
         if self.backend == "live" and not hasattr(self, "stepper"):
