@@ -272,10 +272,32 @@ def settings_conflict(
                 return any(n in b and b[n] != a[n] for n in a)
             return a != b
 
+        def described(k: str) -> str:
+            # a mapping (the policies' digests, a drafter's options): the entries that differ, by name
+            a, b = before.get(k), now.get(k)
+            if isinstance(a, dict) and isinstance(b, dict):
+                grew = k in extendable  # (entries added or left out are not a difference)
+                subs = sorted(n for n in {*a, *b} if (n in a and n in b and a[n] != b[n]) or (not grew and (n in a) != (n in b)))  # fmt: skip
+                if subs:
+
+                    def side(d: dict, n: str) -> str:
+                        if n not in d:
+                            return "(none)"
+                        v = d[n]  # a file's sha256 (the policies'): its first 12 digits tell them apart
+                        return (
+                            f"sha256 {v[:12]}…"
+                            if isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v)
+                            else shown(v, 60)
+                        )
+
+                    def name(n: str) -> str:
+                        return n if re.fullmatch(r"[\w:.@+-]{1,40}", n) else shown(n, 40)
+
+                    return "; ".join(f"{k}.{name(n)}: {side(a, n)} there, {side(b, n)} now" for n in subs[:3])
+            return f"{k}: {shown(a, 100)} there, {shown(b, 100)} now"
+
         keys = sorted(k for k in {*before, *now} if differs(k))
-        diff = "; ".join(
-            f"{k}: {shown(before.get(k), 100)} there, {shown(now.get(k), 100)} now" for k in keys[:3]
-        )
+        diff = "; ".join(described(k) for k in keys[:3])
         more = f"; and {', '.join(keys[3:])}" if keys[3:] else ""
         if keys:
             return f"{folder} holds results run with other settings ({diff}{more})"

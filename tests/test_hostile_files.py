@@ -229,13 +229,17 @@ def test_a_resume_may_add_a_policy_but_not_change_one(tmp_path):
     assert settings_conflict(tmp_path, a, started=False) is None
     more = {"model": "m", "policies": {"policy:u": "aa", "policy:v": "bb"}}
     assert settings_conflict(tmp_path, more, started=True) is None  # one more method, as --methods may add
-    assert "policies" in settings_conflict(
-        tmp_path, {"model": "m", "policies": {"policy:u": "cc"}}, started=True
-    )
+    # the entry that differs is named (the message once said "a JSON object there, a JSON object now"); a file's
+    # digest by its first 12 digits
+    why = settings_conflict(tmp_path, {"model": "m", "policies": {"policy:u": "cc"}}, started=True)
+    assert "(policies.policy:u: 'aa' there, 'cc' now)" in why, why
     assert settings_conflict(tmp_path, {"model": "m", "policies": {}}, started=True) is None  # one left out
-    assert "policies" in settings_conflict(
-        tmp_path, {"model": "m", "policies": {"policy:v": "dd"}}, started=True
-    )
+    why = settings_conflict(tmp_path, {"model": "m", "policies": {"policy:v": "0" * 64}}, started=True)
+    assert "(policies.policy:v: 'bb' there, sha256 000000000000… now)" in why, why
+    # a mapping that is not extendable: an entry added or left out differs too
+    assert settings_conflict(tmp_path / "o", {"opts": {"a": 1}}, started=False) is None
+    why = settings_conflict(tmp_path / "o", {"opts": {"b": 2}}, started=True)
+    assert "(opts.a: 1 there, (none) now; opts.b: (none) there, 2 now)" in why, why
 
 
 def test_a_damaged_or_hostile_drafter_state_is_one_line(tmp_path):
