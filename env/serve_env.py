@@ -11,6 +11,7 @@ observation, ``LiveObserver``) are re-exported here.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 from typing import Any
 
 import gymnasium as gym
@@ -175,14 +176,21 @@ class SpecServeVectorEnv(VectorEnv):
     """``num_envs`` servers of ``SpecServeEnv`` in one numpy simulator (``ServeSim``). ``autoreset_mode``:
     ``"next_step"`` (Gymnasium's default) or ``"same_step"`` (``info["final_obs"]``, ``info["_final_obs"]``).
     ``info``: ``tokens``, ``accepted``, ``rows``, ``cost_s``, ``ar_cost_s``, ``arm`` (the actions, arm indices)
-    (arrays) and ``goodput`` (NaN but on the step an episode ends)."""
+    (arrays) and ``goodput`` (NaN but on the step an episode ends). ``max_episode_steps``: an episode is truncated
+    after that many steps (as Gymnasium's ``TimeLimit`` does to each env of a ``sync`` vector env;
+    ``gymnasium.make_vec(..., max_episode_steps=N)`` passes it here)."""
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": []}
 
     def __init__(self, num_envs: int = 256, *, action: str = "batch",
-                 autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP, **kwargs: Any) -> None:  # fmt: skip
+                 autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP, max_episode_steps: int | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
         if action not in ACTIONS:
             raise ServeEnvError(f"unknown action mode {action!r}; valid: {', '.join(ACTIONS)}")
+        limit = max_episode_steps
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, Integral) or limit < 1):
+            raise ServeEnvError(f"max_episode_steps must be an integer >= 1, got {limit!r}")
+        self.max_episode_steps = None if limit is None else int(limit)
         self.sim = ServeSim(num_envs, **kwargs)
         self.num_envs, self.action_mode = num_envs, action
         mode = _autoreset(autoreset_mode)
@@ -198,6 +206,7 @@ class SpecServeVectorEnv(VectorEnv):
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         self._pending = np.zeros(num_envs, bool)
+        self._steps = np.zeros(num_envs, np.int64)  # each episode's steps so far (max_episode_steps)
         self._started = False  # no episode to step before the first reset()
 
     def reset(self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None):
@@ -219,6 +228,7 @@ class SpecServeVectorEnv(VectorEnv):
             self.sim.seed_each([0 if s is None else s for s in seeds], given)
         self.sim.reset(None if given_mask is None else mask, load=opts.get("load"))
         self._pending[:] = False if given_mask is None else self._pending & ~mask
+        self._steps[:] = 0 if given_mask is None else self._steps * ~mask
         self._started = True
         return self.sim.observe().copy(), {}
 
@@ -233,21 +243,33 @@ class SpecServeVectorEnv(VectorEnv):
                                 "cost_s": o["cost"], "ar_cost_s": o["ar"], "arm": a,
                                 "goodput": np.where(done & ~pending, self.sim.goodput(), np.nan)}  # fmt: skip
         terminated = done.copy()
+        truncated = np.zeros(self.num_envs, bool)
+        if self.max_episode_steps is not None:
+            self._steps += 1
+            truncated = self._steps >= self.max_episode_steps
+        ended = terminated | truncated
         mode = self.metadata["autoreset_mode"]
         if mode == AutoresetMode.NEXT_STEP:
-            if pending.any():
+            if (
+                pending.any()
+            ):  # ended last step: reset now, this step's outcome dropped (a truncated server's too)
                 self.sim.reset(pending)
+                self._steps[pending] = 0
                 reward = reward * ~pending
+                for key in ("tokens", "accepted", "rows", "cost_s", "ar_cost_s"):
+                    info[key] = info[key] * ~pending
                 terminated &= ~pending
-            self._pending = terminated.copy()
+                truncated &= ~pending
+            self._pending = terminated | truncated
             obs = self.sim.observe().copy()
         else:
             obs = self.sim.observe().copy()
-            if mode == AutoresetMode.SAME_STEP and done.any():
-                info["final_obs"], info["_final_obs"] = obs, done
-                self.sim.reset(done)
-                obs = self.sim.observe(np.flatnonzero(done)).copy()  # the new episodes' rows only
-        return obs, reward, terminated, np.zeros(self.num_envs, bool), info
+            if mode == AutoresetMode.SAME_STEP and ended.any():
+                info["final_obs"], info["_final_obs"] = obs, ended
+                self.sim.reset(ended)
+                self._steps[ended] = 0
+                obs = self.sim.observe(np.flatnonzero(ended)).copy()  # the new episodes' rows only
+        return obs, reward, terminated, truncated, info
 
 
 def _autoreset(mode: str | AutoresetMode) -> AutoresetMode:

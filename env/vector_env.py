@@ -35,7 +35,9 @@ class SpecDecodeVectorEnv(VectorEnv):
       state, observations, rewards and flags are then torch tensors there; actions may be numpy or torch;
     - ``autoreset_mode``: ``"next_step"`` (Gymnasium's default: the step after an episode ends resets it, with
       reward 0) or ``"same_step"`` (reset at once; ``info["final_obs"]`` holds the final observations, rows
-      marked in ``info["_final_obs"]``).
+      marked in ``info["_final_obs"]``);
+    - ``max_episode_steps``: an episode is truncated after that many steps (as Gymnasium's ``TimeLimit`` does to
+      each env of a ``sync`` vector env; ``gymnasium.make_vec(..., max_episode_steps=N)`` passes it here).
 
     ``info`` of a step: ``tokens``, ``accepted``, ``drafted``, ``cost_s``, ``ar_cost_s`` (arrays [B]) and ``arm``
     (arm names with numpy; arm indices with torch; names in ``arm_names``). Reset options: ``prompt_id`` (every
@@ -51,6 +53,7 @@ class SpecDecodeVectorEnv(VectorEnv):
         device: str | torch.device | None = None,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         backend: str = "replay",
+        max_episode_steps: int | None = None,
         **kwargs: Any,
     ) -> None:
         if backend != "replay":
@@ -59,6 +62,9 @@ class SpecDecodeVectorEnv(VectorEnv):
                 "gymnasium.make_vec(..., vectorization_mode='sync', backend='live')"
             )
         num_envs = count_of("num_envs", num_envs, 1024)  # a bool or a float is refused, not rounded
+        if max_episode_steps is not None and count_of("max_episode_steps", max_episode_steps, 0) < 1:
+            raise EnvError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
+        self.max_episode_steps = None if max_episode_steps is None else int(max_episode_steps)
         if not 1 <= num_envs <= MAX_ENVS:  # (10^12 asked numpy for 76 TiB)
             raise EnvError(f"num_envs must be in 1..{MAX_ENVS}, got {num_envs}")
         mode = (
@@ -93,6 +99,7 @@ class SpecDecodeVectorEnv(VectorEnv):
             self._pos = np.zeros(b, dtype=np.int64)
             self._hist = np.zeros((b, 2 + k), dtype=np.float32)
             self._pending = np.zeros(b, dtype=bool)
+            self._steps = np.zeros(b, dtype=np.int64)
         else:
             kw = {"device": self.device}
             self._rows = torch.arange(b, **kw)
@@ -100,6 +107,7 @@ class SpecDecodeVectorEnv(VectorEnv):
             self._pos = torch.zeros(b, dtype=torch.long, **kw)
             self._hist = torch.zeros(b, 2 + k, dtype=torch.float32, **kw)
             self._pending = torch.zeros(b, dtype=torch.bool, **kw)
+            self._steps = torch.zeros(b, dtype=torch.long, **kw)
         self._startable = tb.startable
         self._started = False  # no episode to step before the first reset()
 
@@ -136,6 +144,7 @@ class SpecDecodeVectorEnv(VectorEnv):
         self._prompt[rows] = self._array(draws, np.int64)
         self._pos[rows] = 0
         self._hist[rows] = 0.0
+        self._steps[rows] = 0
 
     # ---- Gymnasium VectorEnv API ----
     def reset(self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None):
@@ -206,6 +215,9 @@ class SpecDecodeVectorEnv(VectorEnv):
         out = replay_step(self.tables, self._prompt, self._pos, self._hist, self._rows, a)
         self._pos = out.pos
         terminated, truncated = out.terminated, out.truncated
+        if self.max_episode_steps is not None:
+            self._steps += 1
+            truncated = truncated | (self._steps >= self.max_episode_steps)
         reward = out.reward.astype(np.float32) if self.device is None else out.reward.float()
         infos: dict[str, Any] = {
             "tokens": out.tokens,
