@@ -277,7 +277,8 @@ def settings_conflict(
             a, b = before.get(k), now.get(k)
             if isinstance(a, dict) and isinstance(b, dict):
                 grew = k in extendable  # (entries added or left out are not a difference)
-                subs = sorted(n for n in {*a, *b} if (n in a and n in b and a[n] != b[n]) or (not grew and (n in a) != (n in b)))  # fmt: skip
+                changed = [n for n in a if n in b and a[n] != b[n]]
+                subs = sorted(changed if grew else [*changed, *(n for n in {*a, *b} if (n in a) != (n in b))])
                 if subs:
 
                     def side(d: dict, n: str) -> str:
