@@ -427,6 +427,23 @@ def find_head(kind: str, model_id: str, weights: str | None) -> Path:
     )
 
 
+def head_paths(name: str, d: Any, model_id: str) -> dict[str, Path]:
+    """The head files drafter ``d`` (made as ``name``) loads for ``model_id`` (``find_head``): ``{name: path}`` for
+    a head drafter (eagle, eagle3, early_exit: those with a ``weights`` option), ``{name.PART: path}`` for each
+    head part of a hybrid. A head not found is left out (its drafter says so when it loads)."""
+    out: dict[str, Path] = {}
+    for key, part in zip(getattr(d, "part_names", []), getattr(d, "parts", [])):
+        out.update(head_paths(f"{name}.{key}", part, model_id))
+    if hasattr(d, "weights"):
+        try:
+            path = find_head(getattr(d, "kind", getattr(d, "name", name)), model_id, d.weights)
+        except DrafterError:
+            return out
+        if path.is_file():
+            out[name] = path
+    return out
+
+
 def head_dtype(target: TargetModel) -> torch.dtype:
     """The head computes in the target's dtype, except bf16 on a CPU without native bf16 (slow there): fp32."""
     dtype, device = target.dtype, target.device

@@ -272,6 +272,11 @@ def settings_conflict(
                 return any(n in b and b[n] != a[n] for n in a)
             return a != b
 
+        def value(v: object, width: int) -> str:
+            # a file's sha256 (a policy's, a head's): its first 12 digits tell them apart
+            sha = isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v)
+            return f"sha256 {v[:12]}…" if sha else shown(v, width)
+
         def described(k: str) -> str:
             # a mapping (the policies' digests, a drafter's options): the entries that differ, by name
             a, b = before.get(k), now.get(k)
@@ -279,23 +284,16 @@ def settings_conflict(
                 grew = k in extendable  # (entries added or left out are not a difference)
                 changed = [n for n in a if n in b and a[n] != b[n]]
                 subs = sorted(changed if grew else [*changed, *(n for n in {*a, *b} if (n in a) != (n in b))])
+
+                def side(d: dict, n: str) -> str:
+                    return value(d[n], 60) if n in d else "(none)"
+
+                def name(n: str) -> str:
+                    return n if re.fullmatch(r"[\w:.@+-]{1,40}", n) else shown(n, 40)
+
                 if subs:
-
-                    def side(d: dict, n: str) -> str:
-                        if n not in d:
-                            return "(none)"
-                        v = d[n]  # a file's sha256 (the policies'): its first 12 digits tell them apart
-                        return (
-                            f"sha256 {v[:12]}…"
-                            if isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v)
-                            else shown(v, 60)
-                        )
-
-                    def name(n: str) -> str:
-                        return n if re.fullmatch(r"[\w:.@+-]{1,40}", n) else shown(n, 40)
-
                     return "; ".join(f"{k}.{name(n)}: {side(a, n)} there, {side(b, n)} now" for n in subs[:3])
-            return f"{k}: {shown(a, 100)} there, {shown(b, 100)} now"
+            return f"{k}: {value(a, 100)} there, {value(b, 100)} now"
 
         keys = sorted(k for k in {*before, *now} if differs(k))
         diff = "; ".join(described(k) for k in keys[:3])

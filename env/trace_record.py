@@ -21,6 +21,7 @@ import numpy as np
 
 from drafters import Carries, Drafter, DrafterError, DraftTree, make_drafter
 from drafters.base import carried_state, restore_state
+from drafters.heads import head_paths
 from env.features import FeatureSpec, position_feature_names, position_features, projection
 from env.file_checks import int64_problem, one_line
 from env.files import atomic_write_text, file_digest, writing_temporary
@@ -219,6 +220,11 @@ def record(
         # the device the target ran on: greedy outputs may differ between a GPU's kernels and the CPU's, so a
         # recording is not resumed on another
         "device": str(loaded.device),
+        # the head files the drafters load, by sha256 (a head retrained or swapped under its file name between a
+        # kill and a resume: its trees would be of two heads)
+        "heads": {
+            k: file_digest(p) for n, d in probes.items() for k, p in head_paths(n, d, loaded.model_id).items()
+        },
     }
     parts_dir = _parts_folders(out)[0]
     check_parts_folders(out)
@@ -364,7 +370,7 @@ def _read_part(part_file: Path, header: dict[str, Any], i: int) -> dict[str, np.
 
 
 # header keys a recording from before they existed does not have: not compared then (it is taken as it is)
-LATER_KEYS = ("engine", "workload_sha256", "device", "max_context", "workload_prompts_sha256")
+LATER_KEYS = ("engine", "workload_sha256", "device", "max_context", "workload_prompts_sha256", "heads")
 
 
 def _provenance() -> dict[str, Any]:

@@ -47,9 +47,11 @@ from experiments.methods import MethodError, arm_decoder, device_loop, prepare_d
 from experiments.provenance import provenance
 from experiments.records import (
     Record,
+    head_identity,
     load_done,
     machine_identity,
     machine_label,
+    method_drafters,
     new_session,
     resume_learners,
     run_identity,
@@ -210,8 +212,11 @@ def run_bench(
     rec_path = out_dir / "records.jsonl"
     records = load_done(rec_path, unique=True)  # a record twice would count its prompt twice in every table
     machine = machine_identity(loaded.device)
-    same_settings(out_dir, {**run_identity(loaded, max_new_tokens, drafter_options), **machine, **(identity or {})},
-                  started=bool(records), command=command)  # fmt: skip
+    # the heads the methods' drafters load, by their contents (a head swapped under its file name: refused)
+    used = [*methods, *(a for d in decoders.values() for a in getattr(d, "arms", ()))]
+    heads = head_identity(method_drafters(used), drafter_options, loaded.model_id)
+    same_settings(out_dir, {**run_identity(loaded, max_new_tokens, drafter_options), **machine, **heads,
+                            **(identity or {})}, started=bool(records), command=command)  # fmt: skip
     settings = {**settings, "machine": machine}
     if start_note:
         import sys

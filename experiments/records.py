@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,46 @@ def run_identity(
         "max_new_tokens": max_new_tokens,
         "drafter_options": drafter_options or {},
     }
+
+
+def method_drafters(methods: Iterable[Any]) -> list[str]:
+    """The drafters of ``methods`` (arm names, with or without a weight format, or ``Arm``s; the external and
+    device-loop methods and plain decoding have none), sorted."""
+    from env.engine import parse_arm, split_weights
+    from experiments.config import EXTERNAL_METHODS, is_device_method
+
+    names = set()
+    for m in methods:
+        if isinstance(m, str):
+            if m in EXTERNAL_METHODS or is_device_method(m) or m.startswith("policy:"):
+                continue
+            m = parse_arm(split_weights(m)[0])
+        if getattr(m, "drafter", None) is not None:
+            names.add(m.drafter)
+    return sorted(names)
+
+
+def head_identity(
+    drafters: Iterable[str], options: Mapping[str, Any] | None, model_id: str
+) -> dict[str, str]:
+    """``drafter_head.NAME``: sha256 of the head file each head drafter of ``drafters`` (eagle, eagle3,
+    early_exit; a hybrid's parts as ``drafter_head.hybrid.PART``) loads for ``model_id`` with its ``options``
+    (``drafters.heads.find_head``: the ``weights`` option, else the user's trained head, else the shipped one). In
+    the settings of every command whose results a head decides (``run``, ``bench``, ``serve-bench``, a live
+    ``sweep``): a head retrained or swapped under the same file name between a kill and a resume would mix two
+    heads' results. A head not found is left out (its drafter says so when it loads)."""
+    from drafters import DrafterError, make_drafter
+    from drafters.heads import head_paths
+
+    options = options or {}
+    out = {}
+    for n in sorted(set(drafters)):
+        try:
+            d = make_drafter(n, **dict(options.get(n, {})))
+        except DrafterError:  # (an unknown drafter or bad options: refused where the drafter is built)
+            continue
+        out.update({f"drafter_head.{k}": file_digest(p) for k, p in head_paths(n, d, model_id).items()})
+    return out
 
 
 def machine_identity(device: Any) -> dict[str, Any]:

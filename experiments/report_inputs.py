@@ -46,6 +46,19 @@ def load_run(path: Path) -> dict[str, Any]:
         _check_size(path / "config.toml", MAX_JSON_BYTES)
     stale, data = None, None
     if not (path / "summary.json").is_file():
+        sweep_files = (
+            "trials.jsonl",
+            "study.db",
+        )  # (a study in a --storage: its trials.jsonl, once one ended)
+        if (
+            not has_records
+            and (path / "config.toml").is_file()
+            and any((path / n).is_file() for n in sweep_files)
+        ):
+            raise ReportError(
+                f"{path} is a sweep that has not finished (no sweep.json yet: it is written at the end); rerun its "
+                f"draftgym sweep command (the same config, --out {path}) to finish it, then report it"
+            )
         if not has_records:
             raise ReportError(
                 f"{path} is not a run directory (no summary.json or sweep.json, and no config.toml with records.jsonl; "

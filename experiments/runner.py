@@ -235,46 +235,21 @@ def file_settings(cfg: Config, model_id: str) -> dict[str, Any]:
         "workload_prompts_sha256": prompts_digest(cfg.workload.path),
         "policies": policies,
         # one key a head: a refusal names the drafter; a folder from before these keys is taken as it is
-        **{f"drafter_head.{k}": v for k, v in head_digests(cfg, model_id).items()},
+        **head_digests(cfg, model_id),
     }
 
 
 def head_digests(cfg: Config, model_id: str) -> dict[str, str]:
-    """sha256 of the head file each head drafter (eagle, eagle3, early_exit; a hybrid's parts as
-    ``hybrid.PART``) of the methods and policy arms loads for ``model_id`` (``drafters.heads.find_head``: the
-    ``weights`` option, else the user's trained head, else the shipped one): a head retrained between a kill and
-    a resume would mix two heads' records. A head not found is left out (its drafter says so when it loads)."""
-    from drafters import DrafterError, EagleDrafter, EarlyExitDrafter, make_drafter
-    from drafters.heads import find_head
-    from env.engine import parse_arm, split_weights
-    from env.files import file_digest
-    from experiments.config import EXTERNAL_METHODS, is_device_method
+    """``experiments.records.head_identity`` of the drafters of the methods and policy arms of ``cfg``."""
+    from experiments.records import head_identity, method_drafters
 
     arms = []
     for m in cfg.methods:
         if m.startswith("policy:") and m.removeprefix("policy:") in cfg.policies:
             arms += list(cfg.policies[m.removeprefix("policy:")].arms)
-        elif m not in EXTERNAL_METHODS and not is_device_method(m):
-            arms.append(split_weights(m)[0])
-    names = sorted({d for d in (parse_arm(a).drafter for a in arms) if d is not None})
-    heads: list[tuple[str, Any]] = []
-    for n in names:
-        d = make_drafter(n, **dict(cfg.drafters.get(n, {})))
-        heads += [
-            (f"{n}.{k}", part) for k, part in zip(getattr(d, "part_names", []), getattr(d, "parts", []))
-        ]
-        heads.append((n, d))
-    out = {}
-    for key, d in heads:
-        if not isinstance(d, (EagleDrafter, EarlyExitDrafter)):
-            continue
-        try:
-            path = find_head(getattr(d, "kind", d.name), model_id, d.weights)
-        except DrafterError:
-            continue
-        if path.is_file():
-            out[key] = file_digest(path)
-    return out
+        else:
+            arms.append(m)
+    return head_identity(method_drafters(arms), cfg.drafters, model_id)
 
 
 def check_finished(cfg: Config, out: Path, model_id: str) -> None:

@@ -294,7 +294,14 @@ def cmd_serve_bench(args: Any) -> int:
     cells_path = out / "cells.jsonl"
     cells = load_cells(cells_path)
     from env.files import file_digest
-    from experiments.records import cost_identity, run_identity, workload_digest, workload_identity
+    from experiments.records import (
+        cost_identity,
+        head_identity,
+        method_drafters,
+        run_identity,
+        workload_digest,
+        workload_identity,
+    )
 
     same_settings(out, {
         **run_identity(loaded, args.max_new_tokens, args.drafter_options),
@@ -306,6 +313,10 @@ def cmd_serve_bench(args: Any) -> int:
         "kv_budget": args.kv_budget, "prefill_chunk": args.prefill_chunk, "seed": args.seed if args.rate else None,
         "policies": {m: file_digest(p) for m, p in zip(args.policy_objects, args.policy or [])},
         "batch_cost": cost_identity(args.batch_cost) if args.policy else None,
+        # the heads the methods' drafters load, by their contents (a head swapped under its file name: refused)
+        **head_identity(method_drafters([*(a for m in methods for a in method_arms(m) or []),
+                                         *(a for p in args.policy_objects.values() for a in p.arm_names)]),
+                        args.drafter_options, loaded.model_id),
     }, started=bool(cells), command="serve-bench")  # fmt: skip
     todo = [(m, c) for c in levels for m in methods if (m, c) not in cells]
     engines: dict[int, Any] = {}
@@ -455,17 +466,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--rate", type=float_in(0.0, 1e6, low_open=True), default=None,
                    help="open loop: Poisson arrivals at R requests/s (default: closed loop)")  # fmt: skip
-    p.add_argument(
-        "--arrivals",
-        default=None,
-        help="open loop from a recorded arrival trace: one time in seconds per line, per request",
-    )
-    p.add_argument(
-        "--prefill-chunk",
-        type=positive_int,
-        default=None,
-        help="prefill entering requests N tokens at a time between batch steps (default: whole)",
-    )
+    p.add_argument("--arrivals", default=None,
+                   help="open loop from a recorded arrival trace: one time in seconds per line, per request")  # fmt: skip
+    p.add_argument("--prefill-chunk", type=positive_int, default=None,
+                   help="prefill entering requests N tokens at a time between batch steps (default: whole)")  # fmt: skip
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma list: ar, hf_batch, arm names, mix(ARM,ARM,...)")  # fmt: skip
     p.add_argument("--policy", action="append", default=None, metavar="PATH",

@@ -14,6 +14,10 @@ from experiments.config import Config, ConfigError, diff_configs, load_config, p
 from experiments.objective import ANALYTIC_OBJECTIVE_ERROR, ANALYTIC_OBJECTIVES
 from experiments.space import default_params, swept_keys, tuned_method
 
+# how to start a study afresh: the folder's own SQLite file holds one study (its config's name: a new study_name is
+# refused there as another config), a shared --storage many
+ANEW = "another --out (with --storage, and another sweep.study_name)"
+
 
 def check_inputs(cfg: Config, sets: list[str] | tuple[str, ...] = ()) -> None:
     """The config as written lies in the sweep space (it runs as trial 0), the backend can score the tuned method,
@@ -70,7 +74,7 @@ def check_resumed(study: Any, cfg: Config, where: str) -> None:
     if diff:
         raise ConfigError(
             f"{where} was created from another config (differs in {', '.join(diff[:5])}); use the same config or "
-            "another sweep.study_name"
+            f"start the study anew: {ANEW}"
         )
     inputs = input_digests(cfg)
     had = study.user_attrs.get("inputs")  # (a study from before it was recorded: none)
@@ -79,7 +83,7 @@ def check_resumed(study: Any, cfg: Config, where: str) -> None:
     if changed:
         raise ConfigError(
             f"{where} was run on other input files ({', '.join(changed)} changed since); "
-            "its trials would not compare: restore the files or use another sweep.study_name"
+            f"its trials would not compare: restore the files or start the study anew: {ANEW}"
         )
     # live tokens/s are absolute timings: the creator's CPU and C allocator setting, which a worker must share (a
     # study created before one of them was recorded has none, and any worker joins)
@@ -94,7 +98,7 @@ def check_resumed(study: Any, cfg: Config, where: str) -> None:
                "(DRAFTGYM_MALLOC and the allocator's environment variables): a forward's time differs between them "
                "— run it with the creator's setting")  # fmt: skip
     if why:
-        raise ConfigError(f"{where} scores live tokens/s {why}, or use another sweep.study_name")
+        raise ConfigError(f"{where} scores live tokens/s {why}, or start the study anew: {ANEW}")
 
 
 def stored_config(stored: Any, where: str) -> Config:
@@ -103,13 +107,13 @@ def stored_config(stored: Any, where: str) -> Config:
     if not isinstance(stored, str):
         raise ConfigError(
             f"{where} holds a damaged config attribute ({type(stored).__name__}, not TOML text); "
-            "use another sweep.study_name"
+            f"start the study anew: {ANEW}"
         )
     try:
         return load_config(None, text=stored)
     except ConfigError as err:
         raise ConfigError(
-            f"{where} holds a config that cannot be read ({err}); use another sweep.study_name"
+            f"{where} holds a config that cannot be read ({err}); start the study anew: {ANEW}"
         ) from None
 
 
@@ -139,9 +143,10 @@ def timing_allocator(cfg: Config) -> str | None:
 
 
 def input_digests(cfg: Config) -> dict[str, str | None]:
-    """The files a sweep's trials are scored on, by sha256: the workload (live), the trace and the cost model
-    (replay: the given file or the shipped one); an edited or re-recorded file under the same path would put
-    trials of two data sets (or two cost models) in one study."""
+    """The files a sweep's trials are scored on, by sha256: the workload and the drafters' head files (live:
+    ``drafter_head.NAME``, ``experiments.records.head_identity``), the trace and the cost model (replay: the given
+    file or the shipped one); an edited, re-recorded or retrained file under the same path would put trials of two
+    data sets (or two cost models, or two heads) in one study."""
     from env.files import file_digest
     from experiments.records import workload_digest
 
@@ -153,8 +158,17 @@ def input_digests(cfg: Config) -> dict[str, str | None]:
         from env.cost import default_cost_model_path
 
         cost = digest(cfg.sweep.cost_model or default_cost_model_path())
+    heads = {}
+    if cfg.sweep.backend == "live":
+        from env.model import model_id_of
+        from experiments.records import head_identity
+        from experiments.runner import head_digests
+
+        model_id = model_id_of(cfg.model.name)
+        heads = {**head_digests(cfg, model_id), **head_identity(cfg.sweep.drafters, cfg.drafters, model_id)}
     return {
         "workload_sha256": workload_digest(cfg.workload.path),
         "trace_sha256": digest(trace) if trace else None,
         "cost_model_sha256": cost,
+        **heads,
     }

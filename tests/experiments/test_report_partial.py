@@ -140,3 +140,16 @@ def test_a_run_in_its_first_session_is_reported_from_its_records_without_writing
         assert sorted(p.name for p in run.iterdir()) == before  # no summary, no plots under the run
     finally:
         holder.kill()
+
+
+@pytest.mark.parametrize("left", ["trials.jsonl", "study.db"])
+def test_an_unfinished_sweep_is_named_as_one(tmp_path, capsys, left):
+    """A sweep killed before its sweep.json (written at the end) was reported as "not a run directory"."""
+    sweep = tmp_path / "sk"
+    sweep.mkdir()
+    (sweep / "config.toml").write_text(CONFIG)
+    (sweep / left).write_text("")
+    assert main(["report", str(sweep), "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err
+    assert f"{sweep} is a sweep that has not finished (no sweep.json yet" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "rep").exists()

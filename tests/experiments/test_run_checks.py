@@ -81,7 +81,9 @@ def test_a_retrained_default_head_is_refused_on_resume_and_on_rerun(tmp_path, ti
     prov = _lines(out / "provenance.jsonl")
 
     random_head("eagle", tiny, head, seed=2)  # retrained under the same name
-    with pytest.raises(UserError, match="drafter_head.eagle: '[0-9a-f]+' there, '[0-9a-f]+' now"):
+    with pytest.raises(
+        UserError, match="drafter_head.eagle: sha256 [0-9a-f]{12}… there, sha256 [0-9a-f]{12}… now"
+    ):
         run(cfg, out, progress=False, loaded=None)  # finished: no model is loaded, the head is still checked
     _kill(out)
     with pytest.raises(UserError, match="drafter_head.eagle"):
