@@ -179,6 +179,10 @@ def calibrate_batch(
 
     if len(contexts) != 2:
         raise ValueError("calibrate_batch measures at exactly two contexts")
+    if not prefill_tokens or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in prefill_tokens
+    ):
+        raise ValueError(f"prefill_tokens must be prompt lengths >= 1, got {prefill_tokens!r}")
     from env.batch_calibrate_state import CalibrationState
 
     t_start = time.perf_counter()

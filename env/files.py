@@ -223,6 +223,11 @@ def other_command(folder: str | Path, before: object, command: str | None) -> st
             "output folder")  # fmt: skip
 
 
+# settings of one method's drafter (``drafter_head.NAME``: a head's sha256): a resume may leave the method out or
+# add it, as ``extendable`` mappings; an entry kept is compared, and the file keeps every one it has seen
+PER_METHOD = "drafter_head."
+
+
 def settings_conflict(
     folder: str | Path,
     settings: dict,
@@ -265,7 +270,7 @@ def settings_conflict(
         def differs(k: str) -> bool:
             # a setting checked since this folder's file was written: recorded, not compared (as a folder from
             # before the file existed is taken as it is)
-            if k not in before:
+            if k not in before or (k.startswith(PER_METHOD) and k not in now):  # (a method left out)
                 return False
             a, b = before.get(k), now.get(k)
             if k in extendable and isinstance(a, dict) and isinstance(b, dict):
@@ -293,7 +298,7 @@ def settings_conflict(
 
                 if subs:
                     return "; ".join(f"{k}.{name(n)}: {side(a, n)} there, {side(b, n)} now" for n in subs[:3])
-            return f"{k}: {value(a, 100)} there, {value(b, 100)} now"
+            return f"{k}: {value(a, 100)} there, {value(b, 100) if k in now else '(none)'} now"
 
         keys = sorted(k for k in {*before, *now} if differs(k))
         diff = "; ".join(described(k) for k in keys[:3])
@@ -302,7 +307,7 @@ def settings_conflict(
             return f"{folder} holds results run with other settings ({diff}{more})"
     if started and isinstance(before, dict) and before:
         # a setting this folder's file does not name yet (a folder from before it was recorded): taken, and said
-        new = sorted(k for k in now if k not in before)
+        new = sorted(k for k in now if k not in before and not k.startswith(PER_METHOD))  # (a method added)
         if new:
             import sys
 
@@ -314,6 +319,7 @@ def settings_conflict(
         for k in extendable:
             if isinstance(before.get(k), dict) and isinstance(now.get(k), dict):
                 now[k] = {**before[k], **now[k]}
+        now.update({k: v for k, v in before.items() if k.startswith(PER_METHOD) and k not in now})
     if before != now:
         atomic_write_text(path, json.dumps(now, sort_keys=True, indent=1))
     return None

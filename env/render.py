@@ -9,6 +9,10 @@ from typing import Any
 import gymnasium as gym
 
 RENDER_MODES = ["ansi"]
+VECTOR_RENDER = (
+    'render_mode {mode!r}: the vector entry point does not render; gymnasium.make_vec("draftgym/{id}-v0", '
+    'vectorization_mode="sync", render_mode="ansi") renders each env'
+)
 RENDER_FPS = 4  # Gymnasium's checkers ask for one; text is not paced (its toy-text envs declare 4 too)
 
 
@@ -60,4 +64,12 @@ def serve_line(step: int, info: dict[str, Any], reward: float | None, ret: float
     return f"{line} · done, goodput {info['goodput']:.1f} tokens/s" if "goodput" in info else line
 
 
-__all__ = ["RENDER_FPS", "RENDER_MODES", "check_render_mode", "decode_line", "no_render_mode", "serve_line"]
+__all__ = [
+    "RENDER_FPS",
+    "RENDER_MODES",
+    "VECTOR_RENDER",
+    "check_render_mode",
+    "decode_line",
+    "no_render_mode",
+    "serve_line",
+]

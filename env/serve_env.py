@@ -19,7 +19,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from env.render import RENDER_FPS, RENDER_MODES, check_render_mode, no_render_mode, serve_line
+from env.render import RENDER_FPS, RENDER_MODES, VECTOR_RENDER, check_render_mode, no_render_mode, serve_line
 from env.reset_checks import check_options, reset_mask, seed_value
 from env.serve_sim import *  # noqa: F403  (the simulator's names, re-exported)
 from env.serve_sim import ACTIONS, ServeEnvError, ServeSim, feature_names, obs_bounds
@@ -176,7 +176,7 @@ class SpecServeVectorEnv(VectorEnv):
     """``num_envs`` servers of ``SpecServeEnv`` in one numpy simulator (``ServeSim``). ``autoreset_mode``:
     ``"next_step"`` (Gymnasium's default) or ``"same_step"`` (``info["final_obs"]``, ``info["_final_obs"]``).
     ``info``: ``tokens``, ``accepted``, ``rows``, ``cost_s``, ``ar_cost_s``, ``arm`` (the actions, arm indices)
-    (arrays) and ``goodput`` (NaN but on the step an episode ends). ``max_episode_steps``: an episode is truncated
+    (arrays) and ``goodput`` (NaN but on the step an episode terminates: one truncated did not finish). ``max_episode_steps``: an episode is truncated
     after that many steps (as Gymnasium's ``TimeLimit`` does to each env of a ``sync`` vector env;
     ``gymnasium.make_vec(..., max_episode_steps=N)`` passes it here)."""
 
@@ -184,9 +184,11 @@ class SpecServeVectorEnv(VectorEnv):
 
     def __init__(self, num_envs: int = 256, *, action: str = "batch",
                  autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP, max_episode_steps: int | None = None,
-                 **kwargs: Any) -> None:  # fmt: skip
+                 render_mode: str | None = None, **kwargs: Any) -> None:  # fmt: skip
         if action not in ACTIONS:
             raise ServeEnvError(f"unknown action mode {action!r}; valid: {', '.join(ACTIONS)}")
+        if render_mode is not None:
+            raise ServeRenderModeError(VECTOR_RENDER.format(mode=render_mode, id="SpecServe"))
         limit = max_episode_steps
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, Integral) or limit < 1):
             raise ServeEnvError(f"max_episode_steps must be an integer >= 1, got {limit!r}")
@@ -308,12 +310,14 @@ def make_sb3_serve_env(num_envs: int = 64, **kwargs: Any):
 
         def step_wait(self):
             obs, reward, term, trunc, info = venv.step(self._actions)
+            dones = term | trunc  # (truncated: max_episode_steps)
             infos = [{} for _ in range(num_envs)]
-            for i in np.flatnonzero(term):
+            for i in np.flatnonzero(dones):
                 infos[i]["terminal_observation"] = info["final_obs"][i]
-                infos[i]["TimeLimit.truncated"] = False
-                infos[i]["goodput"] = float(info["goodput"][i])
-            return obs, reward, term, infos
+                infos[i]["TimeLimit.truncated"] = bool(trunc[i] and not term[i])
+                if term[i]:
+                    infos[i]["goodput"] = float(info["goodput"][i])
+            return obs, reward, dones, infos
 
         def close(self) -> None:
             venv.close()

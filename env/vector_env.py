@@ -21,9 +21,10 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from env.render import VECTOR_RENDER
 from env.replay import replay_observe, replay_step
 from env.reset_checks import check_options, reset_mask, seed_value
-from env.spec_env import EnvError, SpecDecodeEnv, count_of
+from env.spec_env import EnvError, RenderModeError, SpecDecodeEnv, count_of
 
 MAX_ENVS = 1 << 24  # replayed envs at most: ~80 bytes each (1.3 GB); the GPU benchmark steps 262,144
 
@@ -54,6 +55,7 @@ class SpecDecodeVectorEnv(VectorEnv):
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         backend: str = "replay",
         max_episode_steps: int | None = None,
+        render_mode: str | None = None,
         **kwargs: Any,
     ) -> None:
         if backend != "replay":
@@ -61,6 +63,8 @@ class SpecDecodeVectorEnv(VectorEnv):
                 "the vector env replays traces only; for live envs use "
                 "gymnasium.make_vec(..., vectorization_mode='sync', backend='live')"
             )
+        if render_mode is not None:
+            raise RenderModeError(VECTOR_RENDER.format(mode=render_mode, id="SpecDecode"))
         num_envs = count_of("num_envs", num_envs, 1024)  # a bool or a float is refused, not rounded
         if max_episode_steps is not None and count_of("max_episode_steps", max_episode_steps, 0) < 1:
             raise EnvError(f"max_episode_steps must be >= 1, got {max_episode_steps}")

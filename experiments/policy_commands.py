@@ -287,6 +287,10 @@ def _live(policy_paths, policies, best_name, trace, test, *, loaded, workload, m
     options = recorded_drafter_options(
         trace, "the trace"
     )  # live decodes with the drafters the trace recorded
+    from experiments.records import trace_heads_note
+
+    if note := trace_heads_note(trace.header, options, loaded.model_id):
+        print(note, file=sys.stderr)
     decoders = {}
     for policy, path in zip(policies, policy_paths):
         fresh = load_policy(path)  # live starts from the file, not from what replay taught an online policy

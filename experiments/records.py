@@ -217,6 +217,24 @@ def head_identity(
     return out
 
 
+def trace_heads_note(
+    header: Mapping[str, Any], options: Mapping[str, Any] | None, model_id: str
+) -> str | None:
+    """A note when live would serve other head files than a trace recorded (its header's ``heads``, by sha256):
+    replay prices one head and live serves another, so the two do not compare. None when they agree or the trace
+    names no heads (one recorded before it did, or without head drafters)."""
+    had = header.get("heads")
+    if not isinstance(had, dict) or not had:
+        return None
+    drafters = header.get("drafters")
+    now = head_identity(list(drafters) if isinstance(drafters, dict) else [], options, model_id)
+    other = sorted(k for k in had if now.get(f"drafter_head.{k}") != had[k])
+    if not other:
+        return None
+    return (f"note: live serves other head files than the trace recorded ({', '.join(other)}): its replay and "
+            "live figures are of two heads; record the trace again with the heads served")  # fmt: skip
+
+
 def machine_identity(device: Any) -> dict[str, Any]:
     """The machine a run's timings depend on: the CPU (``env.machine.cpu_label``: model and bf16 flags) and, on
     CUDA, the GPU's name. In ``settings.json`` of every timed run (``bench``, ``run``, live ``evaluate``,

@@ -23,6 +23,20 @@ class ReportError(ValueError):
     """A path that is not a run or sweep directory; meant for the user."""
 
 
+def _unfinished_sweep(path: Path) -> bool:
+    """A sweep's folder without its sweep.json (written at the end): its config and study, or its settings.json
+    naming the sweep command (a study in a --storage before any trial ended)."""
+    if not (path / "config.toml").is_file():
+        return False
+    if any((path / n).is_file() for n in ("trials.jsonl", "study.db")):
+        return True
+    try:
+        settings = json.loads((path / "settings.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(settings, dict) and settings.get("command") == "sweep"
+
+
 def load_run(path: Path) -> dict[str, Any]:
     """What the report needs of one directory: kind (run | sweep), name, summary or trials, provenance."""
     from env.folder_lock import FolderBusy
@@ -46,15 +60,13 @@ def load_run(path: Path) -> dict[str, Any]:
         _check_size(path / "config.toml", MAX_JSON_BYTES)
     stale, data = None, None
     if not (path / "summary.json").is_file():
-        sweep_files = (
-            "trials.jsonl",
-            "study.db",
-        )  # (a study in a --storage: its trials.jsonl, once one ended)
-        if (
-            not has_records
-            and (path / "config.toml").is_file()
-            and any((path / n).is_file() for n in sweep_files)
-        ):
+        if not has_records and _unfinished_sweep(path):
+            from env.folder_lock import held_elsewhere
+
+            if held_elsewhere(path):
+                raise ReportError(
+                    f"{path} is a sweep still running (no sweep.json until it ends): report it then"
+                )
             raise ReportError(
                 f"{path} is a sweep that has not finished (no sweep.json yet: it is written at the end); rerun its "
                 f"draftgym sweep command (the same config, --out {path}) to finish it, then report it"

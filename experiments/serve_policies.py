@@ -451,7 +451,14 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
         )
     if loaded is not None:  # live cells on disk must come from the same settings (a resume), else refused
         from experiments.args import same_settings
-        from experiments.records import cost_identity, machine_identity, run_identity
+        from experiments.records import (
+            cost_identity,
+            head_identity,
+            machine_identity,
+            method_drafters,
+            run_identity,
+            trace_heads_note,
+        )
 
         same_settings(out, {
             **run_identity(loaded, max_new), **machine_identity(loaded.device), "trace": "bundled" if args.trace is None else file_digest(args.trace),
@@ -459,7 +466,10 @@ def cmd_evaluate_serve(args: argparse.Namespace) -> int:
             "requests": args.requests, "max_batch": max_batch, "seed": args.seed, "repeats": args.repeats,
             "probe": not args.no_probe, "policies": {name: file_digest(p) for (name, _), p in zip(policies, paths)},
             **({"drafter_options": options} if options else {}),  # (runs before it served the drafters' defaults)
+            **head_identity(method_drafters(arms), options, loaded.model_id),  # the heads its arms load
         }, started=bool(jsonl_lines(out / "live.jsonl")), command="evaluate --serve")  # fmt: skip
+        if note := trace_heads_note(trace.header, options, loaded.model_id):
+            print(note, file=sys.stderr)
     res = evaluate_serve(policies, trace, cost, arms, split, loads=loads, episodes=args.episodes, max_new=max_new,
                          requests=args.requests, max_batch=max_batch, seed=args.seed, loaded=loaded,
                          repeats=args.repeats, live_policies=live_names, out=out,

@@ -98,3 +98,19 @@ def test_live_render_shows_the_text_generated_so_far(fp32_model):
     seq = e._seq.tokens
     assert f" · {len(seq)}/8 tokens · " in first and first.endswith(" · done")
     assert tail == f"  …{fp32_model.tokenizer.decode(seq[-16:])[-60:]!r}" and len(tail) > 6
+
+
+def test_the_vector_entry_points_refuse_a_render_mode(serve_trace):
+    """They do not render (a render mode passed to make_vec reached the inner env, and render() then raised a bare
+    NotImplementedError); the refusal names the sync mode, which renders each env."""
+    for env_id, error, kw in (
+        (env.ENV_ID, EnvError, {}),
+        (env.SERVE_ID, ServeEnvError, serve_kw(serve_trace)),
+    ):
+        with pytest.raises(error, match='the vector entry point does not render.*vectorization_mode="sync"'):
+            gym.make_vec(
+                env_id, num_envs=2, vectorization_mode="vector_entry_point", render_mode="ansi", **kw
+            )
+        v = gym.make_vec(env_id, num_envs=2, vectorization_mode="sync", render_mode="ansi", **kw)
+        v.reset(seed=0)
+        assert all(line.endswith(" · reset") for line in v.render())

@@ -83,3 +83,19 @@ def test_a_bad_max_episode_steps_is_refused(bad, serve_trace):
     with pytest.raises(ServeEnvError, match="max_episode_steps must be"):
         gym.make_vec(env.SERVE_ID, num_envs=2, vectorization_mode="vector_entry_point", max_episode_steps=bad,
                      **serve_kw(serve_trace))  # fmt: skip
+
+
+def test_the_sb3_serving_vec_env_ends_truncated_episodes(serve_trace):
+    """stable-baselines3 sees a truncated episode end (``dones``, its terminal observation, ``TimeLimit.truncated``):
+    it bootstraps from there, not across the reset."""
+    from env.serve_env import make_sb3_serve_env
+
+    venv = make_sb3_serve_env(2, max_episode_steps=3, **serve_kw(serve_trace))
+    venv.reset()
+    for step in range(1, 7):
+        venv.step_async(np.array([1, 2]))
+        _, _, dones, infos = venv.step_wait()
+        assert dones.tolist() == [step % 3 == 0] * 2
+        for info in infos:
+            assert ("terminal_observation" in info) == (step % 3 == 0)
+            assert info.get("TimeLimit.truncated", False) == (step % 3 == 0) and "goodput" not in info

@@ -68,6 +68,17 @@ def test_bench_refuses_a_head_swapped_under_its_file_name(tmp_path, monkeypatch)
     head.write_bytes(b"first head")
     bench.run_bench(_loaded(), PROMPTS, ["ar", "eagle-d2"], **go)  # the head the records were made with
     assert len((tmp_path / "b" / "records.jsonl").read_text().splitlines()) == 8
+    # a resume may leave the method out (and add it back): its head is not compared then, and the folder keeps
+    # it, so a swap while it was left out is still refused when it comes back
+    bench.run_bench(_loaded(), PROMPTS, ["ar"], **go)
+    assert (
+        json.loads((tmp_path / "b" / "settings.json").read_text())["drafter_head.eagle"]
+        == saved["drafter_head.eagle"]
+    )
+    head.write_bytes(b"another head")
+    bench.run_bench(_loaded(), PROMPTS, ["ar"], **go)
+    with pytest.raises(UserError, match=r"drafter_head\.eagle: sha256"):
+        bench.run_bench(_loaded(), PROMPTS, ["ar", "eagle-d2"], **go)
 
 
 def test_serve_bench_refuses_a_head_swapped_under_its_file_name(tmp_path, tiny, capsys):
@@ -150,3 +161,22 @@ def test_a_recording_is_not_resumed_with_another_head(tiny, tmp_path, monkeypatc
     with pytest.raises(TraceError, match=r"already holds a trace of other settings \(heads"):
         record(tiny, PROMPTS[:3], ["eagle"], out, **go)
     assert Path(out).is_file()
+
+
+def test_evaluate_notes_a_trace_recorded_with_other_heads(tmp_path):
+    """``evaluate`` (live) and ``evaluate --serve`` serve the trace's drafters; a head file changed since the trace
+    was recorded is noted (replay priced one head, live serves another)."""
+    from experiments.records import trace_heads_note
+
+    head = tmp_path / "h.safetensors"
+    head.write_bytes(b"recorded")
+    header = {
+        "drafters": {"eagle": {}, "ngram": {}},
+        "heads": {"eagle": hashlib.sha256(b"recorded").hexdigest()},
+    }
+    options = {"eagle": {"weights": str(head)}}
+    assert trace_heads_note(header, options, "m") is None
+    assert trace_heads_note({"drafters": {"eagle": {}}}, options, "m") is None  # recorded before the key
+    head.write_bytes(b"retrained")
+    note = trace_heads_note(header, options, "m")
+    assert note.startswith("note: live serves other head files than the trace recorded (eagle)"), note

@@ -142,14 +142,24 @@ def test_a_run_in_its_first_session_is_reported_from_its_records_without_writing
         holder.kill()
 
 
-@pytest.mark.parametrize("left", ["trials.jsonl", "study.db"])
+@pytest.mark.parametrize("left", ["trials.jsonl", "study.db", "settings.json"])
 def test_an_unfinished_sweep_is_named_as_one(tmp_path, capsys, left):
-    """A sweep killed before its sweep.json (written at the end) was reported as "not a run directory"."""
+    """A sweep killed before its sweep.json (written at the end) was reported as "not a run directory"; one still
+    running is named as running (a rerun would find its folder held)."""
+    from tests.env.test_folder_lock import Holder
+
     sweep = tmp_path / "sk"
     sweep.mkdir()
     (sweep / "config.toml").write_text(CONFIG)
-    (sweep / left).write_text("")
+    (sweep / left).write_text('{"command": "sweep"}' if left == "settings.json" else "")
     assert main(["report", str(sweep), "--out", str(tmp_path / "rep")]) == 2
     err = capsys.readouterr().err
     assert f"{sweep} is a sweep that has not finished (no sweep.json yet" in err and err.count("\n") == 1, err
     assert not (tmp_path / "rep").exists()
+    if left == "study.db":
+        holder = Holder(sweep)
+        try:
+            assert main(["report", str(sweep), "--out", str(tmp_path / "rep")]) == 2
+        finally:
+            holder.kill()
+        assert f"{sweep} is a sweep still running" in capsys.readouterr().err

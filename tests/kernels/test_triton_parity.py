@@ -163,7 +163,8 @@ def test_greedy_statistics_settings_parity(chunk, block, warps, monkeypatch) -> 
     monkeypatch.setattr(common, "GREEDY_CHUNK", chunk)
     monkeypatch.setattr(triton_verify, "GREEDY_BLOCK", block)
     monkeypatch.setattr(triton_verify, "GREEDY_WARPS", warps)
-    for case in (VERIFY_CASES[i] for i in ((0, 7, 9, 10, 11) if CUDA else (10, 11))):
+    # seeds 0, 8 (the serial walk), 10 (ties in a later chunk) and 11 (-inf blocks); under the interpreter 10 and 11
+    for case in (VERIFY_CASES[i] for i in ((0, 7, 9, 10) if CUDA else (9, 10))):
         test_verify_parity(*case)
     if CUDA:
         _check_into([VERIFY_CASES[8]])
