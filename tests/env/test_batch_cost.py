@@ -551,7 +551,11 @@ def test_the_monotone_fit_pools_an_outlier_instead_of_lifting_everything_after_i
 def test_a_tiny_calibration_gives_a_usable_model(fp32_model, tmp_path):
     from env.batch_calibrate import calibrate_batch
 
-    # the prefill timed at the lengths given, sorted, those past the model's context left out
+    # the prefill timed at the lengths given, sorted, those past the model's context left out; none, or a length
+    # below 1 or not an integer, refused before any timing
+    for bad in ((), (16, 0), (16.5,), (True,)):
+        with pytest.raises(ValueError, match="prefill_tokens must be prompt lengths >= 1"):
+            calibrate_batch(fp32_model, prefill_tokens=bad)
     c = calibrate_batch(fp32_model, rows=(1, 2), nodes=(1, 2), reps=1, prefill_tokens=(64, 16, 10**6))
     assert c.prefill.nodes == (16, 64) and len(c.meta["prefill_measured"]) == 2
     assert c.rows == (1, 2) and c.nodes == (1, 2) and c.base.shape == c.slope.shape == (2, 2)
