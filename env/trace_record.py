@@ -234,7 +234,7 @@ def record(
         diff = sorted(k for k in want if _differs(old.header, want, k))
         if diff:
             raise TraceError(
-                f"{out} already holds a trace of other settings ({', '.join(diff)} differ); delete it, "
+                f"{out} already holds a trace of other settings ({_named(diff, old.header, want)} differ); delete it, "
                 f"pass --overwrite or choose another --out"
             )
         if parts_dir.is_dir():  # a finished recording's parts: removed, though not while another writes them
@@ -279,7 +279,7 @@ def _record_held(loaded: Any, engine: Any, prompts: list[Any], probes: dict[str,
         diff = sorted(k for k in header if _differs(old, header, k))
         if diff:
             raise TraceError(
-                f"{parts_dir} holds a partial recording with other settings ({', '.join(diff)} differ); "
+                f"{parts_dir} holds a partial recording with other settings ({_named(diff, old, header)} differ); "
                 f"delete it or choose another --out"
             )
     else:
@@ -381,6 +381,15 @@ def _provenance() -> dict[str, Any]:
 
     return {"machine": machine_info(), "versions": library_versions(),
             "command": " ".join(["draftgym", *sys.argv[1:]])}  # fmt: skip
+
+
+def _named(keys: list[str], old: dict[str, Any], new: dict[str, Any]) -> str:
+    """The header keys that differ, the heads by drafter (``heads: eagle``: a head retrained under its name)."""
+    a, b = old.get("heads"), new.get("heads")
+    if "heads" in keys and isinstance(a, dict) and isinstance(b, dict):
+        names = sorted(n for n in {*a, *b} if a.get(n) != b.get(n))
+        keys = [f"heads ({', '.join(map(str, names))})" if k == "heads" else k for k in keys]
+    return ", ".join(keys)
 
 
 def _differs(old: dict[str, Any], new: dict[str, Any], key: str) -> bool:

@@ -151,14 +151,14 @@ def test_a_recording_is_not_resumed_with_another_head(tiny, tmp_path, monkeypatc
         record(tiny, PROMPTS[:3], ["eagle"], out, **go)
     monkeypatch.setattr(trace_mod, "record_prompt", real)
     random_head("eagle", tiny, head, seed=2)
-    with pytest.raises(TraceError, match=r"partial recording with other settings \(heads differ"):
+    with pytest.raises(TraceError, match=r"partial recording with other settings \(heads \(eagle\) differ"):
         record(tiny, PROMPTS[:3], ["eagle"], out, **go)
     head.write_bytes(first)  # the head the results were made with (both its files)
     head.with_suffix(".json").write_bytes(desc)
     trace = record(tiny, PROMPTS[:3], ["eagle"], out, **go)
     assert trace.header["heads"] == {"eagle": hashlib.sha256(first).hexdigest()} and trace.num_prompts == 3
     random_head("eagle", tiny, head, seed=2)
-    with pytest.raises(TraceError, match=r"already holds a trace of other settings \(heads"):
+    with pytest.raises(TraceError, match=r"already holds a trace of other settings \(heads \(eagle\) differ"):
         record(tiny, PROMPTS[:3], ["eagle"], out, **go)
     assert Path(out).is_file()
 
