@@ -364,18 +364,25 @@ class BatchEngine:
         return self.target.prefill_chunk(pf, chunk)
 
     def admit(
-        self, prompt_ids: list[int], drafters: Mapping[str, Drafter], prefill: Prefill | None = None
+        self,
+        prompt_ids: list[int],
+        drafters: Mapping[str, Drafter],
+        prefill: Prefill | None = None,
+        seed: int | None = None,
     ) -> tuple[Row, int]:
         """Prefill a new row (whole, or ``prefill``: one already prefilled chunk by chunk) and pick its first
         token; ``drafters``: the row's drafter instances by name (reset here for this sequence: a drafter
-        instance serves one row at a time)."""
+        instance serves one row at a time). ``seed``: the row's own sampling seed (a request's, as vLLM's
+        ``SamplingParams.seed``): its stream is that of the first row admitted under that seed, whatever the order
+        it was admitted in; the rows after it keep their admission numbers."""
         if prefill is None:
             prefill = self.begin_prefill(prompt_ids)
             self.prefill_chunk(prefill)
         elif prefill.prompt_ids != list(prompt_ids):
             raise ValueError("the prefill is of another prompt")
         row, hidden = self.target.admit(prefill)
-        row.generator = torch.Generator().manual_seed(row_seed(self.seed, self.admitted))
+        own = row_seed(self.seed, self.admitted) if seed is None else row_seed(seed, 0)
+        row.generator = torch.Generator().manual_seed(own)
         self.admitted += 1
         prompt_aux, row.prompt_aux = row.prompt_aux, None
         logits = row.last_logits

@@ -16,7 +16,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import takewhile
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ class Request:
     arm: Arm
     max_new_tokens: int
     arrival_s: float = 0.0
+    seed: int | None = None  # its own sampling seed: its text then does not depend on the order it entered in
 
     @property
     def reservation(self) -> int:
@@ -129,6 +130,9 @@ def check_load(
         t = r.arrival_s  # a NaN or infinite arrival is never reached: the open loop would wait on it forever
         if isinstance(t, bool) or not isinstance(t, Real) or not 0 <= t < math.inf:
             raise ServeError(f"request {r.rid}: arrival_s must be a finite time >= 0 s, got {t!r}")
+        s = r.seed
+        if s is not None and (isinstance(s, bool) or not isinstance(s, Integral) or not 0 <= s < 2**64):
+            raise ServeError(f"request {r.rid}: seed must be an integer in [0, 2**64) or None, got {s!r}")
     big = max((r.reservation for r in requests), default=0)
     if big > kv_budget:
         raise ServeError(f"the KV budget of {kv_budget} positions is too small for one request (needs {big})")
@@ -272,7 +276,7 @@ def serve(
         else:
             d = req.arm.drafter
             drafters = {} if d is None else {d: drafter_for(d)}
-        seq = stepper.start(req.prompt_ids, req.max_new_tokens, drafters, prefill=pf)
+        seq = stepper.start(req.prompt_ids, req.max_new_tokens, drafters, prefill=pf, seed=req.seed)
         # under a policy the request's own arm is ignored
         arm = req.arm.name if observer is None else POLICY_ARM
         f = flights[id(seq)] = _Flight(req, seq, Served(req.rid, arm, arrival_s=arrival, first_token_s=now()))

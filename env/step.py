@@ -188,10 +188,11 @@ class Stepper:
         max_new_tokens: int,
         drafters: Mapping[str, Drafter],
         prefill: Prefill | None = None,
+        seed: int | None = None,
     ) -> Seq:
         """Prefill a new sequence (or take ``prefill``, done chunk by chunk) and pick its first token; it may be
-        done at once (``seq.done``)."""
-        row, first = self.engine.admit(prompt_ids, drafters, prefill)
+        done at once (``seq.done``). ``seed``: its own sampling seed (``BatchEngine.admit``)."""
+        row, first = self.engine.admit(prompt_ids, drafters, prefill, seed=seed)
         k = len(self.arms)
         seq = Seq(row, max_new_tokens, [first], hist=history_init(1, k))
         self.seqs.append(seq)

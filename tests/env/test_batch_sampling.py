@@ -144,3 +144,33 @@ def test_a_rows_sampled_text_does_not_depend_on_the_rows_beside_it():
     alone = serve(None)
     assert serve([5, 17, 33, 8, 5, 17, 33, 8, 5, 17]) == alone
     assert len(set(alone)) > 3  # sampled, not one token over and over
+
+
+def test_a_request_with_its_own_seed_samples_the_same_text_whatever_order_it_entered_in():
+    """A row's stream follows the engine's seed and its admission number; a request with its own seed
+    (``Request.seed``, as vLLM's ``SamplingParams.seed``) samples the same text alone and entering third beside two
+    others, and the rows beside it keep theirs. Bad seeds are one line."""
+    from dataclasses import replace
+
+    from env.serving import Request, ServeError, serve
+
+    loaded = tiny_loaded()
+
+    def run(requests: list, concurrency: int) -> dict[str, list[int]]:
+        engine = BatchEngine(loaded, max_rows=3, sampling=Sampling(temperature=1.0), seed=5)
+        return {s.rid: s.token_ids for s in serve(engine, requests, concurrency=concurrency)}
+
+    mine = Request("mine", PROMPT, parse_arm("ngram-d2"), 24, seed=7)
+    others = [
+        Request(f"o{i}", [5, 17, 33, 8, 5, 17][: 3 + i], parse_arm("ngram-d8-k2-b16"), 30) for i in range(2)
+    ]
+    alone = run([mine], 1)["mine"]
+    together = run([*others, mine], 3)
+    assert together["mine"] == alone and len(set(alone)) > 3
+    assert {k: v for k, v in together.items() if k != "mine"} == run(
+        others, 3
+    )  # the others' streams as before
+    assert run([*others, replace(mine, seed=None)], 3)["mine"] != alone  # (without: the third row's stream)
+    for bad in (-1, 2**64, 1.5, True):
+        with pytest.raises(ServeError, match="request mine: seed must be an integer in"):
+            run([replace(mine, seed=bad)], 1)
