@@ -363,18 +363,12 @@ class BatchEngine:
     def prefill_chunk(self, pf: Prefill, chunk: int | None = None) -> bool:
         return self.target.prefill_chunk(pf, chunk)
 
-    def admit(
-        self,
-        prompt_ids: list[int],
-        drafters: Mapping[str, Drafter],
-        prefill: Prefill | None = None,
-        seed: int | None = None,
-    ) -> tuple[Row, int]:
+    def admit(self, prompt_ids: list[int], drafters: Mapping[str, Drafter], prefill: Prefill | None = None,
+              seed: int | None = None) -> tuple[Row, int]:  # fmt: skip
         """Prefill a new row (whole, or ``prefill``: one already prefilled chunk by chunk) and pick its first
         token; ``drafters``: the row's drafter instances by name (reset here for this sequence: a drafter
-        instance serves one row at a time). ``seed``: the row's own sampling seed (a request's, as vLLM's
-        ``SamplingParams.seed``): its stream is that of the first row admitted under that seed, whatever the order
-        it was admitted in; the rows after it keep their admission numbers."""
+        instance serves one row at a time). ``seed``: the row's own sampling seed (a request's): its stream is
+        that of the first row admitted under it, whatever its order; the rows after it keep their numbers."""
         if prefill is None:
             prefill = self.begin_prefill(prompt_ids)
             self.prefill_chunk(prefill)
