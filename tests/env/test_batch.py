@@ -50,6 +50,46 @@ def test_one_forward_over_ragged_rows_equals_each_row_alone():
             torch.testing.assert_close(logits[i, node], want, atol=2e-5, rtol=0)
 
 
+def test_a_step_reports_what_each_row_kept_and_where_its_path_stopped():
+    """Five rows of one prompt, one tree each, verified in one forward: each row's accepted draft, committed tokens,
+    ``rejected`` (the path ends at a node with children: what the serving observation and simulator count) and the
+    target's state it keeps for the next step (``last_hidden``, what the model drafters read, and ``last_logits``)
+    are those of decoding the row alone, token by token."""
+    loaded = tiny_loaded()
+    prompt = _prompts(1, seed=3)[0]
+    ar = BatchEngine(loaded, max_rows=1)
+    row, _ = ar.admit(prompt, {})
+    hidden, logits = [row.last_hidden.clone()], [row.last_logits.clone()]
+    for _ in range(4):
+        ar.step([parse_arm("none")])
+        hidden.append(row.last_hidden.clone())
+        logits.append(row.last_logits.clone())
+    g = row.tokens[len(prompt) :]  # g[0]: the first token, the root of every tree below
+    V = row.last_logits.shape[-1]
+    y = (g[1] + 1) % V  # a token the target does not pick after the root
+    cases = [  # parents, tokens after the root, accepted, rejected
+        ([-1], [], 0, False),
+        ([-1, 0, 1, 2], [g[1], g[2], g[3]], 3, False),  # a chain accepted to its end
+        ([-1, 0, 1], [g[1], (g[2] + 1) % V], 1, True),  # a chain cut short
+        (
+            [-1, 0, 0],
+            [g[1], y],
+            1,
+            False,
+        ),  # the accepted child is a leaf: its rejected sibling is no rejection
+        ([-1, 0], [y], 0, True),
+    ]
+    engine = BatchEngine(loaded, max_rows=len(cases))
+    rows = [engine.admit(prompt, {})[0] for _ in cases]
+    trees = [DraftTree(tokens=torch.tensor([g[0], *t]), parents=torch.tensor(p)) for p, t, _, _ in cases]
+    arms = [parse_arm("ngram-d3-k2-b3")] * len(cases)
+    results = engine.verify(arms, trees, [0.0] * len(cases))
+    for i, ((_, _, accepted, rejected), res, r) in enumerate(zip(cases, results, rows)):
+        assert (res.accepted, res.rejected, res.committed) == (accepted, rejected, g[1 : accepted + 2]), i
+        torch.testing.assert_close(r.last_hidden, hidden[accepted + 1], atol=2e-5, rtol=0)
+        torch.testing.assert_close(r.last_logits, logits[accepted + 1], atol=2e-5, rtol=0)
+
+
 @pytest.mark.parametrize("concurrency", [1, 3])
 def test_continuous_batching_gives_each_request_its_greedy_tokens(concurrency):
     """7 requests, rows joining and leaving, arms mixed per request: every output equals its AR decoding alone."""

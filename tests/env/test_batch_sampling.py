@@ -1,5 +1,5 @@
 """Sampling through the batch engine is lossless: every token a row samples, on admission and as the first token of
-each speculative step, follows the target's processed distribution there (temperature, then top-k), with rows of no
+each speculative step, follows the target's processed distribution there (temperature, then top-k, then top-p), with rows of no
 draft, a chain and a wide tree (a duplicate child, a child of probability zero) and of different lengths verified
 side by side in one forward. Chi-square on the tiny target: each draw's rank in the exact distribution (the
 transformers model without a cache) against the ranks' summed probabilities; the same test fails when the
@@ -30,9 +30,8 @@ ROWS, STEPS = 200, 6
 ARMS = [parse_arm("none"), parse_arm("ngram-d2"), parse_arm("ngram-d1-k4-b4")]
 
 
-def next_probs(loaded, seqs: list[list[int]]) -> torch.Tensor:
+def next_probs(loaded, seqs: list[list[int]], s: Sampling = SAMPLING) -> torch.Tensor:
     """[B, V]: the target's processed distribution of the token after each sequence (transformers, no cache)."""
-    s = SAMPLING
     n = max(map(len, seqs))
     ids = torch.tensor([q + [0] * (n - len(q)) for q in seqs])  # right padding: causal, so it is never seen
     with torch.no_grad():
@@ -57,12 +56,13 @@ class RankTally:
     """Counts of emitted tokens by their rank in the distribution they were drawn from (rank k: outside the top-k,
     probability zero), and the expected counts: the sum over draws of each rank's probability."""
 
-    def __init__(self) -> None:
-        self.counts = torch.zeros(SAMPLING.top_k + 1, dtype=torch.float64)
-        self.expected = torch.zeros(SAMPLING.top_k + 1, dtype=torch.float64)
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.counts = torch.zeros(k + 1, dtype=torch.float64)
+        self.expected = torch.zeros(k + 1, dtype=torch.float64)
 
     def add(self, probs: torch.Tensor, emitted: list[int]) -> None:
-        k = SAMPLING.top_k
+        k = self.k
         ranked = probs.double().sort(dim=-1, descending=True)
         self.expected[:k] += ranked.values[:, :k].sum(0)
         for row, t in enumerate(emitted):
@@ -71,7 +71,7 @@ class RankTally:
 
     def chi_square(self) -> tuple[float, float]:
         """Ranks expected fewer than 5 times pooled into one cell; the zero-probability cell kept apart."""
-        k = SAMPLING.top_k
+        k = self.k
         c, e = self.counts[:k], self.expected[:k]
         big = e >= 5
         counts = torch.cat([c[big], c[~big].sum()[None], self.counts[k:]])
@@ -79,21 +79,22 @@ class RankTally:
         return chi_square(counts, probs / probs.sum())
 
 
-def sample(loaded) -> RankTally:
-    """ROWS rows admitted (each samples its first token) and stepped STEPS times with a mix of drafts; every row's
-    first emitted token of each step (and of its admission) tallied against the target's distribution there."""
-    engine = BatchEngine(loaded, max_rows=ROWS, sampling=SAMPLING, seed=7)
+def sample(loaded, s: Sampling = SAMPLING, n_rows: int = ROWS, steps: int = STEPS) -> RankTally:
+    """``n_rows`` rows admitted (each samples its first token) and stepped ``steps`` times with a mix of drafts;
+    every row's first emitted token of each step (and of its admission) tallied against the target's distribution
+    there."""
+    engine = BatchEngine(loaded, max_rows=n_rows, sampling=s, seed=7)
     pf = engine.begin_prefill(PROMPT)
     engine.prefill_chunk(pf)
-    tally = RankTally()
-    firsts = [engine.admit(PROMPT, {}, prefill=copy.copy(pf))[1] for _ in range(ROWS)]  # prefilled once
-    tally.add(next_probs(loaded, [PROMPT]).expand(ROWS, -1), firsts)
-    arms = [ARMS[i % 3] for i in range(ROWS)]
-    for _ in range(STEPS):
+    tally = RankTally(s.top_k)
+    firsts = [engine.admit(PROMPT, {}, prefill=copy.copy(pf))[1] for _ in range(n_rows)]  # prefilled once
+    tally.add(next_probs(loaded, [PROMPT], s).expand(n_rows, -1), firsts)
+    arms = [ARMS[i % 3] for i in range(n_rows)]
+    for _ in range(steps):
         rows = engine.target.rows
-        probs = next_probs(loaded, [row.tokens for row in rows])  # the root is the last token of each
+        probs = next_probs(loaded, [row.tokens for row in rows], s)  # the root is the last token of each
         trees = [tree_for(i, row.tokens[-1], probs[i]) for i, row in enumerate(rows)]
-        results = engine.verify(arms, trees, [0.0] * ROWS)
+        results = engine.verify(arms, trees, [0.0] * n_rows)
         tally.add(probs, [res.committed[0] for res in results])
     assert len({len(row.tokens) for row in engine.target.rows}) > 1  # rows of different lengths, one forward
     return tally
@@ -144,6 +145,23 @@ def test_a_rows_sampled_text_does_not_depend_on_the_rows_beside_it():
     alone = serve(None)
     assert serve([5, 17, 33, 8, 5, 17, 33, 8, 5, 17]) == alone
     assert len(set(alone)) > 3  # sampled, not one token over and over
+
+
+def test_engine_sampling_keeps_to_the_nucleus_and_an_engine_that_drops_top_p_fails(monkeypatch):
+    """top-p as the engine passes it to the verifier: the tokens outside the nucleus have probability zero there,
+    so one drawn is the chi-square's zero cell. The planted wrong rule verifies with the top-k alone (top-p 1)."""
+    loaded = tiny_loaded()
+    s = Sampling(temperature=1.8, top_k=8, top_p=0.6)
+    tally = sample(loaded, s, n_rows=100, steps=3)
+    stat, crit = tally.chi_square()
+    assert stat < crit, (stat, crit, tally.counts.tolist(), tally.expected.tolist())
+    assert tally.counts[-1] == 0 and tally.counts[1:].sum() > 0.1 * tally.counts.sum()
+    assert (tally.expected[:-1] == 0).any()  # the nucleus is narrower than the top-k: ranks it never holds
+
+    real = kernels.verify
+    monkeypatch.setattr(kernels, "verify", lambda *a, **kw: real(*a, **{**kw, "top_p": 1.0}))
+    wrong = sample(loaded, s, n_rows=100, steps=3)
+    assert wrong.counts[-1] > 0 and wrong.chi_square()[0] > wrong.chi_square()[1]
 
 
 def test_a_request_with_its_own_seed_samples_the_same_text_whatever_order_it_entered_in():

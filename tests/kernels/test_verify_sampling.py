@@ -4,7 +4,7 @@ import pytest
 import torch
 from kernel_cases import oracle_verify, random_trees
 
-from kernels import process_logits, verify, verify_reference
+from kernels import inverse_cdf, process_logits, verify, verify_reference
 
 
 @pytest.mark.parametrize("stochastic", [False, True])
@@ -89,3 +89,15 @@ def test_hand_made_draft_probs() -> None:
     assert run(0.39, 0.0).accept_len.tolist() == [1]  # p/q = 0.4 for token 2
     # rejected: residual max(p - q, 0) = [0.25, 0.05, 0] / 0.3
     assert run(0.41, 0.80).next_token.tolist() == [0] and run(0.41, 0.86).next_token.tolist() == [1]
+
+
+def test_a_final_coin_on_a_boundary_never_draws_a_token_of_probability_zero() -> None:
+    """The last draw is min{t : sum_{j<=t} r_j > u * sum(r)}, strictly greater: a coin of exactly 0 (``torch.rand``
+    can give it) or one landing on a cumulative sum moves on to the next token of positive mass; with <= the draw
+    would be a token of mass zero (excluded by top-k, top-p or a -inf logit) or one token too early."""
+    r = torch.tensor([[0.0, 0.5, 0.5], [0.25, 0.25, 0.5], [0.25, 0.0, 0.75]])
+    assert inverse_cdf(r, torch.tensor([0.0, 0.5, 0.25])).tolist() == [1, 2, 2]
+    logits = torch.tensor([[[float("-inf"), 0.0, 0.0]]])  # the root alone: the bonus token is the final draw
+    v = verify(torch.tensor([[1]]), torch.tensor([[-1]]), logits, temperature=1.0, coins=torch.zeros(1, 1),
+               final_coins=torch.tensor([0.0]))  # fmt: skip
+    assert v.next_token.tolist() == [1]
