@@ -6,6 +6,7 @@ observation's packing and determinism for a seed."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import gymnasium as gym
@@ -14,6 +15,7 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 import env  # noqa: F401  (registers draftgym/SpecServe-v0)
+from env.batch_cost import load_batch_cost, step_context
 from env.serve_env import (
     CTX_NORM,
     DEFAULT_ARMS,
@@ -163,6 +165,11 @@ def test_parse_load_and_request_streams():
     arr, cap = request_stream(parse_load("ramp", 8), 5, 8, 1.0, rng)
     assert cap.tolist() == ramp_caps(8) and (arr == 0).all() and max(ramp_caps(8)) == 8
     assert ramp_caps(4)[:3] == [1, 2, 2] and max(ramp_caps(4)) == 4
+    for m, levels in [
+        (4, [1, 2, 4, 2, 1]),
+        (16, [1, 2, 4, 8, 16, 8, 4, 2, 1]),
+    ]:  # up and down, each level once,
+        assert ramp_caps(m) == [c for level in levels for c in [level] * level]  # held for as many requests
     for name in ["bursty", "poisson@2"]:
         arr, cap = request_stream(parse_load(name, 8), 30, 8, 2.0, rng)
         assert len(arr) == 30 and arr[0] == 0 and (np.diff(arr) >= 0).all() and (cap == 8).all()
@@ -216,8 +223,12 @@ def test_open_loop_admits_no_request_before_it_arrives(trace, load):
         ptr, clock, busy = sim.ptr.copy(), sim.clock.copy(), sim.active.any(1)
         inner(idx)
         for i in range(sim.num_envs):
+            # an idle server jumps to its next arrival; then each request admitted had arrived by the time the
+            # prefills of those admitted before it in this call had run (requests arriving during them enter too)
+            by = clock[i] if busy[i] or ptr[i] == sim.ptr[i] else max(clock[i], sim.req_arr[i, ptr[i]])
             for j in range(ptr[i], sim.ptr[i]):
-                admitted.append((sim.req_arr[i, j], clock[i], sim.clock[i], busy[i]))
+                admitted.append((sim.req_arr[i, j], by, sim.clock[i]))
+                by += float(sim.cost.prefill_s(sim.prompt_len[sim.req_prompt[i, j]]))
 
     sim._admit = spy
     sim.reset()
@@ -226,12 +237,38 @@ def test_open_loop_admits_no_request_before_it_arrives(trace, load):
         queued = max(queued, int(sim.queue().max()))
         sim.step(np.full(4, 3))
     assert len(admitted) == 4 * 12
-    for arrival, before, after, busy in admitted:
-        assert arrival <= after + 1e-12
-        if busy:  # a busy server admits what has arrived by now (an idle one jumps to the next arrival)
-            assert arrival <= before + 1e-12
+    for arrival, by, after in admitted:
+        assert arrival <= by * (1 + 1e-9) and by <= after * (1 + 1e-9)
     assert any(a > 0 for a, *_ in admitted)  # the arrivals were spread out
     assert queued > 0  # requests waited for a row: the queue the observation reports was not empty
+
+
+def test_the_queue_counts_the_requests_arrived_and_waiting_for_a_row(trace):
+    """Six requests at once and one much later at four slots: four rows, two waiting (the queue and its feature),
+    the late one not counted until it arrives."""
+    sim = ServeSim(1, **kw(trace))
+    p = int(sim.pool[0])
+    sim.set_requests(0, [p] * 7, [0.0] * 6 + [1e6], [M] * 7, closed=False)
+    assert int(sim.active[0].sum()) == M and sim.queue().tolist() == [2]
+    assert sim.observe()[0, 1] == pytest.approx(2 / M)
+
+
+def test_a_mixed_batch_is_priced_as_a_chain_as_deep_as_its_deepest_row(trace):
+    """Our engine pads every row's tree to the batch's widest: one row drafting deep and three not cost the forward
+    of four rows of that depth (not of their mean)."""
+    sim = ServeSim(1, **kw(trace, loads=[str(M)], seed=0))
+    sim.reset()
+    deep = np.array([[len(DEFAULT_ARMS) - 1] + [0] * (M - 1)])  # the deepest n-gram arm at row 0, none beside
+    for _ in range(40):
+        o = sim.outcome(deep)
+        if int(o["rows"][0]) == M and int(o["dr"][0, 0]) > 1:
+            break
+        sim.step(deep)
+    assert int(o["rows"][0]) == M and o["dr"][0, 1:].sum() == 0 and int(o["dr"][0, 0]) > 1
+    nodes = int(o["dr"][0, 0]) + 1
+    ctx = step_context(sim.cost, sim.prompt_len[sim.prompt] + sim.pos, sim.active)
+    assert int(o["nodes"][0]) == nodes
+    assert o["forward"][0] == pytest.approx(float(np.asarray(sim.cost.forward_s(M, nodes, ctx)).ravel()[0]))
 
 
 # ---- rewards ----------------------------------------------------------------------------------------------------
@@ -444,8 +481,14 @@ def test_the_sb3_vec_env_reports_terminal_observations(trace):
 # ---- the myopic oracle and the observation ---------------------------------------------------------------------------
 
 
-def test_myopic_best_commits_the_most_tokens_per_second(trace):
-    sim = ServeSim(6, **kw(trace, seed=9))
+@pytest.mark.parametrize("draft_s", [None, 4e-3])
+def test_myopic_best_commits_the_most_tokens_per_second(trace, draft_s):
+    """Priced in full: with n-gram proposals as dear as a forward (4 ms a row), the best arm is not the one whose
+    forward alone commits the most tokens per second."""
+    cost = load_batch_cost(kw(trace)["cost"])
+    if draft_s is not None:
+        cost = dataclasses.replace(cost, draft_per_row_s={"ngram": draft_s})
+    sim = ServeSim(6, **kw(trace, seed=9, cost=cost))
     sim.reset()
     rng = np.random.default_rng(2)
     checked = 0
@@ -481,6 +524,7 @@ def test_serve_observation_packs_active_rows_first():
     assert np.allclose(block[0, :2, 5], [0.1, 0.5]) and (block[0, 2:] == 0).all()
     assert obs[0, 0] == 2 / 4 and obs[0, 1] == 2 / 4 and obs[0, 4] == 1 / 4  # rows, queue, rows with a match
     assert obs[0, 3] == pytest.approx(300 / CTX_NORM)  # the longest active context, not the idle slots'
+    assert obs[0, 2] == pytest.approx((100 + 300) / CTX_NORM / 4)  # tokens in flight, per slot of the batch
     assert obs[0, 5] == pytest.approx((alpha_estimate(1, 2) + alpha_estimate(3, 3)) / 2)
     # server 1: already packed
     assert block[1, :, 0].tolist() == [1, 1, 0, 0] and np.allclose(

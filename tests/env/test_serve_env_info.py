@@ -117,6 +117,13 @@ def test_bursty_arrivals_have_their_documented_rate():
     assert abs(np.mean(later) - 4.0) < 0.3  # 8 requests a burst at 2 requests per unit time
 
 
+def test_poisson_arrivals_come_at_their_rate_times_the_unit_rate():
+    """``poisson@X``: exponential gaps at X times the unit rate (here 4 x 2 = 8 requests per second)."""
+    arr, _ = request_stream(parse_load("poisson@4", 8), 20000, 8, 2.0, np.random.default_rng(0))
+    gaps = np.diff(arr)
+    assert abs(1 / gaps.mean() - 8.0) < 0.3 and abs(gaps.std() / gaps.mean() - 1) < 0.05  # exponential: CV 1
+
+
 def test_the_unit_rate_counts_the_steps_after_the_prefill(trace):
     sim = ServeSim(1, **kw(trace))
     lengths = sim.tb.length[sim.pool].astype(float)
