@@ -30,7 +30,7 @@ from kernels import (
 @rerun_here
 def test_parity_under_interpreter() -> None:
     out = rerun_under_interpreter(__file__)
-    assert f"{len(VERIFY_CASES) + 12} passed" in out, out[-2000:]
+    assert f"{len(VERIFY_CASES) + 13} passed" in out, out[-2000:]
 
 
 def make_case(seed: int, B: int, N: int, V: int, stochastic: bool):
@@ -196,6 +196,26 @@ def _check_greedy_ties() -> None:
 @needs_triton
 def test_greedy_ties_take_the_earliest_token() -> None:
     _check_greedy_ties()
+
+
+@needs_triton
+def test_a_final_coin_of_zero_draws_the_first_token_of_positive_mass() -> None:
+    """The last draw is min{t : cumsum_t > u * total}: with u = 0 the leading tokens of mass zero (here -inf
+    logits across the first loads of the vocabulary) are passed over, in the kernel as in the reference."""
+    B, N, V = 3, 1, 4099
+    logits = torch.randn(B, N, V, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    logits[0, :, :2500] = float("-inf")
+    logits[1, :, :1] = float("-inf")
+    tokens, parents = (
+        torch.zeros(B, N, dtype=torch.int64, device=DEVICE),
+        torch.full((B, N), -1, device=DEVICE),
+    )
+    kw = dict(
+        temperature=1.0, coins=torch.zeros(B, N, device=DEVICE), final_coins=torch.zeros(B, device=DEVICE)
+    )
+    assert triton_enabled(logits)
+    got, want = verify(tokens, parents, logits, **kw), verify_reference(tokens, parents, logits, **kw)
+    assert got.next_token.tolist() == want.next_token.tolist() == [2500, 1, 0]
 
 
 @needs_triton
