@@ -97,6 +97,47 @@ def test_equal_counts_prefer_the_most_recent_continuation():
     assert d.propose(ctx, TreeShape(depth=2)).tokens[1:].tolist() == [5, 6]
 
 
+def test_each_finished_request_is_cached_once():
+    """Requests served one after another (reset, propose, finish, as ``drafters.offline.greedy_tau`` does): each
+    answer enters the cache once, when it finishes; the next reset does not cache it again (a duplicate would
+    push an earlier answer out of a cache of two)."""
+    d = SuffixDrafter(cache_requests=2)
+    seen = []
+    for prompt, answer in (([1], [40, 41, 42]), ([2], [50, 51, 52]), ([3], [60, 61, 62])):
+        ctx = _ctx(prompt)
+        d.reset(ctx)
+        seen.append([list(a) for a in d.shared["answers"]])
+        ctx.tokens.extend(answer)
+        d.propose(ctx, TreeShape(depth=2))
+        d.finish(ctx)
+    assert seen == [[], [[40, 41, 42]], [[40, 41, 42], [50, 51, 52]]]
+
+
+def _cached(choose: str, answer: list[int], here: list[int]) -> tuple[SuffixDrafter, DraftContext]:
+    d = SuffixDrafter(choose=choose)
+    d.reset(_ctx([0], 1))
+    d.finish(_ctx([0, *answer], 1))
+    ctx = _ctx(here)
+    d.reset(ctx)
+    return d, ctx
+
+
+def test_match_drafts_from_the_longer_match_and_a_tie_from_this_request():
+    """``choose="match"``: here "1 2 4" (a match of 3) continues with 9 or 8, the cache's "4" (a match of 1) with
+    5, more often: the longer match drafts, not the higher score; at equal matches this request's own text wins.
+    ``last_match`` is the longer match of the two whichever drafts (the hybrid's skip rule reads it)."""
+    here = [1, 2, 4, 9, 1, 2, 4, 8, 1, 2, 4]
+    for choose in ("match", "merge"):
+        d, ctx = _cached(choose, [3, 4, 5, 6, 3, 4, 5, 6], here)
+        tree = d.propose(ctx, TreeShape(depth=1))
+        assert d.last_match == 3, choose
+    assert tree.tokens.tolist() == [4, 5]  # merge: the cache's continuation, the more probable
+    d, ctx = _cached("match", [3, 4, 5, 6, 3, 4, 5, 6], here)
+    assert d.propose(ctx, TreeShape(depth=1)).tokens.tolist() == [4, 8]
+    d, ctx = _cached("match", [0, 1, 2, 8, 7], [1, 2, 9, 5, 1, 2])  # "1 2" in both, once each
+    assert d.propose(ctx, TreeShape(depth=1)).tokens.tolist() == [2, 9]
+
+
 def test_local_and_global_candidates_are_merged():
     """With ``choose="merge"`` a proposal holds this request's continuation and the cache's; ``match`` only the
     longer match's."""
