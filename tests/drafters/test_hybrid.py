@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from drafters import DrafterError, DraftTree, TreeShape, make_drafter
+from drafters import DraftContext, DrafterError, DraftTree, TreeShape, make_drafter
 from drafters.hybrid import HybridDrafter, merge_trees, node_probs
 from tests.drafters.tiny import decode, decode_counts
 
@@ -43,6 +43,29 @@ def test_merge_respects_topk_and_depth():
     b = _tree([9, 5], [-1, 0], [1.0, 0.85])
     m = merge_trees([a, b], [node_probs(a, 0.5), node_probs(b, 0.5)], TreeShape(depth=1, topk=2, budget=8))
     assert _paths(m) == {(1,), (5,)}  # two children of the root at most, one level
+    # the budget left over: topk still binds (the root's third child 3 is left out for 5 below 1)
+    a = _tree([9, 1, 2, 3], [-1, 0, 0, 0], [1.0, 0.9, 0.8, 0.7])
+    b = _tree([9, 1, 5], [-1, 0, 1], [1.0, 0.9, 0.6])
+    m = merge_trees([a, b], [node_probs(a, 0.5), node_probs(b, 0.5)], TreeShape(depth=2, topk=2, budget=4))
+    assert (m.tokens.tolist(), m.parents.tolist()) == ([9, 1, 2, 5], [-1, 0, 0, 1])
+    # and so does the depth: the chain 1-2-3 is cut at two levels, the budget going to the other tree's 4
+    c = _tree([9, 1, 2, 3], [-1, 0, 1, 2], [1.0, 0.9, 0.8, 0.7])
+    d = _tree([9, 4], [-1, 0], [1.0, 0.1])
+    m = merge_trees([c, d], [node_probs(c, 0.5), node_probs(d, 0.5)], TreeShape(depth=2, topk=2))
+    assert (m.tokens.tolist(), m.parents.tolist()) == ([9, 1, 2, 4], [-1, 0, 1, 0])
+
+
+@pytest.mark.parametrize("skip_at, skip_match, skipped", [(2.5, 4, 1), (3.0, 4, 1), (3.5, 0, 0)])
+def test_the_skip_rule_at_its_thresholds(skip_at, skip_match, skipped):
+    """The second part is skipped where the first's tree expects at least ``skip_at`` accepted tokens (the root,
+    always kept, not counted) from a match of at least ``skip_match``: here a match of 4 ("1 2 3 4") continued by
+    5 6 9, each of probability 1 — 3 expected tokens."""
+    toks = [1, 2, 3, 4, 5, 6, 9, 1, 2, 3, 4]
+    d = HybridDrafter("suffix,ngram", skip_at=skip_at, skip_match=skip_match)
+    ctx = DraftContext(tokens=list(toks), prompt_len=len(toks))
+    d.reset(ctx)
+    d.propose(ctx, TreeShape(depth=3))
+    assert (d.parts[0].last_match, d.skipped) == (4, skipped)
 
 
 def test_unscored_nodes_decay_per_level():

@@ -38,6 +38,29 @@ def test_observe_uses_tree_logits_then_the_path():
     d.observe(DraftContext(tokens=[9, 3, 13], prompt_len=1), fb)
     assert d.ids[9].tolist() == [3, 1]
     assert d.ids[3].tolist() == [13, 14]  # node 2 (on the path) wins over node 1 with the same token
+    d = RecyclingDrafter(width=2)  # a rejected node's row learns from the tree's logits too
+    tree = DraftTree(tokens=torch.tensor([9, 3, 5]), parents=torch.tensor([-1, 0, 0]))
+    path = torch.tensor([0, 1])
+    fb = Feedback(committed=[3, 11], tree=tree, path_logits=logits[path], path=path, tree_logits=logits)
+    d.observe(DraftContext(tokens=[9, 3, 11], prompt_len=1), fb)
+    assert d.ids[5].tolist() == [13, 14] and d.ids[3].tolist() == [11, 12]
+
+
+def test_the_default_tree_is_dynamic():
+    """The default tree grows where the table is most probable (a chain of 0.9s), where a k-ary tree of the same
+    budget takes both children of the root."""
+    table = torch.full((4, V), 1e-9)
+    for row, (a, b, pa) in enumerate([(2, 3, 0.9), (4, 5, 0.9), (6, 7, 0.5), (8, 9, 0.9)]):
+        table[row, a], table[row, b] = pa, 1 - pa
+    shape = TreeShape(depth=3, topk=2, budget=3)
+    got = {}
+    for kind in ("default", "kary"):
+        d = RecyclingDrafter(width=2) if kind == "default" else RecyclingDrafter(width=2, tree="kary")
+        d.update(torch.tensor([1, 2, 3, 4]), table.log())
+        t = d.propose(DraftContext(tokens=[0, 1], prompt_len=1), shape)
+        got[kind] = (t.tokens.tolist(), t.parents.tolist())
+    assert got["default"] == ([1, 2, 4, 8], [-1, 0, 1, 2])
+    assert got["kary"] != got["default"]
 
 
 def test_propose_reads_the_table_breadth_first():
