@@ -72,6 +72,10 @@ def test_history_update_known_values():
     # the none arm drafts nothing: the acceptance averages stay
     history_update(hist, 0, 0, history_inputs(0, 0, 1, depths[0], 5, 0.5))
     assert np.allclose(hist[0], [0.0, 0.0, 0.25, 1 / 5, 0.25])
+    # another decay: new = decay * old + (1 - decay) * x (at 0.5 the two weights are one number)
+    hist = history_init(1, 2)
+    history_update(hist, 0, 1, history_inputs(1, 1, 2, 1, 2, decay=0.9))
+    assert np.allclose(hist[0], [0.0, 0.1, 1.0, 0.1])
 
 
 def test_history_update_numpy_equals_torch_batched():

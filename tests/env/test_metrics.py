@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from env.metrics import chain_expected_tokens, goodput
+from env.metrics import acceptance_rate, chain_expected_tokens, goodput, speedup, tau
 
 
 def test_chain_expected_tokens_known_answers_and_a_simulation():
@@ -28,3 +28,12 @@ def test_chain_expected_tokens_known_answers_and_a_simulation():
 def test_goodput_is_tokens_over_the_span():
     assert goodput([10, 20], 1.0, 4.0) == pytest.approx(10.0)
     assert goodput([5], 2.0, 2.0) == 0.0  # no span: no rate (not a division by zero)
+
+
+def test_tau_acceptance_and_speedup_known_values():
+    """tau: committed tokens (the bonus included) per step, 1 for plain decoding; acceptance: accepted drafts
+    over drafted; speedup: the method's rate over the baseline's. Zero guards: no steps, nothing drafted, no
+    baseline."""
+    assert (tau(10, 4), tau(7, 7), tau(0, 0)) == (2.5, 1.0, 0.0)
+    assert (acceptance_rate(3, 4), acceptance_rate(0, 0)) == (0.75, 0.0)
+    assert speedup(30.0, 20.0) == 1.5 and np.isnan(speedup(1.0, 0.0))

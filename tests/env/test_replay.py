@@ -60,6 +60,9 @@ def test_episodes_commit_the_trajectory_whatever_the_arms(toy_trace, toy_cost):
 def test_max_new_tokens_caps_episodes(toy_trace, toy_cost):
     tb = build_tables(toy_trace, ARMS, toy_cost, max_new_tokens=10)
     assert tb.length.max() == 10 and tb.max_new_tokens == 10
+    # a step the limit cuts counts only the accepted drafts that fit (no bonus after them)
+    cut = (tb.accept > tb.tokens) & (tb.tokens > 0)
+    assert cut.any() and (tb.accepted <= tb.tokens).all() and (tb.accepted[cut] == tb.tokens[cut]).all()
     with pytest.raises(TraceError, match="max_new_tokens must be in 2..40"):
         build_tables(toy_trace, ARMS, toy_cost, max_new_tokens=41)
 

@@ -122,6 +122,21 @@ def test_bad_input(toy_trace, toy_cost):
         SpecDecodeVectorEnv(4, trace=toy_trace, cost_model=toy_cost, autoreset_mode="sometimes")
 
 
+def test_a_full_reset_drops_the_autoresets_pending_from_the_episodes_before(toy_trace, toy_cost):
+    """A row whose episode ended waits for its autoreset at the next step; a reset() of every row starts new
+    episodes, so the next step is a real step of each (not an autoreset with reward 0)."""
+    v = SpecDecodeVectorEnv(2, trace=toy_trace, cost_model=toy_cost)
+    v.reset(seed=0)
+    for _ in range(200):
+        _, _, term, trunc, _ = v.step(np.array([3, 3]))
+        if (term | trunc).any():
+            break
+    assert (term | trunc).any()
+    v.reset(seed=1)
+    _, reward, _, _, info = v.step(np.array([3, 3]))
+    assert (info["tokens"] >= 1).all() and (reward > 0).all()
+
+
 def test_partial_reset_with_a_mask(toy_trace, toy_cost):
     v = SpecDecodeVectorEnv(4, trace=toy_trace, cost_model=toy_cost)
     v.reset(seed=0)

@@ -156,3 +156,24 @@ def test_linucb_keeps_its_inverses_and_scores_as_the_solves_do(discount):
             q.scores(x)
             q.restore(p.state())
             assert np.allclose(q.scores(x), solved(p, x), rtol=1e-9)
+
+
+def test_a_window_keeps_exactly_its_last_pulls_and_linucb_scales_rewards():
+    p = UCB1(["a", "b"], window=5)
+    for i in range(8):
+        p.update(None, i % 2, 1.0)
+    assert (
+        p.stats.counts.tolist() == [2.0, 3.0] and len(p.stats.recent) == 5
+    )  # pulls 3..7: a twice, b three times
+    # LinUCB with scale s learns from reward / s: rewards s times as large give the same scores
+    x = np.array([0.2, 0.5, 0.9])
+    scores = []
+    for scale in (1.0, 4.0):
+        p = LinUCB(["a", "b", "c"], 3, alpha=0.5, scale=scale)
+        r = np.random.default_rng(1)
+        for _ in range(300):
+            z = r.random(3)
+            a = p.act(z)
+            p.update(z, a, float(z[a]) * scale, {})
+        scores.append(p.scores(x))
+    np.testing.assert_allclose(scores[0], scores[1], rtol=1e-9)

@@ -19,9 +19,7 @@ def test_predictor_beats_the_best_static_arm_on_held_out_prompts(
     test = list(synth_split.test)
     best = best_static(static_table(synth_env, synth_split.train))
     static = score_static(synth_env, best, test).speedup
-    learned = score_batch(
-        synth_env, lambda o: policy.scores(o).argmax(-1), test, name=model, kind="predictor"
-    )
+    learned = score_batch(synth_env, policy.act_batch, test, name=model, kind="predictor")
     oracle = score_greedy_oracle(synth_env, test).speedup
     assert learned.speedup > 1.05 * static
     assert (learned.speedup - static) / (oracle - static) > 0.4
@@ -45,6 +43,8 @@ def test_round_trip_without_pickle(synth_train_env, tmp_path):
     again = load_policy(path, arms=synth_train_env.arm_names, obs_size=len(synth_train_env.feature_names))
     x = np.random.default_rng(0).random((32, len(synth_train_env.feature_names)))
     assert np.allclose(policy.scores(x), again.scores(x))
+    best = policy.scores(x).argmax(-1).tolist()  # the arm of the highest score, one row or a batch at a time
+    assert again.act_batch(x).tolist() == [again.act(o) for o in x] == best and len(set(best)) > 1
     import zipfile
 
     assert all(not n.endswith(".pkl") for n in zipfile.ZipFile(path).namelist())
