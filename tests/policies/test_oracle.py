@@ -21,6 +21,33 @@ def test_plain_decoding_scores_one(synth_env):
     assert (
         abs(score_static(synth_env, 0).speedup - 1.0) < 1e-9
     )  # "none" is the AR loop: speedup 1 by definition
+    assert score_static(synth_env, 0).tau == 1.0  # one token a step
+
+
+class _Recorder(StaticPolicy):
+    """A static arm that records its resets and the steps it acted on."""
+
+    def __init__(self, arms):
+        super().__init__(arms, arm=arms[-1])
+        self.log: list[str] = []
+
+    def reset(self) -> None:
+        self.log.append("reset")
+
+    def act(self, obs):
+        self.log.append("act")
+        return super().act(obs)
+
+
+def test_a_scored_policy_is_reset_before_each_prompt_and_tau_counts_its_tokens(synth_env):
+    """An episode per prompt, the policy reset before each (a per-request state starts afresh, as in the
+    decoder); tau: the tokens committed per step."""
+    ids = list(synth_env.prompt_ids[:3])
+    p = _Recorder(synth_env.arm_names)
+    s = score_policy(p, synth_env, ids, learn=False)
+    starts = [i for i, e in enumerate(p.log) if e == "reset"]
+    assert len(starts) == 3 and starts[0] == 0 and sum(e == "act" for e in p.log) == int(s.steps.sum())
+    assert s.tau == pytest.approx(s.tokens.sum() / s.steps.sum()) and s.tau > 1
 
 
 def _played(env, prompt_ids=None) -> list[float]:
