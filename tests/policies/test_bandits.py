@@ -177,3 +177,15 @@ def test_a_window_keeps_exactly_its_last_pulls_and_linucb_scales_rewards():
             p.update(z, a, float(z[a]) * scale, {})
         scores.append(p.scores(x))
     np.testing.assert_allclose(scores[0], scores[1], rtol=1e-9)
+
+
+def test_discounted_linucb_keeps_its_regularizer():
+    """D-LinUCB: A <- g A + x x^T + (1 - g) lam I; the (1 - g) lam I term keeps A's smallest eigenvalue near lam
+    (an A that forgets it becomes near singular along directions the contexts leave)."""
+    p = LinUCB(["a", "b", "c"], 3, alpha=0.5, discount=0.9)
+    r = np.random.default_rng(1)
+    for _ in range(300):
+        x = r.random(3)
+        a = p.act(x)
+        p.update(x, a, float(x[a]), {})
+    assert min(float(np.linalg.eigvalsh(A).min()) for A in p.A) > 0.5 * p.lam

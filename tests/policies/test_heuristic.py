@@ -44,6 +44,22 @@ def test_confidence_length_is_the_threshold_rule():
         ConfidencePolicy(ARMS, 2, feats, feature="entropy")
 
 
+def test_confidence_labels_each_drafted_level_by_whether_it_was_accepted():
+    """A depth-4 chain at top-1 probability 0.9, two drafts accepted: the levels' confidences 0.9^i, labelled
+    accepted for i <= 2, the pairs the threshold is refitted on."""
+    c = ConfidencePolicy(
+        ["none", "ngram-d1", "ngram-d2", "ngram-d4"], 2, ["position", "top1_prob"], refit=True
+    )
+    c.act(np.array([0.0, 0.9]))
+    c.update(None, 3, 1.0, {"accepted": 2, "drafted": 4})
+    assert [(round(p, 3), ok) for p, ok in c.pairs] == [
+        (0.9, True),
+        (0.81, True),
+        (0.729, False),
+        (0.656, False),
+    ]
+
+
 def test_roc_threshold_minimises_fpr_plus_three_fnr():
     rng = np.random.default_rng(0)
     p = rng.random(4000)
