@@ -18,10 +18,12 @@ from collections.abc import Iterable
 
 
 def tau(committed_tokens: int, steps: int) -> float:
+    """Committed tokens (the bonus token included) per step: 1 for plain decoding; 0 for no steps."""
     return committed_tokens / steps if steps else 0.0
 
 
 def acceptance_rate(accepted: int, drafted: int) -> float:
+    """Accepted drafts over drafted tokens; 0 where nothing was drafted."""
     return accepted / drafted if drafted else 0.0
 
 
@@ -32,6 +34,7 @@ def throughput(tokens: Iterable[float], seconds: Iterable[float]) -> float:
 
 
 def speedup(method_tps: float, baseline_tps: float) -> float:
+    """The method's rate over the baseline's; NaN without a baseline rate (no ratio, not infinity)."""
     return method_tps / baseline_tps if baseline_tps > 0 else float("nan")
 
 

@@ -54,7 +54,8 @@ class SpecServeEnv(gym.Env):
     ## Observation Space
 
     ``Box(float32)`` of ``feature_names`` (``env.serve_env.feature_names``): load features (rows / max_batch,
-    queue / max_batch, tokens in flight, the longest context, the rows whose drafter has a match), pooled
+    queue / max_batch, tokens in flight / (``CTX_NORM`` x max_batch), the longest context / ``CTX_NORM``, the rows
+    whose drafter has a match / max_batch), pooled
     per-request features (acceptance estimate, last accepted length, the drafter's match depth, progress) and the
     same per row slot (zeros for an empty slot). All in [0, 1] except queue and context-like features in [0, 4].
 

@@ -201,8 +201,8 @@ def head_identity(
     early_exit; a hybrid's parts as ``drafter_head.hybrid.PART``) loads for ``model_id`` with its ``options``
     (``drafters.heads.find_head``: the ``weights`` option, else the user's trained head, else the shipped one). In
     the settings of every command whose results a head decides (``run``, ``bench``, ``serve-bench``, live
-    ``evaluate --serve``, a live ``sweep``): a head retrained or swapped under the same file name between a kill and a resume would mix two
-    heads' results. A head not found is left out (its drafter says so when it loads)."""
+    ``evaluate --serve``, a live ``sweep``): a head retrained or swapped under the same file name between a kill
+    and a resume would mix two heads' results. A head not found is left out (its drafter says so when it loads)."""
     from drafters import DrafterError, make_drafter
     from drafters.heads import head_paths
 

@@ -55,7 +55,7 @@ def test_merge_respects_topk_and_depth():
     assert (m.tokens.tolist(), m.parents.tolist()) == ([9, 1, 2, 4], [-1, 0, 1, 0])
 
 
-@pytest.mark.parametrize("skip_at, skip_match, skipped", [(2.5, 4, 1), (3.0, 4, 1), (3.5, 0, 0)])
+@pytest.mark.parametrize("skip_at, skip_match, skipped", [(2.5, 4, 1), (3.0, 4, 1), (3.0, 5, 0), (3.5, 0, 0)])
 def test_the_skip_rule_at_its_thresholds(skip_at, skip_match, skipped):
     """The second part is skipped where the first's tree expects at least ``skip_at`` accepted tokens (the root,
     always kept, not counted) from a match of at least ``skip_match``: here a match of 4 ("1 2 3 4") continued by

@@ -26,13 +26,16 @@ def test_branches_form_a_trie_within_budget():
     assert tree.parents.tolist() == [-1, 0, 1, 0]
 
 
-def test_the_longest_configured_ngram_wins_and_each_length_keeps_max_matches():
+def test_the_longest_configured_ngram_wins():
     # "1 2" (a 2-gram) was followed by 7 once; "2" alone more recently by 5: with max_ngram=2 the 2-gram comes first
     toks = [1, 2, 7, 3, 2, 5, 1, 2]
     d = NGramDrafter(max_ngram=2, min_ngram=1)
     d.reset(_ctx(toks))
     assert d.continuations(toks, 1, 8) == [[7], [5]]
     assert d.propose(_ctx(toks), TreeShape(depth=1)).tokens.tolist() == [2, 7]
+
+
+def test_each_ngram_length_keeps_max_matches():
     toks = [4, 9, 4, 8, 4]  # "4" matched twice before the suffix; max_matches=1: the most recent only
     d = NGramDrafter(max_ngram=1, max_matches=1)
     d.reset(_ctx(toks))
@@ -46,7 +49,10 @@ def test_a_tree_arm_keeps_a_branch_per_match():
     d.reset(_ctx(toks))
     tree = d.propose(_ctx(toks), TreeShape(depth=2, topk=2))
     assert (tree.tokens.tolist(), tree.parents.tolist()) == ([7, 5, 6, 1, 2], [-1, 0, 1, 0, 3])
-    small = trie(0, [[1, 2, 3], [4, 5]], budget=2)  # a trie keeps to its budget of draft nodes
+
+
+def test_a_trie_keeps_to_its_budget_of_draft_nodes():
+    small = trie(0, [[1, 2, 3], [4, 5]], budget=2)
     assert (small.tokens.tolist(), small.parents.tolist()) == ([0, 1, 2], [-1, 0, 1])
 
 

@@ -71,12 +71,8 @@ def test_a_step_reports_what_each_row_kept_and_where_its_path_stopped():
         ([-1], [], 0, False),
         ([-1, 0, 1, 2], [g[1], g[2], g[3]], 3, False),  # a chain accepted to its end
         ([-1, 0, 1], [g[1], (g[2] + 1) % V], 1, True),  # a chain cut short
-        (
-            [-1, 0, 0],
-            [g[1], y],
-            1,
-            False,
-        ),  # the accepted child is a leaf: its rejected sibling is no rejection
+        # the accepted child is a leaf: its rejected sibling is no rejection
+        ([-1, 0, 0], [g[1], y], 1, False),
         ([-1, 0], [y], 0, True),
     ]
     engine = BatchEngine(loaded, max_rows=len(cases))

@@ -1,7 +1,7 @@
 """Sampling through the batch engine is lossless: every token a row samples, on admission and as the first token of
-each speculative step, follows the target's processed distribution there (temperature, then top-k, then top-p), with rows of no
-draft, a chain and a wide tree (a duplicate child, a child of probability zero) and of different lengths verified
-side by side in one forward. Chi-square on the tiny target: each draw's rank in the exact distribution (the
+each speculative step, follows the target's processed distribution there (temperature, then top-k, then top-p),
+with rows of no draft, a chain and a wide tree (a duplicate child, a child of probability zero) and of different
+lengths verified side by side in one forward. Chi-square on the tiny target: each draw's rank in the exact distribution (the
 transformers model without a cache) against the ranks' summed probabilities; the same test fails when the
 engine's verifier keeps a rejected token's mass (a planted wrong rule). ``tests/kernels/test_verify_lossless.py``
 tests the rules alone; this tests what the engine passes them and does with their verdicts (the seeded-sampling

@@ -45,8 +45,9 @@ def test_a_scored_policy_is_reset_before_each_prompt_and_tau_counts_its_tokens(s
     ids = list(synth_env.prompt_ids[:3])
     p = _Recorder(synth_env.arm_names)
     s = score_policy(p, synth_env, ids, learn=False)
-    starts = [i for i, e in enumerate(p.log) if e == "reset"]
-    assert len(starts) == 3 and starts[0] == 0 and sum(e == "act" for e in p.log) == int(s.steps.sum())
+    episodes = " ".join(p.log).split("reset")  # "" before the first reset, then each prompt's acts
+    assert episodes[0] == "" and [e.split().count("act") for e in episodes[1:]] == s.steps.tolist()
+    assert len(episodes) == 1 + 3
     assert s.tau == pytest.approx(s.tokens.sum() / s.steps.sum()) and s.tau > 1
 
 

@@ -43,8 +43,13 @@ def test_round_trip_without_pickle(synth_train_env, tmp_path):
     again = load_policy(path, arms=synth_train_env.arm_names, obs_size=len(synth_train_env.feature_names))
     x = np.random.default_rng(0).random((32, len(synth_train_env.feature_names)))
     assert np.allclose(policy.scores(x), again.scores(x))
-    best = policy.scores(x).argmax(-1).tolist()  # the arm of the highest score, one row or a batch at a time
-    assert again.act_batch(x).tolist() == [again.act(o) for o in x] == best and len(set(best)) > 1
+    # the arm of the highest score, one row or a batch at a time (rows whose two best scores nearly tie left out)
+    top2 = np.sort(again.scores(x), axis=-1)[:, -2:]
+    clear = np.flatnonzero(top2[:, 1] - top2[:, 0] > 1e-6)
+    best = again.scores(x).argmax(-1)[clear].tolist()
+    assert (
+        again.act_batch(x)[clear].tolist() == [again.act(x[i]) for i in clear] == best and len(set(best)) > 1
+    )
     import zipfile
 
     assert all(not n.endswith(".pkl") for n in zipfile.ZipFile(path).namelist())

@@ -310,16 +310,16 @@ def test_bucket_ucb_tries_every_arm_then_exploits():
 
 
 def test_bucket_ucb_explores_an_arm_pulled_less_by_its_confidence_bonus():
-    """UCB1: mean + c * sqrt(ln N / n). Arm 0 pulled once at 0.8, every other arm 100 times at 0.9: with c = 0.5
-    arm 0's bonus (0.5 * sqrt(ln 501 / 1) = 1.25) beats the others' (0.125), so it is tried again; with c = 0 the
-    best mean wins."""
+    """UCB1: mean + c * sqrt(ln N / n). Arm 0 pulled once at 0.8, every other arm 100 times at 0.9 (arm 2 at
+    0.95): with c = 0.5 arm 0's bonus (0.5 * sqrt(ln 501 / 1) = 1.25) beats the others' (0.125), so it is tried
+    again; with c = 0 the best mean wins."""
     o = obs_with(4, 2)
-    for c, want in [(0.5, 0), (0.0, 1)]:
+    for c, want in [(0.5, 0), (0.0, 2)]:
         b = BucketUCB(ARMS, obs_size(4), buckets=(4,), c=c)
         b.update(o, 0, 0.8)
         for a in range(1, len(ARMS)):
             for _ in range(100):
-                b.update(o, a, 0.9)
+                b.update(o, a, 0.95 if a == 2 else 0.9)
         assert b.act(o) == want, c
 
 
