@@ -100,7 +100,8 @@ class PredictorPolicy(NetArrays, BasePolicy):
 
     def scores(self, obs: np.ndarray) -> np.ndarray:
         """Every arm's score: predicted tokens per unit cost (``ratio``), or tokens beyond what the step's cost
-        buys at the policy's own rate (``margin``: ``tokens - rate * cost``)."""
+        buys at the policy's own rate (``margin``: ``tokens - rate * cost``). Tokens: the predicted accepted drafts
+        (none where the prediction is negative) + 1, the bonus token; cost in AR steps, floored at 0.05."""
         acc, cost = self.predict(obs)
         tokens, cost = np.maximum(acc, 0.0) + 1.0, np.maximum(cost, 0.05)
         return tokens / cost if self.objective == "ratio" else tokens - self.rate * cost

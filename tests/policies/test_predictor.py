@@ -36,6 +36,19 @@ def test_predictions_are_accept_lengths_and_costs(synth_train_env):
     assert tb.accept.shape[0] == len(acc)
 
 
+def test_scores_are_the_documented_objectives(synth_train_env):
+    """Tokens are the predicted accepted drafts + 1 (the bonus token; a negative prediction counts as none), the
+    cost floored at 0.05 of an AR step: ``ratio`` scores tokens / cost, ``margin`` tokens - rate * cost."""
+    policy = train_predictor(synth_train_env, model="ridge", rounds=1, passes=1)
+    x = np.random.default_rng(0).random((16, len(synth_train_env.feature_names)))
+    acc, cost = policy.predict(x)
+    tokens, cost = np.maximum(acc, 0.0) + 1.0, np.maximum(cost, 0.05)
+    policy.objective, policy.rate = "margin", 2.5
+    np.testing.assert_allclose(policy.scores(x), tokens - 2.5 * cost, rtol=1e-12)
+    policy.objective = "ratio"
+    np.testing.assert_allclose(policy.scores(x), tokens / cost, rtol=1e-12)
+
+
 def test_round_trip_without_pickle(synth_train_env, tmp_path):
     policy = train_predictor(synth_train_env, model="mlp", rounds=1, passes=1, max_iter=50)
     path = tmp_path / "pred.zip"
