@@ -138,3 +138,29 @@ def test_the_hf_schedule_is_scored_with_its_rule_running(synth_env):
     frozen = score_policy(sched, synth_env, learn=False)
     assert (frozen.arm_counts > 0).sum() > 1  # it changed arms
     assert frozen.speedup == score_policy(HFSchedulePolicy(arms), synth_env, learn=True).speedup
+
+
+def test_the_greedy_oracle_takes_each_steps_fastest_arm_not_its_longest():
+    """Under a steep verify cost (each node half an AR step) a deeper arm's extra token is often not worth its
+    price: the per-step oracle, walked here prompt by prompt, takes the arm of most tokens per second at each
+    step, which on this fixture differs from the arm of most tokens."""
+    from policies.oracle import score_greedy_oracle
+    from tests.policies.synthetic import synthetic_cost_model, synthetic_env
+
+    env = synthetic_env(cost_model=synthetic_cost_model(per_node=0.5))
+    tb, k = env.tables, len(env.arm_names)
+    counts, counts_longest, cost = np.zeros(k, dtype=np.int64), np.zeros(k, dtype=np.int64), []
+    for p in tb.startable:
+        n, pos, total = int(tb.length[p]) - 1, 0, 0.0
+        while pos < n:
+            g = tb.offset[p] + pos
+            tok = [min(int(tb.accept[a, g]) + 1, n - pos) for a in range(k)]
+            a = max(range(k), key=lambda a: tok[a] / float(tb.cost[a, g]))  # the first of equals, as argmax
+            counts[a] += 1
+            counts_longest[max(range(k), key=lambda a: tok[a])] += 1
+            total += float(tb.cost[a, g])
+            pos += tok[a]
+        cost.append(total)
+    got = score_greedy_oracle(env)
+    assert got.arm_counts.tolist() == counts.tolist() != counts_longest.tolist()
+    np.testing.assert_allclose(got.cost_s, cost, rtol=1e-9)

@@ -120,3 +120,30 @@ def test_a_rate_given_is_kept_and_a_seed_past_numpys_range_refused(synth_train_e
     assert train_predictor(synth_train_env, model="ridge", rounds=1, passes=1, rate=2.5).rate == 2.5
     with pytest.raises(PolicyError, match="seed must be an integer"):
         train_predictor(synth_train_env, model="ridge", rounds=1, passes=1, seed=2**32)
+
+
+@pytest.mark.parametrize("model, seed, params", [("ridge", 0, {}), ("mlp", 1, {"max_iter": 50})])
+def test_fit_rate_keeps_the_rate_whose_policy_replayed_fastest(synth_env, model, seed, params):
+    """Dinkelbach's iterates, replayed here one by one: the rate ``fit_rate`` keeps is the one whose policy was
+    fastest on the prompts given. The iterates' speedups differ, so keeping the first fails; with the MLP the
+    last iterate is (on this machine) slightly slower than the one before, so keeping the last fails too."""
+    from policies.oracle import rollout_actions
+    from policies.predictor import fit_rate
+
+    tb = synth_env.tables
+    prompts = np.asarray(tb.startable, dtype=np.int64)
+    policy = train_predictor(synth_env, model=model, rounds=1, passes=1, rate=1.0, seed=seed, **params)
+
+    def speedup(objective: str, rate: float) -> float:
+        policy.objective, policy.rate = objective, rate
+        ar_s, cost_s, *_ = rollout_actions(tb, prompts, lambda obs, p, pos: policy.act_batch(obs))
+        return float(ar_s.sum() / cost_s.sum())
+
+    rates = [speedup("ratio", 1.0)]  # the start: the ratio rule's speedup
+    for _ in range(4):
+        rates.append(speedup("margin", rates[-1]))
+    tried = {r: speedup("margin", r) for r in rates[:-1]}
+    assert max(tried.values()) - min(tried.values()) > 1e-4  # the fixture tells the iterates apart
+    kept = fit_rate(policy, tb, prompts)
+    assert policy.objective == "margin" and policy.rate == kept
+    assert kept in tried and tried[kept] == max(tried.values())
