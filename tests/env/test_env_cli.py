@@ -1,4 +1,4 @@
-"""``draftgym calibrate`` and ``draftgym record``: help and a tiny record run (bad input: tests/test_bad_input.py)."""
+"""``draftgym calibrate`` and ``draftgym record``: help and a tiny record run (bad input: tests/experiments/test_bad_input.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The ``draftgym`` process itself: one line and exit code 2 for a prompt longer than the context, and the documented
-``generate --json`` fields (the bad-input suite runs in process: tests/test_bad_input.py)."""
+``generate --json`` fields (the bad-input suite runs in process: tests/experiments/test_bad_input*.py)."""
 
 from __future__ import annotations
 

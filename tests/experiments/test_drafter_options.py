@@ -1,6 +1,6 @@
 """``--drafter-option NAME.OPTION=VALUE`` on ``bench`` and ``serve-bench``: the option reaches the drafter (a depth cap
 shows in τ, the greedy tokens stay the same), the run records it, and a resumed run with other options is
-refused instead of mixing two configurations in one table. Bad options: ``test_bad_input.py``."""
+refused instead of mixing two configurations in one table. Bad options: ``test_bad_input*.py``."""
 
 from __future__ import annotations
 

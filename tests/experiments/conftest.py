@@ -1,0 +1,15 @@
+"""Fixtures of the experiments tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.experiments.bad_input import make_files
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """The bad-input suite's bad files (``tests/experiments/bad_input.py``), made once per module."""
+    return make_files(tmp_path_factory.mktemp("bad"))
