@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from policies import PolicyError
-from policies.heuristic import ConfidencePolicy, HFSchedulePolicy, roc_threshold
+from policies.heuristic import ConfidencePolicy, HFSchedulePolicy, arm_for_length, chain_arms, roc_threshold
 from policies.static import StaticPolicy
 
 ARMS = ["none", "ngram-d1", "ngram-d2", "ngram-d4", "ngram-d6", "ngram-d8", "ngram-d4-k2"]
@@ -79,3 +79,27 @@ def test_roc_threshold_minimises_fpr_plus_three_fnr():
 def test_static_always_its_arm():
     p = StaticPolicy(ARMS, arm="ngram-d4-k2")
     assert {p.act(None) for _ in range(5)} == {ARMS.index("ngram-d4-k2")}
+
+
+def test_confidence_refit_moves_the_threshold_to_the_roc_point():
+    """Drafts accepted exactly when the confidence is >= 0.7: the refit threshold is the ROC point of the pairs
+    (the smallest accepted confidence), not the initial 0.4."""
+    c = ConfidencePolicy(["none", "ngram-d1"], 1, ["top1_prob"], threshold=0.4, refit_every=1)
+    rng = np.random.default_rng(0)
+    for a in rng.uniform(0.05, 0.95, 100):
+        c.act(np.array([a]))
+        c.update(None, 1, 1.0, {"accepted": int(a >= 0.7), "drafted": 1})
+    probs = np.array([q for q, _ in c.pairs])
+    labels = np.array([ok for _, ok in c.pairs])
+    assert c.threshold == roc_threshold(probs, labels)
+    assert 0.7 <= c.threshold < 0.75
+
+
+def test_a_length_below_the_shallowest_chain_drafts_that_chain_not_none():
+    """Length 1.5 on a menu whose chains start at depth 2: the shallowest drafting arm; only a length below 1 is
+    "none"."""
+    arms = ["none", "ngram-d2", "ngram-d4"]
+    _, by_depth = chain_arms(arms)
+    assert arms[arm_for_length(by_depth, 1.5)] == "ngram-d2"
+    assert arms[arm_for_length(by_depth, 0.5)] == "none"
+    assert arms[arm_for_length(by_depth, 4.0)] == "ngram-d4"

@@ -147,3 +147,25 @@ def test_fit_rate_keeps_the_rate_whose_policy_replayed_fastest(synth_env, model,
     kept = fit_rate(policy, tb, prompts)
     assert policy.objective == "margin" and policy.rate == kept
     assert kept in tried and tried[kept] == max(tried.values())
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.str_])
+def test_net_arrays_of_a_boolean_or_text_dtype_are_refused(dtype):
+    """The npz reader lets booleans and text through (complex and objects it refuses itself): a boolean weight
+    would act as 0/1, a text one fail mid-run; every array the forward uses must hold real numbers."""
+    from policies import PolicyError
+    from policies.archive import npz_bytes
+    from policies.net_arrays import NetArrays
+
+    net = NetArrays()
+    net.init_net(2, 1)
+    net.weights = [(np.ones((2, 3)), np.zeros(3)), (np.ones((3, 1)), np.zeros(1))]
+    good = net.net_state()
+    back = NetArrays()
+    back.init_net(2, 1)
+    back.restore_net(good, "2 inputs, 1 output")
+    np.testing.assert_allclose(back.forward(np.array([1.0, 2.0])), [9.0])
+    arrays = {"x_mean": np.zeros(2), "x_scale": np.ones(2), "y_mean": np.zeros(1), "y_scale": np.ones(1),
+              "w0": np.ones((2, 3)).astype(dtype), "b0": np.zeros(3), "w1": np.ones((3, 1)), "b1": np.zeros(1)}  # fmt: skip
+    with pytest.raises(PolicyError, match="w0 holds non-numeric or non-finite"):
+        back.restore_net({"model.npz": npz_bytes(**arrays)}, "2 inputs, 1 output")
