@@ -171,6 +171,8 @@ def test_summaries_count_a_category_once_and_name_each_rows_reference(tmp_path):
         ("tokens_per_s", float("inf"), "tokens_per_s is not a finite number >= 0 (inf)"),
         ("tokens", -5, "tokens is not a count (-5)"),
         ("method", 3, "method is not text"),
+        ("speedup_vs_ar", -1.5, "speedup_vs_ar is not a finite number >= 0 (-1.5)"),
+        ("prompts", True, "prompts is not a count (True)"),
     ],
 )
 def test_a_summary_row_it_cannot_show_as_measured_is_named(tmp_path, capsys, field, value, needle):
@@ -193,3 +195,23 @@ def test_names_from_a_file_cannot_split_the_tables(tmp_path):
     text = (run / "report.md").read_text()
     assert "x\\|y ## injected" in text and "\n## injected" not in text
     assert "## Run `a'b # title`" in text and "\n# title" not in text
+
+
+def test_runs_of_one_name_in_folders_of_one_name_are_numbered_from_one():
+    from experiments.report import label_items
+
+    items = [
+        {"name": "a", "path": Path("x/run")},
+        {"name": "a", "path": Path("y/run")},
+        {"name": "b", "path": Path("z/run")},
+    ]
+    label_items(items)
+    assert [r["label"] for r in items] == ["a #1", "a #2", "b"]
+
+
+def test_runs_whose_machines_are_not_recorded_are_not_said_to_share_one(tmp_path):
+    a, b = _fake_run(tmp_path, "slow", 12.0), _fake_run(tmp_path, "fast", 25.0)
+    out = tmp_path / "r.md"
+    assert main(["report", str(a), str(b), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "- slow: machine not recorded; fast: machine not recorded" in text and "measured on" not in text

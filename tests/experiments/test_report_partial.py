@@ -163,3 +163,14 @@ def test_an_unfinished_sweep_is_named_as_one(tmp_path, capsys, left):
         finally:
             holder.kill()
         assert f"{sweep} is a sweep still running" in capsys.readouterr().err
+
+
+def test_records_one_line_short_of_the_summary_leave_it_as_it_is(tmp_path, capsys):
+    run, _, _ = _killed_run(tmp_path)
+    assert main(["report", str(run)]) == 0
+    summary = (run / "summary.json").read_bytes()
+    lines = (run / "records.jsonl").read_bytes().splitlines(keepends=True)
+    (run / "records.jsonl").write_bytes(b"".join(lines[:-1]))  # its last record cut: a run never does that
+    assert main(["report", str(run)]) == 0
+    assert (run / "summary.json").read_bytes() == summary
+    assert "fewer lines than the 3 summary.json was made from" in (run / "report.md").read_text()

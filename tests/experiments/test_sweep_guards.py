@@ -308,3 +308,24 @@ def test_another_commands_folder_is_refused_before_the_study_is_made_in_it(tmp_p
     rc = main(["sweep", str(_write(tmp_path, TREE)), "--out", str(folder)])
     _one_line_error(capsys, rc, "is draftgym bench's folder; draftgym sweep writes one of its own")
     assert sorted(p.name for p in folder.iterdir()) == ["settings.json"]
+
+
+@pytest.mark.parametrize(
+    ("backend", "objective", "compared"),
+    [
+        ("live", "tokens_per_s", True),
+        ("live", "speedup", False),
+        ("live", "tau", False),
+        ("analytic", "tau", False),
+    ],
+)
+def test_only_live_tokens_per_second_ties_a_study_to_its_machine(backend, objective, compared):
+    """speedup is each worker's ratio to its own AR loop, tau and the other backends are deterministic: a worker
+    on another machine joins their studies."""
+    from experiments.sweep_checks import timing_machine
+
+    cfg = load_config(
+        None,
+        text=f'methods = ["ar", "ngram-d4"]\n[sweep]\nbackend = "{backend}"\nobjective = "{objective}"\n',
+    )
+    assert (timing_machine(cfg) is not None) is compared
