@@ -141,7 +141,7 @@ class LiveEvaluator:
         prompts = select_prompts(cfg)
         for i, p in enumerate(tqdm(prompts, desc="  prompts", leave=False, disable=not self.progress)):
             ids = chat_prompt(loaded.tokenizer, p.text)
-            ar_tps = self._ar(cfg, p.prompt_id, ids) if objective == "speedup" else None
+            ar_tps = self._ar(cfg, p.prompt_id, ids, cfg.seed + i) if objective == "speedup" else None
             out, wall, _, tau, _ = run_method(method, loaded, decoders, ids, cfg.decode.max_new_tokens,
                                               sampling=sampling, seed=cfg.seed + i)  # fmt: skip
             tps = len(out) / wall if wall > 0 else 0.0
@@ -162,13 +162,15 @@ class LiveEvaluator:
             "tau": _mean(taus),
         }
 
-    def _ar(self, cfg: Config, prompt_id: str, ids: list[int]) -> float:
+    def _ar(self, cfg: Config, prompt_id: str, ids: list[int], seed: int) -> float:
+        """The AR baseline's tokens/s on one prompt, sampled with the seed the tuned method gets there (as ``run``
+        seeds every method of a prompt alike)."""
         from experiments.bench import run_method
         from experiments.methods import sampling_of
 
         if prompt_id not in self.ar_tps or cfg.sweep.ar_every_trial:
             out, wall, *_ = run_method(
-                "ar", self.loaded, {}, ids, cfg.decode.max_new_tokens, sampling=sampling_of(cfg)
+                "ar", self.loaded, {}, ids, cfg.decode.max_new_tokens, sampling=sampling_of(cfg), seed=seed
             )
             self.ar_tps[prompt_id] = len(out) / wall if wall > 0 else float("inf")
         return self.ar_tps[prompt_id]

@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -311,3 +312,32 @@ def test_a_live_tokens_per_s_study_refuses_a_worker_under_another_allocator(tmp_
         "allocator", None
     )  # as before it was recorded
     open_study(load_config(tps), url)
+
+
+def test_a_live_sweep_samples_the_ar_baseline_with_the_tuned_methods_seed(monkeypatch):
+    """Under sampling, each prompt's AR baseline ran with the default seed while the tuned method ran with
+    ``seed + i``: the two sides of a prompt's speedup drew from different random streams (``run`` seeds every
+    method of a prompt alike)."""
+    import env.decoder
+    import experiments.bench
+    import experiments.methods
+    from experiments.config import load_config
+    from experiments.objective import LiveEvaluator
+
+    calls = []
+
+    def run_method(method, loaded, decoders, ids, max_new, *, sampling, seed=0):
+        calls.append((method, seed, sampling.temperature))
+        return [5, 6, 7], 0.5, 3, 1.5, []
+
+    monkeypatch.setattr(experiments.bench, "run_method", run_method)
+    monkeypatch.setattr(experiments.methods, "make_decoders", lambda cfg, loaded: {})
+    monkeypatch.setattr(env.decoder, "chat_prompt", lambda tok, text: [1, 2])
+    monkeypatch.setattr(LiveEvaluator, "_model", lambda self, cfg: SimpleNamespace(tokenizer=None))
+    cfg = load_config(None, text='seed = 7\nmethods = ["ar", "ngram-d4"]\n[workload]\nlimit = 3\n'
+                                 '[decode]\ntemperature = 0.8\n[sweep]\nbackend = "live"\n')  # fmt: skip
+    out = LiveEvaluator()(cfg, {}, lambda *a: None)
+    assert out["per_prompt"] == [1.0, 1.0, 1.0]
+    ar = [s for m, s, _ in calls if m == "ar"]
+    tuned = [s for m, s, _ in calls if m != "ar"]
+    assert ar == tuned == [7, 8, 9] and {t for *_, t in calls} == {0.8}
