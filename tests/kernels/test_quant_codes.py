@@ -37,3 +37,15 @@ def test_int4_codes_within_half_a_step(kind, dtype):
     zero_rounding = q.scales.float()[..., 1].t().abs() * (2**-8 if dtype == torch.bfloat16 else 2**-23)
     bound = 0.5 * (step + zero_rounding / 7) * (1 + 2**-6)
     assert bool((err <= bound[..., None]).all())
+
+
+def test_int4_needs_whole_groups_of_inputs_and_sixteen_outputs():
+    from kernels.quant import int4_fits
+
+    assert int4_fits(16, 64) and int4_fits(48, 32)
+    assert not int4_fits(16, 48) and not int4_fits(8, 64) and not int4_fits(24, 64)
+    q = torch.full((16, 48), 8, dtype=torch.int32)
+    with pytest.raises(ValueError, match="in_features divisible by 32"):
+        QLinear.from_int4(q, torch.ones(16, 1), torch.zeros(16, 1), None, torch.float32)
+    with pytest.raises(ValueError, match="cannot be read"):
+        QLinear.from_tensors({}, "layer", "int4", 16, 48)

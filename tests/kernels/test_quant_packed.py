@@ -121,6 +121,19 @@ def test_the_real_probe_runs_and_decides():
     assert isinstance(packed.probe_packed(), bool)
 
 
+@needs_onednn
+@pytest.mark.parametrize(
+    ("plain_ms", "packed_ms", "verdict"), [(2.0, 1.0, True), (1.0, 2.0, False), (1.05, 1.0, False)]
+)
+def test_the_probe_chooses_the_reordered_product_only_when_it_is_enough_faster(
+    monkeypatch, plain_ms, packed_ms, verdict
+):
+    """``interleaved_ms`` times the four plain products, then the four reordered ones: reordered is chosen when
+    the plain ones take ``PACKED_GAIN`` times as long (timings given here: no clock in a test)."""
+    monkeypatch.setattr(packed, "interleaved_ms", lambda fns, *a, **k: [plain_ms] * 4 + [packed_ms] * 4)
+    assert packed.probe_packed() is verdict
+
+
 def test_the_decision_is_kept_per_machine_and_a_bad_store_is_ignored(setting, tmp_path, monkeypatch):
     """The model loader's ``settle_packed``: probed once per machine and kept beside the wide-product decision;
     a kept decision is followed; a damaged file is probed again and rewritten; a setting decides alone."""
@@ -275,6 +288,10 @@ def test_reorder_linears_keeps_the_parameters_and_the_state_dict(setting):
     with torch.no_grad():
         assert torch.allclose(net(x), want, rtol=1e-5, atol=1e-5)
     assert net[0]._pk.built is packed_available()
+    # a replaced layer keeps its module's mode
+    frozen = torch.nn.Sequential(torch.nn.Linear(4, 2)).eval()
+    packed.reorder_linears(frozen)
+    assert isinstance(frozen[0], ReorderedLinear) and not frozen[0].training
 
 
 @pytest.mark.parametrize("how", ["packed", "plain"])
