@@ -116,3 +116,42 @@ def test_a_lone_surrogate_in_any_field_written_with_the_results_is_one_line(tmp_
     with pytest.raises(WorkloadError, match=f"w.jsonl:1: {what} is not valid Unicode") as err:
         load_workload(f)
     assert "\n" not in str(err.value)
+
+
+def test_categories_keep_only_the_groups_named_in_their_order(tmp_path):
+    """``categories`` keeps those groups alone (every prompt of each), in the order given: a filter that kept every
+    group would serve and train on prompts the caller left out."""
+    f = tmp_path / "w.jsonl"
+    rows = [
+        {"question_id": i, "category": c, "turns": [f"q{i}"]}
+        for i, c in enumerate(["qa", "rag", "writing", "qa"])
+    ]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = load_workload(f, categories=["rag", "qa"])
+    assert [(p.prompt_id, p.category) for p in got] == [("1", "rag"), ("0", "qa"), ("3", "qa")]
+    assert [p.prompt_id for p in load_workload(f, categories=["mt_bench"])] == ["2"]
+
+
+def test_a_code_workload_limit_spreads_over_the_source_files(tmp_path, monkeypatch):
+    """``code_prompts(limit=N)`` keeps every k-th documented function (files in order), not the first N: a few
+    prompts cover the whole package rather than its first files."""
+    from env.workloads import code_prompts
+
+    pkg = tmp_path / "spreadpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name in "abcdefghij":
+        (pkg / f"{name}.py").write_text(
+            f'def f_{name}(x):\n    """Return the value x multiplied by two, for the module {name} here."""\n'
+            "    return 2 * x\n"
+        )
+    with (pkg / "a.py").open("a") as fh:  # too short a docstring to say what to write
+        fh.write('def g_a(x):\n    """Double x."""\n    return 2 * x\n')
+    (pkg / "tests").mkdir()  # a test suite is no source of instructions
+    (pkg / "tests" / "test_a.py").write_text(
+        'def check_a(x):\n    """Check that the value x multiplied by two is what the module returns."""\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    every = [pid for pid, _ in code_prompts("spreadpkg", limit=100)]
+    assert every == [f"code-spreadpkg-{n}.py:f_{n}" for n in "abcdefghij"]
+    assert [pid for pid, _ in code_prompts("spreadpkg", limit=5)] == every[::2]

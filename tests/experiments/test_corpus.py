@@ -57,3 +57,17 @@ def test_text_windows_are_fixed_size_and_bounded():
     assert sum(len(ids) for _, ids in w) >= 5000 > sum(len(ids) for _, ids in w[:-1])
     assert all(64 <= len(ids) <= 256 for _, ids in w)
     assert w == list(text_windows(Tok(), 5000, window=256))
+
+
+def test_every_mt_bench_prompt_stays_out_not_only_the_benchmarks_first(tmp_path):
+    """MT-bench is kept out whole (EAGLE's rule), whatever ``exclude_per_category`` takes of it; of the other
+    categories, exactly their first ``exclude_per_category`` (the benchmark's) are kept out."""
+    import json
+
+    f = tmp_path / "w.jsonl"
+    cats = ["writing", "coding", "writing", "math", "qa", "qa", "qa", "rag"]
+    f.write_text("".join(json.dumps({"question_id": f"q{i}", "category": c, "turns": [f"Question {i}?"]}) + "\n"
+                         for i, c in enumerate(cats)))  # fmt: skip
+    got = instruction_prompts(str(f), 1, code_limit=0)
+    assert got == [("q5", "Question 5?"), ("q6", "Question 6?")]
+    assert [pid for pid, _ in instruction_prompts(str(f), 2, code_limit=0)] == ["q6"]

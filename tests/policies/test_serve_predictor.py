@@ -14,6 +14,7 @@ from policies.serve_predictor import (
     SHRINKS,
     ServePredictorPolicy,
     collect,
+    predictor_ticks,
     row_inputs,
     train_serve_predictor,
 )
@@ -96,7 +97,11 @@ def test_the_shrink_table_is_chosen_per_level_from_the_factors(trace, trained, m
 def test_it_prices_as_smartspec_with_its_own_tokens(trace, trained):
     """The same prices (cost model, padded chain, drafting) as SmartSpec; only the expected tokens differ: the
     predicted accepted tokens, shrunk, kept within each row's chain, plus one."""
+    import copy
+
     smart = SmartSpecPolicy(ARMS, obs_size(M), feature_names(M), cost=COST)
+    trained = copy.deepcopy(trained)  # a shrink of its own at each batch size: the batch's is applied
+    trained.set_shrink([[1, 0.0], [2, 0.3], [1 << 30, 0.5]])
     sim = make_for(trace)(list(trace.prompt_ids))(2, ["4"], seed=3)
     sim.reset()
     for _ in range(6):
@@ -143,3 +148,45 @@ def test_one_training_prompt_fits_without_a_shrink(trace):
     one = train_serve_predictor(make_for(trace), [trace.prompt_ids[0]], ARMS, obs_size(M), feature_names(M), COST,
                                 loads=["1"], levels=[1, 2, 4], episodes=2, rounds=1, max_iter=20)  # fmt: skip
     assert one.fitted and one.shrink == [[1 << 30, 0.0]]
+
+
+def test_the_shrink_is_chosen_on_held_out_prompts_and_the_final_fit_reads_them_all(trace, monkeypatch):
+    """The regressor that chooses the shrink is fitted on the even-numbered training prompts and replayed on the
+    odd-numbered ones (never on those it fitted); the policy is then fitted on all of them. Each fit's first
+    round visits states with SmartSpec, the next with the policy itself (DAgger); levels come in any order."""
+    import policies.serve_predictor as sp
+
+    best = {"1": 0.3, "2": 0.0, "4": 0.5}  # the factor that serves most at each level
+
+    def replay(sim, policy):
+        return np.array([2.0 if policy.factor(1) == best[sim.load_name[0]] else 1.0])
+
+    monkeypatch.setattr(sp, "run_policy", replay)
+    made, behaviors = [], []
+    collect = sp.collect
+
+    def recorded(make, behavior, *a, **k):
+        behaviors.append(type(behavior).__name__)
+        return collect(make, behavior, *a, **k)
+
+    monkeypatch.setattr(sp, "collect", recorded)
+
+    def factory(prompts):
+        made.append(list(prompts))
+        return make_for(trace)(prompts)
+
+    ids = list(trace.prompt_ids)
+    ticks = []
+    got = train_serve_predictor(factory, ids, ARMS, obs_size(M), feature_names(M), COST, loads=["1"],
+                                levels=[4, 1, 2], episodes=2, rounds=2, max_iter=20,
+                                tick=lambda: ticks.append(1))  # fmt: skip
+    assert made == [ids[0::2], ids[1::2], ids]
+    assert behaviors == ["SmartSpecPolicy", "ServePredictorPolicy"] * 2
+    assert (
+        got.shrink == [[1, 0.3], [2, 0.0], [1 << 30, 0.5]]
+        and len(ticks) == predictor_ticks(len(ids), 3, 2) == 2 * 2 + 3
+    )
+    one = []
+    train_serve_predictor(make_for(trace), ids[:1], ARMS, obs_size(M), feature_names(M), COST, loads=["1"],
+                          levels=[1, 2], episodes=2, rounds=1, max_iter=20, tick=lambda: one.append(1))  # fmt: skip
+    assert len(one) == predictor_ticks(1, 2, 1) == 1
