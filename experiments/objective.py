@@ -108,7 +108,7 @@ class LiveEvaluator:
     def __init__(self) -> None:
         self.loaded: Any = None
         self.key: tuple[str, str, str, str] | None = None
-        self.ar_tps: dict[str, float] = {}
+        self.ar_tps: dict[tuple[str, int], float] = {}
         self.progress = False
 
     def _model(self, cfg: Config) -> Any:
@@ -168,12 +168,12 @@ class LiveEvaluator:
         from experiments.bench import run_method
         from experiments.methods import sampling_of
 
-        if prompt_id not in self.ar_tps or cfg.sweep.ar_every_trial:
+        if (prompt_id, seed) not in self.ar_tps or cfg.sweep.ar_every_trial:
             out, wall, *_ = run_method(
                 "ar", self.loaded, {}, ids, cfg.decode.max_new_tokens, sampling=sampling_of(cfg), seed=seed
             )
-            self.ar_tps[prompt_id] = len(out) / wall if wall > 0 else float("inf")
-        return self.ar_tps[prompt_id]
+            self.ar_tps[prompt_id, seed] = len(out) / wall if wall > 0 else float("inf")
+        return self.ar_tps[prompt_id, seed]
 
 
 class ReplayEvaluator:

@@ -12,7 +12,7 @@ import pytest
 from env.batch_cost import load_batch_cost
 from env.cost import CostModelError
 from env.roofline import roofline
-from tests.env.test_batch_cost import fitted
+from tests.env.batch_cost_cases import fitted
 from tests.hostile import Creates
 
 

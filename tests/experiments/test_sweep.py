@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -341,3 +342,11 @@ def test_a_live_sweep_samples_the_ar_baseline_with_the_tuned_methods_seed(monkey
     ar = [s for m, s, _ in calls if m == "ar"]
     tuned = [s for m, s, _ in calls if m != "ar"]
     assert ar == tuned == [7, 8, 9] and {t for *_, t in calls} == {0.8}
+    # with the baseline kept from trial to trial, it runs once per prompt and seed, on the first trial only
+    calls.clear()
+    kept = replace(cfg, sweep=replace(cfg.sweep, ar_every_trial=False))
+    ev = LiveEvaluator()
+    for _ in range(2):
+        ev(kept, {}, lambda *a: None)
+    assert [s for m, s, _ in calls if m == "ar"] == [7, 8, 9]
+    assert [s for m, s, _ in calls if m != "ar"] == [7, 8, 9, 7, 8, 9]

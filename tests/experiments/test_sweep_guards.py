@@ -317,6 +317,8 @@ def test_another_commands_folder_is_refused_before_the_study_is_made_in_it(tmp_p
         ("live", "speedup", False),
         ("live", "tau", False),
         ("analytic", "tau", False),
+        ("replay", "tokens_per_s", False),  # decided by the backend alone
+        ("analytic", "tokens_per_s", False),
     ],
 )
 def test_only_live_tokens_per_second_ties_a_study_to_its_machine(backend, objective, compared):

@@ -130,6 +130,10 @@ def test_the_probe_chooses_the_reordered_product_only_when_it_is_enough_faster(
 ):
     """``interleaved_ms`` times the four plain products, then the four reordered ones: reordered is chosen when
     the plain ones take ``PACKED_GAIN`` times as long (timings given here: no clock in a test)."""
+    try:  # the probe still reorders a real weight first
+        torch.ops.mkldnn._reorder_linear_weight(torch.randn(8, 8), None)
+    except RuntimeError:
+        pytest.skip("this build's oneDNN cannot reorder a weight on this CPU")
     monkeypatch.setattr(packed, "interleaved_ms", lambda fns, *a, **k: [plain_ms] * 4 + [packed_ms] * 4)
     assert packed.probe_packed() is verdict
 

@@ -3,6 +3,8 @@ static arm on the held-out prompts by reading the feature that reveals the draft
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -122,31 +124,34 @@ def test_a_rate_given_is_kept_and_a_seed_past_numpys_range_refused(synth_train_e
         train_predictor(synth_train_env, model="ridge", rounds=1, passes=1, seed=2**32)
 
 
-@pytest.mark.parametrize("model, seed, params", [("ridge", 0, {}), ("mlp", 1, {"max_iter": 50})])
-def test_fit_rate_keeps_the_rate_whose_policy_replayed_fastest(synth_env, model, seed, params):
-    """Dinkelbach's iterates, replayed here one by one: the rate ``fit_rate`` keeps is the one whose policy was
-    fastest on the prompts given. The iterates' speedups differ, so keeping the first fails; with the MLP the
-    last iterate is (on this machine) slightly slower than the one before, so keeping the last fails too."""
-    from policies.oracle import rollout_actions
-    from policies.predictor import fit_rate
+@pytest.mark.parametrize(
+    "script, kept, replays",
+    [
+        # ratio rule 2.0, then each rate's replay: rising, then falling; the fastest is neither first nor last
+        ({None: 2.0, 2.0: 2.5, 2.5: 2.6, 2.6: 2.55, 2.55: 2.4}, 2.5, 5),
+        # converging: stops once a rate replays within 1e-3 of itself, keeping the faster of the two last
+        ({None: 2.0, 2.0: 2.3, 2.3: 2.3004, 2.3004: 2.0}, 2.3, 3),
+        # the first rate is the fastest
+        ({None: 2.0, 2.0: 2.5, 2.5: 2.2, 2.2: 2.1, 2.1: 2.05}, 2.0, 5),
+    ],
+)
+def test_fit_rate_keeps_the_rate_whose_policy_replayed_fastest(monkeypatch, script, kept, replays):
+    """Dinkelbach's iteration with the replays scripted (``script``: the speedup replayed under each rate; None:
+    the ratio rule's): ``fit_rate`` starts from the ratio rule's speedup, replays each rate in turn (at most
+    four), stops early when a rate replays as itself, and keeps the rate whose policy replayed fastest."""
+    import policies.predictor as predictor
 
-    tb = synth_env.tables
-    prompts = np.asarray(tb.startable, dtype=np.int64)
-    policy = train_predictor(synth_env, model=model, rounds=1, passes=1, rate=1.0, seed=seed, **params)
+    policy = SimpleNamespace(objective="margin", rate=None, act_batch=None)
+    seen = []
 
-    def speedup(objective: str, rate: float) -> float:
-        policy.objective, policy.rate = objective, rate
-        ar_s, cost_s, *_ = rollout_actions(tb, prompts, lambda obs, p, pos: policy.act_batch(obs))
-        return float(ar_s.sum() / cost_s.sum())
+    def rollout(tb, prompts, choose):
+        seen.append(None if policy.objective == "ratio" else policy.rate)
+        return np.array([script[seen[-1]]]), np.array([1.0])
 
-    rates = [speedup("ratio", 1.0)]  # the start: the ratio rule's speedup
-    for _ in range(4):
-        rates.append(speedup("margin", rates[-1]))
-    tried = {r: speedup("margin", r) for r in rates[:-1]}
-    assert max(tried.values()) - min(tried.values()) > 1e-4  # the fixture tells the iterates apart
-    kept = fit_rate(policy, tb, prompts)
-    assert policy.objective == "margin" and policy.rate == kept
-    assert kept in tried and tried[kept] == max(tried.values())
+    monkeypatch.setattr(predictor, "rollout_actions", rollout)
+    assert predictor.fit_rate(policy, None, None) == kept
+    assert policy.objective == "margin" and policy.rate == kept and len(seen) == replays
+    assert seen[1:] == [script[r] for r in seen[:-1]]  # each rate tried is the speedup replayed before it
 
 
 @pytest.mark.parametrize("dtype", [np.bool_, np.str_])

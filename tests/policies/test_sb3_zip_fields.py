@@ -58,7 +58,7 @@ def test_spaces_that_disagree_with_the_weights_are_refused(data, needle):
 @pytest.mark.parametrize(
     ("fields", "algo"),
     [
-        ({}, "ppo"),
+        ({}, "ppo"),  # no data at all (not even the spaces): ppo
         ({"n_epochs": 10}, "ppo"),
         ({"clip_range": 0.2, "n_steps": 8}, "ppo"),
         ({"n_steps": 8}, "a2c"),
