@@ -295,7 +295,9 @@ def dqn_run(synth_trace, synth_env, out: Path, total: int = 320) -> SB3Policy:
 
 def test_a_dqn_checkpoint_holds_its_whole_training_state(synth_trace, synth_env, tmp_path):
     policy = dqn_run(synth_trace, synth_env, tmp_path / "run")
-    ckpt = sorted((tmp_path / "run" / "checkpoints").glob("model_*_steps.zip"))[-1]
+    ckpt = max(
+        (tmp_path / "run" / "checkpoints").glob("model_*_steps.zip"), key=lambda p: int(p.name.split("_")[1])
+    )  # the latest by step, not by name
     names = set(read_zip(ckpt))
     assert names == {"state.json", "policy.safetensors", "optimizer.pt", "replay_buffer.npz"}
     c = read_checkpoint(ckpt)
