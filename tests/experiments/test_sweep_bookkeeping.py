@@ -132,4 +132,8 @@ def _param(t: optuna.trial.FrozenTrial, k: int) -> tuple:
 
 @pytest.fixture(autouse=True)
 def _quiet():
+    """Optuna's per-trial log lines off in these tests, and its verbosity as it was after each."""
+    before = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    yield
+    optuna.logging.set_verbosity(before)
