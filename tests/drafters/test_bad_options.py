@@ -146,6 +146,7 @@ def _set(*keys_value):
             node = node[k]
         node[keys[-1]] = value
 
+    edit.label = f"{'.'.join(keys)}={value!r}"  # the test id (a function's repr names its address)
     return edit
 
 
@@ -186,7 +187,9 @@ BAD_HEADS = [
 ]
 
 
-@pytest.mark.parametrize(("kind", "edit", "needle"), BAD_HEADS, ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize(
+    ("kind", "edit", "needle"), BAD_HEADS, ids=lambda v: getattr(v, "label", str(v))[:40]
+)
 def test_a_damaged_head_description_is_one_line_naming_the_file(kind, edit, needle, tiny_head, tmp_path):
     loaded, heads = tiny_head
     path = _with(heads[kind], tmp_path, edit)
