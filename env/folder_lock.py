@@ -17,7 +17,8 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from env.files import remove_stale_temporaries
@@ -149,3 +150,23 @@ __all__ = [
     "release_folder",
     "release_folders",
 ]
+
+
+@contextmanager
+def taking_turns(lock: str | Path) -> Iterator[None]:
+    """Within the block, an exclusive ``flock`` on the file ``lock`` (made if missing), waited for: processes that
+    would each do the same one-time job (convert the embedded model, probe a matmul) do it one at a time, and the
+    later ones find it done (each checks again inside). The kernel drops the lock of a killed holder. A lock file
+    that cannot be made or locked (a read-only folder, a file system without locks): the block runs unlocked."""
+    try:
+        Path(lock).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        with suppress(OSError):  # (no locks on this file system: unlocked, as before)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (closing drops the lock)

@@ -87,15 +87,24 @@ def _settle(
 ) -> bool:
     """A matmul probe's decision, made once per machine: read from ``cache_dir()/wide_products.json`` (keyed by
     CPU, its bf16 flags, torch version, threads and ``what``), else ``probe()``d and kept there, so every process on
-    a machine computes alike. A damaged or foreign file is ignored (probed again and rewritten); one that cannot be
-    written is no error."""
+    a machine computes alike. Processes that start at once take turns (``taking_turns``): one probes, the others
+    read its decision (else each probed under the others' load and could decide otherwise, and the file kept one
+    of them). A damaged or foreign file is ignored (probed again and rewritten); one that cannot be written is no
+    error."""
     if decided is not None:
         return bool(decided)
+    from env.folder_lock import taking_turns
+
+    path = cache_dir() / WIDE_FILE
+    with taking_turns(path.with_name(f".{WIDE_FILE}.lock")):
+        return _settle_here(path, what, probe, decide)
+
+
+def _settle_here(path: Path, what: str, probe: Callable[[], bool], decide: Callable[[bool], None]) -> bool:
     from env.files import atomic_write_text
 
     cap, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
     key = f"{cpu_label()}|{cap}|{threads} threads|torch {torch.__version__}|{what}"
-    path = cache_dir() / WIDE_FILE
     try:
         kept = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -228,8 +228,19 @@ def model_folder(model: str | None) -> Path | None:
 def embedded_model_folder() -> Path:
     """The converted safetensors folder of the embedded model, converting it on first use."""
     folder = cache_dir() / "models" / DEFAULT_MODEL
-    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+    if _converted(folder):
         return folder
+    from env.folder_lock import taking_turns
+
+    with taking_turns(folder.with_name(f".{folder.name}.lock")):  # two first uses at once: one converts
+        return folder if _converted(folder) else _convert(folder)
+
+
+def _converted(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+
+
+def _convert(folder: Path) -> Path:
     gguf = embedded_gguf_path()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -249,8 +260,8 @@ def embedded_model_folder() -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     plain.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
-        shutil.rmtree(tmp, ignore_errors=True)  # another process converted it meanwhile
+    if _converted(folder):
+        shutil.rmtree(tmp, ignore_errors=True)  # another process converted it meanwhile (no lock to take)
         return folder
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)  # atomic: a killed conversion leaves no half-written folder behind
