@@ -8,15 +8,30 @@ import sys
 import pytest
 
 
+def _cpus() -> int:
+    """The CPUs this process may run on: a container's or ``taskset``'s limit, not the host's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (no affinity on this OS)
+        return os.cpu_count() or 1
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n logical`` (and ``auto``): one worker per CPU this process may use (xdist asks psutil, which counts the
+    host's CPUs, however few a container may use)."""
+    return _cpus()
+
+
 def pytest_configure(config):
-    """Under pytest-xdist (``-n N``) each worker gets its share of the cores for torch: N workers with torch's
+    """Under pytest-xdist (``-n N``) each worker gets its share of the CPUs for torch: N workers with torch's
     default thread count each spin against one another's load on a small machine (the kill matrix measured up to
     10x slower on 2 cores). Set in the environment before torch starts, so that the subprocesses a test runs
-    inherit it too; a thread count the caller set is kept."""
+    inherit it too; a thread count the caller set (``OMP_NUM_THREADS``) is kept, for MKL as well."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers < 2:
         return
-    share = str(max(1, (os.cpu_count() or 1) // workers))
+    share = os.environ.get("OMP_NUM_THREADS") or str(max(1, _cpus() // workers))
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, share)
     if "torch" in sys.modules:

@@ -214,7 +214,7 @@ def test_the_live_record_updates_the_estimate_as_replay_does():
 def test_a_policy_acts_with_numpy_blas_on_one_thread_and_the_limit_is_lifted_after(loaded):
     """NumPy's BLAS threads spin after each call on the cores the next forward needs (a LinUCB solve made a 2-core
     server's steps ~2.5x slower): serve runs the policy with BLAS on one thread, and restores it when done."""
-    from threadpoolctl import threadpool_info
+    from threadpoolctl import threadpool_info, threadpool_limits
 
     def blas_threads() -> list[int]:
         return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
@@ -226,10 +226,13 @@ def test_a_policy_acts_with_numpy_blas_on_one_thread_and_the_limit_is_lifted_aft
             self.seen.append(blas_threads())
             return 0
 
-    before = blas_threads()
-    pol = Seeing()
-    reqs = [Request(str(i), LOOP * 2 + [i + 3], NO_DRAFT, 8) for i in range(2)]
-    serve(BatchEngine(loaded, max_rows=2), reqs, concurrency=2, max_batch=2, policy=pol,
-          arms=[parse_arm(a) for a in MENU])  # fmt: skip
-    assert before and pol.seen and all(t == [1] * len(before) for t in pol.seen)
-    assert blas_threads() == before
+    with threadpool_limits(
+        2, user_api="blas"
+    ):  # two before (one already would prove nothing: OMP_NUM_THREADS=1)
+        before = blas_threads()
+        pol = Seeing()
+        reqs = [Request(str(i), LOOP * 2 + [i + 3], NO_DRAFT, 8) for i in range(2)]
+        serve(BatchEngine(loaded, max_rows=2), reqs, concurrency=2, max_batch=2, policy=pol,
+              arms=[parse_arm(a) for a in MENU])  # fmt: skip
+        assert before and set(before) == {2} and pol.seen and all(t == [1] * len(before) for t in pol.seen)
+        assert blas_threads() == before

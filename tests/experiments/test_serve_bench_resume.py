@@ -124,7 +124,11 @@ def test_a_torn_last_line_is_cut_and_a_line_that_is_no_json_is_served_again(fold
         ("ngram-d2", 1),
     ]
     assert len({c["session"] for c in cells[:3]}) == 1 and cells[3]["session"] != cells[0]["session"]
-    assert (folder / "cells.jsonl").read_text().startswith(lines[0] + "not json\n" + "".join(lines[2:]))
+    text = (folder / "cells.jsonl").read_text()
+    assert text.startswith(lines[0] + "not json\n" + "".join(lines[2:]))
+    kept = text.splitlines()  # the torn fragment is gone, not skipped: every other line is a whole cell
+    assert len(kept) == 5 and kept[1] == "not json"
+    assert [json.loads(x)["method"] for x in kept if x != "not json"] == ["ar", "ar", "ngram-d2", "ngram-d2"]
 
 
 def _cells_skipping_bad(out):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
+from pathlib import Path
 
 import optuna
 import pytest
@@ -20,11 +22,16 @@ from tests.experiments.test_sweep_bookkeeping import TOML
 State = optuna.trial.TrialState
 
 
-def _dead_worker() -> str:
-    """The name (``host:pid``) of a worker of this machine whose process has ended."""
+@pytest.fixture
+def dead_worker():
+    """The name (``host:pid``) of a worker of this machine whose process has ended: kept a zombie (not reaped)
+    until the test ends, so that no other process can take its id meanwhile."""
     p = subprocess.Popen(["true"])
+    stat = Path(f"/proc/{p.pid}/stat")
+    while stat.read_text().rpartition(")")[2].split()[0] != "Z":
+        time.sleep(0.01)
+    yield f"{socket.gethostname()}:{p.pid}"
     p.wait()
-    return f"{socket.gethostname()}:{p.pid}"
 
 
 def _logged(out) -> list[int]:
@@ -34,7 +41,7 @@ def _logged(out) -> list[int]:
 
 @pytest.mark.timeout(60)
 def test_a_running_trial_of_another_worker_counts_and_is_retried_once_its_worker_is_gone(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, dead_worker
 ):
     """Between this worker's count and its take, another worker finished trial 0 and took trial 1 (n_trials = 2):
     the trial this worker took has two trials ahead and fails as surplus; then the other worker turns out to be dead,
@@ -42,7 +49,7 @@ def test_a_running_trial_of_another_worker_counts_and_is_retried_once_its_worker
     path = tmp_path / "bk.toml"
     path.write_text(TOML.format(n=2))
     url, out = f"sqlite:///{tmp_path / 's.db'}", tmp_path / "run"
-    real, dead = sweep.take_trial, _dead_worker()
+    real, dead = sweep.take_trial, dead_worker
     raced = []
 
     def racing_take(study, me):
@@ -77,6 +84,61 @@ def test_pruned_trials_count_toward_n_trials_and_a_full_study_takes_no_trial(tmp
 
     work(str(path), [], url, out, progress=False)  # a worker started on the full study
     assert len(optuna.load_study(study_name="bk", storage=url).get_trials()) == 2 and _logged(out) == [1]
+
+
+@pytest.mark.timeout(60)
+def test_a_trial_another_worker_pruned_meanwhile_counts_and_the_one_taken_after_it_is_surplus(
+    tmp_path, monkeypatch
+):
+    """Between this worker's count and its take, another worker took trial 0 and pruned it (n_trials = 1): the trial
+    this worker took has one finished trial ahead, so it fails as surplus and runs nothing."""
+    path = tmp_path / "bk.toml"
+    path.write_text(TOML.format(n=1))
+    url, out = f"sqlite:///{tmp_path / 's.db'}", tmp_path / "run"
+    real, raced = sweep.take_trial, []
+
+    def racing_take(study, me):
+        if not raced:
+            raced.append(True)
+            other = real(study, "other")
+            other.report(0.5, 0)
+            study.tell(other, state=State.PRUNED)
+        return real(study, me)
+
+    monkeypatch.setattr(sweep, "take_trial", racing_take)
+    work(str(path), [], url, out, progress=False)
+    trials = optuna.load_study(study_name="bk", storage=url).get_trials()
+    assert [t.state.name for t in trials] == ["PRUNED", "FAIL"] and trials[1].user_attrs.get(
+        "surplus"
+    ) is True
+    assert _logged(out) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_trial_pruned_here_is_logged_with_the_mean_of_the_prompts_it_ran(tmp_path, monkeypatch):
+    """The log of trials (``trials.jsonl``) holds the pruned ones too, as the study does."""
+    from experiments.objective import EVALUATORS
+
+    path = tmp_path / "bk.toml"
+    path.write_text(TOML.format(n=1))
+    url, out = f"sqlite:///{tmp_path / 's.db'}", tmp_path / "run"
+    analytic = EVALUATORS["analytic"]
+
+    class PrunedAtTheFirstPrompt(analytic):  # the real evaluator; its pruner says stop after the first prompt
+        def __call__(self, cfg, params, report):
+            def report_then_prune(step, value, n_steps):
+                report(step, value, n_steps)
+                raise optuna.TrialPruned(f"pruned at prompt {step}")
+
+            return super().__call__(cfg, params, report_then_prune)
+
+    monkeypatch.setitem(EVALUATORS, "analytic", PrunedAtTheFirstPrompt)
+    work(str(path), [], url, out, progress=False)
+    (trial,) = optuna.load_study(study_name="bk", storage=url).get_trials()
+    (line,) = [json.loads(x) for x in (out / "trials.jsonl").read_text().splitlines()]
+    assert trial.state == State.PRUNED and len(trial.intermediate_values) == 1
+    assert line["state"] == "PRUNED" and line["number"] == 0
+    assert line["value"] == pytest.approx(trial.intermediate_values[0]) and line["params"] == trial.params
 
 
 @pytest.fixture(autouse=True)
