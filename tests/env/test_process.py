@@ -27,15 +27,15 @@ sys.exit(run_program("prog", body, sys.argv[1:]))
 """
 
 
-def _as_from_a_terminal() -> None:
-    """Ctrl-C as a terminal's foreground job has it: a test run started in the background (``nohup ... &``, a CI
-    runner) ignores SIGINT, and its children inherit that, so SIGINT would not reach the program under test."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# Ctrl-C as a terminal's foreground job has it, first thing in each program: a test run started in the background
+# (``nohup ... &``, a CI runner) ignores SIGINT, and its children inherit that, so SIGINT would not reach the program
+# under test. (Set by the program itself: a ``preexec_fn`` is unsafe in a test runner with threads.)
+AS_FROM_A_TERMINAL = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
 
 
 def _start(*args: str, **kw) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", PROGRAM, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT, preexec_fn=_as_from_a_terminal, **kw)  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL + PROGRAM, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, **kw)  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -66,12 +66,11 @@ def test_sigterm_during_the_imports_is_one_line_too():
     )
     for sig, rc, word in (("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted")):
         out = subprocess.run(
-            [sys.executable, "-c", code, sig],
+            [sys.executable, "-c", AS_FROM_A_TERMINAL + code, sig],
             capture_output=True,
             text=True,
             cwd=ROOT,
             timeout=120,
-            preexec_fn=_as_from_a_terminal,
         )
         assert out.returncode == rc and out.stderr == f"draftgym: {word}\n", (out.returncode, out.stderr)
 
