@@ -1,4 +1,8 @@
-"""Shared fixtures. The embedded model loads once per test session (fp32: exactness is defined in fp32)."""
+"""Shared fixtures. The embedded model loads once per test session (fp32: exactness is defined in fp32).
+
+The tests run in parallel (pytest-xdist, one worker per CPU; README, Quickstart): a test writes only under its
+``tmp_path`` (``DRAFTGYM_CACHE`` too, through ``monkeypatch``, where a command would write the cache), names a study
+or a process it starts so that no other test can take it, and assumes nothing an earlier test left."""
 
 from __future__ import annotations
 
