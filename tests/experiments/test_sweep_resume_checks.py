@@ -46,6 +46,13 @@ def test_a_worker_with_another_seed_or_more_trials_joins_and_one_other_key_is_re
         check_resumed(study, _cfg(sets=("sweep.max_topk=1",)), "study g")
 
 
+def test_a_worker_scoring_another_selection_of_prompts_is_refused():
+    """Only the trial count and the seed may differ on resume: a worker whose workload selects other prompts would
+    put trials scored on two prompt sets in one study."""
+    with pytest.raises(ConfigError, match=r"differs in workload.limit\)"):
+        check_resumed(_study(_cfg()), _cfg(sets=("workload.limit=3",)), "study g")
+
+
 def test_a_live_tokens_per_s_study_without_a_recorded_machine_takes_any_worker():
     cfg = _cfg("live", "tokens_per_s")
     check_resumed(_study(cfg), cfg, "study g")  # created before the machine was recorded
