@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import threading
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -149,24 +150,38 @@ __all__ = [
     "held_folders",
     "release_folder",
     "release_folders",
+    "taking_turns",
 ]
+
+
+_TURNS = threading.local()  # .held: the lock files this thread holds (a nested turn on one runs unlocked)
 
 
 @contextmanager
 def taking_turns(lock: str | Path) -> Iterator[None]:
     """Within the block, an exclusive ``flock`` on the file ``lock`` (made if missing), waited for: processes that
     would each do the same one-time job (convert the embedded model, probe a matmul) do it one at a time, and the
-    later ones find it done (each checks again inside). The kernel drops the lock of a killed holder. A lock file
-    that cannot be made or locked (a read-only folder, a file system without locks): the block runs unlocked."""
-    try:
-        Path(lock).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError:
+    later ones find it done (each checks again inside). The kernel drops the lock of a killed holder; other threads
+    of this process wait as other processes do; a turn nested in one this thread holds on the same file runs as
+    part of it (a second descriptor's ``flock`` would wait for the first forever). A lock file that cannot be made
+    or locked (a read-only folder, a file system without locks): the block runs unlocked."""
+    key = os.path.abspath(lock)
+    held = _TURNS.__dict__.setdefault("held", set())
+    fd = None
+    if key not in held:
+        try:
+            Path(key).parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(key, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)  # (flock needs no write access)
+        except OSError:
+            fd = None  # unlocked
+    if fd is None:
         yield
         return
     try:
         with suppress(OSError):  # (no locks on this file system: unlocked, as before)
             fcntl.flock(fd, fcntl.LOCK_EX)
+        held.add(key)
         yield
     finally:
+        held.discard(key)
         os.close(fd)  # (closing drops the lock)

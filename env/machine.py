@@ -95,21 +95,29 @@ def _settle(
         return bool(decided)
     from env.folder_lock import taking_turns
 
-    path = cache_dir() / WIDE_FILE
-    with taking_turns(path.with_name(f".{WIDE_FILE}.lock")):
-        return _settle_here(path, what, probe, decide)
-
-
-def _settle_here(path: Path, what: str, probe: Callable[[], bool], decide: Callable[[bool], None]) -> bool:
-    from env.files import atomic_write_text
-
     cap, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
     key = f"{cpu_label()}|{cap}|{threads} threads|torch {torch.__version__}|{what}"
+    path = cache_dir() / WIDE_FILE
+    kept = _kept(path)
+    if key in kept:  # decided before: no turn to wait for
+        decide(kept[key])
+        return kept[key]
+    with taking_turns(path.with_name(f".{WIDE_FILE}.lock")):
+        return _settle_here(path, key, probe, decide)
+
+
+def _kept(path: Path) -> dict[str, bool]:
     try:
         kept = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         kept = {}
-    kept = {k: v for k, v in kept.items() if isinstance(v, bool)} if isinstance(kept, dict) else {}
+    return {k: v for k, v in kept.items() if isinstance(v, bool)} if isinstance(kept, dict) else {}
+
+
+def _settle_here(path: Path, key: str, probe: Callable[[], bool], decide: Callable[[bool], None]) -> bool:
+    from env.files import atomic_write_text
+
+    kept = _kept(path)  # again, in turn: another process may have probed meanwhile
     if key in kept:
         decide(kept[key])
         return kept[key]

@@ -23,8 +23,9 @@ def _cpus() -> int:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
     """``-n logical`` (and ``auto``): one worker per CPU this process may use (xdist asks psutil, which counts the
-    host's CPUs, however few a container may use)."""
-    return _cpus()
+    host's CPUs, however few a container may use); ``PYTEST_XDIST_AUTO_NUM_WORKERS`` decides where set."""
+    given = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "")
+    return int(given) if given.isdigit() and int(given) > 0 else _cpus()
 
 
 def pytest_configure(config):

@@ -97,6 +97,8 @@ def fake_workers(monkeypatch):
     started, codes, real = [], {}, subprocess.Popen
 
     def popen(cmd, **kwargs):
+        if "--worker-id" not in cmd:  # another process this test's code starts (``uname -p``): as it is
+            return real(cmd, **kwargs)
         started.append(list(cmd))
         wid = cmd[cmd.index("--worker-id") + 1]
         code = codes.get(wid, 0)
