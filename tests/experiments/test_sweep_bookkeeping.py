@@ -28,6 +28,8 @@ grace_s = 5
 
 State = optuna.trial.TrialState
 
+pytestmark = pytest.mark.usefixtures("quiet_optuna")  # (tests/experiments/conftest.py)
+
 
 def _tell(study: optuna.Study, state: State, value: float | None = None) -> None:
     trial = study.ask()
@@ -128,12 +130,3 @@ def _param(t: optuna.trial.FrozenTrial, k: int) -> tuple:
     name = sorted(t.params)[k % len(t.params)]
     dist = t.distributions[name]
     return name, dist.to_internal_repr(t.params[name]), dist
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    """Optuna's per-trial log lines off in these tests, and its verbosity as it was after each."""
-    before = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    yield
-    optuna.logging.set_verbosity(before)

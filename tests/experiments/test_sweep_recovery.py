@@ -23,6 +23,8 @@ from tests.experiments.test_sweep_bookkeeping import TOML
 
 State = optuna.trial.TrialState
 
+pytestmark = pytest.mark.usefixtures("quiet_optuna")  # (tests/experiments/conftest.py)
+
 
 def _study(tmp_path, n: int = 1, toml: str = TOML):
     path = tmp_path / "bk.toml"
@@ -138,11 +140,3 @@ def test_a_worker_failing_once_the_others_finished_the_study_is_a_warning(tmp_pa
     fake_workers.codes["1"] = 3
     spawn(SimpleNamespace(config=str(path), set=[]), url, tmp_path / "run", 2, progress=False)
     assert "worker 1 exited with 3; the others finished the study" in capsys.readouterr().err
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    before = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    yield
-    optuna.logging.set_verbosity(before)

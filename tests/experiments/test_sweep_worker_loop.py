@@ -21,6 +21,8 @@ from tests.experiments.test_sweep_bookkeeping import TOML
 
 State = optuna.trial.TrialState
 
+pytestmark = pytest.mark.usefixtures("quiet_optuna")  # (tests/experiments/conftest.py)
+
 
 @pytest.fixture
 def dead_worker():
@@ -139,11 +141,3 @@ def test_a_trial_pruned_here_is_logged_with_the_mean_of_the_prompts_it_ran(tmp_p
     assert trial.state == State.PRUNED and len(trial.intermediate_values) == 1
     assert line["state"] == "PRUNED" and line["number"] == 0
     assert line["value"] == pytest.approx(trial.intermediate_values[0]) and line["params"] == trial.params
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    before = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    yield
-    optuna.logging.set_verbosity(before)
