@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from env.allocator import settle_allocator
+from env.folder_lock import taking_turns
 from env.machine import cache_dir, cpu_has_bf16, settle_packed, settle_wide
 from env.model_checks import check_config, check_eos, check_no_code, check_weights
 from env.tokenizer import folder_tokenizer, tokenizer_of
@@ -215,9 +216,8 @@ def embedded_gguf_path() -> Path:
 
 
 def model_folder(model: str | None) -> Path | None:
-    """The folder ``load_model(model)`` reads, without converting or checking it (the embedded model's converted
-    folder, made yet or not); None for a ``random:`` model, which reads none. For output checks
-    (``env.cli.output_file``'s ``folders``)."""
+    """The folder ``load_model(model)`` reads, unconverted and unchecked (the embedded model's, made yet or not);
+    None for a ``random:`` model, which reads none. For output checks (``env.cli.output_file``'s ``folders``)."""
     if model is not None and model.startswith(RANDOM_PREFIX):
         return None
     if model in (None, "", DEFAULT_MODEL):
@@ -228,20 +228,19 @@ def model_folder(model: str | None) -> Path | None:
 def embedded_model_folder() -> Path:
     """The converted safetensors folder of the embedded model, converting it on first use."""
     folder = cache_dir() / "models" / DEFAULT_MODEL
-    if _converted(folder):
-        return folder
-    from env.folder_lock import taking_turns
-
-    with taking_turns(folder.with_name(f".{folder.name}.lock")):  # two first uses at once: one converts
-        return folder if _converted(folder) else _convert(folder)
+    if not _converted(folder):
+        with taking_turns(folder.with_name(f".{folder.name}.lock")):  # two first uses at once: one converts
+            if not _converted(folder):
+                _convert(folder)
+    return folder
 
 
 def _converted(folder: Path) -> bool:
     return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
 
 
-def _convert(folder: Path) -> Path:
-    gguf = embedded_gguf_path()
+def _convert(folder: Path) -> None:
+    gguf = embedded_gguf_path()  # (a missing package: its one line, before transformers is imported)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -260,12 +259,10 @@ def _convert(folder: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     plain.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    if _converted(folder):
-        shutil.rmtree(tmp, ignore_errors=True)  # another process converted it meanwhile (no lock to take)
-        return folder
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)  # atomic: a killed conversion leaves no half-written folder behind
-    return folder
+    if not _converted(folder):  # (else another process converted it meanwhile, where no lock could be taken)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)  # atomic: a killed conversion leaves no half-written folder behind
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def unreadable_gguf(gguf: Path, err: BaseException) -> ModelError:
